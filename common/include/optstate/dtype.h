@@ -1,0 +1,55 @@
+// Element types a tensor can have on the wire, and exact conversions between
+// them and float32 (round-to-nearest-even when narrowing).
+#ifndef OPTSTATE_DTYPE_H_
+#define OPTSTATE_DTYPE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "absl/strings/string_view.h"
+
+namespace optstate {
+
+enum class WireType { kFloat32, kBFloat16, kFloat16 };
+
+// Bytes per element of `type`.
+inline size_t WireTypeSize(WireType type) {
+  return type == WireType::kFloat32 ? 4 : 2;
+}
+
+// "float32", "bfloat16" or "float16".
+absl::string_view WireTypeName(WireType type);
+
+// bfloat16 is the top half of a float32: widening is exact.
+inline float BFloat16ToFloat(uint16_t bits) {
+  uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float out;
+  std::memcpy(&out, &wide, sizeof(out));
+  return out;
+}
+
+// Round-to-nearest-even; NaN stays NaN (quiet), infinities stay infinite.
+inline uint16_t FloatToBFloat16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  uint32_t rounding_bias = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding_bias) >> 16);
+}
+
+// IEEE binary16 to float32; exact for every input, subnormals included.
+float HalfToFloat(uint16_t bits);
+
+// float32 to IEEE binary16 with round-to-nearest-even; overflow gives infinity.
+uint16_t FloatToHalf(float value);
+
+// Widens `count` elements of `type` at `src` (any alignment) into `dst`.
+void DecodeToFloat(WireType type, const void* src, float* dst, size_t count);
+
+// Narrows `count` floats into `type` at `dst` (any alignment).
+void EncodeFromFloat(WireType type, const float* src, void* dst, size_t count);
+
+}  // namespace optstate
+
+#endif  // OPTSTATE_DTYPE_H_

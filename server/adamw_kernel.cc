@@ -1,0 +1,82 @@
+// AdamW constants, the scalar path, the finite check and path dispatch.
+#include "server/adamw_kernel.h"
+
+#include <cmath>
+
+#include "server/adamw_kernel_scalar.h"
+
+namespace optstate {
+
+AdamWConstants ComputeAdamWConstants(const AdamWStepInputs& in) {
+  const double t = static_cast<double>(in.step);
+  const double bias_correction1 = 1.0 - std::pow(static_cast<double>(in.beta1), t);
+  const double bias_correction2 = 1.0 - std::pow(static_cast<double>(in.beta2), t);
+  AdamWConstants c;
+  c.decay = static_cast<float>(1.0 - static_cast<double>(in.lr) * in.weight_decay);
+  c.beta1 = in.beta1;
+  c.one_minus_beta1 = static_cast<float>(1.0 - in.beta1);
+  c.beta2 = in.beta2;
+  c.one_minus_beta2 = static_cast<float>(1.0 - in.beta2);
+  c.step_size = static_cast<float>(in.lr / bias_correction1);
+  c.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  c.eps = in.eps;
+  c.grad_scale = in.grad_scale;
+  return c;
+}
+
+namespace kernel_internal {
+
+void AdamWRangeScalar(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
+                      WireType grad_type, size_t begin, size_t end) {
+  for (size_t i = begin; i < end; ++i) {
+    AdamWElement(c, p[i], m[i], v[i], LoadGradient(grad, grad_type, i));
+  }
+}
+
+}  // namespace kernel_internal
+
+void AdamWUpdateScalar(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
+                       WireType grad_type, size_t count) {
+  kernel_internal::AdamWRangeScalar(c, p, m, v, grad, grad_type, 0, count);
+}
+
+bool AdamWUsesAvx2() {
+#if defined(__x86_64__)
+  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return supported;
+#else
+  return false;
+#endif
+}
+
+void AdamWUpdate(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
+                 WireType grad_type, size_t count) {
+#if defined(__x86_64__)
+  if (AdamWUsesAvx2()) {
+    kernel_internal::AdamWUpdateAvx2(c, p, m, v, grad, grad_type, count);
+    return;
+  }
+#endif
+  AdamWUpdateScalar(c, p, m, v, grad, grad_type, count);
+}
+
+size_t FindNonFiniteGradient(const void* grad, WireType grad_type, size_t count, float grad_scale) {
+  // Branch-free accumulation per block keeps this a pure streaming read; the
+  // exact index is only searched for in a block that holds a bad value.
+  constexpr size_t kBlock = 1024;
+  for (size_t begin = 0; begin < count; begin += kBlock) {
+    const size_t end = begin + kBlock < count ? begin + kBlock : count;
+    bool all_finite = true;
+    for (size_t i = begin; i < end; ++i) {
+      float g = kernel_internal::LoadGradient(grad, grad_type, i) * grad_scale;
+      all_finite &= std::isfinite(g);
+    }
+    if (all_finite) continue;
+    for (size_t i = begin; i < end; ++i) {
+      if (!std::isfinite(kernel_internal::LoadGradient(grad, grad_type, i) * grad_scale)) return i;
+    }
+  }
+  return count;
+}
+
+}  // namespace optstate

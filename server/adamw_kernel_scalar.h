@@ -1,0 +1,46 @@
+// The per-element AdamW formula shared by the scalar path and the vector
+// paths' tails, so an array's tail is computed by the same code.
+#ifndef OPTSTATE_SERVER_ADAMW_KERNEL_SCALAR_H_
+#define OPTSTATE_SERVER_ADAMW_KERNEL_SCALAR_H_
+
+#include <cmath>
+#include <cstring>
+
+#include "optstate/dtype.h"
+#include "server/adamw_kernel.h"
+
+namespace optstate::kernel_internal {
+
+inline float LoadGradient(const void* grad, WireType type, size_t i) {
+  const auto* bytes = static_cast<const unsigned char*>(grad);
+  if (type == WireType::kFloat32) {
+    float g;
+    std::memcpy(&g, bytes + 4 * i, 4);
+    return g;
+  }
+  uint16_t h;
+  std::memcpy(&h, bytes + 2 * i, 2);
+  return type == WireType::kBFloat16 ? BFloat16ToFloat(h) : HalfToFloat(h);
+}
+
+// Every operation is a separately rounded IEEE op (the kernel files are built
+// with -ffp-contract=off), in the same order as the vector paths.
+inline void AdamWElement(const AdamWConstants& c, float& p, float& m, float& v, float g) {
+  g = g * c.grad_scale;
+  p = p * c.decay;
+  m = c.beta1 * m + c.one_minus_beta1 * g;
+  v = c.beta2 * v + c.one_minus_beta2 * (g * g);
+  float denom = std::sqrt(v) / c.bias_correction2_sqrt + c.eps;
+  p = p - c.step_size * (m / denom);
+}
+
+void AdamWRangeScalar(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
+                      WireType grad_type, size_t begin, size_t end);
+
+// AVX2 + F16C path; defined only on x86-64.
+void AdamWUpdateAvx2(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
+                     WireType grad_type, size_t count);
+
+}  // namespace optstate::kernel_internal
+
+#endif  // OPTSTATE_SERVER_ADAMW_KERNEL_SCALAR_H_

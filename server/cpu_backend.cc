@@ -1,0 +1,39 @@
+// CPU backend: the range is cut into cache-friendly shards run on the pool.
+#include "server/cpu_backend.h"
+
+namespace optstate {
+
+absl::Status CpuBackend::AttachGroup(Group& group) {
+  group.set_placement(Placement::kHost);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Apply(Group& group, uint64_t begin, uint64_t end, const void* grad,
+                               WireType grad_type, const AdamWConstants& constants) {
+  // Shards are multiples of 64 elements so every shard but the last keeps
+  // the kernel on its vector path; small ranges stay on one thread.
+  constexpr uint64_t kMinShard = 16384;
+  const uint64_t count = end - begin;
+  const uint64_t threads = static_cast<uint64_t>(pool_->size());
+  uint64_t shard = (count + threads - 1) / threads;
+  shard = std::max<uint64_t>(kMinShard, (shard + 63) / 64 * 64);
+  const uint64_t shards = (count + shard - 1) / shard;
+  const size_t grad_size = WireTypeSize(grad_type);
+  const auto* grad_bytes = static_cast<const unsigned char*>(grad);
+  pool_->ParallelFor(shards, [&](size_t i) {
+    const uint64_t first = i * shard;
+    const uint64_t last = std::min(count, first + shard);
+    const uint64_t at = begin + first;
+    AdamWUpdate(constants, group.params() + at, group.exp_avg() + at, group.exp_avg_sq() + at,
+                grad_bytes + first * grad_size, grad_type, last - first);
+  });
+  return absl::OkStatus();
+}
+
+BackendStats CpuBackend::Stats() const {
+  BackendStats stats;
+  stats.strategy = "host";
+  return stats;
+}
+
+}  // namespace optstate

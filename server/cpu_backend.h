@@ -1,0 +1,33 @@
+// The CPU backend: steps host memory in place with the vectorized AdamW
+// kernel, split over a thread pool.
+#ifndef OPTSTATE_SERVER_CPU_BACKEND_H_
+#define OPTSTATE_SERVER_CPU_BACKEND_H_
+
+#include "server/step_backend.h"
+#include "server/thread_pool.h"
+
+namespace optstate {
+
+class CpuBackend : public StepBackend {
+ public:
+  // `pool` must outlive the backend.
+  explicit CpuBackend(ThreadPool* pool) : pool_(pool) {}
+
+  absl::string_view name() const override { return "cpu"; }
+  HostAllocator* host_allocator() override { return AlignedHostAllocator(); }
+  absl::Status AttachGroup(Group& group) override;
+  void DetachGroup(Group& group) override {}
+  absl::Status Apply(Group& group, uint64_t begin, uint64_t end, const void* grad,
+                     WireType grad_type, const AdamWConstants& constants) override;
+  absl::Status ParamsWritten(Group& group, uint64_t begin, uint64_t end) override {
+    return absl::OkStatus();
+  }
+  BackendStats Stats() const override;
+
+ private:
+  ThreadPool* const pool_;
+};
+
+}  // namespace optstate
+
+#endif  // OPTSTATE_SERVER_CPU_BACKEND_H_

@@ -1,0 +1,93 @@
+// optstated: the daemon. Parses flags, starts the server, and shuts down
+// gracefully on SIGTERM or SIGINT (stop accepting, finish in-flight chunks,
+// exit 0).
+#include <csignal>
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "server/log.h"
+#include "server/server.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "Address to serve on, host:port. Use 0.0.0.0:50051 to accept remote trainers; "
+          "port 0 picks a free port.");
+ABSL_FLAG(std::string, backend, "auto",
+          "Where steps run: auto (cuda when built in and a device is usable, else cpu), cpu, "
+          "or cuda (exit with an error when no device is usable).");
+ABSL_FLAG(int, threads, 0, "Worker threads for the step engine; 0 means one per CPU.");
+ABSL_FLAG(uint64_t, max_host_bytes, 0,
+          "Host memory all groups may take together (12 bytes per element); registrations "
+          "past it get RESOURCE_EXHAUSTED. 0 means 80% of physical memory.");
+ABSL_FLAG(int, max_message_bytes, 64 << 20,
+          "Largest request or reply message, in bytes (chunks of step and values).");
+ABSL_FLAG(std::string, log_level, "info", "One of debug, info, warning, error.");
+ABSL_FLAG(std::string, paging, "adaptive",
+          "CUDA backend: none (state always in VRAM; refuse what does not fit), adaptive "
+          "(resident while the budget allows, else paged), fully_paged (all state on the "
+          "host, paged through the staging pool).");
+ABSL_FLAG(uint64_t, vram_reserved_bytes, 0,
+          "CUDA backend: VRAM kept free for the trainer or other processes.");
+ABSL_FLAG(double, vram_target_utilization, 0.9,
+          "CUDA backend: share of VRAM optstate may plan to use, clamped to [0.5, 0.95].");
+ABSL_FLAG(uint64_t, vram_total_bytes, 0,
+          "CUDA backend: overrides the device's total VRAM (to test tight budgets); 0 reads "
+          "it from the device.");
+ABSL_FLAG(int, staging_slots, 4, "CUDA backend: device staging slots, allocated at start.");
+ABSL_FLAG(uint64_t, staging_slot_bytes, 64ull << 20,
+          "CUDA backend: bytes per staging slot (holds p, g, m and v of one piece of a chunk).");
+ABSL_FLAG(int, cuda_device, 0, "CUDA backend: device ordinal.");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "optstated keeps AdamW optimizer state for remote trainers and applies their steps.\n"
+      "Usage: optstated [--listen=127.0.0.1:50051] [--backend=auto|cpu|cuda] [--threads=N] ...");
+  absl::ParseCommandLine(argc, argv);
+
+  optstate::LogLevel level;
+  if (!optstate::ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
+    std::fprintf(stderr, "optstated: --log_level must be debug, info, warning or error\n");
+    return 2;
+  }
+  optstate::SetLogLevel(level);
+
+  // Signals are taken synchronously by one thread; block them everywhere first.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  optstate::ServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.threads = absl::GetFlag(FLAGS_threads);
+  options.max_host_bytes = absl::GetFlag(FLAGS_max_host_bytes);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.backend.kind = absl::GetFlag(FLAGS_backend);
+  options.backend.paging = absl::GetFlag(FLAGS_paging);
+  options.backend.vram_reserved_bytes = absl::GetFlag(FLAGS_vram_reserved_bytes);
+  options.backend.vram_target_utilization = absl::GetFlag(FLAGS_vram_target_utilization);
+  options.backend.vram_total_bytes = absl::GetFlag(FLAGS_vram_total_bytes);
+  options.backend.staging_slots = absl::GetFlag(FLAGS_staging_slots);
+  options.backend.staging_slot_bytes = absl::GetFlag(FLAGS_staging_slot_bytes);
+  options.backend.device = absl::GetFlag(FLAGS_cuda_device);
+
+  absl::StatusOr<std::unique_ptr<optstate::Server>> server = optstate::Server::Start(options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "optstated: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  // Tests and scripts read this line to learn the port.
+  std::printf("optstated listening on port %d\n", (*server)->port());
+  std::fflush(stdout);
+
+  int signal = 0;
+  sigwait(&signals, &signal);
+  optstate::Log(optstate::LogLevel::kInfo, "signal ", signal,
+                ": shutting down, finishing in-flight chunks");
+  (*server)->Shutdown(absl::Seconds(30));
+  optstate::Log(optstate::LogLevel::kInfo, "stopped");
+  return 0;
+}

@@ -1,0 +1,117 @@
+// Field-by-field translation between optstate.v1 messages and server types.
+#include "server/proto_convert.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace optstate {
+
+absl::StatusOr<WireType> WireTypeFromProto(v1::DType dtype, absl::string_view field) {
+  switch (dtype) {
+    case v1::DTYPE_UNSPECIFIED:
+    case v1::DTYPE_FLOAT32:
+      return WireType::kFloat32;
+    case v1::DTYPE_BFLOAT16:
+      return WireType::kBFloat16;
+    case v1::DTYPE_FLOAT16:
+      return WireType::kFloat16;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " has unknown dtype ", static_cast<int>(dtype),
+          "; use DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16"));
+  }
+}
+
+v1::DType WireTypeToProto(WireType type) {
+  switch (type) {
+    case WireType::kFloat32: return v1::DTYPE_FLOAT32;
+    case WireType::kBFloat16: return v1::DTYPE_BFLOAT16;
+    case WireType::kFloat16: return v1::DTYPE_FLOAT16;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+AdamWHyperparameters HyperparametersFromProto(const v1::AdamWHyperparameters& proto) {
+  AdamWHyperparameters h;
+  if (proto.has_lr()) h.lr = proto.lr();
+  if (proto.has_beta1()) h.beta1 = proto.beta1();
+  if (proto.has_beta2()) h.beta2 = proto.beta2();
+  if (proto.has_eps()) h.eps = proto.eps();
+  if (proto.has_weight_decay()) h.weight_decay = proto.weight_decay();
+  return h;
+}
+
+void HyperparametersToProto(const AdamWHyperparameters& h, v1::AdamWHyperparameters* proto) {
+  proto->set_lr(h.lr);
+  proto->set_beta1(h.beta1);
+  proto->set_beta2(h.beta2);
+  proto->set_eps(h.eps);
+  proto->set_weight_decay(h.weight_decay);
+}
+
+namespace {
+
+v1::Placement PlacementToProto(Placement placement) {
+  switch (placement) {
+    case Placement::kHost: return v1::PLACEMENT_HOST;
+    case Placement::kDeviceResident: return v1::PLACEMENT_DEVICE_RESIDENT;
+    case Placement::kDevicePaged: return v1::PLACEMENT_DEVICE_PAGED;
+  }
+  return v1::PLACEMENT_UNSPECIFIED;
+}
+
+void PercentilesToProto(const Percentiles& p, v1::LatencyPercentiles* proto) {
+  proto->set_p50_us(p.p50_us);
+  proto->set_p99_us(p.p99_us);
+  proto->set_samples(p.samples);
+}
+
+}  // namespace
+
+void GroupInfoToProto(const Group& group, v1::GroupInfo* proto) {
+  proto->set_name(group.key().name);
+  proto->set_num_elements(group.num_elements());
+  HyperparametersToProto(group.config().hyperparameters, proto->mutable_hyperparameters());
+  proto->set_page_elements(group.page_elements());
+  proto->set_num_pages(group.num_pages());
+  proto->set_min_step(group.MinStep());
+  proto->set_max_step(group.MaxStep());
+  proto->set_host_bytes(group.host_bytes());
+  proto->set_placement(PlacementToProto(group.placement()));
+  proto->set_pages_awaiting_values(group.PagesAwaitingValues());
+}
+
+void GroupStatsToProto(const Group& group, v1::GroupStats* proto) {
+  GroupInfoToProto(group, proto->mutable_info());
+  const GroupCounters& c = group.counters();
+  proto->set_steps_completed(proto->info().min_step());
+  proto->set_chunks_applied(c.chunks_applied.load());
+  proto->set_chunks_replayed(c.chunks_replayed.load());
+  proto->set_bytes_received(c.bytes_received.load());
+  proto->set_bytes_sent(c.bytes_sent.load());
+  PercentilesToProto(c.step_latency.Summarize(), proto->mutable_step_latency());
+  PercentilesToProto(c.chunk_latency.Summarize(), proto->mutable_chunk_latency());
+  v1::PagingCounters* paging = proto->mutable_paging();
+  paging->set_page_ins(c.paging.page_ins.load());
+  paging->set_page_outs(c.paging.page_outs.load());
+  paging->set_bytes_host_to_device(c.paging.bytes_host_to_device.load());
+  paging->set_bytes_device_to_host(c.paging.bytes_device_to_host.load());
+  paging->set_copy_wait_us(c.paging.copy_wait_us.load());
+}
+
+void BackendStatsToProto(const BackendStats& stats, v1::DeviceStats* proto) {
+  proto->set_strategy(stats.strategy);
+  proto->set_budget_total_bytes(stats.budget_total_bytes);
+  proto->set_budget_reserved_bytes(stats.budget_reserved_bytes);
+  proto->set_budget_target_utilization(stats.budget_target_utilization);
+  proto->set_budget_available_bytes(stats.budget_available_bytes);
+  proto->set_resident_bytes(stats.resident_bytes);
+  proto->set_staging_pool_bytes(stats.staging_pool_bytes);
+  proto->set_staging_slots(stats.staging_slots);
+}
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+}  // namespace optstate

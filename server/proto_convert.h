@@ -1,0 +1,33 @@
+// Translation between the wire messages (optstate.v1) and the server's own
+// types. The only server unit besides the service that sees protobuf types.
+#ifndef OPTSTATE_SERVER_PROTO_CONVERT_H_
+#define OPTSTATE_SERVER_PROTO_CONVERT_H_
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/support/status.h"
+#include "optstate/dtype.h"
+#include "optstate/v1/optstate.pb.h"
+#include "server/group.h"
+#include "server/step_backend.h"
+
+namespace optstate {
+
+// DTYPE_UNSPECIFIED reads as float32; an unknown value is INVALID_ARGUMENT
+// naming `field`.
+absl::StatusOr<WireType> WireTypeFromProto(v1::DType dtype, absl::string_view field);
+v1::DType WireTypeToProto(WireType type);
+
+// Unset fields take torch's defaults.
+AdamWHyperparameters HyperparametersFromProto(const v1::AdamWHyperparameters& proto);
+void HyperparametersToProto(const AdamWHyperparameters& h, v1::AdamWHyperparameters* proto);
+
+void GroupInfoToProto(const Group& group, v1::GroupInfo* proto);
+void GroupStatsToProto(const Group& group, v1::GroupStats* proto);
+void BackendStatsToProto(const BackendStats& stats, v1::DeviceStats* proto);
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+}  // namespace optstate
+
+#endif  // OPTSTATE_SERVER_PROTO_CONVERT_H_

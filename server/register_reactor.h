@@ -1,0 +1,41 @@
+// The RegisterGroup stream: a spec, then chunks of initial values. One
+// reactor per call; store and engine work runs on the worker pool.
+#ifndef OPTSTATE_SERVER_REGISTER_REACTOR_H_
+#define OPTSTATE_SERVER_REGISTER_REACTOR_H_
+
+#include <memory>
+#include <string>
+
+#include "grpcpp/grpcpp.h"
+#include "optstate/v1/optstate.pb.h"
+#include "server/step_engine.h"
+
+namespace optstate {
+
+// Flow: StartRead -> OnReadDone -> (worker: register, or write values) ->
+// StartRead ... -> OnReadDone(!ok) -> Finish with the group's info. One
+// message is handled at a time. The first error ends the call; a values chunk
+// refused changed nothing.
+class RegisterReactor : public grpc::ServerReadReactor<v1::RegisterGroupRequest> {
+ public:
+  RegisterReactor(StepEngine* engine, std::string tenant, v1::RegisterGroupResponse* response);
+
+  void OnReadDone(bool ok) override;
+  void OnDone() override { delete this; }
+
+ private:
+  // Runs on a worker; ends with StartRead or Finish, touching nothing after.
+  void HandleMessage();
+  void FinishWithGroup();
+
+  StepEngine* const engine_;
+  const std::string tenant_;
+  v1::RegisterGroupResponse* const response_;
+  v1::RegisterGroupRequest request_;
+  std::shared_ptr<Group> group_;  // Set by the spec message.
+  bool created_ = false;
+};
+
+}  // namespace optstate
+
+#endif  // OPTSTATE_SERVER_REGISTER_REACTOR_H_

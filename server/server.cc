@@ -1,0 +1,121 @@
+// Server assembly and shutdown order: gRPC first (no new chunks), then the
+// pool (finish the ones in flight), then backend and store.
+#include "server/server.h"
+
+#include <unistd.h>
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "server/log.h"
+#include "server/service.h"
+
+namespace optstate {
+
+struct Server::Parts {
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<StepBackend> backend;
+  std::unique_ptr<StateStore> store;
+  std::unique_ptr<StepEngine> engine;
+  std::unique_ptr<OptimizerStateService> service;
+  std::unique_ptr<grpc::Server> grpc_server;
+  std::string backend_name;
+  absl::Mutex mu;
+  bool shut_down ABSL_GUARDED_BY(mu) = false;
+  absl::Notification done;
+
+  ~Parts() {
+    // Destroyed in dependency order: nothing may outlive what it points to.
+    grpc_server.reset();
+    pool.reset();
+    service.reset();
+    engine.reset();
+    store.reset();
+    backend.reset();
+  }
+};
+
+namespace {
+
+uint64_t DefaultMaxHostBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_size <= 0) return 8ull << 30;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) / 10 * 8;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  if (options.threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--threads must be >= 0, got ", options.threads));
+  }
+  if (options.max_message_bytes < (1 << 20)) {
+    return absl::InvalidArgumentError("--max_message_bytes must be at least 1 MiB");
+  }
+  if (options.page_elements == 0 || options.page_elements % 64 != 0) {
+    return absl::InvalidArgumentError("page size must be a positive multiple of 64 elements");
+  }
+  auto parts = std::make_unique<Parts>();
+  int threads = options.threads;
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  parts->pool = std::make_unique<ThreadPool>(threads);
+  absl::StatusOr<std::unique_ptr<StepBackend>> backend =
+      CreateBackend(options.backend, parts->pool.get());
+  if (!backend.ok()) return backend.status();
+  parts->backend = std::move(*backend);
+  parts->backend_name = std::string(parts->backend->name());
+  const uint64_t max_host_bytes =
+      options.max_host_bytes != 0 ? options.max_host_bytes : DefaultMaxHostBytes();
+  parts->store = std::make_unique<StateStore>(parts->backend.get(), max_host_bytes,
+                                              options.page_elements);
+  parts->engine = std::make_unique<StepEngine>(parts->store.get(), parts->backend.get(),
+                                               parts->pool.get());
+  parts->service = std::make_unique<OptimizerStateService>(parts->engine.get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.RegisterService(parts->service.get());
+  parts->grpc_server = builder.BuildAndStart();
+  if (parts->grpc_server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("could not listen on ", options.listen,
+                                               " (address in use or not valid?)"));
+  }
+  Log(LogLevel::kInfo, "listening on ", options.listen, " (port ", port, "), backend ",
+      parts->backend_name, ", ", threads, " threads, max_host_bytes ", max_host_bytes);
+  return std::unique_ptr<Server>(new Server(std::move(parts), port));
+}
+
+Server::Server(std::unique_ptr<Parts> parts, int port) : parts_(std::move(parts)), port_(port) {}
+
+Server::~Server() { Shutdown(absl::Seconds(5)); }
+
+const std::string& Server::backend_name() const { return parts_->backend_name; }
+
+const StepEngine& Server::engine() const { return *parts_->engine; }
+
+void Server::Shutdown(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&parts_->mu);
+    if (parts_->shut_down) return;
+    parts_->shut_down = true;
+  }
+  parts_->grpc_server->Shutdown(std::chrono::system_clock::now() +
+                                absl::ToChronoMilliseconds(grace));
+  parts_->grpc_server->Wait();
+  parts_->pool.reset();  // Runs what is queued, then joins.
+  parts_->done.Notify();
+}
+
+void Server::Wait() { parts_->done.WaitForNotification(); }
+
+}  // namespace optstate

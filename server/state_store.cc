@@ -1,0 +1,140 @@
+// Registration (budget first, allocation outside the lock), lookup, deletion.
+#include "server/state_store.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace optstate {
+namespace {
+
+std::string DescribeConfig(const GroupConfig& c) {
+  const auto& h = c.hyperparameters;
+  return absl::StrCat("num_elements=", c.num_elements, " lr=", h.lr, " beta1=", h.beta1,
+                      " beta2=", h.beta2, " eps=", h.eps, " weight_decay=", h.weight_decay,
+                      " has_initial_values=", c.has_initial_values ? "true" : "false");
+}
+
+}  // namespace
+
+absl::Status ValidateGroupName(const std::string& name) {
+  if (name.empty() || name.size() > 512) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("group name must be 1 to 512 characters, got ", name.size()));
+  }
+  for (char ch : name) {
+    if (ch <= ' ' || ch > '~') {
+      return absl::InvalidArgumentError(
+          "group name must be printable ASCII without spaces (for example "
+          "'model.layers.0.attn.q_proj.weight')");
+    }
+  }
+  return absl::OkStatus();
+}
+
+StateStore::StateStore(StepBackend* backend, uint64_t max_host_bytes, uint64_t page_elements)
+    : backend_(backend), max_host_bytes_(max_host_bytes), page_elements_(page_elements) {}
+
+StateStore::~StateStore() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [key, group] : groups_) backend_->DetachGroup(*group);
+}
+
+absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& key,
+                                                              const GroupConfig& config) {
+  if (absl::Status s = ValidateGroupName(key.name); !s.ok()) return s;
+  if (config.num_elements == 0) {
+    return absl::InvalidArgumentError("num_elements must be at least 1");
+  }
+  if (absl::Status s = ValidateHyperparameters(config.hyperparameters); !s.ok()) return s;
+  const uint64_t needed = config.num_elements > max_host_bytes_ / 12
+                              ? UINT64_MAX
+                              : HostBytesFor(config.num_elements);
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = groups_.find(key); it != groups_.end()) {
+      if (it->second->config() == config) return Registration{it->second, false};
+      return absl::AlreadyExistsError(absl::StrCat(
+          "group '", key.name, "' already exists with ", DescribeConfig(it->second->config()),
+          "; asked for ", DescribeConfig(config),
+          ". Delete it first or register under another name"));
+    }
+    if (registering_.contains(key)) {
+      return absl::AbortedError(
+          absl::StrCat("group '", key.name, "' is being registered by another call; retry"));
+    }
+    if (needed == UINT64_MAX || host_bytes_ + needed > max_host_bytes_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "group '", key.name, "' needs ", HostBytesFor(config.num_elements),
+          " bytes of host memory (12 per element) but only ", max_host_bytes_ - host_bytes_,
+          " of --max_host_bytes=", max_host_bytes_,
+          " are free; delete groups or raise --max_host_bytes"));
+    }
+    host_bytes_ += needed;
+    registering_.insert(key);
+  }
+
+  // Allocation and backend placement take time; other groups keep stepping.
+  absl::StatusOr<std::shared_ptr<Group>> group =
+      Group::Create(key, config, page_elements_, backend_->host_allocator());
+  absl::Status placed = group.ok() ? backend_->AttachGroup(**group) : group.status();
+
+  absl::MutexLock lock(&mu_);
+  registering_.erase(key);
+  if (!placed.ok()) {
+    host_bytes_ -= needed;
+    return placed;
+  }
+  groups_.emplace(key, *group);
+  return Registration{*group, true};
+}
+
+absl::StatusOr<std::shared_ptr<Group>> StateStore::Find(const GroupKey& key) const {
+  absl::MutexLock lock(&mu_);
+  auto it = groups_.find(key);
+  if (it == groups_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no group named '", key.name, "'; register it first (ListGroups lists them)"));
+  }
+  return it->second;
+}
+
+absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key) {
+  std::shared_ptr<Group> group;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = groups_.find(key);
+    if (it == groups_.end()) {
+      return absl::NotFoundError(absl::StrCat("no group named '", key.name, "' to delete"));
+    }
+    group = std::move(it->second);
+    groups_.erase(it);
+    host_bytes_ -= group->host_bytes();
+  }
+  // Wait for in-flight chunks of this group, then make later ones refuse.
+  for (uint64_t page = 0; page < group->num_pages(); ++page) group->page_mutex(page).Lock();
+  group->mark_deleted();
+  backend_->DetachGroup(*group);
+  for (uint64_t page = group->num_pages(); page-- > 0;) group->page_mutex(page).Unlock();
+  return group->host_bytes();
+}
+
+std::vector<std::shared_ptr<Group>> StateStore::List(const std::string& tenant) const {
+  std::vector<std::shared_ptr<Group>> out;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, group] : groups_) {
+      if (key.tenant == tenant) out.push_back(group);
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a->key().name < b->key().name; });
+  return out;
+}
+
+uint64_t StateStore::host_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return host_bytes_;
+}
+
+}  // namespace optstate

@@ -1,0 +1,69 @@
+// The set of live groups, keyed by (tenant, name), and the host-memory
+// budget they share. Owns registration and deletion; holds no optimizer math.
+#ifndef OPTSTATE_SERVER_STATE_STORE_H_
+#define OPTSTATE_SERVER_STATE_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/group.h"
+#include "server/step_backend.h"
+
+namespace optstate {
+
+// Thread-safe.
+class StateStore {
+ public:
+  // `backend` must outlive the store. Every group uses pages of
+  // `page_elements` elements.
+  StateStore(StepBackend* backend, uint64_t max_host_bytes, uint64_t page_elements);
+  ~StateStore();
+
+  struct Registration {
+    std::shared_ptr<Group> group;
+    bool created = false;
+  };
+
+  // Creates the group, or returns the existing one when its config is equal.
+  // INVALID_ARGUMENT for a bad name, size or hyperparameters; ALREADY_EXISTS
+  // when a group of that name differs; RESOURCE_EXHAUSTED past the host-memory
+  // budget or when the backend cannot place it; ABORTED while another call
+  // is registering the same name. On error nothing changes.
+  absl::StatusOr<Registration> Register(const GroupKey& key, const GroupConfig& config);
+
+  // NOT_FOUND names the group.
+  absl::StatusOr<std::shared_ptr<Group>> Find(const GroupKey& key) const;
+
+  // Removes the group; its memory is freed once in-flight steps let go of it.
+  // Returns the host bytes freed. NOT_FOUND when there is no such group.
+  absl::StatusOr<uint64_t> Delete(const GroupKey& key);
+
+  // The tenant's groups, sorted by name.
+  std::vector<std::shared_ptr<Group>> List(const std::string& tenant) const;
+
+  uint64_t host_bytes() const;
+  uint64_t max_host_bytes() const { return max_host_bytes_; }
+  uint64_t page_elements() const { return page_elements_; }
+
+ private:
+  StepBackend* const backend_;
+  const uint64_t max_host_bytes_;
+  const uint64_t page_elements_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<GroupKey, std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<GroupKey> registering_ ABSL_GUARDED_BY(mu_);
+  uint64_t host_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // Including registrations under way.
+};
+
+// INVALID_ARGUMENT unless `name` is 1 to 512 printable ASCII characters
+// without spaces.
+absl::Status ValidateGroupName(const std::string& name);
+
+}  // namespace optstate
+
+#endif  // OPTSTATE_SERVER_STATE_STORE_H_

@@ -1,0 +1,69 @@
+// Where the AdamW update runs and where state lives while it does: the CPU
+// backend steps host memory in place; the CUDA backend keeps groups resident
+// in VRAM or pages them through a device staging pool.
+#ifndef OPTSTATE_SERVER_STEP_BACKEND_H_
+#define OPTSTATE_SERVER_STEP_BACKEND_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "optstate/dtype.h"
+#include "server/adamw_kernel.h"
+#include "server/group.h"
+#include "server/host_allocator.h"
+
+namespace optstate {
+
+// Backend-wide figures for GetStats; zero where a backend has no such thing.
+struct BackendStats {
+  std::string strategy;
+  uint64_t budget_total_bytes = 0;
+  uint64_t budget_reserved_bytes = 0;
+  double budget_target_utilization = 0;
+  uint64_t budget_available_bytes = 0;
+  uint64_t resident_bytes = 0;
+  uint64_t staging_pool_bytes = 0;
+  uint64_t staging_slots = 0;
+};
+
+// Implementations are thread-safe. Apply may run for different groups, and for
+// disjoint page ranges of one group, at the same time.
+class StepBackend {
+ public:
+  virtual ~StepBackend() = default;
+
+  // "cpu" or "cuda".
+  virtual absl::string_view name() const = 0;
+
+  // Allocator for every group's host arrays.
+  virtual HostAllocator* host_allocator() = 0;
+
+  // Chooses the group's placement and sets up its backend state; called once,
+  // before the group is visible. RESOURCE_EXHAUSTED (saying the bytes needed
+  // and available) when the group cannot be placed.
+  virtual absl::Status AttachGroup(Group& group) = 0;
+
+  // Releases what AttachGroup set up; called once the group is unreachable by
+  // new steps. Other groups may be placed anew as a result.
+  virtual void DetachGroup(Group& group) = 0;
+
+  // Applies one AdamW step to elements [begin, end) of `group`. The caller
+  // holds the page mutex of every page in the range, and has checked that the
+  // scaled gradients are finite. `grad` holds end-begin elements of
+  // `grad_type`, at any alignment. When this returns OK, the host params of
+  // the range hold the updated values.
+  virtual absl::Status Apply(Group& group, uint64_t begin, uint64_t end, const void* grad,
+                             WireType grad_type, const AdamWConstants& constants) = 0;
+
+  // The host params of [begin, end) were overwritten (initial values); the
+  // caller holds the page mutexes of the range.
+  virtual absl::Status ParamsWritten(Group& group, uint64_t begin, uint64_t end) = 0;
+
+  virtual BackendStats Stats() const = 0;
+};
+
+}  // namespace optstate
+
+#endif  // OPTSTATE_SERVER_STEP_BACKEND_H_

@@ -1,0 +1,202 @@
+// Chunk validation, page locking, exactly-once bookkeeping and reply encoding.
+#include "server/step_engine.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace optstate {
+namespace {
+
+struct ChunkRange {
+  uint64_t count;       // Elements in the chunk.
+  uint64_t first_page;  // Pages [first_page, end_page) are covered whole.
+  uint64_t end_page;
+};
+
+absl::StatusOr<ChunkRange> ValidateRange(const Group& group, uint64_t offset, WireType type,
+                                         size_t bytes, absl::string_view what) {
+  const size_t element_size = WireTypeSize(type);
+  if (bytes % element_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " holds ", bytes, " bytes, not a multiple of ", element_size, " (the size of ",
+        WireTypeName(type), ")"));
+  }
+  const uint64_t count = bytes / element_size;
+  const uint64_t n = group.num_elements();
+  if (count == 0) return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
+  if (offset >= n || count > n - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " covers elements [", offset, ", ", offset + count, ") but group '",
+        group.key().name, "' has ", n, " elements"));
+  }
+  const uint64_t page = group.page_elements();
+  if (offset % page != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "offset ", offset, " is not on a page boundary: chunks of group '", group.key().name,
+        "' must start at a multiple of page_elements=", page));
+  }
+  const uint64_t end = offset + count;
+  if (end % page != 0 && end != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " ends at element ", end, ", which is neither a page boundary (page_elements=",
+        page, ") nor the group's end (", n, ")"));
+  }
+  return ChunkRange{count, offset / page, (end + page - 1) / page};
+}
+
+// Holds the mutexes of pages [first, end) of a group, taken in ascending
+// order so that overlapping chunks cannot deadlock.
+class PageLocks {
+ public:
+  PageLocks(const Group& group, uint64_t first, uint64_t end)
+      : group_(group), first_(first), end_(end) {
+    for (uint64_t p = first_; p < end_; ++p) group_.page_mutex(p).Lock();
+  }
+  ~PageLocks() {
+    for (uint64_t p = end_; p-- > first_;) group_.page_mutex(p).Unlock();
+  }
+
+ private:
+  const Group& group_;
+  const uint64_t first_, end_;
+};
+
+absl::Status NotFoundAfterDelete(const Group& group) {
+  return absl::NotFoundError(absl::StrCat("group '", group.key().name, "' was deleted"));
+}
+
+}  // namespace
+
+absl::StatusOr<StepChunkResult> StepEngine::ApplyChunk(const StepChunk& chunk,
+                                                       std::string* params_out) {
+  const absl::Time started = absl::Now();
+  absl::StatusOr<std::shared_ptr<Group>> found = store_->Find(chunk.group);
+  if (!found.ok()) return found.status();
+  Group& group = **found;
+  absl::StatusOr<ChunkRange> range =
+      ValidateRange(group, chunk.offset, chunk.gradient_type, chunk.gradient.size(), "gradient");
+  if (!range.ok()) return range.status();
+  if (chunk.step == 0) {
+    return absl::InvalidArgumentError("step must be at least 1 (the first step is 1)");
+  }
+
+  AdamWStepInputs inputs;
+  const AdamWHyperparameters& h = group.config().hyperparameters;
+  inputs.lr = chunk.lr.value_or(h.lr);
+  inputs.beta1 = h.beta1;
+  inputs.beta2 = h.beta2;
+  inputs.eps = h.eps;
+  inputs.weight_decay = h.weight_decay;
+  inputs.step = chunk.step;
+  inputs.grad_scale = chunk.grad_scale.value_or(1.0f);
+  if (!std::isfinite(inputs.lr) || inputs.lr < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lr must be finite and >= 0, got ", inputs.lr));
+  }
+  if (!std::isfinite(inputs.grad_scale)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("grad_scale must be finite, got ", inputs.grad_scale));
+  }
+  const size_t bad = FindNonFiniteGradient(chunk.gradient.data(), chunk.gradient_type,
+                                           range->count, inputs.grad_scale);
+  if (bad != range->count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradient of group '", group.key().name, "' at element ", chunk.offset + bad,
+        " is not finite (after grad_scale ", inputs.grad_scale,
+        "); nothing in this chunk was applied. Skip the step or fix the loss scale"));
+  }
+  const AdamWConstants constants = ComputeAdamWConstants(inputs);
+
+  StepChunkResult result;
+  result.num_elements = range->count;
+  {
+    PageLocks locks(group, range->first_page, range->end_page);
+    if (group.deleted()) return NotFoundAfterDelete(group);
+    // Check every page before touching any, so a refusal changes nothing.
+    for (uint64_t p = range->first_page; p < range->end_page; ++p) {
+      if (!group.page_has_values(p)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "page ", p, " (elements [", group.PageBegin(p), ", ", group.PageEnd(p),
+            ")) of group '", group.key().name,
+            "' has no initial values yet; finish uploading them with RegisterGroup"));
+      }
+      const uint64_t at = group.page_step(p);
+      if (at + 1 < chunk.step) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "group '", group.key().name, "' page ", p, " is at step ", at, "; expected step ",
+            at + 1, ", got step ", chunk.step));
+      }
+      if (at > chunk.step) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "group '", group.key().name, "' page ", p, " is already at step ", at,
+            ", past step ", chunk.step, "; a replay must name the page's current step"));
+      }
+    }
+    const size_t grad_size = WireTypeSize(chunk.gradient_type);
+    uint64_t p = range->first_page;
+    while (p < range->end_page) {
+      if (group.page_step(p) == chunk.step) {
+        ++result.pages_replayed;
+        ++p;
+        continue;
+      }
+      uint64_t run_end = p;
+      while (run_end < range->end_page && group.page_step(run_end) + 1 == chunk.step) ++run_end;
+      const uint64_t begin = group.PageBegin(p);
+      const uint64_t end = group.PageEnd(run_end - 1);
+      absl::Status applied = backend_->Apply(
+          group, begin, end, chunk.gradient.data() + (begin - chunk.offset) * grad_size,
+          chunk.gradient_type, constants);
+      if (!applied.ok()) return applied;
+      for (uint64_t q = p; q < run_end; ++q) group.set_page_step(q, chunk.step);
+      result.pages_applied += run_end - p;
+      p = run_end;
+    }
+    params_out->resize(range->count * WireTypeSize(chunk.param_type));
+    EncodeFromFloat(chunk.param_type, group.params() + chunk.offset, params_out->data(),
+                    range->count);
+  }
+
+  GroupCounters& counters = group.counters();
+  (result.pages_applied > 0 ? counters.chunks_applied : counters.chunks_replayed)
+      .fetch_add(1, std::memory_order_relaxed);
+  counters.bytes_received.fetch_add(chunk.gradient.size(), std::memory_order_relaxed);
+  counters.bytes_sent.fetch_add(params_out->size(), std::memory_order_relaxed);
+  counters.chunk_latency.Record(absl::ToDoubleMicroseconds(absl::Now() - started));
+  if (result.pages_applied > 0) {
+    counters.PagesApplied(chunk.step, result.pages_applied, group.num_pages(), started);
+  }
+  return result;
+}
+
+absl::Status StepEngine::WriteInitialValues(const GroupKey& key, uint64_t offset, WireType type,
+                                            absl::string_view data) {
+  absl::StatusOr<std::shared_ptr<Group>> found = store_->Find(key);
+  if (!found.ok()) return found.status();
+  Group& group = **found;
+  absl::StatusOr<ChunkRange> range = ValidateRange(group, offset, type, data.size(), "values");
+  if (!range.ok()) return range.status();
+  const size_t bad = FindNonFiniteGradient(data.data(), type, range->count, 1.0f);
+  if (bad != range->count) {
+    return absl::InvalidArgumentError(absl::StrCat("initial value at element ", offset + bad,
+                                                   " of group '", key.name, "' is not finite"));
+  }
+  PageLocks locks(group, range->first_page, range->end_page);
+  if (group.deleted()) return NotFoundAfterDelete(group);
+  const size_t element_size = WireTypeSize(type);
+  for (uint64_t p = range->first_page; p < range->end_page; ++p) {
+    if (group.page_step(p) != 0) continue;  // Already trained: never rewind it.
+    const uint64_t begin = group.PageBegin(p);
+    const uint64_t end = group.PageEnd(p);
+    DecodeToFloat(type, data.data() + (begin - offset) * element_size, group.params() + begin,
+                  end - begin);
+    if (absl::Status s = backend_->ParamsWritten(group, begin, end); !s.ok()) return s;
+    group.mark_page_has_values(p);
+  }
+  group.counters().bytes_received.fetch_add(data.size(), std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+}  // namespace optstate

@@ -1,0 +1,74 @@
+// Applies step chunks and initial-value chunks to groups: validates them,
+// enforces exactly-once per page, runs the backend, and encodes the updated
+// params for the reply. Knows nothing of gRPC.
+#ifndef OPTSTATE_SERVER_STEP_ENGINE_H_
+#define OPTSTATE_SERVER_STEP_ENGINE_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "optstate/dtype.h"
+#include "server/state_store.h"
+#include "server/step_backend.h"
+#include "server/thread_pool.h"
+
+namespace optstate {
+
+// One chunk of one step. `gradient` is raw little-endian `gradient_type`.
+struct StepChunk {
+  GroupKey group;
+  uint64_t step = 0;
+  uint64_t offset = 0;
+  WireType gradient_type = WireType::kFloat32;
+  absl::string_view gradient;
+  std::optional<float> lr;
+  std::optional<float> grad_scale;
+  WireType param_type = WireType::kFloat32;
+};
+
+struct StepChunkResult {
+  uint64_t num_elements = 0;
+  uint64_t pages_applied = 0;
+  uint64_t pages_replayed = 0;
+};
+
+// Thread-safe: chunks of any groups may be applied from many threads; two
+// chunks touching one page are serialized, and only one can apply a step.
+class StepEngine {
+ public:
+  // Every pointer must outlive the engine.
+  StepEngine(StateStore* store, StepBackend* backend, ThreadPool* pool)
+      : store_(store), backend_(backend), pool_(pool) {}
+
+  // Applies AdamW step `chunk.step` to the chunk's pages that are at step-1,
+  // leaves pages already at `step` as they are (a replay), and writes the
+  // params of the whole chunk, as they are after the step, into *params_out
+  // in chunk.param_type. Refuses the whole chunk, changing nothing, with
+  // NOT_FOUND (no such group), INVALID_ARGUMENT (bad range, alignment, length
+  // or values; non-finite gradient; bad lr or grad_scale) or
+  // FAILED_PRECONDITION (a page lacks initial values, is behind step-1, or is
+  // past `step`), each message saying what to fix.
+  absl::StatusOr<StepChunkResult> ApplyChunk(const StepChunk& chunk, std::string* params_out);
+
+  // Writes initial parameter values to the pages of [offset, offset+n) that
+  // are still at step 0; pages already stepped are left alone. Same range
+  // rules and codes as ApplyChunk; values must be finite.
+  absl::Status WriteInitialValues(const GroupKey& group, uint64_t offset, WireType type,
+                                  absl::string_view data);
+
+  StateStore* store() const { return store_; }
+  StepBackend* backend() const { return backend_; }
+  ThreadPool* pool() const { return pool_; }
+
+ private:
+  StateStore* const store_;
+  StepBackend* const backend_;
+  ThreadPool* const pool_;
+};
+
+}  // namespace optstate
+
+#endif  // OPTSTATE_SERVER_STEP_ENGINE_H_

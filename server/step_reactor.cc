@@ -1,0 +1,133 @@
+// The Step stream's reactor: a small state machine driven by Advance().
+#include "server/step_reactor.h"
+
+#include "server/proto_convert.h"
+
+namespace optstate {
+
+StepReactor::StepReactor(StepEngine* engine, std::string tenant)
+    : engine_(engine), tenant_(std::move(tenant)) {
+  Advance(0);
+}
+
+void StepReactor::Advance(int tokens_released) {
+  for (;;) {
+    bool start_read = false, dispatch = false, start_write = false, finish = false;
+    const v1::StepResponse* write = nullptr;
+    absl::Status finish_status;
+    {
+      absl::MutexLock lock(&mu_);
+      starting_ -= tokens_released;
+      if (finish_called_) return;
+      const bool failed = !error_.ok();
+      if (!failed && !reads_done_ && !read_in_flight_ && queued_.size() < kMaxQueuedChunks) {
+        read_in_flight_ = start_read = true;
+      }
+      if (!failed && !processing_ && !queued_.empty()) {
+        processing_request_ = std::move(queued_.front());
+        queued_.pop_front();
+        processing_ = dispatch = true;
+      }
+      if (!write_in_flight_ && !to_write_.empty()) {
+        write_in_flight_ = start_write = true;
+        write = &to_write_.front();
+      }
+      tokens_released = int{start_read} + int{dispatch} + int{start_write};
+      starting_ += tokens_released;
+      const bool drained = !processing_ && !write_in_flight_ && to_write_.empty();
+      if (starting_ == 0 && drained && (failed || (reads_done_ && queued_.empty()))) {
+        finish_called_ = finish = true;
+        finish_status = error_;
+      }
+    }
+    if (finish) {
+      Finish(ToGrpcStatus(finish_status));  // OnDone may delete `this` from here on.
+      return;
+    }
+    if (tokens_released == 0) return;
+    if (start_read) StartRead(&incoming_);
+    if (dispatch) engine_->pool()->Schedule([this] { ApplyOnWorker(); });
+    if (start_write) StartWrite(write);
+    // Loop to release the tokens and see whether Finish is now due.
+  }
+}
+
+void StepReactor::OnReadDone(bool ok) {
+  {
+    absl::MutexLock lock(&mu_);
+    read_in_flight_ = false;
+    if (ok) {
+      queued_.push_back(std::move(incoming_));
+      incoming_.Clear();
+    } else {
+      reads_done_ = true;  // Half-close by the client, or a broken stream.
+    }
+  }
+  Advance(0);
+}
+
+void StepReactor::ApplyOnWorker() {
+  const v1::StepRequest& request = processing_request_;
+  v1::StepResponse response;
+  absl::Status status;
+  StepChunk chunk;
+  chunk.group = GroupKey{tenant_, request.group()};
+  chunk.step = request.step();
+  chunk.offset = request.offset();
+  chunk.gradient = request.gradient();
+  if (request.has_lr()) chunk.lr = request.lr();
+  if (request.has_grad_scale()) chunk.grad_scale = request.grad_scale();
+  absl::StatusOr<WireType> gradient_type =
+      WireTypeFromProto(request.gradient_dtype(), "gradient_dtype");
+  absl::StatusOr<WireType> param_type = WireTypeFromProto(request.param_dtype(), "param_dtype");
+  if (!gradient_type.ok()) {
+    status = gradient_type.status();
+  } else if (!param_type.ok()) {
+    status = param_type.status();
+  } else {
+    chunk.gradient_type = *gradient_type;
+    chunk.param_type = *param_type;
+    absl::StatusOr<StepChunkResult> result = engine_->ApplyChunk(chunk, response.mutable_params());
+    if (result.ok()) {
+      response.set_group(request.group());
+      response.set_step(request.step());
+      response.set_offset(request.offset());
+      response.set_num_elements(result->num_elements);
+      response.set_param_dtype(WireTypeToProto(*param_type));
+      response.set_pages_applied(result->pages_applied);
+      response.set_pages_replayed(result->pages_replayed);
+    } else {
+      status = result.status();
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    processing_ = false;
+    ++starting_;  // Keeps the call open until this thread is done with it.
+    if (status.ok()) {
+      to_write_.push_back(std::move(response));
+    } else {
+      error_ = status;
+      queued_.clear();
+    }
+  }
+  Advance(1);
+}
+
+void StepReactor::OnWriteDone(bool ok) {
+  {
+    absl::MutexLock lock(&mu_);
+    write_in_flight_ = false;
+    to_write_.pop_front();
+    if (!ok && error_.ok()) {
+      error_ = absl::CancelledError("the client stopped reading replies");
+      to_write_.clear();
+      queued_.clear();
+    }
+  }
+  Advance(0);
+}
+
+void StepReactor::OnDone() { delete this; }
+
+}  // namespace optstate
