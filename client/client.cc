@@ -1,0 +1,252 @@
+// Client connection, registration (spec, then page-aligned values) and the
+// unary calls.
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/client_internal.h"
+
+namespace optstate {
+
+namespace client_internal {
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+bool IsRetryable(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kUnknown:
+      return true;
+    default:
+      return false;
+  }
+}
+
+absl::Duration Backoff(const ClientOptions& options, int attempt) {
+  absl::Duration wait = options.initial_backoff;
+  for (int i = 1; i < attempt && wait < options.max_backoff; ++i) wait *= 2;
+  return std::min(wait, options.max_backoff);
+}
+
+GroupInfo GroupInfoFromProto(const v1::GroupInfo& proto) {
+  GroupInfo info;
+  info.name = proto.name();
+  info.num_elements = proto.num_elements();
+  const v1::AdamWHyperparameters& h = proto.hyperparameters();
+  info.hyperparameters = {h.lr(), h.beta1(), h.beta2(), h.eps(), h.weight_decay()};
+  info.page_elements = proto.page_elements();
+  info.min_step = proto.min_step();
+  info.max_step = proto.max_step();
+  return info;
+}
+
+void SetDeadline(grpc::ClientContext* context, const ClientOptions& options) {
+  context->set_deadline(std::chrono::system_clock::now() +
+                        absl::ToChronoMilliseconds(options.attempt_timeout));
+}
+
+}  // namespace client_internal
+
+using client_internal::Backoff;
+using client_internal::FromGrpcStatus;
+using client_internal::GroupInfoFromProto;
+using client_internal::IsRetryable;
+using client_internal::SetDeadline;
+
+void Client::Impl::Remember(const GroupInfo& info) {
+  absl::MutexLock lock(&mu);
+  groups[info.name] = info;
+}
+
+void Client::Impl::Forget(const std::string& name) {
+  absl::MutexLock lock(&mu);
+  groups.erase(name);
+}
+
+absl::StatusOr<GroupInfo> Client::Impl::Layout(Client& client, const std::string& name) {
+  {
+    absl::MutexLock lock(&mu);
+    if (auto it = groups.find(name); it != groups.end()) return it->second;
+  }
+  absl::StatusOr<GroupInfo> info = client.DescribeGroup(name);
+  if (info.ok()) Remember(*info);
+  return info;
+}
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target,
+                                                        const ClientOptions& options) {
+  if (options.max_attempts < 1 || options.max_chunks_in_flight < 1 || options.chunk_bytes == 0 ||
+      options.max_message_bytes < (1 << 20)) {
+    return absl::InvalidArgumentError(
+        "ClientOptions: max_attempts and max_chunks_in_flight must be >= 1, chunk_bytes > 0, "
+        "max_message_bytes >= 1 MiB");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  impl->channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  impl->stub = v1::OptimizerState::NewStub(impl->channel);
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+namespace {
+
+// One RegisterGroup call: the spec, then (when `values` is set) every chunk
+// of initial values for pages that still await them.
+absl::StatusOr<v1::RegisterGroupResponse> RegisterOnce(v1::OptimizerState::Stub& stub,
+                                                       const ClientOptions& options,
+                                                       const v1::GroupSpec& spec,
+                                                       absl::Span<const float> values,
+                                                       uint64_t page_elements) {
+  grpc::ClientContext context;
+  SetDeadline(&context, options);
+  v1::RegisterGroupResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::RegisterGroupRequest>> writer =
+      stub.RegisterGroup(&context, &response);
+  v1::RegisterGroupRequest request;
+  *request.mutable_spec() = spec;
+  bool ok = writer->Write(request);
+  if (ok && !values.empty()) {
+    const uint64_t pages_per_chunk =
+        std::max<uint64_t>(1, options.chunk_bytes / (page_elements * sizeof(float)));
+    const uint64_t chunk = pages_per_chunk * page_elements;
+    for (uint64_t offset = 0; ok && offset < values.size(); offset += chunk) {
+      const uint64_t count = std::min<uint64_t>(chunk, values.size() - offset);
+      request.Clear();
+      v1::ValuesChunk* v = request.mutable_values();
+      v->set_offset(offset);
+      v->set_dtype(v1::DTYPE_FLOAT32);
+      v->set_data(values.data() + offset, count * sizeof(float));
+      ok = writer->Write(request);
+    }
+  }
+  writer->WritesDone();
+  absl::Status status = FromGrpcStatus(writer->Finish());
+  if (!status.ok()) return status;
+  return response;
+}
+
+}  // namespace
+
+namespace {
+
+v1::GroupSpec MakeSpec(const std::string& name, uint64_t num_elements, const Hyperparameters& h,
+                       bool has_initial_values) {
+  v1::GroupSpec spec;
+  spec.set_name(name);
+  spec.set_num_elements(num_elements);
+  spec.set_has_initial_values(has_initial_values);
+  v1::AdamWHyperparameters* hp = spec.mutable_hyperparameters();
+  hp->set_lr(h.lr);
+  hp->set_beta1(h.beta1);
+  hp->set_beta2(h.beta2);
+  hp->set_eps(h.eps);
+  hp->set_weight_decay(h.weight_decay);
+  return spec;
+}
+
+}  // namespace
+
+absl::StatusOr<GroupInfo> Client::Register(const v1::GroupSpec& spec,
+                                           absl::Span<const float> initial_values) {
+  absl::Status last;
+  for (int attempt = 0; attempt < impl_->options.max_attempts; ++attempt) {
+    if (attempt > 0) absl::SleepFor(Backoff(impl_->options, attempt));
+    // The spec alone first: it tells the page size and whether values are due.
+    absl::StatusOr<v1::RegisterGroupResponse> first =
+        RegisterOnce(*impl_->stub, impl_->options, spec, {}, 0);
+    if (first.ok() && first->group().pages_awaiting_values() > 0) {
+      absl::StatusOr<v1::RegisterGroupResponse> filled =
+          RegisterOnce(*impl_->stub, impl_->options, spec, initial_values,
+                       first->group().page_elements());
+      if (filled.ok()) filled->set_created(first->created());
+      first = std::move(filled);
+    }
+    if (first.ok()) {
+      GroupInfo info = GroupInfoFromProto(first->group());
+      info.created = first->created();
+      impl_->Remember(info);
+      return info;
+    }
+    last = first.status();
+    if (!IsRetryable(last)) break;
+  }
+  return last;
+}
+
+absl::StatusOr<GroupInfo> Client::RegisterGroup(const std::string& name,
+                                                absl::Span<const float> initial_values,
+                                                const Hyperparameters& h) {
+  if (initial_values.empty()) {
+    return absl::InvalidArgumentError("RegisterGroup needs at least one initial value");
+  }
+  for (size_t i = 0; i < initial_values.size(); ++i) {
+    if (!std::isfinite(initial_values[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("initial value ", i, " of group '", name, "' is not finite"));
+    }
+  }
+  return Register(MakeSpec(name, initial_values.size(), h, true), initial_values);
+}
+
+absl::StatusOr<GroupInfo> Client::RegisterGroup(const std::string& name, uint64_t num_elements,
+                                                const Hyperparameters& h) {
+  return Register(MakeSpec(name, num_elements, h, false), {});
+}
+
+absl::StatusOr<GroupInfo> Client::DescribeGroup(const std::string& name) {
+  grpc::ClientContext context;
+  SetDeadline(&context, impl_->options);
+  v1::DescribeGroupRequest request;
+  request.set_name(name);
+  v1::DescribeGroupResponse response;
+  absl::Status status = FromGrpcStatus(impl_->stub->DescribeGroup(&context, request, &response));
+  if (!status.ok()) return status;
+  return GroupInfoFromProto(response.group().info());
+}
+
+absl::StatusOr<std::vector<GroupInfo>> Client::ListGroups() {
+  grpc::ClientContext context;
+  SetDeadline(&context, impl_->options);
+  v1::ListGroupsResponse response;
+  absl::Status status =
+      FromGrpcStatus(impl_->stub->ListGroups(&context, v1::ListGroupsRequest(), &response));
+  if (!status.ok()) return status;
+  std::vector<GroupInfo> out;
+  for (const auto& g : response.groups()) out.push_back(GroupInfoFromProto(g));
+  return out;
+}
+
+absl::StatusOr<v1::GetStatsResponse> Client::GetStats() {
+  grpc::ClientContext context;
+  SetDeadline(&context, impl_->options);
+  v1::GetStatsResponse response;
+  absl::Status status =
+      FromGrpcStatus(impl_->stub->GetStats(&context, v1::GetStatsRequest(), &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::Status Client::DeleteGroup(const std::string& name) {
+  grpc::ClientContext context;
+  SetDeadline(&context, impl_->options);
+  v1::DeleteGroupRequest request;
+  request.set_name(name);
+  v1::DeleteGroupResponse response;
+  impl_->Forget(name);
+  return FromGrpcStatus(impl_->stub->DeleteGroup(&context, request, &response));
+}
+
+}  // namespace optstate

@@ -1,0 +1,46 @@
+// What the client's translation units share: the channel and stub, the cache
+// of group layouts, status translation and the retry schedule. Not API.
+#ifndef OPTSTATE_CLIENT_CLIENT_INTERNAL_H_
+#define OPTSTATE_CLIENT_CLIENT_INTERNAL_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "optstate/client.h"
+#include "optstate/v1/optstate.grpc.pb.h"
+
+namespace optstate {
+
+struct Client::Impl {
+  ClientOptions options;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::OptimizerState::Stub> stub;
+
+  // Layouts of groups this client has seen (page size, element count).
+  absl::Mutex mu;
+  absl::flat_hash_map<std::string, GroupInfo> groups ABSL_GUARDED_BY(mu);
+
+  void Remember(const GroupInfo& info);
+  void Forget(const std::string& name);
+  // The cached layout, or DescribeGroup's answer.
+  absl::StatusOr<GroupInfo> Layout(Client& client, const std::string& name);
+};
+
+namespace client_internal {
+
+absl::Status FromGrpcStatus(const grpc::Status& status);
+// Transient failures a retry may cure; safe to retry because steps are
+// exactly-once and registration is idempotent.
+bool IsRetryable(const absl::Status& status);
+// Sleep before attempt `attempt` (1 for the first retry).
+absl::Duration Backoff(const ClientOptions& options, int attempt);
+GroupInfo GroupInfoFromProto(const v1::GroupInfo& proto);
+void SetDeadline(grpc::ClientContext* context, const ClientOptions& options);
+
+}  // namespace client_internal
+}  // namespace optstate
+
+#endif  // OPTSTATE_CLIENT_CLIENT_INTERNAL_H_

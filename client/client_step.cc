@@ -1,0 +1,212 @@
+// Client::Step: checks the whole step, cuts it into page-aligned chunks, and
+// streams them with a bounded window; on a transient failure it resends only
+// the chunks that got no reply (the server applies each page exactly once).
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/client_internal.h"
+
+namespace optstate {
+
+using client_internal::Backoff;
+using client_internal::FromGrpcStatus;
+using client_internal::IsRetryable;
+using client_internal::SetDeadline;
+
+namespace {
+
+struct PlannedChunk {
+  size_t group;  // Index into the step's groups.
+  uint64_t offset;
+  uint64_t count;
+};
+
+v1::DType ToProto(WireType type) {
+  switch (type) {
+    case WireType::kFloat32: return v1::DTYPE_FLOAT32;
+    case WireType::kBFloat16: return v1::DTYPE_BFLOAT16;
+    case WireType::kFloat16: return v1::DTYPE_FLOAT16;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+// The value the server will see: narrowed to the wire type, widened back,
+// times grad_scale.
+float AsServerSees(float g, WireType type, float scale) {
+  switch (type) {
+    case WireType::kFloat32: break;
+    case WireType::kBFloat16: g = BFloat16ToFloat(FloatToBFloat16(g)); break;
+    case WireType::kFloat16: g = HalfToFloat(FloatToHalf(g)); break;
+  }
+  return g * scale;
+}
+
+absl::Status CheckFinite(const GroupStep& group, const StepOptions& options) {
+  const float scale = options.grad_scale.value_or(1.0f);
+  for (size_t i = 0; i < group.gradient.size(); ++i) {
+    if (!std::isfinite(AsServerSees(group.gradient[i], options.gradient_dtype, scale))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradient of group '", group.group, "' at element ", i, " is ", group.gradient[i],
+          ", which is not finite as ", WireTypeName(options.gradient_dtype),
+          " after grad_scale ", scale, "; the whole step was refused and nothing was sent"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// One stream carrying `pending` chunks; clears each answered chunk from it.
+absl::Status RunStream(v1::OptimizerState::Stub& stub, const ClientOptions& client_options,
+                       absl::Span<const GroupStep> groups, uint64_t step,
+                       const StepOptions& options, std::vector<PlannedChunk>* pending) {
+  grpc::ClientContext context;
+  SetDeadline(&context, client_options);
+  std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>> stream =
+      stub.Step(&context);
+
+  std::mutex mu;
+  std::condition_variable window_open;
+  size_t answered = 0;   // Guarded by mu.
+  bool stop = false;     // Guarded by mu: the reader gave up.
+  const size_t window = static_cast<size_t>(client_options.max_chunks_in_flight);
+  const size_t total = pending->size();
+
+  std::thread writer([&] {
+    v1::StepRequest request;
+    for (size_t i = 0; i < total; ++i) {
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        window_open.wait(lock, [&] { return stop || i - answered < window; });
+        if (stop) break;
+      }
+      const PlannedChunk& chunk = (*pending)[i];
+      const GroupStep& group = groups[chunk.group];
+      request.Clear();
+      request.set_group(group.group);
+      request.set_step(step);
+      request.set_offset(chunk.offset);
+      request.set_gradient_dtype(ToProto(options.gradient_dtype));
+      request.set_param_dtype(ToProto(options.param_dtype));
+      if (options.lr) request.set_lr(*options.lr);
+      if (options.grad_scale) request.set_grad_scale(*options.grad_scale);
+      std::string* bytes = request.mutable_gradient();
+      bytes->resize(chunk.count * WireTypeSize(options.gradient_dtype));
+      EncodeFromFloat(options.gradient_dtype, group.gradient.data() + chunk.offset, bytes->data(),
+                      chunk.count);
+      if (!stream->Write(request)) break;  // The stream broke; Finish says why.
+    }
+    stream->WritesDone();
+  });
+
+  absl::Status mismatch;
+  std::vector<bool> done(total, false);
+  v1::StepResponse response;
+  for (size_t i = 0; i < total && stream->Read(&response); ++i) {
+    const PlannedChunk& chunk = (*pending)[i];
+    const GroupStep& group = groups[chunk.group];
+    const size_t expected_bytes = chunk.count * WireTypeSize(options.param_dtype);
+    if (response.group() != group.group || response.offset() != chunk.offset ||
+        response.params().size() != expected_bytes) {
+      mismatch = absl::InternalError(absl::StrCat(
+          "reply ", i, " is for group '", response.group(), "' offset ", response.offset(),
+          " with ", response.params().size(), " bytes; expected '", group.group, "' offset ",
+          chunk.offset, " with ", expected_bytes, " bytes"));
+      break;
+    }
+    if (!group.params_out.empty()) {
+      DecodeToFloat(options.param_dtype, response.params().data(),
+                    group.params_out.data() + chunk.offset, chunk.count);
+    }
+    done[i] = true;
+    std::lock_guard<std::mutex> lock(mu);
+    ++answered;
+    window_open.notify_one();
+  }
+  size_t answered_all;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stop = true;
+    answered_all = answered;
+    window_open.notify_one();
+  }
+  if (answered_all < total) context.TryCancel();  // Unblocks a writer stuck in Write.
+  writer.join();
+  absl::Status status = FromGrpcStatus(stream->Finish());
+
+  std::vector<PlannedChunk> left;
+  for (size_t i = 0; i < total; ++i) {
+    if (!done[i]) left.push_back((*pending)[i]);
+  }
+  *pending = std::move(left);
+  if (!mismatch.ok()) return mismatch;
+  if (!pending->empty() && status.ok()) {
+    return absl::UnavailableError(absl::StrCat("the stream ended after ", answered_all, " of ",
+                                               total, " replies"));
+  }
+  if (!pending->empty() && status.code() == absl::StatusCode::kCancelled) {
+    return absl::UnavailableError(absl::StrCat("the stream broke after ", answered_all, " of ",
+                                               total, " replies: ", status.message()));
+  }
+  return pending->empty() ? absl::OkStatus() : status;
+}
+
+}  // namespace
+
+absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
+                          const StepOptions& options) {
+  if (step == 0) return absl::InvalidArgumentError("step must be at least 1 (the first step is 1)");
+  if (options.grad_scale && !std::isfinite(*options.grad_scale)) {
+    return absl::InvalidArgumentError("grad_scale must be finite");
+  }
+  if (options.lr && !(std::isfinite(*options.lr) && *options.lr >= 0)) {
+    return absl::InvalidArgumentError("lr must be finite and >= 0");
+  }
+  std::vector<PlannedChunk> pending;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const GroupStep& group = groups[g];
+    absl::StatusOr<GroupInfo> layout = impl_->Layout(*this, group.group);
+    if (!layout.ok()) return layout.status();
+    if (group.gradient.size() != layout->num_elements) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradient of group '", group.group, "' has ", group.gradient.size(),
+          " elements; the group has ", layout->num_elements));
+    }
+    if (!group.params_out.empty() && group.params_out.size() != layout->num_elements) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "params_out of group '", group.group, "' has ", group.params_out.size(),
+          " elements; the group has ", layout->num_elements, " (or pass an empty span)"));
+    }
+    if (absl::Status s = CheckFinite(group, options); !s.ok()) return s;
+    const uint64_t page_bytes = layout->page_elements * WireTypeSize(options.gradient_dtype);
+    const uint64_t chunk_elements =
+        std::max<uint64_t>(1, impl_->options.chunk_bytes / page_bytes) * layout->page_elements;
+    for (uint64_t offset = 0; offset < layout->num_elements; offset += chunk_elements) {
+      pending.push_back({g, offset, std::min(chunk_elements, layout->num_elements - offset)});
+    }
+  }
+
+  absl::Status last;
+  for (int attempt = 0; attempt < impl_->options.max_attempts && !pending.empty(); ++attempt) {
+    if (attempt > 0) absl::SleepFor(Backoff(impl_->options, attempt));
+    last = RunStream(*impl_->stub, impl_->options, groups, step, options, &pending);
+    if (last.ok()) return last;
+    if (!IsRetryable(last)) return last;
+  }
+  if (pending.empty()) return absl::OkStatus();
+  return absl::Status(last.code(), absl::StrCat("step ", step, " failed after ",
+                                                impl_->options.max_attempts,
+                                                " attempts: ", last.message()));
+}
+
+absl::Status Client::Step(const std::string& group, uint64_t step,
+                          absl::Span<const float> gradient, absl::Span<float> params_out,
+                          const StepOptions& options) {
+  GroupStep one{group, gradient, params_out};
+  return Step(absl::MakeConstSpan(&one, 1), step, options);
+}
+
+}  // namespace optstate

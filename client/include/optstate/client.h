@@ -1,0 +1,116 @@
+// The optstate client: register parameter groups on an optstated daemon and
+// step them, with chunking, pipelining, deadlines and exactly-once retries.
+#ifndef OPTSTATE_CLIENT_H_
+#define OPTSTATE_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "optstate/dtype.h"
+#include "optstate/v1/optstate.pb.h"
+
+namespace optstate {
+
+struct ClientOptions {
+  // Attempts per call, the first included; only transient failures
+  // (UNAVAILABLE, broken or cancelled streams, deadlines) are retried.
+  int max_attempts = 5;
+  absl::Duration initial_backoff = absl::Milliseconds(50);  // Doubles per retry...
+  absl::Duration max_backoff = absl::Seconds(2);            // ...up to this.
+  absl::Duration attempt_timeout = absl::Minutes(5);        // Deadline of one attempt.
+  int max_message_bytes = 64 << 20;
+  // Target gradient bytes per chunk (rounded to whole pages, at least one).
+  uint64_t chunk_bytes = 1 << 20;
+  // Chunks written but not yet answered, per Step call.
+  int max_chunks_in_flight = 8;
+};
+
+// torch.optim.AdamW's hyperparameters and defaults.
+struct Hyperparameters {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 1e-2f;
+};
+
+struct GroupInfo {
+  std::string name;
+  uint64_t num_elements = 0;
+  Hyperparameters hyperparameters;
+  uint64_t page_elements = 0;
+  uint64_t min_step = 0;  // Every page has reached at least this step.
+  uint64_t max_step = 0;
+  bool created = false;   // From RegisterGroup: false when it already existed.
+};
+
+// One group's part of a step: its whole gradient, and where the updated
+// params go (same length; may be empty to discard them).
+struct GroupStep {
+  std::string group;
+  absl::Span<const float> gradient;
+  absl::Span<float> params_out;
+};
+
+struct StepOptions {
+  WireType gradient_dtype = WireType::kFloat32;  // Gradients are narrowed to it on the wire.
+  WireType param_dtype = WireType::kFloat32;     // Params come back in it, widened into params_out.
+  std::optional<float> lr;                       // Overrides the groups' lr for this step.
+  std::optional<float> grad_scale;               // Multiplied into every gradient.
+};
+
+// Thread-safe: one Client may serve many threads; each call is independent.
+class Client {
+ public:
+  // Creates a channel to `target` ("host:port"); does not wait for the
+  // server. INVALID_ARGUMENT for bad options.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& target,
+                                                         const ClientOptions& options = {});
+  ~Client();
+
+  // Registers `name` with these initial values (all of it, any size) and
+  // hyperparameters. Idempotent: an equal existing group is returned with
+  // created=false and its trained pages are never rewound. ALREADY_EXISTS
+  // when a group of that name differs in size or hyperparameters.
+  absl::StatusOr<GroupInfo> RegisterGroup(const std::string& name,
+                                          absl::Span<const float> initial_values,
+                                          const Hyperparameters& hyperparameters = {});
+  // The same with params starting at zero.
+  absl::StatusOr<GroupInfo> RegisterGroup(const std::string& name, uint64_t num_elements,
+                                          const Hyperparameters& hyperparameters = {});
+
+  // Applies step `step` (1, 2, ...) to every listed group in one stream and
+  // fills their params_out. Refuses the whole step, sending nothing, with
+  // INVALID_ARGUMENT when a gradient is not finite (after grad_scale and
+  // narrowing) or has the wrong length. On a transient failure it resends the
+  // chunks not yet answered; the server applies each page exactly once, so a
+  // retried or repeated step never applies an element twice.
+  absl::Status Step(absl::Span<const GroupStep> groups, uint64_t step,
+                    const StepOptions& options = {});
+  absl::Status Step(const std::string& group, uint64_t step, absl::Span<const float> gradient,
+                    absl::Span<float> params_out, const StepOptions& options = {});
+
+  absl::StatusOr<GroupInfo> DescribeGroup(const std::string& name);
+  absl::StatusOr<std::vector<GroupInfo>> ListGroups();
+  absl::StatusOr<v1::GetStatsResponse> GetStats();
+  absl::Status DeleteGroup(const std::string& name);
+
+ private:
+  struct Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  // RegisterGroup with retries; `initial_values` empty when the spec has none.
+  absl::StatusOr<GroupInfo> Register(const v1::GroupSpec& spec,
+                                     absl::Span<const float> initial_values);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace optstate
+
+#endif  // OPTSTATE_CLIENT_H_
