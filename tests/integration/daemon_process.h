@@ -1,0 +1,41 @@
+// Runs a real optstated process on a free loopback port for a test, and
+// stops it with SIGTERM, reporting how it exited.
+#ifndef OPTSTATE_TESTS_INTEGRATION_DAEMON_PROCESS_H_
+#define OPTSTATE_TESTS_INTEGRATION_DAEMON_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace optstate::testing {
+
+class DaemonProcess {
+ public:
+  // Starts optstated with --listen=127.0.0.1:0 plus `flags`, and waits (up to
+  // 20 s) for it to print its port.
+  static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(
+      const std::vector<std::string>& flags = {});
+  // Kills the process if it is still running.
+  ~DaemonProcess();
+
+  int port() const { return port_; }
+  std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+
+  // Sends SIGTERM and waits; returns the exit code (128+signal if killed by
+  // one), or an error if it did not exit within `timeout_seconds`.
+  absl::StatusOr<int> Stop(int timeout_seconds = 30);
+
+ private:
+  DaemonProcess(pid_t pid, int stdout_fd, int port) : pid_(pid), stdout_fd_(stdout_fd), port_(port) {}
+  pid_t pid_;
+  int stdout_fd_;
+  int port_;
+};
+
+}  // namespace optstate::testing
+
+#endif  // OPTSTATE_TESTS_INTEGRATION_DAEMON_PROCESS_H_

@@ -1,0 +1,176 @@
+// A real optstated process stepped through the client: results against the
+// float64 reference and the project's scalar fp32 kernel.
+#include <gtest/gtest.h>
+
+#include <iostream>
+
+#include "optstate/client.h"
+#include "tests/integration/daemon_process.h"
+#include "tests/integration/random_tensors.h"
+
+namespace optstate::testing {
+namespace {
+
+class EndToEndTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto daemon = DaemonProcess::Start({"--threads=2"});
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = std::move(*daemon);
+    auto client = Client::Connect(daemon_->target());
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = std::move(*client);
+  }
+  void TearDown() override {
+    client_.reset();
+    if (daemon_ == nullptr) return;
+    absl::StatusOr<int> exit_code = daemon_->Stop();
+    ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+    EXPECT_EQ(*exit_code, 0) << "optstated must exit 0 on SIGTERM";
+  }
+
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<Client> client_;
+};
+
+// Four pages of 256 Ki elements and a partial fifth.
+constexpr size_t kElements = 4 * 262144 + 1000;
+
+TEST_F(EndToEndTest, FiftyStepsMatchFloat64AndScalarFp32References) {
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  Hyperparameters h;
+  h.lr = 2e-3f;
+  h.weight_decay = 0.05f;
+  std::vector<float> initial = RandomNormal(rng, kElements, 1.0f);
+  ASSERT_TRUE(client_->RegisterGroup("model.w", initial, h).ok());
+  GroupModel model(initial, h);
+  std::vector<float> params(kElements);
+  for (uint64_t t = 1; t <= 50; ++t) {
+    std::vector<float> grad = RandomNormal(rng, kElements, 1e-2f);
+    ASSERT_TRUE(client_->Step("model.w", t, grad, absl::MakeSpan(params)).ok()) << t;
+    model.Step(t, grad);
+  }
+  const double rel64 = RelativeL2Error(params, model.params_f64());
+  const double max64 = MaxAbsError(params, model.params_f64());
+  const double rel32 = RelativeL2Error(params, model.params_fp32());
+  std::cout << "50 steps: rel vs float64 " << rel64 << ", max abs " << max64
+            << ", rel vs scalar fp32 " << rel32 << "\n";
+  EXPECT_LE(rel64, 1e-5);
+  EXPECT_LE(max64, 1e-4);
+  EXPECT_LE(rel32, 1e-6);
+}
+
+TEST_F(EndToEndTest, Bfloat16WireCarriesRoundedGradientsAndParams) {
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  std::vector<float> initial = RandomNormal(rng, kElements, 1.0f);
+  ASSERT_TRUE(client_->RegisterGroup("bf16.w", initial).ok());
+  GroupModel model(initial, {});
+  StepOptions options;
+  options.gradient_dtype = WireType::kBFloat16;
+  options.param_dtype = WireType::kBFloat16;
+  std::vector<float> params(kElements);
+  for (uint64_t t = 1; t <= 5; ++t) {
+    std::vector<float> grad = RandomNormal(rng, kElements, 1e-2f);
+    ASSERT_TRUE(client_->Step("bf16.w", t, grad, absl::MakeSpan(params), options).ok());
+    for (float& g : grad) g = BFloat16ToFloat(FloatToBFloat16(g));  // What the server saw.
+    model.Step(t, grad);
+  }
+  // The server's fp32 params equal the scalar model bit for bit, so the bf16
+  // reply must be exactly their round-to-nearest-even.
+  size_t mismatches = 0;
+  for (size_t i = 0; i < kElements; ++i) {
+    mismatches += params[i] != BFloat16ToFloat(FloatToBFloat16(model.params_fp32()[i]));
+  }
+  EXPECT_EQ(mismatches, 0u);
+  EXPECT_LE(RelativeL2Error(model.params_fp32(), model.params_f64()), 1e-6);
+}
+
+TEST_F(EndToEndTest, Float16GradientsAreWidenedExactly) {
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  std::vector<float> initial = RandomNormal(rng, 70000, 1.0f);
+  ASSERT_TRUE(client_->RegisterGroup("fp16.w", initial).ok());
+  GroupModel model(initial, {});
+  StepOptions options;
+  options.gradient_dtype = WireType::kFloat16;
+  std::vector<float> params(initial.size());
+  for (uint64_t t = 1; t <= 5; ++t) {
+    std::vector<float> grad = RandomNormal(rng, initial.size(), 1e-2f);
+    ASSERT_TRUE(client_->Step("fp16.w", t, grad, absl::MakeSpan(params), options).ok());
+    for (float& g : grad) g = HalfToFloat(FloatToHalf(g));
+    model.Step(t, grad);
+  }
+  EXPECT_EQ(params, model.params_fp32());
+  EXPECT_LE(RelativeL2Error(params, model.params_f64()), 1e-6);
+}
+
+TEST_F(EndToEndTest, PerStepLearningRateAndGradScaleAreApplied) {
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  std::vector<float> initial = RandomNormal(rng, 300000, 1.0f);
+  ASSERT_TRUE(client_->RegisterGroup("sched.w", initial).ok());
+  GroupModel model(initial, {});
+  std::vector<float> params(initial.size());
+  for (uint64_t t = 1; t <= 10; ++t) {
+    std::vector<float> grad = RandomNormal(rng, initial.size(), 1.0f);
+    StepOptions options;
+    options.lr = 1e-3f * static_cast<float>(t) / 10.0f;  // A warm-up schedule.
+    options.grad_scale = 1.0f / 1024.0f;                  // Loss-scale unscaling.
+    ASSERT_TRUE(client_->Step("sched.w", t, grad, absl::MakeSpan(params), options).ok());
+    model.Step(t, grad, *options.grad_scale, *options.lr);
+  }
+  EXPECT_EQ(params, model.params_fp32());
+  EXPECT_LE(RelativeL2Error(params, model.params_f64()), 1e-5);
+  EXPECT_LE(MaxAbsError(params, model.params_f64()), 1e-4);
+}
+
+TEST_F(EndToEndTest, StatsReportStepsChunksAndBytes) {
+  std::vector<float> initial(kElements, 0.5f);
+  ASSERT_TRUE(client_->RegisterGroup("stats.w", initial).ok());
+  std::vector<float> grad(kElements, 0.01f), params(kElements);
+  for (uint64_t t = 1; t <= 3; ++t) {
+    ASSERT_TRUE(client_->Step("stats.w", t, grad, absl::MakeSpan(params)).ok());
+  }
+  absl::StatusOr<v1::GetStatsResponse> stats = client_->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->backend(), "cpu");
+  ASSERT_EQ(stats->groups_size(), 1);
+  const v1::GroupStats& g = stats->groups(0);
+  EXPECT_EQ(g.info().num_elements(), kElements);
+  EXPECT_EQ(g.info().min_step(), 3u);
+  EXPECT_EQ(g.info().max_step(), 3u);
+  EXPECT_EQ(g.steps_completed(), 3u);
+  EXPECT_EQ(g.chunks_applied(), 3u * 5u);  // Five pages, one chunk each, per step.
+  EXPECT_EQ(g.info().host_bytes(), kElements * 12);
+  // Received: initial values once, then three fp32 gradients; sent: three replies.
+  EXPECT_EQ(g.bytes_received(), kElements * 4 * 4);
+  EXPECT_EQ(g.bytes_sent(), kElements * 4 * 3);
+  EXPECT_EQ(g.step_latency().samples(), 3u);
+  EXPECT_GT(g.step_latency().p50_us(), 0.0);
+  EXPECT_GE(g.step_latency().p99_us(), g.step_latency().p50_us());
+  EXPECT_EQ(g.chunk_latency().samples(), 15u);
+  EXPECT_EQ(stats->paging().page_ins(), 0u);
+  EXPECT_EQ(stats->paging().bytes_host_to_device(), 0u);
+}
+
+TEST_F(EndToEndTest, DeletedGroupFreesMemoryAndLaterStepsAreNotFound) {
+  std::vector<float> initial(1000, 1.0f), grad(1000, 0.1f), params(1000);
+  ASSERT_TRUE(client_->RegisterGroup("gone", initial).ok());
+  ASSERT_TRUE(client_->Step("gone", 1, grad, absl::MakeSpan(params)).ok());
+  ASSERT_TRUE(client_->DeleteGroup("gone").ok());
+  absl::StatusOr<v1::GetStatsResponse> stats = client_->GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->host_bytes(), 0u);
+  EXPECT_EQ(stats->num_groups(), 0u);
+  absl::Status s = client_->Step("gone", 2, grad, absl::MakeSpan(params));
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+}
+
+}  // namespace
+}  // namespace optstate::testing
