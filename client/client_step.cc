@@ -133,7 +133,9 @@ absl::Status RunStream(v1::OptimizerState::Stub& stub, const ClientOptions& clie
     answered_all = answered;
     window_open.notify_one();
   }
-  if (answered_all < total) context.TryCancel();  // Unblocks a writer stuck in Write.
+  // After a mismatch the call is abandoned; cancelling unblocks the writer.
+  // Otherwise Read only fails once the call is over, and Finish says why.
+  if (!mismatch.ok()) context.TryCancel();
   writer.join();
   absl::Status status = FromGrpcStatus(stream->Finish());
 

@@ -37,7 +37,7 @@ class Server {
   // The bound port (useful when listening on port 0).
   int port() const { return port_; }
   const std::string& backend_name() const;
-  const StepEngine& engine() const;
+  const StepEngine& engine() const;  // For tests that inspect state.
 
   // Stops accepting calls, lets in-flight calls finish for up to `grace`,
   // cancels the rest, then drains the worker pool. Idempotent.

@@ -1,0 +1,305 @@
+// Every refusal: a table of bad inputs, each with its gRPC status code, each
+// followed by a check that the victim group's state (params, m, v and page
+// steps) is byte-identical to before. Runs an in-process server so the test
+// can read the state store directly; the calls still go through gRPC.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+
+#include "grpcpp/grpcpp.h"
+#include "optstate/dtype.h"
+#include "optstate/v1/optstate.grpc.pb.h"
+#include "server/server.h"
+
+namespace optstate::testing {
+namespace {
+
+constexpr uint64_t kPage = 1024;
+constexpr uint64_t kElements = 2 * kPage + 452;  // Three pages, the last partial.
+
+struct Snapshot {
+  std::vector<float> params, exp_avg, exp_avg_sq;
+  std::vector<uint64_t> page_steps;
+  std::vector<std::string> group_names;
+
+  bool operator==(const Snapshot& o) const {
+    auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+    };
+    return same(params, o.params) && same(exp_avg, o.exp_avg) &&
+           same(exp_avg_sq, o.exp_avg_sq) && page_steps == o.page_steps &&
+           group_names == o.group_names;
+  }
+};
+
+class BadInputTest : public ::testing::Test {
+ public:
+  void SetUp() override {
+    ServerOptions options;
+    options.listen = "127.0.0.1:0";
+    options.threads = 2;
+    options.page_elements = kPage;
+    options.max_host_bytes = 64ull << 20;
+    options.backend.kind = "cpu";
+    auto server = Server::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    stub_ = v1::OptimizerState::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(server_->port()), grpc::InsecureChannelCredentials()));
+    // The victim: registered with values and stepped twice.
+    std::vector<float> initial(kElements);
+    for (size_t i = 0; i < kElements; ++i) initial[i] = std::sin(0.1f * i);
+    ASSERT_EQ(Register(Spec("victim", kElements, 1e-3f), {{0, Floats(initial)}}).error_code(),
+              grpc::StatusCode::OK);
+    for (uint64_t t = 1; t <= 2; ++t) {
+      for (uint64_t offset = 0; offset < kElements; offset += kPage) {
+        const uint64_t n = std::min(kPage, kElements - offset);
+        ASSERT_EQ(StepOne(Chunk("victim", t, offset, std::vector<float>(n, 0.01f * t))).error_code(),
+                  grpc::StatusCode::OK);
+      }
+    }
+  }
+
+  static v1::GroupSpec Spec(const std::string& name, uint64_t n, float lr) {
+    v1::GroupSpec spec;
+    spec.set_name(name);
+    spec.set_num_elements(n);
+    spec.set_has_initial_values(true);
+    spec.mutable_hyperparameters()->set_lr(lr);
+    return spec;
+  }
+
+  static std::string Floats(const std::vector<float>& v) {
+    return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+  }
+
+  static v1::StepRequest Chunk(const std::string& group, uint64_t step, uint64_t offset,
+                               const std::vector<float>& grad) {
+    v1::StepRequest r;
+    r.set_group(group);
+    r.set_step(step);
+    r.set_offset(offset);
+    r.set_gradient(Floats(grad));
+    return r;
+  }
+
+  grpc::Status Register(const v1::GroupSpec& spec,
+                        const std::vector<std::pair<uint64_t, std::string>>& values,
+                        bool send_spec = true) {
+    grpc::ClientContext context;
+    v1::RegisterGroupResponse response;
+    auto writer = stub_->RegisterGroup(&context, &response);
+    v1::RegisterGroupRequest request;
+    if (send_spec) {
+      *request.mutable_spec() = spec;
+      writer->Write(request);
+    }
+    for (const auto& [offset, data] : values) {
+      request.Clear();
+      request.mutable_values()->set_offset(offset);
+      request.mutable_values()->set_data(data);
+      writer->Write(request);
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  }
+
+  grpc::Status StepOne(const v1::StepRequest& request) {
+    grpc::ClientContext context;
+    auto stream = stub_->Step(&context);
+    stream->Write(request);
+    stream->WritesDone();
+    v1::StepResponse response;
+    while (stream->Read(&response)) {
+    }
+    return stream->Finish();
+  }
+
+  Snapshot Take() {
+    Snapshot s;
+    auto group = server_->engine().store()->Find(GroupKey{"", "victim"});
+    EXPECT_TRUE(group.ok());
+    const Group& g = **group;
+    s.params.assign(g.params(), g.params() + g.num_elements());
+    s.exp_avg.assign(g.exp_avg(), g.exp_avg() + g.num_elements());
+    s.exp_avg_sq.assign(g.exp_avg_sq(), g.exp_avg_sq() + g.num_elements());
+    for (uint64_t p = 0; p < g.num_pages(); ++p) s.page_steps.push_back(g.page_step(p));
+    for (const auto& other : server_->engine().store()->List("")) {
+      s.group_names.push_back(other->key().name);
+    }
+    return s;
+  }
+
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<v1::OptimizerState::Stub> stub_;
+};
+
+struct BadInput {
+  std::string what;
+  grpc::StatusCode expected;
+  std::function<grpc::Status(BadInputTest&)> send;
+};
+
+TEST_F(BadInputTest, EveryBadInputGetsItsCodeAndLeavesStateByteIdentical) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  auto good = [](uint64_t n) { return std::vector<float>(n, 0.02f); };
+  using T = BadInputTest;
+  const std::vector<BadInput> table = {
+      {"unknown group", grpc::StatusCode::NOT_FOUND,
+       [&](T& t) { return t.StepOne(Chunk("nobody", 3, 0, good(kPage))); }},
+      {"offset past the end", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) { return t.StepOne(Chunk("victim", 3, 4 * kPage, good(kPage))); }},
+      {"chunk runs past the end", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) { return t.StepOne(Chunk("victim", 3, 2 * kPage, good(kPage))); }},
+      {"data length not a multiple of the dtype size", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) {
+         v1::StepRequest r = Chunk("victim", 3, 0, good(kPage));
+         r.mutable_gradient()->pop_back();
+         return t.StepOne(r);
+       }},
+      {"unknown gradient dtype", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) {
+         v1::StepRequest r = Chunk("victim", 3, 0, good(kPage));
+         r.set_gradient_dtype(static_cast<v1::DType>(7));
+         return t.StepOne(r);
+       }},
+      {"unknown param dtype", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) {
+         v1::StepRequest r = Chunk("victim", 3, 0, good(kPage));
+         r.set_param_dtype(static_cast<v1::DType>(9));
+         return t.StepOne(r);
+       }},
+      {"chunk not on a page boundary", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) { return t.StepOne(Chunk("victim", 3, 512, good(kPage))); }},
+      {"chunk ends inside a page", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) { return t.StepOne(Chunk("victim", 3, 0, good(1000))); }},
+      {"empty gradient", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) { return t.StepOne(Chunk("victim", 3, 0, {})); }},
+      {"NaN in the last page of a multi-page chunk", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) {
+         std::vector<float> g = good(kElements);
+         g.back() = nan;
+         return t.StepOne(Chunk("victim", 3, 0, g));
+       }},
+      {"infinite bfloat16 gradient", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) {
+         std::vector<uint16_t> g(kPage, FloatToBFloat16(0.01f));
+         g[17] = FloatToBFloat16(inf);
+         v1::StepRequest r = Chunk("victim", 3, 0, {});
+         r.set_gradient_dtype(v1::DTYPE_BFLOAT16);
+         r.set_gradient(std::string(reinterpret_cast<const char*>(g.data()), g.size() * 2));
+         return t.StepOne(r);
+       }},
+      {"finite gradient overflowing after grad_scale", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) {
+         std::vector<float> g = good(kPage);
+         g[3] = 1e30f;
+         v1::StepRequest r = Chunk("victim", 3, 0, g);
+         r.set_grad_scale(1e10f);
+         return t.StepOne(r);
+       }},
+      {"non-finite grad_scale", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) {
+         v1::StepRequest r = Chunk("victim", 3, 0, good(kPage));
+         r.set_grad_scale(nan);
+         return t.StepOne(r);
+       }},
+      {"negative per-step lr", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) {
+         v1::StepRequest r = Chunk("victim", 3, 0, good(kPage));
+         r.set_lr(-1e-3f);
+         return t.StepOne(r);
+       }},
+      {"step 0", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) { return t.StepOne(Chunk("victim", 0, 0, good(kPage))); }},
+      {"step that skips ahead", grpc::StatusCode::FAILED_PRECONDITION,
+       [&](T& t) { return t.StepOne(Chunk("victim", 4, 0, good(kPage))); }},
+      {"stale step behind the page", grpc::StatusCode::FAILED_PRECONDITION,
+       [&](T& t) { return t.StepOne(Chunk("victim", 1, 0, good(kPage))); }},
+      {"re-register with another size", grpc::StatusCode::ALREADY_EXISTS,
+       [&](T& t) { return t.Register(Spec("victim", kElements + 1, 1e-3f), {}); }},
+      {"re-register with another lr", grpc::StatusCode::ALREADY_EXISTS,
+       [&](T& t) { return t.Register(Spec("victim", kElements, 2e-3f), {}); }},
+      {"register with negative lr", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) { return t.Register(Spec("fresh", 10, -1.0f), {}); }},
+      {"register with beta1 = 1", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) {
+         v1::GroupSpec s = Spec("fresh", 10, 1e-3f);
+         s.mutable_hyperparameters()->set_beta1(1.0f);
+         return t.Register(s, {});
+       }},
+      {"register with beta2 < 0", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) {
+         v1::GroupSpec s = Spec("fresh", 10, 1e-3f);
+         s.mutable_hyperparameters()->set_beta2(-0.5f);
+         return t.Register(s, {});
+       }},
+      {"register with eps = 0", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) {
+         v1::GroupSpec s = Spec("fresh", 10, 1e-3f);
+         s.mutable_hyperparameters()->set_eps(0.0f);
+         return t.Register(s, {});
+       }},
+      {"register zero elements", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) { return t.Register(Spec("fresh", 0, 1e-3f), {}); }},
+      {"register an empty name", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) { return t.Register(Spec("", 10, 1e-3f), {}); }},
+      {"register past --max_host_bytes", grpc::StatusCode::RESOURCE_EXHAUSTED,
+       [&](T& t) { return t.Register(Spec("huge", 100ull << 20, 1e-3f), {}); }},
+      {"register stream without a spec", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) { return t.Register({}, {{0, Floats(good(10))}}, /*send_spec=*/false); }},
+      {"values for the victim that are not page aligned", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) { return t.Register(Spec("victim", kElements, 1e-3f), {{7, Floats(good(10))}}); }},
+      {"non-finite initial value", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) {
+         std::vector<float> v = good(kElements);
+         v[5] = nan;
+         return t.Register(Spec("victim", kElements, 1e-3f), {{0, Floats(v)}});
+       }},
+      {"describe an unknown group", grpc::StatusCode::NOT_FOUND,
+       [&](T& t) {
+         grpc::ClientContext c;
+         v1::DescribeGroupRequest r;
+         r.set_name("nobody");
+         v1::DescribeGroupResponse out;
+         return t.stub_->DescribeGroup(&c, r, &out);
+       }},
+      {"delete an unknown group", grpc::StatusCode::NOT_FOUND,
+       [&](T& t) {
+         grpc::ClientContext c;
+         v1::DeleteGroupRequest r;
+         r.set_name("nobody");
+         v1::DeleteGroupResponse out;
+         return t.stub_->DeleteGroup(&c, r, &out);
+       }},
+  };
+  ASSERT_GE(table.size(), 15u);
+  for (const BadInput& bad : table) {
+    SCOPED_TRACE(bad.what);
+    const Snapshot before = Take();
+    grpc::Status status = bad.send(*this);
+    EXPECT_EQ(status.error_code(), bad.expected) << status.error_message();
+    EXPECT_FALSE(status.error_message().empty());
+    EXPECT_TRUE(Take() == before) << "state changed";
+  }
+  // The victim still steps: the refusals left it usable.
+  for (uint64_t offset = 0; offset < kElements; offset += kPage) {
+    EXPECT_TRUE(StepOne(Chunk("victim", 3, offset, good(std::min(kPage, kElements - offset)))).ok());
+  }
+}
+
+TEST_F(BadInputTest, MessagesSayWhatToFix) {
+  grpc::Status s = StepOne(Chunk("victim", 3, 512, std::vector<float>(kPage, 0.1f)));
+  EXPECT_NE(s.error_message().find("page_elements=1024"), std::string::npos) << s.error_message();
+  s = StepOne(Chunk("victim", 5, 0, std::vector<float>(kPage, 0.1f)));
+  EXPECT_NE(s.error_message().find("expected step 3"), std::string::npos) << s.error_message();
+  s = Register(Spec("huge", 100ull << 20, 1e-3f), {});
+  EXPECT_NE(s.error_message().find("--max_host_bytes"), std::string::npos) << s.error_message();
+}
+
+}  // namespace
+}  // namespace optstate::testing
