@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -77,6 +78,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                parts->pool.get());
   parts->service = std::make_unique<OptimizerStateService>(parts->engine.get());
 
+  // Referencing the compiled health.proto keeps it linked in, which puts its
+  // descriptors in the pool: reflection can then describe grpc.health.v1 and
+  // grpcurl can call Health/Check (gRPC 1.51's own health service cannot).
+  grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
