@@ -4,12 +4,43 @@
 #include "absl/strings/str_cat.h"
 #include "server/cpu_backend.h"
 #include "server/log.h"
+#ifdef OPTSTATE_HAVE_CUDA
+#include "server/cuda/cuda_backend.h"
+#include "server/cuda/cuda_device.h"
+#endif
 
 namespace optstate {
 
 absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(const BackendOptions& options,
                                                            ThreadPool* pool) {
   if (options.kind == "cpu") return std::make_unique<CpuBackend>(pool);
+#ifdef OPTSTATE_HAVE_CUDA
+  if (options.kind == "cuda") {
+    absl::StatusOr<std::unique_ptr<CudaBackend>> cuda = CudaBackend::Create(options);
+    if (!cuda.ok()) {
+      if (absl::IsFailedPrecondition(cuda.status())) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "--backend=cuda: ", cuda.status().message(), "; use --backend=cpu or auto"));
+      }
+      return cuda.status();
+    }
+    Log(LogLevel::kInfo, "backend: cuda (", (*cuda)->device().ToString(), ")");
+    return std::unique_ptr<StepBackend>(std::move(*cuda));
+  }
+  if (options.kind == "auto") {
+    // Any runtime error (no driver, no device, no kernel image) means cpu.
+    absl::StatusOr<CudaDeviceInfo> device = ProbeCudaDevice(options.device);
+    if (!device.ok()) {
+      Log(LogLevel::kInfo, "backend: cpu (auto; ", device.status().message(), ")");
+      return std::make_unique<CpuBackend>(pool);
+    }
+    absl::StatusOr<std::unique_ptr<CudaBackend>> cuda = CudaBackend::Create(options);
+    if (!cuda.ok()) return cuda.status();  // Bad CUDA flags: say so, do not hide them.
+    Log(LogLevel::kInfo, "backend: cuda (auto; ", device->ToString(), ", paging=",
+        options.paging, ")");
+    return std::unique_ptr<StepBackend>(std::move(*cuda));
+  }
+#else
   if (options.kind == "cuda") {
     return absl::FailedPreconditionError(
         "--backend=cuda: this optstated was built without the CUDA backend; use --backend=cpu "
@@ -19,6 +50,7 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(const BackendOptions&
     Log(LogLevel::kInfo, "backend: cpu (auto; no CUDA backend built in)");
     return std::make_unique<CpuBackend>(pool);
   }
+#endif
   return absl::InvalidArgumentError(
       absl::StrCat("--backend must be auto, cpu or cuda, got '", options.kind, "'"));
 }

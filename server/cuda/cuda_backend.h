@@ -1,0 +1,84 @@
+// The CUDA step backend: group state in pinned host memory, resident in VRAM
+// or paged through a fixed staging pool as the PagingPolicy decides, stepped
+// by the fused CUDA AdamW kernel.
+#ifndef OPTSTATE_SERVER_CUDA_CUDA_BACKEND_H_
+#define OPTSTATE_SERVER_CUDA_CUDA_BACKEND_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/backend_factory.h"
+#include "server/cuda/cuda_device.h"
+#include "server/cuda/paging_policy.h"
+#include "server/cuda/staging_pool.h"
+#include "server/step_backend.h"
+
+namespace optstate {
+
+// Thread-safe, as StepBackend requires. Lock order: page mutexes, then
+// groups_mu_, then a group's CudaGroupState::mu, then the policy's own
+// mutex; nothing here takes a page mutex, so callers may hold any.
+class CudaBackend : public StepBackend {
+ public:
+  // Probes options.device and sets it up: INVALID_ARGUMENT for bad options
+  // (paging, slots, a pool that does not fit the budget), FAILED_PRECONDITION
+  // when no device is usable, RESOURCE_EXHAUSTED when the pool cannot be
+  // allocated. Fields of `options` other than the CUDA ones are ignored.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const BackendOptions& options);
+  // Every group must have been detached.
+  ~CudaBackend() override;
+
+  absl::string_view name() const override { return "cuda"; }
+  HostAllocator* host_allocator() override;
+  absl::Status AttachGroup(Group& group) override;
+  void DetachGroup(Group& group) override;
+  absl::Status Apply(Group& group, uint64_t begin, uint64_t end, const void* grad,
+                     WireType grad_type, const AdamWConstants& constants) override;
+  absl::Status ParamsWritten(Group& group, uint64_t begin, uint64_t end) override;
+  BackendStats Stats() const override;
+
+  // Copies the device copy of a resident group's state (pages on the
+  // device) to its host arrays, so that readers of exp_avg()/exp_avg_sq()
+  // (tests, checkpoints) see current values; a no-op for paged groups. The
+  // caller holds the page mutexes of every page of the group.
+  absl::Status SyncToHost(Group& group);
+
+  const CudaDeviceInfo& device() const { return device_; }
+  const PagingPolicy& policy() const { return policy_; }
+  const StagingPool& staging_pool() const { return *pool_; }
+  // Bytes of VRAM held by resident groups' arrays now (allocated, not planned).
+  uint64_t allocated_group_bytes() const {
+    return allocated_group_bytes_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  class GroupState;
+
+  CudaBackend(CudaDeviceInfo device, PagingStrategy strategy, VramBudget budget,
+              std::unique_ptr<StagingPool> pool);
+
+  GroupState& StateOf(Group& group) const;
+  // Allocates a resident group's device arrays (zeroed when `zero_fill`) and
+  // makes the group resident; RESOURCE_EXHAUSTED when VRAM ran out.
+  absl::Status MakeResident(Group& group, GroupState& state, bool zero_fill);
+  void FreeDeviceArrays(Group& group, GroupState& state);
+
+  const CudaDeviceInfo device_;
+  PagingPolicy policy_;
+  std::unique_ptr<StagingPool> pool_;
+  std::atomic<uint64_t> allocated_group_bytes_{0};
+
+  // Live groups by policy id, for promotion after a delete.
+  absl::Mutex groups_mu_;
+  absl::flat_hash_map<uint64_t, Group*> groups_ ABSL_GUARDED_BY(groups_mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(groups_mu_) = 1;
+};
+
+}  // namespace optstate
+
+#endif  // OPTSTATE_SERVER_CUDA_CUDA_BACKEND_H_

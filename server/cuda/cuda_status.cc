@@ -1,0 +1,14 @@
+// cudaError_t to absl::Status.
+#include "server/cuda/cuda_status.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace optstate {
+
+absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(error), ": ",
+                                          cudaGetErrorString(error)));
+}
+
+}  // namespace optstate

@@ -1,0 +1,20 @@
+// Page-locked host memory (cudaHostAlloc) for group arrays, so host<->device
+// copies are asynchronous DMA. Falls back to ordinary aligned memory when
+// the memory cannot be pinned.
+#ifndef OPTSTATE_SERVER_CUDA_PINNED_HOST_ALLOCATOR_H_
+#define OPTSTATE_SERVER_CUDA_PINNED_HOST_ALLOCATOR_H_
+
+#include "server/host_allocator.h"
+
+namespace optstate {
+
+// The process-wide pinned allocator; never destroyed, so groups may outlive
+// the backend that handed it out. Allocate returns zero-filled memory aligned
+// to at least 64 bytes (pinned blocks are page-aligned); when pinning fails it
+// logs a warning once and returns aligned pageable memory instead (copies of
+// such memory are correct, only slower). Thread-safe.
+HostAllocator* PinnedHostAllocator();
+
+}  // namespace optstate
+
+#endif  // OPTSTATE_SERVER_CUDA_PINNED_HOST_ALLOCATOR_H_
