@@ -5,6 +5,7 @@
 #include "grpcpp/grpcpp.h"
 #include "optstate/client.h"
 #include "optstate/v1/optstate.grpc.pb.h"
+#include "tests/integration/cutting_proxy.h"
 #include "tests/integration/daemon_process.h"
 #include "tests/integration/random_tensors.h"
 
@@ -122,6 +123,28 @@ TEST_F(ExactlyOnceTest, StepThatSkipsAheadIsRefusedNamingTheExpectedStep) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("expected step 2"), std::string::npos) << s;
   StepBoth(2);
+  EXPECT_EQ(params_, model_->params_fp32());
+}
+
+TEST_F(ExactlyOnceTest, ClientRetriesAStepWhoseConnectionBreaksAndAppliesEachElementOnce) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  StepBoth(1);
+  CuttingProxy proxy(daemon_->port());
+  ClientOptions options;
+  options.initial_backoff = absl::Milliseconds(5);
+  options.chunk_bytes = kPage * sizeof(float);  // One page per chunk.
+  options.max_chunks_in_flight = 2;
+  auto through_proxy = Client::Connect("127.0.0.1:" + std::to_string(proxy.port()), options);
+  ASSERT_TRUE(through_proxy.ok());
+  ASSERT_TRUE((*through_proxy)->DescribeGroup("w").ok());  // Connects before the cut is armed.
+  std::vector<float> grad = RandomNormal(rng_, kElements, 1e-2f);
+  // Cut the connection in the middle of the third page's gradient.
+  proxy.ArmCut(2 * kPage * sizeof(float) + kPage * 2);
+  ASSERT_TRUE((*through_proxy)->Step("w", 2, grad, absl::MakeSpan(params_)).ok());
+  EXPECT_EQ(proxy.cuts(), 1);
+  model_->Step(2, grad);
+  EXPECT_EQ(params_, model_->params_fp32());
+  StepBoth(3);
   EXPECT_EQ(params_, model_->params_fp32());
 }
 
