@@ -61,6 +61,11 @@ void AdamWUpdate(const AdamWConstants& c, float* p, float* m, float* v, const vo
 }
 
 size_t FindNonFiniteGradient(const void* grad, WireType grad_type, size_t count, float grad_scale) {
+#if defined(__x86_64__)
+  if (AdamWUsesAvx2()) {
+    return kernel_internal::FindNonFiniteGradientAvx2(grad, grad_type, count, grad_scale);
+  }
+#endif
   // Branch-free accumulation per block keeps this a pure streaming read; the
   // exact index is only searched for in a block that holds a bad value.
   constexpr size_t kBlock = 1024;

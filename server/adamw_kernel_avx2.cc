@@ -54,7 +54,59 @@ OPTSTATE_AVX2 void UpdateLoop(const AdamWConstants& c, float* p, float* m, float
   }
 }
 
+// All-ones where the lane is infinite or NaN (exponent bits all set).
+OPTSTATE_AVX2 inline __m256i NonFiniteMask(__m256 x) {
+  const __m256i exponent = _mm256_set1_epi32(0x7f800000);
+  return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(x), exponent), exponent);
+}
+
+// Index of the first element of [0, vector_end) whose scaled gradient is not
+// finite, or vector_end. Blocks are checked branch-free; only a block with a
+// bad value is searched element by element.
+template <WireType kType>
+OPTSTATE_AVX2 size_t FindNonFiniteLoop(const unsigned char* grad, size_t vector_end,
+                                       float grad_scale) {
+  constexpr size_t kBlock = 256;
+  const __m256 scale = _mm256_set1_ps(grad_scale);
+  for (size_t begin = 0; begin < vector_end; begin += kBlock) {
+    const size_t end = begin + kBlock < vector_end ? begin + kBlock : vector_end;
+    __m256i bad = _mm256_setzero_si256();
+    for (size_t i = begin; i < end; i += 8) {
+      bad = _mm256_or_si256(
+          bad, NonFiniteMask(_mm256_mul_ps(LoadGradient8(grad, kType, i), scale)));
+    }
+    if (_mm256_testz_si256(bad, bad)) continue;
+    for (size_t i = begin; i < end; ++i) {
+      if (!std::isfinite(LoadGradient(grad, kType, i) * grad_scale)) return i;
+    }
+  }
+  return vector_end;
+}
+
 }  // namespace
+
+OPTSTATE_AVX2 size_t FindNonFiniteGradientAvx2(const void* grad, WireType grad_type,
+                                               size_t count, float grad_scale) {
+  const auto* bytes = static_cast<const unsigned char*>(grad);
+  const size_t vector_end = count - count % 8;
+  size_t bad = vector_end;
+  switch (grad_type) {
+    case WireType::kFloat32:
+      bad = FindNonFiniteLoop<WireType::kFloat32>(bytes, vector_end, grad_scale);
+      break;
+    case WireType::kBFloat16:
+      bad = FindNonFiniteLoop<WireType::kBFloat16>(bytes, vector_end, grad_scale);
+      break;
+    case WireType::kFloat16:
+      bad = FindNonFiniteLoop<WireType::kFloat16>(bytes, vector_end, grad_scale);
+      break;
+  }
+  if (bad != vector_end) return bad;
+  for (size_t i = vector_end; i < count; ++i) {
+    if (!std::isfinite(LoadGradient(grad, grad_type, i) * grad_scale)) return i;
+  }
+  return count;
+}
 
 OPTSTATE_AVX2 void AdamWUpdateAvx2(const AdamWConstants& c, float* p, float* m, float* v,
                                    const void* grad, WireType grad_type, size_t count) {

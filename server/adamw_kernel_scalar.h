@@ -41,6 +41,10 @@ void AdamWRangeScalar(const AdamWConstants& c, float* p, float* m, float* v, con
 void AdamWUpdateAvx2(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
                      WireType grad_type, size_t count);
 
+// FindNonFiniteGradient's AVX2 path, with the same answer for every input.
+size_t FindNonFiniteGradientAvx2(const void* grad, WireType grad_type, size_t count,
+                                 float grad_scale);
+
 }  // namespace optstate::kernel_internal
 
 #endif  // OPTSTATE_SERVER_ADAMW_KERNEL_SCALAR_H_
