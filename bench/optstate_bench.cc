@@ -1,0 +1,457 @@
+// optstate-bench: end-to-end step throughput of an optstated daemon through
+// the C++ client, against same-run baselines (a plain gRPC echo of the same
+// bytes in the same chunks, and a raw TCP loopback stream), plus the daemon's
+// resident memory per registered element.
+//
+// Every configuration (shape x wire dtype x clients) is measured `--reps`
+// times, interleaved with its baselines, and the best repetition is reported:
+// the machine is shared, so noise only ever makes a run slower.
+// Each result is printed as a line "RESULT {json}" for bench/run.sh.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "bench/child_process.h"
+#include "bench/echo_baseline.h"
+#include "bench/tcp_loopback.h"
+#include "optstate/client.h"
+
+ABSL_FLAG(std::string, target, "",
+          "host:port of a running optstated (127.0.0.1 only); empty starts one. Server CPU "
+          "time and memory are measured only for a daemon this program started.");
+ABSL_FLAG(std::string, daemon, "", "Path of optstated; default: ../server/optstated next to "
+                                   "this binary.");
+ABSL_FLAG(std::vector<std::string>, daemon_args, {}, "Extra flags for the started daemon.");
+ABSL_FLAG(std::vector<std::string>, shape, {"lora7b"},
+          "Model shapes: lora7b (256 tensors of 65,536 elements) or dense:N (one tensor).");
+ABSL_FLAG(std::vector<std::string>, wire, {"fp32"}, "Wire dtypes: fp32, bf16 (gradient and "
+                                                    "returned params).");
+ABSL_FLAG(std::vector<std::string>, clients, {"1"},
+          "Concurrent clients, each with its own Client and its own groups.");
+ABSL_FLAG(uint64_t, chunk_bytes, 1 << 20, "Client chunk size (ClientOptions::chunk_bytes).");
+ABSL_FLAG(int, window, 8, "Chunks in flight per stream (ClientOptions::max_chunks_in_flight).");
+ABSL_FLAG(double, seconds, 2.0, "Seconds per measurement (at least --min_steps steps).");
+ABSL_FLAG(int, min_steps, 3, "Least steps per client per measurement.");
+ABSL_FLAG(int, reps, 3, "Repetitions of every measurement, interleaved.");
+ABSL_FLAG(bool, echo, true, "Measure the gRPC echo baseline.");
+ABSL_FLAG(bool, tcp, true, "Measure the raw TCP loopback baseline.");
+ABSL_FLAG(uint64_t, memory_elements, 0,
+          "When > 0: only measure the daemon's resident memory after registering a group of "
+          "this many elements (with initial values) and stepping it once.");
+ABSL_FLAG(bool, serve_echo, false, "Internal: run the echo server (used as a child process).");
+
+namespace optstate::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+struct Shape {
+  std::string name;
+  std::vector<uint64_t> tensors;  // Elements of each tensor.
+  uint64_t elements() const {
+    uint64_t n = 0;
+    for (uint64_t t : tensors) n += t;
+    return n;
+  }
+};
+
+Shape ParseShape(const std::string& text) {
+  Shape shape{text, {}};
+  uint64_t n = 0;
+  if (text == "lora7b") {
+    shape.tensors.assign(256, 65536);
+  } else if (absl::StartsWith(text, "dense:") && absl::SimpleAtoi(text.substr(6), &n) && n > 0) {
+    shape.tensors.push_back(n);
+  } else {
+    std::fprintf(stderr, "optstate-bench: unknown shape '%s'\n", text.c_str());
+    std::exit(2);
+  }
+  return shape;
+}
+
+WireType ParseWire(const std::string& text) {
+  if (text == "fp32") return WireType::kFloat32;
+  if (text == "bf16") return WireType::kBFloat16;
+  std::fprintf(stderr, "optstate-bench: --wire must be fp32 or bf16, got '%s'\n", text.c_str());
+  std::exit(2);
+}
+
+void Check(const absl::Status& status, const char* what) {
+  if (status.ok()) return;
+  std::fprintf(stderr, "optstate-bench: %s: %s\n", what, status.ToString().c_str());
+  std::exit(1);
+}
+
+double Percentile(std::vector<double> values, double q) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t at = static_cast<size_t>(std::ceil(q * static_cast<double>(values.size()))) - 1;
+  return values[std::min(at, values.size() - 1)];
+}
+
+// One client's tensors on the daemon, with its gradient and params buffers.
+struct ClientState {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<EchoClient> echo;
+  std::vector<std::string> names;
+  std::vector<float> gradient;  // All tensors back to back.
+  std::vector<float> params;
+  std::vector<size_t> chunk_bytes;  // The chunks Client::Step sends, in order, in wire bytes.
+  std::vector<char> echo_in, echo_out;
+  uint64_t next_step = 1;
+};
+
+struct Config {
+  Shape shape;
+  std::string wire_name;
+  WireType wire;
+  int clients;
+  std::vector<std::unique_ptr<ClientState>> states;
+};
+
+struct Measurement {
+  double seconds = 0;
+  uint64_t steps = 0;  // Over all clients.
+  double elements = 0;
+  double wire_bytes = 0;  // Sent plus received payload bytes.
+  double server_cpu_seconds = 0;
+  double client_cpu_seconds = 0;  // This process: the clients' side of the work.
+  std::vector<double> latencies_ms;
+};
+
+ClientOptions MakeClientOptions() {
+  ClientOptions options;
+  options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  options.max_chunks_in_flight = absl::GetFlag(FLAGS_window);
+  return options;
+}
+
+void Setup(Config& config, int index, const std::string& target, const std::string& echo_target) {
+  const ClientOptions options = MakeClientOptions();
+  for (int c = 0; c < config.clients; ++c) {
+    auto state = std::make_unique<ClientState>();
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(target, options);
+    Check(client.status(), "connect");
+    state->client = std::move(*client);
+    if (!echo_target.empty()) {
+      state->echo = std::make_unique<EchoClient>(echo_target, options.max_message_bytes,
+                                                 options.max_chunks_in_flight);
+    }
+    const uint64_t n = config.shape.elements();
+    state->gradient.resize(n);
+    state->params.resize(n);
+    for (uint64_t i = 0; i < n; ++i) {
+      state->gradient[i] = static_cast<float>(static_cast<int>((i * 7919) % 2001) - 1000) * 1e-4f;
+    }
+    const size_t wire_size = WireTypeSize(config.wire);
+    for (size_t t = 0; t < config.shape.tensors.size(); ++t) {
+      std::string name = absl::StrCat("bench", index, "/c", c, "/t", t);
+      absl::StatusOr<GroupInfo> info =
+          state->client->RegisterGroup(name, config.shape.tensors[t]);
+      Check(info.status(), "register");
+      // The same chunking as Client::Step: whole pages, about chunk_bytes.
+      const uint64_t page_bytes = info->page_elements * wire_size;
+      const uint64_t chunk_elements =
+          std::max<uint64_t>(1, options.chunk_bytes / page_bytes) * info->page_elements;
+      for (uint64_t at = 0; at < info->num_elements; at += chunk_elements) {
+        state->chunk_bytes.push_back(std::min(chunk_elements, info->num_elements - at) *
+                                     wire_size);
+      }
+      state->names.push_back(std::move(name));
+    }
+    state->echo_in.assign(n * wire_size, 1);
+    state->echo_out.assign(n * wire_size, 0);
+    config.states.push_back(std::move(state));
+  }
+}
+
+// Runs steps on every client concurrently until `seconds` have passed and
+// each client has done `min_steps`; `step_fn(state)` does one step.
+template <typename StepFn>
+Measurement RunClients(Config& config, pid_t server_pid, StepFn step_fn) {
+  const double seconds = absl::GetFlag(FLAGS_seconds);
+  const int min_steps = absl::GetFlag(FLAGS_min_steps);
+  // One warm-up step per client, not timed (connections, first-touch).
+  for (auto& state : config.states) step_fn(*state);
+  Measurement m;
+  std::vector<std::vector<double>> latencies(config.states.size());
+  std::vector<uint64_t> steps(config.states.size(), 0);
+  const double cpu_before = server_pid > 0 ? ProcessCpuSeconds(server_pid) : 0;
+  const double client_cpu_before = ProcessCpuSeconds(getpid());
+  const Clock::time_point start = Clock::now();
+  std::vector<std::thread> threads;
+  for (size_t c = 0; c < config.states.size(); ++c) {
+    threads.emplace_back([&, c] {
+      ClientState& state = *config.states[c];
+      while (steps[c] < static_cast<uint64_t>(min_steps) || Since(start) < seconds) {
+        const Clock::time_point t = Clock::now();
+        step_fn(state);
+        latencies[c].push_back(Since(t) * 1e3);
+        ++steps[c];
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  m.seconds = Since(start);
+  m.server_cpu_seconds = server_pid > 0 ? ProcessCpuSeconds(server_pid) - cpu_before : 0;
+  m.client_cpu_seconds = ProcessCpuSeconds(getpid()) - client_cpu_before;
+  const double wire_per_step =
+      2.0 * static_cast<double>(config.shape.elements() * WireTypeSize(config.wire));
+  for (size_t c = 0; c < config.states.size(); ++c) {
+    m.steps += steps[c];
+    m.latencies_ms.insert(m.latencies_ms.end(), latencies[c].begin(), latencies[c].end());
+  }
+  m.elements = static_cast<double>(m.steps) * static_cast<double>(config.shape.elements());
+  m.wire_bytes = static_cast<double>(m.steps) * wire_per_step;
+  return m;
+}
+
+Measurement MeasureOptstate(Config& config, pid_t server_pid) {
+  StepOptions options;
+  options.gradient_dtype = config.wire;
+  options.param_dtype = config.wire;
+  return RunClients(config, server_pid, [&](ClientState& state) {
+    std::vector<GroupStep> groups;
+    uint64_t at = 0;
+    for (size_t t = 0; t < state.names.size(); ++t) {
+      const uint64_t n = config.shape.tensors[t];
+      groups.push_back({state.names[t], absl::MakeConstSpan(state.gradient.data() + at, n),
+                        absl::MakeSpan(state.params.data() + at, n)});
+      at += n;
+    }
+    Check(state.client->Step(groups, state.next_step++, options), "step");
+  });
+}
+
+Measurement MeasureEcho(Config& config, pid_t echo_pid) {
+  return RunClients(config, echo_pid, [&](ClientState& state) {
+    Check(state.echo->Step(state.chunk_bytes, state.echo_in.data(), state.echo_out.data()),
+          "echo");
+  });
+}
+
+struct Best {
+  Measurement best;  // The repetition with the highest throughput.
+  std::vector<double> rates;  // elements/s of every repetition.
+  void Add(const Measurement& m) {
+    rates.push_back(m.elements / m.seconds);
+    if (best.seconds == 0 || m.elements / m.seconds > best.elements / best.seconds) best = m;
+  }
+};
+
+std::string Json(const std::vector<std::pair<std::string, std::string>>& fields) {
+  std::string out = "{";
+  for (size_t i = 0; i < fields.size(); ++i) {
+    absl::StrAppend(&out, i ? ", " : "", "\"", fields[i].first, "\": ", fields[i].second);
+  }
+  return out + "}";
+}
+std::string Q(const std::string& s) { return absl::StrCat("\"", s, "\""); }
+std::string N(double v) { return absl::StrCat(v); }
+std::string Rates(const std::vector<double>& rates) {
+  std::string out = "[";
+  for (size_t i = 0; i < rates.size(); ++i) absl::StrAppend(&out, i ? ", " : "", rates[i]);
+  return out + "]";
+}
+
+std::unique_ptr<ChildProcess> StartDaemon() {
+  std::string path = absl::GetFlag(FLAGS_daemon);
+  if (path.empty()) path = ExecutableDir() + "/../server/optstated";
+  std::vector<std::string> argv = {path, "--listen=127.0.0.1:0", "--log_level=warning",
+                                   "--backend=cpu"};
+  for (const std::string& a : absl::GetFlag(FLAGS_daemon_args)) argv.push_back(a);
+  absl::StatusOr<std::unique_ptr<ChildProcess>> daemon = ChildProcess::Start(argv);
+  Check(daemon.status(), "start optstated");
+  return std::move(*daemon);
+}
+
+int MeasureMemory(uint64_t n) {
+  std::unique_ptr<ChildProcess> daemon = StartDaemon();
+  const std::string target = absl::StrCat("127.0.0.1:", daemon->port());
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(target, MakeClientOptions());
+  Check(client.status(), "connect");
+  Check((*client)->ListGroups().status(), "list groups");  // Channel and server warm.
+  const uint64_t idle = ProcessResidentBytes(daemon->pid());
+  std::vector<float> values(n, 0.25f);
+  Check((*client)->RegisterGroup("memory", values).status(), "register");
+  const uint64_t registered = ProcessResidentBytes(daemon->pid());
+  std::vector<float> params(n);
+  Check((*client)->Step("memory", 1, values, absl::MakeSpan(params)), "step");
+  const uint64_t stepped = ProcessResidentBytes(daemon->pid());
+  const double limit = 12.5 * static_cast<double>(n) + 64.0 * (1 << 20);
+  std::printf("memory: %llu elements: idle %.1f MiB, after registration %.1f MiB "
+              "(%.3f B/elem total, %.3f B/elem over idle), after one step %.1f MiB "
+              "(%.3f B/elem); limit 12.5 B/elem + 64 MiB = %.1f MiB\n",
+              static_cast<unsigned long long>(n), idle / 1048576.0, registered / 1048576.0,
+              static_cast<double>(registered) / n, static_cast<double>(registered - idle) / n,
+              stepped / 1048576.0, static_cast<double>(stepped) / n, limit / 1048576.0);
+  std::printf("RESULT %s\n",
+              Json({{"kind", Q("memory")}, {"elements", N(static_cast<double>(n))},
+                    {"idle_bytes", N(static_cast<double>(idle))},
+                    {"registered_bytes", N(static_cast<double>(registered))},
+                    {"stepped_bytes", N(static_cast<double>(stepped))},
+                    {"limit_bytes", N(limit)}})
+                  .c_str());
+  return 0;
+}
+
+int Main() {
+  if (absl::GetFlag(FLAGS_memory_elements) > 0) {
+    return MeasureMemory(absl::GetFlag(FLAGS_memory_elements));
+  }
+  std::unique_ptr<ChildProcess> daemon;
+  std::string target = absl::GetFlag(FLAGS_target);
+  if (target.empty()) {
+    daemon = StartDaemon();
+    target = absl::StrCat("127.0.0.1:", daemon->port());
+  }
+  std::unique_ptr<ChildProcess> echo_server;
+  std::string echo_target;
+  if (absl::GetFlag(FLAGS_echo)) {
+    absl::StatusOr<std::unique_ptr<ChildProcess>> started =
+        ChildProcess::Start({"/proc/self/exe", "--serve_echo"});
+    Check(started.status(), "start echo server");
+    echo_server = std::move(*started);
+    echo_target = absl::StrCat("127.0.0.1:", echo_server->port());
+  }
+  const pid_t daemon_pid = daemon ? daemon->pid() : 0;
+  const pid_t echo_pid = echo_server ? echo_server->pid() : 0;
+
+  std::vector<Config> configs;
+  for (const std::string& shape : absl::GetFlag(FLAGS_shape)) {
+    for (const std::string& wire : absl::GetFlag(FLAGS_wire)) {
+      for (const std::string& clients : absl::GetFlag(FLAGS_clients)) {
+        int n = 0;
+        if (!absl::SimpleAtoi(clients, &n) || n < 1) {
+          std::fprintf(stderr, "optstate-bench: bad --clients '%s'\n", clients.c_str());
+          return 2;
+        }
+        configs.push_back(Config{ParseShape(shape), wire, ParseWire(wire), n, {}});
+      }
+    }
+  }
+  for (size_t i = 0; i < configs.size(); ++i) {
+    Setup(configs[i], static_cast<int>(i), target, echo_target);
+  }
+
+  const size_t chunk = absl::GetFlag(FLAGS_chunk_bytes);
+  const absl::Duration tcp_time = absl::Seconds(std::min(1.0, absl::GetFlag(FLAGS_seconds)));
+  std::vector<Best> optstate(configs.size()), echo(configs.size());
+  std::vector<double> tcp_one_way, tcp_echo;
+  for (int rep = 0; rep < absl::GetFlag(FLAGS_reps); ++rep) {
+    if (absl::GetFlag(FLAGS_tcp)) {
+      tcp_one_way.push_back(MeasureTcpOneWay(chunk, tcp_time).bytes_per_second);
+      tcp_echo.push_back(MeasureTcpEcho(chunk, tcp_time).bytes_per_second);
+      std::fprintf(stderr, "rep %d tcp: one-way %.2f GB/s, echo (both ways) %.2f GB/s\n", rep,
+                   tcp_one_way.back() / 1e9, tcp_echo.back() / 1e9);
+    }
+    for (size_t i = 0; i < configs.size(); ++i) {
+      Config& config = configs[i];
+      const Measurement m = MeasureOptstate(config, daemon_pid);
+      optstate[i].Add(m);
+      std::fprintf(stderr, "rep %d %s %s x%d: optstate %.1f M elem/s, %.2f GB/s wire", rep,
+                   config.shape.name.c_str(), config.wire_name.c_str(), config.clients,
+                   m.elements / m.seconds / 1e6, m.wire_bytes / m.seconds / 1e9);
+      if (config.states.front()->echo) {
+        const Measurement e = MeasureEcho(config, echo_pid);
+        echo[i].Add(e);
+        std::fprintf(stderr, "; echo %.2f GB/s", e.wire_bytes / e.seconds / 1e9);
+      }
+      std::fprintf(stderr, "\n");
+    }
+  }
+
+  const double tcp1 = tcp_one_way.empty() ? 0 : *std::max_element(tcp_one_way.begin(),
+                                                                   tcp_one_way.end());
+  const double tcp2 = tcp_echo.empty() ? 0 : *std::max_element(tcp_echo.begin(), tcp_echo.end());
+  if (!tcp_one_way.empty()) {
+    std::printf("tcp loopback (%zu B writes): one-way %.2f GB/s, echo (both directions) "
+                "%.2f GB/s\n", chunk, tcp1 / 1e9, tcp2 / 1e9);
+    std::printf("RESULT %s\n", Json({{"kind", Q("tcp")}, {"chunk_bytes", N(chunk)},
+                                     {"one_way_Bps", N(tcp1)}, {"echo_Bps", N(tcp2)},
+                                     {"one_way_reps", Rates(tcp_one_way)},
+                                     {"echo_reps", Rates(tcp_echo)}})
+                                   .c_str());
+  }
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const Config& config = configs[i];
+    const Measurement& m = optstate[i].best;
+    std::vector<double> all_latencies = m.latencies_ms;
+    const double eps = m.elements / m.seconds;
+    const double wire = m.wire_bytes / m.seconds;
+    const double cpu_ms = m.server_cpu_seconds / static_cast<double>(m.steps) * 1e3;
+    const double client_cpu_ms = m.client_cpu_seconds / static_cast<double>(m.steps) * 1e3;
+    std::printf("%s %s clients=%d: %.2f steps/s, %.1f M elem/s, wire %.2f GB/s, step p50 %.1f "
+                "ms p99 %.1f ms, CPU ms/step: server %.1f, client %.1f",
+                config.shape.name.c_str(), config.wire_name.c_str(), config.clients,
+                m.steps / m.seconds, eps / 1e6, wire / 1e9, Percentile(all_latencies, 0.5),
+                Percentile(all_latencies, 0.99), cpu_ms, client_cpu_ms);
+    std::vector<std::pair<std::string, std::string>> fields = {
+        {"kind", Q("e2e")},
+        {"shape", Q(config.shape.name)},
+        {"elements_per_step", N(static_cast<double>(config.shape.elements()))},
+        {"wire", Q(config.wire_name)},
+        {"clients", N(config.clients)},
+        {"chunk_bytes", N(chunk)},
+        {"steps_per_s", N(m.steps / m.seconds)},
+        {"elem_per_s", N(eps)},
+        {"wire_Bps", N(wire)},
+        {"p50_ms", N(Percentile(all_latencies, 0.5))},
+        {"p99_ms", N(Percentile(all_latencies, 0.99))},
+        {"server_cpu_ms_per_step", N(daemon_pid > 0 ? cpu_ms : -1)},
+        {"client_cpu_ms_per_step", N(client_cpu_ms)},
+        {"elem_per_s_reps", Rates(optstate[i].rates)}};
+    if (!echo[i].rates.empty()) {
+      const Measurement& e = echo[i].best;
+      const double echo_wire = e.wire_bytes / e.seconds;
+      const double echo_cpu_ms = e.server_cpu_seconds / static_cast<double>(e.steps) * 1e3;
+      const double echo_client_cpu_ms = e.client_cpu_seconds / static_cast<double>(e.steps) * 1e3;
+      std::printf("; echo %.2f GB/s (CPU ms/step: server %.1f, client %.1f), optstate/echo %.2f",
+                  echo_wire / 1e9, echo_cpu_ms, echo_client_cpu_ms, wire / echo_wire);
+      fields.push_back({"echo_Bps", N(echo_wire)});
+      fields.push_back({"echo_server_cpu_ms_per_step", N(echo_cpu_ms)});
+      fields.push_back({"echo_client_cpu_ms_per_step", N(echo_client_cpu_ms)});
+      fields.push_back({"echo_p50_ms", N(Percentile(e.latencies_ms, 0.5))});
+      fields.push_back({"echo_elem_per_s_reps", Rates(echo[i].rates)});
+    }
+    if (tcp2 > 0) {
+      std::printf("; wire/tcp-echo %.2f, wire/tcp-one-way %.2f", wire / tcp2, wire / tcp1);
+      fields.push_back({"tcp_echo_Bps", N(tcp2)});
+      fields.push_back({"tcp_one_way_Bps", N(tcp1)});
+    }
+    std::printf("\nRESULT %s\n", Json(fields).c_str());
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+}  // namespace optstate::bench
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "optstate-bench: end-to-end step throughput against gRPC echo and raw TCP baselines.\n"
+      "Usage: optstate-bench [--shape=lora7b,dense:N] [--wire=fp32,bf16] [--clients=1,8] ...");
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_serve_echo)) return optstate::bench::ServeEcho();
+  return optstate::bench::Main();
+}
