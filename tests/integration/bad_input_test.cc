@@ -8,7 +8,9 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <random>
 
+#include "absl/base/casts.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/dtype.h"
 #include "optstate/v1/optstate.grpc.pb.h"
@@ -299,6 +301,35 @@ TEST_F(BadInputTest, MessagesSayWhatToFix) {
   EXPECT_NE(s.error_message().find("expected step 3"), std::string::npos) << s.error_message();
   s = Register(Spec("huge", 100ull << 20, 1e-3f), {});
   EXPECT_NE(s.error_message().find("--max_host_bytes"), std::string::npos) << s.error_message();
+}
+
+TEST_F(BadInputTest, RandomRequestsGetAStatusAndNeverCorruptOrCrash) {
+  const uint32_t seed = std::random_device()();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  auto pick = [&](uint64_t n) { return std::uniform_int_distribution<uint64_t>(0, n - 1)(rng); };
+  const Snapshot before = Take();
+  for (int i = 0; i < 300; ++i) {
+    v1::StepRequest r;
+    r.set_group(pick(4) == 0 ? "nobody" : "victim");
+    // The victim is at step 2: every step but 3 is refused whatever the rest.
+    const uint64_t step = pick(3) == 0 ? pick(1000) : (pick(2) ? 1 : 5);
+    r.set_step(step == 3 ? 4 : step);
+    r.set_offset(pick(3) == 0 ? pick(5000) : kPage * pick(4));
+    r.set_gradient_dtype(static_cast<v1::DType>(pick(6)));
+    r.set_param_dtype(static_cast<v1::DType>(pick(6)));
+    std::string bytes(pick(3 * kPage * 4), '\0');
+    for (char& c : bytes) c = static_cast<char>(pick(256));
+    r.set_gradient(bytes);
+    if (pick(2)) r.set_lr(absl::bit_cast<float>(static_cast<uint32_t>(rng())));
+    if (pick(2)) r.set_grad_scale(absl::bit_cast<float>(static_cast<uint32_t>(rng())));
+    grpc::Status status = StepOne(r);
+    EXPECT_FALSE(status.ok()) << "a random chunk was applied: step " << r.step();
+  }
+  EXPECT_TRUE(Take() == before) << "state changed";
+  grpc::ClientContext context;
+  v1::GetStatsResponse stats;
+  EXPECT_TRUE(stub_->GetStats(&context, v1::GetStatsRequest(), &stats).ok());
 }
 
 }  // namespace
