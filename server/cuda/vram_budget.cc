@@ -17,14 +17,12 @@ VramBudget::VramBudget(uint64_t total_bytes, uint64_t reserved_bytes, double tar
     : total_bytes_(total_bytes),
       reserved_bytes_(reserved_bytes),
       target_utilization_(ClampTargetUtilization(target_utilization)) {
-  // long double keeps 64 bits of mantissa on x86-64, so the product is exact
-  // enough that floor() never rounds a byte count up past the true value by
-  // more than the representation error of the target itself. The product is
-  // below total (target < 1), so the conversion cannot overflow.
-  const long double share =
-      std::floor(static_cast<long double>(total_bytes_) * target_utilization_);
-  uint64_t usable = static_cast<uint64_t>(share);
-  if (usable > total_bytes_) usable = total_bytes_;
+  // The target is read to nine decimal places (parts per billion) and the
+  // share computed in 128-bit integers: exact, and what a person expects
+  // (0.95 of 1000 is 950, where the double nearest 0.95 would give 949).
+  const auto ppb = static_cast<uint64_t>(std::llround(target_utilization_ * 1e9));
+  const unsigned __int128 product = static_cast<unsigned __int128>(total_bytes_) * ppb;
+  const auto usable = static_cast<uint64_t>(product / 1000000000u);
   available_bytes_ = usable > reserved_bytes_ ? usable - reserved_bytes_ : 0;
 }
 

@@ -8,9 +8,11 @@
 
 namespace optstate {
 
-// available_bytes() = floor(total * target) - reserved, and 0 when that would
-// be negative. The target utilization is clamped to [0.5, 0.95] (NaN reads as
-// 0.5, the cautious end). Immutable, so safe to share between threads.
+// available_bytes() = floor(total * target) - reserved, in exact integer
+// arithmetic with the target read to nine decimal places, and 0 when that
+// would be negative. The target utilization is
+// clamped to [0.5, 0.95] (NaN reads as 0.5, the cautious end). Immutable, so
+// safe to share between threads.
 class VramBudget {
  public:
   static constexpr double kMinTargetUtilization = 0.5;
