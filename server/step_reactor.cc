@@ -20,10 +20,13 @@ void StepReactor::Advance(int tokens_released) {
       starting_ -= tokens_released;
       if (finish_called_) return;
       const bool failed = !error_.ok();
-      if (!failed && !reads_done_ && !read_in_flight_ && queued_.size() < kMaxQueuedChunks) {
+      // A client that stops reading replies stops the stream's reads and
+      // updates too, so one stream never pins more than a few chunks.
+      if (!failed && !reads_done_ && !read_in_flight_ &&
+          queued_.size() + to_write_.size() < kMaxQueuedChunks) {
         read_in_flight_ = start_read = true;
       }
-      if (!failed && !processing_ && !queued_.empty()) {
+      if (!failed && !processing_ && !queued_.empty() && to_write_.size() < kMaxQueuedChunks) {
         processing_request_ = std::move(queued_.front());
         queued_.pop_front();
         processing_ = dispatch = true;

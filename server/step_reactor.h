@@ -30,8 +30,9 @@ class StepReactor : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResp
   void OnDone() override;
 
  private:
-  // Reads queued ahead of the engine; bounds the memory one stream can pin.
-  static constexpr size_t kMaxQueuedChunks = 4;
+  // Chunks read ahead of the engine plus replies not yet written; bounds the
+  // memory one stream can pin.
+  static constexpr size_t kMaxQueuedChunks = 8;
 
   // Starts whatever may start now: a read, a chunk on the engine, a write, or
   // Finish. Safe to call from any thread. Each action started holds a token
