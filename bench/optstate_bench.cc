@@ -24,6 +24,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "bench/child_process.h"
@@ -266,10 +267,10 @@ std::string Json(const std::vector<std::pair<std::string, std::string>>& fields)
   return out + "}";
 }
 std::string Q(const std::string& s) { return absl::StrCat("\"", s, "\""); }
-std::string N(double v) { return absl::StrCat(v); }
+std::string N(double v) { return absl::StrFormat("%.10g", v); }
 std::string Rates(const std::vector<double>& rates) {
   std::string out = "[";
-  for (size_t i = 0; i < rates.size(); ++i) absl::StrAppend(&out, i ? ", " : "", rates[i]);
+  for (size_t i = 0; i < rates.size(); ++i) absl::StrAppend(&out, i ? ", " : "", N(rates[i]));
   return out + "]";
 }
 
