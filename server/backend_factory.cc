@@ -16,7 +16,7 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(const BackendOptions&
   if (options.kind == "cpu") return std::make_unique<CpuBackend>(pool);
 #ifdef OPTSTATE_HAVE_CUDA
   if (options.kind == "cuda") {
-    absl::StatusOr<std::unique_ptr<CudaBackend>> cuda = CudaBackend::Create(options);
+    absl::StatusOr<std::unique_ptr<CudaBackend>> cuda = CudaBackend::Create(options, pool);
     if (!cuda.ok()) {
       if (absl::IsFailedPrecondition(cuda.status())) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -24,7 +24,7 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(const BackendOptions&
       }
       return cuda.status();
     }
-    Log(LogLevel::kInfo, "backend: cuda (", (*cuda)->device().ToString(), ")");
+    Log(LogLevel::kInfo, "backend: cuda (", (*cuda)->Describe(), ")");
     return std::unique_ptr<StepBackend>(std::move(*cuda));
   }
   if (options.kind == "auto") {
@@ -34,10 +34,9 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(const BackendOptions&
       Log(LogLevel::kInfo, "backend: cpu (auto; ", device.status().message(), ")");
       return std::make_unique<CpuBackend>(pool);
     }
-    absl::StatusOr<std::unique_ptr<CudaBackend>> cuda = CudaBackend::Create(options);
+    absl::StatusOr<std::unique_ptr<CudaBackend>> cuda = CudaBackend::Create(options, pool);
     if (!cuda.ok()) return cuda.status();  // Bad CUDA flags: say so, do not hide them.
-    Log(LogLevel::kInfo, "backend: cuda (auto; ", device->ToString(), ", paging=",
-        options.paging, ")");
+    Log(LogLevel::kInfo, "backend: cuda (auto; ", (*cuda)->Describe(), ")");
     return std::unique_ptr<StepBackend>(std::move(*cuda));
   }
 #else

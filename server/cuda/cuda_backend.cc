@@ -46,7 +46,8 @@ absl::Status UseDevice(int ordinal) { return CudaStatus(cudaSetDevice(ordinal), 
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& options) {
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& options,
+                                                                 ThreadPool* threads) {
   absl::StatusOr<PagingStrategy> strategy = ParsePagingStrategy(options.paging);
   if (!strategy.ok()) return strategy.status();
   if (options.staging_slots < 2 || options.staging_slots > kMaxSlots) {
@@ -80,18 +81,22 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOp
   absl::StatusOr<std::unique_ptr<StagingPool>> pool =
       StagingPool::Create(options.staging_slots, options.staging_slot_bytes);
   if (!pool.ok()) return pool.status();
-  Log(LogLevel::kInfo, "cuda backend: ", device->ToString(), ", paging=",
-      PagingStrategyName(*strategy), ", budget ", budget.ToString(), ", staging pool ",
-      options.staging_slots, " x ", options.staging_slot_bytes, " bytes");
   return std::unique_ptr<CudaBackend>(
-      new CudaBackend(*std::move(device), *strategy, budget, *std::move(pool)));
+      new CudaBackend(*std::move(device), *strategy, budget, *std::move(pool), threads));
 }
 
 CudaBackend::CudaBackend(CudaDeviceInfo device, PagingStrategy strategy, VramBudget budget,
-                         std::unique_ptr<StagingPool> pool)
+                         std::unique_ptr<StagingPool> pool, ThreadPool* threads)
     : device_(std::move(device)),
       policy_(strategy, budget, pool->pool_bytes()),
-      pool_(std::move(pool)) {}
+      pool_(std::move(pool)),
+      threads_(threads) {}
+
+std::string CudaBackend::Describe() const {
+  return absl::StrCat(device_.ToString(), ", paging=", PagingStrategyName(policy_.strategy()),
+                      ", budget ", policy_.budget().ToString(), ", staging pool ",
+                      pool_->slots(), " x ", pool_->slot_bytes(), " bytes");
+}
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_.ordinal);
@@ -238,8 +243,8 @@ absl::Status CudaBackend::Apply(Group& group, uint64_t begin, uint64_t end, cons
   const StepPlan plan = PlanStep(placement, state.residency, GeometryOf(group), begin, end,
                                  WireTypeSize(grad_type));
   uint64_t wait_us = 0;
-  absl::Status s = RunStepPipeline(*pool_, arrays, begin, end, plan.page_ins, grad, grad_type,
-                                   constants, &wait_us);
+  absl::Status s = RunStepPipeline(*pool_, threads_, arrays, begin, end, plan.page_ins, grad,
+                                   grad_type, constants, &wait_us);
   PagingCounters& counters = group.counters().paging;
   counters.copy_wait_us.fetch_add(wait_us, std::memory_order_relaxed);
   if (!s.ok()) {

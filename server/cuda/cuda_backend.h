@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -17,6 +18,7 @@
 #include "server/cuda/paging_policy.h"
 #include "server/cuda/staging_pool.h"
 #include "server/step_backend.h"
+#include "server/thread_pool.h"
 
 namespace optstate {
 
@@ -29,7 +31,10 @@ class CudaBackend : public StepBackend {
   // (paging, slots, a pool that does not fit the budget), FAILED_PRECONDITION
   // when no device is usable, RESOURCE_EXHAUSTED when the pool cannot be
   // allocated. Fields of `options` other than the CUDA ones are ignored.
-  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const BackendOptions& options);
+  // `threads` (may be null; must outlive the backend) helps copy gradients
+  // into pinned memory.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const BackendOptions& options,
+                                                             ThreadPool* threads = nullptr);
   // Every group must have been detached.
   ~CudaBackend() override;
 
@@ -49,6 +54,9 @@ class CudaBackend : public StepBackend {
   absl::Status SyncToHost(Group& group);
 
   const CudaDeviceInfo& device() const { return device_; }
+  // "device 0 'NVIDIA H200' (...), paging=adaptive, budget total=... , staging
+  // pool 4 x 67108864 bytes": what the start-up log line says.
+  std::string Describe() const;
   const PagingPolicy& policy() const { return policy_; }
   const StagingPool& staging_pool() const { return *pool_; }
   // Bytes of VRAM held by resident groups' arrays now (allocated, not planned).
@@ -60,7 +68,7 @@ class CudaBackend : public StepBackend {
   class GroupState;
 
   CudaBackend(CudaDeviceInfo device, PagingStrategy strategy, VramBudget budget,
-              std::unique_ptr<StagingPool> pool);
+              std::unique_ptr<StagingPool> pool, ThreadPool* threads);
 
   GroupState& StateOf(Group& group) const;
   // Allocates a resident group's device arrays (zeroed when `zero_fill`) and
@@ -71,6 +79,7 @@ class CudaBackend : public StepBackend {
   const CudaDeviceInfo device_;
   PagingPolicy policy_;
   std::unique_ptr<StagingPool> pool_;
+  ThreadPool* const threads_;
   std::atomic<uint64_t> allocated_group_bytes_{0};
 
   // Live groups by policy id, for promotion after a delete.

@@ -14,6 +14,7 @@
 #include "server/adamw_kernel.h"
 #include "server/cuda/staging_pool.h"
 #include "server/cuda/step_plan.h"
+#include "server/thread_pool.h"
 
 namespace optstate {
 
@@ -35,7 +36,10 @@ struct StepArrays {
 // Paged: p, m, v and the gradient go in, p, m, v come back. Returns when every
 // copy back has landed; adds the time spent waiting on the device to
 // *copy_wait_us. INTERNAL on any CUDA error (after draining its streams).
-absl::Status RunStepPipeline(StagingPool& pool, const StepArrays& arrays, uint64_t begin,
+// `threads`, when not null, splits the host copy of large gradient pieces into
+// the pinned bounce buffers (it may be the pool the caller runs on).
+absl::Status RunStepPipeline(StagingPool& pool, ThreadPool* threads, const StepArrays& arrays,
+                             uint64_t begin,
                              uint64_t end, const std::vector<ElementRange>& page_ins,
                              const void* grad, WireType grad_type, const AdamWConstants& constants,
                              uint64_t* copy_wait_us);

@@ -56,11 +56,11 @@ TEST(CudaLargePagedTest, OneGigaElementGroupThroughASixteenMebibytePool) {
   options.vram_target_utilization = 0.5;
   options.staging_slots = 4;
   options.staging_slot_bytes = 4ull << 20;
-  auto cuda = CudaBackend::Create(options);
+  ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  auto cuda = CudaBackend::Create(options, &pool);  // The pool splits gradient copies.
   ASSERT_TRUE(cuda.ok()) << cuda.status();
   ASSERT_EQ((*cuda)->Stats().budget_available_bytes, 16ull << 20);
   ASSERT_EQ((*cuda)->Stats().staging_pool_bytes, 16ull << 20);
-  ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   CpuBackend cpu(&pool);
 
   GroupConfig config;

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The GPU checks of the CUDA backend, for a host with an NVIDIA GPU (sm_80 or
+# newer) and the project's build dependencies: builds, runs the `gpu` tests,
+# compute-sanitizer memcheck and racecheck on a small run, the daemon's
+# backend choice, then the GPU benchmark, and prints a short table. About 5
+# minutes on an H200 host; meant to stay under 8.
+#
+#   tests/gpu/run.sh                # build into build-gpu/ and run everything
+#   BUILD=/path SKIP_BUILD=1 tests/gpu/run.sh   # reuse a build
+#   OUT=/dir tests/gpu/run.sh       # logs go there (default $BUILD/gpu-logs)
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=${BUILD:-$ROOT/build-gpu}
+OUT=${OUT:-$BUILD/gpu-logs}
+JOBS=${JOBS:-$(nproc)}
+mkdir -p "$OUT"
+declare -a SUMMARY=()
+status=0
+note() { SUMMARY+=("$(printf '%-44s %s' "$1" "$2")"); }
+
+if ! nvidia-smi -L >"$OUT/nvidia-smi.txt" 2>&1; then
+  echo "run.sh: no NVIDIA GPU here (nvidia-smi -L failed); these checks need one" >&2
+  exit 1
+fi
+cat "$OUT/nvidia-smi.txt"
+
+if [[ -z "${SKIP_BUILD:-}" ]]; then
+  echo "== build ($BUILD)"
+  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+      -DOPTSTATE_WITH_CUDA=ON -DOPTSTATE_BUILD_BENCH=ON >"$OUT/configure.log" 2>&1 &&
+    grep -q "CUDA backend ON" "$OUT/configure.log" &&
+    cmake --build "$BUILD" -j"$JOBS" --target optstated cuda_kernel_test cuda_backend_test \
+      cuda_large_paged_test gpu_step_bench vram_budget_test paging_policy_test \
+      >"$OUT/build.log" 2>&1
+  if [[ $? -ne 0 ]]; then
+    tail -30 "$OUT/configure.log" "$OUT/build.log"
+    echo "run.sh: build failed (logs in $OUT)" >&2
+    exit 1
+  fi
+fi
+
+echo "== gpu tests"
+export OPTSTATE_REQUIRE_GPU=1  # A test that cannot find the device fails instead of skipping.
+(cd "$BUILD" && timeout 420 ctest -L 'gpu|paging' --output-on-failure) 2>&1 | tee "$OUT/ctest.log"
+if [[ ${PIPESTATUS[0]} -eq 0 ]]; then
+  note "gpu + paging tests" "$(grep -Eo '[0-9]+% tests passed.*' "$OUT/ctest.log")"
+else
+  status=1
+  note "gpu + paging tests" "FAILED: $(grep -Eo '[0-9]+% tests passed.*' "$OUT/ctest.log")"
+fi
+
+SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
+  /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
+SMALL='*SmallGroups*:*MovesItInAfterADelete*'
+if [[ -n "$SANITIZER" ]]; then
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer $tool"
+    timeout 240 "$SANITIZER" --tool "$tool" --error-exitcode 3 \
+      "$BUILD/tests/gpu/cuda_backend_test" --gtest_filter="$SMALL" >"$OUT/sanitizer-$tool.log" 2>&1
+    rc=$?
+    tail -3 "$OUT/sanitizer-$tool.log"
+    if [[ $rc -eq 0 ]]; then
+      note "compute-sanitizer $tool (small run)" "clean"
+    else
+      status=1
+      note "compute-sanitizer $tool (small run)" "FAILED rc=$rc (see $OUT/sanitizer-$tool.log)"
+    fi
+  done
+else
+  note "compute-sanitizer" "not found; skipped"
+fi
+
+echo "== optstated --backend=auto and --backend=cuda"
+for kind in auto cuda; do
+  timeout 20 "$BUILD/server/optstated" --backend=$kind --listen=127.0.0.1:0 \
+    >"$OUT/optstated-$kind.log" 2>&1 &
+  pid=$!
+  sleep 5
+  kill -TERM $pid 2>/dev/null
+  wait $pid
+  line=$(grep -m1 'backend: ' "$OUT/optstated-$kind.log")
+  echo "$line"
+  if grep -q 'backend: cuda' <<<"$line"; then
+    note "optstated --backend=$kind" "cuda"
+  else
+    status=1
+    note "optstated --backend=$kind" "FAILED: ${line:-no backend line}"
+  fi
+done
+
+echo "== gpu benchmark"
+timeout 240 "$BUILD/bench/gpu/gpu_step_bench" 2>&1 | tee "$OUT/bench.log"
+[[ ${PIPESTATUS[0]} -eq 0 ]] || { status=1; note "gpu benchmark" "FAILED"; }
+
+echo
+echo "== summary"
+printf '%s\n' "${SUMMARY[@]}"
+sed -n '/^figure/,$p' "$OUT/bench.log"
+exit $status
