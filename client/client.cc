@@ -96,6 +96,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
+  // Each Client gets its own connection: clients of one process (one per
+  // data-parallel rank, say) do not queue behind each other on one socket.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   impl->channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   impl->stub = v1::OptimizerState::NewStub(impl->channel);
   return std::unique_ptr<Client>(new Client(std::move(impl)));

@@ -1,6 +1,8 @@
 // optstated: the daemon. Parses flags, starts the server, and shuts down
 // gracefully on SIGTERM or SIGINT (stop accepting, finish in-flight chunks,
 // exit 0).
+#include <malloc.h>
+
 #include <csignal>
 #include <cstdio>
 #include <string>
@@ -45,6 +47,12 @@ int main(int argc, char** argv) {
       "optstated keeps AdamW optimizer state for remote trainers and applies their steps.\n"
       "Usage: optstated [--listen=127.0.0.1:50051] [--backend=auto|cpu|cuda] [--threads=N] ...");
   absl::ParseCommandLine(argc, argv);
+
+  // Chunk buffers (about 1 MiB each) come and go for every message; serving
+  // them from the heap instead of fresh mmaps avoids a page fault per page
+  // per message (measured: 20-36% less daemon CPU per step, BENCHMARKS.md).
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
 
   optstate::LogLevel level;
   if (!optstate::ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
