@@ -154,9 +154,14 @@ absl::StatusOr<StepChunkResult> StepEngine::ApplyChunk(const StepChunk& chunk,
       result.pages_applied += run_end - p;
       p = run_end;
     }
-    params_out->resize(range->count * WireTypeSize(chunk.param_type));
-    EncodeFromFloat(chunk.param_type, group.params() + chunk.offset, params_out->data(),
-                    range->count);
+    const float* params = group.params() + chunk.offset;
+    if (chunk.param_type == WireType::kFloat32) {
+      // One copy, without first zero-filling the reply.
+      params_out->assign(reinterpret_cast<const char*>(params), range->count * sizeof(float));
+    } else {
+      params_out->resize(range->count * WireTypeSize(chunk.param_type));
+      EncodeFromFloat(chunk.param_type, params, params_out->data(), range->count);
+    }
   }
 
   GroupCounters& counters = group.counters();
