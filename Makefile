@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 LISTEN ?= 127.0.0.1:50051
 ARGS ?=
 
-.PHONY: deps configure build run test bench demo gpu-test clean
+.PHONY: deps configure build run test sanitize bench demo gpu-test clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -24,6 +24,16 @@ run: build
 # Every test that needs no GPU (tests labelled gpu run via tests/gpu/run.sh).
 test: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -LE gpu -j 2
+
+# The CPU tests again under AddressSanitizer, LeakSanitizer and UBSan (the
+# daemon processes the tests start are instrumented too; a leak makes the
+# daemon exit non-zero, which the tests check).
+sanitize: deps
+	@cmake -S . -B $(BUILD_DIR)-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOPTSTATE_WITH_CUDA=OFF \
+	  -DOPTSTATE_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
+	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > $(BUILD_DIR)-asan.configure.log
+	@cmake --build $(BUILD_DIR)-asan -j $(JOBS)
+	@cd $(BUILD_DIR)-asan && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ctest --output-on-failure -LE gpu -j 2
 
 bench: build
 	@bash bench/run.sh
