@@ -1,18 +1,24 @@
 // The Step stream's reactor: a small state machine driven by Advance().
 #include "server/step_reactor.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "server/proto_convert.h"
 
 namespace optstate {
 
 StepReactor::StepReactor(StepEngine* engine, std::string tenant)
-    : engine_(engine), tenant_(std::move(tenant)) {
+    : engine_(engine),
+      tenant_(std::move(tenant)),
+      max_in_flight_(std::max(1, engine->pool()->size())) {
   Advance(0);
 }
 
 void StepReactor::Advance(int tokens_released) {
   for (;;) {
-    bool start_read = false, dispatch = false, start_write = false, finish = false;
+    bool start_read = false, start_write = false, finish = false;
+    std::vector<std::shared_ptr<ChunkTask>> dispatch;
     const v1::StepResponse* write = nullptr;
     absl::Status finish_status;
     {
@@ -20,24 +26,28 @@ void StepReactor::Advance(int tokens_released) {
       starting_ -= tokens_released;
       if (finish_called_) return;
       const bool failed = !error_.ok();
-      // A client that stops reading replies stops the stream's reads and
-      // updates too, so one stream never pins more than a few chunks.
-      if (!failed && !reads_done_ && !read_in_flight_ &&
-          queued_.size() + to_write_.size() < kMaxQueuedChunks) {
+      if (!failed && !reads_done_ && !read_in_flight_ && PinnedLocked() < kMaxPinnedChunks) {
         read_in_flight_ = start_read = true;
       }
-      if (!failed && !processing_ && !queued_.empty() && to_write_.size() < kMaxQueuedChunks) {
-        processing_request_ = std::move(queued_.front());
+      // In stream order: the head waits while a chunk of its group is applied.
+      while (!failed && in_flight_ < max_in_flight_ && !queued_.empty() &&
+             !groups_in_flight_.contains(queued_.front().group())) {
+        auto task = std::make_shared<ChunkTask>();
+        task->seq = next_seq_++;
+        task->request = std::move(queued_.front());
         queued_.pop_front();
-        processing_ = dispatch = true;
+        groups_in_flight_.insert(task->request.group());
+        ++in_flight_;
+        dispatch.push_back(std::move(task));
       }
       if (!write_in_flight_ && !to_write_.empty()) {
         write_in_flight_ = start_write = true;
         write = &to_write_.front();
       }
-      tokens_released = int{start_read} + int{dispatch} + int{start_write};
+      tokens_released =
+          int{start_read} + static_cast<int>(dispatch.size()) + int{start_write};
       starting_ += tokens_released;
-      const bool drained = !processing_ && !write_in_flight_ && to_write_.empty();
+      const bool drained = in_flight_ == 0 && !write_in_flight_ && to_write_.empty();
       if (starting_ == 0 && drained && (failed || (reads_done_ && queued_.empty()))) {
         finish_called_ = finish = true;
         finish_status = error_;
@@ -49,7 +59,9 @@ void StepReactor::Advance(int tokens_released) {
     }
     if (tokens_released == 0) return;
     if (start_read) StartRead(&incoming_);
-    if (dispatch) engine_->pool()->Schedule([this] { ApplyOnWorker(); });
+    for (auto& task : dispatch) {
+      engine_->pool()->Schedule([this, task = std::move(task)] { ApplyOnWorker(task); });
+    }
     if (start_write) StartWrite(write);
     // Loop to release the tokens and see whether Finish is now due.
   }
@@ -69,8 +81,8 @@ void StepReactor::OnReadDone(bool ok) {
   Advance(0);
 }
 
-void StepReactor::ApplyOnWorker() {
-  const v1::StepRequest& request = processing_request_;
+void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
+  const v1::StepRequest& request = task->request;
   v1::StepResponse response;
   absl::Status status;
   StepChunk chunk;
@@ -105,13 +117,24 @@ void StepReactor::ApplyOnWorker() {
   }
   {
     absl::MutexLock lock(&mu_);
-    processing_ = false;
+    --in_flight_;
+    groups_in_flight_.erase(request.group());
     ++starting_;  // Keeps the call open until this thread is done with it.
-    if (status.ok()) {
-      to_write_.push_back(std::move(response));
-    } else {
-      error_ = status;
-      queued_.clear();
+    if (task->seq < error_seq_) {
+      if (status.ok()) {
+        completed_.emplace(task->seq, std::move(response));
+      } else {
+        // The earliest refusal wins; replies to later chunks are dropped.
+        error_seq_ = task->seq;
+        error_ = status;
+        queued_.clear();
+        completed_.erase(completed_.lower_bound(task->seq), completed_.end());
+      }
+    }
+    while (!completed_.empty() && completed_.begin()->first == next_write_seq_) {
+      to_write_.push_back(std::move(completed_.begin()->second));
+      completed_.erase(completed_.begin());
+      ++next_write_seq_;
     }
   }
   Advance(1);
@@ -124,7 +147,9 @@ void StepReactor::OnWriteDone(bool ok) {
     to_write_.pop_front();
     if (!ok && error_.ok()) {
       error_ = absl::CancelledError("the client stopped reading replies");
+      error_seq_ = 0;  // Nothing more is written.
       to_write_.clear();
+      completed_.clear();
       queued_.clear();
     }
   }

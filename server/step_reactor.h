@@ -1,11 +1,15 @@
-// The Step stream: one reactor per call. Reads chunks, hands each to the step
+// The Step stream: one reactor per call. Reads chunks, hands them to the step
 // engine on the worker pool, and writes one reply per chunk, in order.
 #ifndef OPTSTATE_SERVER_STEP_REACTOR_H_
 #define OPTSTATE_SERVER_STEP_REACTOR_H_
 
+#include <cstdint>
 #include <deque>
+#include <map>
+#include <memory>
 #include <string>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
@@ -15,10 +19,14 @@
 namespace optstate {
 
 // Flow: StartRead -> OnReadDone -> (engine on a worker) -> OnChunkDone ->
-// StartWrite -> OnWriteDone, with the read of chunk i+1 overlapping the update
-// of chunk i. Chunks of one stream are applied one after another, so a stream
-// may carry step k and step k+1 of the same page. The first refused chunk
-// ends the call with its status, after the replies to earlier chunks.
+// StartWrite -> OnWriteDone, with reads of later chunks overlapping the
+// update of earlier ones. Chunks of different groups are applied
+// concurrently (a model of many tensors uses every worker); chunks of one
+// group are applied one after another, in stream order, so a stream may carry
+// step k and step k+1 of the same page. Replies go out in request order.
+// The first refused chunk ends the call with its status, after the replies to
+// every earlier chunk; it changed nothing, while later chunks of other groups
+// may already have been applied (resending them is a harmless replay).
 // No callback blocks: engine work runs on the pool, and gRPC calls are made
 // outside the reactor's mutex.
 class StepReactor : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
@@ -30,32 +38,46 @@ class StepReactor : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResp
   void OnDone() override;
 
  private:
-  // Chunks read ahead of the engine plus replies not yet written; bounds the
-  // memory one stream can pin.
-  static constexpr size_t kMaxQueuedChunks = 8;
+  // Chunks a stream holds at once: read ahead, being applied, or replies
+  // waiting to be written. Bounds the memory one stream can pin, and stops a
+  // client that does not read its replies.
+  static constexpr size_t kMaxPinnedChunks = 16;
 
-  // Starts whatever may start now: a read, a chunk on the engine, a write, or
+  struct ChunkTask {
+    uint64_t seq;
+    v1::StepRequest request;
+  };
+
+  // Starts whatever may start now: a read, chunks on the engine, a write, or
   // Finish. Safe to call from any thread. Each action started holds a token
-  // (starting_) from the decision until its gRPC call has been made, so Finish
-  // can never come before, or race with, another call on the stream; the
-  // caller passes the tokens it held.
+  // (starting_) from the decision until its gRPC call or Schedule has been
+  // made, so Finish can never come before, or race with, another call on the
+  // stream; the caller passes the tokens it held.
   void Advance(int tokens_released);
-  void ApplyOnWorker();  // Runs processing_request_ on the engine.
+  void ApplyOnWorker(const std::shared_ptr<ChunkTask>& task);
+  size_t PinnedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return queued_.size() + in_flight_ + completed_.size() + to_write_.size();
+  }
 
   StepEngine* const engine_;
   const std::string tenant_;
+  const int max_in_flight_;  // Chunks applied at once: the pool's size.
 
   absl::Mutex mu_;
   v1::StepRequest incoming_;  // Written by gRPC while a read is in flight.
-  v1::StepRequest processing_request_;  // Owned by the worker while processing_.
   std::deque<v1::StepRequest> queued_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;        // Of the next chunk dispatched.
+  uint64_t next_write_seq_ ABSL_GUARDED_BY(mu_) = 0;  // Of the next reply to queue.
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_set<std::string> groups_in_flight_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, v1::StepResponse> completed_ ABSL_GUARDED_BY(mu_);  // Out of order.
   std::deque<v1::StepResponse> to_write_ ABSL_GUARDED_BY(mu_);  // Front is in flight.
   bool read_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
-  bool processing_ ABSL_GUARDED_BY(mu_) = false;
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
   int starting_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t error_seq_ ABSL_GUARDED_BY(mu_) = UINT64_MAX;  // Earliest refused chunk.
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
