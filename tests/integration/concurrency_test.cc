@@ -2,6 +2,8 @@
 // one page apply it once.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <limits>
 #include <thread>
 
 #include "grpcpp/grpcpp.h"
@@ -112,6 +114,91 @@ TEST(ConcurrencyTest, TwoStreamsSendingTheSameStepApplyEachPageOnce) {
   // A replay of step 1 returns the current params without changing them.
   ASSERT_TRUE((*client)->Step("shared", 1, grad, absl::MakeSpan(params)).ok());
   EXPECT_EQ(params, model.params_fp32());
+}
+
+v1::StepRequest ChunkOf(const std::string& group, uint64_t step, const std::vector<float>& grad) {
+  v1::StepRequest request;
+  request.set_group(group);
+  request.set_step(step);
+  request.set_gradient(grad.data(), grad.size() * sizeof(float));
+  return request;
+}
+
+TEST(ConcurrencyTest, OneStreamCarriesConsecutiveStepsOfTheSameGroupInOrder) {
+  auto daemon = DaemonProcess::Start({"--threads=2"});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto client = Client::Connect((*daemon)->target());
+  ASSERT_TRUE(client.ok());
+  std::mt19937 rng(FreshSeed());
+  std::vector<float> initial = RandomNormal(rng, 5000, 1.0f);
+  std::vector<float> other = RandomNormal(rng, 7000, 1.0f);
+  ASSERT_TRUE((*client)->RegisterGroup("a", initial).ok());
+  ASSERT_TRUE((*client)->RegisterGroup("b", other).ok());
+  GroupModel model(initial, Hyperparameters{});
+  auto stub = v1::OptimizerState::NewStub(
+      grpc::CreateChannel((*daemon)->target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  auto stream = stub->Step(&context);
+  // Steps 1..20 of "a", interleaved with chunks of "b" that may run alongside.
+  std::vector<std::vector<float>> grads;
+  for (uint64_t t = 1; t <= 20; ++t) {
+    grads.push_back(RandomNormal(rng, initial.size(), 1e-2f));
+    ASSERT_TRUE(stream->Write(ChunkOf("a", t, grads.back())));
+    ASSERT_TRUE(stream->Write(ChunkOf("b", t, std::vector<float>(other.size(), 0.01f))));
+  }
+  stream->WritesDone();
+  v1::StepResponse response;
+  std::vector<float> params(initial.size());
+  for (uint64_t t = 1; t <= 20; ++t) {
+    ASSERT_TRUE(stream->Read(&response));
+    EXPECT_EQ(response.group(), "a");
+    EXPECT_EQ(response.step(), t);
+    EXPECT_EQ(response.pages_applied(), 1u);
+    std::memcpy(params.data(), response.params().data(), params.size() * sizeof(float));
+    ASSERT_TRUE(stream->Read(&response));
+    EXPECT_EQ(response.group(), "b");
+    model.Step(t, grads[t - 1]);
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(params, model.params_fp32());
+}
+
+TEST(ConcurrencyTest, RefusedChunkEndsTheStreamAfterRepliesToEarlierChunks) {
+  auto daemon = DaemonProcess::Start({"--threads=2"});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto client = Client::Connect((*daemon)->target());
+  ASSERT_TRUE(client.ok());
+  for (const char* name : {"g0", "g1", "g2", "g3"}) {
+    ASSERT_TRUE((*client)->RegisterGroup(name, std::vector<float>(3000, 1.0f)).ok());
+  }
+  auto stub = v1::OptimizerState::NewStub(
+      grpc::CreateChannel((*daemon)->target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  auto stream = stub->Step(&context);
+  std::vector<float> good(3000, 0.01f), bad(3000, 0.01f);
+  bad[1234] = std::numeric_limits<float>::quiet_NaN();
+  ASSERT_TRUE(stream->Write(ChunkOf("g0", 1, good)));
+  ASSERT_TRUE(stream->Write(ChunkOf("g1", 1, good)));
+  ASSERT_TRUE(stream->Write(ChunkOf("g2", 1, bad)));
+  stream->Write(ChunkOf("g3", 1, good));
+  stream->WritesDone();
+  v1::StepResponse response;
+  std::vector<std::string> replied;
+  while (stream->Read(&response)) replied.push_back(response.group());
+  grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_NE(status.error_message().find("element 1234"), std::string::npos);
+  EXPECT_EQ(replied, (std::vector<std::string>{"g0", "g1"}));
+  absl::StatusOr<GroupInfo> refused = (*client)->DescribeGroup("g2");
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->max_step, 0u);  // The refused chunk changed nothing.
+  // Resending the whole step completes it; g3 replays if it was applied.
+  std::vector<GroupStep> all;
+  std::vector<std::vector<float>> outs(4, std::vector<float>(3000));
+  const char* names[] = {"g0", "g1", "g2", "g3"};
+  for (int i = 0; i < 4; ++i) all.push_back({names[i], good, absl::MakeSpan(outs[i])});
+  ASSERT_TRUE((*client)->Step(all, 1).ok());
+  for (int i = 1; i < 4; ++i) EXPECT_EQ(outs[i], outs[0]) << names[i];
 }
 
 }  // namespace
