@@ -1,0 +1,916 @@
+// Specification of the CPU AdamW kernel (server/adamw_kernel.h): every result
+// is compared with the float64 reference (tests/reference_adamw.h) or, for the
+// exactness promises, with another kernel path bit for bit.
+#include "server/adamw_kernel.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <limits>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "optstate/dtype.h"
+#include "tests/reference_adamw.h"
+#include "tests/unit/test_seed.h"
+
+namespace optstate {
+namespace {
+
+namespace ref = ::optstate::testing;
+
+// 1 and 7 never reach the eight-wide loop; 1031 = 128*8 + 7 ends in a tail.
+constexpr size_t kSizes[] = {1, 7, 1031, size_t{1} << 20};
+
+// ---------------------------------------------------------------------------
+// Buffers with poisoned guard zones.
+
+// A float array between two guard zones of 0xFF bytes (a NaN pattern). The
+// data starts 68 bytes into a 16-byte aligned allocation, so the vector path
+// sees addresses that are not 32-byte aligned.
+class GuardedFloats {
+ public:
+  explicit GuardedFloats(const std::vector<float>& values)
+      : storage_(values.size() + 2 * kGuard), count_(values.size()) {
+    std::memset(storage_.data(), 0xFF, storage_.size() * sizeof(float));
+    std::memcpy(data(), values.data(), count_ * sizeof(float));
+  }
+
+  float* data() { return storage_.data() + kGuard; }
+  std::vector<float> ToVector() const {
+    return std::vector<float>(storage_.begin() + kGuard, storage_.begin() + kGuard + count_);
+  }
+  // True when nothing outside [data(), data() + count) was written.
+  bool GuardsIntact() const {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(storage_.data());
+    const size_t head = kGuard * sizeof(float);
+    const size_t tail_begin = (kGuard + count_) * sizeof(float);
+    const size_t total = storage_.size() * sizeof(float);
+    for (size_t i = 0; i < head; ++i) {
+      if (bytes[i] != 0xFF) return false;
+    }
+    for (size_t i = tail_begin; i < total; ++i) {
+      if (bytes[i] != 0xFF) return false;
+    }
+    return true;
+  }
+
+ private:
+  static constexpr size_t kGuard = 17;
+  std::vector<float> storage_;
+  size_t count_;
+};
+
+// Gradient bytes at an odd address (the kernel promises any alignment),
+// between guard zones the kernel must not touch.
+class GuardedGradient {
+ public:
+  explicit GuardedGradient(const std::vector<unsigned char>& bytes)
+      : storage_(bytes.size() + 2 * kGuard, 0xFF), count_(bytes.size()) {
+    std::memcpy(storage_.data() + kGuard, bytes.data(), count_);
+  }
+  const void* data() const { return storage_.data() + kGuard; }
+  bool GuardsIntact() const {
+    for (size_t i = 0; i < kGuard; ++i) {
+      if (storage_[i] != 0xFF || storage_[kGuard + count_ + i] != 0xFF) return false;
+    }
+    return true;
+  }
+
+ private:
+  static constexpr size_t kGuard = 33;
+  std::vector<unsigned char> storage_;
+  size_t count_;
+};
+
+// ---------------------------------------------------------------------------
+// Inputs.
+
+struct HyperparameterSet {
+  const char* name;
+  float lr, beta1, beta2, eps, weight_decay;
+};
+constexpr HyperparameterSet kTorchDefaults{"TorchDefaults", 1e-3f, 0.9f, 0.999f, 1e-8f, 1e-2f};
+constexpr HyperparameterSet kNonDefault{"NonDefault", 3e-3f, 0.8f, 0.95f, 1e-6f, 0.1f};
+
+AdamWStepInputs Inputs(const HyperparameterSet& h, uint64_t step, float grad_scale = 1.0f) {
+  AdamWStepInputs in;
+  in.lr = h.lr;
+  in.beta1 = h.beta1;
+  in.beta2 = h.beta2;
+  in.eps = h.eps;
+  in.weight_decay = h.weight_decay;
+  in.step = step;
+  in.grad_scale = grad_scale;
+  return in;
+}
+
+// The reference gets exactly the hyperparameters the kernel gets: the float
+// values, widened to double.
+ref::ReferenceHyperparameters Reference(const HyperparameterSet& h) {
+  ref::ReferenceHyperparameters r;
+  r.lr = h.lr;
+  r.beta1 = h.beta1;
+  r.beta2 = h.beta2;
+  r.eps = h.eps;
+  r.weight_decay = h.weight_decay;
+  return r;
+}
+
+struct FloatState {
+  std::vector<float> p, m, v;
+};
+
+// p ~ N(0,1), m ~ N(0,1e-2), v = |N(0,1e-4)| (standard deviations).
+FloatState RandomState(size_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> param(0.0f, 1.0f), first(0.0f, 1e-2f), second(0.0f, 1e-4f);
+  FloatState s{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
+  for (size_t i = 0; i < n; ++i) {
+    s.p[i] = param(rng);
+    s.m[i] = first(rng);
+    s.v[i] = std::fabs(second(rng));
+  }
+  return s;
+}
+
+std::vector<float> RandomGradient(size_t n, std::mt19937_64& rng, float stddev = 1e-2f) {
+  std::normal_distribution<float> dist(0.0f, stddev);
+  std::vector<float> g(n);
+  for (float& x : g) x = dist(rng);
+  return g;
+}
+
+// Gradients for long runs: each step draws a fresh random offset into a pool
+// of N(0, stddev) values and fresh random signs, which keeps every element
+// normally distributed and each step different at a fraction of the cost of
+// drawing a million normals per step.
+class GradientStream {
+ public:
+  GradientStream(size_t n, std::mt19937_64& rng, float stddev = 1e-2f)
+      : pool_(RandomGradient(n + 4099, rng, stddev)), rng_(rng) {}
+
+  std::vector<float> Next(size_t n) {
+    const size_t offset = std::uniform_int_distribution<size_t>(0, pool_.size() - 1)(rng_);
+    std::vector<float> g(n);
+    uint64_t signs = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (i % 64 == 0) signs = rng_();
+      const float x = pool_[(offset + i) % pool_.size()];
+      g[i] = (signs >> (i % 64)) & 1 ? -x : x;
+    }
+    return g;
+  }
+
+ private:
+  std::vector<float> pool_;
+  std::mt19937_64& rng_;
+};
+
+uint64_t RandomStep(std::mt19937_64& rng) {
+  return std::uniform_int_distribution<uint64_t>(1, 10000)(rng);
+}
+
+std::vector<double> Widen(const std::vector<float>& values) {
+  return std::vector<double>(values.begin(), values.end());
+}
+
+ref::ReferenceState WidenState(const FloatState& s) {
+  return ref::ReferenceState{Widen(s.p), Widen(s.m), Widen(s.v)};
+}
+
+// ---------------------------------------------------------------------------
+// Gradient encodings, built and widened without optstate's dtype code.
+
+std::vector<unsigned char> Float32Bytes(const std::vector<float>& g) {
+  std::vector<unsigned char> bytes(g.size() * 4);
+  std::memcpy(bytes.data(), g.data(), bytes.size());
+  return bytes;
+}
+
+// bfloat16 by truncation: any bf16 bits will do as kernel input.
+std::vector<unsigned char> BFloat16Bytes(const std::vector<float>& g) {
+  std::vector<unsigned char> bytes(g.size() * 2);
+  for (size_t i = 0; i < g.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &g[i], 4);
+    const uint16_t h = static_cast<uint16_t>(bits >> 16);
+    std::memcpy(bytes.data() + 2 * i, &h, 2);
+  }
+  return bytes;
+}
+
+// float16 bits for values of g's magnitude. Exponent and mantissa are cut
+// from the float (values under 2^-14 become subnormal halves), so any finite
+// half pattern is a legitimate kernel input; no optstate code is involved.
+uint16_t TruncateToHalf(float x) {
+  const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
+  const double a = std::fabs(static_cast<double>(x));
+  if (a >= 65504.0) return sign | 0x7bff;
+  if (a < std::ldexp(1.0, -14)) return sign | static_cast<uint16_t>(a * std::ldexp(1.0, 24));
+  int e;
+  const double f = std::frexp(a, &e);  // a = f * 2^e, f in [0.5, 1)
+  const uint16_t mantissa = static_cast<uint16_t>((f * 2.0 - 1.0) * 1024.0);
+  return sign | static_cast<uint16_t>((e - 1 + 15) << 10) | mantissa;
+}
+
+std::vector<unsigned char> Float16Bytes(const std::vector<float>& g) {
+  std::vector<unsigned char> bytes(g.size() * 2);
+  for (size_t i = 0; i < g.size(); ++i) {
+    const uint16_t h = TruncateToHalf(g[i]);
+    std::memcpy(bytes.data() + 2 * i, &h, 2);
+  }
+  return bytes;
+}
+
+std::vector<unsigned char> EncodeGradient(const std::vector<float>& g, WireType type) {
+  switch (type) {
+    case WireType::kFloat32: return Float32Bytes(g);
+    case WireType::kBFloat16: return BFloat16Bytes(g);
+    case WireType::kFloat16: return Float16Bytes(g);
+  }
+  return {};
+}
+
+// IEEE binary16 value of `h`, by its definition.
+float WidenHalfByDefinition(uint16_t h) {
+  const int exponent = (h >> 10) & 0x1f;
+  const int mantissa = h & 0x3ff;
+  if (exponent == 0x1f && mantissa != 0) return std::numeric_limits<float>::quiet_NaN();
+  const double magnitude = exponent == 0x1f ? std::numeric_limits<double>::infinity()
+                           : exponent == 0  ? std::ldexp(mantissa, -24)
+                                            : std::ldexp(1024 + mantissa, exponent - 25);
+  return static_cast<float>((h & 0x8000) ? -magnitude : magnitude);
+}
+
+// The float32 values the narrow gradient bytes stand for (exact widening).
+std::vector<float> WidenGradient(const std::vector<unsigned char>& bytes, WireType type) {
+  if (type == WireType::kFloat32) {
+    std::vector<float> g(bytes.size() / 4);
+    std::memcpy(g.data(), bytes.data(), bytes.size());
+    return g;
+  }
+  std::vector<float> g(bytes.size() / 2);
+  for (size_t i = 0; i < g.size(); ++i) {
+    uint16_t h;
+    std::memcpy(&h, bytes.data() + 2 * i, 2);
+    if (type == WireType::kBFloat16) {
+      const uint32_t bits = static_cast<uint32_t>(h) << 16;
+      std::memcpy(&g[i], &bits, 4);
+    } else {
+      g[i] = WidenHalfByDefinition(h);
+    }
+  }
+  return g;
+}
+
+// ---------------------------------------------------------------------------
+// Running the kernel.
+
+enum class Path { kDispatch, kScalar };
+
+// p, m and v in guarded buffers, stepped in place by one kernel path.
+class KernelState {
+ public:
+  explicit KernelState(const FloatState& s) : p_(s.p), m_(s.m), v_(s.v), count_(s.p.size()) {}
+
+  void Step(Path path, const AdamWConstants& c, const std::vector<unsigned char>& grad,
+            WireType type) {
+    GuardedGradient guarded(grad);
+    if (path == Path::kDispatch) {
+      AdamWUpdate(c, p_.data(), m_.data(), v_.data(), guarded.data(), type, count_);
+    } else {
+      AdamWUpdateScalar(c, p_.data(), m_.data(), v_.data(), guarded.data(), type, count_);
+    }
+    gradient_guards_intact_ &= guarded.GuardsIntact();
+  }
+
+  std::vector<float> p() const { return p_.ToVector(); }
+  std::vector<float> m() const { return m_.ToVector(); }
+  std::vector<float> v() const { return v_.ToVector(); }
+  bool GuardsIntact() const {
+    return p_.GuardsIntact() && m_.GuardsIntact() && v_.GuardsIntact() && gradient_guards_intact_;
+  }
+
+ private:
+  GuardedFloats p_, m_, v_;
+  size_t count_;
+  bool gradient_guards_intact_ = true;
+};
+
+bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Index of the first element whose bits differ, or a.size().
+size_t FirstBitDifference(const std::vector<float>& a, const std::vector<float>& b) {
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return i;
+  }
+  return a.size();
+}
+
+void ExpectBitwiseEqualState(const KernelState& got, const KernelState& want) {
+  for (auto [name, a, b] : {std::make_tuple("p", got.p(), want.p()),
+                            std::make_tuple("m", got.m(), want.m()),
+                            std::make_tuple("v", got.v(), want.v())}) {
+    const size_t i = FirstBitDifference(a, b);
+    EXPECT_EQ(i, a.size()) << name << " differs first at element " << i << ": "
+                           << (i < a.size() ? a[i] : 0.0f) << " vs "
+                           << (i < b.size() ? b[i] : 0.0f);
+  }
+}
+
+// The kernel works in place, so an element it skipped still holds its input
+// (the guards catch writes outside the array). Counts the elements that the
+// reference moved by more than four float ulps but the kernel left unchanged.
+size_t CountUnwritten(const std::vector<float>& before, const std::vector<float>& after,
+                      const std::vector<double>& reference) {
+  size_t unwritten = 0;
+  for (size_t i = 0; i < before.size(); ++i) {
+    const float magnitude = std::fabs(before[i]);
+    const double ulp =
+        std::nextafter(magnitude, std::numeric_limits<float>::infinity()) - magnitude;
+    const bool must_move = std::fabs(reference[i] - before[i]) > 4 * ulp;
+    if (must_move && std::memcmp(&before[i], &after[i], sizeof(float)) == 0) ++unwritten;
+  }
+  return unwritten;
+}
+
+// Prints a measured error ("rel p 5.1e-08") and records it in the XML output.
+void Report(const std::string& what, double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2g", value);
+  std::cout << "    " << what << " " << text << "\n";
+  std::string key = what;
+  std::replace(key.begin(), key.end(), ' ', '_');
+  ::testing::Test::RecordProperty(key, text);
+}
+
+// How large the operands of each update are, element by element:
+// |p*decay| + |update|, |beta1*m| + |(1-beta1)*g| and beta2*v + (1-beta2)*g^2.
+// A correctly rounded kernel's error is a few ulps of these, however much
+// the operands cancel in the result.
+ref::ReferenceState OperandMagnitudes(const ref::ReferenceHyperparameters& h, uint64_t t,
+                                      const std::vector<double>& grad, const FloatState& before) {
+  const double step_size = h.lr / (1.0 - std::pow(h.beta1, static_cast<double>(t)));
+  const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(h.beta2, static_cast<double>(t)));
+  ref::ReferenceState out{std::vector<double>(grad.size()), std::vector<double>(grad.size()),
+                          std::vector<double>(grad.size())};
+  for (size_t i = 0; i < grad.size(); ++i) {
+    const double m = h.beta1 * before.m[i] + (1.0 - h.beta1) * grad[i];
+    const double v = h.beta2 * before.v[i] + (1.0 - h.beta2) * grad[i] * grad[i];
+    const double update = step_size * m / (std::sqrt(v) / bias_correction2_sqrt + h.eps);
+    out.params[i] = std::fabs(before.p[i] * (1.0 - h.lr * h.weight_decay)) + std::fabs(update);
+    out.exp_avg[i] = std::fabs(h.beta1 * before.m[i]) + std::fabs((1.0 - h.beta1) * grad[i]);
+    out.exp_avg_sq[i] = v;
+  }
+  return out;
+}
+
+// ||out - ref|| / ||operand magnitudes||.
+double OperandRelativeError(const std::vector<float>& out, const std::vector<double>& reference,
+                            const std::vector<double>& magnitudes) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double d = static_cast<double>(out[i]) - reference[i];
+    diff += d * d;
+    norm += magnitudes[i] * magnitudes[i];
+  }
+  return std::sqrt(diff) / std::sqrt(norm);
+}
+
+// The one-step contract, against the reference step from `before` with
+// gradient `grad`: every element written, nothing written outside the
+// arrays, and for p, m and v
+//  - ||out - ref|| / ||ref|| <= 1e-6 when there are several elements. With a
+//    single element this is a per-element relative bound, which m's update
+//    defeats: beta1*m and (1-beta1)*g cancel to near zero in about 1% of
+//    random draws, and a kernel exact to the last ulp then measures ~2e-6;
+//  - ||out - ref|| / ||operand magnitudes|| <= 1e-6 at every size.
+void ExpectOneStepMatchesReference(const KernelState& kernel, const FloatState& before,
+                                   const ref::ReferenceHyperparameters& h, uint64_t t,
+                                   const std::vector<double>& grad) {
+  ref::ReferenceState reference = WidenState(before);
+  ref::ReferenceAdamWStep(h, t, grad, &reference);
+  const ref::ReferenceState magnitudes = OperandMagnitudes(h, t, grad, before);
+  const std::vector<float> p = kernel.p(), m = kernel.m(), v = kernel.v();
+  for (auto [name, out, want, size] :
+       {std::make_tuple("p", &p, &reference.params, &magnitudes.params),
+        std::make_tuple("m", &m, &reference.exp_avg, &magnitudes.exp_avg),
+        std::make_tuple("v", &v, &reference.exp_avg_sq, &magnitudes.exp_avg_sq)}) {
+    const double rel = ref::RelativeL2Error(*out, *want);
+    const double operand_rel = OperandRelativeError(*out, *want, *size);
+    Report(std::string("rel ") + name, rel);
+    Report(std::string("operand rel ") + name, operand_rel);
+    if (out->size() > 1) {
+      EXPECT_LE(rel, 1e-6) << name;
+    }
+    EXPECT_LE(operand_rel, 1e-6) << name;
+  }
+  EXPECT_EQ(CountUnwritten(before.p, p, reference.params), 0u) << "p elements left unwritten";
+  EXPECT_EQ(CountUnwritten(before.m, m, reference.exp_avg), 0u) << "m elements left unwritten";
+  EXPECT_EQ(CountUnwritten(before.v, v, reference.exp_avg_sq), 0u) << "v elements left unwritten";
+  EXPECT_TRUE(kernel.GuardsIntact()) << "the kernel wrote outside its arrays";
+}
+
+}  // namespace
+
+// Readable parameter values in test listings.
+static void PrintTo(WireType type, std::ostream* os) { *os << WireTypeName(type); }
+
+namespace {
+
+void PrintTo(const HyperparameterSet& h, std::ostream* os) { *os << h.name; }
+
+std::string SizeName(size_t n) { return "Size" + std::to_string(n); }
+
+std::string TypeName(WireType type) {
+  switch (type) {
+    case WireType::kFloat32: return "Float32";
+    case WireType::kBFloat16: return "BFloat16";
+    case WireType::kFloat16: return "Float16";
+  }
+  return "Unknown";
+}
+
+// ---------------------------------------------------------------------------
+// Against the float64 reference, per size and hyperparameter set.
+
+class AdamWKernelVsReference
+    : public ::testing::TestWithParam<std::tuple<size_t, HyperparameterSet>> {};
+
+TEST_P(AdamWKernelVsReference, OneStepFromRandomStateIsWithinRelativeL2Of1e6) {
+  const auto [n, hyper] = GetParam();
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  const FloatState before = RandomState(n, rng);
+  const std::vector<float> grad = RandomGradient(n, rng);
+  const uint64_t t = RandomStep(rng);
+  SCOPED_TRACE("t " + std::to_string(t));
+
+  KernelState kernel(before);
+  kernel.Step(Path::kDispatch, ComputeAdamWConstants(Inputs(hyper, t)), Float32Bytes(grad),
+              WireType::kFloat32);
+  ExpectOneStepMatchesReference(kernel, before, Reference(hyper), t, Widen(grad));
+}
+
+// The error after 100 steps is dominated by decay = 1 - lr*wd rounded to
+// float, the rounding an fp32 `p.mul_(1 - lr*wd)` makes too: 1.4e-8 relative
+// per step with torch's defaults, so rel p ~ 1.4e-6 after 100 steps.
+TEST_P(AdamWKernelVsReference, HundredStepsFromZeroMomentsStayWithinL2AndMaxBounds) {
+  const auto [n, hyper] = GetParam();
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  FloatState before = RandomState(n, rng);
+  std::fill(before.m.begin(), before.m.end(), 0.0f);  // As torch initialises them.
+  std::fill(before.v.begin(), before.v.end(), 0.0f);
+
+  KernelState kernel(before);
+  ref::ReferenceState reference = WidenState(before);
+  GradientStream gradients(n, rng);
+  for (uint64_t t = 1; t <= 100; ++t) {
+    const std::vector<float> grad = gradients.Next(n);
+    kernel.Step(Path::kDispatch, ComputeAdamWConstants(Inputs(hyper, t)), Float32Bytes(grad),
+                WireType::kFloat32);
+    ref::ReferenceAdamWStep(Reference(hyper), t, Widen(grad), &reference);
+  }
+
+  const std::vector<float> p = kernel.p();
+  const double rel_p = ref::RelativeL2Error(p, reference.params);
+  const double max_p = ref::MaxAbsError(p, reference.params);
+  Report("rel p", rel_p);
+  Report("max abs p", max_p);
+  Report("rel m", ref::RelativeL2Error(kernel.m(), reference.exp_avg));
+  Report("rel v", ref::RelativeL2Error(kernel.v(), reference.exp_avg_sq));
+  // A single parameter can end the run near zero (one run in about two
+  // thousand does), where ||p - ref|| / ||ref|| becomes a per-element
+  // relative bound; there the absolute bound is the meaningful one.
+  if (n > 1) {
+    EXPECT_LE(rel_p, 1e-5);
+  }
+  EXPECT_LE(max_p, 1e-4);
+  EXPECT_TRUE(kernel.GuardsIntact()) << "the kernel wrote outside its arrays";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    SizesAndHyperparameters, AdamWKernelVsReference,
+    ::testing::Combine(::testing::ValuesIn(kSizes),
+                       ::testing::Values(kTorchDefaults, kNonDefault)),
+    [](const auto& info) {
+      return SizeName(std::get<0>(info.param)) + "_" + std::get<1>(info.param).name;
+    });
+
+// ---------------------------------------------------------------------------
+// grad_scale, per size.
+
+class AdamWKernelGradScale : public ::testing::TestWithParam<size_t> {};
+
+// Loss-scale unscaling: gradients carry a factor 3000 that grad_scale removes.
+TEST_P(AdamWKernelGradScale, GradScaleIsMultipliedIntoTheGradient) {
+  const size_t n = GetParam();
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  const FloatState before = RandomState(n, rng);
+  const std::vector<float> scaled_grad = RandomGradient(n, rng, 1e-2f * 3000.0f);
+  const float grad_scale = 1.0f / 3000.0f;
+  const uint64_t t = RandomStep(rng);
+
+  KernelState kernel(before);
+  kernel.Step(Path::kDispatch, ComputeAdamWConstants(Inputs(kNonDefault, t, grad_scale)),
+              Float32Bytes(scaled_grad), WireType::kFloat32);
+  std::vector<double> unscaled(n);
+  for (size_t i = 0; i < n; ++i) unscaled[i] = static_cast<double>(scaled_grad[i]) * grad_scale;
+  ExpectOneStepMatchesReference(kernel, before, Reference(kNonDefault), t, unscaled);
+}
+
+// The header's first formula, g = grad * grad_scale, taken literally: scaling
+// first in float and passing grad_scale = 1 gives the same bits.
+TEST_P(AdamWKernelGradScale, ScaledGradientEqualsPrescaledGradientWithScaleOneBitwise) {
+  const size_t n = GetParam();
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  const FloatState before = RandomState(n, rng);
+  const std::vector<float> grad = RandomGradient(n, rng);
+  const float grad_scale = 0.37f;
+  std::vector<float> prescaled(n);
+  for (size_t i = 0; i < n; ++i) prescaled[i] = grad[i] * grad_scale;
+  const uint64_t t = RandomStep(rng);
+
+  KernelState scaled(before), unscaled(before);
+  scaled.Step(Path::kDispatch, ComputeAdamWConstants(Inputs(kTorchDefaults, t, grad_scale)),
+              Float32Bytes(grad), WireType::kFloat32);
+  unscaled.Step(Path::kDispatch, ComputeAdamWConstants(Inputs(kTorchDefaults, t, 1.0f)),
+                Float32Bytes(prescaled), WireType::kFloat32);
+
+  ExpectBitwiseEqualState(scaled, unscaled);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, AdamWKernelGradScale, ::testing::ValuesIn(kSizes),
+                         [](const auto& info) { return SizeName(info.param); });
+
+// ---------------------------------------------------------------------------
+// Vector and scalar paths, per size, gradient type and grad_scale.
+
+class AdamWKernelPaths
+    : public ::testing::TestWithParam<std::tuple<size_t, WireType, float>> {};
+
+TEST_P(AdamWKernelPaths, VectorPathEqualsScalarPathBitwise) {
+  if (!AdamWUsesAvx2()) GTEST_SKIP() << "no AVX2+F16C here: AdamWUpdate is the scalar path";
+  const auto [n, type, grad_scale] = GetParam();
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  const FloatState before = RandomState(n, rng);
+  const std::vector<unsigned char> grad = EncodeGradient(RandomGradient(n, rng), type);
+  const AdamWConstants c = ComputeAdamWConstants(Inputs(kNonDefault, RandomStep(rng), grad_scale));
+
+  KernelState vector_path(before), scalar_path(before);
+  vector_path.Step(Path::kDispatch, c, grad, type);
+  scalar_path.Step(Path::kScalar, c, grad, type);
+
+  ExpectBitwiseEqualState(vector_path, scalar_path);
+  EXPECT_TRUE(vector_path.GuardsIntact()) << "the vector path wrote outside its arrays";
+  EXPECT_TRUE(scalar_path.GuardsIntact()) << "the scalar path wrote outside its arrays";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    SizesTypesAndScales, AdamWKernelPaths,
+    ::testing::Combine(::testing::ValuesIn(kSizes),
+                       ::testing::Values(WireType::kFloat32, WireType::kBFloat16,
+                                         WireType::kFloat16),
+                       ::testing::Values(1.0f, 0.37f)),
+    [](const auto& info) {
+      return SizeName(std::get<0>(info.param)) + "_" + TypeName(std::get<1>(info.param)) +
+             (std::get<2>(info.param) == 1.0f ? "_ScaleOne" : "_Scaled");
+    });
+
+// ---------------------------------------------------------------------------
+// bfloat16 and float16 gradients, per size and type.
+
+class AdamWKernelNarrowGradient
+    : public ::testing::TestWithParam<std::tuple<size_t, WireType>> {};
+
+TEST_P(AdamWKernelNarrowGradient, EqualsTheKernelFedTheExactlyWidenedFloat32GradientBitwise) {
+  const auto [n, type] = GetParam();
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  const FloatState before = RandomState(n, rng);
+  const std::vector<unsigned char> narrow = EncodeGradient(RandomGradient(n, rng), type);
+  const std::vector<float> widened = WidenGradient(narrow, type);
+  const AdamWConstants c = ComputeAdamWConstants(Inputs(kNonDefault, RandomStep(rng)));
+
+  for (Path path : {Path::kDispatch, Path::kScalar}) {
+    SCOPED_TRACE(path == Path::kDispatch ? "AdamWUpdate" : "AdamWUpdateScalar");
+    KernelState from_narrow(before), from_float32(before);
+    from_narrow.Step(path, c, narrow, type);
+    from_float32.Step(path, c, Float32Bytes(widened), WireType::kFloat32);
+    ExpectBitwiseEqualState(from_narrow, from_float32);
+  }
+}
+
+TEST_P(AdamWKernelNarrowGradient, OneStepIsWithinRelativeL2Of1e6OfReferenceOnWidenedValues) {
+  const auto [n, type] = GetParam();
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  const FloatState before = RandomState(n, rng);
+  const std::vector<unsigned char> narrow = EncodeGradient(RandomGradient(n, rng), type);
+  const uint64_t t = RandomStep(rng);
+  SCOPED_TRACE("t " + std::to_string(t));
+
+  KernelState kernel(before);
+  kernel.Step(Path::kDispatch, ComputeAdamWConstants(Inputs(kTorchDefaults, t)), narrow, type);
+  ExpectOneStepMatchesReference(kernel, before, Reference(kTorchDefaults), t,
+                                Widen(WidenGradient(narrow, type)));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    SizesAndTypes, AdamWKernelNarrowGradient,
+    ::testing::Combine(::testing::ValuesIn(kSizes),
+                       ::testing::Values(WireType::kBFloat16, WireType::kFloat16)),
+    [](const auto& info) {
+      return SizeName(std::get<0>(info.param)) + "_" + TypeName(std::get<1>(info.param));
+    });
+
+// The half encoder above must itself be right for the tests to mean anything.
+TEST(AdamWKernelTestInputs, TruncatedHalvesWidenToWithinOneHalfPrecisionUlp) {
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  for (float x : RandomGradient(100000, rng)) {
+    const double widened = WidenHalfByDefinition(TruncateToHalf(x));
+    const double ulp = std::max(std::ldexp(1.0, -24), std::ldexp(std::fabs(widened), -10));
+    ASSERT_LE(std::fabs(widened - x), ulp) << "x " << x;
+    ASSERT_EQ(std::signbit(widened), std::signbit(x)) << "x " << x;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// FindNonFiniteGradient, per gradient type.
+
+// Writes a raw element (32 bits for float32, the low 16 otherwise).
+void PutRaw(std::vector<unsigned char>& bytes, WireType type, size_t i, uint32_t raw) {
+  if (type == WireType::kFloat32) {
+    std::memcpy(bytes.data() + 4 * i, &raw, 4);
+  } else {
+    const uint16_t h = static_cast<uint16_t>(raw);
+    std::memcpy(bytes.data() + 2 * i, &h, 2);
+  }
+}
+
+struct SpecialValues {
+  std::vector<uint32_t> nans;
+  uint32_t plus_infinity, minus_infinity;
+  uint32_t largest_finite;  // Overflows once multiplied by `overflow_scale`.
+  float overflow_scale;
+};
+
+SpecialValues Specials(WireType type) {
+  switch (type) {
+    case WireType::kFloat32:
+      return {{0x7fc00000u, 0x7f800001u, 0xffc00000u, 0xffffffffu}, 0x7f800000u, 0xff800000u,
+              0x7f7fffffu, 2.0f};
+    case WireType::kBFloat16:
+      return {{0x7fc0u, 0x7f81u, 0xffc0u, 0xffffu}, 0x7f80u, 0xff80u, 0x7f7fu, 2.0f};
+    case WireType::kFloat16:
+      return {{0x7e00u, 0x7c01u, 0xfe00u, 0xffffu}, 0x7c00u, 0xfc00u, 0x7bffu, 1e34f};
+  }
+  return {};
+}
+
+// Element indices worth poisoning in a 3003-element gradient: the ends, both
+// sides of 8-, 256- and 1024-element boundaries, and the 3-element tail
+// behind the last whole vector.
+constexpr size_t kCheckCount = 3003;
+constexpr size_t kCheckPositions[] = {0,    1,    7,    8,    255,  256,  1023, 1024,
+                                      1025, 2047, 2048, 2999, 3000, 3001, 3002};
+
+class FindNonFiniteGradientTest : public ::testing::TestWithParam<WireType> {
+ protected:
+  std::vector<unsigned char> FiniteGradient(std::mt19937_64& rng) {
+    return EncodeGradient(RandomGradient(kCheckCount, rng, 1.0f), GetParam());
+  }
+};
+
+TEST_P(FindNonFiniteGradientTest, ReturnsCountWhenEveryElementIsFinite) {
+  const WireType type = GetParam();
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  std::vector<unsigned char> grad = FiniteGradient(rng);
+  PutRaw(grad, type, 5, Specials(type).largest_finite);  // Finite at scale 1.
+  GuardedGradient guarded(grad);
+  EXPECT_EQ(FindNonFiniteGradient(guarded.data(), type, kCheckCount, 1.0f), kCheckCount);
+  EXPECT_EQ(FindNonFiniteGradient(guarded.data(), type, 0, 1.0f), 0u);
+}
+
+TEST_P(FindNonFiniteGradientTest, FindsTheFirstNaN) {
+  const WireType type = GetParam();
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  const SpecialValues specials = Specials(type);
+  for (size_t first : kCheckPositions) {
+    for (uint32_t nan : specials.nans) {
+      std::vector<unsigned char> grad = FiniteGradient(rng);
+      PutRaw(grad, type, first, nan);
+      if (first + 1 < kCheckCount) PutRaw(grad, type, kCheckCount - 1, specials.plus_infinity);
+      GuardedGradient guarded(grad);
+      EXPECT_EQ(FindNonFiniteGradient(guarded.data(), type, kCheckCount, 1.0f), first)
+          << "NaN bits 0x" << std::hex << nan;
+    }
+  }
+}
+
+TEST_P(FindNonFiniteGradientTest, FindsTheFirstInfinityOfEitherSign) {
+  const WireType type = GetParam();
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  const SpecialValues specials = Specials(type);
+  for (size_t first : kCheckPositions) {
+    for (uint32_t infinity : {specials.plus_infinity, specials.minus_infinity}) {
+      std::vector<unsigned char> grad = FiniteGradient(rng);
+      PutRaw(grad, type, first, infinity);
+      if (first + 1 < kCheckCount) PutRaw(grad, type, kCheckCount - 1, specials.nans[0]);
+      GuardedGradient guarded(grad);
+      EXPECT_EQ(FindNonFiniteGradient(guarded.data(), type, kCheckCount, 1.0f), first)
+          << "infinity bits 0x" << std::hex << infinity;
+    }
+  }
+}
+
+TEST_P(FindNonFiniteGradientTest, CatchesAFiniteGradientThatOverflowsAfterGradScale) {
+  const WireType type = GetParam();
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  const SpecialValues specials = Specials(type);
+  for (size_t first : kCheckPositions) {
+    std::vector<unsigned char> grad = FiniteGradient(rng);
+    PutRaw(grad, type, first, specials.largest_finite);
+    GuardedGradient guarded(grad);
+    EXPECT_EQ(FindNonFiniteGradient(guarded.data(), type, kCheckCount, 1.0f), kCheckCount)
+        << "finite before scaling";
+    EXPECT_EQ(FindNonFiniteGradient(guarded.data(), type, kCheckCount, specials.overflow_scale),
+              first)
+        << "largest finite value times " << specials.overflow_scale;
+  }
+}
+
+// Independent answer: widen each element, scale it, test it.
+size_t FirstNonFiniteByDefinition(const std::vector<unsigned char>& grad, WireType type,
+                                  float grad_scale) {
+  const std::vector<float> widened = WidenGradient(grad, type);
+  for (size_t i = 0; i < widened.size(); ++i) {
+    if (!std::isfinite(widened[i] * grad_scale)) return i;
+  }
+  return widened.size();
+}
+
+// Every size (tails included), random sparse NaN, infinity or overflow-prone
+// values, gradient at an odd address.
+TEST_P(FindNonFiniteGradientTest, MatchesTheElementwiseDefinitionOnRandomGradientsOfEverySize) {
+  const WireType type = GetParam();
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  const SpecialValues specials = Specials(type);
+  const std::vector<uint32_t> bad = {specials.nans[0], specials.nans[1], specials.plus_infinity,
+                                     specials.minus_infinity, specials.largest_finite};
+  for (size_t n : {size_t{1}, size_t{7}, size_t{8}, size_t{1031}, size_t{4099}}) {
+    for (int trial = 0; trial < 50; ++trial) {
+      std::vector<unsigned char> grad = EncodeGradient(RandomGradient(n, rng, 1.0f), type);
+      const int planted = std::uniform_int_distribution<int>(0, 3)(rng);
+      for (int k = 0; k < planted; ++k) {
+        PutRaw(grad, type, std::uniform_int_distribution<size_t>(0, n - 1)(rng),
+               bad[std::uniform_int_distribution<size_t>(0, bad.size() - 1)(rng)]);
+      }
+      const float grad_scale = trial % 2 ? specials.overflow_scale : 1.0f;
+      GuardedGradient guarded(grad);
+      ASSERT_EQ(FindNonFiniteGradient(guarded.data(), type, n, grad_scale),
+                FirstNonFiniteByDefinition(grad, type, grad_scale))
+          << n << " elements, trial " << trial << ", grad_scale " << grad_scale;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, FindNonFiniteGradientTest,
+                         ::testing::Values(WireType::kFloat32, WireType::kBFloat16,
+                                           WireType::kFloat16),
+                         [](const auto& info) { return TypeName(info.param); });
+
+// ---------------------------------------------------------------------------
+// ComputeAdamWConstants and hyperparameter edge cases.
+
+TEST(AdamWConstants, AreTheDoubleFormulasRoundedOnceToFloat) {
+  const AdamWStepInputs in = Inputs(kNonDefault, 37, 0.25f);
+  const AdamWConstants c = ComputeAdamWConstants(in);
+  const double lr = in.lr, b1 = in.beta1, b2 = in.beta2;
+  EXPECT_EQ(c.decay, static_cast<float>(1.0 - lr * static_cast<double>(in.weight_decay)));
+  EXPECT_EQ(c.beta1, in.beta1);
+  EXPECT_EQ(c.one_minus_beta1, static_cast<float>(1.0 - b1));
+  EXPECT_EQ(c.beta2, in.beta2);
+  EXPECT_EQ(c.one_minus_beta2, static_cast<float>(1.0 - b2));
+  EXPECT_EQ(c.step_size, static_cast<float>(lr / (1.0 - std::pow(b1, 37.0))));
+  EXPECT_EQ(c.bias_correction2_sqrt, static_cast<float>(std::sqrt(1.0 - std::pow(b2, 37.0))));
+  EXPECT_EQ(c.eps, in.eps);
+  EXPECT_EQ(c.grad_scale, 0.25f);
+}
+
+TEST(AdamWConstants, FirstStepFromZeroMomentsMatchesReference) {
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  FloatState before = RandomState(1031, rng);
+  std::fill(before.m.begin(), before.m.end(), 0.0f);
+  std::fill(before.v.begin(), before.v.end(), 0.0f);
+  const std::vector<float> grad = RandomGradient(1031, rng);
+
+  KernelState kernel(before);
+  kernel.Step(Path::kDispatch, ComputeAdamWConstants(Inputs(kTorchDefaults, 1)),
+              Float32Bytes(grad), WireType::kFloat32);
+  ExpectOneStepMatchesReference(kernel, before, Reference(kTorchDefaults), 1, Widen(grad));
+}
+
+TEST(AdamWConstants, ZeroWeightDecayGivesDecayOfExactlyOneAndMatchesReference) {
+  HyperparameterSet no_decay = kNonDefault;
+  no_decay.weight_decay = 0.0f;
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  const FloatState before = RandomState(1031, rng);
+  const std::vector<float> grad = RandomGradient(1031, rng);
+  const uint64_t t = RandomStep(rng);
+  const AdamWConstants c = ComputeAdamWConstants(Inputs(no_decay, t));
+  EXPECT_EQ(c.decay, 1.0f);
+
+  KernelState kernel(before);
+  kernel.Step(Path::kDispatch, c, Float32Bytes(grad), WireType::kFloat32);
+  ExpectOneStepMatchesReference(kernel, before, Reference(no_decay), t, Widen(grad));
+}
+
+// Decoupled weight decay: with no gradient and no momentum the only change to
+// p is p *= 1 - lr*wd.
+TEST(AdamWConstants, WeightDecayAloneScalesParamsByOneMinusLrTimesWd) {
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  FloatState before = RandomState(1031, rng);
+  std::fill(before.m.begin(), before.m.end(), 0.0f);
+  const AdamWConstants c = ComputeAdamWConstants(Inputs(kNonDefault, 5));
+
+  KernelState kernel(before);
+  kernel.Step(Path::kDispatch, c, Float32Bytes(std::vector<float>(1031, 0.0f)),
+              WireType::kFloat32);
+
+  const std::vector<float> p = kernel.p(), m = kernel.m();
+  const double factor = 1.0 - static_cast<double>(kNonDefault.lr) * kNonDefault.weight_decay;
+  for (size_t i = 0; i < p.size(); ++i) {
+    ASSERT_EQ(p[i], before.p[i] * c.decay) << "element " << i;
+    ASSERT_NEAR(p[i], before.p[i] * factor, 1e-7 * std::fabs(before.p[i])) << "element " << i;
+    ASSERT_EQ(m[i], 0.0f) << "element " << i;
+  }
+}
+
+TEST(AdamWConstants, ZeroLearningRateLeavesParamsUnchangedButUpdatesMoments) {
+  HyperparameterSet frozen = kNonDefault;
+  frozen.lr = 0.0f;
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  const FloatState before = RandomState(1031, rng);
+  const std::vector<float> grad = RandomGradient(1031, rng);
+  const uint64_t t = RandomStep(rng);
+
+  KernelState kernel(before);
+  kernel.Step(Path::kDispatch, ComputeAdamWConstants(Inputs(frozen, t)), Float32Bytes(grad),
+              WireType::kFloat32);
+  ref::ReferenceState reference = WidenState(before);
+  ref::ReferenceAdamWStep(Reference(frozen), t, Widen(grad), &reference);
+
+  EXPECT_TRUE(BitwiseEqual(kernel.p(), before.p)) << "p moved with lr = 0";
+  const double rel_m = ref::RelativeL2Error(kernel.m(), reference.exp_avg);
+  const double rel_v = ref::RelativeL2Error(kernel.v(), reference.exp_avg_sq);
+  Report("rel m", rel_m);
+  Report("rel v", rel_v);
+  EXPECT_LE(rel_m, 1e-6);
+  EXPECT_LE(rel_v, 1e-6);
+  EXPECT_EQ(CountUnwritten(before.m, kernel.m(), reference.exp_avg), 0u);
+  EXPECT_EQ(CountUnwritten(before.v, kernel.v(), reference.exp_avg_sq), 0u);
+}
+
+}  // namespace
+}  // namespace optstate
