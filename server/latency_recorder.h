@@ -19,7 +19,8 @@ struct Percentiles {
 // Thread-safe. Percentiles are over the last `window` samples.
 class LatencyRecorder {
  public:
-  explicit LatencyRecorder(size_t window = 4096) : window_(window) {}
+  // A window of 0 is taken as 1.
+  explicit LatencyRecorder(size_t window = 4096) : window_(window == 0 ? 1 : window) {}
 
   void Record(double micros);
   Percentiles Summarize() const;

@@ -98,6 +98,16 @@ TEST(LatencyRecorder, OutlierLeavesThePercentilesOnceOutOfTheWindow) {
   EXPECT_EQ(recorder.Summarize().p50_us, 3);
 }
 
+TEST(LatencyRecorder, ZeroWindowKeepsTheLastSample) {
+  LatencyRecorder recorder(0);
+  recorder.Record(5.0);
+  recorder.Record(7.0);
+  const Percentiles p = recorder.Summarize();
+  EXPECT_EQ(p.p50_us, 7.0);
+  EXPECT_EQ(p.p99_us, 7.0);
+  EXPECT_EQ(p.samples, 2u);
+}
+
 TEST(LatencyRecorder, SamplesCountsEveryRecordNotOnlyTheWindow) {
   LatencyRecorder recorder(4);
   for (int i = 0; i < 37; ++i) recorder.Record(i);
