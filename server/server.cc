@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -61,6 +62,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (options.page_elements == 0 || options.page_elements % 64 != 0) {
     return absl::InvalidArgumentError("page size must be a positive multiple of 64 elements");
   }
+  // Debian's Abseil checks every Mutex acquisition for lock-order cycles
+  // (a graph lookup per lock: 1.3% of daemon CPU while stepping). Our lock
+  // order is fixed by construction (pages ascending), so skip the check.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   auto parts = std::make_unique<Parts>();
   int threads = options.threads;
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
