@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "server/log.h"
 
 namespace optstate {
 namespace {
@@ -86,6 +87,8 @@ absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& ke
     return placed;
   }
   groups_.emplace(key, *group);
+  Log(LogLevel::kInfo, "registered group '", key.name, "': ", config.num_elements, " elements, ",
+      (*group)->num_pages(), " pages, ", needed, " host bytes");
   return Registration{*group, true};
 }
 
@@ -116,6 +119,8 @@ absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key) {
   group->mark_deleted();
   backend_->DetachGroup(*group);
   for (uint64_t page = group->num_pages(); page-- > 0;) group->page_mutex(page).Unlock();
+  Log(LogLevel::kInfo, "deleted group '", key.name, "' at step ", group->MaxStep(), ", freeing ",
+      group->host_bytes(), " host bytes");
   return group->host_bytes();
 }
 
