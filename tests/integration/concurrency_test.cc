@@ -201,5 +201,55 @@ TEST(ConcurrencyTest, RefusedChunkEndsTheStreamAfterRepliesToEarlierChunks) {
   for (int i = 1; i < 4; ++i) EXPECT_EQ(outs[i], outs[0]) << names[i];
 }
 
+TEST(ConcurrencyTest, DeletingAGroupWhileItIsSteppedEndsInNotFoundWithoutHanging) {
+  auto daemon = DaemonProcess::Start({"--threads=2"});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto client = Client::Connect((*daemon)->target());
+  ASSERT_TRUE(client.ok());
+  constexpr size_t kElements = 262144 * 3;
+  ASSERT_TRUE((*client)->RegisterGroup("doomed", kElements).ok());
+  absl::Status last;
+  std::thread stepper([&] {
+    std::vector<float> grad(kElements, 0.01f), params(kElements);
+    for (uint64_t t = 1; t <= 1000; ++t) {
+      last = (*client)->Step("doomed", t, grad, absl::MakeSpan(params));
+      if (!last.ok()) return;
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE((*client)->DeleteGroup("doomed").ok());
+  stepper.join();
+  EXPECT_EQ(last.code(), absl::StatusCode::kNotFound) << last;
+  auto stats = (*client)->GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->host_bytes(), 0u);
+}
+
+TEST(ConcurrencyTest, RacingRegistrationsOfOneNameCreateItOnce) {
+  auto daemon = DaemonProcess::Start({"--threads=2"});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  constexpr int kClients = 6;
+  std::vector<absl::StatusOr<GroupInfo>> results(kClients, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  const std::vector<float> initial(262144 * 8, 0.5f);  // Large enough to overlap.
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      ClientOptions options;
+      options.initial_backoff = absl::Milliseconds(5);
+      options.max_attempts = 20;
+      auto client = Client::Connect((*daemon)->target(), options);
+      results[c] = client.ok() ? (*client)->RegisterGroup("contested", initial) : client.status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  int created = 0;
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->num_elements, initial.size());
+    created += r->created;
+  }
+  EXPECT_EQ(created, 1);
+}
+
 }  // namespace
 }  // namespace optstate::testing
