@@ -17,8 +17,10 @@ configure: deps
 build: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# Starts optstated in the foreground with defaults that work without a GPU.
-run: build
+# Builds only the daemon, then starts it in the foreground with defaults that
+# work without a GPU.
+run: configure
+	@cmake --build $(BUILD_DIR) -j $(JOBS) --target optstated
 	$(BUILD_DIR)/server/optstated --listen=$(LISTEN) $(ARGS)
 
 # Every test that needs no GPU (tests labelled gpu run via tests/gpu/run.sh).
