@@ -2,7 +2,11 @@
 // float64 reference and the project's scalar fp32 kernel.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include <cstdio>
 #include <iostream>
+#include <tuple>
 
 #include "optstate/client.h"
 #include "tests/integration/daemon_process.h"
@@ -170,6 +174,50 @@ TEST_F(EndToEndTest, DeletedGroupFreesMemoryAndLaterStepsAreNotFound) {
   EXPECT_EQ(stats->num_groups(), 0u);
   absl::Status s = client_->Step("gone", 2, grad, absl::MakeSpan(params));
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+}
+
+// Runs a shell command, returning its exit code and combined output.
+std::pair<int, std::string> RunCommand(const std::string& command) {
+  std::string output;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  char buffer[512];
+  while (pipe != nullptr && fgets(buffer, sizeof(buffer), pipe) != nullptr) output += buffer;
+  const int status = pipe == nullptr ? -1 : pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+TEST(DaemonFlagsTest, BackendCudaWithoutAUsableDeviceExitsNonZeroSayingWhy) {
+  // `timeout` ends a daemon that did start (a host with a GPU): then it must
+  // have said it runs the cuda backend.
+  auto [code, output] = RunCommand(std::string("timeout -s TERM 3 ") + OPTSTATED_PATH +
+                                   " --backend=cuda --listen=127.0.0.1:0");
+  if (output.find("backend: cuda") != std::string::npos) {
+    EXPECT_EQ(code, 0) << output;
+  } else {
+    EXPECT_EQ(code, 1) << output;
+    EXPECT_NE(output.find("FAILED_PRECONDITION: --backend=cuda"), std::string::npos) << output;
+    EXPECT_NE(output.find("use --backend=cpu"), std::string::npos) << output;
+  }
+}
+
+TEST(DaemonFlagsTest, UnknownBackendAndLogLevelAreRefused) {
+  auto [code, output] =
+      RunCommand(std::string(OPTSTATED_PATH) + " --backend=tpu --listen=127.0.0.1:0");
+  EXPECT_EQ(code, 1) << output;
+  EXPECT_NE(output.find("--backend must be auto, cpu or cuda"), std::string::npos) << output;
+  std::tie(code, output) = RunCommand(std::string(OPTSTATED_PATH) + " --log_level=loud");
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_NE(output.find("--log_level must be"), std::string::npos) << output;
+}
+
+TEST(DaemonFlagsTest, HelpDocumentsEveryFlag) {
+  auto [code, output] = RunCommand(std::string(OPTSTATED_PATH) + " --help");
+  for (const char* flag : {"--listen", "--backend", "--threads", "--max_host_bytes",
+                           "--max_message_bytes", "--log_level", "--paging",
+                           "--vram_reserved_bytes", "--vram_target_utilization",
+                           "--vram_total_bytes", "--staging_slots", "--staging_slot_bytes"}) {
+    EXPECT_NE(output.find(flag), std::string::npos) << flag;
+  }
 }
 
 }  // namespace
