@@ -122,8 +122,11 @@ absl::StatusOr<v1::RegisterGroupResponse> RegisterOnce(v1::OptimizerState::Stub&
   *request.mutable_spec() = spec;
   bool ok = writer->Write(request);
   if (ok && !values.empty()) {
+    const uint64_t page_bytes = page_elements * sizeof(float);
+    const uint64_t max_pages =
+        std::max<uint64_t>(1, (static_cast<uint64_t>(options.max_message_bytes) - 4096) / page_bytes);
     const uint64_t pages_per_chunk =
-        std::max<uint64_t>(1, options.chunk_bytes / (page_elements * sizeof(float)));
+        std::clamp<uint64_t>(options.chunk_bytes / page_bytes, 1, max_pages);
     const uint64_t chunk = pages_per_chunk * page_elements;
     for (uint64_t offset = 0; ok && offset < values.size(); offset += chunk) {
       const uint64_t count = std::min<uint64_t>(chunk, values.size() - offset);
@@ -165,21 +168,22 @@ v1::GroupSpec MakeSpec(const std::string& name, uint64_t num_elements, const Hyp
 absl::StatusOr<GroupInfo> Client::Register(const v1::GroupSpec& spec,
                                            absl::Span<const float> initial_values) {
   absl::Status last;
+  bool created = false;  // By any attempt: a retry finds the group existing.
   for (int attempt = 0; attempt < impl_->options.max_attempts; ++attempt) {
     if (attempt > 0) absl::SleepFor(Backoff(impl_->options, attempt));
     // The spec alone first: it tells the page size and whether values are due.
     absl::StatusOr<v1::RegisterGroupResponse> first =
         RegisterOnce(*impl_->stub, impl_->options, spec, {}, 0);
+    if (first.ok()) created |= first->created();
     if (first.ok() && first->group().pages_awaiting_values() > 0) {
       absl::StatusOr<v1::RegisterGroupResponse> filled =
           RegisterOnce(*impl_->stub, impl_->options, spec, initial_values,
                        first->group().page_elements());
-      if (filled.ok()) filled->set_created(first->created());
       first = std::move(filled);
     }
     if (first.ok()) {
       GroupInfo info = GroupInfoFromProto(first->group());
-      info.created = first->created();
+      info.created = created;
       impl_->Remember(info);
       return info;
     }

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client_internal.h"
@@ -175,10 +176,23 @@ absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
   if (options.lr && !(std::isfinite(*options.lr) && *options.lr >= 0)) {
     return absl::InvalidArgumentError("lr must be finite and >= 0");
   }
+  absl::flat_hash_set<absl::string_view> names;
+  for (const GroupStep& group : groups) {
+    if (!names.insert(group.group).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group '", group.group, "' is named twice in one step; a group takes one gradient "
+          "per step"));
+    }
+  }
   std::vector<PlannedChunk> pending;
   for (size_t g = 0; g < groups.size(); ++g) {
     const GroupStep& group = groups[g];
     absl::StatusOr<GroupInfo> layout = impl_->Layout(*this, group.group);
+    if (layout.ok() && group.gradient.size() != layout->num_elements) {
+      // The group may have been registered anew elsewhere: ask once more.
+      impl_->Forget(group.group);
+      layout = impl_->Layout(*this, group.group);
+    }
     if (!layout.ok()) return layout.status();
     if (group.gradient.size() != layout->num_elements) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -191,9 +205,24 @@ absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
           " elements; the group has ", layout->num_elements, " (or pass an empty span)"));
     }
     if (absl::Status s = CheckFinite(group, options); !s.ok()) return s;
+    // Whole pages per chunk: about chunk_bytes of gradient, and neither the
+    // request nor the reply (params may be wider than the gradient) past
+    // the message limit, less room for the other fields.
+    const uint64_t widest = std::max(WireTypeSize(options.gradient_dtype),
+                                     WireTypeSize(options.param_dtype));
+    const uint64_t max_pages =
+        (static_cast<uint64_t>(impl_->options.max_message_bytes) - 4096) /
+        (layout->page_elements * widest);
+    if (max_pages == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "one page of group '", group.group, "' (", layout->page_elements,
+          " elements) does not fit ClientOptions.max_message_bytes=",
+          impl_->options.max_message_bytes, "; raise it"));
+    }
     const uint64_t page_bytes = layout->page_elements * WireTypeSize(options.gradient_dtype);
-    const uint64_t chunk_elements =
-        std::max<uint64_t>(1, impl_->options.chunk_bytes / page_bytes) * layout->page_elements;
+    const uint64_t pages = std::clamp<uint64_t>(impl_->options.chunk_bytes / page_bytes, 1,
+                                                max_pages);
+    const uint64_t chunk_elements = pages * layout->page_elements;
     for (uint64_t offset = 0; offset < layout->num_elements; offset += chunk_elements) {
       pending.push_back({g, offset, std::min(chunk_elements, layout->num_elements - offset)});
     }
@@ -204,7 +233,14 @@ absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
     if (attempt > 0) absl::SleepFor(Backoff(impl_->options, attempt));
     last = RunStream(*impl_->stub, impl_->options, groups, step, options, &pending);
     if (last.ok()) return last;
-    if (!IsRetryable(last)) return last;
+    if (!IsRetryable(last)) {
+      // A group deleted or registered anew elsewhere: look its layout up again next time.
+      if (last.code() == absl::StatusCode::kNotFound ||
+          last.code() == absl::StatusCode::kInvalidArgument) {
+        for (const GroupStep& group : groups) impl_->Forget(group.group);
+      }
+      return last;
+    }
   }
   if (pending.empty()) return absl::OkStatus();
   return absl::Status(last.code(), absl::StrCat("step ", step, " failed after ",

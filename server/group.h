@@ -132,6 +132,13 @@ class Group {
   bool deleted() const { return deleted_.load(std::memory_order_acquire); }
   void mark_deleted() { deleted_.store(true, std::memory_order_release); }
 
+  // Set when a backend failed part-way through an update: some pages of the
+  // range may hold the new state while their step says otherwise, so a
+  // retry could apply them twice. Every later chunk is refused (DATA_LOSS);
+  // the group must be deleted and registered again.
+  bool broken() const { return broken_.load(std::memory_order_acquire); }
+  void mark_broken() { broken_.store(true, std::memory_order_release); }
+
   // Owned by the backend; set before the group is visible to steps.
   std::unique_ptr<BackendGroupState> backend_state;
 
@@ -152,6 +159,7 @@ class Group {
   std::atomic<uint64_t> pages_awaiting_values_;
   std::atomic<Placement> placement_{Placement::kHost};
   std::atomic<bool> deleted_{false};
+  std::atomic<bool> broken_{false};
   mutable GroupCounters counters_;
 };
 

@@ -1,7 +1,6 @@
 // RegisterGroup: the spec registers (idempotently), values chunks fill pages.
 #include "server/register_reactor.h"
 
-#include "absl/strings/str_cat.h"
 #include "server/proto_convert.h"
 
 namespace optstate {
@@ -51,14 +50,10 @@ void RegisterReactor::HandleMessage() {
   } else if (!request_.has_values()) {
     status = absl::InvalidArgumentError(
         "only the first RegisterGroup message may carry a spec; later ones carry values");
-  } else if (!group_->config().has_initial_values) {
-    status = absl::InvalidArgumentError(absl::StrCat(
-        "group '", group_->key().name,
-        "' was registered with has_initial_values=false; it takes no values"));
   } else {
     const v1::ValuesChunk& values = request_.values();
     absl::StatusOr<WireType> type = WireTypeFromProto(values.dtype(), "values.dtype");
-    status = type.ok() ? engine_->WriteInitialValues(group_->key(), values.offset(), *type,
+    status = type.ok() ? engine_->WriteInitialValues(*group_, values.offset(), *type,
                                                      values.data())
                        : type.status();
   }

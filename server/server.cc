@@ -114,10 +114,15 @@ const std::string& Server::backend_name() const { return parts_->backend_name; }
 const StepEngine& Server::engine() const { return *parts_->engine; }
 
 void Server::Shutdown(absl::Duration grace) {
+  bool first;
   {
     absl::MutexLock lock(&parts_->mu);
-    if (parts_->shut_down) return;
+    first = !parts_->shut_down;
     parts_->shut_down = true;
+  }
+  if (!first) {
+    parts_->done.WaitForNotification();  // Another caller is shutting down.
+    return;
   }
   parts_->grpc_server->Shutdown(std::chrono::system_clock::now() +
                                 absl::ToChronoMilliseconds(grace));

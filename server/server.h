@@ -40,7 +40,8 @@ class Server {
   const StepEngine& engine() const;  // For tests that inspect state.
 
   // Stops accepting calls, lets in-flight calls finish for up to `grace`,
-  // cancels the rest, then drains the worker pool. Idempotent.
+  // cancels the rest, then drains the worker pool. Idempotent; a concurrent
+  // second call returns when the first has finished.
   void Shutdown(absl::Duration grace);
   // Blocks until Shutdown has completed.
   void Wait();

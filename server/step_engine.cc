@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/log.h"
 
 namespace optstate {
 namespace {
@@ -67,6 +68,13 @@ absl::Status NotFoundAfterDelete(const Group& group) {
   return absl::NotFoundError(absl::StrCat("group '", group.key().name, "' was deleted"));
 }
 
+absl::Status BrokenGroup(const Group& group) {
+  return absl::DataLossError(absl::StrCat(
+      "group '", group.key().name,
+      "' failed part-way through an update and its state can no longer be trusted; delete it "
+      "and register it again"));
+}
+
 }  // namespace
 
 absl::StatusOr<StepChunkResult> StepEngine::ApplyChunk(const StepChunk& chunk,
@@ -114,6 +122,7 @@ absl::StatusOr<StepChunkResult> StepEngine::ApplyChunk(const StepChunk& chunk,
   {
     PageLocks locks(group, range->first_page, range->end_page);
     if (group.deleted()) return NotFoundAfterDelete(group);
+    if (group.broken()) return BrokenGroup(group);
     // Check every page before touching any, so a refusal changes nothing.
     for (uint64_t p = range->first_page; p < range->end_page; ++p) {
       if (!group.page_has_values(p)) {
@@ -149,7 +158,12 @@ absl::StatusOr<StepChunkResult> StepEngine::ApplyChunk(const StepChunk& chunk,
       absl::Status applied = backend_->Apply(
           group, begin, end, chunk.gradient.data() + (begin - chunk.offset) * grad_size,
           chunk.gradient_type, constants);
-      if (!applied.ok()) return applied;
+      if (!applied.ok()) {
+        // Part of the range may already hold the new state.
+        group.mark_broken();
+        Log(LogLevel::kError, "group '", group.key().name, "' is broken: ", applied.ToString());
+        return applied;
+      }
       for (uint64_t q = p; q < run_end; ++q) group.set_page_step(q, chunk.step);
       result.pages_applied += run_end - p;
       p = run_end;
@@ -180,13 +194,23 @@ absl::Status StepEngine::WriteInitialValues(const GroupKey& key, uint64_t offset
                                             absl::string_view data) {
   absl::StatusOr<std::shared_ptr<Group>> found = store_->Find(key);
   if (!found.ok()) return found.status();
-  Group& group = **found;
+  return WriteInitialValues(**found, offset, type, data);
+}
+
+absl::Status StepEngine::WriteInitialValues(Group& group, uint64_t offset, WireType type,
+                                            absl::string_view data) {
+  if (!group.config().has_initial_values) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group '", group.key().name,
+        "' was registered with has_initial_values=false; it takes no values"));
+  }
   absl::StatusOr<ChunkRange> range = ValidateRange(group, offset, type, data.size(), "values");
   if (!range.ok()) return range.status();
   const size_t bad = FindNonFiniteGradient(data.data(), type, range->count, 1.0f);
   if (bad != range->count) {
     return absl::InvalidArgumentError(absl::StrCat("initial value at element ", offset + bad,
-                                                   " of group '", key.name, "' is not finite"));
+                                                   " of group '", group.key().name,
+                                                   "' is not finite"));
   }
   PageLocks locks(group, range->first_page, range->end_page);
   if (group.deleted()) return NotFoundAfterDelete(group);

@@ -50,12 +50,19 @@ class StepEngine {
   // NOT_FOUND (no such group), INVALID_ARGUMENT (bad range, alignment, length
   // or values; non-finite gradient; bad lr or grad_scale) or
   // FAILED_PRECONDITION (a page lacks initial values, is behind step-1, or is
-  // past `step`), each message saying what to fix.
+  // past `step`), each message saying what to fix. DATA_LOSS once a backend
+  // failed part-way through an update of the group (it is then refused for
+  // good).
   absl::StatusOr<StepChunkResult> ApplyChunk(const StepChunk& chunk, std::string* params_out);
 
   // Writes initial parameter values to the pages of [offset, offset+n) that
   // are still at step 0; pages already stepped are left alone. Same range
-  // rules and codes as ApplyChunk; values must be finite.
+  // rules and codes as ApplyChunk; values must be finite, and the group must
+  // have been registered with has_initial_values. NOT_FOUND once `group` has
+  // been deleted (even if another group of that name exists now).
+  absl::Status WriteInitialValues(Group& group, uint64_t offset, WireType type,
+                                  absl::string_view data);
+  // The same for the group of that name.
   absl::Status WriteInitialValues(const GroupKey& group, uint64_t offset, WireType type,
                                   absl::string_view data);
 

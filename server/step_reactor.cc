@@ -156,6 +156,21 @@ void StepReactor::OnWriteDone(bool ok) {
   Advance(0);
 }
 
+void StepReactor::OnCancel() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (error_.ok()) {
+      error_ = absl::CancelledError("the call was cancelled");
+      error_seq_ = 0;  // Nothing more is written.
+    }
+    queued_.clear();
+    completed_.clear();
+    // The reply being written stays until OnWriteDone.
+    to_write_.erase(write_in_flight_ ? to_write_.begin() + 1 : to_write_.begin(), to_write_.end());
+  }
+  Advance(0);
+}
+
 void StepReactor::OnDone() { delete this; }
 
 }  // namespace optstate

@@ -26,7 +26,10 @@ namespace optstate {
 // step k and step k+1 of the same page. Replies go out in request order.
 // The first refused chunk ends the call with its status, after the replies to
 // every earlier chunk; it changed nothing, while later chunks of other groups
-// may already have been applied (resending them is a harmless replay).
+// may already have been applied. Resending those is a harmless replay, unless
+// the same stream also carried a later step of their group (then the resend
+// is refused as stale): a client that needs resends sends one step per
+// stream, as optstate::Client does.
 // No callback blocks: engine work runs on the pool, and gRPC calls are made
 // outside the reactor's mutex.
 class StepReactor : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
@@ -35,6 +38,8 @@ class StepReactor : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResp
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
+  // Stops dispatching queued chunks; those already on a worker finish.
+  void OnCancel() override;
   void OnDone() override;
 
  private:

@@ -118,6 +118,10 @@ template <typename G>
 cudaError_t Launch(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
                    size_t count, cudaStream_t stream) {
   const auto* g = static_cast<const typename G::Scalar*>(grad);
+  // Clear an error left pending by an earlier call on this thread, so the
+  // status returned is this launch's own (a stale one would fail a launch
+  // that ran).
+  (void)cudaGetLastError();
   const bool vector = Aligned(p, 16) && Aligned(m, 16) && Aligned(v, 16) &&
                       Aligned(grad, sizeof(typename G::Vec4));
   if (vector) {

@@ -89,7 +89,7 @@ class Client {
   // Applies step `step` (1, 2, ...) to every listed group in one stream and
   // fills their params_out. Refuses the whole step, sending nothing, with
   // INVALID_ARGUMENT when a gradient is not finite (after grad_scale and
-  // narrowing) or has the wrong length. On a transient failure it resends the
+  // narrowing) or has the wrong length, or a group is listed twice. On a transient failure it resends the
   // chunks not yet answered; the server applies each page exactly once, so a
   // retried or repeated step never applies an element twice.
   absl::Status Step(absl::Span<const GroupStep> groups, uint64_t step,

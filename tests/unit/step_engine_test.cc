@@ -1,0 +1,95 @@
+// StepEngine against a backend that fails part-way through a chunk: the group
+// is refused from then on, so no retry can apply a page twice.
+#include "server/step_engine.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <vector>
+
+#include "server/cpu_backend.h"
+
+namespace optstate {
+namespace {
+
+// Applies like the CPU backend, except that a range starting at or past
+// `fail_from` fails after the ranges before it were applied.
+class FailingBackend : public CpuBackend {
+ public:
+  explicit FailingBackend(ThreadPool* pool) : CpuBackend(pool) {}
+  absl::Status Apply(Group& group, uint64_t begin, uint64_t end, const void* grad,
+                     WireType grad_type, const AdamWConstants& constants) override {
+    if (begin >= fail_from.load()) return absl::InternalError("device fault (injected)");
+    return CpuBackend::Apply(group, begin, end, grad, grad_type, constants);
+  }
+  std::atomic<uint64_t> fail_from{UINT64_MAX};
+};
+
+class StepEngineTest : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kPage = 64;
+
+  StepEngineTest()
+      : pool_(2), backend_(&pool_), store_(&backend_, 1 << 30, kPage),
+        engine_(&store_, &backend_, &pool_) {}
+
+  absl::StatusOr<StepChunkResult> Step(uint64_t step, uint64_t offset,
+                                       const std::vector<float>& grad) {
+    StepChunk chunk;
+    chunk.group = GroupKey{"", "g"};
+    chunk.step = step;
+    chunk.offset = offset;
+    chunk.gradient = absl::string_view(reinterpret_cast<const char*>(grad.data()),
+                                       grad.size() * sizeof(float));
+    std::string params;
+    return engine_.ApplyChunk(chunk, &params);
+  }
+
+  ThreadPool pool_;
+  FailingBackend backend_;
+  StateStore store_;
+  StepEngine engine_;
+};
+
+TEST_F(StepEngineTest, BackendFailingPartWayMarksTheGroupBrokenAndRefusesLaterChunks) {
+  GroupConfig config;
+  config.num_elements = 3 * kPage;
+  ASSERT_TRUE(store_.Register(GroupKey{"", "g"}, config).ok());
+  // Page 1 is already at step 1, so step 1 of the whole group applies pages
+  // 0 and 2 as two separate runs; the second run fails.
+  ASSERT_TRUE(Step(1, kPage, std::vector<float>(kPage, 0.1f)).ok());
+  backend_.fail_from = 2 * kPage;
+  absl::StatusOr<StepChunkResult> failed = Step(1, 0, std::vector<float>(3 * kPage, 0.1f));
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal) << failed.status();
+
+  backend_.fail_from = UINT64_MAX;
+  absl::StatusOr<StepChunkResult> retried = Step(1, 0, std::vector<float>(3 * kPage, 0.1f));
+  EXPECT_EQ(retried.status().code(), absl::StatusCode::kDataLoss) << retried.status();
+  EXPECT_NE(retried.status().message().find("delete it and register it again"),
+            std::string::npos);
+  // Deleting and registering again gives a working group.
+  ASSERT_TRUE(store_.Delete(GroupKey{"", "g"}).ok());
+  ASSERT_TRUE(store_.Register(GroupKey{"", "g"}, config).ok());
+  EXPECT_TRUE(Step(1, 0, std::vector<float>(3 * kPage, 0.1f)).ok());
+}
+
+TEST_F(StepEngineTest, InitialValuesForADeletedGroupAreRefusedEvenIfTheNameIsReused) {
+  GroupConfig config;
+  config.num_elements = kPage;
+  config.has_initial_values = true;
+  auto first = store_.Register(GroupKey{"", "g"}, config);
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(store_.Delete(GroupKey{"", "g"}).ok());
+  ASSERT_TRUE(store_.Register(GroupKey{"", "g"}, config).ok());
+  std::vector<float> values(kPage, 3.0f);
+  absl::string_view bytes(reinterpret_cast<const char*>(values.data()), kPage * sizeof(float));
+  absl::Status s = engine_.WriteInitialValues(*first->group, 0, WireType::kFloat32, bytes);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  auto now = store_.Find(GroupKey{"", "g"});
+  ASSERT_TRUE(now.ok());
+  EXPECT_EQ((*now)->params()[0], 0.0f);  // The new group was not written.
+  EXPECT_FALSE((*now)->page_has_values(0));
+}
+
+}  // namespace
+}  // namespace optstate
