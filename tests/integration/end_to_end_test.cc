@@ -176,6 +176,31 @@ TEST_F(EndToEndTest, DeletedGroupFreesMemoryAndLaterStepsAreNotFound) {
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
 }
 
+TEST_F(EndToEndTest, AGroupListedTwiceInOneStepIsRefusedBeforeSending) {
+  ASSERT_TRUE(client_->RegisterGroup("twice", std::vector<float>(100, 1.0f)).ok());
+  std::vector<float> g1(100, 0.1f), g2(100, 0.2f), out1(100), out2(100);
+  std::vector<GroupStep> step = {{"twice", g1, absl::MakeSpan(out1)},
+                                 {"twice", g2, absl::MakeSpan(out2)}};
+  absl::Status s = client_->Step(step, 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  absl::StatusOr<GroupInfo> info = client_->DescribeGroup("twice");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->max_step, 0u);
+}
+
+TEST_F(EndToEndTest, AGroupRegisteredAnewElsewhereIsSteppedWithItsNewLayout) {
+  std::vector<float> grad(100, 0.1f), params(100);
+  ASSERT_TRUE(client_->RegisterGroup("reused", std::vector<float>(100, 1.0f)).ok());
+  ASSERT_TRUE(client_->Step("reused", 1, grad, absl::MakeSpan(params)).ok());
+  auto other = Client::Connect(daemon_->target());
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE((*other)->DeleteGroup("reused").ok());
+  ASSERT_TRUE((*other)->RegisterGroup("reused", std::vector<float>(300, 1.0f)).ok());
+  std::vector<float> grad300(300, 0.1f), params300(300);
+  absl::Status s = client_->Step("reused", 1, grad300, absl::MakeSpan(params300));
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 // Runs a shell command, returning its exit code and combined output.
 std::pair<int, std::string> RunCommand(const std::string& command) {
   std::string output;
