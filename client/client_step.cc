@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client_internal.h"
+#include "optstate/v1/dtype_proto.h"
 
 namespace optstate {
 
@@ -27,15 +28,6 @@ struct PlannedChunk {
   uint64_t offset;
   uint64_t count;
 };
-
-v1::DType ToProto(WireType type) {
-  switch (type) {
-    case WireType::kFloat32: return v1::DTYPE_FLOAT32;
-    case WireType::kBFloat16: return v1::DTYPE_BFLOAT16;
-    case WireType::kFloat16: return v1::DTYPE_FLOAT16;
-  }
-  return v1::DTYPE_UNSPECIFIED;
-}
 
 // Refuses a gradient with an element that is not finite as the server will
 // see it: narrowed to the wire type, widened back, times grad_scale. Checks
@@ -98,8 +90,8 @@ absl::Status RunStream(v1::OptimizerState::Stub& stub, const ClientOptions& clie
       request.set_group(group.group);
       request.set_step(step);
       request.set_offset(chunk.offset);
-      request.set_gradient_dtype(ToProto(options.gradient_dtype));
-      request.set_param_dtype(ToProto(options.param_dtype));
+      request.set_gradient_dtype(WireTypeToProto(options.gradient_dtype));
+      request.set_param_dtype(WireTypeToProto(options.param_dtype));
       if (options.lr) request.set_lr(*options.lr);
       if (options.grad_scale) request.set_grad_scale(*options.grad_scale);
       std::string* bytes = request.mutable_gradient();

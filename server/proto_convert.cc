@@ -6,28 +6,11 @@
 namespace optstate {
 
 absl::StatusOr<WireType> WireTypeFromProto(v1::DType dtype, absl::string_view field) {
-  switch (dtype) {
-    case v1::DTYPE_UNSPECIFIED:
-    case v1::DTYPE_FLOAT32:
-      return WireType::kFloat32;
-    case v1::DTYPE_BFLOAT16:
-      return WireType::kBFloat16;
-    case v1::DTYPE_FLOAT16:
-      return WireType::kFloat16;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, " has unknown dtype ", static_cast<int>(dtype),
-          "; use DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16"));
-  }
-}
-
-v1::DType WireTypeToProto(WireType type) {
-  switch (type) {
-    case WireType::kFloat32: return v1::DTYPE_FLOAT32;
-    case WireType::kBFloat16: return v1::DTYPE_BFLOAT16;
-    case WireType::kFloat16: return v1::DTYPE_FLOAT16;
-  }
-  return v1::DTYPE_UNSPECIFIED;
+  std::optional<WireType> type = WireTypeFromProtoValue(dtype);
+  if (type) return *type;
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " has unknown dtype ", static_cast<int>(dtype),
+      "; use DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16"));
 }
 
 AdamWHyperparameters HyperparametersFromProto(const v1::AdamWHyperparameters& proto) {

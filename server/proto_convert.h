@@ -7,6 +7,7 @@
 #include "absl/status/statusor.h"
 #include "grpcpp/support/status.h"
 #include "optstate/dtype.h"
+#include "optstate/v1/dtype_proto.h"
 #include "optstate/v1/optstate.pb.h"
 #include "server/group.h"
 #include "server/step_backend.h"
@@ -16,7 +17,6 @@ namespace optstate {
 // DTYPE_UNSPECIFIED reads as float32; an unknown value is INVALID_ARGUMENT
 // naming `field`.
 absl::StatusOr<WireType> WireTypeFromProto(v1::DType dtype, absl::string_view field);
-v1::DType WireTypeToProto(WireType type);
 
 // Unset fields take torch's defaults.
 AdamWHyperparameters HyperparametersFromProto(const v1::AdamWHyperparameters& proto);
