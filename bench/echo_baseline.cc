@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "bench/raw_echo.h"
 #include "echo.grpc.pb.h"  // Generated from bench/echo.proto.
 
 namespace optstate::bench {
@@ -42,6 +43,8 @@ int ServeEcho() {
   builder.SetMaxReceiveMessageSize(64 << 20);  // As optstated's default.
   builder.SetMaxSendMessageSize(64 << 20);
   builder.RegisterService(&service);
+  std::unique_ptr<grpc::CallbackGenericService> raw_echo = MakeRawEchoService();
+  builder.RegisterCallbackGenericService(raw_echo.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) return 1;
   std::printf("echo listening on port %d\n", port);

@@ -1,6 +1,7 @@
 // optstate-bench: end-to-end step throughput of an optstated daemon through
 // the C++ client, against same-run baselines (a plain gRPC echo of the same
-// bytes in the same chunks, and a raw TCP loopback stream), plus the daemon's
+// bytes in the same chunks; the same echo with no payload copies in user code,
+// gRPC's own ceiling; and a raw TCP loopback stream), plus the daemon's
 // resident memory per registered element.
 //
 // Every configuration (shape x wire dtype x clients) is measured `--reps`
@@ -29,6 +30,7 @@
 #include "absl/time/clock.h"
 #include "bench/child_process.h"
 #include "bench/echo_baseline.h"
+#include "bench/raw_echo.h"
 #include "bench/tcp_loopback.h"
 #include "optstate/client.h"
 
@@ -113,6 +115,7 @@ double Percentile(std::vector<double> values, double q) {
 struct ClientState {
   std::unique_ptr<Client> client;
   std::unique_ptr<EchoClient> echo;
+  std::unique_ptr<RawEchoClient> raw_echo;
   std::vector<std::string> names;
   std::vector<float> gradient;  // All tensors back to back.
   std::vector<float> params;
@@ -178,6 +181,11 @@ void Setup(Config& config, int index, const std::string& target, const std::stri
                                      wire_size);
       }
       state->names.push_back(std::move(name));
+    }
+    if (!echo_target.empty()) {
+      state->raw_echo = std::make_unique<RawEchoClient>(
+          echo_target, options.max_message_bytes, options.max_chunks_in_flight,
+          state->chunk_bytes);
     }
     state->echo_in.assign(n * wire_size, 1);
     state->echo_out.assign(n * wire_size, 0);
@@ -248,6 +256,11 @@ Measurement MeasureEcho(Config& config, pid_t echo_pid) {
     Check(state.echo->Step(state.chunk_bytes, state.echo_in.data(), state.echo_out.data()),
           "echo");
   });
+}
+
+Measurement MeasureRawEcho(Config& config, pid_t echo_pid) {
+  return RunClients(config, echo_pid,
+                    [&](ClientState& state) { Check(state.raw_echo->Step(), "raw echo"); });
 }
 
 struct Best {
@@ -356,7 +369,7 @@ int Main() {
 
   const size_t chunk = absl::GetFlag(FLAGS_chunk_bytes);
   const absl::Duration tcp_time = absl::Seconds(std::min(1.0, absl::GetFlag(FLAGS_seconds)));
-  std::vector<Best> optstate(configs.size()), echo(configs.size());
+  std::vector<Best> optstate(configs.size()), echo(configs.size()), raw_echo(configs.size());
   std::vector<double> tcp_one_way, tcp_echo;
   for (int rep = 0; rep < absl::GetFlag(FLAGS_reps); ++rep) {
     if (absl::GetFlag(FLAGS_tcp)) {
@@ -376,6 +389,9 @@ int Main() {
         const Measurement e = MeasureEcho(config, echo_pid);
         echo[i].Add(e);
         std::fprintf(stderr, "; echo %.2f GB/s", e.wire_bytes / e.seconds / 1e9);
+        const Measurement r = MeasureRawEcho(config, echo_pid);
+        raw_echo[i].Add(r);
+        std::fprintf(stderr, "; raw echo %.2f GB/s", r.wire_bytes / r.seconds / 1e9);
       }
       std::fprintf(stderr, "\n");
     }
@@ -433,6 +449,19 @@ int Main() {
       fields.push_back({"echo_client_cpu_ms_per_step", N(echo_client_cpu_ms)});
       fields.push_back({"echo_p50_ms", N(Percentile(e.latencies_ms, 0.5))});
       fields.push_back({"echo_elem_per_s_reps", Rates(echo[i].rates)});
+    }
+    if (!raw_echo[i].rates.empty()) {
+      const Measurement& r = raw_echo[i].best;
+      const double raw_wire = r.wire_bytes / r.seconds;
+      const double raw_cpu_ms = r.server_cpu_seconds / static_cast<double>(r.steps) * 1e3;
+      const double raw_client_cpu_ms = r.client_cpu_seconds / static_cast<double>(r.steps) * 1e3;
+      std::printf("; raw echo %.2f GB/s (CPU ms/step: server %.1f, client %.1f), "
+                  "optstate/raw echo %.2f",
+                  raw_wire / 1e9, raw_cpu_ms, raw_client_cpu_ms, wire / raw_wire);
+      fields.push_back({"raw_echo_Bps", N(raw_wire)});
+      fields.push_back({"raw_echo_server_cpu_ms_per_step", N(raw_cpu_ms)});
+      fields.push_back({"raw_echo_client_cpu_ms_per_step", N(raw_client_cpu_ms)});
+      fields.push_back({"raw_echo_elem_per_s_reps", Rates(raw_echo[i].rates)});
     }
     if (tcp2 > 0) {
       std::printf("; wire/tcp-echo %.2f, wire/tcp-one-way %.2f", wire / tcp2, wire / tcp1);
