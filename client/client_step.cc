@@ -5,6 +5,7 @@
 #include <cfloat>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -29,33 +30,65 @@ struct PlannedChunk {
   uint64_t count;
 };
 
+// Whether the element at `i` of the gradient is finite as the server sees it.
+bool FiniteAsSent(const GroupStep& group, const StepOptions& options, size_t i) {
+  float value = group.gradient[i];
+  if (options.gradient_dtype != WireType::kFloat32) {
+    unsigned char wire[2];
+    EncodeFromFloat(options.gradient_dtype, &value, wire, 1);
+    DecodeToFloat(options.gradient_dtype, wire, &value, 1);
+  }
+  return std::fabs(value * options.grad_scale.value_or(1.0f)) <= FLT_MAX;
+}
+
+// Whether every element of `values` is finite after narrowing to `type`,
+// read from the float bits alone (no conversion; vectorizes).
+bool AllNarrowFinite(const float* values, size_t n, WireType type) {
+  const uint32_t bound = NarrowedFiniteBoundBits(type);
+  bool all_finite = true;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, values + i, sizeof(bits));
+    all_finite &= (bits & 0x7fffffffu) < bound;
+  }
+  return all_finite;
+}
+
 // Refuses a gradient with an element that is not finite as the server will
 // see it: narrowed to the wire type, widened back, times grad_scale. Checks
-// blocks without branches (the conversions are vectorized) and searches for
-// the element only in a bad block.
+// blocks without branches and searches for the element only in a bad block.
+// With |grad_scale| <= 1 the product is finite exactly when the narrowed value
+// is, so narrow wire types need no conversion; a larger scale can overflow,
+// and then each block is narrowed and widened as the server will.
 absl::Status CheckFinite(const GroupStep& group, const StepOptions& options) {
   const float scale = options.grad_scale.value_or(1.0f);
+  const bool narrow = options.gradient_dtype != WireType::kFloat32;
+  const bool bits_suffice = narrow && std::fabs(scale) <= 1.0f;
   constexpr size_t kBlock = 4096;
   float widened[kBlock];
   uint16_t narrowed[kBlock];
   for (size_t begin = 0; begin < group.gradient.size(); begin += kBlock) {
     const size_t n = std::min(kBlock, group.gradient.size() - begin);
     const float* values = group.gradient.data() + begin;
-    if (options.gradient_dtype != WireType::kFloat32) {
-      EncodeFromFloat(options.gradient_dtype, values, narrowed, n);
-      DecodeToFloat(options.gradient_dtype, narrowed, widened, n);
-      values = widened;
+    bool all_finite;
+    if (bits_suffice) {
+      all_finite = AllNarrowFinite(values, n, options.gradient_dtype);
+    } else {
+      if (narrow) {
+        EncodeFromFloat(options.gradient_dtype, values, narrowed, n);
+        DecodeToFloat(options.gradient_dtype, narrowed, widened, n);
+        values = widened;
+      }
+      all_finite = true;
+      for (size_t i = 0; i < n; ++i) all_finite &= std::fabs(values[i] * scale) <= FLT_MAX;
     }
-    bool all_finite = true;
-    for (size_t i = 0; i < n; ++i) all_finite &= std::fabs(values[i] * scale) <= FLT_MAX;
     if (all_finite) continue;
-    size_t bad = 0;
-    while (std::fabs(values[bad] * scale) <= FLT_MAX) ++bad;
+    size_t bad = begin;
+    while (FiniteAsSent(group, options, bad)) ++bad;
     return absl::InvalidArgumentError(absl::StrCat(
-        "gradient of group '", group.group, "' at element ", begin + bad, " is ",
-        group.gradient[begin + bad], ", which is not finite as ",
-        WireTypeName(options.gradient_dtype), " after grad_scale ", scale,
-        "; the whole step was refused and nothing was sent"));
+        "gradient of group '", group.group, "' at element ", bad, " is ", group.gradient[bad],
+        ", which is not finite as ", WireTypeName(options.gradient_dtype), " after grad_scale ",
+        scale, "; the whole step was refused and nothing was sent"));
   }
   return absl::OkStatus();
 }

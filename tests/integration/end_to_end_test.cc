@@ -1,9 +1,11 @@
 // A real optstated process stepped through the client: results against the
 // float64 reference and the project's scalar fp32 kernel.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <tuple>
@@ -186,6 +188,53 @@ TEST_F(EndToEndTest, AGroupListedTwiceInOneStepIsRefusedBeforeSending) {
   absl::StatusOr<GroupInfo> info = client_->DescribeGroup("twice");
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->max_step, 0u);
+}
+
+TEST_F(EndToEndTest, GradientsNotFiniteOnTheWireAreRefusedBeforeSending) {
+  constexpr size_t kN = 10000;
+  constexpr size_t kBad = 9001;  // Past the first 4096-element block.
+  ASSERT_TRUE(client_->RegisterGroup("finite", std::vector<float>(kN, 1.0f)).ok());
+  struct Case {
+    const char* what;
+    WireType dtype;
+    float bad_value;
+    float grad_scale;
+    bool refused;
+  };
+  const float big = 3.3e38f;  // Finite as bfloat16 (largest: 3.3895e38).
+  const Case cases[] = {
+      {"fp32 NaN", WireType::kFloat32, std::nanf(""), 1.0f, true},
+      {"fp32 overflowing after grad_scale", WireType::kFloat32, 1e38f, 8.0f, true},
+      {"largest float rounds to bf16 infinity", WireType::kBFloat16, 3.4e38f, 1.0f, true},
+      {"bf16 NaN", WireType::kBFloat16, -std::nanf(""), 0.5f, true},
+      {"finite bf16, grad_scale <= 1", WireType::kBFloat16, big, 0.5f, false},
+      {"finite bf16 overflowing after grad_scale", WireType::kBFloat16, big, 2.0f, true},
+      {"65520 rounds to fp16 infinity", WireType::kFloat16, -65520.0f, 1.0f, true},
+      {"largest fp16", WireType::kFloat16, 65504.0f, 1.0f, false},
+  };
+  std::vector<float> params(kN);
+  uint64_t step = 1;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    std::vector<float> grad(kN, 0.01f);
+    grad[kBad] = c.bad_value;
+    StepOptions options;
+    options.gradient_dtype = c.dtype;
+    options.grad_scale = c.grad_scale;
+    absl::Status s = client_->Step("finite", step, grad, absl::MakeSpan(params), options);
+    absl::StatusOr<GroupInfo> info = client_->DescribeGroup("finite");
+    ASSERT_TRUE(info.ok());
+    if (c.refused) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("at element 9001"));
+      EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("nothing was sent"));
+      EXPECT_EQ(info->max_step, step - 1) << "nothing may be sent";
+    } else {
+      EXPECT_TRUE(s.ok()) << s;
+      EXPECT_EQ(info->max_step, step);
+      ++step;
+    }
+  }
 }
 
 TEST_F(EndToEndTest, AGroupRegisteredAnewElsewhereIsSteppedWithItsNewLayout) {

@@ -355,6 +355,44 @@ TEST(Float16, OverflowsToInfinityFrom65520) {
 }
 
 // ---------------------------------------------------------------------------
+// NarrowedFiniteBoundBits: the bound agrees with narrowing then widening.
+
+// Whether `bits` as a float is finite after a round trip through `type`.
+bool FiniteOnTheWire(WireType type, uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  unsigned char wire[4];
+  float widened;
+  EncodeFromFloat(type, &value, wire, 1);
+  DecodeToFloat(type, wire, &widened, 1);
+  return std::isfinite(widened);
+}
+
+TEST(NarrowedFiniteBound, AgreesWithTheRoundTripNearTheBoundAndAcrossAllPatterns) {
+  for (WireType type : {WireType::kFloat32, WireType::kBFloat16, WireType::kFloat16}) {
+    SCOPED_TRACE(std::string(WireTypeName(type)));
+    const uint32_t bound = NarrowedFiniteBoundBits(type);
+    std::vector<uint32_t> patterns;
+    for (uint32_t d = 0; d < (1u << 18); ++d) {  // Every pattern within 2^18 of the bound.
+      patterns.push_back(bound - d - 1);
+      patterns.push_back(bound + d);
+    }
+    for (uint64_t bits = 0; bits <= 0x7fffffffu; bits += 32749) {  // A sweep of the rest.
+      patterns.push_back(static_cast<uint32_t>(bits));
+    }
+    patterns.push_back(0x7f800000u);  // Infinity.
+    patterns.push_back(0x7fc00000u);  // NaN.
+    for (uint32_t abs : patterns) {
+      for (uint32_t sign : {0u, 0x80000000u}) {
+        const uint32_t bits = (abs & 0x7fffffffu) | sign;
+        ASSERT_EQ((bits & 0x7fffffffu) < bound, FiniteOnTheWire(type, bits))
+            << "float bits 0x" << std::hex << bits;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
 // DecodeToFloat / EncodeFromFloat at every alignment.
 
 // A byte buffer whose payload starts `misalign` bytes past a 16-byte boundary

@@ -44,6 +44,20 @@ float HalfToFloat(uint16_t bits);
 // float32 to IEEE binary16 with round-to-nearest-even; overflow gives infinity.
 uint16_t FloatToHalf(float value);
 
+// Narrowing a float to `type` (EncodeFromFloat) gives a finite value exactly
+// when the float's bits with the sign cleared are below this bound: the
+// first value that rounds to infinity (float32: infinity itself). NaN bits
+// are above every bound. Lets a caller check finiteness on the wire without
+// converting.
+inline uint32_t NarrowedFiniteBoundBits(WireType type) {
+  switch (type) {
+    case WireType::kFloat32: return 0x7f800000u;
+    case WireType::kBFloat16: return 0x7f7f8000u;  // Halfway above 0x7f7f rounds to 0x7f80.
+    case WireType::kFloat16: return 0x477ff000u;   // 65520 rounds to infinity.
+  }
+  return 0;
+}
+
 // Widens `count` elements of `type` at `src` (any alignment) into `dst`.
 void DecodeToFloat(WireType type, const void* src, float* dst, size_t count);
 
