@@ -5,7 +5,6 @@
 #include <cfloat>
 #include <cmath>
 #include <condition_variable>
-#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -41,29 +40,16 @@ bool FiniteAsSent(const GroupStep& group, const StepOptions& options, size_t i) 
   return std::fabs(value * options.grad_scale.value_or(1.0f)) <= FLT_MAX;
 }
 
-// Whether every element of `values` is finite after narrowing to `type`,
-// read from the float bits alone (no conversion; vectorizes).
-bool AllNarrowFinite(const float* values, size_t n, WireType type) {
-  const uint32_t bound = NarrowedFiniteBoundBits(type);
-  bool all_finite = true;
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, values + i, sizeof(bits));
-    all_finite &= (bits & 0x7fffffffu) < bound;
-  }
-  return all_finite;
-}
-
 // Refuses a gradient with an element that is not finite as the server will
 // see it: narrowed to the wire type, widened back, times grad_scale. Checks
 // blocks without branches and searches for the element only in a bad block.
 // With |grad_scale| <= 1 the product is finite exactly when the narrowed value
-// is, so narrow wire types need no conversion; a larger scale can overflow,
-// and then each block is narrowed and widened as the server will.
+// is, so the float bits tell (no conversion); a larger scale can overflow, and
+// then each block is narrowed and widened as the server will.
 absl::Status CheckFinite(const GroupStep& group, const StepOptions& options) {
   const float scale = options.grad_scale.value_or(1.0f);
   const bool narrow = options.gradient_dtype != WireType::kFloat32;
-  const bool bits_suffice = narrow && std::fabs(scale) <= 1.0f;
+  const bool bits_suffice = std::fabs(scale) <= 1.0f;
   constexpr size_t kBlock = 4096;
   float widened[kBlock];
   uint16_t narrowed[kBlock];
@@ -72,7 +58,7 @@ absl::Status CheckFinite(const GroupStep& group, const StepOptions& options) {
     const float* values = group.gradient.data() + begin;
     bool all_finite;
     if (bits_suffice) {
-      all_finite = AllNarrowFinite(values, n, options.gradient_dtype);
+      all_finite = AllNarrowToFinite(options.gradient_dtype, values, n);
     } else {
       if (narrow) {
         EncodeFromFloat(options.gradient_dtype, values, narrowed, n);

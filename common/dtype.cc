@@ -57,9 +57,42 @@ OPTSTATE_AVX2 size_t EncodeBFloat16Avx2(const float* src, unsigned char* dst, si
   }
   return end;
 }
+// Whether |bits| of the first `end` (a multiple of 32) values stay below
+// `bound`.
+OPTSTATE_AVX2 bool AllAbsBitsBelowAvx2(const float* values, size_t end, uint32_t bound) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  const __m256i last_ok = _mm256_set1_epi32(static_cast<int>(bound - 1));
+  __m256i over = _mm256_setzero_si256();
+  for (size_t i = 0; i < end; i += 32) {
+    for (size_t k = 0; k < 32; k += 8) {
+      const __m256i bits = _mm256_and_si256(
+          _mm256_castps_si256(_mm256_loadu_ps(values + i + k)), abs_mask);
+      over = _mm256_or_si256(over, _mm256_cmpgt_epi32(bits, last_ok));  // Both >= 0.
+    }
+  }
+  return _mm256_testz_si256(over, over);
+}
 #endif  // defined(__x86_64__)
 
 }  // namespace
+
+bool AllNarrowToFinite(WireType type, const float* values, size_t count) {
+  const uint32_t bound = NarrowedFiniteBoundBits(type);
+  size_t done = 0;
+#if defined(__x86_64__)
+  if (HasAvx2F16c()) {
+    done = count - count % 32;
+    if (!AllAbsBitsBelowAvx2(values, done, bound)) return false;
+  }
+#endif
+  bool all_finite = true;
+  for (size_t i = done; i < count; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, values + i, sizeof(bits));
+    all_finite &= (bits & 0x7fffffffu) < bound;
+  }
+  return all_finite;
+}
 
 absl::string_view WireTypeName(WireType type) {
   switch (type) {

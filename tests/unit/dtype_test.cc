@@ -392,6 +392,33 @@ TEST(NarrowedFiniteBound, AgreesWithTheRoundTripNearTheBoundAndAcrossAllPatterns
   }
 }
 
+TEST(NarrowedFiniteBound, AllNarrowToFiniteFindsOneBadValueAtEveryPosition) {
+  const uint64_t seed = seeds::TestSeed();
+  SCOPED_TRACE(seeds::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  for (WireType type : {WireType::kFloat32, WireType::kBFloat16, WireType::kFloat16}) {
+    SCOPED_TRACE(std::string(WireTypeName(type)));
+    const uint32_t bound = NarrowedFiniteBoundBits(type);
+    std::uniform_int_distribution<uint32_t> finite_bits(0, bound - 1);
+    std::uniform_int_distribution<uint32_t> bad_bits(bound, 0x7fffffffu);
+    for (size_t n : {0, 1, 7, 31, 32, 33, 95, 1031}) {
+      std::vector<float> values(n);
+      for (float& v : values) {
+        uint32_t bits = finite_bits(rng) | (rng() & 1 ? 0x80000000u : 0);
+        std::memcpy(&v, &bits, sizeof(v));
+      }
+      ASSERT_TRUE(AllNarrowToFinite(type, values.data(), n)) << n;
+      for (size_t at = 0; at < n; ++at) {
+        const float kept = values[at];
+        uint32_t bits = at == 0 ? bound : bad_bits(rng);  // The bound itself, once.
+        std::memcpy(&values[at], &bits, sizeof(float));
+        ASSERT_FALSE(AllNarrowToFinite(type, values.data(), n)) << n << " at " << at;
+        values[at] = kept;
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // DecodeToFloat / EncodeFromFloat at every alignment.
 

@@ -58,6 +58,10 @@ inline uint32_t NarrowedFiniteBoundBits(WireType type) {
   return 0;
 }
 
+// Whether every one of `count` floats narrows to a finite `type` value
+// (NarrowedFiniteBoundBits); AVX2 where the CPU has it.
+bool AllNarrowToFinite(WireType type, const float* values, size_t count);
+
 // Widens `count` elements of `type` at `src` (any alignment) into `dst`.
 void DecodeToFloat(WireType type, const void* src, float* dst, size_t count);
 
