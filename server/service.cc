@@ -23,7 +23,7 @@ grpc::ServerReadReactor<v1::RegisterGroupRequest>* OptimizerStateService::Regist
   return new RegisterReactor(engine_, TenantOf(context), response);
 }
 
-grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* OptimizerStateService::Step(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* OptimizerStateService::Step(
     grpc::CallbackServerContext* context) {
   return new StepReactor(engine_, TenantOf(context));
 }

@@ -8,14 +8,24 @@
 
 namespace optstate {
 
+// Every method on the callback API; Step raw (grpc::ByteBuffer in and out) so
+// its reactor parses requests and writes replies itself (server/step_wire.h).
+using OptimizerStateCallbackBase = v1::OptimizerState::WithCallbackMethod_RegisterGroup<
+    v1::OptimizerState::WithRawCallbackMethod_Step<
+        v1::OptimizerState::WithCallbackMethod_GetStats<
+            v1::OptimizerState::WithCallbackMethod_ListGroups<
+                v1::OptimizerState::WithCallbackMethod_DescribeGroup<
+                    v1::OptimizerState::WithCallbackMethod_DeleteGroup<
+                        v1::OptimizerState::Service>>>>>>;
+
 // Thread-safe; `engine` must outlive the service.
-class OptimizerStateService : public v1::OptimizerState::CallbackService {
+class OptimizerStateService : public OptimizerStateCallbackBase {
  public:
   explicit OptimizerStateService(StepEngine* engine) : engine_(engine) {}
 
   grpc::ServerReadReactor<v1::RegisterGroupRequest>* RegisterGroup(
       grpc::CallbackServerContext* context, v1::RegisterGroupResponse* response) override;
-  grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* Step(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Step(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
                                      const v1::GetStatsRequest* request,

@@ -79,6 +79,14 @@ absl::Status BrokenGroup(const Group& group) {
 
 absl::StatusOr<StepChunkResult> StepEngine::ApplyChunk(const StepChunk& chunk,
                                                        std::string* params_out) {
+  return ApplyChunk(chunk, [params_out](size_t bytes) {
+    params_out->resize(bytes);
+    return params_out->data();
+  });
+}
+
+absl::StatusOr<StepChunkResult> StepEngine::ApplyChunk(
+    const StepChunk& chunk, absl::FunctionRef<char*(size_t)> reserve_params) {
   const absl::Time started = absl::Now();
   absl::StatusOr<std::shared_ptr<Group>> found = store_->Find(chunk.group);
   if (!found.ok()) return found.status();
@@ -119,6 +127,7 @@ absl::StatusOr<StepChunkResult> StepEngine::ApplyChunk(const StepChunk& chunk,
 
   StepChunkResult result;
   result.num_elements = range->count;
+  size_t params_bytes = 0;
   {
     PageLocks locks(group, range->first_page, range->end_page);
     if (group.deleted()) return NotFoundAfterDelete(group);
@@ -168,21 +177,16 @@ absl::StatusOr<StepChunkResult> StepEngine::ApplyChunk(const StepChunk& chunk,
       result.pages_applied += run_end - p;
       p = run_end;
     }
-    const float* params = group.params() + chunk.offset;
-    if (chunk.param_type == WireType::kFloat32) {
-      // One copy, without first zero-filling the reply.
-      params_out->assign(reinterpret_cast<const char*>(params), range->count * sizeof(float));
-    } else {
-      params_out->resize(range->count * WireTypeSize(chunk.param_type));
-      EncodeFromFloat(chunk.param_type, params, params_out->data(), range->count);
-    }
+    params_bytes = range->count * WireTypeSize(chunk.param_type);
+    EncodeFromFloat(chunk.param_type, group.params() + chunk.offset,
+                    reserve_params(params_bytes), range->count);
   }
 
   GroupCounters& counters = group.counters();
   (result.pages_applied > 0 ? counters.chunks_applied : counters.chunks_replayed)
       .fetch_add(1, std::memory_order_relaxed);
   counters.bytes_received.fetch_add(chunk.gradient.size(), std::memory_order_relaxed);
-  counters.bytes_sent.fetch_add(params_out->size(), std::memory_order_relaxed);
+  counters.bytes_sent.fetch_add(params_bytes, std::memory_order_relaxed);
   counters.chunk_latency.Record(absl::ToDoubleMicroseconds(absl::Now() - started));
   if (result.pages_applied > 0) {
     counters.PagesApplied(chunk.step, result.pages_applied, group.num_pages(), started);

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "optstate/dtype.h"
@@ -45,14 +46,20 @@ class StepEngine {
 
   // Applies AdamW step `chunk.step` to the chunk's pages that are at step-1,
   // leaves pages already at `step` as they are (a replay), and writes the
-  // params of the whole chunk, as they are after the step, into *params_out
-  // in chunk.param_type. Refuses the whole chunk, changing nothing, with
+  // params of the whole chunk, as they are after the step, in
+  // chunk.param_type. Refuses the whole chunk, changing nothing, with
   // NOT_FOUND (no such group), INVALID_ARGUMENT (bad range, alignment, length
   // or values; non-finite gradient; bad lr or grad_scale) or
   // FAILED_PRECONDITION (a page lacks initial values, is behind step-1, or is
   // past `step`), each message saying what to fix. DATA_LOSS once a backend
   // failed part-way through an update of the group (it is then refused for
   // good).
+  // `reserve_params(bytes)` is called once, after validation, and returns
+  // where the params go (writable for `bytes`): the reply's own buffer, so
+  // they are copied once.
+  absl::StatusOr<StepChunkResult> ApplyChunk(const StepChunk& chunk,
+                                             absl::FunctionRef<char*(size_t)> reserve_params);
+  // The same, into a string.
   absl::StatusOr<StepChunkResult> ApplyChunk(const StepChunk& chunk, std::string* params_out);
 
   // Writes initial parameter values to the pages of [offset, offset+n) that

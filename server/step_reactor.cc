@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "server/proto_convert.h"
+#include "server/step_wire.h"
 
 namespace optstate {
 
@@ -19,7 +20,7 @@ void StepReactor::Advance(int tokens_released) {
   for (;;) {
     bool start_read = false, start_write = false, finish = false;
     std::vector<std::shared_ptr<ChunkTask>> dispatch;
-    const v1::StepResponse* write = nullptr;
+    const grpc::ByteBuffer* write = nullptr;
     absl::Status finish_status;
     {
       absl::MutexLock lock(&mu_);
@@ -31,12 +32,12 @@ void StepReactor::Advance(int tokens_released) {
       }
       // In stream order: the head waits while a chunk of its group is applied.
       while (!failed && in_flight_ < max_in_flight_ && !queued_.empty() &&
-             !groups_in_flight_.contains(queued_.front().group())) {
+             !groups_in_flight_.contains(queued_.front().request.group())) {
         auto task = std::make_shared<ChunkTask>();
         task->seq = next_seq_++;
-        task->request = std::move(queued_.front());
+        task->chunk = std::move(queued_.front());
         queued_.pop_front();
-        groups_in_flight_.insert(task->request.group());
+        groups_in_flight_.insert(task->chunk.request.group());
         ++in_flight_;
         dispatch.push_back(std::move(task));
       }
@@ -72,8 +73,10 @@ void StepReactor::OnReadDone(bool ok) {
     absl::MutexLock lock(&mu_);
     read_in_flight_ = false;
     if (ok) {
-      queued_.push_back(std::move(incoming_));
-      incoming_.Clear();
+      QueuedChunk& chunk = queued_.emplace_back();
+      // As gRPC's own deserializer would (the gradient is copied out of the
+      // slices once, here).
+      chunk.parse_status = ParseStepRequest(&incoming_, &chunk.request);
     } else {
       reads_done_ = true;  // Half-close by the client, or a broken stream.
     }
@@ -82,9 +85,9 @@ void StepReactor::OnReadDone(bool ok) {
 }
 
 void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
-  const v1::StepRequest& request = task->request;
-  v1::StepResponse response;
-  absl::Status status;
+  const v1::StepRequest& request = task->chunk.request;
+  grpc::ByteBuffer reply;
+  absl::Status status = task->chunk.parse_status;
   StepChunk chunk;
   chunk.group = GroupKey{tenant_, request.group()};
   chunk.step = request.step();
@@ -95,15 +98,20 @@ void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
   absl::StatusOr<WireType> gradient_type =
       WireTypeFromProto(request.gradient_dtype(), "gradient_dtype");
   absl::StatusOr<WireType> param_type = WireTypeFromProto(request.param_dtype(), "param_dtype");
-  if (!gradient_type.ok()) {
+  if (!status.ok()) {
+    // Refused in its turn, below.
+  } else if (!gradient_type.ok()) {
     status = gradient_type.status();
   } else if (!param_type.ok()) {
     status = param_type.status();
   } else {
     chunk.gradient_type = *gradient_type;
     chunk.param_type = *param_type;
-    absl::StatusOr<StepChunkResult> result = engine_->ApplyChunk(chunk, response.mutable_params());
+    StepReplyBuilder builder(request.group().size());
+    absl::StatusOr<StepChunkResult> result = engine_->ApplyChunk(
+        chunk, [&builder](size_t bytes) { return builder.ReserveParams(bytes); });
     if (result.ok()) {
+      v1::StepResponse response;
       response.set_group(request.group());
       response.set_step(request.step());
       response.set_offset(request.offset());
@@ -111,6 +119,7 @@ void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
       response.set_param_dtype(WireTypeToProto(*param_type));
       response.set_pages_applied(result->pages_applied);
       response.set_pages_replayed(result->pages_replayed);
+      reply = builder.Finish(response);
     } else {
       status = result.status();
     }
@@ -122,7 +131,7 @@ void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
     ++starting_;  // Keeps the call open until this thread is done with it.
     if (task->seq < error_seq_) {
       if (status.ok()) {
-        completed_.emplace(task->seq, std::move(response));
+        completed_.emplace(task->seq, std::move(reply));
       } else {
         // The earliest refusal wins; replies to later chunks are dropped.
         error_seq_ = task->seq;

@@ -32,7 +32,10 @@ namespace optstate {
 // stream, as optstate::Client does.
 // No callback blocks: engine work runs on the pool, and gRPC calls are made
 // outside the reactor's mutex.
-class StepReactor : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
+// Messages are raw: a request that does not parse is refused with
+// INVALID_ARGUMENT in its turn, and replies are serialized by
+// StepReplyBuilder, which writes the params into the reply's slice directly.
+class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   StepReactor(StepEngine* engine, std::string tenant);
 
@@ -48,9 +51,14 @@ class StepReactor : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResp
   // client that does not read its replies.
   static constexpr size_t kMaxPinnedChunks = 16;
 
+  // A request as read: parsed, or the reason it did not parse.
+  struct QueuedChunk {
+    v1::StepRequest request;
+    absl::Status parse_status;
+  };
   struct ChunkTask {
     uint64_t seq;
-    v1::StepRequest request;
+    QueuedChunk chunk;
   };
 
   // Starts whatever may start now: a read, chunks on the engine, a write, or
@@ -69,14 +77,14 @@ class StepReactor : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResp
   const int max_in_flight_;  // Chunks applied at once: the pool's size.
 
   absl::Mutex mu_;
-  v1::StepRequest incoming_;  // Written by gRPC while a read is in flight.
-  std::deque<v1::StepRequest> queued_ ABSL_GUARDED_BY(mu_);
+  grpc::ByteBuffer incoming_;  // Written by gRPC while a read is in flight.
+  std::deque<QueuedChunk> queued_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;        // Of the next chunk dispatched.
   uint64_t next_write_seq_ ABSL_GUARDED_BY(mu_) = 0;  // Of the next reply to queue.
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_set<std::string> groups_in_flight_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, v1::StepResponse> completed_ ABSL_GUARDED_BY(mu_);  // Out of order.
-  std::deque<v1::StepResponse> to_write_ ABSL_GUARDED_BY(mu_);  // Front is in flight.
+  std::map<uint64_t, grpc::ByteBuffer> completed_ ABSL_GUARDED_BY(mu_);  // Out of order.
+  std::deque<grpc::ByteBuffer> to_write_ ABSL_GUARDED_BY(mu_);  // Front is in flight.
   bool read_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "absl/base/casts.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/dtype.h"
 #include "optstate/v1/optstate.grpc.pb.h"
@@ -292,6 +293,46 @@ TEST_F(BadInputTest, EveryBadInputGetsItsCodeAndLeavesStateByteIdentical) {
   for (uint64_t offset = 0; offset < kElements; offset += kPage) {
     EXPECT_TRUE(StepOne(Chunk("victim", 3, offset, good(std::min(kPage, kElements - offset)))).ok());
   }
+}
+
+// Sends `bytes` as one message on the Step stream, bypassing protobuf.
+grpc::Status StepRaw(int port, const std::string& bytes) {
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                     grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext context;
+  auto call = stub.PrepareCall(&context, "/optstate.v1.OptimizerState/Step", &cq);
+  void* tag;
+  bool ok;
+  call->StartCall(reinterpret_cast<void*>(1));
+  cq.Next(&tag, &ok);
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer message(&slice, 1);
+  call->Write(message, reinterpret_cast<void*>(2));
+  cq.Next(&tag, &ok);
+  call->WritesDone(reinterpret_cast<void*>(3));
+  cq.Next(&tag, &ok);
+  grpc::ByteBuffer reply;
+  do {
+    call->Read(&reply, reinterpret_cast<void*>(4));
+    cq.Next(&tag, &ok);
+  } while (ok);
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  cq.Next(&tag, &ok);
+  return status;
+}
+
+TEST_F(BadInputTest, BytesThatAreNotAStepRequestAreInvalidArgumentAndChangeNothing) {
+  const Snapshot before = Take();
+  // Field 1 (group) announces 16 bytes and carries 3.
+  grpc::Status status = StepRaw(server_->port(), std::string("\x0a\x10" "abc"));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_NE(status.error_message().find("StepRequest"), std::string::npos)
+      << status.error_message();
+  EXPECT_TRUE(Take() == before) << "state changed";
+  EXPECT_TRUE(StepOne(Chunk("victim", 3, 0, std::vector<float>(kPage, 0.01f))).ok());
 }
 
 TEST_F(BadInputTest, MessagesSayWhatToFix) {
