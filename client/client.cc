@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client_internal.h"
+#include "client/step_wire.h"
 
 namespace optstate {
 
@@ -101,6 +102,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   impl->channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   impl->stub = v1::OptimizerState::NewStub(impl->channel);
+  impl->raw_step = std::make_unique<grpc::internal::RpcMethod>(
+      client_internal::kStepMethod, grpc::internal::RpcMethod::BIDI_STREAMING, impl->channel);
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 

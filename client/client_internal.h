@@ -18,6 +18,8 @@ struct Client::Impl {
   ClientOptions options;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::OptimizerState::Stub> stub;
+  // Step as a raw method (client/step_wire.h), registered on `channel`.
+  std::unique_ptr<grpc::internal::RpcMethod> raw_step;
 
   // Layouts of groups this client has seen (page size, element count).
   absl::Mutex mu;

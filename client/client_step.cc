@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client_internal.h"
+#include "client/step_wire.h"
 #include "optstate/v1/dtype_proto.h"
 
 namespace optstate {
@@ -80,13 +81,16 @@ absl::Status CheckFinite(const GroupStep& group, const StepOptions& options) {
 }
 
 // One stream carrying `pending` chunks; clears each answered chunk from it.
-absl::Status RunStream(v1::OptimizerState::Stub& stub, const ClientOptions& client_options,
+absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::RpcMethod& method,
+                       const ClientOptions& client_options,
                        absl::Span<const GroupStep> groups, uint64_t step,
                        const StepOptions& options, std::vector<PlannedChunk>* pending) {
   grpc::ClientContext context;
   SetDeadline(&context, client_options);
-  std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>> stream =
-      stub.Step(&context);
+  // A raw stream (client/step_wire.h), created the way generated stubs do.
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+          channel, method, &context));
 
   std::mutex mu;
   std::condition_variable window_open;
@@ -96,7 +100,7 @@ absl::Status RunStream(v1::OptimizerState::Stub& stub, const ClientOptions& clie
   const size_t total = pending->size();
 
   std::thread writer([&] {
-    v1::StepRequest request;
+    v1::StepRequest fields;  // All but the gradient.
     for (size_t i = 0; i < total; ++i) {
       {
         std::unique_lock<std::mutex> lock(mu);
@@ -105,18 +109,16 @@ absl::Status RunStream(v1::OptimizerState::Stub& stub, const ClientOptions& clie
       }
       const PlannedChunk& chunk = (*pending)[i];
       const GroupStep& group = groups[chunk.group];
-      request.Clear();
-      request.set_group(group.group);
-      request.set_step(step);
-      request.set_offset(chunk.offset);
-      request.set_gradient_dtype(WireTypeToProto(options.gradient_dtype));
-      request.set_param_dtype(WireTypeToProto(options.param_dtype));
-      if (options.lr) request.set_lr(*options.lr);
-      if (options.grad_scale) request.set_grad_scale(*options.grad_scale);
-      std::string* bytes = request.mutable_gradient();
-      bytes->resize(chunk.count * WireTypeSize(options.gradient_dtype));
-      EncodeFromFloat(options.gradient_dtype, group.gradient.data() + chunk.offset, bytes->data(),
-                      chunk.count);
+      fields.Clear();
+      fields.set_group(group.group);
+      fields.set_step(step);
+      fields.set_offset(chunk.offset);
+      fields.set_gradient_dtype(WireTypeToProto(options.gradient_dtype));
+      fields.set_param_dtype(WireTypeToProto(options.param_dtype));
+      if (options.lr) fields.set_lr(*options.lr);
+      if (options.grad_scale) fields.set_grad_scale(*options.grad_scale);
+      const grpc::ByteBuffer request = client_internal::SerializeStepRequest(
+          fields, options.gradient_dtype, group.gradient.subspan(chunk.offset, chunk.count));
       if (!stream->Write(request)) break;  // The stream broke; Finish says why.
     }
     stream->WritesDone();
@@ -124,22 +126,26 @@ absl::Status RunStream(v1::OptimizerState::Stub& stub, const ClientOptions& clie
 
   absl::Status mismatch;
   std::vector<bool> done(total, false);
-  v1::StepResponse response;
-  for (size_t i = 0; i < total && stream->Read(&response); ++i) {
+  grpc::ByteBuffer reply;
+  v1::StepResponse response;  // All but the params, which go straight to params_out.
+  for (size_t i = 0; i < total && stream->Read(&reply); ++i) {
     const PlannedChunk& chunk = (*pending)[i];
     const GroupStep& group = groups[chunk.group];
-    const size_t expected_bytes = chunk.count * WireTypeSize(options.param_dtype);
-    if (response.group() != group.group || response.offset() != chunk.offset ||
-        response.params().size() != expected_bytes) {
-      mismatch = absl::InternalError(absl::StrCat(
-          "reply ", i, " is for group '", response.group(), "' offset ", response.offset(),
-          " with ", response.params().size(), " bytes; expected '", group.group, "' offset ",
-          chunk.offset, " with ", expected_bytes, " bytes"));
+    response.Clear();
+    absl::Status parsed = client_internal::ParseStepResponse(
+        &reply, options.param_dtype, chunk.count,
+        group.params_out.empty() ? absl::Span<float>()
+                                 : group.params_out.subspan(chunk.offset, chunk.count),
+        &response);
+    if (!parsed.ok()) {
+      mismatch = absl::InternalError(absl::StrCat("reply ", i, ": ", parsed.message()));
       break;
     }
-    if (!group.params_out.empty()) {
-      DecodeToFloat(options.param_dtype, response.params().data(),
-                    group.params_out.data() + chunk.offset, chunk.count);
+    if (response.group() != group.group || response.offset() != chunk.offset) {
+      mismatch = absl::InternalError(absl::StrCat(
+          "reply ", i, " is for group '", response.group(), "' offset ", response.offset(),
+          "; expected '", group.group, "' offset ", chunk.offset));
+      break;
     }
     done[i] = true;
     std::lock_guard<std::mutex> lock(mu);
@@ -242,7 +248,8 @@ absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
   absl::Status last;
   for (int attempt = 0; attempt < impl_->options.max_attempts && !pending.empty(); ++attempt) {
     if (attempt > 0) absl::SleepFor(Backoff(impl_->options, attempt));
-    last = RunStream(*impl_->stub, impl_->options, groups, step, options, &pending);
+    last = RunStream(impl_->channel.get(), *impl_->raw_step, impl_->options, groups, step,
+                     options, &pending);
     if (last.ok()) return last;
     if (!IsRetryable(last)) {
       // A group deleted or registered anew elsewhere: look its layout up again next time.

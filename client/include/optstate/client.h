@@ -91,7 +91,8 @@ class Client {
   // INVALID_ARGUMENT when a gradient is not finite (after grad_scale and
   // narrowing) or has the wrong length, or a group is listed twice. On a transient failure it resends the
   // chunks not yet answered; the server applies each page exactly once, so a
-  // retried or repeated step never applies an element twice.
+  // retried or repeated step never applies an element twice. When the step
+  // fails, params_out may hold the new params of the chunks answered so far.
   absl::Status Step(absl::Span<const GroupStep> groups, uint64_t step,
                     const StepOptions& options = {});
   absl::Status Step(const std::string& group, uint64_t step, absl::Span<const float> gradient,

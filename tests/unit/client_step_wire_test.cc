@@ -1,0 +1,184 @@
+// The client's raw Step messages (client/step_wire.h) against protobuf's own
+// serializer and parser: requests parse back to the fields and the narrowed
+// gradient; replies split into slices anywhere (an element may straddle two)
+// widen into params_out exactly as DecodeToFloat does; malformed replies are
+// INTERNAL errors.
+#include "client/step_wire.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "optstate/v1/dtype_proto.h"
+#include "tests/unit/test_seed.h"
+
+namespace optstate::client_internal {
+namespace {
+
+namespace seeds = ::optstate::testing;
+
+std::string Flatten(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(buffer.Dump(&slices).ok());
+  std::string out;
+  for (const grpc::Slice& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return out;
+}
+
+// `wire` as a ByteBuffer of slices cut at `cuts` (ascending offsets).
+grpc::ByteBuffer Sliced(const std::string& wire, const std::vector<size_t>& cuts) {
+  std::vector<grpc::Slice> slices;
+  size_t at = 0;
+  for (size_t cut : cuts) {
+    slices.emplace_back(wire.substr(at, cut - at));
+    at = cut;
+  }
+  slices.emplace_back(wire.substr(at));
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+std::vector<float> RandomFloats(size_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+std::string Encoded(WireType type, const std::vector<float>& values) {
+  std::string bytes(values.size() * WireTypeSize(type), '\0');
+  EncodeFromFloat(type, values.data(), bytes.data(), values.size());
+  return bytes;
+}
+
+constexpr WireType kTypes[] = {WireType::kFloat32, WireType::kBFloat16, WireType::kFloat16};
+
+TEST(SerializeStepRequest, ParsesBackToTheFieldsAndTheNarrowedGradient) {
+  const uint64_t seed = seeds::TestSeed();
+  SCOPED_TRACE(seeds::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  for (WireType type : kTypes) {
+    SCOPED_TRACE(std::string(WireTypeName(type)));
+    const std::vector<float> gradient = RandomFloats(1031, rng);
+    v1::StepRequest fields;
+    fields.set_group("model.w");
+    fields.set_step(12);
+    fields.set_offset(262144);
+    fields.set_gradient_dtype(WireTypeToProto(type));
+    fields.set_param_dtype(v1::DTYPE_BFLOAT16);
+    fields.set_grad_scale(0.25f);
+    v1::StepRequest parsed;
+    ASSERT_TRUE(parsed.ParseFromString(Flatten(SerializeStepRequest(fields, type, gradient))));
+    v1::StepRequest expected = fields;
+    expected.set_gradient(Encoded(type, gradient));
+    EXPECT_EQ(parsed.SerializeAsString(), expected.SerializeAsString());
+  }
+}
+
+v1::StepResponse ResponseFields() {
+  v1::StepResponse fields;
+  fields.set_group("model.w");
+  fields.set_step(3);
+  fields.set_offset(524288);
+  fields.set_num_elements(1031);
+  fields.set_param_dtype(v1::DTYPE_FLOAT16);
+  fields.set_pages_applied(1);
+  fields.set_pages_replayed(2);
+  return fields;
+}
+
+TEST(ParseStepResponse, WidensParamsSplitAnywhereExactlyAsDecodeToFloat) {
+  const uint64_t seed = seeds::TestSeed();
+  SCOPED_TRACE(seeds::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  constexpr size_t kN = 1031;
+  for (WireType type : kTypes) {
+    SCOPED_TRACE(std::string(WireTypeName(type)));
+    const std::string params = Encoded(type, RandomFloats(kN, rng));
+    std::vector<float> want(kN);
+    DecodeToFloat(type, params.data(), want.data(), kN);
+    v1::StepResponse message = ResponseFields();
+    message.set_params(params);
+    const std::string wire = message.SerializeAsString();
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<size_t> cuts;  // Up to 6 cuts, odd offsets included.
+      for (int c = std::uniform_int_distribution<int>(0, 6)(rng); c > 0; --c) {
+        cuts.push_back(std::uniform_int_distribution<size_t>(1, wire.size() - 1)(rng));
+      }
+      std::sort(cuts.begin(), cuts.end());
+      cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+      grpc::ByteBuffer reply = Sliced(wire, cuts);
+      std::vector<float> got(kN, -1.0f);
+      v1::StepResponse fields;
+      ASSERT_TRUE(ParseStepResponse(&reply, type, kN, absl::MakeSpan(got), &fields).ok());
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), kN * sizeof(float)), 0) << trial;
+      EXPECT_EQ(fields.SerializeAsString(), ResponseFields().SerializeAsString());
+      EXPECT_EQ(reply.Length(), 0u);
+    }
+  }
+}
+
+TEST(ParseStepResponse, ParamsFirstAndUnknownFieldsAreFine) {
+  const std::vector<float> values = {1.5f, -2.0f, 3.25f};
+  const std::string params = Encoded(WireType::kFloat32, values);
+  // Params first (as optstated writes them), then the fields, then field 15.
+  v1::StepResponse only_params;
+  only_params.set_params(params);
+  const std::string wire = only_params.SerializeAsString() +
+                           ResponseFields().SerializeAsString() + std::string("\x78\x05", 2);
+  grpc::ByteBuffer reply = Sliced(wire, {5});
+  std::vector<float> got(3);
+  v1::StepResponse fields;
+  ASSERT_TRUE(ParseStepResponse(&reply, WireType::kFloat32, 3, absl::MakeSpan(got), &fields).ok());
+  EXPECT_EQ(got, values);
+  EXPECT_EQ(fields.SerializeAsString(), ResponseFields().SerializeAsString());
+}
+
+TEST(ParseStepResponse, AnEmptyParamsOutSkipsTheParams) {
+  v1::StepResponse message = ResponseFields();
+  message.set_params(std::string(8, '\x11'));
+  grpc::ByteBuffer reply = Sliced(message.SerializeAsString(), {});
+  v1::StepResponse fields;
+  ASSERT_TRUE(ParseStepResponse(&reply, WireType::kBFloat16, 4, {}, &fields).ok());
+  EXPECT_EQ(fields.offset(), 524288u);
+}
+
+TEST(ParseStepResponse, MalformedRepliesAreInternalErrorsSayingWhy) {
+  v1::StepResponse good = ResponseFields();
+  good.set_params(std::string(16, '\0'));
+  const std::string wire = good.SerializeAsString();
+  v1::StepResponse params_only;
+  params_only.set_params(std::string(16, '\0'));
+  const std::string params_wire = params_only.SerializeAsString();
+  struct Case {
+    const char* what;
+    std::string bytes;
+    size_t elements;
+    const char* says;
+  };
+  const Case cases[] = {
+      {"params of another length", wire, 5, "16 bytes of params; expected 20"},
+      {"no params", ResponseFields().SerializeAsString(), 4, "no params"},
+      {"truncated inside the params", params_wire.substr(0, params_wire.size() - 3), 4,
+       "past the end"},
+      {"truncated after the params", wire.substr(0, wire.size() - 1), 4, "field 8"},
+      {"a zero tag", std::string("\x00\x01", 2), 4, "zero field tag"},
+      {"a truncated group", std::string("\x0a\x10" "abc"), 4, "field 1"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    grpc::ByteBuffer reply = Sliced(c.bytes, {});
+    std::vector<float> out(c.elements);
+    v1::StepResponse fields;
+    absl::Status s =
+        ParseStepResponse(&reply, WireType::kFloat32, c.elements, absl::MakeSpan(out), &fields);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+    EXPECT_NE(s.message().find(c.says), std::string::npos) << s;
+  }
+}
+
+}  // namespace
+}  // namespace optstate::client_internal
