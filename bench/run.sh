@@ -50,7 +50,8 @@ run kernel "$KERNEL" --benchmark_repetitions="$KREPS" --benchmark_enable_random_
   --benchmark_min_time="$KTIME" --benchmark_format=json --benchmark_out="$RESULTS/kernel.json"
 
 # 2. End to end, lora7b shape: fp32 and bf16 wire, 1 and 8 clients, each with
-#    the gRPC echo baseline; raw TCP in the same run.
+#    the gRPC echo baseline and the raw echo (no payload copies: gRPC's own
+#    ceiling); raw TCP in the same run.
 run e2e_lora7b "$E2E" --shape=lora7b --wire=fp32,bf16 --clients=1,8 --reps="$EREPS" \
   --seconds="$ESECS"
 

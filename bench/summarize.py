@@ -110,17 +110,22 @@ def main():
               "returned. Best of the repetitions; spread in M elem/s.\n")
         print("| wire | clients | steps/s | M elem/s | wire GB/s | p50 ms | p99 ms | "
               "server CPU ms/step | client CPU ms/step | echo GB/s | echo server CPU ms/step | "
-              "optstate / echo | spread |")
+              "optstate / echo | raw echo GB/s | raw echo CPU ms/step (server + client) | "
+              "optstate / raw echo | spread |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-              "| --- |")
+              "| ---: | ---: | ---: | --- |")
         for (wire, clients), r in sorted(lora.items()):
             print("| %s | %d | %.2f | %.1f | %.3f | %.0f | %.0f | %.0f | %.0f | %.3f | %.0f | "
-                  "%.2f | %s |" % (
+                  "%.2f | %.3f | %.0f + %.0f | %.2f | %s |" % (
                       wire, clients, r["steps_per_s"], r["elem_per_s"] / 1e6, r["wire_Bps"] / 1e9,
                       r["p50_ms"], r["p99_ms"], r["server_cpu_ms_per_step"],
                       r["client_cpu_ms_per_step"], r.get("echo_Bps", 0) / 1e9,
                       r.get("echo_server_cpu_ms_per_step", 0),
                       r["wire_Bps"] / r["echo_Bps"] if r.get("echo_Bps") else 0,
+                      r.get("raw_echo_Bps", 0) / 1e9,
+                      r.get("raw_echo_server_cpu_ms_per_step", 0),
+                      r.get("raw_echo_client_cpu_ms_per_step", 0),
+                      r["wire_Bps"] / r["raw_echo_Bps"] if r.get("raw_echo_Bps") else 0,
                       spread(r["elem_per_s_reps"])))
         print()
     if tcp:
@@ -140,21 +145,37 @@ def main():
                 print("| gRPC echo %s x%d | %.3f | %.2f | %.2f |" % (
                     wire, clients, r["echo_Bps"] / 1e9, r["echo_Bps"] / t["echo_Bps"],
                     r["echo_Bps"] / t["one_way_Bps"]))
+            if r.get("raw_echo_Bps"):
+                print("| gRPC raw echo (no copies) %s x%d | %.3f | %.2f | %.2f |" % (
+                    wire, clients, r["raw_echo_Bps"] / 1e9, r["raw_echo_Bps"] / t["echo_Bps"],
+                    r["raw_echo_Bps"] / t["one_way_Bps"]))
         print()
     f1, b1, f8 = lora.get(("fp32", 1)), lora.get(("bf16", 1)), lora.get(("fp32", 8))
     if f1 and f1.get("echo_Bps"):
         v = f1["wire_Bps"] / f1["echo_Bps"]
         targets.append(("e2e lora7b 1 client fp32 >= 0.7 x echo bytes/s", "%.2f" % v,
                         verdict(v, 0.7)))
+    if f1 and f1.get("raw_echo_Bps"):
+        targets.append(("(optstate / raw echo, fp32 x1: the share of gRPC's own ceiling)",
+                        "%.2f" % (f1["wire_Bps"] / f1["raw_echo_Bps"]), "context"))
     if f1 and b1:
         v = b1["elem_per_s"] / f1["elem_per_s"]
         targets.append(("bf16 wire >= 1.6 x fp32 elem/s (1 client)", "%.2f" % v,
                         verdict(v, 1.6)))
+        if f1.get("raw_echo_Bps") and b1.get("raw_echo_Bps"):
+            # Raw echo elements/s: wire bytes over 2 x bytes per element.
+            rf, rb = f1["raw_echo_Bps"] / 8, b1["raw_echo_Bps"] / 4
+            targets.append(("(raw echo bf16 / fp32 elem/s: what gRPC alone allows, before any "
+                            "optimizer work)", "%.2f" % (rb / rf), "context"))
     if f1 and tcp:
         v = f1["wire_Bps"] / tcp[0]["echo_Bps"]
         targets.append(("e2e wire (fp32, 1 client) >= 0.4 x raw TCP (Step pattern)",
                         "%.2f (one-way TCP: %.2f)" % (v, f1["wire_Bps"] / tcp[0]["one_way_Bps"]),
                         verdict(v, 0.4)))
+        if f1.get("raw_echo_Bps"):
+            targets.append(("(gRPC raw echo, no payload copies, fp32 x1 / raw TCP: the most "
+                            "any gRPC service reaches)",
+                            "%.2f" % (f1["raw_echo_Bps"] / tcp[0]["echo_Bps"]), "context"))
     if f1 and f8:
         v = f8["elem_per_s"] / f1["elem_per_s"]
         targets.append(("8 clients aggregate >= 1 x single client elem/s (fp32)", "%.2f" % v,
