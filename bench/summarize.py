@@ -21,7 +21,13 @@ def load_results(path):
 
 def cmd(results, name):
     path = os.path.join(results, name + ".cmd")
-    return open(path).read().strip() if os.path.exists(path) else "(not run)"
+    if not os.path.exists(path):
+        return "(not run)"
+    # As run.sh logged it, less the prompt and with the run's own folder generic.
+    text = open(path).read().strip()
+    if text.startswith("$ "):
+        text = text[2:]
+    return text.replace(os.path.basename(os.path.normpath(results)), "<date>")
 
 
 def kernel_runs(results):
