@@ -69,14 +69,18 @@ void StepReactor::Advance(int tokens_released) {
 }
 
 void StepReactor::OnReadDone(bool ok) {
+  QueuedChunk chunk;
+  if (ok) {
+    // As gRPC's own deserializer would (the gradient is copied out of the
+    // slices once, here). Outside the lock: incoming_ is ours until
+    // read_in_flight_ is cleared.
+    chunk.parse_status = ParseStepRequest(&incoming_, &chunk.request);
+  }
   {
     absl::MutexLock lock(&mu_);
     read_in_flight_ = false;
     if (ok) {
-      QueuedChunk& chunk = queued_.emplace_back();
-      // As gRPC's own deserializer would (the gradient is copied out of the
-      // slices once, here).
-      chunk.parse_status = ParseStepRequest(&incoming_, &chunk.request);
+      queued_.push_back(std::move(chunk));
     } else {
       reads_done_ = true;  // Half-close by the client, or a broken stream.
     }
