@@ -87,7 +87,8 @@ absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::Rp
                        const StepOptions& options, std::vector<PlannedChunk>* pending) {
   grpc::ClientContext context;
   SetDeadline(&context, client_options);
-  // A raw stream (client/step_wire.h), created the way generated stubs do.
+  // A raw stream (client/step_wire.h), created as generated stubs do, with
+  // gRPC's internal factory (stable across the 1.x releases we build with).
   std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
       grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
           channel, method, &context));
@@ -136,15 +137,17 @@ absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::Rp
         &reply, options.param_dtype, chunk.count,
         group.params_out.empty() ? absl::Span<float>()
                                  : group.params_out.subspan(chunk.offset, chunk.count),
+        [&](const v1::StepResponse& fields) {
+          if (fields.group() == group.group && fields.offset() == chunk.offset) {
+            return absl::OkStatus();
+          }
+          return absl::InternalError(absl::StrCat(
+              "it is for group '", fields.group(), "' offset ", fields.offset(), "; expected '",
+              group.group, "' offset ", chunk.offset));
+        },
         &response);
     if (!parsed.ok()) {
       mismatch = absl::InternalError(absl::StrCat("reply ", i, ": ", parsed.message()));
-      break;
-    }
-    if (response.group() != group.group || response.offset() != chunk.offset) {
-      mismatch = absl::InternalError(absl::StrCat(
-          "reply ", i, " is for group '", response.group(), "' offset ", response.offset(),
-          "; expected '", group.group, "' offset ", chunk.offset));
       break;
     }
     done[i] = true;

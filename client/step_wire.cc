@@ -89,60 +89,59 @@ grpc::ByteBuffer SerializeStepRequest(const v1::StepRequest& fields, WireType ty
   return grpc::ByteBuffer(&owned, 1);
 }
 
-absl::Status ParseStepResponse(grpc::ByteBuffer* reply, WireType type, size_t elements,
-                               absl::Span<float> params_out, v1::StepResponse* fields) {
-  const size_t total = reply->Length();
-  if (total > static_cast<size_t>(INT_MAX)) return NotAStepResponse("larger than 2 GiB");
-  const size_t expected_bytes = elements * WireTypeSize(type);
-  absl::Status status;
-  bool saw_params = false;
-  {
-    grpc::ProtoBufferReader reader(reply);
-    CodedInputStream input(&reader);
-    input.SetTotalBytesLimit(INT_MAX);
-    for (;;) {
-      const uint32_t tag = input.ReadTag();
-      if (tag == 0) {
-        if (static_cast<size_t>(input.CurrentPosition()) != total) {
-          status = NotAStepResponse("a malformed or zero field tag");
-        }
-        break;
+namespace {
+
+// One pass over the StepResponse in `reply` (`total` bytes long), refusing
+// what protobuf's parser would refuse. Every params field must hold
+// `expected_bytes`; `*saw_params` says whether one was there. With
+// `params_out` null it parses the other fields into `fields` and skips the
+// params; otherwise it only widens the params into `params_out`.
+absl::Status ScanStepResponse(grpc::ByteBuffer* reply, size_t total, WireType type,
+                              size_t expected_bytes, v1::StepResponse* fields,
+                              float* params_out, bool* saw_params) {
+  grpc::ProtoBufferReader reader(reply);  // Reads without consuming the buffer.
+  if (!reader.status().ok()) return NotAStepResponse("its bytes cannot be read");
+  CodedInputStream input(&reader);
+  input.SetTotalBytesLimit(INT_MAX);
+  while (static_cast<size_t>(input.CurrentPosition()) < total) {
+    const uint32_t tag = input.ReadTag();
+    if (tag == 0 || WireFormatLite::GetTagFieldNumber(tag) == 0) {
+      return NotAStepResponse("a malformed or zero field tag");
+    }
+    if (tag == kParamsTag) {
+      uint64_t length = 0;
+      if (!input.ReadVarint64(&length)) return NotAStepResponse("a malformed params length");
+      if (length != expected_bytes) {
+        return absl::InternalError(absl::StrCat("a Step reply carries ", length,
+                                                " bytes of params; expected ", expected_bytes,
+                                                " (elements of ", WireTypeName(type), ")"));
       }
-      if (tag == kParamsTag) {
-        uint32_t length = 0;
-        if (!input.ReadVarint32(&length)) {
-          status = NotAStepResponse("a malformed params length");
-          break;
-        }
-        if (length != expected_bytes) {
-          status = absl::InternalError(absl::StrCat(
-              "a Step reply carries ", length, " bytes of params; expected ", expected_bytes,
-              " (", elements, " elements of ", WireTypeName(type), ")"));
-          break;
-        }
-        WideningSink sink(type, params_out.data());
-        size_t left = length;
-        while (left > 0) {
-          const void* data = nullptr;
-          int size = 0;
-          if (!input.GetDirectBufferPointer(&data, &size) || size <= 0) break;
-          const size_t take = std::min(left, static_cast<size_t>(size));
-          if (!params_out.empty()) sink.Feed(static_cast<const unsigned char*>(data), take);
-          input.Skip(static_cast<int>(take));
-          left -= take;
-        }
-        if (left > 0) {
-          status = NotAStepResponse("the params field runs past the end of the message");
-          break;
-        }
-        saw_params = true;
-        continue;
+      WideningSink sink(type, params_out);
+      size_t left = expected_bytes;
+      while (left > 0) {
+        const void* data = nullptr;
+        int size = 0;
+        if (!input.GetDirectBufferPointer(&data, &size) || size <= 0) break;
+        const size_t take = std::min(left, static_cast<size_t>(size));
+        if (params_out != nullptr) sink.Feed(static_cast<const unsigned char*>(data), take);
+        input.Skip(static_cast<int>(take));
+        left -= take;
       }
-      bool ok = true;
-      uint64_t value = 0;
+      if (left > 0) return NotAStepResponse("the params field runs past the end of the message");
+      *saw_params = true;
+      continue;
+    }
+    bool ok = true;
+    uint64_t value = 0;
+    if (params_out != nullptr) {
+      ok = WireFormatLite::SkipField(&input, tag);  // Parsed in the first pass.
+    } else {
       switch (tag) {
         case kGroupTag:
-          ok = WireFormatLite::ReadString(&input, fields->mutable_group());
+          ok = WireFormatLite::ReadString(&input, fields->mutable_group()) &&
+               WireFormatLite::VerifyUtf8String(fields->group().data(),
+                                                static_cast<int>(fields->group().size()),
+                                                WireFormatLite::PARSE, "StepResponse.group");
           break;
         case Tag(v1::StepResponse::kStepFieldNumber, WireFormatLite::WIRETYPE_VARINT):
           ok = input.ReadVarint64(&value);
@@ -168,20 +167,46 @@ absl::Status ParseStepResponse(grpc::ByteBuffer* reply, WireType type, size_t el
           ok = input.ReadVarint64(&value);
           fields->set_pages_replayed(value);
           break;
-        default:  // A field this client does not know: skipped, as protobuf would.
+        default:  // Unknown fields, or a wrong wire type: skipped, as protobuf does.
           ok = WireFormatLite::SkipField(&input, tag);
       }
-      if (!ok) {
-        status = NotAStepResponse(absl::StrCat("field ", tag >> 3, " is malformed"));
-        break;
-      }
+    }
+    if (!ok) {
+      return NotAStepResponse(absl::StrCat("field ", WireFormatLite::GetTagFieldNumber(tag),
+                                           " is malformed"));
     }
   }
-  reply->Clear();
-  if (status.ok() && !saw_params && expected_bytes != 0) {
-    return absl::InternalError(absl::StrCat("a Step reply carries no params; expected ",
-                                            expected_bytes, " bytes"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ParseStepResponse(grpc::ByteBuffer* reply, WireType type, size_t elements,
+                               absl::Span<float> params_out,
+                               absl::FunctionRef<absl::Status(const v1::StepResponse&)> check,
+                               v1::StepResponse* fields) {
+  const size_t total = reply->Length();
+  const size_t expected_bytes = elements * WireTypeSize(type);
+  absl::Status status;
+  bool saw_params = false;
+  if (!params_out.empty() && params_out.size() != elements) {
+    status = absl::InternalError(absl::StrCat("params_out holds ", params_out.size(),
+                                              " floats for a reply of ", elements, " elements"));
+  } else if (total > static_cast<size_t>(INT_MAX)) {
+    status = NotAStepResponse("larger than 2 GiB");
+  } else {
+    status = ScanStepResponse(reply, total, type, expected_bytes, fields, nullptr, &saw_params);
   }
+  if (status.ok() && !saw_params && expected_bytes != 0) {
+    status = absl::InternalError(
+        absl::StrCat("a Step reply carries no params; expected ", expected_bytes, " bytes"));
+  }
+  if (status.ok()) status = check(*fields);
+  if (status.ok() && !params_out.empty()) {
+    status = ScanStepResponse(reply, total, type, expected_bytes, nullptr, params_out.data(),
+                              &saw_params);
+  }
+  reply->Clear();
   return status;
 }
 

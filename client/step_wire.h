@@ -8,6 +8,7 @@
 
 #include <cstddef>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -25,12 +26,17 @@ grpc::ByteBuffer SerializeStepRequest(const v1::StepRequest& fields, WireType ty
                                       absl::Span<const float> gradient);
 
 // Parses a StepResponse from `reply` (emptied) into `fields`, all but its
-// params. The params must be `elements` elements of `type`; they are widened
-// into `params_out` unless it is empty (else it has `elements` floats).
-// INTERNAL, naming what is wrong, when the bytes are not a StepResponse or
-// the params have another length; params_out may then hold some of them.
+// params, refusing what protobuf's parser would refuse. The params must be
+// `elements` elements of `type`. Once the whole message has parsed and
+// `check(*fields)` accepts it (the caller's check that the reply is for the
+// chunk it expects), the params are widened into `params_out`, unless it is
+// empty (else it holds `elements` floats); params_out is untouched on any
+// error. INTERNAL, naming what is wrong, when the bytes are not a
+// StepResponse or the params have another length; else `check`'s status.
 absl::Status ParseStepResponse(grpc::ByteBuffer* reply, WireType type, size_t elements,
-                               absl::Span<float> params_out, v1::StepResponse* fields);
+                               absl::Span<float> params_out,
+                               absl::FunctionRef<absl::Status(const v1::StepResponse&)> check,
+                               v1::StepResponse* fields);
 
 }  // namespace optstate::client_internal
 

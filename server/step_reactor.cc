@@ -135,7 +135,7 @@ void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
     ++starting_;  // Keeps the call open until this thread is done with it.
     if (task->seq < error_seq_) {
       if (status.ok()) {
-        completed_.emplace(task->seq, std::move(reply));
+        completed_[task->seq].Swap(&reply);  // ByteBuffer has no move: swap, not copy.
       } else {
         // The earliest refusal wins; replies to later chunks are dropped.
         error_seq_ = task->seq;
@@ -145,7 +145,7 @@ void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
       }
     }
     while (!completed_.empty() && completed_.begin()->first == next_write_seq_) {
-      to_write_.push_back(std::move(completed_.begin()->second));
+      to_write_.emplace_back().Swap(&completed_.begin()->second);
       completed_.erase(completed_.begin());
       ++next_write_seq_;
     }

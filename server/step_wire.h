@@ -21,8 +21,8 @@ namespace optstate {
 // INVALID_ARGUMENT if it is not a StepRequest.
 absl::Status ParseStepRequest(grpc::ByteBuffer* buffer, v1::StepRequest* request);
 
-// Not thread-safe; one per reply. Call ReserveParams at most once, then
-// Finish once.
+// Not thread-safe; one per reply. Call ReserveParams at most once (a second
+// call starts over), then Finish once.
 class StepReplyBuilder {
  public:
   // `group_name_bytes`: the length of the group name the reply will carry

@@ -54,6 +54,8 @@ std::string Encoded(WireType type, const std::vector<float>& values) {
   return bytes;
 }
 
+absl::Status AcceptAll(const v1::StepResponse&) { return absl::OkStatus(); }
+
 constexpr WireType kTypes[] = {WireType::kFloat32, WireType::kBFloat16, WireType::kFloat16};
 
 TEST(SerializeStepRequest, ParsesBackToTheFieldsAndTheNarrowedGradient) {
@@ -113,7 +115,7 @@ TEST(ParseStepResponse, WidensParamsSplitAnywhereExactlyAsDecodeToFloat) {
       grpc::ByteBuffer reply = Sliced(wire, cuts);
       std::vector<float> got(kN, -1.0f);
       v1::StepResponse fields;
-      ASSERT_TRUE(ParseStepResponse(&reply, type, kN, absl::MakeSpan(got), &fields).ok());
+      ASSERT_TRUE(ParseStepResponse(&reply, type, kN, absl::MakeSpan(got), AcceptAll, &fields).ok());
       ASSERT_EQ(std::memcmp(got.data(), want.data(), kN * sizeof(float)), 0) << trial;
       EXPECT_EQ(fields.SerializeAsString(), ResponseFields().SerializeAsString());
       EXPECT_EQ(reply.Length(), 0u);
@@ -132,7 +134,8 @@ TEST(ParseStepResponse, ParamsFirstAndUnknownFieldsAreFine) {
   grpc::ByteBuffer reply = Sliced(wire, {5});
   std::vector<float> got(3);
   v1::StepResponse fields;
-  ASSERT_TRUE(ParseStepResponse(&reply, WireType::kFloat32, 3, absl::MakeSpan(got), &fields).ok());
+  ASSERT_TRUE(ParseStepResponse(&reply, WireType::kFloat32, 3, absl::MakeSpan(got), AcceptAll,
+                                &fields).ok());
   EXPECT_EQ(got, values);
   EXPECT_EQ(fields.SerializeAsString(), ResponseFields().SerializeAsString());
 }
@@ -142,17 +145,19 @@ TEST(ParseStepResponse, AnEmptyParamsOutSkipsTheParams) {
   message.set_params(std::string(8, '\x11'));
   grpc::ByteBuffer reply = Sliced(message.SerializeAsString(), {});
   v1::StepResponse fields;
-  ASSERT_TRUE(ParseStepResponse(&reply, WireType::kBFloat16, 4, {}, &fields).ok());
+  ASSERT_TRUE(ParseStepResponse(&reply, WireType::kBFloat16, 4, {}, AcceptAll, &fields).ok());
   EXPECT_EQ(fields.offset(), 524288u);
 }
 
-TEST(ParseStepResponse, MalformedRepliesAreInternalErrorsSayingWhy) {
+TEST(ParseStepResponse, MalformedRepliesAreInternalErrorsAndLeaveParamsOutAlone) {
   v1::StepResponse good = ResponseFields();
-  good.set_params(std::string(16, '\0'));
+  good.set_params(std::string(16, '\x3f'));
   const std::string wire = good.SerializeAsString();
   v1::StepResponse params_only;
-  params_only.set_params(std::string(16, '\0'));
+  params_only.set_params(std::string(16, '\x3f'));
   const std::string params_wire = params_only.SerializeAsString();
+  // Field 15 (unknown, varint 5), then a byte protobuf refuses.
+  const std::string unknown = std::string("\x78\x05", 2);
   struct Case {
     const char* what;
     std::string bytes;
@@ -162,22 +167,51 @@ TEST(ParseStepResponse, MalformedRepliesAreInternalErrorsSayingWhy) {
   const Case cases[] = {
       {"params of another length", wire, 5, "16 bytes of params; expected 20"},
       {"no params", ResponseFields().SerializeAsString(), 4, "no params"},
+      {"params with the wrong wire type (an unknown field, so none)",
+       std::string("\x30\x05", 2), 4, "no params"},
       {"truncated inside the params", params_wire.substr(0, params_wire.size() - 3), 4,
        "past the end"},
       {"truncated after the params", wire.substr(0, wire.size() - 1), 4, "field 8"},
       {"a zero tag", std::string("\x00\x01", 2), 4, "zero field tag"},
+      {"a trailing zero byte", params_wire + unknown + std::string(1, '\0'), 4,
+       "zero field tag"},
+      {"a tag cut off at the end", params_wire + unknown + std::string("\x80", 1), 4,
+       "zero field tag"},
+      {"field number 0", params_wire + std::string("\x02\x00", 2), 4, "zero field tag"},
+      {"a params length over 32 bits", std::string("\x32\x90\x80\x80\x80\x10", 6) +
+       std::string(16, '\0'), 4, "4294967312 bytes of params"},
       {"a truncated group", std::string("\x0a\x10" "abc"), 4, "field 1"},
+      {"a group that is not UTF-8", params_wire + std::string("\x0a\x02\xc3\x28", 4), 4,
+       "field 1"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
+    // v1::StepResponse's own parser refuses these too, or finds no params of that size.
     grpc::ByteBuffer reply = Sliced(c.bytes, {});
-    std::vector<float> out(c.elements);
+    std::vector<float> out(c.elements, 7.0f);
     v1::StepResponse fields;
-    absl::Status s =
-        ParseStepResponse(&reply, WireType::kFloat32, c.elements, absl::MakeSpan(out), &fields);
+    absl::Status s = ParseStepResponse(&reply, WireType::kFloat32, c.elements,
+                                       absl::MakeSpan(out), AcceptAll, &fields);
     EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
     EXPECT_NE(s.message().find(c.says), std::string::npos) << s;
+    EXPECT_EQ(out, std::vector<float>(c.elements, 7.0f)) << "params_out was written";
   }
+}
+
+TEST(ParseStepResponse, AReplyTheCheckRefusesLeavesParamsOutAlone) {
+  v1::StepResponse message = ResponseFields();
+  message.set_params(std::string(8, '\x3f'));
+  grpc::ByteBuffer reply = Sliced(message.SerializeAsString(), {3});
+  std::vector<float> out(2, 7.0f);
+  v1::StepResponse fields;
+  absl::Status s = ParseStepResponse(
+      &reply, WireType::kFloat32, 2, absl::MakeSpan(out),
+      [](const v1::StepResponse& f) {
+        return f.offset() == 0 ? absl::OkStatus() : absl::InternalError("another chunk's reply");
+      },
+      &fields);
+  EXPECT_EQ(s.message(), "another chunk's reply");
+  EXPECT_EQ(out, std::vector<float>(2, 7.0f));
 }
 
 }  // namespace

@@ -411,6 +411,7 @@ TEST(NarrowedFiniteBound, AllNarrowToFiniteFindsOneBadValueAtEveryPosition) {
       for (size_t at = 0; at < n; ++at) {
         const float kept = values[at];
         uint32_t bits = at == 0 ? bound : bad_bits(rng);  // The bound itself, once.
+        if (rng() & 1) bits |= 0x80000000u;                // Either sign.
         std::memcpy(&values[at], &bits, sizeof(float));
         ASSERT_FALSE(AllNarrowToFinite(type, values.data(), n)) << n << " at " << at;
         values[at] = kept;

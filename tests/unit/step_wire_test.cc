@@ -67,6 +67,14 @@ TEST(StepReplyBuilder, AGroupNameLongerThanAnnouncedStillSerializesCorrectly) {
   ExpectReply(builder.Finish(fields), fields, params);
 }
 
+TEST(StepReplyBuilder, ASecondReserveStartsOver) {
+  const v1::StepResponse fields = Fields("g");
+  StepReplyBuilder builder(1);
+  std::memset(builder.ReserveParams(100), 1, 100);
+  std::memcpy(builder.ReserveParams(3), "xyz", 3);
+  ExpectReply(builder.Finish(fields), fields, "xyz");
+}
+
 TEST(StepReplyBuilder, WithoutParamsTheReplyIsJustTheFields) {
   const v1::StepResponse fields = Fields("g");
   StepReplyBuilder builder(1);
