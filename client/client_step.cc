@@ -6,6 +6,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/container/flat_hash_set.h"
@@ -28,7 +29,15 @@ struct PlannedChunk {
   size_t group;  // Index into the step's groups.
   uint64_t offset;
   uint64_t count;
+  // The whole request, when narrowed ahead of sending (and kept for resends).
+  std::optional<grpc::ByteBuffer> request;
 };
+
+// The most of a step's narrowed gradient the client narrows ahead of sending
+// (and holds until the step ends): checking the narrowed bytes saves a pass
+// over the float gradient; later chunks are checked from the floats and
+// narrowed when sent.
+constexpr size_t kMaxPreparedBytes = 64 << 20;
 
 // Whether the element at `i` of the gradient is finite as the server sees it.
 bool FiniteAsSent(const GroupStep& group, const StepOptions& options, size_t i) {
@@ -41,41 +50,87 @@ bool FiniteAsSent(const GroupStep& group, const StepOptions& options, size_t i) 
   return std::fabs(value * options.grad_scale.value_or(1.0f)) <= FLT_MAX;
 }
 
-// Refuses a gradient with an element that is not finite as the server will
-// see it: narrowed to the wire type, widened back, times grad_scale. Checks
-// blocks without branches and searches for the element only in a bad block.
-// With |grad_scale| <= 1 the product is finite exactly when the narrowed value
-// is, so the float bits tell (no conversion); a larger scale can overflow, and
-// then each block is narrowed and widened as the server will.
-absl::Status CheckFinite(const GroupStep& group, const StepOptions& options) {
+// INVALID_ARGUMENT naming the first element of `group`'s gradient, from
+// `from` on, that is not finite as the server will see it.
+absl::Status NotFiniteError(const GroupStep& group, const StepOptions& options, size_t from) {
+  size_t bad = from;
+  while (bad < group.gradient.size() && FiniteAsSent(group, options, bad)) ++bad;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "gradient of group '", group.group, "' at element ", bad, " is ",
+      bad < group.gradient.size() ? group.gradient[bad] : 0.0f, ", which is not finite as ",
+      WireTypeName(options.gradient_dtype), " after grad_scale ",
+      options.grad_scale.value_or(1.0f), "; the whole step was refused and nothing was sent"));
+}
+
+// The check with |grad_scale| > 1, where a finite narrowed value can still
+// overflow: each block is narrowed and widened as the server will, then
+// scaled.
+absl::Status CheckFiniteScaled(const GroupStep& group, const StepOptions& options) {
   const float scale = options.grad_scale.value_or(1.0f);
-  const bool narrow = options.gradient_dtype != WireType::kFloat32;
-  const bool bits_suffice = std::fabs(scale) <= 1.0f;
   constexpr size_t kBlock = 4096;
   float widened[kBlock];
   uint16_t narrowed[kBlock];
   for (size_t begin = 0; begin < group.gradient.size(); begin += kBlock) {
     const size_t n = std::min(kBlock, group.gradient.size() - begin);
     const float* values = group.gradient.data() + begin;
-    bool all_finite;
-    if (bits_suffice) {
-      all_finite = AllNarrowToFinite(options.gradient_dtype, values, n);
-    } else {
-      if (narrow) {
-        EncodeFromFloat(options.gradient_dtype, values, narrowed, n);
-        DecodeToFloat(options.gradient_dtype, narrowed, widened, n);
-        values = widened;
-      }
-      all_finite = true;
-      for (size_t i = 0; i < n; ++i) all_finite &= std::fabs(values[i] * scale) <= FLT_MAX;
+    if (options.gradient_dtype != WireType::kFloat32) {
+      EncodeFromFloat(options.gradient_dtype, values, narrowed, n);
+      DecodeToFloat(options.gradient_dtype, narrowed, widened, n);
+      values = widened;
     }
-    if (all_finite) continue;
-    size_t bad = begin;
-    while (FiniteAsSent(group, options, bad)) ++bad;
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gradient of group '", group.group, "' at element ", bad, " is ", group.gradient[bad],
-        ", which is not finite as ", WireTypeName(options.gradient_dtype), " after grad_scale ",
-        scale, "; the whole step was refused and nothing was sent"));
+    bool all_finite = true;
+    for (size_t i = 0; i < n; ++i) all_finite &= std::fabs(values[i] * scale) <= FLT_MAX;
+    if (!all_finite) return NotFiniteError(group, options, begin);
+  }
+  return absl::OkStatus();
+}
+
+// StepRequest fields of a chunk, all but the gradient.
+void ChunkFields(const GroupStep& group, const PlannedChunk& chunk, uint64_t step,
+                 const StepOptions& options, v1::StepRequest* fields) {
+  fields->Clear();
+  fields->set_group(group.group);
+  fields->set_step(step);
+  fields->set_offset(chunk.offset);
+  fields->set_gradient_dtype(WireTypeToProto(options.gradient_dtype));
+  fields->set_param_dtype(WireTypeToProto(options.param_dtype));
+  if (options.lr) fields->set_lr(*options.lr);
+  if (options.grad_scale) fields->set_grad_scale(*options.grad_scale);
+}
+
+// Refuses the step if any gradient element is not finite as the server will
+// see it: narrowed to the wire type, widened back, times grad_scale. With
+// |grad_scale| <= 1 the product is finite exactly when the narrowed value is,
+// so the first chunks (up to kMaxPreparedBytes) are narrowed into their
+// requests and checked there, and the rest are checked from the float bits;
+// a larger scale takes CheckFiniteScaled. Chunks are checked in order, so the
+// error names the step's first bad element.
+absl::Status CheckAndPrepare(absl::Span<const GroupStep> groups, uint64_t step,
+                             const StepOptions& options, std::vector<PlannedChunk>* chunks) {
+  const WireType type = options.gradient_dtype;
+  if (std::fabs(options.grad_scale.value_or(1.0f)) > 1.0f) {
+    for (const GroupStep& group : groups) {
+      if (absl::Status s = CheckFiniteScaled(group, options); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  size_t prepared = 0;
+  v1::StepRequest fields;
+  for (PlannedChunk& chunk : *chunks) {
+    const GroupStep& group = groups[chunk.group];
+    const absl::Span<const float> gradient = group.gradient.subspan(chunk.offset, chunk.count);
+    const size_t bytes = chunk.count * WireTypeSize(type);
+    bool finite;
+    if (prepared + bytes <= kMaxPreparedBytes) {
+      ChunkFields(group, chunk, step, options, &fields);
+      const unsigned char* payload = nullptr;
+      chunk.request = client_internal::SerializeStepRequest(fields, type, gradient, &payload);
+      prepared += bytes;
+      finite = AllWireFinite(type, payload, chunk.count);
+    } else {
+      finite = AllNarrowToFinite(type, gradient.data(), gradient.size());
+    }
+    if (!finite) return NotFiniteError(group, options, chunk.offset);
   }
   return absl::OkStatus();
 }
@@ -110,16 +165,14 @@ absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::Rp
       }
       const PlannedChunk& chunk = (*pending)[i];
       const GroupStep& group = groups[chunk.group];
-      fields.Clear();
-      fields.set_group(group.group);
-      fields.set_step(step);
-      fields.set_offset(chunk.offset);
-      fields.set_gradient_dtype(WireTypeToProto(options.gradient_dtype));
-      fields.set_param_dtype(WireTypeToProto(options.param_dtype));
-      if (options.lr) fields.set_lr(*options.lr);
-      if (options.grad_scale) fields.set_grad_scale(*options.grad_scale);
-      const grpc::ByteBuffer request = client_internal::SerializeStepRequest(
-          fields, options.gradient_dtype, group.gradient.subspan(chunk.offset, chunk.count));
+      grpc::ByteBuffer request;
+      if (chunk.request) {
+        request = *chunk.request;  // Shares its slice.
+      } else {
+        ChunkFields(group, chunk, step, options, &fields);
+        request = client_internal::SerializeStepRequest(
+            fields, options.gradient_dtype, group.gradient.subspan(chunk.offset, chunk.count));
+      }
       if (!stream->Write(request)) break;  // The stream broke; Finish says why.
     }
     stream->WritesDone();
@@ -224,7 +277,6 @@ absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
           "params_out of group '", group.group, "' has ", group.params_out.size(),
           " elements; the group has ", layout->num_elements, " (or pass an empty span)"));
     }
-    if (absl::Status s = CheckFinite(group, options); !s.ok()) return s;
     // Whole pages per chunk: about chunk_bytes of gradient, and neither the
     // request nor the reply (params may be wider than the gradient) past
     // the message limit, less room for the other fields.
@@ -244,9 +296,10 @@ absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
                                                 max_pages);
     const uint64_t chunk_elements = pages * layout->page_elements;
     for (uint64_t offset = 0; offset < layout->num_elements; offset += chunk_elements) {
-      pending.push_back({g, offset, std::min(chunk_elements, layout->num_elements - offset)});
+      pending.push_back({g, offset, std::min(chunk_elements, layout->num_elements - offset), {}});
     }
   }
+  if (absl::Status s = CheckAndPrepare(groups, step, options, &pending); !s.ok()) return s;
 
   absl::Status last;
   for (int attempt = 0; attempt < impl_->options.max_attempts && !pending.empty(); ++attempt) {

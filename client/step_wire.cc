@@ -75,16 +75,19 @@ absl::Status NotAStepResponse(absl::string_view what) {
 }  // namespace
 
 grpc::ByteBuffer SerializeStepRequest(const v1::StepRequest& fields, WireType type,
-                                      absl::Span<const float> gradient) {
+                                      absl::Span<const float> gradient,
+                                      const unsigned char** payload) {
   const size_t field_bytes = fields.ByteSizeLong();
-  const size_t payload = gradient.size() * WireTypeSize(type);
-  const size_t prefix =
-      CodedOutputStream::VarintSize32(kGradientTag) + CodedOutputStream::VarintSize64(payload);
-  grpc_slice slice = grpc_slice_malloc(field_bytes + prefix + payload);
+  const size_t gradient_bytes = gradient.size() * WireTypeSize(type);
+  const size_t prefix = CodedOutputStream::VarintSize32(kGradientTag) +
+                        CodedOutputStream::VarintSize64(gradient_bytes);
+  // Refcounted even when small, so `*payload` points into memory every copy shares.
+  grpc_slice slice = grpc_slice_malloc_large(field_bytes + prefix + gradient_bytes);
   uint8_t* at = fields.SerializeWithCachedSizesToArray(GRPC_SLICE_START_PTR(slice));
   at = CodedOutputStream::WriteVarint32ToArray(kGradientTag, at);
-  at = CodedOutputStream::WriteVarint64ToArray(payload, at);
+  at = CodedOutputStream::WriteVarint64ToArray(gradient_bytes, at);
   EncodeFromFloat(type, gradient.data(), at, gradient.size());
+  if (payload != nullptr) *payload = at;
   grpc::Slice owned(slice, grpc::Slice::STEAL_REF);
   return grpc::ByteBuffer(&owned, 1);
 }

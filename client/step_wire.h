@@ -21,9 +21,11 @@ namespace optstate::client_internal {
 inline constexpr char kStepMethod[] = "/optstate.v1.OptimizerState/Step";
 
 // One StepRequest message: `fields` (whose gradient must be empty), then the
-// gradient field: `gradient` narrowed to `type`.
+// gradient field: `gradient` narrowed to `type`. `*payload`, when asked for,
+// points at the narrowed gradient inside the message (valid while it lives).
 grpc::ByteBuffer SerializeStepRequest(const v1::StepRequest& fields, WireType type,
-                                      absl::Span<const float> gradient);
+                                      absl::Span<const float> gradient,
+                                      const unsigned char** payload = nullptr);
 
 // Parses a StepResponse from `reply` (emptied) into `fields`, all but its
 // params, refusing what protobuf's parser would refuse. The params must be

@@ -3,6 +3,9 @@
 // results bit for bit (the tests compare every element).
 #include "optstate/dtype.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -72,9 +75,56 @@ OPTSTATE_AVX2 bool AllAbsBitsBelowAvx2(const float* values, size_t end, uint32_t
   }
   return _mm256_testz_si256(over, over);
 }
+
+// Whether no 16-bit element of the first `end` (a multiple of 16) has all of
+// `exponent` set (infinity or NaN).
+OPTSTATE_AVX2 bool AllHalvesFiniteAvx2(const unsigned char* wire, size_t end,
+                                       uint16_t exponent) {
+  const __m256i mask = _mm256_set1_epi16(static_cast<short>(exponent));
+  __m256i bad = _mm256_setzero_si256();
+  for (size_t i = 0; i < end; i += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wire + 2 * i));
+    bad = _mm256_or_si256(bad, _mm256_cmpeq_epi16(_mm256_and_si256(h, mask), mask));
+  }
+  return _mm256_testz_si256(bad, bad);
+}
 #endif  // defined(__x86_64__)
 
 }  // namespace
+
+bool AllWireFinite(WireType type, const void* wire, size_t count) {
+  const auto* bytes = static_cast<const unsigned char*>(wire);
+  if (type == WireType::kFloat32) {
+    // float32 on the wire is the float's bits: aligned or not, the same test.
+    constexpr size_t kBlock = 1024;
+    float block[kBlock];
+    for (size_t begin = 0; begin < count; begin += kBlock) {
+      const size_t n = std::min(kBlock, count - begin);
+      const float* values = reinterpret_cast<const float*>(bytes + 4 * begin);
+      if (reinterpret_cast<uintptr_t>(values) % alignof(float) != 0) {
+        std::memcpy(block, bytes + 4 * begin, n * sizeof(float));
+        values = block;
+      }
+      if (!AllNarrowToFinite(WireType::kFloat32, values, n)) return false;
+    }
+    return true;
+  }
+  const uint16_t exponent = type == WireType::kBFloat16 ? 0x7f80 : 0x7c00;
+  size_t done = 0;
+#if defined(__x86_64__)
+  if (HasAvx2F16c()) {
+    done = count - count % 16;
+    if (!AllHalvesFiniteAvx2(bytes, done, exponent)) return false;
+  }
+#endif
+  bool all_finite = true;
+  for (size_t i = done; i < count; ++i) {
+    uint16_t h;
+    std::memcpy(&h, bytes + 2 * i, sizeof(h));
+    all_finite &= (h & exponent) != exponent;
+  }
+  return all_finite;
+}
 
 bool AllNarrowToFinite(WireType type, const float* values, size_t count) {
   const uint32_t bound = NarrowedFiniteBoundBits(type);

@@ -47,7 +47,8 @@ char* StepReplyBuilder::ReserveParams(size_t params_bytes) {
   const size_t prefix =
       CodedOutputStream::VarintSize32(kParamsTag) + CodedOutputStream::VarintSize64(params_bytes);
   if (reserved_) grpc_slice_unref(slice_);  // A second call replaces the first.
-  slice_ = grpc_slice_malloc(prefix + params_bytes + MaxFieldBytes(group_name_bytes_));
+  // Refcounted even when small: the returned pointer must stay put.
+  slice_ = grpc_slice_malloc_large(prefix + params_bytes + MaxFieldBytes(group_name_bytes_));
   reserved_ = true;
   uint8_t* at = GRPC_SLICE_START_PTR(slice_);
   at = CodedOutputStream::WriteVarint32ToArray(kParamsTag, at);

@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <tuple>
 
+#include "absl/strings/str_cat.h"
 #include "optstate/client.h"
 #include "tests/integration/daemon_process.h"
 #include "tests/integration/random_tensors.h"
@@ -235,6 +237,23 @@ TEST_F(EndToEndTest, GradientsNotFiniteOnTheWireAreRefusedBeforeSending) {
       ++step;
     }
   }
+}
+
+TEST_F(EndToEndTest, ABadGradientPastWhatTheClientNarrowsAheadIsStillRefusedBeforeSending) {
+  // 65 MiB of fp32 gradient: more than the client narrows ahead (64 MiB).
+  constexpr size_t kN = (65u << 20) / 4;
+  ASSERT_TRUE(client_->RegisterGroup("large", kN).ok());
+  std::vector<float> grad(kN, 0.01f), params(kN);
+  grad[kN - 3] = std::numeric_limits<float>::infinity();
+  absl::Status s = client_->Step("large", 1, grad, absl::MakeSpan(params));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(absl::StrCat("at element ", kN - 3)));
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("nothing was sent"));
+  absl::StatusOr<GroupInfo> info = client_->DescribeGroup("large");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->max_step, 0u);
+  grad[kN - 3] = 0.01f;
+  EXPECT_TRUE(client_->Step("large", 1, grad, absl::MakeSpan(params)).ok());
 }
 
 TEST_F(EndToEndTest, AGroupRegisteredAnewElsewhereIsSteppedWithItsNewLayout) {

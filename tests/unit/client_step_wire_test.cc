@@ -80,6 +80,24 @@ TEST(SerializeStepRequest, ParsesBackToTheFieldsAndTheNarrowedGradient) {
   }
 }
 
+TEST(SerializeStepRequest, ThePayloadPointerIsTheNarrowedGradientEvenInATinyMessage) {
+  for (WireType type : kTypes) {
+    SCOPED_TRACE(std::string(WireTypeName(type)));
+    const std::vector<float> gradient = {0.375f};
+    v1::StepRequest fields;
+    fields.set_group("g");
+    const unsigned char* payload = nullptr;
+    grpc::ByteBuffer request = SerializeStepRequest(fields, type, gradient, &payload);
+    grpc::ByteBuffer copy = request;  // Copies share the bytes.
+    request.Clear();
+    const std::string want = Encoded(type, gradient);
+    ASSERT_NE(payload, nullptr);
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(payload), want.size()), want);
+    const std::string wire = Flatten(copy);
+    EXPECT_EQ(wire.substr(wire.size() - want.size()), want);
+  }
+}
+
 v1::StepResponse ResponseFields() {
   v1::StepResponse fields;
   fields.set_group("model.w");

@@ -420,6 +420,39 @@ TEST(NarrowedFiniteBound, AllNarrowToFiniteFindsOneBadValueAtEveryPosition) {
   }
 }
 
+TEST(NarrowedFiniteBound, AllWireFiniteFindsOneBadElementAtEveryPositionAndAlignment) {
+  const uint64_t seed = seeds::TestSeed();
+  SCOPED_TRACE(seeds::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 100.0f);
+  const float bad_values[] = {std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity(),
+                              std::numeric_limits<float>::quiet_NaN(),
+                              -std::numeric_limits<float>::quiet_NaN()};
+  for (WireType type : {WireType::kFloat32, WireType::kBFloat16, WireType::kFloat16}) {
+    SCOPED_TRACE(std::string(WireTypeName(type)));
+    const size_t width = WireTypeSize(type);
+    for (size_t n : {0, 1, 15, 16, 17, 1031}) {
+      for (size_t misalign : {0, 1, 2}) {
+        std::vector<float> values(n);
+        for (float& v : values) v = normal(rng);
+        std::vector<unsigned char> storage(n * width + misalign);
+        unsigned char* wire = storage.data() + misalign;
+        EncodeFromFloat(type, values.data(), wire, n);
+        ASSERT_TRUE(AllWireFinite(type, wire, n)) << n;
+        for (size_t at = 0; at < n; ++at) {
+          unsigned char kept[4];
+          std::memcpy(kept, wire + at * width, width);
+          const float bad = bad_values[rng() % 4];
+          EncodeFromFloat(type, &bad, wire + at * width, 1);
+          ASSERT_FALSE(AllWireFinite(type, wire, n)) << n << " at " << at;
+          std::memcpy(wire + at * width, kept, width);
+        }
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // DecodeToFloat / EncodeFromFloat at every alignment.
 

@@ -62,6 +62,10 @@ inline uint32_t NarrowedFiniteBoundBits(WireType type) {
 // (NarrowedFiniteBoundBits); AVX2 where the CPU has it.
 bool AllNarrowToFinite(WireType type, const float* values, size_t count);
 
+// Whether every one of `count` elements of `type` at `wire` (any alignment)
+// is finite; AVX2 where the CPU has it.
+bool AllWireFinite(WireType type, const void* wire, size_t count);
+
 // Widens `count` elements of `type` at `src` (any alignment) into `dst`.
 void DecodeToFloat(WireType type, const void* src, float* dst, size_t count);
 
