@@ -93,6 +93,8 @@ class Client {
   // chunks not yet answered; the server applies each page exactly once, so a
   // retried or repeated step never applies an element twice. When the step
   // fails, params_out may hold the new params of the chunks answered so far.
+  // While it runs, a step holds up to 64 MiB of its gradient narrowed to the
+  // wire type (ready to send, and to resend), beyond the caller's buffers.
   absl::Status Step(absl::Span<const GroupStep> groups, uint64_t step,
                     const StepOptions& options = {});
   absl::Status Step(const std::string& group, uint64_t step, absl::Span<const float> gradient,
