@@ -216,7 +216,7 @@ void DecodeToFloat(WireType type, const void* src, float* dst, size_t count) {
 #endif
   switch (type) {
     case WireType::kFloat32:
-      std::memcpy(dst, bytes, count * sizeof(float));
+      if (count != 0) std::memcpy(dst, bytes, count * sizeof(float));  // May be null when empty.
       return;
     case WireType::kBFloat16:
       for (size_t i = 0; i < count; ++i) {
@@ -248,7 +248,7 @@ void EncodeFromFloat(WireType type, const float* src, void* dst, size_t count) {
 #endif
   switch (type) {
     case WireType::kFloat32:
-      std::memcpy(bytes, src, count * sizeof(float));
+      if (count != 0) std::memcpy(bytes, src, count * sizeof(float));  // May be null when empty.
       return;
     case WireType::kBFloat16:
       for (size_t i = 0; i < count; ++i) {
