@@ -3,7 +3,6 @@
 // results bit for bit (the tests compare every element).
 #include "optstate/dtype.h"
 
-#include <algorithm>
 #include <cstdint>
 
 #if defined(__x86_64__)
@@ -60,16 +59,16 @@ OPTSTATE_AVX2 size_t EncodeBFloat16Avx2(const float* src, unsigned char* dst, si
   }
   return end;
 }
-// Whether |bits| of the first `end` (a multiple of 32) values stay below
-// `bound`.
-OPTSTATE_AVX2 bool AllAbsBitsBelowAvx2(const float* values, size_t end, uint32_t bound) {
+// Whether |bits| of the first `end` (a multiple of 32) float32 values at
+// `bytes` (any alignment) stay below `bound`.
+OPTSTATE_AVX2 bool AllAbsBitsBelowAvx2(const unsigned char* bytes, size_t end, uint32_t bound) {
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
   const __m256i last_ok = _mm256_set1_epi32(static_cast<int>(bound - 1));
   __m256i over = _mm256_setzero_si256();
   for (size_t i = 0; i < end; i += 32) {
     for (size_t k = 0; k < 32; k += 8) {
       const __m256i bits = _mm256_and_si256(
-          _mm256_castps_si256(_mm256_loadu_ps(values + i + k)), abs_mask);
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + 4 * (i + k))), abs_mask);
       over = _mm256_or_si256(over, _mm256_cmpgt_epi32(bits, last_ok));  // Both >= 0.
     }
   }
@@ -90,24 +89,31 @@ OPTSTATE_AVX2 bool AllHalvesFiniteAvx2(const unsigned char* wire, size_t end,
 }
 #endif  // defined(__x86_64__)
 
+// Whether |bits| of `count` float32 values at `bytes` (any alignment) stay
+// below `bound`.
+bool AllAbsBitsBelow(const unsigned char* bytes, size_t count, uint32_t bound) {
+  size_t done = 0;
+#if defined(__x86_64__)
+  if (HasAvx2F16c()) {
+    done = count - count % 32;
+    if (!AllAbsBitsBelowAvx2(bytes, done, bound)) return false;
+  }
+#endif
+  bool all_finite = true;
+  for (size_t i = done; i < count; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, bytes + 4 * i, sizeof(bits));
+    all_finite &= (bits & 0x7fffffffu) < bound;
+  }
+  return all_finite;
+}
+
 }  // namespace
 
 bool AllWireFinite(WireType type, const void* wire, size_t count) {
   const auto* bytes = static_cast<const unsigned char*>(wire);
-  if (type == WireType::kFloat32) {
-    // float32 on the wire is the float's bits: aligned or not, the same test.
-    constexpr size_t kBlock = 1024;
-    float block[kBlock];
-    for (size_t begin = 0; begin < count; begin += kBlock) {
-      const size_t n = std::min(kBlock, count - begin);
-      const float* values = reinterpret_cast<const float*>(bytes + 4 * begin);
-      if (reinterpret_cast<uintptr_t>(values) % alignof(float) != 0) {
-        std::memcpy(block, bytes + 4 * begin, n * sizeof(float));
-        values = block;
-      }
-      if (!AllNarrowToFinite(WireType::kFloat32, values, n)) return false;
-    }
-    return true;
+  if (type == WireType::kFloat32) {  // The float's own bits.
+    return AllAbsBitsBelow(bytes, count, NarrowedFiniteBoundBits(WireType::kFloat32));
   }
   const uint16_t exponent = type == WireType::kBFloat16 ? 0x7f80 : 0x7c00;
   size_t done = 0;
@@ -127,21 +133,8 @@ bool AllWireFinite(WireType type, const void* wire, size_t count) {
 }
 
 bool AllNarrowToFinite(WireType type, const float* values, size_t count) {
-  const uint32_t bound = NarrowedFiniteBoundBits(type);
-  size_t done = 0;
-#if defined(__x86_64__)
-  if (HasAvx2F16c()) {
-    done = count - count % 32;
-    if (!AllAbsBitsBelowAvx2(values, done, bound)) return false;
-  }
-#endif
-  bool all_finite = true;
-  for (size_t i = done; i < count; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, values + i, sizeof(bits));
-    all_finite &= (bits & 0x7fffffffu) < bound;
-  }
-  return all_finite;
+  return AllAbsBitsBelow(reinterpret_cast<const unsigned char*>(values), count,
+                         NarrowedFiniteBoundBits(type));
 }
 
 absl::string_view WireTypeName(WireType type) {
