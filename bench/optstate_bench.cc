@@ -119,7 +119,7 @@ struct ClientState {
   std::vector<std::string> names;
   std::vector<float> gradient;  // All tensors back to back.
   std::vector<float> params;
-  std::vector<size_t> chunk_bytes;  // The chunks Client::Step sends, in order, in wire bytes.
+  std::vector<size_t> chunk_bytes;  // The messages Client::Step sends, in order, in wire bytes.
   std::vector<char> echo_in, echo_out;
   uint64_t next_step = 1;
 };
@@ -172,13 +172,20 @@ void Setup(Config& config, int index, const std::string& target, const std::stri
       absl::StatusOr<GroupInfo> info =
           state->client->RegisterGroup(name, config.shape.tensors[t]);
       Check(info.status(), "register");
-      // The same chunking as Client::Step: whole pages, about chunk_bytes.
+      // The same messages as Client::Step: chunks of whole pages, about
+      // chunk_bytes, and consecutive chunks packed into one message while it
+      // stays within chunk_bytes.
       const uint64_t page_bytes = info->page_elements * wire_size;
       const uint64_t chunk_elements =
           std::max<uint64_t>(1, options.chunk_bytes / page_bytes) * info->page_elements;
       for (uint64_t at = 0; at < info->num_elements; at += chunk_elements) {
-        state->chunk_bytes.push_back(std::min(chunk_elements, info->num_elements - at) *
-                                     wire_size);
+        const size_t bytes = std::min(chunk_elements, info->num_elements - at) * wire_size;
+        if (!state->chunk_bytes.empty() &&
+            state->chunk_bytes.back() + bytes <= options.chunk_bytes) {
+          state->chunk_bytes.back() += bytes;
+        } else {
+          state->chunk_bytes.push_back(bytes);
+        }
       }
       state->names.push_back(std::move(name));
     }

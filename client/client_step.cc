@@ -1,5 +1,6 @@
-// Client::Step: checks the whole step, cuts it into page-aligned chunks, and
-// streams them with a bounded window; on a transient failure it resends only
+// Client::Step: checks the whole step, cuts it into page-aligned chunks
+// (packing small ones into shared messages), and streams them with a bounded
+// window; on a transient failure it resends only
 // the chunks that got no reply (the server applies each page exactly once).
 #include <algorithm>
 #include <cfloat>
@@ -10,6 +11,7 @@
 #include <thread>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client_internal.h"
@@ -25,13 +27,23 @@ using client_internal::SetDeadline;
 
 namespace {
 
-struct PlannedChunk {
+// Elements [offset, offset + count) of one group: whole pages.
+struct ChunkPiece {
   size_t group;  // Index into the step's groups.
   uint64_t offset;
   uint64_t count;
+};
+
+// One request: a chunk, and the chunks packed after it in StepRequest.more
+// (small tensors share a message). The unit of sending and resending.
+struct PlannedChunk {
+  absl::InlinedVector<ChunkPiece, 1> pieces;
   // The whole request, when narrowed ahead of sending (and kept for resends).
   std::optional<grpc::ByteBuffer> request;
 };
+
+// Room kept per packed chunk for its fields and framing, beyond the group name.
+constexpr uint64_t kPieceOverheadBytes = 96;
 
 // The most of a step's narrowed gradient the client narrows ahead of sending
 // (and holds until the step ends): checking the narrowed bytes saves a pass
@@ -86,16 +98,33 @@ absl::Status CheckFiniteScaled(const GroupStep& group, const StepOptions& option
 }
 
 // StepRequest fields of a chunk, all but the gradient.
-void ChunkFields(const GroupStep& group, const PlannedChunk& chunk, uint64_t step,
+void ChunkFields(const GroupStep& group, const ChunkPiece& piece, uint64_t step,
                  const StepOptions& options, v1::StepRequest* fields) {
   fields->Clear();
   fields->set_group(group.group);
   fields->set_step(step);
-  fields->set_offset(chunk.offset);
+  fields->set_offset(piece.offset);
   fields->set_gradient_dtype(WireTypeToProto(options.gradient_dtype));
   fields->set_param_dtype(WireTypeToProto(options.param_dtype));
   if (options.lr) fields->set_lr(*options.lr);
   if (options.grad_scale) fields->set_grad_scale(*options.grad_scale);
+}
+
+// The request for `chunk`, its gradients narrowed into it; `payloads` gets
+// each piece's narrowed gradient. `fields` is scratch, reused across calls.
+grpc::ByteBuffer BuildRequest(absl::Span<const GroupStep> groups, const PlannedChunk& chunk,
+                              uint64_t step, const StepOptions& options,
+                              std::vector<v1::StepRequest>* fields,
+                              std::vector<const unsigned char*>* payloads = nullptr) {
+  if (fields->size() < chunk.pieces.size()) fields->resize(chunk.pieces.size());
+  absl::InlinedVector<client_internal::RequestPiece, 16> pieces;
+  for (size_t k = 0; k < chunk.pieces.size(); ++k) {
+    const ChunkPiece& piece = chunk.pieces[k];
+    const GroupStep& group = groups[piece.group];
+    ChunkFields(group, piece, step, options, &(*fields)[k]);
+    pieces.push_back({&(*fields)[k], group.gradient.subspan(piece.offset, piece.count)});
+  }
+  return client_internal::SerializeStepRequest(pieces, options.gradient_dtype, payloads);
 }
 
 // Refuses the step if any gradient element is not finite as the server will
@@ -115,22 +144,24 @@ absl::Status CheckAndPrepare(absl::Span<const GroupStep> groups, uint64_t step,
     return absl::OkStatus();
   }
   size_t prepared = 0;
-  v1::StepRequest fields;
+  std::vector<v1::StepRequest> fields;
+  std::vector<const unsigned char*> payloads;
   for (PlannedChunk& chunk : *chunks) {
-    const GroupStep& group = groups[chunk.group];
-    const absl::Span<const float> gradient = group.gradient.subspan(chunk.offset, chunk.count);
-    const size_t bytes = chunk.count * WireTypeSize(type);
-    bool finite;
-    if (prepared + bytes <= kMaxPreparedBytes) {
-      ChunkFields(group, chunk, step, options, &fields);
-      const unsigned char* payload = nullptr;
-      chunk.request = client_internal::SerializeStepRequest(fields, type, gradient, &payload);
+    size_t bytes = 0;
+    for (const ChunkPiece& piece : chunk.pieces) bytes += piece.count * WireTypeSize(type);
+    const bool prepare = prepared + bytes <= kMaxPreparedBytes;
+    if (prepare) {
+      chunk.request = BuildRequest(groups, chunk, step, options, &fields, &payloads);
       prepared += bytes;
-      finite = AllWireFinite(type, payload, chunk.count);
-    } else {
-      finite = AllNarrowToFinite(type, gradient.data(), gradient.size());
     }
-    if (!finite) return NotFiniteError(group, options, chunk.offset);
+    for (size_t k = 0; k < chunk.pieces.size(); ++k) {
+      const ChunkPiece& piece = chunk.pieces[k];
+      const GroupStep& group = groups[piece.group];
+      const bool finite =
+          prepare ? AllWireFinite(type, payloads[k], piece.count)
+                  : AllNarrowToFinite(type, group.gradient.data() + piece.offset, piece.count);
+      if (!finite) return NotFiniteError(group, options, piece.offset);
+    }
   }
   return absl::OkStatus();
 }
@@ -156,7 +187,7 @@ absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::Rp
   const size_t total = pending->size();
 
   std::thread writer([&] {
-    v1::StepRequest fields;  // All but the gradient.
+    std::vector<v1::StepRequest> fields;  // All but the gradients.
     for (size_t i = 0; i < total; ++i) {
       {
         std::unique_lock<std::mutex> lock(mu);
@@ -164,14 +195,11 @@ absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::Rp
         if (stop) break;
       }
       const PlannedChunk& chunk = (*pending)[i];
-      const GroupStep& group = groups[chunk.group];
       grpc::ByteBuffer request;
       if (chunk.request) {
         request = *chunk.request;  // Shares its slice.
       } else {
-        ChunkFields(group, chunk, step, options, &fields);
-        request = client_internal::SerializeStepRequest(
-            fields, options.gradient_dtype, group.gradient.subspan(chunk.offset, chunk.count));
+        request = BuildRequest(groups, chunk, step, options, &fields);
       }
       if (!stream->Write(request)) break;  // The stream broke; Finish says why.
     }
@@ -182,21 +210,28 @@ absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::Rp
   std::vector<bool> done(total, false);
   grpc::ByteBuffer reply;
   v1::StepResponse response;  // All but the params, which go straight to params_out.
+  absl::InlinedVector<client_internal::ReplyPiece, 16> expected;
   for (size_t i = 0; i < total && stream->Read(&reply); ++i) {
     const PlannedChunk& chunk = (*pending)[i];
-    const GroupStep& group = groups[chunk.group];
+    expected.clear();
+    for (const ChunkPiece& piece : chunk.pieces) {
+      const GroupStep& group = groups[piece.group];
+      expected.push_back({piece.count, group.params_out.empty()
+                                           ? absl::Span<float>()
+                                           : group.params_out.subspan(piece.offset, piece.count)});
+    }
     response.Clear();
     absl::Status parsed = client_internal::ParseStepResponse(
-        &reply, options.param_dtype, chunk.count,
-        group.params_out.empty() ? absl::Span<float>()
-                                 : group.params_out.subspan(chunk.offset, chunk.count),
-        [&](const v1::StepResponse& fields) {
-          if (fields.group() == group.group && fields.offset() == chunk.offset) {
+        &reply, options.param_dtype, expected,
+        [&](size_t k, const v1::StepResponse& fields) {
+          const ChunkPiece& piece = chunk.pieces[k];
+          const GroupStep& group = groups[piece.group];
+          if (fields.group() == group.group && fields.offset() == piece.offset) {
             return absl::OkStatus();
           }
           return absl::InternalError(absl::StrCat(
               "it is for group '", fields.group(), "' offset ", fields.offset(), "; expected '",
-              group.group, "' offset ", chunk.offset));
+              group.group, "' offset ", piece.offset));
         },
         &response);
     if (!parsed.ok()) {
@@ -258,6 +293,8 @@ absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
     }
   }
   std::vector<PlannedChunk> pending;
+  uint64_t packed_gradient_bytes = 0;  // Of pending.back().
+  uint64_t packed_message_bytes = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
     const GroupStep& group = groups[g];
     absl::StatusOr<GroupInfo> layout = impl_->Layout(*this, group.group);
@@ -296,7 +333,24 @@ absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
                                                 max_pages);
     const uint64_t chunk_elements = pages * layout->page_elements;
     for (uint64_t offset = 0; offset < layout->num_elements; offset += chunk_elements) {
-      pending.push_back({g, offset, std::min(chunk_elements, layout->num_elements - offset), {}});
+      const ChunkPiece piece{g, offset, std::min(chunk_elements, layout->num_elements - offset)};
+      // Packed after the previous chunks while the message stays within
+      // chunk_bytes of gradient, and its request and reply within the
+      // message limit.
+      const uint64_t gradient_bytes = piece.count * WireTypeSize(options.gradient_dtype);
+      const uint64_t message_bytes =
+          piece.count * widest + group.group.size() + kPieceOverheadBytes;
+      if (!pending.empty() && packed_gradient_bytes + gradient_bytes <= impl_->options.chunk_bytes &&
+          packed_message_bytes + message_bytes <=
+              static_cast<uint64_t>(impl_->options.max_message_bytes) - 4096) {
+        pending.back().pieces.push_back(piece);
+        packed_gradient_bytes += gradient_bytes;
+        packed_message_bytes += message_bytes;
+      } else {
+        pending.push_back({{piece}, {}});
+        packed_gradient_bytes = gradient_bytes;
+        packed_message_bytes = message_bytes;
+      }
     }
   }
   if (absl::Status s = CheckAndPrepare(groups, step, options, &pending); !s.ok()) return s;

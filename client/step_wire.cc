@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
@@ -31,6 +32,10 @@ constexpr uint32_t kParamsTag =
     Tag(v1::StepResponse::kParamsFieldNumber, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
 constexpr uint32_t kGroupTag =
     Tag(v1::StepResponse::kGroupFieldNumber, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+// StepRequest.more and StepResponse.more: the same number.
+static_assert(int{v1::StepRequest::kMoreFieldNumber} == int{v1::StepResponse::kMoreFieldNumber});
+constexpr uint32_t kMoreTag =
+    Tag(v1::StepResponse::kMoreFieldNumber, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
 
 // Widens a byte stream of `type` elements arriving in pieces of any length
 // into consecutive floats; an element split between pieces is joined.
@@ -74,143 +79,250 @@ absl::Status NotAStepResponse(absl::string_view what) {
 
 }  // namespace
 
-grpc::ByteBuffer SerializeStepRequest(const v1::StepRequest& fields, WireType type,
-                                      absl::Span<const float> gradient,
-                                      const unsigned char** payload) {
-  const size_t field_bytes = fields.ByteSizeLong();
-  const size_t gradient_bytes = gradient.size() * WireTypeSize(type);
-  const size_t prefix = CodedOutputStream::VarintSize32(kGradientTag) +
-                        CodedOutputStream::VarintSize64(gradient_bytes);
-  // Refcounted even when small, so `*payload` points into memory every copy shares.
-  grpc_slice slice = grpc_slice_malloc_large(field_bytes + prefix + gradient_bytes);
-  uint8_t* at = fields.SerializeWithCachedSizesToArray(GRPC_SLICE_START_PTR(slice));
-  at = CodedOutputStream::WriteVarint32ToArray(kGradientTag, at);
-  at = CodedOutputStream::WriteVarint64ToArray(gradient_bytes, at);
-  EncodeFromFloat(type, gradient.data(), at, gradient.size());
-  if (payload != nullptr) *payload = at;
+grpc::ByteBuffer SerializeStepRequest(absl::Span<const RequestPiece> pieces, WireType type,
+                                      std::vector<const unsigned char*>* payloads) {
+  // Each piece as a message: fields, then the gradient field.
+  absl::InlinedVector<size_t, 16> message_bytes(pieces.size());
+  size_t total = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const size_t gradient_bytes = pieces[i].gradient.size() * WireTypeSize(type);
+    message_bytes[i] = pieces[i].fields->ByteSizeLong() +
+                       CodedOutputStream::VarintSize32(kGradientTag) +
+                       CodedOutputStream::VarintSize64(gradient_bytes) + gradient_bytes;
+    total += message_bytes[i];
+    if (i > 0) {  // Wrapped in a `more` field.
+      total += CodedOutputStream::VarintSize32(kMoreTag) +
+               CodedOutputStream::VarintSize64(message_bytes[i]);
+    }
+  }
+  // Refcounted even when small, so payload pointers point into memory every copy shares.
+  grpc_slice slice = grpc_slice_malloc_large(total);
+  uint8_t* at = GRPC_SLICE_START_PTR(slice);
+  if (payloads != nullptr) payloads->clear();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (i > 0) {
+      at = CodedOutputStream::WriteVarint32ToArray(kMoreTag, at);
+      at = CodedOutputStream::WriteVarint64ToArray(message_bytes[i], at);
+    }
+    const absl::Span<const float> gradient = pieces[i].gradient;
+    at = pieces[i].fields->SerializeWithCachedSizesToArray(at);
+    at = CodedOutputStream::WriteVarint32ToArray(kGradientTag, at);
+    at = CodedOutputStream::WriteVarint64ToArray(gradient.size() * WireTypeSize(type), at);
+    EncodeFromFloat(type, gradient.data(), at, gradient.size());
+    if (payloads != nullptr) payloads->push_back(at);
+    at += gradient.size() * WireTypeSize(type);
+  }
   grpc::Slice owned(slice, grpc::Slice::STEAL_REF);
   return grpc::ByteBuffer(&owned, 1);
 }
 
+grpc::ByteBuffer SerializeStepRequest(const v1::StepRequest& fields, WireType type,
+                                      absl::Span<const float> gradient,
+                                      const unsigned char** payload) {
+  const RequestPiece piece{&fields, gradient};
+  std::vector<const unsigned char*> payloads;
+  grpc::ByteBuffer message = SerializeStepRequest(absl::MakeConstSpan(&piece, 1), type,
+                                                  payload != nullptr ? &payloads : nullptr);
+  if (payload != nullptr) *payload = payloads[0];
+  return message;
+}
+
 namespace {
 
-// One pass over the StepResponse in `reply` (`total` bytes long), refusing
-// what protobuf's parser would refuse. Every params field must hold
-// `expected_bytes`; `*saw_params` says whether one was there. With
-// `params_out` null it parses the other fields into `fields` and skips the
-// params; otherwise it only widens the params into `params_out`.
-absl::Status ScanStepResponse(grpc::ByteBuffer* reply, size_t total, WireType type,
-                              size_t expected_bytes, v1::StepResponse* fields,
-                              float* params_out, bool* saw_params) {
-  grpc::ProtoBufferReader reader(reply);  // Reads without consuming the buffer.
-  if (!reader.status().ok()) return NotAStepResponse("its bytes cannot be read");
-  CodedInputStream input(&reader);
-  input.SetTotalBytesLimit(INT_MAX);
-  while (static_cast<size_t>(input.CurrentPosition()) < total) {
-    const uint32_t tag = input.ReadTag();
-    if (tag == 0 || WireFormatLite::GetTagFieldNumber(tag) == 0) {
-      return NotAStepResponse("a malformed or zero field tag");
+// One pass of ParseStepResponse over a reply. The first pass (`widen`
+// false) parses every reply's fields into `fields` (the packed ones into
+// fields->more) and checks the params' lengths; the second widens the params
+// into the pieces' params_out.
+class ReplyScanner {
+ public:
+  ReplyScanner(WireType type, absl::Span<const ReplyPiece> pieces, bool widen)
+      : type_(type), pieces_(pieces), widen_(widen), saw_params_(pieces.size(), false) {}
+
+  absl::Status Scan(grpc::ByteBuffer* reply, size_t total, v1::StepResponse* fields) {
+    grpc::ProtoBufferReader reader(reply);  // Reads without consuming the buffer.
+    if (!reader.status().ok()) return NotAStepResponse("its bytes cannot be read");
+    CodedInputStream input(&reader);
+    input.SetTotalBytesLimit(INT_MAX);
+    input.PushLimit(static_cast<int>(total));
+    if (absl::Status s = ScanMessage(&input, 0, fields); !s.ok()) return s;
+    if (packed_ + 1 != pieces_.size()) {
+      return absl::InternalError(absl::StrCat("a Step reply packs ", packed_,
+                                              " replies in `more`; its request packed ",
+                                              pieces_.size() - 1));
     }
-    if (tag == kParamsTag) {
-      uint64_t length = 0;
-      if (!input.ReadVarint64(&length)) return NotAStepResponse("a malformed params length");
-      if (length != expected_bytes) {
-        return absl::InternalError(absl::StrCat("a Step reply carries ", length,
-                                                " bytes of params; expected ", expected_bytes,
-                                                " (elements of ", WireTypeName(type), ")"));
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      if (!saw_params_[i] && pieces_[i].elements != 0) {
+        return absl::InternalError(absl::StrCat(
+            "a Step reply carries no params", i == 0 ? "" : absl::StrCat(" in more[", i - 1, "]"),
+            "; expected ", pieces_[i].elements * WireTypeSize(type_), " bytes"));
       }
-      WideningSink sink(type, params_out);
-      size_t left = expected_bytes;
-      while (left > 0) {
-        const void* data = nullptr;
-        int size = 0;
-        if (!input.GetDirectBufferPointer(&data, &size) || size <= 0) break;
-        const size_t take = std::min(left, static_cast<size_t>(size));
-        if (params_out != nullptr) sink.Feed(static_cast<const unsigned char*>(data), take);
-        input.Skip(static_cast<int>(take));
-        left -= take;
-      }
-      if (left > 0) return NotAStepResponse("the params field runs past the end of the message");
-      *saw_params = true;
-      continue;
     }
-    bool ok = true;
+    return absl::OkStatus();
+  }
+
+ private:
+  // Scans one StepResponse up to the input's limit: the outer reply
+  // (piece 0), or the one packed for `piece`. `fields` is null when widening.
+  absl::Status ScanMessage(CodedInputStream* input, size_t piece, v1::StepResponse* fields) {
+    while (input->BytesUntilLimit() > 0) {
+      const uint32_t tag = input->ReadTag();
+      if (tag == 0 || WireFormatLite::GetTagFieldNumber(tag) == 0) {
+        return NotAStepResponse("a malformed or zero field tag");
+      }
+      if (tag == kParamsTag) {
+        if (absl::Status s = ScanParams(input, piece); !s.ok()) return s;
+        continue;
+      }
+      if (tag == kMoreTag) {
+        if (absl::Status s = ScanPacked(input, piece, fields); !s.ok()) return s;
+        continue;
+      }
+      bool ok = true;
+      if (widen_) {
+        ok = WireFormatLite::SkipField(input, tag);  // Parsed in the first pass.
+      } else {
+        ok = ParseField(input, tag, fields);
+      }
+      if (!ok) {
+        return NotAStepResponse(absl::StrCat("field ", WireFormatLite::GetTagFieldNumber(tag),
+                                             " is malformed"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // A reply packed in the outer one's `more` (after its tag).
+  absl::Status ScanPacked(CodedInputStream* input, size_t piece,
+                          v1::StepResponse* fields) {
+    uint32_t length = 0;
+    if (!input->ReadVarint32(&length) || static_cast<int64_t>(length) > input->BytesUntilLimit()) {
+      return NotAStepResponse("a malformed `more` field");
+    }
+    if (piece != 0) return NotAStepResponse("a packed reply packs replies itself");
+    if (++packed_ >= pieces_.size()) {
+      return absl::InternalError(absl::StrCat("a Step reply packs more than the ",
+                                              pieces_.size() - 1,
+                                              " replies its request packed"));
+    }
+    const CodedInputStream::Limit outer = input->PushLimit(static_cast<int>(length));
+    absl::Status status = ScanMessage(input, packed_, widen_ ? nullptr : fields->add_more());
+    input->PopLimit(outer);
+    return status;
+  }
+
+  // The params field of `piece`'s reply (after its tag).
+  absl::Status ScanParams(CodedInputStream* input, size_t piece) {
+    const size_t expected_bytes = pieces_[piece].elements * WireTypeSize(type_);
+    uint64_t length = 0;
+    if (!input->ReadVarint64(&length)) return NotAStepResponse("a malformed params length");
+    if (length != expected_bytes) {
+      return absl::InternalError(absl::StrCat("a Step reply carries ", length,
+                                              " bytes of params; expected ", expected_bytes,
+                                              " (elements of ", WireTypeName(type_), ")"));
+    }
+    const bool write = widen_ && !pieces_[piece].params_out.empty();
+    WideningSink sink(type_, write ? pieces_[piece].params_out.data() : nullptr);
+    size_t left = expected_bytes;
+    while (left > 0) {
+      const void* data = nullptr;
+      int size = 0;
+      if (!input->GetDirectBufferPointer(&data, &size) || size <= 0) break;
+      const size_t take = std::min(left, static_cast<size_t>(size));
+      if (write) sink.Feed(static_cast<const unsigned char*>(data), take);
+      input->Skip(static_cast<int>(take));
+      left -= take;
+    }
+    if (left > 0) return NotAStepResponse("the params field runs past the end of the message");
+    saw_params_[piece] = true;
+    return absl::OkStatus();
+  }
+
+  // Any field but params and more, as protobuf would parse it into `fields`.
+  static bool ParseField(CodedInputStream* input, uint32_t tag, v1::StepResponse* fields) {
     uint64_t value = 0;
-    if (params_out != nullptr) {
-      ok = WireFormatLite::SkipField(&input, tag);  // Parsed in the first pass.
-    } else {
-      switch (tag) {
-        case kGroupTag:
-          ok = WireFormatLite::ReadString(&input, fields->mutable_group()) &&
+    bool ok = true;
+    switch (tag) {
+      case kGroupTag:
+        return WireFormatLite::ReadString(input, fields->mutable_group()) &&
                WireFormatLite::VerifyUtf8String(fields->group().data(),
                                                 static_cast<int>(fields->group().size()),
                                                 WireFormatLite::PARSE, "StepResponse.group");
-          break;
-        case Tag(v1::StepResponse::kStepFieldNumber, WireFormatLite::WIRETYPE_VARINT):
-          ok = input.ReadVarint64(&value);
-          fields->set_step(value);
-          break;
-        case Tag(v1::StepResponse::kOffsetFieldNumber, WireFormatLite::WIRETYPE_VARINT):
-          ok = input.ReadVarint64(&value);
-          fields->set_offset(value);
-          break;
-        case Tag(v1::StepResponse::kNumElementsFieldNumber, WireFormatLite::WIRETYPE_VARINT):
-          ok = input.ReadVarint64(&value);
-          fields->set_num_elements(value);
-          break;
-        case Tag(v1::StepResponse::kParamDtypeFieldNumber, WireFormatLite::WIRETYPE_VARINT):
-          ok = input.ReadVarint64(&value);
-          fields->set_param_dtype(static_cast<v1::DType>(static_cast<int32_t>(value)));
-          break;
-        case Tag(v1::StepResponse::kPagesAppliedFieldNumber, WireFormatLite::WIRETYPE_VARINT):
-          ok = input.ReadVarint64(&value);
-          fields->set_pages_applied(value);
-          break;
-        case Tag(v1::StepResponse::kPagesReplayedFieldNumber, WireFormatLite::WIRETYPE_VARINT):
-          ok = input.ReadVarint64(&value);
-          fields->set_pages_replayed(value);
-          break;
-        default:  // Unknown fields, or a wrong wire type: skipped, as protobuf does.
-          ok = WireFormatLite::SkipField(&input, tag);
-      }
-    }
-    if (!ok) {
-      return NotAStepResponse(absl::StrCat("field ", WireFormatLite::GetTagFieldNumber(tag),
-                                           " is malformed"));
+      case Tag(v1::StepResponse::kStepFieldNumber, WireFormatLite::WIRETYPE_VARINT):
+        ok = input->ReadVarint64(&value);
+        fields->set_step(value);
+        return ok;
+      case Tag(v1::StepResponse::kOffsetFieldNumber, WireFormatLite::WIRETYPE_VARINT):
+        ok = input->ReadVarint64(&value);
+        fields->set_offset(value);
+        return ok;
+      case Tag(v1::StepResponse::kNumElementsFieldNumber, WireFormatLite::WIRETYPE_VARINT):
+        ok = input->ReadVarint64(&value);
+        fields->set_num_elements(value);
+        return ok;
+      case Tag(v1::StepResponse::kParamDtypeFieldNumber, WireFormatLite::WIRETYPE_VARINT):
+        ok = input->ReadVarint64(&value);
+        fields->set_param_dtype(static_cast<v1::DType>(static_cast<int32_t>(value)));
+        return ok;
+      case Tag(v1::StepResponse::kPagesAppliedFieldNumber, WireFormatLite::WIRETYPE_VARINT):
+        ok = input->ReadVarint64(&value);
+        fields->set_pages_applied(value);
+        return ok;
+      case Tag(v1::StepResponse::kPagesReplayedFieldNumber, WireFormatLite::WIRETYPE_VARINT):
+        ok = input->ReadVarint64(&value);
+        fields->set_pages_replayed(value);
+        return ok;
+      default:  // Unknown fields, or a wrong wire type: skipped, as protobuf does.
+        return WireFormatLite::SkipField(input, tag);
     }
   }
-  return absl::OkStatus();
-}
+
+  const WireType type_;
+  const absl::Span<const ReplyPiece> pieces_;
+  const bool widen_;
+  std::vector<bool> saw_params_;
+  size_t packed_ = 0;  // Replies seen in `more`.
+};
 
 }  // namespace
+
+absl::Status ParseStepResponse(
+    grpc::ByteBuffer* reply, WireType type, absl::Span<const ReplyPiece> pieces,
+    absl::FunctionRef<absl::Status(size_t, const v1::StepResponse&)> check,
+    v1::StepResponse* fields) {
+  const size_t total = reply->Length();
+  absl::Status status;
+  for (size_t i = 0; i < pieces.size() && status.ok(); ++i) {
+    if (!pieces[i].params_out.empty() && pieces[i].params_out.size() != pieces[i].elements) {
+      status = absl::InternalError(absl::StrCat("params_out holds ", pieces[i].params_out.size(),
+                                                " floats for a reply of ", pieces[i].elements,
+                                                " elements"));
+    }
+  }
+  if (status.ok() && pieces.empty()) status = absl::InternalError("a reply to no chunk");
+  if (status.ok() && total > static_cast<size_t>(INT_MAX)) {
+    status = NotAStepResponse("larger than 2 GiB");
+  }
+  if (status.ok()) status = ReplyScanner(type, pieces, /*widen=*/false).Scan(reply, total, fields);
+  for (size_t i = 0; i < pieces.size() && status.ok(); ++i) {
+    status = check(i, i == 0 ? *fields : fields->more(static_cast<int>(i - 1)));
+  }
+  bool any_out = false;
+  for (const ReplyPiece& piece : pieces) any_out |= !piece.params_out.empty();
+  if (status.ok() && any_out) {
+    status = ReplyScanner(type, pieces, /*widen=*/true).Scan(reply, total, nullptr);
+  }
+  reply->Clear();
+  return status;
+}
 
 absl::Status ParseStepResponse(grpc::ByteBuffer* reply, WireType type, size_t elements,
                                absl::Span<float> params_out,
                                absl::FunctionRef<absl::Status(const v1::StepResponse&)> check,
                                v1::StepResponse* fields) {
-  const size_t total = reply->Length();
-  const size_t expected_bytes = elements * WireTypeSize(type);
-  absl::Status status;
-  bool saw_params = false;
-  if (!params_out.empty() && params_out.size() != elements) {
-    status = absl::InternalError(absl::StrCat("params_out holds ", params_out.size(),
-                                              " floats for a reply of ", elements, " elements"));
-  } else if (total > static_cast<size_t>(INT_MAX)) {
-    status = NotAStepResponse("larger than 2 GiB");
-  } else {
-    status = ScanStepResponse(reply, total, type, expected_bytes, fields, nullptr, &saw_params);
-  }
-  if (status.ok() && !saw_params && expected_bytes != 0) {
-    status = absl::InternalError(
-        absl::StrCat("a Step reply carries no params; expected ", expected_bytes, " bytes"));
-  }
-  if (status.ok()) status = check(*fields);
-  if (status.ok() && !params_out.empty()) {
-    status = ScanStepResponse(reply, total, type, expected_bytes, nullptr, params_out.data(),
-                              &saw_params);
-  }
-  reply->Clear();
-  return status;
+  const ReplyPiece piece{elements, params_out};
+  return ParseStepResponse(
+      reply, type, absl::MakeConstSpan(&piece, 1),
+      [&](size_t, const v1::StepResponse& reply_fields) { return check(reply_fields); }, fields);
 }
 
 }  // namespace optstate::client_internal

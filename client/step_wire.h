@@ -2,11 +2,13 @@
 // (the stream is raw: grpc::ByteBuffer in and out). A request is serialized
 // into one slice with the gradient narrowed straight into it; a reply's
 // params are widened straight from the received slices into the caller's
-// params_out. Not API.
+// params_out. A request may pack several chunks (StepRequest.more), and its
+// reply then packs theirs. Not API.
 #ifndef OPTSTATE_CLIENT_STEP_WIRE_H_
 #define OPTSTATE_CLIENT_STEP_WIRE_H_
 
 #include <cstddef>
+#include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
@@ -20,21 +22,47 @@ namespace optstate::client_internal {
 // The full name of the Step method, for a raw call.
 inline constexpr char kStepMethod[] = "/optstate.v1.OptimizerState/Step";
 
-// One StepRequest message: `fields` (whose gradient must be empty), then the
-// gradient field: `gradient` narrowed to `type`. `*payload`, when asked for,
-// points at the narrowed gradient inside the message (valid while it lives).
+// One chunk of a request: its fields (gradient and `more` empty) and the
+// gradient to narrow into it.
+struct RequestPiece {
+  const v1::StepRequest* fields;
+  absl::Span<const float> gradient;
+};
+
+// One StepRequest message, in one slice: the first piece's fields, then its
+// gradient field (the gradient narrowed to `type`), then each further piece
+// as a StepRequest in `more`, laid out the same way. `payloads`, when asked
+// for, receives a pointer per piece to its narrowed gradient inside the
+// message (valid while the message lives).
+grpc::ByteBuffer SerializeStepRequest(absl::Span<const RequestPiece> pieces, WireType type,
+                                      std::vector<const unsigned char*>* payloads = nullptr);
+// The same for one chunk.
 grpc::ByteBuffer SerializeStepRequest(const v1::StepRequest& fields, WireType type,
                                       absl::Span<const float> gradient,
                                       const unsigned char** payload = nullptr);
 
-// Parses a StepResponse from `reply` (emptied) into `fields`, all but its
-// params, refusing what protobuf's parser would refuse. The params must be
-// `elements` elements of `type`. Once the whole message has parsed and
-// `check(*fields)` accepts it (the caller's check that the reply is for the
-// chunk it expects), the params are widened into `params_out`, unless it is
-// empty (else it holds `elements` floats); params_out is untouched on any
-// error. INTERNAL, naming what is wrong, when the bytes are not a
-// StepResponse or the params have another length; else `check`'s status.
+// What a reply must carry for one chunk of its request: `elements` params,
+// widened into `params_out` unless it is empty (else it holds `elements`).
+struct ReplyPiece {
+  size_t elements;
+  absl::Span<float> params_out;
+};
+
+// Parses the reply to a request of `pieces.size()` chunks from `reply`
+// (emptied) into `fields`, all but the params: the first chunk's reply, and
+// one in `fields->more` per further chunk. Refuses what protobuf's parser
+// would refuse, and a reply whose packed replies are not one per further
+// chunk. Once the whole message has parsed and `check(i, reply)` accepts the
+// reply to every chunk i (the caller's check that it is for the chunk it
+// expects), the params are widened into each piece's params_out; they are all
+// untouched on any error. INTERNAL, naming what is wrong, when the bytes are
+// not such a reply or params have another length; else `check`'s status.
+absl::Status ParseStepResponse(
+    grpc::ByteBuffer* reply, WireType type, absl::Span<const ReplyPiece> pieces,
+    absl::FunctionRef<absl::Status(size_t, const v1::StepResponse&)> check,
+    v1::StepResponse* fields);
+
+// The same for a request of one chunk: `elements` params into `params_out`.
 absl::Status ParseStepResponse(grpc::ByteBuffer* reply, WireType type, size_t elements,
                                absl::Span<float> params_out,
                                absl::FunctionRef<absl::Status(const v1::StepResponse&)> check,

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "server/proto_convert.h"
 #include "server/step_wire.h"
 
@@ -30,14 +31,17 @@ void StepReactor::Advance(int tokens_released) {
       if (!failed && !reads_done_ && !read_in_flight_ && PinnedLocked() < kMaxPinnedChunks) {
         read_in_flight_ = start_read = true;
       }
-      // In stream order: the head waits while a chunk of its group is applied.
+      // In stream order: the head waits while a chunk of one of its groups is applied.
       while (!failed && in_flight_ < max_in_flight_ && !queued_.empty() &&
-             !groups_in_flight_.contains(queued_.front().request.group())) {
+             !AnyGroupInFlightLocked(queued_.front().request)) {
         auto task = std::make_shared<ChunkTask>();
         task->seq = next_seq_++;
         task->chunk = std::move(queued_.front());
         queued_.pop_front();
         groups_in_flight_.insert(task->chunk.request.group());
+        for (const v1::StepRequest& packed : task->chunk.request.more()) {
+          groups_in_flight_.insert(packed.group());
+        }
         ++in_flight_;
         dispatch.push_back(std::move(task));
       }
@@ -88,10 +92,20 @@ void StepReactor::OnReadDone(bool ok) {
   Advance(0);
 }
 
-void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
-  const v1::StepRequest& request = task->chunk.request;
-  grpc::ByteBuffer reply;
-  absl::Status status = task->chunk.parse_status;
+// Applies one chunk of `request` (`packed`: one of an outer message's
+// `more`) and appends its reply's bytes to `reply`.
+absl::Status StepReactor::ApplyOne(const v1::StepRequest& request, bool packed,
+                                   std::vector<grpc::Slice>* reply) {
+  if (packed && !request.more().empty()) {
+    return absl::InvalidArgumentError(
+        "a chunk packed in StepRequest.more packs chunks itself; put every chunk of the "
+        "message in the outer request's more");
+  }
+  absl::StatusOr<WireType> gradient_type =
+      WireTypeFromProto(request.gradient_dtype(), "gradient_dtype");
+  if (!gradient_type.ok()) return gradient_type.status();
+  absl::StatusOr<WireType> param_type = WireTypeFromProto(request.param_dtype(), "param_dtype");
+  if (!param_type.ok()) return param_type.status();
   StepChunk chunk;
   chunk.group = GroupKey{tenant_, request.group()};
   chunk.step = request.step();
@@ -99,39 +113,45 @@ void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
   chunk.gradient = request.gradient();
   if (request.has_lr()) chunk.lr = request.lr();
   if (request.has_grad_scale()) chunk.grad_scale = request.grad_scale();
-  absl::StatusOr<WireType> gradient_type =
-      WireTypeFromProto(request.gradient_dtype(), "gradient_dtype");
-  absl::StatusOr<WireType> param_type = WireTypeFromProto(request.param_dtype(), "param_dtype");
-  if (!status.ok()) {
-    // Refused in its turn, below.
-  } else if (!gradient_type.ok()) {
-    status = gradient_type.status();
-  } else if (!param_type.ok()) {
-    status = param_type.status();
-  } else {
-    chunk.gradient_type = *gradient_type;
-    chunk.param_type = *param_type;
-    StepReplyBuilder builder(request.group().size());
-    absl::StatusOr<StepChunkResult> result = engine_->ApplyChunk(
-        chunk, [&builder](size_t bytes) { return builder.ReserveParams(bytes); });
-    if (result.ok()) {
-      v1::StepResponse response;
-      response.set_group(request.group());
-      response.set_step(request.step());
-      response.set_offset(request.offset());
-      response.set_num_elements(result->num_elements);
-      response.set_param_dtype(WireTypeToProto(*param_type));
-      response.set_pages_applied(result->pages_applied);
-      response.set_pages_replayed(result->pages_replayed);
-      reply = builder.Finish(response);
-    } else {
-      status = result.status();
+  chunk.gradient_type = *gradient_type;
+  chunk.param_type = *param_type;
+  StepReplyBuilder builder(request.group().size(), packed);
+  absl::StatusOr<StepChunkResult> result = engine_->ApplyChunk(
+      chunk, [&builder](size_t bytes) { return builder.ReserveParams(bytes); });
+  if (!result.ok()) return result.status();
+  v1::StepResponse response;
+  response.set_group(request.group());
+  response.set_step(request.step());
+  response.set_offset(request.offset());
+  response.set_num_elements(result->num_elements);
+  response.set_param_dtype(WireTypeToProto(*param_type));
+  response.set_pages_applied(result->pages_applied);
+  response.set_pages_replayed(result->pages_replayed);
+  reply->push_back(builder.Finish(response));
+  return absl::OkStatus();
+}
+
+void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
+  const v1::StepRequest& request = task->chunk.request;
+  absl::Status status = task->chunk.parse_status;
+  std::vector<grpc::Slice> slices;
+  if (status.ok()) status = ApplyOne(request, /*packed=*/false, &slices);
+  for (int i = 0; status.ok() && i < request.more_size(); ++i) {
+    status = ApplyOne(request.more(i), /*packed=*/true, &slices);
+    if (!status.ok()) {
+      status = absl::Status(status.code(),
+                            absl::StrCat("StepRequest.more[", i, "] (group '",
+                                         request.more(i).group(), "'): ", status.message(),
+                                         " (the chunks before it in its message were applied)"));
     }
   }
+  grpc::ByteBuffer reply;
+  if (status.ok()) reply = grpc::ByteBuffer(slices.data(), slices.size());
   {
     absl::MutexLock lock(&mu_);
     --in_flight_;
     groups_in_flight_.erase(request.group());
+    for (const v1::StepRequest& packed : request.more()) groups_in_flight_.erase(packed.group());
     ++starting_;  // Keeps the call open until this thread is done with it.
     if (task->seq < error_seq_) {
       if (status.ok()) {

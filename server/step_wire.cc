@@ -1,5 +1,6 @@
 // Request parsing, and StepReplyBuilder: one slice laid out as
-// [params tag][length][params][fields].
+// [params tag][length][params][fields], behind a `more` tag and length when
+// the reply is packed.
 #include "server/step_wire.h"
 
 #include <cstdint>
@@ -14,8 +15,9 @@ namespace {
 
 using google::protobuf::io::CodedOutputStream;
 
-// StepResponse.params: field 6, length-delimited.
+// StepResponse.params and StepResponse.more: length-delimited.
 constexpr uint32_t kParamsTag = (v1::StepResponse::kParamsFieldNumber << 3) | 2;
+constexpr uint32_t kMoreTag = (v1::StepResponse::kMoreFieldNumber << 3) | 2;
 
 // The most the other StepResponse fields take: group (tag, length, name) and
 // six varint fields (tag and at most 10 bytes each).
@@ -48,31 +50,45 @@ char* StepReplyBuilder::ReserveParams(size_t params_bytes) {
       CodedOutputStream::VarintSize32(kParamsTag) + CodedOutputStream::VarintSize64(params_bytes);
   if (reserved_) grpc_slice_unref(slice_);  // A second call replaces the first.
   // Refcounted even when small: the returned pointer must stay put.
-  slice_ = grpc_slice_malloc_large(prefix + params_bytes + MaxFieldBytes(group_name_bytes_));
+  slice_ = grpc_slice_malloc_large(head_ + prefix + params_bytes +
+                                   MaxFieldBytes(group_name_bytes_));
   reserved_ = true;
-  uint8_t* at = GRPC_SLICE_START_PTR(slice_);
+  uint8_t* at = GRPC_SLICE_START_PTR(slice_) + head_;
   at = CodedOutputStream::WriteVarint32ToArray(kParamsTag, at);
   at = CodedOutputStream::WriteVarint64ToArray(params_bytes, at);
   used_ = prefix + params_bytes;
   return reinterpret_cast<char*>(at);
 }
 
-grpc::ByteBuffer StepReplyBuilder::Finish(const v1::StepResponse& fields) {
+grpc::Slice StepReplyBuilder::Finish(const v1::StepResponse& fields) {
   const size_t field_bytes = fields.ByteSizeLong();
-  if (!reserved_ || field_bytes > GRPC_SLICE_LENGTH(slice_) - used_) {
+  const size_t message_bytes = (reserved_ ? used_ : 0) + field_bytes;
+  // The `more` field's tag and length, when packed; written just before the message.
+  const size_t prefix = head_ == 0 ? 0
+                                   : CodedOutputStream::VarintSize32(kMoreTag) +
+                                         CodedOutputStream::VarintSize64(message_bytes);
+  if (!reserved_ || field_bytes > GRPC_SLICE_LENGTH(slice_) - head_ - used_) {
     // No params, or fields larger than planned (a longer group name than
     // announced): a fresh slice, at the price of copying what was written.
-    grpc_slice whole = grpc_slice_malloc((reserved_ ? used_ : 0) + field_bytes);
-    if (reserved_) std::memcpy(GRPC_SLICE_START_PTR(whole), GRPC_SLICE_START_PTR(slice_), used_);
-    fields.SerializeWithCachedSizesToArray(GRPC_SLICE_START_PTR(whole) +
-                                           (reserved_ ? used_ : 0));
-    grpc::Slice out(whole, grpc::Slice::STEAL_REF);
-    return grpc::ByteBuffer(&out, 1);
+    grpc_slice whole = grpc_slice_malloc(head_ + message_bytes);
+    if (reserved_) {
+      std::memcpy(GRPC_SLICE_START_PTR(whole), GRPC_SLICE_START_PTR(slice_), head_ + used_);
+      grpc_slice_unref(slice_);
+    }
+    slice_ = whole;
+    reserved_ = true;
   }
-  fields.SerializeWithCachedSizesToArray(GRPC_SLICE_START_PTR(slice_) + used_);
+  uint8_t* message = GRPC_SLICE_START_PTR(slice_) + head_;
+  fields.SerializeWithCachedSizesToArray(message + message_bytes - field_bytes);
+  if (prefix != 0) {
+    uint8_t* at = CodedOutputStream::WriteVarint32ToArray(kMoreTag, message - prefix);
+    CodedOutputStream::WriteVarint64ToArray(message_bytes, at);
+  }
   // A view of the bytes written, sharing slice_'s memory.
-  grpc::Slice out(grpc_slice_sub(slice_, 0, used_ + field_bytes), grpc::Slice::STEAL_REF);
-  return grpc::ByteBuffer(&out, 1);
+  grpc_slice written = grpc_slice_sub(slice_, head_ - prefix, head_ + message_bytes);
+  grpc_slice_unref(slice_);
+  reserved_ = false;
+  return grpc::Slice(written, grpc::Slice::STEAL_REF);
 }
 
 }  // namespace optstate

@@ -344,6 +344,86 @@ TEST_F(BadInputTest, MessagesSayWhatToFix) {
   EXPECT_NE(s.error_message().find("--max_host_bytes"), std::string::npos) << s.error_message();
 }
 
+// A message packing chunks (StepRequest.more) applies them in order, as if
+// each came in its own message, and its reply packs theirs.
+TEST_F(BadInputTest, PackedChunksApplyInOrderAndReplyInMore) {
+  grpc::ClientContext context;
+  auto stream = stub_->Step(&context);
+  v1::StepRequest request = Chunk("victim", 3, 0, std::vector<float>(kPage, 0.01f));
+  *request.add_more() = Chunk("victim", 3, kPage, std::vector<float>(kPage, 0.02f));
+  *request.add_more() = Chunk("victim", 3, 2 * kPage, std::vector<float>(kElements - 2 * kPage, 0.03f));
+  request.mutable_more(1)->set_param_dtype(v1::DTYPE_BFLOAT16);
+  ASSERT_TRUE(stream->Write(request));
+  stream->WritesDone();
+  v1::StepResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_FALSE(stream->Read(&response)) << "one reply per message";
+  ASSERT_TRUE(stream->Finish().ok());
+
+  const Snapshot after = Take();
+  EXPECT_EQ(after.page_steps, (std::vector<uint64_t>{3, 3, 3}));
+  ASSERT_EQ(response.more_size(), 2);
+  const v1::StepResponse* replies[] = {&response, &response.more(0), &response.more(1)};
+  for (uint64_t k = 0; k < 3; ++k) {
+    SCOPED_TRACE(k);
+    const v1::StepResponse& reply = *replies[k];
+    const uint64_t offset = k * kPage, n = std::min(kPage, kElements - offset);
+    EXPECT_EQ(reply.group(), "victim");
+    EXPECT_EQ(reply.step(), 3u);
+    EXPECT_EQ(reply.offset(), offset);
+    EXPECT_EQ(reply.num_elements(), n);
+    EXPECT_EQ(reply.pages_applied(), 1u);
+    EXPECT_EQ(reply.more_size(), k == 0 ? 2 : 0);
+    const WireType type = k == 2 ? WireType::kBFloat16 : WireType::kFloat32;
+    ASSERT_EQ(reply.params().size(), n * WireTypeSize(type));
+    std::vector<float> params(n);
+    DecodeToFloat(type, reply.params().data(), params.data(), n);
+    for (uint64_t i = 0; i < n; ++i) {
+      float expected = after.params[offset + i];
+      if (type == WireType::kBFloat16) expected = BFloat16ToFloat(FloatToBFloat16(expected));
+      ASSERT_EQ(params[i], expected) << "element " << offset + i;
+    }
+  }
+}
+
+// The first refused chunk of a message ends the call naming where it sat;
+// the chunks packed before it were applied, those from it on were not.
+TEST_F(BadInputTest, ARefusedPackedChunkNamesItsPlaceAndTheChunksBeforeItStand) {
+  const Snapshot before = Take();
+  auto good = [](uint64_t n) { return std::vector<float>(n, 0.02f); };
+  v1::StepRequest request = Chunk("victim", 3, 0, good(kPage));
+  *request.add_more() = Chunk("victim", 3, kPage, good(kPage));
+  *request.add_more() = Chunk("victim", 5, 2 * kPage, good(kElements - 2 * kPage));  // Skips ahead.
+  grpc::Status status = StepOne(request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+  EXPECT_NE(status.error_message().find("StepRequest.more[1]"), std::string::npos)
+      << status.error_message();
+  Snapshot after = Take();
+  EXPECT_EQ(after.page_steps, (std::vector<uint64_t>{3, 3, 2}));
+  for (uint64_t i = 2 * kPage; i < kElements; ++i) {
+    ASSERT_EQ(after.params[i], before.params[i]) << "element " << i;
+    ASSERT_EQ(after.exp_avg[i], before.exp_avg[i]) << "element " << i;
+    ASSERT_EQ(after.exp_avg_sq[i], before.exp_avg_sq[i]) << "element " << i;
+  }
+
+  // A packed chunk may not pack chunks itself: INVALID_ARGUMENT, nothing of it applied.
+  const Snapshot middle = Take();
+  request = Chunk("victim", 3, 2 * kPage, good(kElements - 2 * kPage));
+  v1::StepRequest* packed = request.add_more();
+  *packed = Chunk("victim", 4, 0, good(kPage));
+  *packed->add_more() = Chunk("victim", 4, kPage, good(kPage));
+  status = StepOne(request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_NE(status.error_message().find("packs chunks itself"), std::string::npos)
+      << status.error_message();
+  after = Take();
+  EXPECT_EQ(after.page_steps, (std::vector<uint64_t>{3, 3, 3}));
+  for (uint64_t i = 0; i < 2 * kPage; ++i) {
+    ASSERT_EQ(after.params[i], middle.params[i]) << "element " << i;
+    ASSERT_EQ(after.exp_avg[i], middle.exp_avg[i]) << "element " << i;
+  }
+}
+
 TEST_F(BadInputTest, RandomRequestsGetAStatusAndNeverCorruptOrCrash) {
   const uint32_t seed = std::random_device()();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -364,6 +444,13 @@ TEST_F(BadInputTest, RandomRequestsGetAStatusAndNeverCorruptOrCrash) {
     r.set_gradient(bytes);
     if (pick(2)) r.set_lr(absl::bit_cast<float>(static_cast<uint32_t>(rng())));
     if (pick(2)) r.set_grad_scale(absl::bit_cast<float>(static_cast<uint32_t>(rng())));
+    // Sometimes packed after a copy of itself, or under one that packs it.
+    if (pick(4) == 0) *r.add_more() = v1::StepRequest(r);
+    if (pick(8) == 0) {
+      v1::StepRequest outer = r;
+      *outer.add_more() = std::move(r);
+      r = std::move(outer);
+    }
     grpc::Status status = StepOne(r);
     EXPECT_FALSE(status.ok()) << "a random chunk was applied: step " << r.step();
   }

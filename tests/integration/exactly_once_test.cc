@@ -148,6 +148,46 @@ TEST_F(ExactlyOnceTest, ClientRetriesAStepWhoseConnectionBreaksAndAppliesEachEle
   EXPECT_EQ(params_, model_->params_fp32());
 }
 
+// Small tensors travel packed several to a message (StepRequest.more): a
+// connection cut inside the third message is retried, and every element of
+// every group is applied once.
+TEST_F(ExactlyOnceTest, PackedSmallGroupsCutMidStepAreRetriedAndAppliedOnce) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  constexpr size_t kGroups = 40, kSmall = 3000;
+  std::vector<std::string> names;
+  std::vector<std::unique_ptr<GroupModel>> models;
+  for (size_t g = 0; g < kGroups; ++g) {
+    names.push_back("small." + std::to_string(g));
+    std::vector<float> initial = RandomNormal(rng_, kSmall, 1.0f);
+    ASSERT_TRUE(client_->RegisterGroup(names.back(), initial).ok());
+    models.push_back(std::make_unique<GroupModel>(initial, Hyperparameters{}));
+  }
+  CuttingProxy proxy(daemon_->port());
+  ClientOptions options;
+  options.initial_backoff = absl::Milliseconds(5);
+  options.chunk_bytes = 5 * kSmall * sizeof(float);  // Five groups per message.
+  options.max_chunks_in_flight = 2;
+  auto through_proxy = Client::Connect("127.0.0.1:" + std::to_string(proxy.port()), options);
+  ASSERT_TRUE(through_proxy.ok());
+  ASSERT_TRUE((*through_proxy)->DescribeGroup(names[0]).ok());  // Connects before the cut.
+  for (uint64_t t = 1; t <= 3; ++t) {
+    std::vector<std::vector<float>> grads, params(kGroups, std::vector<float>(kSmall));
+    std::vector<GroupStep> steps;
+    for (size_t g = 0; g < kGroups; ++g) {
+      grads.push_back(RandomNormal(rng_, kSmall, 1e-2f));
+      steps.push_back({names[g], grads[g], absl::MakeSpan(params[g])});
+    }
+    // Step 2: cut inside the third message's gradients.
+    if (t == 2) proxy.ArmCut(12 * kSmall * sizeof(float));
+    ASSERT_TRUE((*through_proxy)->Step(steps, t).ok()) << t;
+    for (size_t g = 0; g < kGroups; ++g) {
+      models[g]->Step(t, grads[g]);
+      ASSERT_EQ(params[g], models[g]->params_fp32()) << "step " << t << " group " << g;
+    }
+  }
+  EXPECT_EQ(proxy.cuts(), 1);
+}
+
 TEST(ClientRetryTest, GivesUpWithUnavailableAfterMaxAttemptsWhenNoDaemonListens) {
   ClientOptions options;
   options.max_attempts = 2;

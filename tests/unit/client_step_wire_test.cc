@@ -232,5 +232,165 @@ TEST(ParseStepResponse, AReplyTheCheckRefusesLeavesParamsOutAlone) {
   EXPECT_EQ(out, std::vector<float>(2, 7.0f));
 }
 
+// Packed chunks (StepRequest.more / StepResponse.more).
+
+TEST(SerializeStepRequest, PackedPiecesParseBackAsMoreWithTheirGradients) {
+  const uint64_t seed = seeds::TestSeed();
+  SCOPED_TRACE(seeds::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  for (WireType type : kTypes) {
+    SCOPED_TRACE(std::string(WireTypeName(type)));
+    // Sizes around the one- and two-byte lengths of a `more` field.
+    const std::vector<size_t> sizes = {1031, 1, 50, 64, 8000, 0, 3};
+    std::vector<std::vector<float>> gradients;
+    std::vector<v1::StepRequest> fields(sizes.size());
+    std::vector<RequestPiece> pieces;
+    v1::StepRequest expected;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      gradients.push_back(RandomFloats(sizes[k], rng));
+      fields[k].set_group("layers." + std::to_string(k));
+      fields[k].set_step(9);
+      fields[k].set_offset(4096 * k);
+      fields[k].set_gradient_dtype(WireTypeToProto(type));
+      v1::StepRequest& want = k == 0 ? expected : *expected.add_more();
+      want = fields[k];
+      want.set_gradient(Encoded(type, gradients[k]));
+    }
+    for (size_t k = 0; k < sizes.size(); ++k) pieces.push_back({&fields[k], gradients[k]});
+    std::vector<const unsigned char*> payloads;
+    grpc::ByteBuffer request = SerializeStepRequest(pieces, type, &payloads);
+    v1::StepRequest parsed;
+    ASSERT_TRUE(parsed.ParseFromString(Flatten(request)));
+    EXPECT_EQ(parsed.SerializeAsString(), expected.SerializeAsString());
+    ASSERT_EQ(payloads.size(), sizes.size());
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const std::string want = Encoded(type, gradients[k]);
+      EXPECT_EQ(std::string(reinterpret_cast<const char*>(payloads[k]), want.size()), want) << k;
+    }
+  }
+}
+
+// A reply packing `counts.size() - 1` replies, params of `type` from `rng`;
+// `want` gets each one's params widened.
+v1::StepResponse PackedReply(WireType type, const std::vector<size_t>& counts,
+                             std::mt19937_64& rng, std::vector<std::vector<float>>* want) {
+  v1::StepResponse outer;
+  for (size_t k = 0; k < counts.size(); ++k) {
+    v1::StepResponse& reply = k == 0 ? outer : *outer.add_more();
+    reply.set_group("layers." + std::to_string(k));
+    reply.set_offset(4096 * k);
+    reply.set_num_elements(counts[k]);
+    reply.set_params(Encoded(type, RandomFloats(counts[k], rng)));
+    want->emplace_back(counts[k]);
+    DecodeToFloat(type, reply.params().data(), want->back().data(), counts[k]);
+  }
+  return outer;
+}
+
+TEST(ParseStepResponse, PackedRepliesWidenIntoEachPiecesParamsOut) {
+  const uint64_t seed = seeds::TestSeed();
+  SCOPED_TRACE(seeds::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  const std::vector<size_t> counts = {1031, 64, 1, 8000, 5};
+  for (WireType type : kTypes) {
+    SCOPED_TRACE(std::string(WireTypeName(type)));
+    std::vector<std::vector<float>> want;
+    const v1::StepResponse message = PackedReply(type, counts, rng, &want);
+    const std::string wire = message.SerializeAsString();
+    for (int trial = 0; trial < 50; ++trial) {
+      std::vector<size_t> cuts;
+      for (int c = std::uniform_int_distribution<int>(0, 8)(rng); c > 0; --c) {
+        cuts.push_back(std::uniform_int_distribution<size_t>(1, wire.size() - 1)(rng));
+      }
+      std::sort(cuts.begin(), cuts.end());
+      cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+      grpc::ByteBuffer reply = Sliced(wire, cuts);
+      std::vector<std::vector<float>> got;
+      std::vector<ReplyPiece> pieces;
+      for (size_t n : counts) got.emplace_back(n, -1.0f);
+      for (size_t k = 0; k < counts.size(); ++k) {
+        // One piece discards its params.
+        pieces.push_back({counts[k], k == 1 ? absl::Span<float>() : absl::MakeSpan(got[k])});
+      }
+      std::vector<size_t> checked;
+      v1::StepResponse fields;
+      ASSERT_TRUE(ParseStepResponse(&reply, type, pieces,
+                                    [&](size_t k, const v1::StepResponse& f) {
+                                      checked.push_back(k);
+                                      EXPECT_EQ(f.offset(), 4096 * k);
+                                      return absl::OkStatus();
+                                    },
+                                    &fields)
+                      .ok());
+      EXPECT_EQ(checked, (std::vector<size_t>{0, 1, 2, 3, 4}));
+      for (size_t k = 0; k < counts.size(); ++k) {
+        if (k == 1) {
+          EXPECT_EQ(got[k], std::vector<float>(counts[k], -1.0f));
+        } else {
+          ASSERT_EQ(std::memcmp(got[k].data(), want[k].data(), counts[k] * 4), 0) << k;
+        }
+      }
+      ASSERT_EQ(fields.more_size(), 4);
+      EXPECT_EQ(fields.more(3).group(), "layers.4");
+      EXPECT_TRUE(fields.params().empty() && fields.more(0).params().empty());
+    }
+  }
+}
+
+TEST(ParseStepResponse, PackedRepliesThatDoNotMatchTheRequestAreInternalAndWriteNothing) {
+  std::mt19937_64 rng(7);
+  std::vector<std::vector<float>> unused;
+  const v1::StepResponse three = PackedReply(WireType::kFloat32, {4, 4, 4}, rng, &unused);
+  v1::StepResponse nested = three;
+  *nested.mutable_more(0)->add_more() = three.more(1);
+  const std::string wire = three.SerializeAsString();
+  // The last `more` field announces one byte past the end.
+  std::string overlong = three.SerializeAsString();
+  const v1::StepResponse& last = three.more(1);
+  overlong.resize(overlong.size() - last.ByteSizeLong() - 1);
+  overlong += static_cast<char>(last.ByteSizeLong() + 1);
+  overlong += last.SerializeAsString();
+  struct Case {
+    const char* what;
+    std::string bytes;
+    size_t pieces;
+    const char* says;
+  };
+  const Case cases[] = {
+      {"fewer packed replies than packed chunks", wire, 4, "packs 2 replies"},
+      {"more packed replies than packed chunks", wire, 2, "more than the 1 replies"},
+      {"a packed reply packing replies", nested.SerializeAsString(), 3, "packs replies itself"},
+      {"a more field running past the end", overlong, 3, "malformed `more`"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    grpc::ByteBuffer reply = Sliced(c.bytes, {});
+    std::vector<std::vector<float>> out(c.pieces, std::vector<float>(4, 7.0f));
+    std::vector<ReplyPiece> pieces;
+    for (auto& o : out) pieces.push_back({4, absl::MakeSpan(o)});
+    v1::StepResponse fields;
+    absl::Status s = ParseStepResponse(
+        &reply, WireType::kFloat32, pieces,
+        [](size_t, const v1::StepResponse&) { return absl::OkStatus(); }, &fields);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+    EXPECT_NE(s.message().find(c.says), std::string::npos) << s;
+    for (const auto& o : out) EXPECT_EQ(o, std::vector<float>(4, 7.0f)) << "params_out was written";
+  }
+  // The check refusing the last piece: nothing written to any.
+  grpc::ByteBuffer reply = Sliced(wire, {});
+  std::vector<std::vector<float>> out(3, std::vector<float>(4, 7.0f));
+  std::vector<ReplyPiece> pieces;
+  for (auto& o : out) pieces.push_back({4, absl::MakeSpan(o)});
+  v1::StepResponse fields;
+  absl::Status s = ParseStepResponse(
+      &reply, WireType::kFloat32, pieces,
+      [](size_t k, const v1::StepResponse&) {
+        return k == 2 ? absl::InternalError("another chunk's reply") : absl::OkStatus();
+      },
+      &fields);
+  EXPECT_EQ(s.message(), "another chunk's reply");
+  for (const auto& o : out) EXPECT_EQ(o, std::vector<float>(4, 7.0f));
+}
+
 }  // namespace
 }  // namespace optstate::client_internal

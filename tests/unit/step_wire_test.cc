@@ -13,15 +13,6 @@
 namespace optstate {
 namespace {
 
-std::string Flatten(const grpc::ByteBuffer& buffer, size_t* slice_count = nullptr) {
-  std::vector<grpc::Slice> slices;
-  EXPECT_TRUE(buffer.Dump(&slices).ok());
-  if (slice_count != nullptr) *slice_count = slices.size();
-  std::string out;
-  for (const grpc::Slice& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  return out;
-}
-
 v1::StepResponse Fields(const std::string& group) {
   v1::StepResponse fields;
   fields.set_group(group);
@@ -34,11 +25,13 @@ v1::StepResponse Fields(const std::string& group) {
   return fields;
 }
 
-void ExpectReply(const grpc::ByteBuffer& reply, const v1::StepResponse& fields,
+std::string Bytes(const grpc::Slice& slice) {
+  return std::string(reinterpret_cast<const char*>(slice.begin()), slice.size());
+}
+
+void ExpectReply(const grpc::Slice& reply, const v1::StepResponse& fields,
                  const std::string& params) {
-  size_t slices = 0;
-  const std::string wire = Flatten(reply, &slices);
-  EXPECT_EQ(slices, 1u) << "one slice: nothing gathered later";
+  const std::string wire = Bytes(reply);
   v1::StepResponse parsed;
   ASSERT_TRUE(parsed.ParseFromString(wire));
   v1::StepResponse expected = fields;
@@ -79,6 +72,38 @@ TEST(StepReplyBuilder, WithoutParamsTheReplyIsJustTheFields) {
   const v1::StepResponse fields = Fields("g");
   StepReplyBuilder builder(1);
   ExpectReply(builder.Finish(fields), fields, "");
+}
+
+// A reply of one chunk and its packed chunks: the outer reply's bytes, then
+// each packed reply's (the reactor sends them as one buffer of slices).
+TEST(StepReplyBuilder, PackedRepliesFollowTheOuterOneAsItsMoreField) {
+  // Params sizes around the one- and two-byte lengths of the `more` field,
+  // a reply without params, and a group name longer than announced.
+  const std::vector<size_t> sizes = {2, 60, 100, 127, 128, 16300, 16400, 0, 1 << 20};
+  v1::StepResponse expected = Fields("outer");
+  expected.set_params("ab");
+  std::string wire;
+  {
+    StepReplyBuilder outer(5);
+    std::memcpy(outer.ReserveParams(2), "ab", 2);
+    wire = Bytes(outer.Finish(Fields("outer")));
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    SCOPED_TRACE(sizes[i]);
+    const std::string name = i == 7 ? std::string(300, 'n') : "packed." + std::to_string(i);
+    std::string params(sizes[i], '\0');
+    for (size_t k = 0; k < params.size(); ++k) params[k] = static_cast<char>(k * 7 + i);
+    StepReplyBuilder packed(i == 7 ? 1 : name.size(), /*packed=*/true);
+    if (!params.empty()) std::memcpy(packed.ReserveParams(params.size()), params.data(), params.size());
+    wire += Bytes(packed.Finish(Fields(name)));
+    v1::StepResponse* more = expected.add_more();
+    *more = Fields(name);
+    more->set_params(params);
+  }
+  v1::StepResponse parsed;
+  ASSERT_TRUE(parsed.ParseFromString(wire));
+  EXPECT_EQ(parsed.SerializeAsString(), expected.SerializeAsString());
+  EXPECT_EQ(wire.size(), expected.ByteSizeLong()) << "no padding or stray bytes";
 }
 
 TEST(ParseStepRequest, ParsesAsProtobufDoesAndEmptiesTheBuffer) {
