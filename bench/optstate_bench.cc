@@ -42,8 +42,10 @@ ABSL_FLAG(std::string, daemon, "", "Path of optstated; default: ../server/optsta
 ABSL_FLAG(std::vector<std::string>, daemon_args, {}, "Extra flags for the started daemon.");
 ABSL_FLAG(std::vector<std::string>, shape, {"lora7b"},
           "Model shapes: lora7b (256 tensors of 65,536 elements) or dense:N (one tensor).");
-ABSL_FLAG(std::vector<std::string>, wire, {"fp32"}, "Wire dtypes: fp32, bf16 (gradient and "
-                                                    "returned params).");
+ABSL_FLAG(std::vector<std::string>, wire, {"fp32"},
+          "Wire dtypes (gradient and returned params): fp32, bf16 (from and into float "
+          "buffers), bf16-native (from and into bf16 buffers: GroupStep::gradient16 and "
+          "params_out16).");
 ABSL_FLAG(std::vector<std::string>, clients, {"1"},
           "Concurrent clients, each with its own Client and its own groups.");
 ABSL_FLAG(uint64_t, chunk_bytes, 1 << 20, "Client chunk size (ClientOptions::chunk_bytes).");
@@ -93,8 +95,9 @@ Shape ParseShape(const std::string& text) {
 
 WireType ParseWire(const std::string& text) {
   if (text == "fp32") return WireType::kFloat32;
-  if (text == "bf16") return WireType::kBFloat16;
-  std::fprintf(stderr, "optstate-bench: --wire must be fp32 or bf16, got '%s'\n", text.c_str());
+  if (text == "bf16" || text == "bf16-native") return WireType::kBFloat16;
+  std::fprintf(stderr, "optstate-bench: --wire must be fp32, bf16 or bf16-native, got '%s'\n",
+               text.c_str());
   std::exit(2);
 }
 
@@ -119,6 +122,7 @@ struct ClientState {
   std::vector<std::string> names;
   std::vector<float> gradient;  // All tensors back to back.
   std::vector<float> params;
+  std::vector<uint16_t> gradient16, params16;  // The same, for bf16-native.
   std::vector<size_t> chunk_bytes;  // The messages Client::Step sends, in order, in wire bytes.
   std::vector<char> echo_in, echo_out;
   uint64_t next_step = 1;
@@ -128,6 +132,7 @@ struct Config {
   Shape shape;
   std::string wire_name;
   WireType wire;
+  bool native16;  // The client's buffers are bf16 (gradient16, params_out16).
   int clients;
   std::vector<std::unique_ptr<ClientState>> states;
 };
@@ -165,6 +170,11 @@ void Setup(Config& config, int index, const std::string& target, const std::stri
     state->params.resize(n);
     for (uint64_t i = 0; i < n; ++i) {
       state->gradient[i] = static_cast<float>(static_cast<int>((i * 7919) % 2001) - 1000) * 1e-4f;
+    }
+    if (config.native16) {
+      state->gradient16.resize(n);
+      state->params16.resize(n);
+      EncodeFromFloat(WireType::kBFloat16, state->gradient.data(), state->gradient16.data(), n);
     }
     const size_t wire_size = WireTypeSize(config.wire);
     for (size_t t = 0; t < config.shape.tensors.size(); ++t) {
@@ -250,8 +260,14 @@ Measurement MeasureOptstate(Config& config, pid_t server_pid) {
     uint64_t at = 0;
     for (size_t t = 0; t < state.names.size(); ++t) {
       const uint64_t n = config.shape.tensors[t];
-      groups.push_back({state.names[t], absl::MakeConstSpan(state.gradient.data() + at, n),
-                        absl::MakeSpan(state.params.data() + at, n)});
+      if (config.native16) {
+        groups.push_back({state.names[t], {}, {},
+                          absl::MakeConstSpan(state.gradient16.data() + at, n),
+                          absl::MakeSpan(state.params16.data() + at, n)});
+      } else {
+        groups.push_back({state.names[t], absl::MakeConstSpan(state.gradient.data() + at, n),
+                          absl::MakeSpan(state.params.data() + at, n)});
+      }
       at += n;
     }
     Check(state.client->Step(groups, state.next_step++, options), "step");
@@ -366,7 +382,8 @@ int Main() {
           std::fprintf(stderr, "optstate-bench: bad --clients '%s'\n", clients.c_str());
           return 2;
         }
-        configs.push_back(Config{ParseShape(shape), wire, ParseWire(wire), n, {}});
+        configs.push_back(
+            Config{ParseShape(shape), wire, ParseWire(wire), wire == "bf16-native", n, {}});
       }
     }
   }

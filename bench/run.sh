@@ -49,10 +49,11 @@ run() {
 run kernel "$KERNEL" --benchmark_repetitions="$KREPS" --benchmark_enable_random_interleaving=true \
   --benchmark_min_time="$KTIME" --benchmark_format=json --benchmark_out="$RESULTS/kernel.json"
 
-# 2. End to end, lora7b shape: fp32 and bf16 wire, 1 and 8 clients, each with
-#    the gRPC echo baseline and the raw echo (no payload copies: gRPC's own
-#    ceiling); raw TCP in the same run.
-run e2e_lora7b "$E2E" --shape=lora7b --wire=fp32,bf16 --clients=1,8 --reps="$EREPS" \
+# 2. End to end, lora7b shape: fp32 and bf16 wire (bf16 from float buffers,
+#    and from a bf16 model's own buffers), 1 and 8 clients, each with the gRPC
+#    echo baseline and the raw echo (no payload copies: gRPC's own ceiling);
+#    raw TCP in the same run.
+run e2e_lora7b "$E2E" --shape=lora7b --wire=fp32,bf16,bf16-native --clients=1,8 --reps="$EREPS" \
   --seconds="$ESECS"
 
 # 3. Linearity: a dense 4M and a dense 64M group, fp32 wire.

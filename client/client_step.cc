@@ -51,9 +51,22 @@ constexpr uint64_t kPieceOverheadBytes = 96;
 // narrowed when sent.
 constexpr size_t kMaxPreparedBytes = 64 << 20;
 
+// The length of `group`'s gradient, in whichever form it came.
+size_t GradientElements(const GroupStep& group) {
+  return group.gradient16.empty() ? group.gradient.size() : group.gradient16.size();
+}
+
+// The element at `i` of the gradient as the caller gave it (a 16-bit one widened).
+float GivenValue(const GroupStep& group, const StepOptions& options, size_t i) {
+  if (group.gradient16.empty()) return group.gradient[i];
+  float value;
+  DecodeToFloat(options.gradient_dtype, &group.gradient16[i], &value, 1);
+  return value;
+}
+
 // Whether the element at `i` of the gradient is finite as the server sees it.
 bool FiniteAsSent(const GroupStep& group, const StepOptions& options, size_t i) {
-  float value = group.gradient[i];
+  float value = GivenValue(group, options, i);
   if (options.gradient_dtype != WireType::kFloat32) {
     unsigned char wire[2];
     EncodeFromFloat(options.gradient_dtype, &value, wire, 1);
@@ -65,34 +78,59 @@ bool FiniteAsSent(const GroupStep& group, const StepOptions& options, size_t i) 
 // INVALID_ARGUMENT naming the first element of `group`'s gradient, from
 // `from` on, that is not finite as the server will see it.
 absl::Status NotFiniteError(const GroupStep& group, const StepOptions& options, size_t from) {
+  const size_t n = GradientElements(group);
   size_t bad = from;
-  while (bad < group.gradient.size() && FiniteAsSent(group, options, bad)) ++bad;
+  while (bad < n && FiniteAsSent(group, options, bad)) ++bad;
   return absl::InvalidArgumentError(absl::StrCat(
       "gradient of group '", group.group, "' at element ", bad, " is ",
-      bad < group.gradient.size() ? group.gradient[bad] : 0.0f, ", which is not finite as ",
+      bad < n ? GivenValue(group, options, bad) : 0.0f, ", which is not finite as ",
       WireTypeName(options.gradient_dtype), " after grad_scale ",
       options.grad_scale.value_or(1.0f), "; the whole step was refused and nothing was sent"));
 }
 
 // The check with |grad_scale| > 1, where a finite narrowed value can still
-// overflow: each block is narrowed and widened as the server will, then
-// scaled.
+// overflow: each block is narrowed and widened as the server will (a 16-bit
+// gradient only widened), then scaled.
 absl::Status CheckFiniteScaled(const GroupStep& group, const StepOptions& options) {
   const float scale = options.grad_scale.value_or(1.0f);
   constexpr size_t kBlock = 4096;
   float widened[kBlock];
   uint16_t narrowed[kBlock];
-  for (size_t begin = 0; begin < group.gradient.size(); begin += kBlock) {
-    const size_t n = std::min(kBlock, group.gradient.size() - begin);
-    const float* values = group.gradient.data() + begin;
-    if (options.gradient_dtype != WireType::kFloat32) {
-      EncodeFromFloat(options.gradient_dtype, values, narrowed, n);
+  const size_t total = GradientElements(group);
+  for (size_t begin = 0; begin < total; begin += kBlock) {
+    const size_t n = std::min(kBlock, total - begin);
+    const float* values = widened;
+    if (!group.gradient16.empty()) {
+      DecodeToFloat(options.gradient_dtype, group.gradient16.data() + begin, widened, n);
+    } else if (options.gradient_dtype != WireType::kFloat32) {
+      EncodeFromFloat(options.gradient_dtype, group.gradient.data() + begin, narrowed, n);
       DecodeToFloat(options.gradient_dtype, narrowed, widened, n);
-      values = widened;
+    } else {
+      values = group.gradient.data() + begin;
     }
     bool all_finite = true;
     for (size_t i = 0; i < n; ++i) all_finite &= std::fabs(values[i] * scale) <= FLT_MAX;
     if (!all_finite) return NotFiniteError(group, options, begin);
+  }
+  return absl::OkStatus();
+}
+
+// INVALID_ARGUMENT when a group's buffers do not go with each other or with
+// the wire types.
+absl::Status CheckBufferForms(const GroupStep& group, const StepOptions& options) {
+  if (!group.gradient16.empty() &&
+      (!group.gradient.empty() || WireTypeSize(options.gradient_dtype) != 2)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group '", group.group, "' gives gradient16, which needs StepOptions.gradient_dtype "
+        "bfloat16 or float16 (it is ", WireTypeName(options.gradient_dtype),
+        ") and an empty gradient"));
+  }
+  if (!group.params_out16.empty() &&
+      (!group.params_out.empty() || WireTypeSize(options.param_dtype) != 2)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group '", group.group, "' gives params_out16, which needs StepOptions.param_dtype "
+        "bfloat16 or float16 (it is ", WireTypeName(options.param_dtype),
+        ") and an empty params_out"));
   }
   return absl::OkStatus();
 }
@@ -122,7 +160,11 @@ grpc::ByteBuffer BuildRequest(absl::Span<const GroupStep> groups, const PlannedC
     const ChunkPiece& piece = chunk.pieces[k];
     const GroupStep& group = groups[piece.group];
     ChunkFields(group, piece, step, options, &(*fields)[k]);
-    pieces.push_back({&(*fields)[k], group.gradient.subspan(piece.offset, piece.count)});
+    if (group.gradient16.empty()) {
+      pieces.push_back({&(*fields)[k], group.gradient.subspan(piece.offset, piece.count)});
+    } else {
+      pieces.push_back({&(*fields)[k], {}, group.gradient16.subspan(piece.offset, piece.count)});
+    }
   }
   return client_internal::SerializeStepRequest(pieces, options.gradient_dtype, payloads);
 }
@@ -157,9 +199,14 @@ absl::Status CheckAndPrepare(absl::Span<const GroupStep> groups, uint64_t step,
     for (size_t k = 0; k < chunk.pieces.size(); ++k) {
       const ChunkPiece& piece = chunk.pieces[k];
       const GroupStep& group = groups[piece.group];
-      const bool finite =
-          prepare ? AllWireFinite(type, payloads[k], piece.count)
-                  : AllNarrowToFinite(type, group.gradient.data() + piece.offset, piece.count);
+      bool finite;
+      if (prepare) {
+        finite = AllWireFinite(type, payloads[k], piece.count);
+      } else if (!group.gradient16.empty()) {
+        finite = AllWireFinite(type, group.gradient16.data() + piece.offset, piece.count);
+      } else {
+        finite = AllNarrowToFinite(type, group.gradient.data() + piece.offset, piece.count);
+      }
       if (!finite) return NotFiniteError(group, options, piece.offset);
     }
   }
@@ -216,9 +263,12 @@ absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::Rp
     expected.clear();
     for (const ChunkPiece& piece : chunk.pieces) {
       const GroupStep& group = groups[piece.group];
-      expected.push_back({piece.count, group.params_out.empty()
-                                           ? absl::Span<float>()
-                                           : group.params_out.subspan(piece.offset, piece.count)});
+      expected.push_back(
+          {piece.count,
+           group.params_out.empty() ? absl::Span<float>()
+                                    : group.params_out.subspan(piece.offset, piece.count),
+           group.params_out16.empty() ? absl::Span<uint16_t>()
+                                      : group.params_out16.subspan(piece.offset, piece.count)});
     }
     response.Clear();
     absl::Status parsed = client_internal::ParseStepResponse(
@@ -297,21 +347,28 @@ absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
   uint64_t packed_message_bytes = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
     const GroupStep& group = groups[g];
+    if (absl::Status s = CheckBufferForms(group, options); !s.ok()) return s;
+    const size_t gradient_elements = GradientElements(group);
     absl::StatusOr<GroupInfo> layout = impl_->Layout(*this, group.group);
-    if (layout.ok() && group.gradient.size() != layout->num_elements) {
+    if (layout.ok() && gradient_elements != layout->num_elements) {
       // The group may have been registered anew elsewhere: ask once more.
       impl_->Forget(group.group);
       layout = impl_->Layout(*this, group.group);
     }
     if (!layout.ok()) return layout.status();
-    if (group.gradient.size() != layout->num_elements) {
+    if (gradient_elements != layout->num_elements) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "gradient of group '", group.group, "' has ", group.gradient.size(),
-          " elements; the group has ", layout->num_elements));
+          group.gradient16.empty() ? "gradient" : "gradient16", " of group '", group.group,
+          "' has ", gradient_elements, " elements; the group has ", layout->num_elements));
     }
     if (!group.params_out.empty() && group.params_out.size() != layout->num_elements) {
       return absl::InvalidArgumentError(absl::StrCat(
           "params_out of group '", group.group, "' has ", group.params_out.size(),
+          " elements; the group has ", layout->num_elements, " (or pass an empty span)"));
+    }
+    if (!group.params_out16.empty() && group.params_out16.size() != layout->num_elements) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "params_out16 of group '", group.group, "' has ", group.params_out16.size(),
           " elements; the group has ", layout->num_elements, " (or pass an empty span)"));
     }
     // Whole pages per chunk: about chunk_bytes of gradient, and neither the

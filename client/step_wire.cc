@@ -38,15 +38,19 @@ constexpr uint32_t kMoreTag =
     Tag(v1::StepResponse::kMoreFieldNumber, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
 
 // Widens a byte stream of `type` elements arriving in pieces of any length
-// into consecutive floats; an element split between pieces is joined.
+// into consecutive floats at `out` (an element split between pieces is
+// joined), or copies the bytes as they are to `raw_out` when it is not null.
 class WideningSink {
  public:
-  WideningSink(WireType type, float* out) : type_(type), out_(out) {}
+  WideningSink(WireType type, float* out, unsigned char* raw_out = nullptr)
+      : type_(type), out_(out), raw_out_(raw_out) {}
 
   void Feed(const unsigned char* bytes, size_t n) {
-    if (type_ == WireType::kFloat32) {  // Bytes in order: no element to join.
-      std::memcpy(reinterpret_cast<unsigned char*>(out_) + float_bytes_, bytes, n);
-      float_bytes_ += n;
+    if (raw_out_ != nullptr || type_ == WireType::kFloat32) {  // No element to join.
+      unsigned char* to =
+          raw_out_ != nullptr ? raw_out_ : reinterpret_cast<unsigned char*>(out_);
+      std::memcpy(to + bytes_, bytes, n);
+      bytes_ += n;
       return;
     }
     if (has_carry_ && n > 0) {
@@ -67,14 +71,19 @@ class WideningSink {
  private:
   const WireType type_;
   float* const out_;
-  size_t float_bytes_ = 0;  // float32: bytes written.
-  size_t elements_ = 0;     // 2-byte types: elements written.
+  unsigned char* const raw_out_;
+  size_t bytes_ = 0;     // Copies: bytes written.
+  size_t elements_ = 0;  // Widening 2-byte types: elements written.
   unsigned char carry_ = 0;
   bool has_carry_ = false;
 };
 
 absl::Status NotAStepResponse(absl::string_view what) {
   return absl::InternalError(absl::StrCat("a Step reply is not a StepResponse: ", what));
+}
+
+size_t PieceElements(const RequestPiece& piece) {
+  return piece.gradient16.empty() ? piece.gradient.size() : piece.gradient16.size();
 }
 
 }  // namespace
@@ -85,7 +94,7 @@ grpc::ByteBuffer SerializeStepRequest(absl::Span<const RequestPiece> pieces, Wir
   absl::InlinedVector<size_t, 16> message_bytes(pieces.size());
   size_t total = 0;
   for (size_t i = 0; i < pieces.size(); ++i) {
-    const size_t gradient_bytes = pieces[i].gradient.size() * WireTypeSize(type);
+    const size_t gradient_bytes = PieceElements(pieces[i]) * WireTypeSize(type);
     message_bytes[i] = pieces[i].fields->ByteSizeLong() +
                        CodedOutputStream::VarintSize32(kGradientTag) +
                        CodedOutputStream::VarintSize64(gradient_bytes) + gradient_bytes;
@@ -104,13 +113,18 @@ grpc::ByteBuffer SerializeStepRequest(absl::Span<const RequestPiece> pieces, Wir
       at = CodedOutputStream::WriteVarint32ToArray(kMoreTag, at);
       at = CodedOutputStream::WriteVarint64ToArray(message_bytes[i], at);
     }
-    const absl::Span<const float> gradient = pieces[i].gradient;
+    const size_t elements = PieceElements(pieces[i]);
+    const size_t gradient_bytes = elements * WireTypeSize(type);
     at = pieces[i].fields->SerializeWithCachedSizesToArray(at);
     at = CodedOutputStream::WriteVarint32ToArray(kGradientTag, at);
-    at = CodedOutputStream::WriteVarint64ToArray(gradient.size() * WireTypeSize(type), at);
-    EncodeFromFloat(type, gradient.data(), at, gradient.size());
+    at = CodedOutputStream::WriteVarint64ToArray(gradient_bytes, at);
+    if (pieces[i].gradient16.empty()) {
+      EncodeFromFloat(type, pieces[i].gradient.data(), at, elements);
+    } else if (gradient_bytes != 0) {
+      std::memcpy(at, pieces[i].gradient16.data(), gradient_bytes);
+    }
     if (payloads != nullptr) payloads->push_back(at);
-    at += gradient.size() * WireTypeSize(type);
+    at += gradient_bytes;
   }
   grpc::Slice owned(slice, grpc::Slice::STEAL_REF);
   return grpc::ByteBuffer(&owned, 1);
@@ -220,8 +234,10 @@ class ReplyScanner {
                                               " bytes of params; expected ", expected_bytes,
                                               " (elements of ", WireTypeName(type_), ")"));
     }
-    const bool write = widen_ && !pieces_[piece].params_out.empty();
-    WideningSink sink(type_, write ? pieces_[piece].params_out.data() : nullptr);
+    const ReplyPiece& out = pieces_[piece];
+    const bool write = widen_ && (!out.params_out.empty() || !out.params_out16.empty());
+    WideningSink sink(type_, out.params_out.data(),
+                      reinterpret_cast<unsigned char*>(out.params_out16.data()));
     size_t left = expected_bytes;
     while (left > 0) {
       const void* data = nullptr;
@@ -292,10 +308,18 @@ absl::Status ParseStepResponse(
   const size_t total = reply->Length();
   absl::Status status;
   for (size_t i = 0; i < pieces.size() && status.ok(); ++i) {
-    if (!pieces[i].params_out.empty() && pieces[i].params_out.size() != pieces[i].elements) {
-      status = absl::InternalError(absl::StrCat("params_out holds ", pieces[i].params_out.size(),
-                                                " floats for a reply of ", pieces[i].elements,
+    const ReplyPiece& piece = pieces[i];
+    if (!piece.params_out.empty() && piece.params_out.size() != piece.elements) {
+      status = absl::InternalError(absl::StrCat("params_out holds ", piece.params_out.size(),
+                                                " floats for a reply of ", piece.elements,
                                                 " elements"));
+    } else if (!piece.params_out16.empty() &&
+               (piece.params_out16.size() != piece.elements || WireTypeSize(type) != 2 ||
+                !piece.params_out.empty())) {
+      status = absl::InternalError(absl::StrCat(
+          "params_out16 holds ", piece.params_out16.size(), " elements for a reply of ",
+          piece.elements, " elements of ", WireTypeName(type),
+          piece.params_out.empty() ? "" : ", and params_out is given too"));
     }
   }
   if (status.ok() && pieces.empty()) status = absl::InternalError("a reply to no chunk");
@@ -307,7 +331,9 @@ absl::Status ParseStepResponse(
     status = check(i, i == 0 ? *fields : fields->more(static_cast<int>(i - 1)));
   }
   bool any_out = false;
-  for (const ReplyPiece& piece : pieces) any_out |= !piece.params_out.empty();
+  for (const ReplyPiece& piece : pieces) {
+    any_out |= !piece.params_out.empty() || !piece.params_out16.empty();
+  }
   if (status.ok() && any_out) {
     status = ReplyScanner(type, pieces, /*widen=*/true).Scan(reply, total, nullptr);
   }

@@ -23,10 +23,12 @@ namespace optstate::client_internal {
 inline constexpr char kStepMethod[] = "/optstate.v1.OptimizerState/Step";
 
 // One chunk of a request: its fields (gradient and `more` empty) and the
-// gradient to narrow into it.
+// gradient to narrow into it, or, when `gradient16` is not empty, its
+// elements already in the wire type (copied as they are).
 struct RequestPiece {
   const v1::StepRequest* fields;
   absl::Span<const float> gradient;
+  absl::Span<const uint16_t> gradient16 = {};
 };
 
 // One StepRequest message, in one slice: the first piece's fields, then its
@@ -42,10 +44,13 @@ grpc::ByteBuffer SerializeStepRequest(const v1::StepRequest& fields, WireType ty
                                       const unsigned char** payload = nullptr);
 
 // What a reply must carry for one chunk of its request: `elements` params,
-// widened into `params_out` unless it is empty (else it holds `elements`).
+// widened into `params_out` unless it is empty (else it holds `elements`),
+// or copied as they are into `params_out16` (a 16-bit type) when that is not
+// empty.
 struct ReplyPiece {
   size_t elements;
   absl::Span<float> params_out;
+  absl::Span<uint16_t> params_out16 = {};
 };
 
 // Parses the reply to a request of `pieces.size()` chunks from `reply`
@@ -54,8 +59,8 @@ struct ReplyPiece {
 // would refuse, and a reply whose packed replies are not one per further
 // chunk. Once the whole message has parsed and `check(i, reply)` accepts the
 // reply to every chunk i (the caller's check that it is for the chunk it
-// expects), the params are widened into each piece's params_out; they are all
-// untouched on any error. INTERNAL, naming what is wrong, when the bytes are
+// expects), the params are written into each piece's params_out or
+// params_out16; they are all untouched on any error. INTERNAL, naming what is wrong, when the bytes are
 // not such a reply or params have another length; else `check`'s status.
 absl::Status ParseStepResponse(
     grpc::ByteBuffer* reply, WireType type, absl::Span<const ReplyPiece> pieces,

@@ -97,6 +97,111 @@ TEST_F(EndToEndTest, Bfloat16WireCarriesRoundedGradientsAndParams) {
   EXPECT_LE(RelativeL2Error(model.params_fp32(), model.params_f64()), 1e-6);
 }
 
+// A model held in bf16 passes its own tensors (gradient16, params_out16):
+// sent and filled bit for bit, the same step as float buffers on a bf16 wire.
+// Many small groups and one of several pages, so chunks are packed too.
+TEST_F(EndToEndTest, SixteenBitBuffersAreSentAndFilledAsTheyAre) {
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  const std::vector<size_t> sizes = {kElements, 4096, 1, 70000, 300, 65536};
+  std::vector<std::string> names;
+  std::vector<GroupModel> models;
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    names.push_back("native." + std::to_string(g));
+    std::vector<float> initial = RandomNormal(rng, sizes[g], 1.0f);
+    ASSERT_TRUE(client_->RegisterGroup(names[g], initial).ok());
+    models.emplace_back(initial, Hyperparameters{});
+  }
+  for (WireType params_type : {WireType::kBFloat16, WireType::kFloat16}) {
+    SCOPED_TRACE(std::string(WireTypeName(params_type)));
+    StepOptions options;
+    options.gradient_dtype = WireType::kBFloat16;
+    options.param_dtype = params_type;
+    const uint64_t first = params_type == WireType::kBFloat16 ? 1 : 4;
+    for (uint64_t t = first; t < first + 3; ++t) {
+      std::vector<std::vector<uint16_t>> grads(sizes.size()), params(sizes.size());
+      std::vector<GroupStep> steps;
+      for (size_t g = 0; g < sizes.size(); ++g) {
+        for (float x : RandomNormal(rng, sizes[g], 1e-2f)) grads[g].push_back(FloatToBFloat16(x));
+        params[g].assign(sizes[g], 0xffff);
+        GroupStep step;
+        step.group = names[g];
+        step.gradient16 = grads[g];
+        step.params_out16 = absl::MakeSpan(params[g]);
+        steps.push_back(step);
+      }
+      ASSERT_TRUE(client_->Step(steps, t, options).ok()) << t;
+      for (size_t g = 0; g < sizes.size(); ++g) {
+        std::vector<float> seen(sizes[g]);
+        for (size_t i = 0; i < sizes[g]; ++i) seen[i] = BFloat16ToFloat(grads[g][i]);
+        models[g].Step(t, seen);
+        size_t mismatches = 0;
+        for (size_t i = 0; i < sizes[g]; ++i) {
+          const float p = models[g].params_fp32()[i];
+          mismatches += params[g][i] != (params_type == WireType::kBFloat16 ? FloatToBFloat16(p)
+                                                                             : FloatToHalf(p));
+        }
+        ASSERT_EQ(mismatches, 0u) << "step " << t << " group " << g;
+      }
+    }
+  }
+  EXPECT_LE(RelativeL2Error(models[0].params_fp32(), models[0].params_f64()), 1e-6);
+}
+
+TEST_F(EndToEndTest, SixteenBitBuffersThatDoNotFitTheWireTypesAreRefusedBeforeSending) {
+  ASSERT_TRUE(client_->RegisterGroup("forms", std::vector<float>(100, 1.0f)).ok());
+  std::vector<uint16_t> g16(100, FloatToBFloat16(0.1f)), p16(100);
+  std::vector<float> g32(100, 0.1f), p32(100);
+  StepOptions bf16;
+  bf16.gradient_dtype = WireType::kBFloat16;
+  bf16.param_dtype = WireType::kBFloat16;
+  struct Case {
+    const char* what;
+    GroupStep step;
+    StepOptions options;
+    const char* says;
+  };
+  const Case cases[] = {
+      {"gradient16 on a float32 wire", {"forms", {}, {}, g16, {}}, StepOptions{},
+       "gradient_dtype bfloat16 or float16 (it is float32)"},
+      {"gradient and gradient16", {"forms", g32, {}, g16, {}}, bf16, "an empty gradient"},
+      {"params_out16 with float32 params", {"forms", g32, {}, {}, absl::MakeSpan(p16)},
+       StepOptions{}, "param_dtype bfloat16 or float16 (it is float32)"},
+      {"params_out and params_out16",
+       {"forms", {}, absl::MakeSpan(p32), g16, absl::MakeSpan(p16)}, bf16,
+       "an empty params_out"},
+      {"gradient16 of another length",
+       {"forms", {}, {}, absl::MakeConstSpan(g16).subspan(1), {}}, bf16,
+       "gradient16 of group 'forms' has 99 elements"},
+      {"params_out16 of another length",
+       {"forms", {}, {}, g16, absl::MakeSpan(p16).subspan(1)}, bf16,
+       "params_out16 of group 'forms' has 99 elements"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    absl::Status s = client_->Step(absl::MakeConstSpan(&c.step, 1), 1, c.options);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(c.says));
+  }
+  // A non-finite bf16 element: named, nothing sent; after grad_scale too.
+  g16[42] = 0x7f80;  // +infinity.
+  absl::Status s = client_->Step({{"forms", {}, {}, g16, {}}}, 1, bf16);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("at element 42 is inf"));
+  g16[42] = FloatToBFloat16(3e38f);
+  StepOptions scaled = bf16;
+  scaled.grad_scale = 4.0f;
+  s = client_->Step({{"forms", {}, {}, g16, {}}}, 1, scaled);
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("at element 42"));
+  absl::StatusOr<GroupInfo> info = client_->DescribeGroup("forms");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->max_step, 0u);
+  g16[42] = FloatToBFloat16(0.1f);
+  EXPECT_TRUE(client_->Step({{"forms", {}, {}, g16, absl::MakeSpan(p16)}}, 1, bf16).ok());
+  EXPECT_NE(p16[0], 0);
+}
+
 TEST_F(EndToEndTest, Float16GradientsAreWidenedExactly) {
   const uint32_t seed = FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);

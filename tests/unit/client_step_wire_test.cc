@@ -392,5 +392,54 @@ TEST(ParseStepResponse, PackedRepliesThatDoNotMatchTheRequestAreInternalAndWrite
   for (const auto& o : out) EXPECT_EQ(o, std::vector<float>(4, 7.0f));
 }
 
+// 16-bit buffers (gradient16, params_out16): copied as they are.
+
+TEST(SerializeStepRequest, SixteenBitGradientsAreCopiedAsTheyAre) {
+  std::vector<uint16_t> bits(1001);
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = static_cast<uint16_t>(i * 40503u);
+  v1::StepRequest fields;
+  fields.set_group("g");
+  fields.set_gradient_dtype(v1::DTYPE_FLOAT16);
+  std::vector<float> first = {1.0f, 2.0f};
+  v1::StepRequest second_fields = fields;
+  const std::vector<RequestPiece> pieces = {{&fields, first, {}}, {&second_fields, {}, bits}};
+  v1::StepRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(Flatten(SerializeStepRequest(pieces, WireType::kFloat16))));
+  EXPECT_EQ(parsed.gradient(), Encoded(WireType::kFloat16, first));
+  ASSERT_EQ(parsed.more_size(), 1);
+  EXPECT_EQ(parsed.more(0).gradient(),
+            std::string(reinterpret_cast<const char*>(bits.data()), bits.size() * 2));
+}
+
+TEST(ParseStepResponse, SixteenBitParamsOutGetsTheBitsSplitAnywhere) {
+  std::mt19937_64 rng(11);
+  std::vector<uint16_t> bits(777);
+  for (uint16_t& b : bits) b = static_cast<uint16_t>(rng());
+  v1::StepResponse message = ResponseFields();
+  message.set_params(std::string(reinterpret_cast<const char*>(bits.data()), bits.size() * 2));
+  const std::string wire = message.SerializeAsString();
+  for (size_t cut = 1; cut < wire.size(); cut += 37) {  // Odd and even cuts.
+    grpc::ByteBuffer reply = Sliced(wire, {cut});
+    std::vector<uint16_t> got(bits.size(), 0);
+    const std::vector<ReplyPiece> pieces = {{bits.size(), {}, absl::MakeSpan(got)}};
+    v1::StepResponse fields;
+    ASSERT_TRUE(ParseStepResponse(&reply, WireType::kBFloat16, pieces,
+                                  [](size_t, const v1::StepResponse&) { return absl::OkStatus(); },
+                                  &fields)
+                    .ok());
+    ASSERT_EQ(got, bits) << cut;
+  }
+  // 16-bit params_out16 for a float32 reply is a caller's mistake, refused.
+  grpc::ByteBuffer reply = Sliced(wire, {});
+  std::vector<uint16_t> got(bits.size(), 0);
+  const std::vector<ReplyPiece> pieces = {{bits.size(), {}, absl::MakeSpan(got)}};
+  v1::StepResponse fields;
+  absl::Status s = ParseStepResponse(
+      &reply, WireType::kFloat32, pieces,
+      [](size_t, const v1::StepResponse&) { return absl::OkStatus(); }, &fields);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_EQ(got, std::vector<uint16_t>(bits.size(), 0));
+}
+
 }  // namespace
 }  // namespace optstate::client_internal

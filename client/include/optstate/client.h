@@ -57,6 +57,14 @@ struct GroupStep {
   std::string group;
   absl::Span<const float> gradient;
   absl::Span<float> params_out;
+  // A model held in 16 bits passes its own tensors instead, with no
+  // conversion on the client: `gradient16` holds elements of
+  // StepOptions::gradient_dtype (bfloat16 or float16) and is sent as it is;
+  // `params_out16` receives the params in StepOptions::param_dtype (16-bit)
+  // as they arrive. Give gradient or gradient16, and params_out or
+  // params_out16 (or neither), not both.
+  absl::Span<const uint16_t> gradient16 = {};
+  absl::Span<uint16_t> params_out16 = {};
 };
 
 struct StepOptions {
