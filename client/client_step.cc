@@ -44,6 +44,8 @@ struct PlannedChunk {
 
 // Room kept per packed chunk for its fields and framing, beyond the group name.
 constexpr uint64_t kPieceOverheadBytes = 96;
+// Chunks packed into one message at most (the daemon takes up to 4096).
+constexpr size_t kMaxPiecesPerMessage = 1024;
 
 // The most of a step's narrowed gradient the client narrows ahead of sending
 // (and holds until the step ends): checking the narrowed bytes saves a pass
@@ -285,7 +287,8 @@ absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::Rp
         },
         &response);
     if (!parsed.ok()) {
-      mismatch = absl::InternalError(absl::StrCat("reply ", i, ": ", parsed.message()));
+      mismatch = absl::InternalError(absl::StrCat("reply to message ", i, " of the stream: ",
+                                                  parsed.message()));
       break;
     }
     done[i] = true;
@@ -397,7 +400,8 @@ absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
       const uint64_t gradient_bytes = piece.count * WireTypeSize(options.gradient_dtype);
       const uint64_t message_bytes =
           piece.count * widest + group.group.size() + kPieceOverheadBytes;
-      if (!pending.empty() && packed_gradient_bytes + gradient_bytes <= impl_->options.chunk_bytes &&
+      if (!pending.empty() && pending.back().pieces.size() < kMaxPiecesPerMessage &&
+          packed_gradient_bytes + gradient_bytes <= impl_->options.chunk_bytes &&
           packed_message_bytes + message_bytes <=
               static_cast<uint64_t>(impl_->options.max_message_bytes) - 4096) {
         pending.back().pieces.push_back(piece);

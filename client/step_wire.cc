@@ -208,8 +208,9 @@ class ReplyScanner {
   // A reply packed in the outer one's `more` (after its tag).
   absl::Status ScanPacked(CodedInputStream* input, size_t piece,
                           v1::StepResponse* fields) {
-    uint32_t length = 0;
-    if (!input->ReadVarint32(&length) || static_cast<int64_t>(length) > input->BytesUntilLimit()) {
+    uint64_t length = 0;
+    if (!input->ReadVarint64(&length) ||
+        length > static_cast<uint64_t>(std::max(0, input->BytesUntilLimit()))) {
       return NotAStepResponse("a malformed `more` field");
     }
     if (piece != 0) return NotAStepResponse("a packed reply packs replies itself");
@@ -230,9 +231,10 @@ class ReplyScanner {
     uint64_t length = 0;
     if (!input->ReadVarint64(&length)) return NotAStepResponse("a malformed params length");
     if (length != expected_bytes) {
-      return absl::InternalError(absl::StrCat("a Step reply carries ", length,
-                                              " bytes of params; expected ", expected_bytes,
-                                              " (elements of ", WireTypeName(type_), ")"));
+      return absl::InternalError(absl::StrCat(
+          "a Step reply carries ", length, " bytes of params",
+          piece == 0 ? "" : absl::StrCat(" in more[", piece - 1, "]"), "; expected ",
+          expected_bytes, " (elements of ", WireTypeName(type_), ")"));
     }
     const ReplyPiece& out = pieces_[piece];
     const bool write = widen_ && (!out.params_out.empty() || !out.params_out16.empty());

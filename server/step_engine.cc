@@ -87,7 +87,14 @@ absl::StatusOr<StepChunkResult> StepEngine::ApplyChunk(const StepChunk& chunk,
 
 absl::StatusOr<StepChunkResult> StepEngine::ApplyChunk(
     const StepChunk& chunk, absl::FunctionRef<char*(size_t)> reserve_params) {
-  const absl::Time started = absl::Now();
+  absl::StatusOr<ValidatedChunk> validated = Validate(chunk);
+  if (!validated.ok()) return validated.status();
+  return Apply(chunk, *validated, reserve_params);
+}
+
+absl::StatusOr<ValidatedChunk> StepEngine::Validate(const StepChunk& chunk) {
+  ValidatedChunk validated;
+  validated.started = absl::Now();
   absl::StatusOr<std::shared_ptr<Group>> found = store_->Find(chunk.group);
   if (!found.ok()) return found.status();
   Group& group = **found;
@@ -123,17 +130,30 @@ absl::StatusOr<StepChunkResult> StepEngine::ApplyChunk(
         " is not finite (after grad_scale ", inputs.grad_scale,
         "); nothing in this chunk was applied. Skip the step or fix the loss scale"));
   }
-  const AdamWConstants constants = ComputeAdamWConstants(inputs);
+  validated.group = std::move(*found);
+  validated.count = range->count;
+  validated.first_page = range->first_page;
+  validated.end_page = range->end_page;
+  validated.constants = ComputeAdamWConstants(inputs);
+  return validated;
+}
+
+absl::StatusOr<StepChunkResult> StepEngine::Apply(
+    const StepChunk& chunk, const ValidatedChunk& validated,
+    absl::FunctionRef<char*(size_t)> reserve_params) {
+  const absl::Time started = validated.started;
+  Group& group = *validated.group;
+  const AdamWConstants& constants = validated.constants;
 
   StepChunkResult result;
-  result.num_elements = range->count;
+  result.num_elements = validated.count;
   size_t params_bytes = 0;
   {
-    PageLocks locks(group, range->first_page, range->end_page);
+    PageLocks locks(group, validated.first_page, validated.end_page);
     if (group.deleted()) return NotFoundAfterDelete(group);
     if (group.broken()) return BrokenGroup(group);
     // Check every page before touching any, so a refusal changes nothing.
-    for (uint64_t p = range->first_page; p < range->end_page; ++p) {
+    for (uint64_t p = validated.first_page; p < validated.end_page; ++p) {
       if (!group.page_has_values(p)) {
         return absl::FailedPreconditionError(absl::StrCat(
             "page ", p, " (elements [", group.PageBegin(p), ", ", group.PageEnd(p),
@@ -153,15 +173,15 @@ absl::StatusOr<StepChunkResult> StepEngine::ApplyChunk(
       }
     }
     const size_t grad_size = WireTypeSize(chunk.gradient_type);
-    uint64_t p = range->first_page;
-    while (p < range->end_page) {
+    uint64_t p = validated.first_page;
+    while (p < validated.end_page) {
       if (group.page_step(p) == chunk.step) {
         ++result.pages_replayed;
         ++p;
         continue;
       }
       uint64_t run_end = p;
-      while (run_end < range->end_page && group.page_step(run_end) + 1 == chunk.step) ++run_end;
+      while (run_end < validated.end_page && group.page_step(run_end) + 1 == chunk.step) ++run_end;
       const uint64_t begin = group.PageBegin(p);
       const uint64_t end = group.PageEnd(run_end - 1);
       absl::Status applied = backend_->Apply(
@@ -177,9 +197,9 @@ absl::StatusOr<StepChunkResult> StepEngine::ApplyChunk(
       result.pages_applied += run_end - p;
       p = run_end;
     }
-    params_bytes = range->count * WireTypeSize(chunk.param_type);
+    params_bytes = validated.count * WireTypeSize(chunk.param_type);
     EncodeFromFloat(chunk.param_type, group.params() + chunk.offset,
-                    reserve_params(params_bytes), range->count);
+                    reserve_params(params_bytes), validated.count);
   }
 
   GroupCounters& counters = group.counters();

@@ -5,12 +5,14 @@
 #define OPTSTATE_SERVER_STEP_ENGINE_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "optstate/dtype.h"
 #include "server/state_store.h"
 #include "server/step_backend.h"
@@ -34,6 +36,17 @@ struct StepChunkResult {
   uint64_t num_elements = 0;
   uint64_t pages_applied = 0;
   uint64_t pages_replayed = 0;
+};
+
+// A chunk that passed every check that does not depend on its pages' state
+// (StepEngine::Validate), ready for StepEngine::Apply.
+struct ValidatedChunk {
+  std::shared_ptr<Group> group;
+  uint64_t count = 0;       // Elements.
+  uint64_t first_page = 0;  // Pages [first_page, end_page) are covered.
+  uint64_t end_page = 0;
+  AdamWConstants constants{};
+  absl::Time started;  // For the chunk's latency.
 };
 
 // Thread-safe: chunks of any groups may be applied from many threads; two
@@ -61,6 +74,16 @@ class StepEngine {
                                              absl::FunctionRef<char*(size_t)> reserve_params);
   // The same, into a string.
   absl::StatusOr<StepChunkResult> ApplyChunk(const StepChunk& chunk, std::string* params_out);
+
+  // ApplyChunk in two halves, so a caller can check several chunks before
+  // applying any: Validate refuses what ApplyChunk refuses before it looks at
+  // page state (NOT_FOUND, INVALID_ARGUMENT: group, range, values, lr,
+  // grad_scale, a non-finite gradient) and changes nothing; Apply, given the
+  // same chunk (its gradient still alive), takes the page locks and refuses
+  // the rest (FAILED_PRECONDITION, NOT_FOUND once deleted, DATA_LOSS).
+  absl::StatusOr<ValidatedChunk> Validate(const StepChunk& chunk);
+  absl::StatusOr<StepChunkResult> Apply(const StepChunk& chunk, const ValidatedChunk& validated,
+                                        absl::FunctionRef<char*(size_t)> reserve_params);
 
   // Writes initial parameter values to the pages of [offset, offset+n) that
   // are still at step 0; pages already stepped are left alone. Same range

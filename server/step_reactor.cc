@@ -92,10 +92,10 @@ void StepReactor::OnReadDone(bool ok) {
   Advance(0);
 }
 
-// Applies one chunk of `request` (`packed`: one of an outer message's
-// `more`) and appends its reply's bytes to `reply`.
-absl::Status StepReactor::ApplyOne(const v1::StepRequest& request, bool packed,
-                                   std::vector<grpc::Slice>* reply) {
+// The chunk `request` carries (`packed`: one of an outer message's `more`),
+// for the engine; `chunk` points into `request`.
+absl::Status StepReactor::ToChunk(const v1::StepRequest& request, bool packed,
+                                  StepChunk* chunk) const {
   if (packed && !request.more().empty()) {
     return absl::InvalidArgumentError(
         "a chunk packed in StepRequest.more packs chunks itself; put every chunk of the "
@@ -106,45 +106,87 @@ absl::Status StepReactor::ApplyOne(const v1::StepRequest& request, bool packed,
   if (!gradient_type.ok()) return gradient_type.status();
   absl::StatusOr<WireType> param_type = WireTypeFromProto(request.param_dtype(), "param_dtype");
   if (!param_type.ok()) return param_type.status();
-  StepChunk chunk;
-  chunk.group = GroupKey{tenant_, request.group()};
-  chunk.step = request.step();
-  chunk.offset = request.offset();
-  chunk.gradient = request.gradient();
-  if (request.has_lr()) chunk.lr = request.lr();
-  if (request.has_grad_scale()) chunk.grad_scale = request.grad_scale();
-  chunk.gradient_type = *gradient_type;
-  chunk.param_type = *param_type;
-  StepReplyBuilder builder(request.group().size(), packed);
-  absl::StatusOr<StepChunkResult> result = engine_->ApplyChunk(
-      chunk, [&builder](size_t bytes) { return builder.ReserveParams(bytes); });
-  if (!result.ok()) return result.status();
-  v1::StepResponse response;
-  response.set_group(request.group());
-  response.set_step(request.step());
-  response.set_offset(request.offset());
-  response.set_num_elements(result->num_elements);
-  response.set_param_dtype(WireTypeToProto(*param_type));
-  response.set_pages_applied(result->pages_applied);
-  response.set_pages_replayed(result->pages_replayed);
-  reply->push_back(builder.Finish(response));
+  chunk->group = GroupKey{tenant_, request.group()};
+  chunk->step = request.step();
+  chunk->offset = request.offset();
+  chunk->gradient = request.gradient();
+  if (request.has_lr()) chunk->lr = request.lr();
+  if (request.has_grad_scale()) chunk->grad_scale = request.grad_scale();
+  chunk->gradient_type = *gradient_type;
+  chunk->param_type = *param_type;
   return absl::OkStatus();
 }
+
+namespace {
+
+// The chunk at `index` of a message: the message's own (0), or more[index-1].
+const v1::StepRequest& PieceOf(const v1::StepRequest& request, size_t index) {
+  return index == 0 ? request : request.more(static_cast<int>(index - 1));
+}
+
+// `status`, naming the packed chunk it is about.
+absl::Status AboutPacked(const absl::Status& status, const v1::StepRequest& request,
+                         size_t index, absl::string_view consequence) {
+  if (index == 0 || status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat("StepRequest.more[", index - 1, "] (group '",
+                                   PieceOf(request, index).group(), "'): ", status.message(),
+                                   " (", consequence, ")"));
+}
+
+}  // namespace
 
 void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
   const v1::StepRequest& request = task->chunk.request;
   absl::Status status = task->chunk.parse_status;
-  std::vector<grpc::Slice> slices;
-  if (status.ok()) status = ApplyOne(request, /*packed=*/false, &slices);
-  for (int i = 0; status.ok() && i < request.more_size(); ++i) {
-    status = ApplyOne(request.more(i), /*packed=*/true, &slices);
-    if (!status.ok()) {
-      status = absl::Status(status.code(),
-                            absl::StrCat("StepRequest.more[", i, "] (group '",
-                                         request.more(i).group(), "'): ", status.message(),
-                                         " (the chunks before it in its message were applied)"));
-    }
+  if (status.ok() && request.more_size() > kMaxPackedChunks) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("the message packs ", request.more_size(),
+                     " chunks in StepRequest.more; at most ", kMaxPackedChunks,
+                     " (send the rest in further messages)"));
   }
+  // Every chunk of the message is checked before any is applied, so a
+  // malformed or non-finite chunk refuses the whole message unchanged; only
+  // page state (a step out of order, a deleted group) can refuse a packed
+  // chunk after those before it were applied.
+  const size_t pieces = status.ok() ? 1 + static_cast<size_t>(request.more_size()) : 0;
+  std::vector<StepChunk> chunks(pieces);
+  std::vector<ValidatedChunk> validated(pieces);
+  for (size_t i = 0; status.ok() && i < pieces; ++i) {
+    status = ToChunk(PieceOf(request, i), i > 0, &chunks[i]);
+    if (status.ok()) {
+      absl::StatusOr<ValidatedChunk> checked = engine_->Validate(chunks[i]);
+      if (checked.ok()) {
+        validated[i] = std::move(*checked);
+      } else {
+        status = checked.status();
+      }
+    }
+    status = AboutPacked(status, request, i, "nothing in its message was applied");
+  }
+  std::vector<grpc::Slice> slices;
+  for (size_t i = 0; status.ok() && i < pieces; ++i) {
+    const v1::StepRequest& piece = PieceOf(request, i);
+    StepReplyBuilder builder(piece.group().size(), /*packed=*/i > 0);
+    absl::StatusOr<StepChunkResult> result =
+        engine_->Apply(chunks[i], validated[i],
+                       [&builder](size_t bytes) { return builder.ReserveParams(bytes); });
+    if (!result.ok()) {
+      status = AboutPacked(result.status(), request, i,
+                           "the chunks before it in its message were applied");
+      break;
+    }
+    v1::StepResponse response;
+    response.set_group(piece.group());
+    response.set_step(piece.step());
+    response.set_offset(piece.offset());
+    response.set_num_elements(result->num_elements);
+    response.set_param_dtype(WireTypeToProto(chunks[i].param_type));
+    response.set_pages_applied(result->pages_applied);
+    response.set_pages_replayed(result->pages_replayed);
+    slices.push_back(builder.Finish(response));
+  }
+  validated.clear();  // Drops the groups before the reply is queued.
   grpc::ByteBuffer reply;
   if (status.ok()) reply = grpc::ByteBuffer(slices.data(), slices.size());
   {

@@ -25,13 +25,14 @@ namespace optstate {
 // concurrently (a model of many tensors uses every worker); chunks of one
 // group are applied one after another, in stream order, so a stream may carry
 // step k and step k+1 of the same page. Replies go out in request order.
-// A message may pack chunks of several groups (StepRequest.more): they are
-// applied in order on one worker, and the message waits while a chunk of any
-// of its groups is applied; its reply packs theirs the same way.
+// A message may pack chunks of several groups (StepRequest.more): all are
+// checked (StepEngine::Validate), then applied in order on one worker, and
+// the message waits while a chunk of any of its groups is applied; its reply
+// packs theirs the same way.
 // The first refused chunk ends the call with its status, after the replies to
-// every earlier message; it changed nothing, while the chunks packed before
-// it in its message, and later messages of other groups, may already have
-// been applied. Resending those is a harmless replay, unless
+// every earlier message; it changed nothing, while later messages of other
+// groups may already have been applied, and so may the chunks packed before
+// it in its message when it was refused for its pages' state. Resending those is a harmless replay, unless
 // the same stream also carried a later step of their group (then the resend
 // is refused as stale): a client that needs resends sends one step per
 // stream, as optstate::Client does.
@@ -55,6 +56,8 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   // waiting to be written. Bounds the memory one stream can pin, and stops a
   // client that does not read its replies.
   static constexpr size_t kMaxPinnedChunks = 16;
+  // Chunks one message may pack in StepRequest.more.
+  static constexpr int kMaxPackedChunks = 4096;
 
   // A request as read: parsed, or the reason it did not parse.
   struct QueuedChunk {
@@ -72,11 +75,10 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   // made, so Finish can never come before, or race with, another call on the
   // stream; the caller passes the tokens it held.
   void Advance(int tokens_released);
-  // Applies a message's chunks in order (its own, then those packed in
-  // `more`) and queues the reply, or the first refusal.
+  // Checks every chunk of a message, then applies them in order (its own,
+  // then those packed in `more`) and queues the reply, or the first refusal.
   void ApplyOnWorker(const std::shared_ptr<ChunkTask>& task);
-  absl::Status ApplyOne(const v1::StepRequest& request, bool packed,
-                        std::vector<grpc::Slice>* reply);
+  absl::Status ToChunk(const v1::StepRequest& request, bool packed, StepChunk* chunk) const;
   bool AnyGroupInFlightLocked(const v1::StepRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (groups_in_flight_.contains(request.group())) return true;

@@ -197,6 +197,33 @@ TEST_F(BadInputTest, EveryBadInputGetsItsCodeAndLeavesStateByteIdentical) {
          r.set_gradient(std::string(reinterpret_cast<const char*>(g.data()), g.size() * 2));
          return t.StepOne(r);
        }},
+      {"NaN in a chunk packed behind a good one", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) {
+         v1::StepRequest r = Chunk("victim", 3, 0, good(kPage));
+         std::vector<float> g = good(kPage);
+         g[5] = nan;
+         *r.add_more() = Chunk("victim", 3, kPage, g);
+         return t.StepOne(r);
+       }},
+      {"unknown group packed behind a good chunk", grpc::StatusCode::NOT_FOUND,
+       [&](T& t) {
+         v1::StepRequest r = Chunk("victim", 3, 0, good(kPage));
+         *r.add_more() = Chunk("nobody", 3, 0, good(kPage));
+         return t.StepOne(r);
+       }},
+      {"unknown dtype packed behind a good chunk", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) {
+         v1::StepRequest r = Chunk("victim", 3, 0, good(kPage));
+         *r.add_more() = Chunk("victim", 3, kPage, good(kPage));
+         r.mutable_more(0)->set_gradient_dtype(static_cast<v1::DType>(999));
+         return t.StepOne(r);
+       }},
+      {"more packed chunks than a message may carry", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) {
+         v1::StepRequest r = Chunk("victim", 3, 0, good(kPage));
+         for (int i = 0; i < 4097; ++i) *r.add_more() = Chunk("victim", 3, kPage, {});
+         return t.StepOne(r);
+       }},
       {"finite gradient overflowing after grad_scale", grpc::StatusCode::INVALID_ARGUMENT,
        [&](T& t) {
          std::vector<float> g = good(kPage);
@@ -406,7 +433,8 @@ TEST_F(BadInputTest, ARefusedPackedChunkNamesItsPlaceAndTheChunksBeforeItStand) 
     ASSERT_EQ(after.exp_avg_sq[i], before.exp_avg_sq[i]) << "element " << i;
   }
 
-  // A packed chunk may not pack chunks itself: INVALID_ARGUMENT, nothing of it applied.
+  // Refusals that need no page state come before anything is applied: a
+  // packed chunk that packs chunks itself refuses the whole message.
   const Snapshot middle = Take();
   request = Chunk("victim", 3, 2 * kPage, good(kElements - 2 * kPage));
   v1::StepRequest* packed = request.add_more();
@@ -416,12 +444,38 @@ TEST_F(BadInputTest, ARefusedPackedChunkNamesItsPlaceAndTheChunksBeforeItStand) 
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
   EXPECT_NE(status.error_message().find("packs chunks itself"), std::string::npos)
       << status.error_message();
-  after = Take();
-  EXPECT_EQ(after.page_steps, (std::vector<uint64_t>{3, 3, 3}));
-  for (uint64_t i = 0; i < 2 * kPage; ++i) {
-    ASSERT_EQ(after.params[i], middle.params[i]) << "element " << i;
-    ASSERT_EQ(after.exp_avg[i], middle.exp_avg[i]) << "element " << i;
+  EXPECT_NE(status.error_message().find("nothing in its message was applied"), std::string::npos)
+      << status.error_message();
+  EXPECT_TRUE(Take() == middle) << "state changed";
+}
+
+// A message's groups are held back while an earlier message packing one of
+// them is applied: a later step of a group packed in both waits its turn.
+TEST_F(BadInputTest, AGroupPackedInAnEarlierMessageIsAppliedInStreamOrder) {
+  std::vector<float> initial(kPage, 0.5f);
+  ASSERT_TRUE(Register(Spec("b", kPage, 1e-3f), {{0, Floats(initial)}}).ok());
+  ASSERT_TRUE(Register(Spec("c", kPage, 1e-3f), {{0, Floats(initial)}}).ok());
+  const std::vector<float> g(kPage, 0.1f);
+  for (uint64_t round = 0; round < 50; ++round) {
+    const uint64_t t = 3 + 2 * round;  // The victim's page 0 is at t - 1.
+    grpc::ClientContext context;
+    auto stream = stub_->Step(&context);
+    // [b, more: victim page 0 at t], then [c, more: victim page 0 at t + 1].
+    v1::StepRequest first = Chunk("b", round + 1, 0, g);
+    *first.add_more() = Chunk("victim", t, 0, g);
+    v1::StepRequest second = Chunk("c", round + 1, 0, g);
+    *second.add_more() = Chunk("victim", t + 1, 0, g);
+    ASSERT_TRUE(stream->Write(first));
+    ASSERT_TRUE(stream->Write(second));
+    stream->WritesDone();
+    v1::StepResponse response;
+    int replies = 0;
+    while (stream->Read(&response)) ++replies;
+    grpc::Status status = stream->Finish();
+    ASSERT_TRUE(status.ok()) << "round " << round << ": " << status.error_message();
+    EXPECT_EQ(replies, 2);
   }
+  EXPECT_EQ(Take().page_steps[0], 102u);
 }
 
 TEST_F(BadInputTest, RandomRequestsGetAStatusAndNeverCorruptOrCrash) {

@@ -361,6 +361,9 @@ TEST(ParseStepResponse, PackedRepliesThatDoNotMatchTheRequestAreInternalAndWrite
       {"more packed replies than packed chunks", wire, 2, "more than the 1 replies"},
       {"a packed reply packing replies", nested.SerializeAsString(), 3, "packs replies itself"},
       {"a more field running past the end", overlong, 3, "malformed `more`"},
+      {"a more length over 32 bits (5 + 2^32)",
+       wire + std::string("\x4a\x85\x80\x80\x80\x10", 6) + std::string(5, '\0'), 4,
+       "malformed `more`"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);

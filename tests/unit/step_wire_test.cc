@@ -78,8 +78,9 @@ TEST(StepReplyBuilder, WithoutParamsTheReplyIsJustTheFields) {
 // each packed reply's (the reactor sends them as one buffer of slices).
 TEST(StepReplyBuilder, PackedRepliesFollowTheOuterOneAsItsMoreField) {
   // Params sizes around the one- and two-byte lengths of the `more` field,
-  // a reply without params, and a group name longer than announced.
-  const std::vector<size_t> sizes = {2, 60, 100, 127, 128, 16300, 16400, 0, 1 << 20};
+  // a reply without params, a group name longer than announced (with and
+  // without params: the copy into a fresh slice keeps the head room).
+  const std::vector<size_t> sizes = {2, 60, 100, 127, 128, 16300, 16400, 0, 1 << 20, 0, 40};
   v1::StepResponse expected = Fields("outer");
   expected.set_params("ab");
   std::string wire;
@@ -90,10 +91,12 @@ TEST(StepReplyBuilder, PackedRepliesFollowTheOuterOneAsItsMoreField) {
   }
   for (size_t i = 0; i < sizes.size(); ++i) {
     SCOPED_TRACE(sizes[i]);
-    const std::string name = i == 7 ? std::string(300, 'n') : "packed." + std::to_string(i);
+    const bool long_name = i == 7 || i == 9 || i == 10;
+    const std::string name =
+        long_name ? std::string(300, 'n') + std::to_string(i) : "packed." + std::to_string(i);
     std::string params(sizes[i], '\0');
     for (size_t k = 0; k < params.size(); ++k) params[k] = static_cast<char>(k * 7 + i);
-    StepReplyBuilder packed(i == 7 ? 1 : name.size(), /*packed=*/true);
+    StepReplyBuilder packed(long_name ? 1 : name.size(), /*packed=*/true);
     if (!params.empty()) std::memcpy(packed.ReserveParams(params.size()), params.data(), params.size());
     wire += Bytes(packed.Finish(Fields(name)));
     v1::StepResponse* more = expected.add_more();

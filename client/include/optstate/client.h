@@ -28,7 +28,8 @@ struct ClientOptions {
   int max_message_bytes = 64 << 20;
   // Target gradient bytes per chunk (rounded to whole pages, at least one).
   uint64_t chunk_bytes = 1 << 20;
-  // Chunks written but not yet answered, per Step call.
+  // Messages written but not yet answered, per Step call (a message carries
+  // one chunk, or several small ones packed up to chunk_bytes).
   int max_chunks_in_flight = 8;
 };
 
@@ -95,9 +96,11 @@ class Client {
                                           const Hyperparameters& hyperparameters = {});
 
   // Applies step `step` (1, 2, ...) to every listed group in one stream and
-  // fills their params_out. Refuses the whole step, sending nothing, with
-  // INVALID_ARGUMENT when a gradient is not finite (after grad_scale and
-  // narrowing) or has the wrong length, or a group is listed twice. On a transient failure it resends the
+  // fills their params_out (or params_out16). Refuses the whole step, sending
+  // nothing, with INVALID_ARGUMENT when a gradient is not finite (after
+  // grad_scale and narrowing) or has the wrong length, a group is listed
+  // twice, or a group's buffers do not fit each other or the wire types
+  // (GroupStep). On a transient failure it resends the
   // chunks not yet answered; the server applies each page exactly once, so a
   // retried or repeated step never applies an element twice. When the step
   // fails, params_out may hold the new params of the chunks answered so far.
