@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <vector>
 
 #include "server/cpu_backend.h"
@@ -71,6 +72,49 @@ TEST_F(StepEngineTest, BackendFailingPartWayMarksTheGroupBrokenAndRefusesLaterCh
   ASSERT_TRUE(store_.Delete(GroupKey{"", "g"}).ok());
   ASSERT_TRUE(store_.Register(GroupKey{"", "g"}, config).ok());
   EXPECT_TRUE(Step(1, 0, std::vector<float>(3 * kPage, 0.1f)).ok());
+}
+
+// Validate then Apply is ApplyChunk in two halves: Validate touches nothing
+// (the page stays at step 0 and its params at 0), Apply does the update, and
+// a group deleted in between is NOT_FOUND at Apply.
+TEST_F(StepEngineTest, ValidateChangesNothingAndApplyFindsAGroupDeletedMeanwhile) {
+  GroupConfig config;
+  config.num_elements = kPage;
+  auto group = store_.Register(GroupKey{"", "g"}, config);
+  ASSERT_TRUE(group.ok());
+  std::vector<float> grad(kPage, 0.5f);
+  StepChunk chunk;
+  chunk.group = GroupKey{"", "g"};
+  chunk.step = 1;
+  chunk.gradient = absl::string_view(reinterpret_cast<const char*>(grad.data()), kPage * 4);
+  absl::StatusOr<ValidatedChunk> validated = engine_.Validate(chunk);
+  ASSERT_TRUE(validated.ok()) << validated.status();
+  EXPECT_EQ(validated->count, kPage);
+  EXPECT_EQ(group->group->page_step(0), 0u);
+  EXPECT_EQ(group->group->params()[0], 0.0f);
+  std::string params;
+  auto reserve = [&params](size_t bytes) {
+    params.resize(bytes);
+    return params.data();
+  };
+  absl::StatusOr<StepChunkResult> applied = engine_.Apply(chunk, *validated, reserve);
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  EXPECT_EQ(applied->pages_applied, 1u);
+  EXPECT_EQ(group->group->page_step(0), 1u);
+  EXPECT_EQ(params.size(), kPage * 4);
+
+  chunk.step = 2;
+  validated = engine_.Validate(chunk);
+  ASSERT_TRUE(validated.ok());
+  ASSERT_TRUE(store_.Delete(GroupKey{"", "g"}).ok());
+  applied = engine_.Apply(chunk, *validated, reserve);
+  EXPECT_EQ(applied.status().code(), absl::StatusCode::kNotFound) << applied.status();
+
+  // What Validate refuses: no such group, a non-finite gradient.
+  EXPECT_EQ(engine_.Validate(chunk).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(store_.Register(GroupKey{"", "g"}, config).ok());
+  grad[7] = std::nanf("");
+  EXPECT_EQ(engine_.Validate(chunk).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(StepEngineTest, InitialValuesForADeletedGroupAreRefusedEvenIfTheNameIsReused) {
