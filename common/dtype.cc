@@ -9,6 +9,8 @@
 #include <immintrin.h>
 #endif
 
+#include "bfloat16_avx2.h"
+
 namespace optstate {
 namespace {
 
@@ -37,25 +39,9 @@ OPTSTATE_AVX2 size_t DecodeAvx2(WireType type, const unsigned char* src, float* 
 // bfloat16 only: round-to-nearest-even with the scalar function's NaN rule.
 OPTSTATE_AVX2 size_t EncodeBFloat16Avx2(const float* src, unsigned char* dst, size_t count) {
   const size_t end = count - count % 8;
-  const __m256i one = _mm256_set1_epi32(1);
-  const __m256i bias = _mm256_set1_epi32(0x7fff);
-  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
-  const __m256i infinity = _mm256_set1_epi32(0x7f800000);
-  const __m256i quiet = _mm256_set1_epi32(0x0040);
   for (size_t i = 0; i < end; i += 8) {
-    const __m256i bits = _mm256_castps_si256(_mm256_loadu_ps(src + i));
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), one);
-    const __m256i rounded =
-        _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(bias, lsb)), 16);
-    const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(bits, 16), quiet);
-    const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, abs_mask), infinity);
-    const __m256i out = _mm256_blendv_epi8(rounded, nan, is_nan);
-    // Keep the low 16 bits of each lane, in order.
-    const __m256i packed = _mm256_permute4x64_epi64(
-        _mm256_packus_epi32(_mm256_and_si256(out, _mm256_set1_epi32(0xffff)),
-                            _mm256_setzero_si256()),
-        0xd8);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i), _mm256_castsi256_si128(packed));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i),
+                     dtype_internal::FloatToBFloat16x8(_mm256_loadu_ps(src + i)));
   }
   return end;
 }

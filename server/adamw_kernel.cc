@@ -60,6 +60,19 @@ void AdamWUpdate(const AdamWConstants& c, float* p, float* m, float* v, const vo
   AdamWUpdateScalar(c, p, m, v, grad, grad_type, count);
 }
 
+void AdamWUpdateAndEncode(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
+                          WireType grad_type, size_t count, void* params_out,
+                          WireType params_type) {
+#if defined(__x86_64__)
+  if (AdamWUsesAvx2() && kernel_internal::AdamWUpdateAndEncodeAvx2(
+                             c, p, m, v, grad, grad_type, count, params_out, params_type)) {
+    return;
+  }
+#endif
+  AdamWUpdate(c, p, m, v, grad, grad_type, count);
+  EncodeFromFloat(params_type, p, params_out, count);
+}
+
 size_t FindNonFiniteGradient(const void* grad, WireType grad_type, size_t count, float grad_scale) {
 #if defined(__x86_64__)
   if (AdamWUsesAvx2()) {

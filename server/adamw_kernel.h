@@ -50,6 +50,14 @@ AdamWConstants ComputeAdamWConstants(const AdamWStepInputs& inputs);
 void AdamWUpdate(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
                  WireType grad_type, size_t count);
 
+// AdamWUpdate that also writes every updated param, narrowed to
+// `params_type`, to `params_out` (`count` elements, any alignment): the bytes
+// EncodeFromFloat would write from the updated params, without reading them
+// again.
+void AdamWUpdateAndEncode(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
+                          WireType grad_type, size_t count, void* params_out,
+                          WireType params_type);
+
 // The portable path: the same formula, one element at a time.
 void AdamWUpdateScalar(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
                        WireType grad_type, size_t count);

@@ -2,6 +2,7 @@
 // separately rounded operations as AdamWElement, and the tail through it.
 #include <immintrin.h>
 
+#include "common/bfloat16_avx2.h"
 #include "server/adamw_kernel_scalar.h"
 
 #if defined(__x86_64__)
@@ -27,9 +28,13 @@ OPTSTATE_AVX2 inline __m256 LoadGradient8(const unsigned char* grad, WireType ty
   return _mm256_setzero_ps();
 }
 
-template <WireType kType>
+// Where UpdateLoop also writes each updated param: nowhere, or narrowed.
+enum class ParamsOut { kNone, kFloat32, kBFloat16 };
+
+template <WireType kType, ParamsOut kOut = ParamsOut::kNone>
 OPTSTATE_AVX2 void UpdateLoop(const AdamWConstants& c, float* p, float* m, float* v,
-                              const unsigned char* grad, size_t vector_end) {
+                              const unsigned char* grad, size_t vector_end,
+                              unsigned char* params_out = nullptr) {
   const __m256 grad_scale = _mm256_set1_ps(c.grad_scale);
   const __m256 decay = _mm256_set1_ps(c.decay);
   const __m256 beta1 = _mm256_set1_ps(c.beta1);
@@ -51,6 +56,29 @@ OPTSTATE_AVX2 void UpdateLoop(const AdamWConstants& c, float* p, float* m, float
     _mm256_storeu_ps(m + i, mv);
     _mm256_storeu_ps(v + i, vv);
     _mm256_storeu_ps(p + i, pv);
+    if constexpr (kOut == ParamsOut::kFloat32) {
+      _mm256_storeu_ps(reinterpret_cast<float*>(params_out + 4 * i), pv);
+    } else if constexpr (kOut == ParamsOut::kBFloat16) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(params_out + 2 * i),
+                       dtype_internal::FloatToBFloat16x8(pv));
+    }
+  }
+}
+
+template <ParamsOut kOut>
+OPTSTATE_AVX2 void UpdateLoopFor(WireType grad_type, const AdamWConstants& c, float* p, float* m,
+                                 float* v, const unsigned char* grad, size_t vector_end,
+                                 unsigned char* params_out) {
+  switch (grad_type) {
+    case WireType::kFloat32:
+      UpdateLoop<WireType::kFloat32, kOut>(c, p, m, v, grad, vector_end, params_out);
+      break;
+    case WireType::kBFloat16:
+      UpdateLoop<WireType::kBFloat16, kOut>(c, p, m, v, grad, vector_end, params_out);
+      break;
+    case WireType::kFloat16:
+      UpdateLoop<WireType::kFloat16, kOut>(c, p, m, v, grad, vector_end, params_out);
+      break;
   }
 }
 
@@ -112,18 +140,31 @@ OPTSTATE_AVX2 void AdamWUpdateAvx2(const AdamWConstants& c, float* p, float* m, 
                                    const void* grad, WireType grad_type, size_t count) {
   const auto* bytes = static_cast<const unsigned char*>(grad);
   const size_t vector_end = count - count % 8;
-  switch (grad_type) {
+  UpdateLoopFor<ParamsOut::kNone>(grad_type, c, p, m, v, bytes, vector_end, nullptr);
+  AdamWRangeScalar(c, p, m, v, grad, grad_type, vector_end, count);
+}
+
+OPTSTATE_AVX2 bool AdamWUpdateAndEncodeAvx2(const AdamWConstants& c, float* p, float* m,
+                                            float* v, const void* grad, WireType grad_type,
+                                            size_t count, void* params_out,
+                                            WireType params_type) {
+  const auto* bytes = static_cast<const unsigned char*>(grad);
+  auto* out = static_cast<unsigned char*>(params_out);
+  const size_t vector_end = count - count % 8;
+  switch (params_type) {
     case WireType::kFloat32:
-      UpdateLoop<WireType::kFloat32>(c, p, m, v, bytes, vector_end);
+      UpdateLoopFor<ParamsOut::kFloat32>(grad_type, c, p, m, v, bytes, vector_end, out);
       break;
     case WireType::kBFloat16:
-      UpdateLoop<WireType::kBFloat16>(c, p, m, v, bytes, vector_end);
+      UpdateLoopFor<ParamsOut::kBFloat16>(grad_type, c, p, m, v, bytes, vector_end, out);
       break;
     case WireType::kFloat16:
-      UpdateLoop<WireType::kFloat16>(c, p, m, v, bytes, vector_end);
-      break;
+      return false;  // Narrowed by EncodeFromFloat (its NaN rule is not F16C's).
   }
   AdamWRangeScalar(c, p, m, v, grad, grad_type, vector_end, count);
+  EncodeFromFloat(params_type, p + vector_end, out + vector_end * WireTypeSize(params_type),
+                  count - vector_end);
+  return true;
 }
 
 }  // namespace optstate::kernel_internal

@@ -1,6 +1,8 @@
 // CPU backend: the range is cut into cache-friendly shards run on the pool.
 #include "server/cpu_backend.h"
 
+#include <algorithm>
+
 namespace optstate {
 
 absl::Status CpuBackend::AttachGroup(Group& group) {
@@ -10,6 +12,21 @@ absl::Status CpuBackend::AttachGroup(Group& group) {
 
 absl::Status CpuBackend::Apply(Group& group, uint64_t begin, uint64_t end, const void* grad,
                                WireType grad_type, const AdamWConstants& constants) {
+  Run(group, begin, end, grad, grad_type, constants, nullptr, WireType::kFloat32);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::ApplyAndEncode(Group& group, uint64_t begin, uint64_t end,
+                                        const void* grad, WireType grad_type,
+                                        const AdamWConstants& constants, void* params_out,
+                                        WireType params_type) {
+  Run(group, begin, end, grad, grad_type, constants, params_out, params_type);
+  return absl::OkStatus();
+}
+
+void CpuBackend::Run(Group& group, uint64_t begin, uint64_t end, const void* grad,
+                     WireType grad_type, const AdamWConstants& constants, void* params_out,
+                     WireType params_type) {
   // Shards are multiples of 64 elements so every shard but the last keeps
   // the kernel on its vector path; small ranges stay on one thread.
   constexpr uint64_t kMinShard = 16384;
@@ -19,15 +36,22 @@ absl::Status CpuBackend::Apply(Group& group, uint64_t begin, uint64_t end, const
   shard = std::max<uint64_t>(kMinShard, (shard + 63) / 64 * 64);
   const uint64_t shards = (count + shard - 1) / shard;
   const size_t grad_size = WireTypeSize(grad_type);
+  const size_t params_size = WireTypeSize(params_type);
   const auto* grad_bytes = static_cast<const unsigned char*>(grad);
+  auto* out_bytes = static_cast<unsigned char*>(params_out);
   pool_->ParallelFor(shards, [&](size_t i) {
     const uint64_t first = i * shard;
     const uint64_t last = std::min(count, first + shard);
     const uint64_t at = begin + first;
-    AdamWUpdate(constants, group.params() + at, group.exp_avg() + at, group.exp_avg_sq() + at,
-                grad_bytes + first * grad_size, grad_type, last - first);
+    if (out_bytes == nullptr) {
+      AdamWUpdate(constants, group.params() + at, group.exp_avg() + at, group.exp_avg_sq() + at,
+                  grad_bytes + first * grad_size, grad_type, last - first);
+    } else {
+      AdamWUpdateAndEncode(constants, group.params() + at, group.exp_avg() + at,
+                           group.exp_avg_sq() + at, grad_bytes + first * grad_size, grad_type,
+                           last - first, out_bytes + first * params_size, params_type);
+    }
   });
-  return absl::OkStatus();
 }
 
 BackendStats CpuBackend::Stats() const {

@@ -19,12 +19,21 @@ class CpuBackend : public StepBackend {
   void DetachGroup(Group& group) override {}
   absl::Status Apply(Group& group, uint64_t begin, uint64_t end, const void* grad,
                      WireType grad_type, const AdamWConstants& constants) override;
+  // Narrows the params into `params_out` in the kernel's own pass
+  // (AdamWUpdateAndEncode), each shard its part.
+  absl::Status ApplyAndEncode(Group& group, uint64_t begin, uint64_t end, const void* grad,
+                              WireType grad_type, const AdamWConstants& constants,
+                              void* params_out, WireType params_type) override;
   absl::Status ParamsWritten(Group& group, uint64_t begin, uint64_t end) override {
     return absl::OkStatus();
   }
   BackendStats Stats() const override;
 
  private:
+  // Both: `params_out` null for Apply.
+  void Run(Group& group, uint64_t begin, uint64_t end, const void* grad, WireType grad_type,
+           const AdamWConstants& constants, void* params_out, WireType params_type);
+
   ThreadPool* const pool_;
 };
 

@@ -57,6 +57,19 @@ class StepBackend {
   virtual absl::Status Apply(Group& group, uint64_t begin, uint64_t end, const void* grad,
                              WireType grad_type, const AdamWConstants& constants) = 0;
 
+  // Apply, then writes the range's updated params, narrowed to `params_type`,
+  // to `params_out` (end-begin elements, any alignment): a reply's buffer.
+  // This default reads them back from the host params; a backend may write
+  // them during the update instead.
+  virtual absl::Status ApplyAndEncode(Group& group, uint64_t begin, uint64_t end,
+                                      const void* grad, WireType grad_type,
+                                      const AdamWConstants& constants, void* params_out,
+                                      WireType params_type) {
+    absl::Status applied = Apply(group, begin, end, grad, grad_type, constants);
+    if (applied.ok()) EncodeFromFloat(params_type, group.params() + begin, params_out, end - begin);
+    return applied;
+  }
+
   // The host params of [begin, end) were overwritten (initial values); the
   // caller holds the page mutexes of the range.
   virtual absl::Status ParamsWritten(Group& group, uint64_t begin, uint64_t end) = 0;

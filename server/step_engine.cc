@@ -173,10 +173,18 @@ absl::StatusOr<StepChunkResult> StepEngine::Apply(
       }
     }
     const size_t grad_size = WireTypeSize(chunk.gradient_type);
+    const size_t param_size = WireTypeSize(chunk.param_type);
+    params_bytes = validated.count * param_size;
+    char* const params = reserve_params(params_bytes);
+    // Applied runs get their params written by the update itself; replayed
+    // pages are encoded from the state as it is.
     uint64_t p = validated.first_page;
     while (p < validated.end_page) {
       if (group.page_step(p) == chunk.step) {
         ++result.pages_replayed;
+        const uint64_t begin = group.PageBegin(p);
+        EncodeFromFloat(chunk.param_type, group.params() + begin,
+                        params + (begin - chunk.offset) * param_size, group.PageEnd(p) - begin);
         ++p;
         continue;
       }
@@ -184,9 +192,10 @@ absl::StatusOr<StepChunkResult> StepEngine::Apply(
       while (run_end < validated.end_page && group.page_step(run_end) + 1 == chunk.step) ++run_end;
       const uint64_t begin = group.PageBegin(p);
       const uint64_t end = group.PageEnd(run_end - 1);
-      absl::Status applied = backend_->Apply(
+      absl::Status applied = backend_->ApplyAndEncode(
           group, begin, end, chunk.gradient.data() + (begin - chunk.offset) * grad_size,
-          chunk.gradient_type, constants);
+          chunk.gradient_type, constants, params + (begin - chunk.offset) * param_size,
+          chunk.param_type);
       if (!applied.ok()) {
         // Part of the range may already hold the new state.
         group.mark_broken();
@@ -197,9 +206,6 @@ absl::StatusOr<StepChunkResult> StepEngine::Apply(
       result.pages_applied += run_end - p;
       p = run_end;
     }
-    params_bytes = validated.count * WireTypeSize(chunk.param_type);
-    EncodeFromFloat(chunk.param_type, group.params() + chunk.offset,
-                    reserve_params(params_bytes), validated.count);
   }
 
   GroupCounters& counters = group.counters();

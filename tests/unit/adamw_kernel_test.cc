@@ -596,6 +596,65 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // ---------------------------------------------------------------------------
+// AdamWUpdateAndEncode: the update plus the params narrowed into a reply.
+
+class AdamWKernelEncode
+    : public ::testing::TestWithParam<std::tuple<size_t, WireType, WireType>> {};
+
+// The same state as the plain update and, in `params_out`, exactly the bytes
+// EncodeFromFloat writes from the updated params; nothing written around it.
+// Some params start non-finite so the NaN rule of the narrowing is covered.
+TEST_P(AdamWKernelEncode, EqualsTheScalarUpdateThenEncodeFromFloatBitwise) {
+  const auto [n, grad_type, params_type] = GetParam();
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  FloatState before = RandomState(n, rng);
+  for (size_t i = 3; i < n; i += 97) {
+    before.p[i] = i % 2 ? std::numeric_limits<float>::quiet_NaN()
+                        : -std::numeric_limits<float>::infinity();
+  }
+  const std::vector<unsigned char> grad = EncodeGradient(RandomGradient(n, rng), grad_type);
+  const AdamWConstants c = ComputeAdamWConstants(Inputs(kNonDefault, RandomStep(rng), 0.5f));
+
+  KernelState want(before);
+  want.Step(Path::kScalar, c, grad, grad_type);
+  const size_t size = WireTypeSize(params_type);
+  std::vector<unsigned char> want_bytes(n * size);
+  EncodeFromFloat(params_type, want.p().data(), want_bytes.data(), n);
+
+  // The output starts one byte into a guarded buffer: any alignment.
+  constexpr size_t kGuard = 37;
+  std::vector<unsigned char> out(n * size + 2 * kGuard + 1, 0xA5);
+  GuardedFloats p(before.p), m(before.m), v(before.v);
+  GuardedGradient guarded(grad);
+  AdamWUpdateAndEncode(c, p.data(), m.data(), v.data(), guarded.data(), grad_type, n,
+                       out.data() + kGuard + 1, params_type);
+
+  EXPECT_TRUE(BitwiseEqual(p.ToVector(), want.p()));
+  EXPECT_TRUE(BitwiseEqual(m.ToVector(), want.m()));
+  EXPECT_TRUE(BitwiseEqual(v.ToVector(), want.v()));
+  EXPECT_EQ(std::memcmp(out.data() + kGuard + 1, want_bytes.data(), want_bytes.size()), 0);
+  for (size_t i = 0; i < kGuard + 1; ++i) ASSERT_EQ(out[i], 0xA5) << "before the output";
+  for (size_t i = kGuard + 1 + n * size; i < out.size(); ++i) {
+    ASSERT_EQ(out[i], 0xA5) << "after the output";
+  }
+  EXPECT_TRUE(p.GuardsIntact() && m.GuardsIntact() && v.GuardsIntact() && guarded.GuardsIntact());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    SizesAndTypes, AdamWKernelEncode,
+    ::testing::Combine(::testing::ValuesIn(kSizes),
+                       ::testing::Values(WireType::kFloat32, WireType::kBFloat16,
+                                         WireType::kFloat16),
+                       ::testing::Values(WireType::kFloat32, WireType::kBFloat16,
+                                         WireType::kFloat16)),
+    [](const auto& info) {
+      return SizeName(std::get<0>(info.param)) + "_grad" + TypeName(std::get<1>(info.param)) +
+             "_params" + TypeName(std::get<2>(info.param));
+    });
+
+// ---------------------------------------------------------------------------
 // bfloat16 and float16 gradients, per size and type.
 
 class AdamWKernelNarrowGradient

@@ -23,6 +23,13 @@ class FailingBackend : public CpuBackend {
     if (begin >= fail_from.load()) return absl::InternalError("device fault (injected)");
     return CpuBackend::Apply(group, begin, end, grad, grad_type, constants);
   }
+  absl::Status ApplyAndEncode(Group& group, uint64_t begin, uint64_t end, const void* grad,
+                              WireType grad_type, const AdamWConstants& constants,
+                              void* params_out, WireType params_type) override {
+    if (begin >= fail_from.load()) return absl::InternalError("device fault (injected)");
+    return CpuBackend::ApplyAndEncode(group, begin, end, grad, grad_type, constants, params_out,
+                                      params_type);
+  }
   std::atomic<uint64_t> fail_from{UINT64_MAX};
 };
 
