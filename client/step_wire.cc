@@ -257,38 +257,34 @@ class ReplyScanner {
 
   // Any field but params and more, as protobuf would parse it into `fields`.
   static bool ParseField(CodedInputStream* input, uint32_t tag, v1::StepResponse* fields) {
-    uint64_t value = 0;
-    bool ok = true;
+    // A varint field: read, then stored by `set`.
+    auto varint = [input](auto set) {
+      uint64_t value = 0;
+      if (!input->ReadVarint64(&value)) return false;
+      set(value);
+      return true;
+    };
+    constexpr auto kVarint = WireFormatLite::WIRETYPE_VARINT;
     switch (tag) {
       case kGroupTag:
         return WireFormatLite::ReadString(input, fields->mutable_group()) &&
                WireFormatLite::VerifyUtf8String(fields->group().data(),
                                                 static_cast<int>(fields->group().size()),
                                                 WireFormatLite::PARSE, "StepResponse.group");
-      case Tag(v1::StepResponse::kStepFieldNumber, WireFormatLite::WIRETYPE_VARINT):
-        ok = input->ReadVarint64(&value);
-        fields->set_step(value);
-        return ok;
-      case Tag(v1::StepResponse::kOffsetFieldNumber, WireFormatLite::WIRETYPE_VARINT):
-        ok = input->ReadVarint64(&value);
-        fields->set_offset(value);
-        return ok;
-      case Tag(v1::StepResponse::kNumElementsFieldNumber, WireFormatLite::WIRETYPE_VARINT):
-        ok = input->ReadVarint64(&value);
-        fields->set_num_elements(value);
-        return ok;
-      case Tag(v1::StepResponse::kParamDtypeFieldNumber, WireFormatLite::WIRETYPE_VARINT):
-        ok = input->ReadVarint64(&value);
-        fields->set_param_dtype(static_cast<v1::DType>(static_cast<int32_t>(value)));
-        return ok;
-      case Tag(v1::StepResponse::kPagesAppliedFieldNumber, WireFormatLite::WIRETYPE_VARINT):
-        ok = input->ReadVarint64(&value);
-        fields->set_pages_applied(value);
-        return ok;
-      case Tag(v1::StepResponse::kPagesReplayedFieldNumber, WireFormatLite::WIRETYPE_VARINT):
-        ok = input->ReadVarint64(&value);
-        fields->set_pages_replayed(value);
-        return ok;
+      case Tag(v1::StepResponse::kStepFieldNumber, kVarint):
+        return varint([fields](uint64_t v) { fields->set_step(v); });
+      case Tag(v1::StepResponse::kOffsetFieldNumber, kVarint):
+        return varint([fields](uint64_t v) { fields->set_offset(v); });
+      case Tag(v1::StepResponse::kNumElementsFieldNumber, kVarint):
+        return varint([fields](uint64_t v) { fields->set_num_elements(v); });
+      case Tag(v1::StepResponse::kParamDtypeFieldNumber, kVarint):
+        return varint([fields](uint64_t v) {
+          fields->set_param_dtype(static_cast<v1::DType>(static_cast<int32_t>(v)));
+        });
+      case Tag(v1::StepResponse::kPagesAppliedFieldNumber, kVarint):
+        return varint([fields](uint64_t v) { fields->set_pages_applied(v); });
+      case Tag(v1::StepResponse::kPagesReplayedFieldNumber, kVarint):
+        return varint([fields](uint64_t v) { fields->set_pages_replayed(v); });
       default:  // Unknown fields, or a wrong wire type: skipped, as protobuf does.
         return WireFormatLite::SkipField(input, tag);
     }
