@@ -52,8 +52,9 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   void OnDone() override;
 
  private:
-  // Chunks a stream holds at once: read ahead, being applied, or replies
-  // waiting to be written. Bounds the memory one stream can pin, and stops a
+  // Messages a stream holds at once (each one chunk, or several packed):
+  // read ahead, being applied, or replies waiting to be written. Bounds the
+  // memory one stream can pin (with the message size limit), and stops a
   // client that does not read its replies.
   static constexpr size_t kMaxPinnedChunks = 16;
   // Chunks one message may pack in StepRequest.more.
