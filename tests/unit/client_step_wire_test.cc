@@ -41,6 +41,17 @@ grpc::ByteBuffer Sliced(const std::string& wire, const std::vector<size_t>& cuts
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
+// Up to `max_cuts` distinct ascending cut offsets inside `bytes` bytes, odd ones included.
+std::vector<size_t> RandomCuts(size_t bytes, int max_cuts, std::mt19937_64& rng) {
+  std::vector<size_t> cuts;
+  for (int c = std::uniform_int_distribution<int>(0, max_cuts)(rng); c > 0; --c) {
+    cuts.push_back(std::uniform_int_distribution<size_t>(1, bytes - 1)(rng));
+  }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  return cuts;
+}
+
 std::vector<float> RandomFloats(size_t n, std::mt19937_64& rng) {
   std::normal_distribution<float> normal(0.0f, 3.0f);
   std::vector<float> v(n);
@@ -124,13 +135,7 @@ TEST(ParseStepResponse, WidensParamsSplitAnywhereExactlyAsDecodeToFloat) {
     message.set_params(params);
     const std::string wire = message.SerializeAsString();
     for (int trial = 0; trial < 200; ++trial) {
-      std::vector<size_t> cuts;  // Up to 6 cuts, odd offsets included.
-      for (int c = std::uniform_int_distribution<int>(0, 6)(rng); c > 0; --c) {
-        cuts.push_back(std::uniform_int_distribution<size_t>(1, wire.size() - 1)(rng));
-      }
-      std::sort(cuts.begin(), cuts.end());
-      cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-      grpc::ByteBuffer reply = Sliced(wire, cuts);
+      grpc::ByteBuffer reply = Sliced(wire, RandomCuts(wire.size(), 6, rng));
       std::vector<float> got(kN, -1.0f);
       v1::StepResponse fields;
       ASSERT_TRUE(ParseStepResponse(&reply, type, kN, absl::MakeSpan(got), AcceptAll, &fields).ok());
@@ -298,13 +303,7 @@ TEST(ParseStepResponse, PackedRepliesWidenIntoEachPiecesParamsOut) {
     const v1::StepResponse message = PackedReply(type, counts, rng, &want);
     const std::string wire = message.SerializeAsString();
     for (int trial = 0; trial < 50; ++trial) {
-      std::vector<size_t> cuts;
-      for (int c = std::uniform_int_distribution<int>(0, 8)(rng); c > 0; --c) {
-        cuts.push_back(std::uniform_int_distribution<size_t>(1, wire.size() - 1)(rng));
-      }
-      std::sort(cuts.begin(), cuts.end());
-      cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-      grpc::ByteBuffer reply = Sliced(wire, cuts);
+      grpc::ByteBuffer reply = Sliced(wire, RandomCuts(wire.size(), 8, rng));
       std::vector<std::vector<float>> got;
       std::vector<ReplyPiece> pieces;
       for (size_t n : counts) got.emplace_back(n, -1.0f);
