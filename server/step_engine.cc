@@ -79,17 +79,12 @@ absl::Status BrokenGroup(const Group& group) {
 
 absl::StatusOr<StepChunkResult> StepEngine::ApplyChunk(const StepChunk& chunk,
                                                        std::string* params_out) {
-  return ApplyChunk(chunk, [params_out](size_t bytes) {
+  absl::StatusOr<ValidatedChunk> validated = Validate(chunk);
+  if (!validated.ok()) return validated.status();
+  return Apply(chunk, *validated, [params_out](size_t bytes) {
     params_out->resize(bytes);
     return params_out->data();
   });
-}
-
-absl::StatusOr<StepChunkResult> StepEngine::ApplyChunk(
-    const StepChunk& chunk, absl::FunctionRef<char*(size_t)> reserve_params) {
-  absl::StatusOr<ValidatedChunk> validated = Validate(chunk);
-  if (!validated.ok()) return validated.status();
-  return Apply(chunk, *validated, reserve_params);
 }
 
 absl::StatusOr<ValidatedChunk> StepEngine::Validate(const StepChunk& chunk) {

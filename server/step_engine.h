@@ -67,12 +67,7 @@ class StepEngine {
   // past `step`), each message saying what to fix. DATA_LOSS once a backend
   // failed part-way through an update of the group (it is then refused for
   // good).
-  // `reserve_params(bytes)` is called once, after validation, and returns
-  // where the params go (writable for `bytes`): the reply's own buffer, so
-  // they are copied once.
-  absl::StatusOr<StepChunkResult> ApplyChunk(const StepChunk& chunk,
-                                             absl::FunctionRef<char*(size_t)> reserve_params);
-  // The same, into a string.
+  // The params go into `params_out`.
   absl::StatusOr<StepChunkResult> ApplyChunk(const StepChunk& chunk, std::string* params_out);
 
   // ApplyChunk in two halves, so a caller can check several chunks before
@@ -81,6 +76,9 @@ class StepEngine {
   // grad_scale, a non-finite gradient) and changes nothing; Apply, given the
   // same chunk (its gradient still alive), takes the page locks and refuses
   // the rest (FAILED_PRECONDITION, NOT_FOUND once deleted, DATA_LOSS).
+  // `reserve_params(bytes)` is called once, after the page checks, and
+  // returns where the params go (writable for `bytes`): the reply's own
+  // buffer, so they are written once.
   absl::StatusOr<ValidatedChunk> Validate(const StepChunk& chunk);
   absl::StatusOr<StepChunkResult> Apply(const StepChunk& chunk, const ValidatedChunk& validated,
                                         absl::FunctionRef<char*(size_t)> reserve_params);
