@@ -12,23 +12,27 @@ absl::Status CpuBackend::AttachGroup(Group& group) {
 
 absl::Status CpuBackend::Apply(Group& group, uint64_t begin, uint64_t end, const void* grad,
                                WireType grad_type, const AdamWConstants& constants) {
-  Run(group, begin, end, grad, grad_type, constants, nullptr, WireType::kFloat32);
+  const SegmentedBytes whole(
+      absl::string_view(static_cast<const char*>(grad), (end - begin) * WireTypeSize(grad_type)));
+  Run(group, begin, end, whole, 0, grad_type, constants, nullptr, WireType::kFloat32);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::ApplyAndEncode(Group& group, uint64_t begin, uint64_t end,
-                                        const void* grad, WireType grad_type,
-                                        const AdamWConstants& constants, void* params_out,
-                                        WireType params_type) {
-  Run(group, begin, end, grad, grad_type, constants, params_out, params_type);
+                                        const SegmentedBytes& gradient, size_t grad_offset,
+                                        WireType grad_type, const AdamWConstants& constants,
+                                        void* params_out, WireType params_type) {
+  Run(group, begin, end, gradient, grad_offset, grad_type, constants, params_out, params_type);
   return absl::OkStatus();
 }
 
-void CpuBackend::Run(Group& group, uint64_t begin, uint64_t end, const void* grad,
-                     WireType grad_type, const AdamWConstants& constants, void* params_out,
-                     WireType params_type) {
+void CpuBackend::Run(Group& group, uint64_t begin, uint64_t end, const SegmentedBytes& gradient,
+                     size_t grad_offset, WireType grad_type, const AdamWConstants& constants,
+                     void* params_out, WireType params_type) {
   // Shards are multiples of 64 elements so every shard but the last keeps
-  // the kernel on its vector path; small ranges stay on one thread.
+  // the kernel on its vector path; small ranges stay on one thread. Within a
+  // shard, the kernel runs once per piece of the gradient (an element split
+  // between pieces on its own); it gives the same bits however a range is cut.
   constexpr uint64_t kMinShard = 16384;
   const uint64_t count = end - begin;
   const uint64_t threads = static_cast<uint64_t>(pool_->size());
@@ -37,20 +41,24 @@ void CpuBackend::Run(Group& group, uint64_t begin, uint64_t end, const void* gra
   const uint64_t shards = (count + shard - 1) / shard;
   const size_t grad_size = WireTypeSize(grad_type);
   const size_t params_size = WireTypeSize(params_type);
-  const auto* grad_bytes = static_cast<const unsigned char*>(grad);
   auto* out_bytes = static_cast<unsigned char*>(params_out);
   pool_->ParallelFor(shards, [&](size_t i) {
     const uint64_t first = i * shard;
     const uint64_t last = std::min(count, first + shard);
-    const uint64_t at = begin + first;
-    if (out_bytes == nullptr) {
-      AdamWUpdate(constants, group.params() + at, group.exp_avg() + at, group.exp_avg_sq() + at,
-                  grad_bytes + first * grad_size, grad_type, last - first);
-    } else {
-      AdamWUpdateAndEncode(constants, group.params() + at, group.exp_avg() + at,
-                           group.exp_avg_sq() + at, grad_bytes + first * grad_size, grad_type,
-                           last - first, out_bytes + first * params_size, params_type);
-    }
+    gradient.ForEachElementRun(
+        grad_offset + first * grad_size, grad_size, last - first,
+        [&](size_t run_first, size_t n, const char* grad) {
+          const uint64_t at = begin + first + run_first;
+          if (out_bytes == nullptr) {
+            AdamWUpdate(constants, group.params() + at, group.exp_avg() + at,
+                        group.exp_avg_sq() + at, grad, grad_type, n);
+          } else {
+            AdamWUpdateAndEncode(constants, group.params() + at, group.exp_avg() + at,
+                                 group.exp_avg_sq() + at, grad, grad_type, n,
+                                 out_bytes + (first + run_first) * params_size, params_type);
+          }
+          return true;
+        });
   });
 }
 

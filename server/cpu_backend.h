@@ -19,9 +19,11 @@ class CpuBackend : public StepBackend {
   void DetachGroup(Group& group) override {}
   absl::Status Apply(Group& group, uint64_t begin, uint64_t end, const void* grad,
                      WireType grad_type, const AdamWConstants& constants) override;
-  // Narrows the params into `params_out` in the kernel's own pass
-  // (AdamWUpdateAndEncode), each shard its part.
-  absl::Status ApplyAndEncode(Group& group, uint64_t begin, uint64_t end, const void* grad,
+  // Reads the gradient from its pieces in place and narrows the params into
+  // `params_out` in the kernel's own pass (AdamWUpdateAndEncode), each shard
+  // its part.
+  absl::Status ApplyAndEncode(Group& group, uint64_t begin, uint64_t end,
+                              const SegmentedBytes& gradient, size_t grad_offset,
                               WireType grad_type, const AdamWConstants& constants,
                               void* params_out, WireType params_type) override;
   absl::Status ParamsWritten(Group& group, uint64_t begin, uint64_t end) override {
@@ -31,8 +33,9 @@ class CpuBackend : public StepBackend {
 
  private:
   // Both: `params_out` null for Apply.
-  void Run(Group& group, uint64_t begin, uint64_t end, const void* grad, WireType grad_type,
-           const AdamWConstants& constants, void* params_out, WireType params_type);
+  void Run(Group& group, uint64_t begin, uint64_t end, const SegmentedBytes& gradient,
+           size_t grad_offset, WireType grad_type, const AdamWConstants& constants,
+           void* params_out, WireType params_type);
 
   ThreadPool* const pool_;
 };

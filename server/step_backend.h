@@ -13,6 +13,7 @@
 #include "server/adamw_kernel.h"
 #include "server/group.h"
 #include "server/host_allocator.h"
+#include "server/segmented_bytes.h"
 
 namespace optstate {
 
@@ -59,16 +60,15 @@ class StepBackend {
 
   // Apply, then writes the range's updated params, narrowed to `params_type`,
   // to `params_out` (end-begin elements, any alignment): a reply's buffer.
-  // This default reads them back from the host params; a backend may write
-  // them during the update instead.
+  // The gradient is end-begin elements of `grad_type` from byte
+  // `grad_offset` of `gradient`, in the pieces it arrived in. This default
+  // gathers a gradient split across pieces into one buffer, calls Apply, and
+  // reads the params back from the host params; a backend may read the
+  // pieces in place and write the params during the update instead.
   virtual absl::Status ApplyAndEncode(Group& group, uint64_t begin, uint64_t end,
-                                      const void* grad, WireType grad_type,
-                                      const AdamWConstants& constants, void* params_out,
-                                      WireType params_type) {
-    absl::Status applied = Apply(group, begin, end, grad, grad_type, constants);
-    if (applied.ok()) EncodeFromFloat(params_type, group.params() + begin, params_out, end - begin);
-    return applied;
-  }
+                                      const SegmentedBytes& gradient, size_t grad_offset,
+                                      WireType grad_type, const AdamWConstants& constants,
+                                      void* params_out, WireType params_type);
 
   // The host params of [begin, end) were overwritten (initial values); the
   // caller holds the page mutexes of the range.

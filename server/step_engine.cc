@@ -117,8 +117,15 @@ absl::StatusOr<ValidatedChunk> StepEngine::Validate(const StepChunk& chunk) {
     return absl::InvalidArgumentError(
         absl::StrCat("grad_scale must be finite, got ", inputs.grad_scale));
   }
-  const size_t bad = FindNonFiniteGradient(chunk.gradient.data(), chunk.gradient_type,
-                                           range->count, inputs.grad_scale);
+  size_t bad = range->count;
+  chunk.gradient.ForEachElementRun(
+      0, WireTypeSize(chunk.gradient_type), range->count,
+      [&](size_t first, size_t n, const char* data) {
+        const size_t found = FindNonFiniteGradient(data, chunk.gradient_type, n, inputs.grad_scale);
+        if (found == n) return true;
+        bad = first + found;
+        return false;
+      });
   if (bad != range->count) {
     return absl::InvalidArgumentError(absl::StrCat(
         "gradient of group '", group.key().name, "' at element ", chunk.offset + bad,
@@ -188,7 +195,7 @@ absl::StatusOr<StepChunkResult> StepEngine::Apply(
       const uint64_t begin = group.PageBegin(p);
       const uint64_t end = group.PageEnd(run_end - 1);
       absl::Status applied = backend_->ApplyAndEncode(
-          group, begin, end, chunk.gradient.data() + (begin - chunk.offset) * grad_size,
+          group, begin, end, chunk.gradient, (begin - chunk.offset) * grad_size,
           chunk.gradient_type, constants, params + (begin - chunk.offset) * param_size,
           chunk.param_type);
       if (!applied.ok()) {

@@ -14,19 +14,22 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "optstate/dtype.h"
+#include "server/segmented_bytes.h"
 #include "server/state_store.h"
 #include "server/step_backend.h"
 #include "server/thread_pool.h"
 
 namespace optstate {
 
-// One chunk of one step. `gradient` is raw little-endian `gradient_type`.
+// One chunk of one step. `gradient` is raw little-endian `gradient_type`, in
+// one buffer or in the pieces it arrived in (a view: it must outlive the
+// chunk's Validate and Apply).
 struct StepChunk {
   GroupKey group;
   uint64_t step = 0;
   uint64_t offset = 0;
   WireType gradient_type = WireType::kFloat32;
-  absl::string_view gradient;
+  SegmentedBytes gradient;
   std::optional<float> lr;
   std::optional<float> grad_scale;
   WireType param_type = WireType::kFloat32;

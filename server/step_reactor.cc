@@ -33,13 +33,13 @@ void StepReactor::Advance(int tokens_released) {
       }
       // In stream order: the head waits while a chunk of one of its groups is applied.
       while (!failed && in_flight_ < max_in_flight_ && !queued_.empty() &&
-             !AnyGroupInFlightLocked(queued_.front().request)) {
+             !AnyGroupInFlightLocked(queued_.front().message.request)) {
         auto task = std::make_shared<ChunkTask>();
         task->seq = next_seq_++;
         task->chunk = std::move(queued_.front());
         queued_.pop_front();
-        groups_in_flight_.insert(task->chunk.request.group());
-        for (const v1::StepRequest& packed : task->chunk.request.more()) {
+        groups_in_flight_.insert(task->chunk.message.request.group());
+        for (const v1::StepRequest& packed : task->chunk.message.request.more()) {
           groups_in_flight_.insert(packed.group());
         }
         ++in_flight_;
@@ -75,10 +75,10 @@ void StepReactor::Advance(int tokens_released) {
 void StepReactor::OnReadDone(bool ok) {
   QueuedChunk chunk;
   if (ok) {
-    // As gRPC's own deserializer would (the gradient is copied out of the
-    // slices once, here). Outside the lock: incoming_ is ours until
+    // As gRPC's own deserializer would, but the gradients stay in the
+    // message's slices. Outside the lock: incoming_ is ours until
     // read_in_flight_ is cleared.
-    chunk.parse_status = ParseStepRequest(&incoming_, &chunk.request);
+    chunk.parse_status = ReadStepRequest(&incoming_, kMaxPackedChunks, &chunk.message);
   }
   {
     absl::MutexLock lock(&mu_);
@@ -92,9 +92,8 @@ void StepReactor::OnReadDone(bool ok) {
   Advance(0);
 }
 
-// The chunk `request` carries (`packed`: one of an outer message's `more`),
-// for the engine; `chunk` points into `request`.
-absl::Status StepReactor::ToChunk(const v1::StepRequest& request, bool packed,
+absl::Status StepReactor::ToChunk(const v1::StepRequest& request,
+                                  const SegmentedBytes& gradient, bool packed,
                                   StepChunk* chunk) const {
   if (packed && !request.more().empty()) {
     return absl::InvalidArgumentError(
@@ -109,7 +108,7 @@ absl::Status StepReactor::ToChunk(const v1::StepRequest& request, bool packed,
   chunk->group = GroupKey{tenant_, request.group()};
   chunk->step = request.step();
   chunk->offset = request.offset();
-  chunk->gradient = request.gradient();
+  chunk->gradient = gradient;
   if (request.has_lr()) chunk->lr = request.lr();
   if (request.has_grad_scale()) chunk->grad_scale = request.grad_scale();
   chunk->gradient_type = *gradient_type;
@@ -137,14 +136,9 @@ absl::Status AboutPacked(const absl::Status& status, const v1::StepRequest& requ
 }  // namespace
 
 void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
-  const v1::StepRequest& request = task->chunk.request;
+  const v1::StepRequest& request = task->chunk.message.request;
+  const std::vector<SegmentedBytes>& gradients = task->chunk.message.gradients;
   absl::Status status = task->chunk.parse_status;
-  if (status.ok() && request.more_size() > kMaxPackedChunks) {
-    status = absl::InvalidArgumentError(
-        absl::StrCat("the message packs ", request.more_size(),
-                     " chunks in StepRequest.more; at most ", kMaxPackedChunks,
-                     " (send the rest in further messages)"));
-  }
   // Every chunk of the message is checked before any is applied, so a
   // malformed or non-finite chunk refuses the whole message unchanged; only
   // page state (a step out of order, a deleted group) can refuse a packed
@@ -153,7 +147,7 @@ void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
   std::vector<StepChunk> chunks(pieces);
   std::vector<ValidatedChunk> validated(pieces);
   for (size_t i = 0; status.ok() && i < pieces; ++i) {
-    status = ToChunk(PieceOf(request, i), i > 0, &chunks[i]);
+    status = ToChunk(PieceOf(request, i), gradients[i], i > 0, &chunks[i]);
     if (status.ok()) {
       absl::StatusOr<ValidatedChunk> checked = engine_->Validate(chunks[i]);
       if (checked.ok()) {

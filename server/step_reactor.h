@@ -16,6 +16,7 @@
 #include "grpcpp/grpcpp.h"
 #include "optstate/v1/optstate.pb.h"
 #include "server/step_engine.h"
+#include "server/step_request_reader.h"
 
 namespace optstate {
 
@@ -62,7 +63,7 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
 
   // A request as read: parsed, or the reason it did not parse.
   struct QueuedChunk {
-    v1::StepRequest request;
+    StepMessage message;
     absl::Status parse_status;
   };
   struct ChunkTask {
@@ -79,7 +80,10 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   // Checks every chunk of a message, then applies them in order (its own,
   // then those packed in `more`) and queues the reply, or the first refusal.
   void ApplyOnWorker(const std::shared_ptr<ChunkTask>& task);
-  absl::Status ToChunk(const v1::StepRequest& request, bool packed, StepChunk* chunk) const;
+  // The chunk `request` carries (`packed`: one of an outer message's `more`)
+  // with `gradient`, for the engine; `chunk` points into both.
+  absl::Status ToChunk(const v1::StepRequest& request, const SegmentedBytes& gradient,
+                       bool packed, StepChunk* chunk) const;
   bool AnyGroupInFlightLocked(const v1::StepRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (groups_in_flight_.contains(request.group())) return true;

@@ -1,4 +1,4 @@
-// Request parsing, and StepReplyBuilder: one slice laid out as
+// StepReplyBuilder: one slice laid out as
 // [params tag][length][params][fields], behind a `more` tag and length when
 // the reply is packed.
 #include "server/step_wire.h"
@@ -7,7 +7,6 @@
 #include <cstring>
 
 #include "google/protobuf/io/coded_stream.h"
-#include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/slice.h"
 
 namespace optstate {
@@ -26,20 +25,6 @@ size_t MaxFieldBytes(size_t group_name_bytes) {
 }
 
 }  // namespace
-
-absl::Status ParseStepRequest(grpc::ByteBuffer* buffer, v1::StepRequest* request) {
-  bool parsed = false;
-  {
-    grpc::ProtoBufferReader reader(buffer);
-    parsed = reader.status().ok() && request->ParseFromZeroCopyStream(&reader);
-  }
-  buffer->Clear();
-  if (!parsed) {
-    return absl::InvalidArgumentError(
-        "the message is not a StepRequest (malformed protobuf); send optstate.v1.StepRequest");
-  }
-  return absl::OkStatus();
-}
 
 StepReplyBuilder::~StepReplyBuilder() {
   if (reserved_) grpc_slice_unref(slice_);

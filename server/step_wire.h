@@ -1,5 +1,6 @@
-// Step messages on the wire, read and written by the Step reactor itself
-// (the method is raw: grpc::ByteBuffer in and out).
+// Step replies on the wire, written by the Step reactor itself (the method
+// is raw: grpc::ByteBuffer in and out; requests are read by
+// step_request_reader.h).
 // Replies: a StepResponse serialized straight into one gRPC slice, so the
 // updated params are copied once, from the state into the reply, and never
 // again: the params field comes first on the wire (protobuf parsers accept
@@ -12,17 +13,12 @@
 
 #include <cstddef>
 
-#include "absl/status/status.h"
 #include "grpc/slice.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 #include "optstate/v1/optstate.pb.h"
 
 namespace optstate {
-
-// Parses a request as gRPC's own deserializer would, and empties `buffer`.
-// INVALID_ARGUMENT if it is not a StepRequest.
-absl::Status ParseStepRequest(grpc::ByteBuffer* buffer, v1::StepRequest* request);
 
 // Not thread-safe; one per reply. Call ReserveParams at most once (a second
 // call starts over), then Finish once.

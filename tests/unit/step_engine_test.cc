@@ -4,8 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "server/cpu_backend.h"
@@ -23,12 +27,13 @@ class FailingBackend : public CpuBackend {
     if (begin >= fail_from.load()) return absl::InternalError("device fault (injected)");
     return CpuBackend::Apply(group, begin, end, grad, grad_type, constants);
   }
-  absl::Status ApplyAndEncode(Group& group, uint64_t begin, uint64_t end, const void* grad,
+  absl::Status ApplyAndEncode(Group& group, uint64_t begin, uint64_t end,
+                              const SegmentedBytes& gradient, size_t grad_offset,
                               WireType grad_type, const AdamWConstants& constants,
                               void* params_out, WireType params_type) override {
     if (begin >= fail_from.load()) return absl::InternalError("device fault (injected)");
-    return CpuBackend::ApplyAndEncode(group, begin, end, grad, grad_type, constants, params_out,
-                                      params_type);
+    return CpuBackend::ApplyAndEncode(group, begin, end, gradient, grad_offset, grad_type,
+                                      constants, params_out, params_type);
   }
   std::atomic<uint64_t> fail_from{UINT64_MAX};
 };
@@ -122,6 +127,105 @@ TEST_F(StepEngineTest, ValidateChangesNothingAndApplyFindsAGroupDeletedMeanwhile
   ASSERT_TRUE(store_.Register(GroupKey{"", "g"}, config).ok());
   grad[7] = std::nanf("");
   EXPECT_EQ(engine_.Validate(chunk).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A backend left with StepBackend's own ApplyAndEncode: it gathers a
+// gradient split across pieces, then applies and encodes.
+class GatheringBackend : public CpuBackend {
+ public:
+  explicit GatheringBackend(ThreadPool* pool) : CpuBackend(pool) {}
+  absl::Status ApplyAndEncode(Group& group, uint64_t begin, uint64_t end,
+                              const SegmentedBytes& gradient, size_t grad_offset,
+                              WireType grad_type, const AdamWConstants& constants,
+                              void* params_out, WireType params_type) override {
+    return StepBackend::ApplyAndEncode(group, begin, end, gradient, grad_offset, grad_type,
+                                       constants, params_out, params_type);
+  }
+};
+
+// `bytes` cut into pieces at random (empty pieces included, and cuts inside
+// elements).
+SegmentedBytes RandomPieces(const std::string& bytes, std::mt19937_64& rng) {
+  std::vector<size_t> cuts;
+  for (int i = static_cast<int>(rng() % 40); i > 0; --i) cuts.push_back(rng() % (bytes.size() + 1));
+  std::sort(cuts.begin(), cuts.end());
+  SegmentedBytes pieces;
+  size_t at = 0;
+  for (size_t cut : cuts) {
+    pieces.Append(absl::string_view(bytes).substr(at, cut - at));
+    at = cut;
+  }
+  pieces.Append(absl::string_view(bytes).substr(at));
+  return pieces;
+}
+
+// A gradient in pieces steps the state exactly as the same bytes in one
+// buffer do, and gives the same params, through the CPU backend (pieces read
+// in place, sharded) and through the default gather.
+TEST(StepEngineSegmentedTest, AGradientInPiecesStepsExactlyAsOneBuffer) {
+  constexpr uint64_t kElements = 40000;  // Two shards on two threads.
+  ThreadPool pool(2);
+  CpuBackend cpu(&pool);
+  GatheringBackend gathering(&pool);
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (StepBackend* backend : {static_cast<StepBackend*>(&cpu),
+                               static_cast<StepBackend*>(&gathering)}) {
+    for (WireType grad_type : {WireType::kFloat32, WireType::kBFloat16, WireType::kFloat16}) {
+      StateStore store(backend, 1 << 30, 64);
+      StepEngine engine(&store, backend, &pool);
+      GroupConfig config;
+      config.num_elements = kElements;
+      auto whole = store.Register(GroupKey{"", "whole"}, config);
+      auto cut = store.Register(GroupKey{"", "cut"}, config);
+      ASSERT_TRUE(whole.ok() && cut.ok());
+      for (uint64_t step = 1; step <= 3; ++step) {
+        std::vector<float> grad(kElements);
+        for (float& g : grad) g = normal(rng);
+        std::string bytes(kElements * WireTypeSize(grad_type), '\0');
+        EncodeFromFloat(grad_type, grad.data(), bytes.data(), kElements);
+        StepChunk chunk;
+        chunk.step = step;
+        chunk.gradient_type = grad_type;
+        chunk.param_type = step == 2 ? WireType::kBFloat16 : WireType::kFloat32;
+        chunk.group = GroupKey{"", "whole"};
+        chunk.gradient = bytes;
+        std::string whole_params, cut_params;
+        ASSERT_TRUE(engine.ApplyChunk(chunk, &whole_params).ok());
+        chunk.group = GroupKey{"", "cut"};
+        chunk.gradient = RandomPieces(bytes, rng);
+        ASSERT_TRUE(engine.ApplyChunk(chunk, &cut_params).ok());
+        ASSERT_EQ(whole_params, cut_params) << "step " << step;
+      }
+      const Group& a = *whole->group;
+      const Group& b = *cut->group;
+      ASSERT_EQ(std::memcmp(a.params(), b.params(), kElements * 4), 0);
+      ASSERT_EQ(std::memcmp(a.exp_avg(), b.exp_avg(), kElements * 4), 0);
+      ASSERT_EQ(std::memcmp(a.exp_avg_sq(), b.exp_avg_sq(), kElements * 4), 0);
+    }
+  }
+}
+
+// A non-finite element split across pieces is found, at its own index.
+TEST_F(StepEngineTest, ANonFiniteElementSplitAcrossPiecesIsRefusedAtItsIndex) {
+  GroupConfig config;
+  config.num_elements = kPage;
+  ASSERT_TRUE(store_.Register(GroupKey{"", "g"}, config).ok());
+  std::vector<uint16_t> grad(kPage, 0x3f80);  // bf16 1.0
+  grad[37] = 0x7fc0;                          // bf16 NaN
+  const absl::string_view bytes(reinterpret_cast<const char*>(grad.data()), kPage * 2);
+  SegmentedBytes pieces;
+  pieces.Append(bytes.substr(0, 75));  // Element 37 is bytes 74 and 75.
+  pieces.Append(bytes.substr(75));
+  StepChunk chunk;
+  chunk.group = GroupKey{"", "g"};
+  chunk.step = 1;
+  chunk.gradient_type = WireType::kBFloat16;
+  chunk.gradient = pieces;
+  absl::StatusOr<ValidatedChunk> validated = engine_.Validate(chunk);
+  EXPECT_EQ(validated.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(validated.status().message().find("at element 37 "), std::string::npos)
+      << validated.status();
 }
 
 TEST_F(StepEngineTest, InitialValuesForADeletedGroupAreRefusedEvenIfTheNameIsReused) {

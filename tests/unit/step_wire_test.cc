@@ -1,7 +1,5 @@
-// The Step reactor's own message handling (server/step_wire.h): replies built
-// in place parse, with protobuf's own parser, to exactly the fields and params
-// written; requests parse as gRPC's deserializer would, and bytes that are not
-// a StepRequest are refused.
+// The Step reactor's replies (server/step_wire.h): replies built in place
+// parse, with protobuf's own parser, to exactly the fields and params written.
 #include "server/step_wire.h"
 
 #include <gtest/gtest.h>
@@ -107,35 +105,6 @@ TEST(StepReplyBuilder, PackedRepliesFollowTheOuterOneAsItsMoreField) {
   ASSERT_TRUE(parsed.ParseFromString(wire));
   EXPECT_EQ(parsed.SerializeAsString(), expected.SerializeAsString());
   EXPECT_EQ(wire.size(), expected.ByteSizeLong()) << "no padding or stray bytes";
-}
-
-TEST(ParseStepRequest, ParsesAsProtobufDoesAndEmptiesTheBuffer) {
-  v1::StepRequest request;
-  request.set_group("g");
-  request.set_step(7);
-  request.set_offset(1024);
-  request.set_gradient(std::string(100000, '\x5a'));
-  request.set_grad_scale(0.5f);
-  const std::string wire = request.SerializeAsString();
-  // Three slices, split inside the gradient, as the transport delivers them.
-  std::vector<grpc::Slice> pieces = {grpc::Slice(wire.substr(0, 10)),
-                                     grpc::Slice(wire.substr(10, 50000)),
-                                     grpc::Slice(wire.substr(50010))};
-  grpc::ByteBuffer buffer(pieces.data(), pieces.size());
-  v1::StepRequest parsed;
-  ASSERT_TRUE(ParseStepRequest(&buffer, &parsed).ok());
-  EXPECT_EQ(parsed.SerializeAsString(), wire);
-  EXPECT_EQ(buffer.Length(), 0u);
-}
-
-TEST(ParseStepRequest, BytesThatAreNotAStepRequestAreInvalidArgument) {
-  // Field 1 (group) announces 16 bytes and carries 3.
-  grpc::Slice truncated(std::string("\x0a\x10" "abc"));
-  grpc::ByteBuffer buffer(&truncated, 1);
-  v1::StepRequest parsed;
-  absl::Status status = ParseStepRequest(&buffer, &parsed);
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  EXPECT_NE(status.message().find("StepRequest"), std::string::npos) << status;
 }
 
 }  // namespace

@@ -1,0 +1,244 @@
+// A StepRequest scanner over the message's slices: CodedInputStream reads
+// the fields, and each gradient is recorded as the slice pieces holding it.
+#include "server/step_request_reader.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+
+#include "absl/base/casts.h"
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream.h"
+#include "google/protobuf/wire_format_lite.h"
+
+namespace optstate {
+namespace {
+
+using google::protobuf::internal::WireFormatLite;
+using google::protobuf::io::CodedInputStream;
+
+constexpr uint32_t Tag(int field, WireFormatLite::WireType type) {
+  return (static_cast<uint32_t>(field) << 3) | static_cast<uint32_t>(type);
+}
+constexpr auto kVarint = WireFormatLite::WIRETYPE_VARINT;
+constexpr auto kFixed32 = WireFormatLite::WIRETYPE_FIXED32;
+constexpr auto kLength = WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
+constexpr uint32_t kGroupTag = Tag(v1::StepRequest::kGroupFieldNumber, kLength);
+constexpr uint32_t kStepTag = Tag(v1::StepRequest::kStepFieldNumber, kVarint);
+constexpr uint32_t kOffsetTag = Tag(v1::StepRequest::kOffsetFieldNumber, kVarint);
+constexpr uint32_t kGradientDtypeTag = Tag(v1::StepRequest::kGradientDtypeFieldNumber, kVarint);
+constexpr uint32_t kGradientTag = Tag(v1::StepRequest::kGradientFieldNumber, kLength);
+constexpr uint32_t kLrTag = Tag(v1::StepRequest::kLrFieldNumber, kFixed32);
+constexpr uint32_t kGradScaleTag = Tag(v1::StepRequest::kGradScaleFieldNumber, kFixed32);
+constexpr uint32_t kParamDtypeTag = Tag(v1::StepRequest::kParamDtypeFieldNumber, kVarint);
+constexpr uint32_t kMoreTag = Tag(v1::StepRequest::kMoreFieldNumber, kLength);
+
+// The slices of a message, one after another, as protobuf's input stream.
+class SlicesInputStream : public google::protobuf::io::ZeroCopyInputStream {
+ public:
+  explicit SlicesInputStream(const std::vector<grpc::Slice>& slices) : slices_(slices) {}
+
+  bool Next(const void** data, int* size) override {
+    if (backed_up_ > 0) {  // What BackUp returned, from the current slice.
+      *data = slices_[index_ - 1].begin() + slices_[index_ - 1].size() - backed_up_;
+      *size = static_cast<int>(backed_up_);
+      count_ += backed_up_;
+      backed_up_ = 0;
+      return true;
+    }
+    while (index_ < slices_.size() && slices_[index_].size() == 0) ++index_;
+    if (index_ == slices_.size()) return false;
+    const grpc::Slice& slice = slices_[index_++];
+    *data = slice.begin();
+    *size = static_cast<int>(slice.size());
+    count_ += slice.size();
+    return true;
+  }
+  void BackUp(int count) override {
+    backed_up_ = static_cast<size_t>(count);
+    count_ -= backed_up_;
+  }
+  bool Skip(int count) override {
+    const void* data = nullptr;
+    int size = 0;
+    while (count > 0) {
+      if (!Next(&data, &size)) return false;
+      if (size > count) {
+        BackUp(size - count);
+        return true;
+      }
+      count -= size;
+    }
+    return true;
+  }
+  int64_t ByteCount() const override { return static_cast<int64_t>(count_); }
+
+ private:
+  const std::vector<grpc::Slice>& slices_;
+  size_t index_ = 0;      // The next slice to hand out.
+  size_t backed_up_ = 0;  // Bytes at the end of slice index_-1 handed back.
+  size_t count_ = 0;
+};
+
+absl::Status NotAStepRequest(absl::string_view why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("the message is not a StepRequest (malformed protobuf: ", why,
+                   "); send optstate.v1.StepRequest"));
+}
+
+class RequestScanner {
+ public:
+  RequestScanner(size_t max_packed, StepMessage* message)
+      : max_packed_(max_packed), message_(message) {}
+
+  absl::Status Scan(CodedInputStream* input) {
+    message_->gradients.emplace_back();
+    return ScanMessage(input, /*piece=*/0, &message_->request);
+  }
+
+ private:
+  // One StepRequest up to the input's limit: the outer one (piece 0) or one
+  // packed in its `more` (piece i).
+  absl::Status ScanMessage(CodedInputStream* input, size_t piece, v1::StepRequest* fields) {
+    while (input->BytesUntilLimit() != 0) {
+      const uint32_t tag = input->ReadTag();
+      if (tag == 0 || WireFormatLite::GetTagFieldNumber(tag) == 0) {
+        return NotAStepRequest("a malformed or zero field tag");
+      }
+      absl::Status status;
+      if (tag == kGradientTag) {
+        status = ScanGradient(input, piece);
+      } else if (tag == kMoreTag) {
+        status = ScanPacked(input, piece, fields);
+      } else if (!ParseField(input, tag, fields)) {
+        status = NotAStepRequest(
+            absl::StrCat("field ", WireFormatLite::GetTagFieldNumber(tag), " is malformed"));
+      }
+      if (!status.ok()) return status;
+    }
+    return absl::OkStatus();
+  }
+
+  // A length-delimited field's length, checked against what is left; at
+  // most 5 bytes long, as protobuf's parser requires.
+  static bool ReadLength(CodedInputStream* input, uint64_t* length) {
+    const int before = input->CurrentPosition();
+    return input->ReadVarint64(length) && input->CurrentPosition() - before <= 5 &&
+           input->BytesUntilLimit() >= 0 &&
+           *length <= static_cast<uint64_t>(input->BytesUntilLimit());
+  }
+
+  // The gradient field (after its tag): where its bytes lie. A later
+  // occurrence replaces an earlier one, as in protobuf.
+  absl::Status ScanGradient(CodedInputStream* input, size_t piece) {
+    uint64_t length = 0;
+    if (!ReadLength(input, &length)) return NotAStepRequest("a malformed gradient field");
+    SegmentedBytes& gradient = message_->gradients[piece];
+    gradient.Clear();
+    while (length > 0) {
+      const void* data = nullptr;
+      int size = 0;
+      if (!input->GetDirectBufferPointer(&data, &size) || size <= 0) {
+        return NotAStepRequest("the gradient runs past the end of the message");
+      }
+      const uint64_t take = std::min(length, static_cast<uint64_t>(size));
+      gradient.Append(absl::string_view(static_cast<const char*>(data), take));
+      input->Skip(static_cast<int>(take));
+      length -= take;
+    }
+    return absl::OkStatus();
+  }
+
+  // A chunk packed in `more` (after the field's tag).
+  absl::Status ScanPacked(CodedInputStream* input, size_t piece, v1::StepRequest* fields) {
+    uint64_t length = 0;
+    if (!ReadLength(input, &length)) return NotAStepRequest("a malformed `more` field");
+    if (piece != 0) {
+      // Refused by the caller, naming the chunk; its contents are not read.
+      fields->add_more();
+      input->Skip(static_cast<int>(length));
+      return absl::OkStatus();
+    }
+    if (static_cast<size_t>(fields->more_size()) >= max_packed_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the message packs more than ", max_packed_, " chunks in StepRequest.more; at most ",
+          max_packed_, " (send the rest in further messages)"));
+    }
+    const size_t packed = message_->gradients.size();
+    message_->gradients.emplace_back();
+    const CodedInputStream::Limit outer = input->PushLimit(static_cast<int>(length));
+    absl::Status status = ScanMessage(input, packed, fields->add_more());
+    input->PopLimit(outer);
+    return status;
+  }
+
+  // Any other field, as protobuf parses it into `fields`; false when malformed.
+  static bool ParseField(CodedInputStream* input, uint32_t tag, v1::StepRequest* fields) {
+    uint64_t varint = 0;
+    uint32_t fixed = 0;
+    switch (tag) {
+      case kGroupTag:
+        return WireFormatLite::ReadString(input, fields->mutable_group()) &&
+               WireFormatLite::VerifyUtf8String(fields->group().data(),
+                                                static_cast<int>(fields->group().size()),
+                                                WireFormatLite::PARSE, "StepRequest.group");
+      case kStepTag:
+        if (!input->ReadVarint64(&varint)) return false;
+        fields->set_step(varint);
+        return true;
+      case kOffsetTag:
+        if (!input->ReadVarint64(&varint)) return false;
+        fields->set_offset(varint);
+        return true;
+      case kGradientDtypeTag:
+        if (!input->ReadVarint64(&varint)) return false;
+        fields->set_gradient_dtype(static_cast<v1::DType>(static_cast<int32_t>(varint)));
+        return true;
+      case kParamDtypeTag:
+        if (!input->ReadVarint64(&varint)) return false;
+        fields->set_param_dtype(static_cast<v1::DType>(static_cast<int32_t>(varint)));
+        return true;
+      case kLrTag:
+        if (!input->ReadLittleEndian32(&fixed)) return false;
+        fields->set_lr(absl::bit_cast<float>(fixed));
+        return true;
+      case kGradScaleTag:
+        if (!input->ReadLittleEndian32(&fixed)) return false;
+        fields->set_grad_scale(absl::bit_cast<float>(fixed));
+        return true;
+      default:  // Unknown fields, and known ones of another wire type: skipped, as protobuf does.
+        return WireFormatLite::SkipField(input, tag);
+    }
+  }
+
+  const size_t max_packed_;
+  StepMessage* const message_;
+};
+
+}  // namespace
+
+absl::Status ReadStepRequest(grpc::ByteBuffer* buffer, size_t max_packed, StepMessage* message) {
+  message->request.Clear();
+  message->gradients.clear();
+  message->slices.clear();
+  const size_t total = buffer->Length();
+  const grpc::Status dumped = buffer->Dump(&message->slices);
+  buffer->Clear();
+  if (!dumped.ok()) return NotAStepRequest("its bytes cannot be read");
+  if (total > static_cast<size_t>(INT_MAX)) return NotAStepRequest("larger than 2 GiB");
+  SlicesInputStream stream(message->slices);
+  CodedInputStream input(&stream);
+  input.SetTotalBytesLimit(INT_MAX);
+  input.PushLimit(static_cast<int>(total));
+  absl::Status status = RequestScanner(max_packed, message).Scan(&input);
+  if (!status.ok()) {
+    message->request.Clear();
+    message->gradients.clear();
+    message->slices.clear();
+  }
+  return status;
+}
+
+}  // namespace optstate

@@ -1,0 +1,204 @@
+// ReadStepRequest against protobuf's own parser: the same bytes, cut into
+// slices anywhere, read to the same fields and gradients; bytes protobuf
+// refuses are refused.
+#include "server/step_request_reader.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace optstate {
+namespace {
+
+constexpr size_t kMaxPacked = 4096;
+
+grpc::ByteBuffer Sliced(const std::string& wire, std::vector<size_t> cuts) {
+  std::sort(cuts.begin(), cuts.end());
+  std::vector<grpc::Slice> slices;
+  size_t at = 0;
+  for (size_t cut : cuts) {
+    slices.emplace_back(wire.substr(at, cut - at));  // Small ones are inlined slices.
+    at = cut;
+  }
+  slices.emplace_back(wire.substr(at));
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+std::vector<size_t> RandomCuts(size_t bytes, int max_cuts, std::mt19937_64& rng) {
+  std::vector<size_t> cuts;
+  for (int c = std::uniform_int_distribution<int>(0, max_cuts)(rng); c > 0; --c) {
+    cuts.push_back(std::uniform_int_distribution<size_t>(0, bytes)(rng));
+  }
+  return cuts;
+}
+
+std::string Gather(const SegmentedBytes& bytes) {
+  std::string whole(bytes.size(), '\0');
+  bytes.CopyTo(0, bytes.size(), whole.data());
+  return whole;
+}
+
+// The request as protobuf would hold it: the fields with the gradients put back.
+v1::StepRequest Whole(const StepMessage& message) {
+  v1::StepRequest whole = message.request;
+  EXPECT_EQ(message.gradients.size(), 1u + whole.more_size());
+  whole.set_gradient(Gather(message.gradients[0]));
+  for (int i = 0; i < whole.more_size(); ++i) {
+    whole.mutable_more(i)->set_gradient(Gather(message.gradients[i + 1]));
+  }
+  return whole;
+}
+
+v1::StepRequest RandomChunk(std::mt19937_64& rng) {
+  v1::StepRequest chunk;
+  chunk.set_group(absl::StrCat("g", rng() % 1000));
+  chunk.set_step(rng() % 3 == 0 ? rng() : rng() % 100);
+  chunk.set_offset(rng() % 2 == 0 ? rng() : 4096 * (rng() % 50));
+  chunk.set_gradient_dtype(static_cast<v1::DType>(static_cast<int>(rng() % 5) - 1));
+  chunk.set_param_dtype(static_cast<v1::DType>(rng() % 4));
+  std::string gradient(std::uniform_int_distribution<size_t>(0, 3000)(rng), '\0');
+  for (char& c : gradient) c = static_cast<char>(rng());
+  chunk.set_gradient(gradient);
+  if (rng() % 2 == 0) chunk.set_lr(std::uniform_real_distribution<float>(-1, 1)(rng));
+  if (rng() % 2 == 0) chunk.set_grad_scale(std::uniform_real_distribution<float>(0, 9)(rng));
+  return chunk;
+}
+
+v1::StepRequest RandomRequest(std::mt19937_64& rng) {
+  v1::StepRequest request = RandomChunk(rng);
+  for (int i = static_cast<int>(rng() % 6); i > 0; --i) *request.add_more() = RandomChunk(rng);
+  return request;
+}
+
+// Fields a newer client might send, and known numbers with another wire type.
+std::string UnknownFields(std::mt19937_64& rng) {
+  std::string extra;
+  extra += "\xa0\x01\x2a";                          // Field 20, varint.
+  extra += "\xaa\x01\x03xyz";                       // Field 21, length-delimited.
+  extra += "\xb1\x01" + std::string(8, 'q');        // Field 22, fixed64.
+  extra += "\x12\x02hi";                            // Field 2 (step, a varint) as bytes.
+  extra += std::string("\x35\x00\x00\x80\x3f", 5);  // Field 6 (lr, fixed32): a float.
+  return rng() % 2 == 0 ? extra : extra.substr(0, 3);
+}
+
+TEST(ReadStepRequest, ReadsWhatProtobufReadsCutAnywhere) {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 400; ++trial) {
+    std::string wire = RandomRequest(rng).SerializeAsString();
+    if (trial % 3 == 0) wire += UnknownFields(rng);
+    if (trial % 4 == 0)
+      wire += RandomRequest(rng).SerializeAsString();  // A merge, as protobuf does.
+    v1::StepRequest expected;
+    ASSERT_TRUE(expected.ParseFromString(wire));
+    expected.DiscardUnknownFields();
+
+    grpc::ByteBuffer buffer = Sliced(wire, RandomCuts(wire.size(), trial % 7 == 0 ? 300 : 6, rng));
+    StepMessage message;
+    ASSERT_TRUE(ReadStepRequest(&buffer, kMaxPacked, &message).ok()) << trial;
+    EXPECT_EQ(buffer.Length(), 0u);
+    EXPECT_TRUE(message.request.gradient().empty());
+    ASSERT_EQ(Whole(message).SerializeAsString(), expected.SerializeAsString()) << trial;
+  }
+}
+
+TEST(ReadStepRequest, RefusesWhatProtobufRefuses) {
+  std::mt19937_64 rng(12);
+  int refused = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::string wire = RandomRequest(rng).SerializeAsString();
+    if (trial % 2 == 0) {
+      wire.resize(std::uniform_int_distribution<size_t>(0, wire.size())(rng));
+    } else {
+      for (int flips = 1 + static_cast<int>(rng() % 3); flips > 0 && !wire.empty(); --flips) {
+        wire[rng() % wire.size()] = static_cast<char>(rng());
+      }
+    }
+    v1::StepRequest expected;
+    const bool protobuf_ok = expected.ParseFromString(wire);
+    grpc::ByteBuffer buffer = Sliced(wire, RandomCuts(wire.size(), 5, rng));
+    StepMessage message;
+    const absl::Status status = ReadStepRequest(&buffer, kMaxPacked, &message);
+    // A corrupted byte may have made a packed chunk pack chunks itself; the
+    // reader leaves those unread (the reactor refuses the message).
+    bool nested = false;
+    for (const v1::StepRequest& packed : message.request.more()) nested |= !packed.more().empty();
+    if (nested) continue;
+    ASSERT_EQ(status.ok(), protobuf_ok) << trial << " " << status;
+    if (!status.ok()) {
+      ++refused;
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(status.message().find("send optstate.v1.StepRequest"), std::string::npos);
+      continue;
+    }
+    expected.DiscardUnknownFields();
+    ASSERT_EQ(Whole(message).SerializeAsString(), expected.SerializeAsString()) << trial;
+  }
+  EXPECT_GT(refused, 1000) << "the corruptions should mostly be refused";
+}
+
+TEST(ReadStepRequest, GradientsStayInTheMessageSlicesWhenTheMessageMoves) {
+  v1::StepRequest request;
+  request.set_group("g");
+  request.set_gradient(std::string(100000, '\x5a'));
+  request.add_more()->set_gradient("tiny");  // Lands in an inlined slice below.
+  const std::string wire = request.SerializeAsString();
+  grpc::ByteBuffer buffer = Sliced(wire, {10, 50000, wire.size() - 5});
+  StepMessage read;
+  ASSERT_TRUE(ReadStepRequest(&buffer, kMaxPacked, &read).ok());
+  EXPECT_GE(read.gradients[0].segment_count(), 2u) << "read in place, not gathered";
+  std::vector<StepMessage> moved;
+  moved.push_back(std::move(read));
+  moved.reserve(100);  // Moves the message again.
+  EXPECT_EQ(Whole(moved[0]).SerializeAsString(), wire);
+}
+
+TEST(ReadStepRequest, MoreThanMaxPackedIsRefusedWhileReading) {
+  v1::StepRequest request;
+  request.set_group("g");
+  for (int i = 0; i < 5; ++i) request.add_more()->set_group("p");
+  const std::string wire = request.SerializeAsString();
+  grpc::ByteBuffer buffer = Sliced(wire, {});
+  StepMessage message;
+  absl::Status status = ReadStepRequest(&buffer, 4, &message);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("at most 4"), std::string::npos) << status;
+  buffer = Sliced(wire, {});
+  EXPECT_TRUE(ReadStepRequest(&buffer, 5, &message).ok());
+}
+
+TEST(ReadStepRequest, APackedChunkThatPacksChunksIsLeftForTheCaller) {
+  v1::StepRequest request;
+  request.set_group("g");
+  v1::StepRequest* packed = request.add_more();
+  packed->set_group("p");
+  packed->add_more()->set_gradient("nested");
+  packed->set_step(9);  // After the nested field: still read.
+  grpc::ByteBuffer buffer = Sliced(request.SerializeAsString(), {});
+  StepMessage message;
+  ASSERT_TRUE(ReadStepRequest(&buffer, kMaxPacked, &message).ok());
+  ASSERT_EQ(message.request.more_size(), 1);
+  EXPECT_EQ(message.request.more(0).more_size(), 1);
+  EXPECT_EQ(message.request.more(0).step(), 9u);
+  EXPECT_EQ(message.gradients.size(), 2u);
+}
+
+TEST(ReadStepRequest, BytesThatAreNotAStepRequestAreInvalidArgument) {
+  // Field 1 (group) announces 16 bytes and carries 3.
+  grpc::ByteBuffer buffer = Sliced(std::string("\x0a\x10"
+                                               "abc"),
+                                   {});
+  StepMessage message;
+  absl::Status status = ReadStepRequest(&buffer, kMaxPacked, &message);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("StepRequest"), std::string::npos) << status;
+  EXPECT_TRUE(message.gradients.empty());
+  EXPECT_TRUE(message.slices.empty());
+}
+
+}  // namespace
+}  // namespace optstate
