@@ -8,38 +8,36 @@ namespace optstate {
 
 void SegmentedBytes::Append(absl::string_view segment) {
   if (segment.empty()) return;
-  segments_.push_back(segment);
-  starts_.push_back(size_);
+  segments_.push_back(Segment{segment, size_});
   size_ += segment.size();
 }
 
 void SegmentedBytes::Clear() {
   segments_.clear();
-  starts_.clear();
   size_ = 0;
 }
 
 size_t SegmentedBytes::SegmentAt(size_t at) const {
   // The last segment starting at or before `at`.
-  return static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), at) -
-                             starts_.begin()) -
-         1;
+  const auto after = std::upper_bound(
+      segments_.begin(), segments_.end(), at,
+      [](size_t offset, const Segment& segment) { return offset < segment.start; });
+  return static_cast<size_t>(after - segments_.begin()) - 1;
 }
 
 const char* SegmentedBytes::Contiguous(size_t begin, size_t length) const {
-  if (length == 0) return segments_.empty() ? "" : segments_.front().data();
-  const size_t s = SegmentAt(begin);
-  const size_t within = begin - starts_[s];
-  if (segments_[s].size() - within < length) return nullptr;
-  return segments_[s].data() + within;
+  if (length == 0) return segments_.empty() ? "" : segments_.front().bytes.data();
+  const Segment& segment = segments_[SegmentAt(begin)];
+  if (segment.end() - begin < length) return nullptr;
+  return segment.bytes.data() + (begin - segment.start);
 }
 
 void SegmentedBytes::CopyTo(size_t begin, size_t length, char* out) const {
   if (length == 0) return;
   for (size_t s = SegmentAt(begin); length > 0; ++s) {
-    const size_t within = begin - starts_[s];
-    const size_t take = std::min(length, segments_[s].size() - within);
-    std::memcpy(out, segments_[s].data() + within, take);
+    const Segment& segment = segments_[s];
+    const size_t take = std::min(length, segment.end() - begin);
+    std::memcpy(out, segment.bytes.data() + (begin - segment.start), take);
     out += take;
     begin += take;
     length -= take;
@@ -54,11 +52,11 @@ bool SegmentedBytes::ForEachElementRun(
   size_t done = 0;
   while (done < count) {
     const size_t at = begin + done * element_size;
-    while (starts_[s] + segments_[s].size() <= at) ++s;
-    const size_t within = at - starts_[s];
-    const size_t whole = std::min((segments_[s].size() - within) / element_size, count - done);
+    while (segments_[s].end() <= at) ++s;
+    const Segment& segment = segments_[s];
+    const size_t whole = std::min((segment.end() - at) / element_size, count - done);
     if (whole > 0) {
-      if (!visit(done, whole, segments_[s].data() + within)) return false;
+      if (!visit(done, whole, segment.bytes.data() + (at - segment.start))) return false;
       done += whole;
       continue;
     }

@@ -5,8 +5,8 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
-#include "absl/container/inlined_vector.h"
 #include "absl/functional/function_ref.h"
 #include "absl/strings/string_view.h"
 
@@ -53,8 +53,12 @@ class SegmentedBytes {
   // The segment holding byte `at` (< size()).
   size_t SegmentAt(size_t at) const;
 
-  absl::InlinedVector<absl::string_view, 2> segments_;
-  absl::InlinedVector<size_t, 2> starts_;  // Byte offset of each segment.
+  struct Segment {
+    absl::string_view bytes;
+    size_t start;  // Its first byte's offset in the whole.
+    size_t end() const { return start + bytes.size(); }
+  };
+  std::vector<Segment> segments_;
   size_t size_ = 0;
 };
 
