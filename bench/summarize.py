@@ -62,6 +62,7 @@ def main():
 
     # Kernel.
     runs = kernel_runs(results)
+    best = {}
     if runs:
         print("## CPU kernel (`bench/kernel`)\n")
         print("Command: `%s`\n" % cmd(results, "kernel"))
@@ -69,7 +70,6 @@ def main():
               "(bf16 gradients move 26 B/elem, reported on the same 28 B scale).\n")
         print("| benchmark | elements | threads | best M elem/s | GB/s | spread M elem/s |")
         print("| --- | ---: | ---: | ---: | ---: | --- |")
-        best = {}
         for name in sorted(runs, key=lambda n: (n.split("/")[0], int(n.split("/")[1].split(":")[1]),
                                                  n.split("/")[2])):
             parts = name.split("/")
@@ -192,6 +192,20 @@ def main():
             targets.append(("(gRPC raw echo, no payload copies, fp32 x1 / raw TCP: the most "
                             "any gRPC service reaches)",
                             "%.2f" % (f1["raw_echo_Bps"] / tcp[0]["echo_Bps"]), "context"))
+        kernel_1t = best.get(("AdamWKernel_fp32", 16 << 20, 1))
+        if f1.get("raw_echo_Bps") and kernel_1t:
+            # A gRPC service that applies AdamW on these 2 cores spends at least
+            # the raw echo's CPU (transport, no copies) plus the kernel's, per step.
+            elements = f1["elements_per_step"]
+            echo_ms = (f1["raw_echo_server_cpu_ms_per_step"] +
+                       f1["raw_echo_client_cpu_ms_per_step"])
+            kernel_ms = elements / kernel_1t * 1e3
+            wire_per_step = f1["wire_Bps"] / f1["steps_per_s"]
+            ceiling = 2 * 1e3 / (echo_ms + kernel_ms) * wire_per_step / tcp[0]["echo_Bps"]
+            targets.append(("(ceiling of a gRPC service that runs the update on these 2 cores: "
+                            "2 cores / (raw echo CPU %.0f + kernel CPU %.0f ms per fp32 step, "
+                            "1 thread at 16M) / raw TCP)" % (echo_ms, kernel_ms),
+                            "%.2f" % ceiling, "context"))
     if f1 and f8:
         v = f8["elem_per_s"] / f1["elem_per_s"]
         targets.append(("8 clients aggregate >= 1 x single client elem/s (fp32)", "%.2f" % v,
