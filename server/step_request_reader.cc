@@ -82,6 +82,59 @@ class SlicesInputStream : public google::protobuf::io::ZeroCopyInputStream {
   size_t count_ = 0;
 };
 
+// Protobuf's parser reads tags and lengths of at most 5 bytes, and nests
+// messages and groups at most this deep; CodedInputStream's own readers take
+// 10-byte varints (dropping the bits past 32), so these checks are ours.
+constexpr int kMaxDepth = 100;
+
+// A tag of at most 5 bytes (bits past 32 dropped, as protobuf does), with a
+// field number.
+bool ReadTag(CodedInputStream* input, uint32_t* tag) {
+  const int before = input->CurrentPosition();
+  uint64_t value = 0;
+  if (!input->ReadVarint64(&value) || input->CurrentPosition() - before > 5) return false;
+  *tag = static_cast<uint32_t>(value);
+  return WireFormatLite::GetTagFieldNumber(*tag) != 0;
+}
+
+// A length-delimited field's length: at most 5 bytes, within what is left.
+bool ReadLength(CodedInputStream* input, uint64_t* length) {
+  const int before = input->CurrentPosition();
+  return input->ReadVarint64(length) && input->CurrentPosition() - before <= 5 &&
+         input->BytesUntilLimit() >= 0 &&
+         *length <= static_cast<uint64_t>(input->BytesUntilLimit());
+}
+
+// Skips the field `tag` starts (read already) in a message nested `depth`
+// deep; false when it is malformed, as protobuf's parser would find it.
+bool SkipField(CodedInputStream* input, uint32_t tag, int depth) {
+  uint64_t value = 0;
+  uint32_t fixed = 0;
+  switch (WireFormatLite::GetTagWireType(tag)) {
+    case WireFormatLite::WIRETYPE_VARINT:
+      return input->ReadVarint64(&value);
+    case WireFormatLite::WIRETYPE_FIXED64:
+      return input->ReadLittleEndian64(&value);
+    case WireFormatLite::WIRETYPE_FIXED32:
+      return input->ReadLittleEndian32(&fixed);
+    case WireFormatLite::WIRETYPE_LENGTH_DELIMITED:
+      return ReadLength(input, &value) && input->Skip(static_cast<int>(value));
+    case WireFormatLite::WIRETYPE_START_GROUP: {
+      if (depth + 1 > kMaxDepth) return false;
+      for (;;) {
+        uint32_t inner = 0;
+        if (input->BytesUntilLimit() == 0 || !ReadTag(input, &inner)) return false;
+        if (WireFormatLite::GetTagWireType(inner) == WireFormatLite::WIRETYPE_END_GROUP) {
+          return WireFormatLite::GetTagFieldNumber(inner) == WireFormatLite::GetTagFieldNumber(tag);
+        }
+        if (!SkipField(input, inner, depth + 1)) return false;
+      }
+    }
+    default:  // An end-group tag outside a group, or wire type 6 or 7.
+      return false;
+  }
+}
+
 absl::Status NotAStepRequest(absl::string_view why) {
   return absl::InvalidArgumentError(
       absl::StrCat("the message is not a StepRequest (malformed protobuf: ", why,
@@ -95,39 +148,29 @@ class RequestScanner {
 
   absl::Status Scan(CodedInputStream* input) {
     message_->gradients.emplace_back();
-    return ScanMessage(input, /*piece=*/0, &message_->request);
+    return ScanMessage(input, /*piece=*/0, /*depth=*/0, &message_->request);
   }
 
  private:
-  // One StepRequest up to the input's limit: the outer one (piece 0) or one
-  // packed in its `more` (piece i).
-  absl::Status ScanMessage(CodedInputStream* input, size_t piece, v1::StepRequest* fields) {
+  // One StepRequest up to the input's limit: the outer one (piece 0, depth
+  // 0) or one packed in its `more` (piece i, depth 1).
+  absl::Status ScanMessage(CodedInputStream* input, size_t piece, int depth,
+                           v1::StepRequest* fields) {
     while (input->BytesUntilLimit() != 0) {
-      const uint32_t tag = input->ReadTag();
-      if (tag == 0 || WireFormatLite::GetTagFieldNumber(tag) == 0) {
-        return NotAStepRequest("a malformed or zero field tag");
-      }
+      uint32_t tag = 0;
+      if (!ReadTag(input, &tag)) return NotAStepRequest("a malformed or zero field tag");
       absl::Status status;
       if (tag == kGradientTag) {
         status = ScanGradient(input, piece);
       } else if (tag == kMoreTag) {
         status = ScanPacked(input, piece, fields);
-      } else if (!ParseField(input, tag, fields)) {
+      } else if (!ParseField(input, tag, depth, fields)) {
         status = NotAStepRequest(
             absl::StrCat("field ", WireFormatLite::GetTagFieldNumber(tag), " is malformed"));
       }
       if (!status.ok()) return status;
     }
     return absl::OkStatus();
-  }
-
-  // A length-delimited field's length, checked against what is left; at
-  // most 5 bytes long, as protobuf's parser requires.
-  static bool ReadLength(CodedInputStream* input, uint64_t* length) {
-    const int before = input->CurrentPosition();
-    return input->ReadVarint64(length) && input->CurrentPosition() - before <= 5 &&
-           input->BytesUntilLimit() >= 0 &&
-           *length <= static_cast<uint64_t>(input->BytesUntilLimit());
   }
 
   // The gradient field (after its tag): where its bytes lie. A later
@@ -169,18 +212,21 @@ class RequestScanner {
     const size_t packed = message_->gradients.size();
     message_->gradients.emplace_back();
     const CodedInputStream::Limit outer = input->PushLimit(static_cast<int>(length));
-    absl::Status status = ScanMessage(input, packed, fields->add_more());
+    absl::Status status = ScanMessage(input, packed, /*depth=*/1, fields->add_more());
     input->PopLimit(outer);
     return status;
   }
 
-  // Any other field, as protobuf parses it into `fields`; false when malformed.
-  static bool ParseField(CodedInputStream* input, uint32_t tag, v1::StepRequest* fields) {
+  // Any other field of a message nested `depth` deep, as protobuf parses it
+  // into `fields`; false when malformed.
+  static bool ParseField(CodedInputStream* input, uint32_t tag, int depth,
+                         v1::StepRequest* fields) {
     uint64_t varint = 0;
     uint32_t fixed = 0;
     switch (tag) {
       case kGroupTag:
-        return WireFormatLite::ReadString(input, fields->mutable_group()) &&
+        return ReadLength(input, &varint) &&
+               input->ReadString(fields->mutable_group(), static_cast<int>(varint)) &&
                WireFormatLite::VerifyUtf8String(fields->group().data(),
                                                 static_cast<int>(fields->group().size()),
                                                 WireFormatLite::PARSE, "StepRequest.group");
@@ -209,7 +255,7 @@ class RequestScanner {
         fields->set_grad_scale(absl::bit_cast<float>(fixed));
         return true;
       default:  // Unknown fields, and known ones of another wire type: skipped, as protobuf does.
-        return WireFormatLite::SkipField(input, tag);
+        return SkipField(input, tag, depth);
     }
   }
 

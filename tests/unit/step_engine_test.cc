@@ -206,6 +206,60 @@ TEST(StepEngineSegmentedTest, AGradientInPiecesStepsExactlyAsOneBuffer) {
   }
 }
 
+// A chunk whose first page is replayed applies the rest from the gradient's
+// later bytes (a non-zero offset into its pieces): the same state and params
+// as one update of the whole chunk.
+TEST(StepEngineSegmentedTest, AReplayedPageBeforeAnAppliedRunReadsTheGradientAtItsOffset) {
+  constexpr uint64_t kPage = 64;
+  constexpr uint64_t kElements = 3 * kPage + 5;
+  ThreadPool pool(2);
+  CpuBackend cpu(&pool);
+  GatheringBackend gathering(&pool);
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (StepBackend* backend : {static_cast<StepBackend*>(&cpu),
+                               static_cast<StepBackend*>(&gathering)}) {
+    for (WireType grad_type : {WireType::kFloat32, WireType::kBFloat16}) {
+      StateStore store(backend, 1 << 30, kPage);
+      StepEngine engine(&store, backend, &pool);
+      GroupConfig config;
+      config.num_elements = kElements;
+      auto whole = store.Register(GroupKey{"", "whole"}, config);
+      auto replayed = store.Register(GroupKey{"", "replayed"}, config);
+      ASSERT_TRUE(whole.ok() && replayed.ok());
+      std::vector<float> grad(kElements);
+      for (float& g : grad) g = normal(rng);
+      const size_t size = WireTypeSize(grad_type);
+      std::string bytes(kElements * size, '\0');
+      EncodeFromFloat(grad_type, grad.data(), bytes.data(), kElements);
+      StepChunk chunk;
+      chunk.step = 1;
+      chunk.gradient_type = grad_type;
+      chunk.group = GroupKey{"", "whole"};
+      chunk.gradient = bytes;
+      std::string whole_params;
+      ASSERT_TRUE(engine.ApplyChunk(chunk, &whole_params).ok());
+      // Page 0 first, then the whole chunk in pieces: page 0 is replayed.
+      chunk.group = GroupKey{"", "replayed"};
+      chunk.gradient = absl::string_view(bytes).substr(0, kPage * size);
+      std::string first_page;
+      ASSERT_TRUE(engine.ApplyChunk(chunk, &first_page).ok());
+      chunk.gradient = RandomPieces(bytes, rng);
+      std::string replayed_params;
+      absl::StatusOr<StepChunkResult> result = engine.ApplyChunk(chunk, &replayed_params);
+      ASSERT_TRUE(result.ok()) << result.status();
+      EXPECT_EQ(result->pages_replayed, 1u);
+      EXPECT_EQ(result->pages_applied, 3u);
+      ASSERT_EQ(replayed_params, whole_params);
+      const Group& a = *whole->group;
+      const Group& b = *replayed->group;
+      ASSERT_EQ(std::memcmp(a.params(), b.params(), kElements * 4), 0);
+      ASSERT_EQ(std::memcmp(a.exp_avg(), b.exp_avg(), kElements * 4), 0);
+      ASSERT_EQ(std::memcmp(a.exp_avg_sq(), b.exp_avg_sq(), kElements * 4), 0);
+    }
+  }
+}
+
 // A non-finite element split across pieces is found, at its own index.
 TEST_F(StepEngineTest, ANonFiniteElementSplitAcrossPiecesIsRefusedAtItsIndex) {
   GroupConfig config;

@@ -141,6 +141,58 @@ TEST(ReadStepRequest, RefusesWhatProtobufRefuses) {
   EXPECT_GT(refused, 1000) << "the corruptions should mostly be refused";
 }
 
+// Bytes random corruption rarely makes: over-long varints, nesting at the
+// parser's depth limit, groups that do not close. Read exactly as protobuf
+// reads them (accepted or refused alike).
+TEST(ReadStepRequest, LimitsOfVarintsAndNestingAreProtobufs) {
+  auto groups = [](int n) {
+    std::string open, close;
+    for (int i = 0; i < n; ++i) {
+      open += "\xa3\x01";   // Field 20, start group.
+      close += "\xa4\x01";  // Field 20, end group.
+    }
+    return open + close;
+  };
+  auto packed = [](const std::string& body) {
+    v1::StepRequest outer;
+    outer.set_group("g");
+    return outer.SerializeAsString() + "\x4a" +
+           std::string(1, static_cast<char>(0x80 | (body.size() & 0x7f))) +
+           std::string(1, static_cast<char>(body.size() >> 7)) + body;
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"a 6-byte group length", std::string("\x0a\x81\x80\x80\x80\x10\x61", 7)},
+      {"a 6-byte tag", std::string("\x90\x80\x80\x80\x80\x00\x01", 7)},
+      {"a 5-byte tag past 32 bits", std::string("\x90\x80\x80\x80\x10\x01", 6)},
+      {"a 5-byte tag with every bit set past 32", std::string("\x90\x80\x80\x80\x7f\x01", 6)},
+      {"a 5-byte tag within 32 bits", std::string("\x90\x80\x80\x80\x00\x01", 6)},
+      {"a 6-byte length of an unknown field",
+       std::string("\xaa\x01\x83\x80\x80\x80\x80\x00xyz", 11)},
+      {"a 5-byte length of an unknown field", std::string("\xaa\x01\x83\x80\x80\x80\x00xyz", 10)},
+      {"a 6-byte gradient length", std::string("\x2a\x81\x80\x80\x80\x80\x00\x61", 8)},
+      {"100 nested groups", groups(100)},
+      {"101 nested groups", groups(101)},
+      {"99 nested groups in a packed chunk", packed(groups(99))},
+      {"100 nested groups in a packed chunk", packed(groups(100))},
+      {"a group that does not close", std::string("\xa3\x01\x10\x01", 4)},
+      {"a group closed by another field's end", std::string("\xa3\x01\xac\x01", 4)},
+      {"an end group with no start", std::string("\xa4\x01", 2)},
+      {"wire type 6", std::string("\x16\x01", 2)},
+  };
+  for (const auto& [what, wire] : cases) {
+    v1::StepRequest expected;
+    const bool protobuf_ok = expected.ParseFromString(wire);
+    grpc::ByteBuffer buffer = Sliced(wire, {});
+    StepMessage message;
+    const absl::Status status = ReadStepRequest(&buffer, kMaxPacked, &message);
+    EXPECT_EQ(status.ok(), protobuf_ok) << what << ": " << status;
+    if (status.ok() && protobuf_ok) {
+      expected.DiscardUnknownFields();
+      EXPECT_EQ(Whole(message).SerializeAsString(), expected.SerializeAsString()) << what;
+    }
+  }
+}
+
 TEST(ReadStepRequest, GradientsStayInTheMessageSlicesWhenTheMessageMoves) {
   v1::StepRequest request;
   request.set_group("g");
