@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "optstate/v1/dtype_proto.h"
+#include "tests/unit/random_cuts.h"
 #include "tests/unit/test_seed.h"
 
 namespace optstate::client_internal {
@@ -29,28 +30,8 @@ std::string Flatten(const grpc::ByteBuffer& buffer) {
   return out;
 }
 
-// `wire` as a ByteBuffer of slices cut at `cuts` (ascending offsets).
-grpc::ByteBuffer Sliced(const std::string& wire, const std::vector<size_t>& cuts) {
-  std::vector<grpc::Slice> slices;
-  size_t at = 0;
-  for (size_t cut : cuts) {
-    slices.emplace_back(wire.substr(at, cut - at));
-    at = cut;
-  }
-  slices.emplace_back(wire.substr(at));
-  return grpc::ByteBuffer(slices.data(), slices.size());
-}
-
-// Up to `max_cuts` distinct ascending cut offsets inside `bytes` bytes, odd ones included.
-std::vector<size_t> RandomCuts(size_t bytes, int max_cuts, std::mt19937_64& rng) {
-  std::vector<size_t> cuts;
-  for (int c = std::uniform_int_distribution<int>(0, max_cuts)(rng); c > 0; --c) {
-    cuts.push_back(std::uniform_int_distribution<size_t>(1, bytes - 1)(rng));
-  }
-  std::sort(cuts.begin(), cuts.end());
-  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-  return cuts;
-}
+using ::optstate::testing::RandomCuts;
+using ::optstate::testing::Sliced;
 
 std::vector<float> RandomFloats(size_t n, std::mt19937_64& rng) {
   std::normal_distribution<float> normal(0.0f, 3.0f);

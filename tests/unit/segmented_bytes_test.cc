@@ -10,28 +10,21 @@
 #include <string>
 #include <vector>
 
+#include "tests/unit/random_cuts.h"
+#include "tests/unit/test_seed.h"
+
 namespace optstate {
 namespace {
 
-// `bytes` cut at `cuts` (sorted, inside the buffer).
+using ::optstate::testing::RandomCuts;
+namespace seeds = ::optstate::testing;
+
+// `bytes` cut at `cuts` (ascending).
 SegmentedBytes Cut(const std::string& bytes, const std::vector<size_t>& cuts) {
   SegmentedBytes segmented;
-  size_t at = 0;
-  for (size_t cut : cuts) {
-    segmented.Append(absl::string_view(bytes).substr(at, cut - at));
-    at = cut;
-  }
-  segmented.Append(absl::string_view(bytes).substr(at));
+  ::optstate::testing::ForEachPiece(bytes, cuts,
+                                    [&](absl::string_view piece) { segmented.Append(piece); });
   return segmented;
-}
-
-std::vector<size_t> RandomCuts(size_t bytes, int max_cuts, std::mt19937_64& rng) {
-  std::vector<size_t> cuts;
-  for (int c = std::uniform_int_distribution<int>(0, max_cuts)(rng); c > 0; --c) {
-    cuts.push_back(std::uniform_int_distribution<size_t>(0, bytes)(rng));
-  }
-  std::sort(cuts.begin(), cuts.end());
-  return cuts;  // Repeats and cuts at either end make empty segments, dropped.
 }
 
 std::string RandomBytes(size_t n, std::mt19937_64& rng) {
@@ -62,7 +55,9 @@ TEST(SegmentedBytes, ContiguousOnlyWithinOneSegment) {
 }
 
 TEST(SegmentedBytes, AnyCutGivesTheSameRangesAndElements) {
-  std::mt19937_64 rng(7);
+  const uint64_t seed = seeds::TestSeed();
+  SCOPED_TRACE(seeds::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
   for (int trial = 0; trial < 2000; ++trial) {
     const size_t element_size = trial % 2 == 0 ? 4 : 2;
     const size_t n = std::uniform_int_distribution<size_t>(1, 300)(rng) * element_size;

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "server/cpu_backend.h"
+#include "tests/unit/random_cuts.h"
+#include "tests/unit/test_seed.h"
 
 namespace optstate {
 namespace {
@@ -146,17 +148,19 @@ class GatheringBackend : public CpuBackend {
 // `bytes` cut into pieces at random (empty pieces included, and cuts inside
 // elements).
 SegmentedBytes RandomPieces(const std::string& bytes, std::mt19937_64& rng) {
-  std::vector<size_t> cuts;
-  for (int i = static_cast<int>(rng() % 40); i > 0; --i) cuts.push_back(rng() % (bytes.size() + 1));
-  std::sort(cuts.begin(), cuts.end());
   SegmentedBytes pieces;
-  size_t at = 0;
-  for (size_t cut : cuts) {
-    pieces.Append(absl::string_view(bytes).substr(at, cut - at));
-    at = cut;
-  }
-  pieces.Append(absl::string_view(bytes).substr(at));
+  ::optstate::testing::ForEachPiece(bytes, ::optstate::testing::RandomCuts(bytes.size(), 40, rng),
+                                    [&](absl::string_view piece) { pieces.Append(piece); });
   return pieces;
+}
+
+// Bit-identical state: params, exp_avg and exp_avg_sq.
+void ExpectSameState(const Group& a, const Group& b) {
+  const size_t bytes = a.num_elements() * sizeof(float);
+  ASSERT_EQ(b.num_elements(), a.num_elements());
+  EXPECT_EQ(std::memcmp(a.params(), b.params(), bytes), 0);
+  EXPECT_EQ(std::memcmp(a.exp_avg(), b.exp_avg(), bytes), 0);
+  EXPECT_EQ(std::memcmp(a.exp_avg_sq(), b.exp_avg_sq(), bytes), 0);
 }
 
 // A gradient in pieces steps the state exactly as the same bytes in one
@@ -167,7 +171,9 @@ TEST(StepEngineSegmentedTest, AGradientInPiecesStepsExactlyAsOneBuffer) {
   ThreadPool pool(2);
   CpuBackend cpu(&pool);
   GatheringBackend gathering(&pool);
-  std::mt19937_64 rng(5);
+  const uint64_t seed = ::optstate::testing::TestSeed();
+  SCOPED_TRACE(::optstate::testing::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (StepBackend* backend : {static_cast<StepBackend*>(&cpu),
                                static_cast<StepBackend*>(&gathering)}) {
@@ -197,11 +203,7 @@ TEST(StepEngineSegmentedTest, AGradientInPiecesStepsExactlyAsOneBuffer) {
         ASSERT_TRUE(engine.ApplyChunk(chunk, &cut_params).ok());
         ASSERT_EQ(whole_params, cut_params) << "step " << step;
       }
-      const Group& a = *whole->group;
-      const Group& b = *cut->group;
-      ASSERT_EQ(std::memcmp(a.params(), b.params(), kElements * 4), 0);
-      ASSERT_EQ(std::memcmp(a.exp_avg(), b.exp_avg(), kElements * 4), 0);
-      ASSERT_EQ(std::memcmp(a.exp_avg_sq(), b.exp_avg_sq(), kElements * 4), 0);
+      ExpectSameState(*whole->group, *cut->group);
     }
   }
 }
@@ -215,7 +217,9 @@ TEST(StepEngineSegmentedTest, AReplayedPageBeforeAnAppliedRunReadsTheGradientAtI
   ThreadPool pool(2);
   CpuBackend cpu(&pool);
   GatheringBackend gathering(&pool);
-  std::mt19937_64 rng(9);
+  const uint64_t seed = ::optstate::testing::TestSeed();
+  SCOPED_TRACE(::optstate::testing::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (StepBackend* backend : {static_cast<StepBackend*>(&cpu),
                                static_cast<StepBackend*>(&gathering)}) {
@@ -251,11 +255,7 @@ TEST(StepEngineSegmentedTest, AReplayedPageBeforeAnAppliedRunReadsTheGradientAtI
       EXPECT_EQ(result->pages_replayed, 1u);
       EXPECT_EQ(result->pages_applied, 3u);
       ASSERT_EQ(replayed_params, whole_params);
-      const Group& a = *whole->group;
-      const Group& b = *replayed->group;
-      ASSERT_EQ(std::memcmp(a.params(), b.params(), kElements * 4), 0);
-      ASSERT_EQ(std::memcmp(a.exp_avg(), b.exp_avg(), kElements * 4), 0);
-      ASSERT_EQ(std::memcmp(a.exp_avg_sq(), b.exp_avg_sq(), kElements * 4), 0);
+      ExpectSameState(*whole->group, *replayed->group);
     }
   }
 }

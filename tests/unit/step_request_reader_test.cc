@@ -11,31 +11,17 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "tests/unit/random_cuts.h"
+#include "tests/unit/test_seed.h"
 
 namespace optstate {
 namespace {
 
 constexpr size_t kMaxPacked = 4096;
 
-grpc::ByteBuffer Sliced(const std::string& wire, std::vector<size_t> cuts) {
-  std::sort(cuts.begin(), cuts.end());
-  std::vector<grpc::Slice> slices;
-  size_t at = 0;
-  for (size_t cut : cuts) {
-    slices.emplace_back(wire.substr(at, cut - at));  // Small ones are inlined slices.
-    at = cut;
-  }
-  slices.emplace_back(wire.substr(at));
-  return grpc::ByteBuffer(slices.data(), slices.size());
-}
-
-std::vector<size_t> RandomCuts(size_t bytes, int max_cuts, std::mt19937_64& rng) {
-  std::vector<size_t> cuts;
-  for (int c = std::uniform_int_distribution<int>(0, max_cuts)(rng); c > 0; --c) {
-    cuts.push_back(std::uniform_int_distribution<size_t>(0, bytes)(rng));
-  }
-  return cuts;
-}
+using ::optstate::testing::RandomCuts;
+using ::optstate::testing::Sliced;
+namespace seeds = ::optstate::testing;
 
 std::string Gather(const SegmentedBytes& bytes) {
   std::string whole(bytes.size(), '\0');
@@ -87,7 +73,9 @@ std::string UnknownFields(std::mt19937_64& rng) {
 }
 
 TEST(ReadStepRequest, ReadsWhatProtobufReadsCutAnywhere) {
-  std::mt19937_64 rng(11);
+  const uint64_t seed = seeds::TestSeed();
+  SCOPED_TRACE(seeds::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
   for (int trial = 0; trial < 400; ++trial) {
     std::string wire = RandomRequest(rng).SerializeAsString();
     if (trial % 3 == 0) wire += UnknownFields(rng);
@@ -107,7 +95,9 @@ TEST(ReadStepRequest, ReadsWhatProtobufReadsCutAnywhere) {
 }
 
 TEST(ReadStepRequest, RefusesWhatProtobufRefuses) {
-  std::mt19937_64 rng(12);
+  const uint64_t seed = seeds::TestSeed();
+  SCOPED_TRACE(seeds::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
   int refused = 0;
   for (int trial = 0; trial < 3000; ++trial) {
     std::string wire = RandomRequest(rng).SerializeAsString();
