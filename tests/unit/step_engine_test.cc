@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -18,6 +19,9 @@
 
 namespace optstate {
 namespace {
+
+using ::optstate::testing::SeedTrace;
+using ::optstate::testing::TestSeed;
 
 // Applies like the CPU backend, except that a range starting at or past
 // `fail_from` fails after the ranges before it were applied.
@@ -163,33 +167,64 @@ void ExpectSameState(const Group& a, const Group& b) {
   EXPECT_EQ(std::memcmp(a.exp_avg_sq(), b.exp_avg_sq(), bytes), 0);
 }
 
-// A gradient in pieces steps the state exactly as the same bytes in one
-// buffer do, and gives the same params, through the CPU backend (pieces read
-// in place, sharded) and through the default gather.
-TEST(StepEngineSegmentedTest, AGradientInPiecesStepsExactlyAsOneBuffer) {
-  constexpr uint64_t kElements = 40000;  // Two shards on two threads.
-  ThreadPool pool(2);
-  CpuBackend cpu(&pool);
-  GatheringBackend gathering(&pool);
-  const uint64_t seed = ::optstate::testing::TestSeed();
-  SCOPED_TRACE(::optstate::testing::SeedTrace(seed));
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (StepBackend* backend : {static_cast<StepBackend*>(&cpu),
-                               static_cast<StepBackend*>(&gathering)}) {
-    for (WireType grad_type : {WireType::kFloat32, WireType::kBFloat16, WireType::kFloat16}) {
-      StateStore store(backend, 1 << 30, 64);
-      StepEngine engine(&store, backend, &pool);
+// Pairs of equal groups stepped with the same gradient, one in a single
+// buffer and one in pieces, through the CPU backend (pieces read in place,
+// sharded) and through the default gather.
+class StepEngineSegmentedTest : public ::testing::Test {
+ protected:
+  // A store and an engine on `backend`, holding groups "whole" and `other`
+  // of `elements` elements each, pages of `page` elements.
+  struct TwoGroups {
+    TwoGroups(StepBackend* backend, ThreadPool* pool, uint64_t page, uint64_t elements,
+              const std::string& other)
+        : store(backend, 1 << 30, page), engine(&store, backend, pool) {
       GroupConfig config;
-      config.num_elements = kElements;
-      auto whole = store.Register(GroupKey{"", "whole"}, config);
-      auto cut = store.Register(GroupKey{"", "cut"}, config);
-      ASSERT_TRUE(whole.ok() && cut.ok());
+      config.num_elements = elements;
+      auto registered_whole = store.Register(GroupKey{"", "whole"}, config);
+      auto registered_other = store.Register(GroupKey{"", other}, config);
+      EXPECT_TRUE(registered_whole.ok() && registered_other.ok());
+      if (registered_whole.ok()) whole = registered_whole->group;
+      if (registered_other.ok()) this->other = registered_other->group;
+    }
+    StateStore store;
+    StepEngine engine;
+    std::shared_ptr<Group> whole, other;
+  };
+
+  StepEngineSegmentedTest() : pool_(2), cpu_(&pool_), gathering_(&pool_), seed_(TestSeed()) {
+    rng_.seed(seed_);
+  }
+
+  std::vector<StepBackend*> Backends() { return {&cpu_, &gathering_}; }
+
+  // `elements` normal values, encoded as `type`.
+  std::string RandomGradient(WireType type, uint64_t elements) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> grad(elements);
+    for (float& g : grad) g = normal(rng_);
+    std::string bytes(elements * WireTypeSize(type), '\0');
+    EncodeFromFloat(type, grad.data(), bytes.data(), elements);
+    return bytes;
+  }
+
+  ThreadPool pool_;
+  CpuBackend cpu_;
+  GatheringBackend gathering_;
+  const uint64_t seed_;
+  std::mt19937_64 rng_;
+};
+
+// A gradient in pieces steps the state exactly as the same bytes in one
+// buffer do, and gives the same params.
+TEST_F(StepEngineSegmentedTest, AGradientInPiecesStepsExactlyAsOneBuffer) {
+  SCOPED_TRACE(SeedTrace(seed_));
+  constexpr uint64_t kElements = 40000;  // Two shards on two threads.
+  for (StepBackend* backend : Backends()) {
+    for (WireType grad_type : {WireType::kFloat32, WireType::kBFloat16, WireType::kFloat16}) {
+      TwoGroups groups(backend, &pool_, 64, kElements, "cut");
+      ASSERT_TRUE(groups.whole && groups.other);
       for (uint64_t step = 1; step <= 3; ++step) {
-        std::vector<float> grad(kElements);
-        for (float& g : grad) g = normal(rng);
-        std::string bytes(kElements * WireTypeSize(grad_type), '\0');
-        EncodeFromFloat(grad_type, grad.data(), bytes.data(), kElements);
+        const std::string bytes = RandomGradient(grad_type, kElements);
         StepChunk chunk;
         chunk.step = step;
         chunk.gradient_type = grad_type;
@@ -197,13 +232,13 @@ TEST(StepEngineSegmentedTest, AGradientInPiecesStepsExactlyAsOneBuffer) {
         chunk.group = GroupKey{"", "whole"};
         chunk.gradient = bytes;
         std::string whole_params, cut_params;
-        ASSERT_TRUE(engine.ApplyChunk(chunk, &whole_params).ok());
+        ASSERT_TRUE(groups.engine.ApplyChunk(chunk, &whole_params).ok());
         chunk.group = GroupKey{"", "cut"};
-        chunk.gradient = RandomPieces(bytes, rng);
-        ASSERT_TRUE(engine.ApplyChunk(chunk, &cut_params).ok());
+        chunk.gradient = RandomPieces(bytes, rng_);
+        ASSERT_TRUE(groups.engine.ApplyChunk(chunk, &cut_params).ok());
         ASSERT_EQ(whole_params, cut_params) << "step " << step;
       }
-      ExpectSameState(*whole->group, *cut->group);
+      ExpectSameState(*groups.whole, *groups.other);
     }
   }
 }
@@ -211,51 +246,35 @@ TEST(StepEngineSegmentedTest, AGradientInPiecesStepsExactlyAsOneBuffer) {
 // A chunk whose first page is replayed applies the rest from the gradient's
 // later bytes (a non-zero offset into its pieces): the same state and params
 // as one update of the whole chunk.
-TEST(StepEngineSegmentedTest, AReplayedPageBeforeAnAppliedRunReadsTheGradientAtItsOffset) {
+TEST_F(StepEngineSegmentedTest, AReplayedPageBeforeAnAppliedRunReadsTheGradientAtItsOffset) {
+  SCOPED_TRACE(SeedTrace(seed_));
   constexpr uint64_t kPage = 64;
   constexpr uint64_t kElements = 3 * kPage + 5;
-  ThreadPool pool(2);
-  CpuBackend cpu(&pool);
-  GatheringBackend gathering(&pool);
-  const uint64_t seed = ::optstate::testing::TestSeed();
-  SCOPED_TRACE(::optstate::testing::SeedTrace(seed));
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (StepBackend* backend : {static_cast<StepBackend*>(&cpu),
-                               static_cast<StepBackend*>(&gathering)}) {
+  for (StepBackend* backend : Backends()) {
     for (WireType grad_type : {WireType::kFloat32, WireType::kBFloat16}) {
-      StateStore store(backend, 1 << 30, kPage);
-      StepEngine engine(&store, backend, &pool);
-      GroupConfig config;
-      config.num_elements = kElements;
-      auto whole = store.Register(GroupKey{"", "whole"}, config);
-      auto replayed = store.Register(GroupKey{"", "replayed"}, config);
-      ASSERT_TRUE(whole.ok() && replayed.ok());
-      std::vector<float> grad(kElements);
-      for (float& g : grad) g = normal(rng);
-      const size_t size = WireTypeSize(grad_type);
-      std::string bytes(kElements * size, '\0');
-      EncodeFromFloat(grad_type, grad.data(), bytes.data(), kElements);
+      TwoGroups groups(backend, &pool_, kPage, kElements, "replayed");
+      ASSERT_TRUE(groups.whole && groups.other);
+      const std::string bytes = RandomGradient(grad_type, kElements);
       StepChunk chunk;
       chunk.step = 1;
       chunk.gradient_type = grad_type;
       chunk.group = GroupKey{"", "whole"};
       chunk.gradient = bytes;
       std::string whole_params;
-      ASSERT_TRUE(engine.ApplyChunk(chunk, &whole_params).ok());
+      ASSERT_TRUE(groups.engine.ApplyChunk(chunk, &whole_params).ok());
       // Page 0 first, then the whole chunk in pieces: page 0 is replayed.
       chunk.group = GroupKey{"", "replayed"};
-      chunk.gradient = absl::string_view(bytes).substr(0, kPage * size);
+      chunk.gradient = absl::string_view(bytes).substr(0, kPage * WireTypeSize(grad_type));
       std::string first_page;
-      ASSERT_TRUE(engine.ApplyChunk(chunk, &first_page).ok());
-      chunk.gradient = RandomPieces(bytes, rng);
+      ASSERT_TRUE(groups.engine.ApplyChunk(chunk, &first_page).ok());
+      chunk.gradient = RandomPieces(bytes, rng_);
       std::string replayed_params;
-      absl::StatusOr<StepChunkResult> result = engine.ApplyChunk(chunk, &replayed_params);
+      absl::StatusOr<StepChunkResult> result = groups.engine.ApplyChunk(chunk, &replayed_params);
       ASSERT_TRUE(result.ok()) << result.status();
       EXPECT_EQ(result->pages_replayed, 1u);
       EXPECT_EQ(result->pages_applied, 3u);
       ASSERT_EQ(replayed_params, whole_params);
-      ExpectSameState(*whole->group, *replayed->group);
+      ExpectSameState(*groups.whole, *groups.other);
     }
   }
 }
