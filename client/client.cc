@@ -3,12 +3,20 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client_internal.h"
 #include "client/step_wire.h"
 
 namespace optstate {
+namespace {
+
+// The least max_message_bytes: one float32 page of the daemon's default
+// size (262,144 elements) and room for the other fields.
+constexpr int kMinMessageBytes = (1 << 20) + 4096;
+
+}  // namespace
 
 namespace client_internal {
 
@@ -49,8 +57,10 @@ GroupInfo GroupInfoFromProto(const v1::GroupInfo& proto) {
 }
 
 void SetDeadline(grpc::ClientContext* context, const ClientOptions& options) {
-  context->set_deadline(std::chrono::system_clock::now() +
-                        absl::ToChronoMilliseconds(options.attempt_timeout));
+  // A timeout of a century or more (InfiniteDuration included) is no
+  // deadline; added to the clock it could overflow into one in the past.
+  if (options.attempt_timeout >= absl::Hours(24 * 365 * 100)) return;
+  context->set_deadline(absl::ToChronoTime(absl::Now() + options.attempt_timeout));
 }
 
 }  // namespace client_internal
@@ -87,10 +97,15 @@ Client::~Client() = default;
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target,
                                                         const ClientOptions& options) {
   if (options.max_attempts < 1 || options.max_chunks_in_flight < 1 || options.chunk_bytes == 0 ||
-      options.max_message_bytes < (1 << 20)) {
-    return absl::InvalidArgumentError(
+      options.max_message_bytes < kMinMessageBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
         "ClientOptions: max_attempts and max_chunks_in_flight must be >= 1, chunk_bytes > 0, "
-        "max_message_bytes >= 1 MiB");
+        "max_message_bytes >= ", kMinMessageBytes,
+        " (one float32 page of the daemon's default size and room for the other fields)"));
+  }
+  if (options.attempt_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.attempt_timeout must be positive (absl::InfiniteDuration() for none)");
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
@@ -216,23 +231,42 @@ absl::StatusOr<GroupInfo> Client::RegisterGroup(const std::string& name, uint64_
   return Register(MakeSpec(name, num_elements, h, false), {});
 }
 
+namespace {
+
+// A read-only unary call, attempted up to options.max_attempts times while
+// it fails transiently (safe: it changes nothing). `call(context)` makes one
+// attempt.
+absl::Status WithRetries(const ClientOptions& options,
+                         absl::FunctionRef<grpc::Status(grpc::ClientContext*)> call) {
+  absl::Status last;
+  for (int attempt = 0; attempt < options.max_attempts; ++attempt) {
+    if (attempt > 0) absl::SleepFor(Backoff(options, attempt));
+    grpc::ClientContext context;
+    SetDeadline(&context, options);
+    last = FromGrpcStatus(call(&context));
+    if (last.ok() || !IsRetryable(last)) return last;
+  }
+  return last;
+}
+
+}  // namespace
+
 absl::StatusOr<GroupInfo> Client::DescribeGroup(const std::string& name) {
-  grpc::ClientContext context;
-  SetDeadline(&context, impl_->options);
   v1::DescribeGroupRequest request;
   request.set_name(name);
   v1::DescribeGroupResponse response;
-  absl::Status status = FromGrpcStatus(impl_->stub->DescribeGroup(&context, request, &response));
+  absl::Status status = WithRetries(impl_->options, [&](grpc::ClientContext* context) {
+    return impl_->stub->DescribeGroup(context, request, &response);
+  });
   if (!status.ok()) return status;
   return GroupInfoFromProto(response.group().info());
 }
 
 absl::StatusOr<std::vector<GroupInfo>> Client::ListGroups() {
-  grpc::ClientContext context;
-  SetDeadline(&context, impl_->options);
   v1::ListGroupsResponse response;
-  absl::Status status =
-      FromGrpcStatus(impl_->stub->ListGroups(&context, v1::ListGroupsRequest(), &response));
+  absl::Status status = WithRetries(impl_->options, [&](grpc::ClientContext* context) {
+    return impl_->stub->ListGroups(context, v1::ListGroupsRequest(), &response);
+  });
   if (!status.ok()) return status;
   std::vector<GroupInfo> out;
   for (const auto& g : response.groups()) out.push_back(GroupInfoFromProto(g));
@@ -240,11 +274,10 @@ absl::StatusOr<std::vector<GroupInfo>> Client::ListGroups() {
 }
 
 absl::StatusOr<v1::GetStatsResponse> Client::GetStats() {
-  grpc::ClientContext context;
-  SetDeadline(&context, impl_->options);
   v1::GetStatsResponse response;
-  absl::Status status =
-      FromGrpcStatus(impl_->stub->GetStats(&context, v1::GetStatsRequest(), &response));
+  absl::Status status = WithRetries(impl_->options, [&](grpc::ClientContext* context) {
+    return impl_->stub->GetStats(context, v1::GetStatsRequest(), &response);
+  });
   if (!status.ok()) return status;
   return response;
 }

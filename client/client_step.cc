@@ -144,6 +144,7 @@ void ChunkFields(const GroupStep& group, const ChunkPiece& piece, uint64_t step,
   fields->set_group(group.group);
   fields->set_step(step);
   fields->set_offset(piece.offset);
+  fields->set_group_elements(GradientElements(group));
   fields->set_gradient_dtype(WireTypeToProto(options.gradient_dtype));
   fields->set_param_dtype(WireTypeToProto(options.param_dtype));
   if (options.lr) fields->set_lr(*options.lr);

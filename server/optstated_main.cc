@@ -24,7 +24,9 @@ ABSL_FLAG(uint64_t, max_host_bytes, 0,
           "Host memory all groups may take together (12 bytes per element); registrations "
           "past it get RESOURCE_EXHAUSTED. 0 means 80% of physical memory.");
 ABSL_FLAG(int, max_message_bytes, 64 << 20,
-          "Largest request or reply message, in bytes (chunks of step and values).");
+          "Largest request or reply message, in bytes (chunks of step and values); at least "
+          "one page of float32 plus 4 KiB (1052672 with the default pages). A Step message "
+          "whose reply would be larger is refused before it is applied.");
 ABSL_FLAG(std::string, log_level, "info", "One of debug, info, warning, error.");
 ABSL_FLAG(std::string, paging, "adaptive",
           "CUDA backend: none (state always in VRAM; refuse what does not fit), adaptive "

@@ -1,6 +1,7 @@
 // RegisterGroup: the spec registers (idempotently), values chunks fill pages.
 #include "server/register_reactor.h"
 
+#include "absl/strings/str_cat.h"
 #include "server/proto_convert.h"
 
 namespace optstate {
@@ -14,7 +15,7 @@ RegisterReactor::RegisterReactor(StepEngine* engine, std::string tenant,
 void RegisterReactor::OnReadDone(bool ok) {
   if (!ok) {
     // Client half-closed (or the call broke: Finish is then a no-op).
-    if (group_ == nullptr) {
+    if (!registered_) {
       Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "RegisterGroup needs a first message with a spec"));
       return;
@@ -27,7 +28,7 @@ void RegisterReactor::OnReadDone(bool ok) {
 
 void RegisterReactor::HandleMessage() {
   absl::Status status;
-  if (group_ == nullptr) {
+  if (!registered_) {
     if (!request_.has_spec()) {
       status = absl::InvalidArgumentError(
           "the first RegisterGroup message must carry a spec (name, num_elements, "
@@ -42,6 +43,8 @@ void RegisterReactor::HandleMessage() {
           engine_->store()->Register(GroupKey{tenant_, spec.name()}, config);
       if (registered.ok()) {
         group_ = registered->group;
+        registered_ = true;
+        name_ = spec.name();
         created_ = registered->created;
       } else {
         status = registered.status();
@@ -53,9 +56,14 @@ void RegisterReactor::HandleMessage() {
   } else {
     const v1::ValuesChunk& values = request_.values();
     absl::StatusOr<WireType> type = WireTypeFromProto(values.dtype(), "values.dtype");
-    status = type.ok() ? engine_->WriteInitialValues(*group_, values.offset(), *type,
-                                                     values.data())
-                       : type.status();
+    std::shared_ptr<Group> group = group_.lock();
+    if (!type.ok()) {
+      status = type.status();
+    } else if (group == nullptr) {
+      status = GroupDeletedError();
+    } else {
+      status = engine_->WriteInitialValues(*group, values.offset(), *type, values.data());
+    }
   }
   if (!status.ok()) {
     Finish(ToGrpcStatus(status));
@@ -65,8 +73,19 @@ void RegisterReactor::HandleMessage() {
   StartRead(&request_);
 }
 
+absl::Status RegisterReactor::GroupDeletedError() const {
+  return absl::NotFoundError(absl::StrCat(
+      "group '", name_, "' was deleted while this RegisterGroup call was open; "
+      "register it again"));
+}
+
 void RegisterReactor::FinishWithGroup() {
-  GroupInfoToProto(*group_, response_->mutable_group());
+  std::shared_ptr<Group> group = group_.lock();
+  if (group == nullptr || group->deleted()) {
+    Finish(ToGrpcStatus(GroupDeletedError()));
+    return;
+  }
+  GroupInfoToProto(*group, response_->mutable_group());
   response_->set_created(created_);
   Finish(grpc::Status::OK);
 }

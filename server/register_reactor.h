@@ -27,12 +27,17 @@ class RegisterReactor : public grpc::ServerReadReactor<v1::RegisterGroupRequest>
   // Runs on a worker; ends with StartRead or Finish, touching nothing after.
   void HandleMessage();
   void FinishWithGroup();
+  absl::Status GroupDeletedError() const;
 
   StepEngine* const engine_;
   const std::string tenant_;
   v1::RegisterGroupResponse* const response_;
   v1::RegisterGroupRequest request_;
-  std::shared_ptr<Group> group_;  // Set by the spec message.
+  // Set by the spec message. Weak: a stream left open must not keep a
+  // deleted group's memory, which the store no longer counts.
+  std::weak_ptr<Group> group_;
+  bool registered_ = false;  // The spec message registered group_.
+  std::string name_;         // group_'s.
   bool created_ = false;
 };
 

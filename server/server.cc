@@ -56,11 +56,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (options.threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--threads must be >= 0, got ", options.threads));
   }
-  if (options.max_message_bytes < (1 << 20)) {
-    return absl::InvalidArgumentError("--max_message_bytes must be at least 1 MiB");
-  }
   if (options.page_elements == 0 || options.page_elements % 64 != 0) {
     return absl::InvalidArgumentError("page size must be a positive multiple of 64 elements");
+  }
+  // A message must carry one page of float32 and the other fields: the
+  // least a client can send, and the reply to it.
+  const uint64_t min_message_bytes =
+      std::max<uint64_t>(1 << 20, options.page_elements * sizeof(float) + 4096);
+  if (options.max_message_bytes < 0 ||
+      static_cast<uint64_t>(options.max_message_bytes) < min_message_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_message_bytes must be at least ", min_message_bytes,
+        " (one page of float32 and room for the other fields)"));
   }
   // Debian's Abseil checks every Mutex acquisition for lock-order cycles
   // (a graph lookup per lock: 1.3% of daemon CPU while stepping). Our lock
@@ -81,7 +88,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                               options.page_elements);
   parts->engine = std::make_unique<StepEngine>(parts->store.get(), parts->backend.get(),
                                                parts->pool.get());
-  parts->service = std::make_unique<OptimizerStateService>(parts->engine.get());
+  parts->service = std::make_unique<OptimizerStateService>(
+      parts->engine.get(), static_cast<size_t>(options.max_message_bytes));
 
   // Referencing the compiled health.proto keeps it linked in, which puts its
   // descriptors in the pool: reflection can then describe grpc.health.v1 and

@@ -21,7 +21,10 @@ using OptimizerStateCallbackBase = v1::OptimizerState::WithCallbackMethod_Regist
 // Thread-safe; `engine` must outlive the service.
 class OptimizerStateService : public OptimizerStateCallbackBase {
  public:
-  explicit OptimizerStateService(StepEngine* engine) : engine_(engine) {}
+  // `max_reply_bytes`: the largest message the server may send (Step
+  // refuses, before applying anything, a message whose reply would be larger).
+  OptimizerStateService(StepEngine* engine, size_t max_reply_bytes)
+      : engine_(engine), max_reply_bytes_(max_reply_bytes) {}
 
   grpc::ServerReadReactor<v1::RegisterGroupRequest>* RegisterGroup(
       grpc::CallbackServerContext* context, v1::RegisterGroupResponse* response) override;
@@ -45,6 +48,7 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   static std::string TenantOf(const grpc::CallbackServerContext* context) { return ""; }
 
   StepEngine* const engine_;
+  const size_t max_reply_bytes_;
 };
 
 }  // namespace optstate

@@ -93,6 +93,13 @@ absl::StatusOr<ValidatedChunk> StepEngine::Validate(const StepChunk& chunk) {
   absl::StatusOr<std::shared_ptr<Group>> found = store_->Find(chunk.group);
   if (!found.ok()) return found.status();
   Group& group = **found;
+  if (chunk.group_elements != 0 && chunk.group_elements != group.num_elements()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group '", group.key().name, "' has ", group.num_elements(),
+        " elements; this step was planned for ", chunk.group_elements,
+        " (was it deleted and registered anew with another size?). Pass a gradient of the "
+        "group's size"));
+  }
   absl::StatusOr<ChunkRange> range =
       ValidateRange(group, chunk.offset, chunk.gradient_type, chunk.gradient.size(), "gradient");
   if (!range.ok()) return range.status();

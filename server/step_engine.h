@@ -28,6 +28,8 @@ struct StepChunk {
   GroupKey group;
   uint64_t step = 0;
   uint64_t offset = 0;
+  // The group's size as the sender planned the step; 0: not checked.
+  uint64_t group_elements = 0;
   WireType gradient_type = WireType::kFloat32;
   SegmentedBytes gradient;
   std::optional<float> lr;
@@ -65,7 +67,8 @@ class StepEngine {
   // params of the whole chunk, as they are after the step, in
   // chunk.param_type. Refuses the whole chunk, changing nothing, with
   // NOT_FOUND (no such group), INVALID_ARGUMENT (bad range, alignment, length
-  // or values; non-finite gradient; bad lr or grad_scale) or
+  // or values; a group_elements other than the group's size; non-finite
+  // gradient; bad lr or grad_scale) or
   // FAILED_PRECONDITION (a page lacks initial values, is behind step-1, or is
   // past `step`), each message saying what to fix. DATA_LOSS once a backend
   // failed part-way through an update of the group (it is then refused for

@@ -5,14 +5,16 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "server/proto_convert.h"
 #include "server/step_wire.h"
 
 namespace optstate {
 
-StepReactor::StepReactor(StepEngine* engine, std::string tenant)
+StepReactor::StepReactor(StepEngine* engine, std::string tenant, size_t max_reply_bytes)
     : engine_(engine),
       tenant_(std::move(tenant)),
+      max_reply_bytes_(max_reply_bytes),
       max_in_flight_(std::max(1, engine->pool()->size())) {
   Advance(0);
 }
@@ -108,6 +110,7 @@ absl::Status StepReactor::ToChunk(const v1::StepRequest& request,
   chunk->group = GroupKey{tenant_, request.group()};
   chunk->step = request.step();
   chunk->offset = request.offset();
+  chunk->group_elements = request.group_elements();
   chunk->gradient = gradient;
   if (request.has_lr()) chunk->lr = request.lr();
   if (request.has_grad_scale()) chunk->grad_scale = request.grad_scale();
@@ -131,6 +134,27 @@ absl::Status AboutPacked(const absl::Status& status, const v1::StepRequest& requ
                       absl::StrCat("StepRequest.more[", index - 1, "] (group '",
                                    PieceOf(request, index).group(), "'): ", status.message(),
                                    " (", consequence, ")"));
+}
+
+// Room a reply takes beyond its params, per chunk: the params' tag and
+// length, the other fields (group name aside), and a packed reply's framing.
+constexpr uint64_t kReplyFieldsBytes = 128;
+
+// INVALID_ARGUMENT when the reply to a message (its chunks validated) could
+// be larger than gRPC will send: it is refused before anything is applied,
+// rather than applied and then not answered.
+absl::Status CheckReplyFits(const v1::StepRequest& request, absl::Span<const StepChunk> chunks,
+                            absl::Span<const ValidatedChunk> validated, size_t max_reply_bytes) {
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    bytes += validated[i].count * WireTypeSize(chunks[i].param_type) +
+             PieceOf(request, i).group().size() + kReplyFieldsBytes;
+  }
+  if (bytes <= max_reply_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the reply to this message would take up to ", bytes, " bytes (params in the "
+      "requested param_dtype), more than the daemon's --max_message_bytes=", max_reply_bytes,
+      "; send fewer elements per message or ask for 16-bit params; nothing was applied"));
 }
 
 }  // namespace
@@ -158,6 +182,7 @@ void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
     }
     status = AboutPacked(status, request, i, "nothing in its message was applied");
   }
+  if (status.ok()) status = CheckReplyFits(request, chunks, validated, max_reply_bytes_);
   std::vector<grpc::Slice> slices;
   for (size_t i = 0; status.ok() && i < pieces; ++i) {
     const v1::StepRequest& piece = PieceOf(request, i);

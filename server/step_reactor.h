@@ -44,7 +44,8 @@ namespace optstate {
 // StepReplyBuilder, which writes the params into the reply's slice directly.
 class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  StepReactor(StepEngine* engine, std::string tenant);
+  // `max_reply_bytes`: the largest reply gRPC will send on this server.
+  StepReactor(StepEngine* engine, std::string tenant, size_t max_reply_bytes);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -98,6 +99,7 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
 
   StepEngine* const engine_;
   const std::string tenant_;
+  const size_t max_reply_bytes_;
   const int max_in_flight_;  // Chunks applied at once: the pool's size.
 
   absl::Mutex mu_;

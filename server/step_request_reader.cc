@@ -34,6 +34,7 @@ constexpr uint32_t kLrTag = Tag(v1::StepRequest::kLrFieldNumber, kFixed32);
 constexpr uint32_t kGradScaleTag = Tag(v1::StepRequest::kGradScaleFieldNumber, kFixed32);
 constexpr uint32_t kParamDtypeTag = Tag(v1::StepRequest::kParamDtypeFieldNumber, kVarint);
 constexpr uint32_t kMoreTag = Tag(v1::StepRequest::kMoreFieldNumber, kLength);
+constexpr uint32_t kGroupElementsTag = Tag(v1::StepRequest::kGroupElementsFieldNumber, kVarint);
 
 // The slices of a message, one after another, as protobuf's input stream.
 class SlicesInputStream : public google::protobuf::io::ZeroCopyInputStream {
@@ -237,6 +238,10 @@ class RequestScanner {
       case kOffsetTag:
         if (!input->ReadVarint64(&varint)) return false;
         fields->set_offset(varint);
+        return true;
+      case kGroupElementsTag:
+        if (!input->ReadVarint64(&varint)) return false;
+        fields->set_group_elements(varint);
         return true;
       case kGradientDtypeTag:
         if (!input->ReadVarint64(&varint)) return false;

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "absl/base/casts.h"
+#include "absl/time/clock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/dtype.h"
@@ -46,6 +47,7 @@ class BadInputTest : public ::testing::Test {
     options.threads = 2;
     options.page_elements = kPage;
     options.max_host_bytes = 64ull << 20;
+    options.max_message_bytes = 1 << 20;  // The least (and small enough to pass with packing).
     options.backend.kind = "cpu";
     auto server = Server::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();
@@ -218,6 +220,27 @@ TEST_F(BadInputTest, EveryBadInputGetsItsCodeAndLeavesStateByteIdentical) {
          r.mutable_more(0)->set_gradient_dtype(static_cast<v1::DType>(999));
          return t.StepOne(r);
        }},
+      {"message whose reply would pass the daemon's message limit",
+       grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) {
+         // 300 bf16 pages (600 KiB) asking for float32 params (1.2 MiB).
+         const std::vector<uint16_t> g(kPage, FloatToBFloat16(0.01f));
+         v1::StepRequest one = Chunk("victim", 3, 0, {});
+         one.set_gradient_dtype(v1::DTYPE_BFLOAT16);
+         one.set_gradient(std::string(reinterpret_cast<const char*>(g.data()), g.size() * 2));
+         v1::StepRequest r = one;
+         for (int i = 1; i < 300; ++i) {
+           *r.add_more() = one;
+           r.mutable_more(i - 1)->set_offset((i % 2) * kPage);
+         }
+         return t.StepOne(r);
+       }},
+      {"group_elements other than the group's size", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) {
+         v1::StepRequest r = Chunk("victim", 3, 0, good(kPage));
+         r.set_group_elements(kElements + kPage);
+         return t.StepOne(r);
+       }},
       {"more packed chunks than a message may carry", grpc::StatusCode::INVALID_ARGUMENT,
        [&](T& t) {
          v1::StepRequest r = Chunk("victim", 3, 0, good(kPage));
@@ -320,6 +343,62 @@ TEST_F(BadInputTest, EveryBadInputGetsItsCodeAndLeavesStateByteIdentical) {
   for (uint64_t offset = 0; offset < kElements; offset += kPage) {
     EXPECT_TRUE(StepOne(Chunk("victim", 3, offset, good(std::min(kPage, kElements - offset)))).ok());
   }
+}
+
+// A RegisterGroup stream left open holds no claim on its group: deleting the
+// group frees its memory at once (the budget already counts it as free), and
+// values sent on the stream afterwards are refused.
+TEST_F(BadInputTest, ARegisterStreamLeftOpenDoesNotKeepADeletedGroupsMemory) {
+  StateStore* store = server_->engine().store();
+  const uint64_t bytes_before = store->host_bytes();
+  grpc::ClientContext context;
+  v1::RegisterGroupResponse response;
+  auto writer = stub_->RegisterGroup(&context, &response);
+  v1::RegisterGroupRequest request;
+  *request.mutable_spec() = Spec("held", 4 * kPage, 1e-3f);
+  ASSERT_TRUE(writer->Write(request));
+  std::weak_ptr<Group> held;
+  for (int i = 0; i < 2000 && held.expired(); ++i) {
+    absl::StatusOr<std::shared_ptr<Group>> found = store->Find(GroupKey{"", "held"});
+    if (found.ok()) {
+      held = *found;
+    } else {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+  ASSERT_FALSE(held.expired()) << "the spec was not registered";
+  EXPECT_EQ(store->host_bytes(), bytes_before + 4 * kPage * 12);
+  {
+    grpc::ClientContext c;
+    v1::DeleteGroupRequest r;
+    r.set_name("held");
+    v1::DeleteGroupResponse out;
+    ASSERT_TRUE(stub_->DeleteGroup(&c, r, &out).ok());
+  }
+  EXPECT_TRUE(held.expired()) << "the open stream still holds the deleted group's memory";
+  EXPECT_EQ(store->host_bytes(), bytes_before);
+  request.Clear();
+  request.mutable_values()->set_offset(0);
+  request.mutable_values()->set_data(Floats(std::vector<float>(kPage, 1.0f)));
+  writer->Write(request);
+  writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << status.error_message();
+  EXPECT_NE(status.error_message().find("'held' was deleted"), std::string::npos)
+      << status.error_message();
+}
+
+TEST(ServerOptionsTest, AMessageLimitThatCannotHoldOnePageIsRefused) {
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.backend.kind = "cpu";
+  options.page_elements = 1 << 20;  // 4 MiB of float32.
+  options.max_message_bytes = 4 << 20;
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument) << server.status();
+  EXPECT_NE(server.status().message().find("--max_message_bytes must be at least 4198400"),
+            std::string::npos)
+      << server.status();
 }
 
 // Sends `bytes` as one message on the Step stream, bypassing protobuf.

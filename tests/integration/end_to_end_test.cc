@@ -374,6 +374,29 @@ TEST_F(EndToEndTest, AGroupRegisteredAnewElsewhereIsSteppedWithItsNewLayout) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// A layout cached before the group was registered anew with more pages
+// would cover only part of it; the daemon refuses such a step (it carries the
+// size it was planned for), and the next one looks the layout up again.
+TEST_F(EndToEndTest, AStepPlannedForAGroupsOldSizeIsRefusedWithoutSteppingPartOfIt) {
+  constexpr size_t kPage = 262144;
+  std::vector<float> grad(kPage, 0.1f), params(kPage);
+  ASSERT_TRUE(client_->RegisterGroup("grown", kPage).ok());
+  ASSERT_TRUE(client_->Step("grown", 1, grad, absl::MakeSpan(params)).ok());
+  auto other = Client::Connect(daemon_->target());
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE((*other)->DeleteGroup("grown").ok());
+  ASSERT_TRUE((*other)->RegisterGroup("grown", 2 * kPage).ok());
+  absl::Status s = client_->Step("grown", 1, grad, absl::MakeSpan(params));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("registered anew"), std::string::npos) << s;
+  absl::StatusOr<GroupInfo> info = (*other)->DescribeGroup("grown");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->max_step, 0u) << "no page of the new group may have been stepped";
+  s = client_->Step("grown", 1, grad, absl::MakeSpan(params));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("the group has 524288"), std::string::npos) << s;
+}
+
 // Runs a shell command, returning its exit code and combined output.
 std::pair<int, std::string> RunCommand(const std::string& command) {
   std::string output;

@@ -188,6 +188,25 @@ TEST_F(ExactlyOnceTest, PackedSmallGroupsCutMidStepAreRetriedAndAppliedOnce) {
   EXPECT_EQ(proxy.cuts(), 1);
 }
 
+// A Step on a group this client has not seen looks its layout up first; a
+// connection that breaks under that lookup is retried like the stream.
+TEST_F(ExactlyOnceTest, AStepWhoseLayoutLookupLosesItsConnectionIsRetried) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  CuttingProxy proxy(daemon_->port());
+  ClientOptions options;
+  options.initial_backoff = absl::Milliseconds(5);
+  auto through_proxy = Client::Connect("127.0.0.1:" + std::to_string(proxy.port()), options);
+  ASSERT_TRUE(through_proxy.ok());
+  ASSERT_TRUE((*through_proxy)->GetStats().ok());  // Connects before the cut is armed.
+  proxy.ArmCut(1);  // Inside the DescribeGroup request the Step starts with.
+  std::vector<float> grad = RandomNormal(rng_, kElements, 1e-2f);
+  absl::Status s = (*through_proxy)->Step("w", 1, grad, absl::MakeSpan(params_));
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(proxy.cuts(), 1);
+  model_->Step(1, grad);
+  EXPECT_EQ(params_, model_->params_fp32());
+}
+
 TEST(ClientRetryTest, GivesUpWithUnavailableAfterMaxAttemptsWhenNoDaemonListens) {
   ClientOptions options;
   options.max_attempts = 2;
@@ -196,6 +215,33 @@ TEST(ClientRetryTest, GivesUpWithUnavailableAfterMaxAttemptsWhenNoDaemonListens)
   ASSERT_TRUE(dead.ok());
   absl::StatusOr<GroupInfo> info = (*dead)->RegisterGroup("w", 10);
   EXPECT_EQ(info.status().code(), absl::StatusCode::kUnavailable) << info.status();
+}
+
+TEST(ClientOptionsTest, NoAttemptTimeoutMeansNoDeadlineAndANonPositiveOneIsRefused) {
+  auto daemon = DaemonProcess::Start();
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  ClientOptions options;
+  options.attempt_timeout = absl::InfiniteDuration();
+  auto client = Client::Connect((*daemon)->target(), options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<float> grad(1000, 0.1f), params(1000);
+  ASSERT_TRUE((*client)->RegisterGroup("w", 1000).ok());
+  absl::Status s = (*client)->Step("w", 1, grad, absl::MakeSpan(params));
+  EXPECT_TRUE(s.ok()) << s;
+  options.attempt_timeout = absl::Hours(24 * 365 * 1000);  // Past what the clock can add.
+  client = Client::Connect((*daemon)->target(), options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_TRUE((*client)->DescribeGroup("w").ok());
+  for (absl::Duration bad : {absl::ZeroDuration(), absl::Seconds(-1)}) {
+    options.attempt_timeout = bad;
+    absl::StatusOr<std::unique_ptr<Client>> refused = Client::Connect((*daemon)->target(), options);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+    EXPECT_NE(refused.status().message().find("attempt_timeout"), std::string::npos);
+  }
+  options.attempt_timeout = absl::Minutes(1);
+  options.max_message_bytes = 1 << 20;  // One float32 page and nothing else.
+  EXPECT_EQ(Client::Connect((*daemon)->target(), options).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

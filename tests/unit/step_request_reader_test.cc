@@ -45,6 +45,7 @@ v1::StepRequest RandomChunk(std::mt19937_64& rng) {
   chunk.set_group(absl::StrCat("g", rng() % 1000));
   chunk.set_step(rng() % 3 == 0 ? rng() : rng() % 100);
   chunk.set_offset(rng() % 2 == 0 ? rng() : 4096 * (rng() % 50));
+  if (rng() % 2 == 0) chunk.set_group_elements(rng() % 3 == 0 ? rng() : rng() % 100000);
   chunk.set_gradient_dtype(static_cast<v1::DType>(static_cast<int>(rng() % 5) - 1));
   chunk.set_param_dtype(static_cast<v1::DType>(rng() % 4));
   std::string gradient(std::uniform_int_distribution<size_t>(0, 3000)(rng), '\0');

@@ -19,12 +19,16 @@
 namespace optstate {
 
 struct ClientOptions {
-  // Attempts per call, the first included; only transient failures
-  // (UNAVAILABLE, broken or cancelled streams, deadlines) are retried.
+  // Attempts per call, the first included (DeleteGroup: one); only
+  // transient failures (UNAVAILABLE, broken or cancelled streams,
+  // deadlines) are retried.
   int max_attempts = 5;
   absl::Duration initial_backoff = absl::Milliseconds(50);  // Doubles per retry...
   absl::Duration max_backoff = absl::Seconds(2);            // ...up to this.
-  absl::Duration attempt_timeout = absl::Minutes(5);        // Deadline of one attempt.
+  // Deadline of one attempt; positive. absl::InfiniteDuration() for none.
+  absl::Duration attempt_timeout = absl::Minutes(5);
+  // Largest request or reply; at least 1 MiB + 4 KiB (one float32 page of
+  // the daemon's default size, and the other fields).
   int max_message_bytes = 64 << 20;
   // Target gradient bytes per chunk (rounded to whole pages, at least one).
   uint64_t chunk_bytes = 1 << 20;
@@ -111,9 +115,12 @@ class Client {
   absl::Status Step(const std::string& group, uint64_t step, absl::Span<const float> gradient,
                     absl::Span<float> params_out, const StepOptions& options = {});
 
+  // Read-only calls, retried like the others.
   absl::StatusOr<GroupInfo> DescribeGroup(const std::string& name);
   absl::StatusOr<std::vector<GroupInfo>> ListGroups();
   absl::StatusOr<v1::GetStatsResponse> GetStats();
+  // Made once, never retried: after a lost reply a retry could not tell
+  // "deleted now" from NOT_FOUND. Call it again to be sure.
   absl::Status DeleteGroup(const std::string& name);
 
  private:
