@@ -388,6 +388,20 @@ TEST_F(BadInputTest, ARegisterStreamLeftOpenDoesNotKeepADeletedGroupsMemory) {
       << status.error_message();
 }
 
+// Two daemons on one port would split the clients between two states.
+TEST(ServerOptionsTest, ASecondServerOnATakenPortDoesNotStart) {
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.backend.kind = "cpu";
+  absl::StatusOr<std::unique_ptr<Server>> first = Server::Start(options);
+  ASSERT_TRUE(first.ok()) << first.status();
+  options.listen = "127.0.0.1:" + std::to_string((*first)->port());
+  absl::StatusOr<std::unique_ptr<Server>> second = Server::Start(options);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable) << second.status();
+  EXPECT_NE(second.status().message().find("address in use"), std::string::npos)
+      << second.status();
+}
+
 TEST(ServerOptionsTest, AMessageLimitThatCannotHoldOnePageIsRefused) {
   ServerOptions options;
   options.listen = "127.0.0.1:0";
