@@ -90,7 +90,9 @@ CudaBackend::CudaBackend(CudaDeviceInfo device, PagingStrategy strategy, VramBud
     : device_(std::move(device)),
       policy_(strategy, budget, pool->pool_bytes()),
       pool_(std::move(pool)),
-      threads_(threads) {}
+      threads_(threads) {
+  SetPinnedHostAllocatorDevice(device_.ordinal);
+}
 
 std::string CudaBackend::Describe() const {
   return absl::StrCat(device_.ToString(), ", paging=", PagingStrategyName(policy_.strategy()),

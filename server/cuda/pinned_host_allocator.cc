@@ -16,9 +16,14 @@ namespace {
 
 class PinnedAllocator : public HostAllocator {
  public:
+  void set_device(int ordinal) { device_.store(ordinal, std::memory_order_relaxed); }
+
   void* Allocate(size_t bytes) override {
     if (bytes == 0) bytes = 64;
     void* memory = nullptr;
+    // The calling thread (a registration's) may never have chosen a device:
+    // without this, the runtime would create a context on device 0.
+    cudaSetDevice(device_.load(std::memory_order_relaxed));
     if (cudaHostAlloc(&memory, bytes, cudaHostAllocPortable) == cudaSuccess) {
       std::memset(memory, 0, bytes);
       return memory;
@@ -46,12 +51,14 @@ class PinnedAllocator : public HostAllocator {
         return;
       }
     }
+    cudaSetDevice(device_.load(std::memory_order_relaxed));
     cudaFreeHost(memory);
   }
 
   absl::string_view name() const override { return "pinned"; }
 
  private:
+  std::atomic<int> device_{0};
   std::atomic<bool> warned_{false};
   absl::Mutex mu_;
   absl::flat_hash_set<void*> pageable_ ABSL_GUARDED_BY(mu_);
@@ -59,9 +66,17 @@ class PinnedAllocator : public HostAllocator {
 
 }  // namespace
 
-HostAllocator* PinnedHostAllocator() {
+namespace {
+
+PinnedAllocator* TheAllocator() {
   static PinnedAllocator* allocator = new PinnedAllocator();
   return allocator;
 }
+
+}  // namespace
+
+HostAllocator* PinnedHostAllocator() { return TheAllocator(); }
+
+void SetPinnedHostAllocatorDevice(int ordinal) { TheAllocator()->set_device(ordinal); }
 
 }  // namespace optstate

@@ -15,6 +15,11 @@ namespace optstate {
 // such memory are correct, only slower). Thread-safe.
 HostAllocator* PinnedHostAllocator();
 
+// The device whose context pinned memory is allocated and freed in (0 until
+// set); the backend sets its own, so a thread that never chose a device
+// does not create a context on device 0.
+void SetPinnedHostAllocatorDevice(int ordinal);
+
 }  // namespace optstate
 
 #endif  // OPTSTATE_SERVER_CUDA_PINNED_HOST_ALLOCATOR_H_

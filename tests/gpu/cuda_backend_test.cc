@@ -125,6 +125,9 @@ class Twin {
     ExpectParamsMatch();
     EXPECT_LE(RelativeL2Error(Span(gpu_->exp_avg()), Span(ref_->exp_avg())), 1e-6);
     EXPECT_LE(RelativeL2Error(Span(gpu_->exp_avg_sq()), Span(ref_->exp_avg_sq())), 1e-6);
+    // The kernels are bit-identical, so the moments are too.
+    EXPECT_EQ(CountBitDifferences(gpu_->exp_avg(), ref_->exp_avg(), n_), 0u);
+    EXPECT_EQ(CountBitDifferences(gpu_->exp_avg_sq(), ref_->exp_avg_sq(), n_), 0u);
   }
 
   // What StateStore::Delete does.

@@ -57,7 +57,9 @@ TEST(CudaLargePagedTest, OneGigaElementGroupThroughASixteenMebibytePool) {
   options.staging_slots = 4;
   options.staging_slot_bytes = 4ull << 20;
   ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  auto cuda = CudaBackend::Create(options, &pool);  // The pool splits gradient copies.
+  // Pieces here carry 1 MiB of gradient, under the 4 MiB from which the
+  // pool splits a copy: this test covers paging at scale, not that split.
+  auto cuda = CudaBackend::Create(options, &pool);
   ASSERT_TRUE(cuda.ok()) << cuda.status();
   ASSERT_EQ((*cuda)->Stats().budget_available_bytes, 16ull << 20);
   ASSERT_EQ((*cuda)->Stats().staging_pool_bytes, 16ull << 20);

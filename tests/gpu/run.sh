@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks of the CUDA backend, for a host with an NVIDIA GPU (sm_80 or
 # newer) and the project's build dependencies: builds, runs the `gpu` tests,
-# compute-sanitizer memcheck and racecheck on a small run, the daemon's
+# compute-sanitizer memcheck on a small run, the daemon's
 # backend choice, then the GPU benchmark, and prints a short table. About 5
 # minutes on an H200 host; meant to stay under 8.
 #
@@ -79,7 +79,11 @@ SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanit
   /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
 SMALL='*SmallGroups*:*MovesItInAfterADelete*'
 if [[ -n "$SANITIZER" ]]; then
-  for tool in memcheck racecheck; do
+  # memcheck: out-of-bounds and misaligned device accesses, API errors.
+  # racecheck and synccheck would add nothing: they only see shared memory
+  # and barriers, which the kernel does not use; host/stream ordering is
+  # what the bit-exact comparisons above check.
+  for tool in memcheck; do
     echo "== compute-sanitizer $tool"
     timeout 240 "$SANITIZER" --tool "$tool" --error-exitcode 3 \
       "$TEST_BIN/cuda_backend_test" --gtest_filter="$SMALL" >"$OUT/sanitizer-$tool.log" 2>&1
