@@ -65,6 +65,9 @@ EchoClient::EchoClient(const std::string& target, int max_message_bytes, int win
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(max_message_bytes);
   args.SetMaxSendMessageSize(max_message_bytes);
+  // A connection per client, as optstate::Client has (else the clients of
+  // an 8-client run would share one).
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   impl_->stub = Echo::NewStub(
       grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
   impl_->window = static_cast<size_t>(window);

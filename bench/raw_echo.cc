@@ -162,6 +162,8 @@ RawEchoClient::RawEchoClient(const std::string& target, int max_message_bytes, i
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(max_message_bytes);
   args.SetMaxSendMessageSize(max_message_bytes);
+  // A connection per client, as optstate::Client has.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   impl_->channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   impl_->stub = std::make_unique<grpc::GenericStub>(impl_->channel);
   impl_->window = static_cast<size_t>(window);
