@@ -78,13 +78,9 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   // made, so Finish can never come before, or race with, another call on the
   // stream; the caller passes the tokens it held.
   void Advance(int tokens_released);
-  // Checks every chunk of a message, then applies them in order (its own,
-  // then those packed in `more`) and queues the reply, or the first refusal.
+  // Applies a message (ApplyStepMessage) and queues its reply, or the first
+  // refusal.
   void ApplyOnWorker(const std::shared_ptr<ChunkTask>& task);
-  // The chunk `request` carries (`packed`: one of an outer message's `more`)
-  // with `gradient`, for the engine; `chunk` points into both.
-  absl::Status ToChunk(const v1::StepRequest& request, const SegmentedBytes& gradient,
-                       bool packed, StepChunk* chunk) const;
   bool AnyGroupInFlightLocked(const v1::StepRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (groups_in_flight_.contains(request.group())) return true;

@@ -1,0 +1,32 @@
+// One Step message applied as a unit: every chunk checked and the reply
+// bounded before any is applied, then the chunks applied in order and the
+// reply built. The Step reactor's work on a worker thread; no gRPC calls.
+#ifndef OPTSTATE_SERVER_STEP_MESSAGE_H_
+#define OPTSTATE_SERVER_STEP_MESSAGE_H_
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "grpcpp/support/slice.h"
+#include "server/step_engine.h"
+#include "server/step_request_reader.h"
+
+namespace optstate {
+
+// Applies `message` (read by ReadStepRequest) for `tenant`. Every chunk, its
+// own and those packed in `more`, passes StepEngine::Validate, and the reply
+// must fit `max_reply_bytes`, before any is applied: such a refusal
+// (INVALID_ARGUMENT, NOT_FOUND) changes nothing. Then the chunks are applied
+// in order and their replies appended to `reply` (one slice per chunk,
+// serialized by StepReplyBuilder); a chunk refused there (page state:
+// FAILED_PRECONDITION, NOT_FOUND once deleted, DATA_LOSS) leaves the chunks
+// before it applied. A refusal of a packed chunk names it.
+absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant,
+                              size_t max_reply_bytes, const StepMessage& message,
+                              std::vector<grpc::Slice>* reply);
+
+}  // namespace optstate
+
+#endif  // OPTSTATE_SERVER_STEP_MESSAGE_H_
