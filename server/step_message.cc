@@ -15,13 +15,12 @@ const v1::StepRequest& PieceOf(const v1::StepRequest& request, size_t index) {
 }
 
 // `status`, naming the packed chunk it is about.
-absl::Status AboutPacked(const absl::Status& status, const v1::StepRequest& request,
-                         size_t index, absl::string_view consequence) {
+absl::Status AboutPacked(const absl::Status& status, const v1::StepRequest& request, size_t index,
+                         absl::string_view consequence) {
   if (index == 0 || status.ok()) return status;
-  return absl::Status(status.code(),
-                      absl::StrCat("StepRequest.more[", index - 1, "] (group '",
-                                   PieceOf(request, index).group(), "'): ", status.message(),
-                                   " (", consequence, ")"));
+  return absl::Status(status.code(), absl::StrCat("StepRequest.more[", index - 1, "] (group '",
+                                                  PieceOf(request, index).group(), "'): ",
+                                                  status.message(), " (", consequence, ")"));
 }
 
 // The chunk `request` carries (`packed`: one of an outer message's `more`)
@@ -66,16 +65,17 @@ absl::Status CheckReplyFits(const v1::StepRequest& request, absl::Span<const Ste
   }
   if (bytes <= max_reply_bytes) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      "the reply to this message would take up to ", bytes, " bytes (params in the "
-      "requested param_dtype), more than the daemon's --max_message_bytes=", max_reply_bytes,
+      "the reply to this message would take up to ", bytes,
+      " bytes (params in the "
+      "requested param_dtype), more than the daemon's --max_message_bytes=",
+      max_reply_bytes,
       "; send fewer elements per message or ask for 16-bit params; nothing was applied"));
 }
 
 }  // namespace
 
-absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant,
-                              size_t max_reply_bytes, const StepMessage& message,
-                              std::vector<grpc::Slice>* reply) {
+absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, size_t max_reply_bytes,
+                              const StepMessage& message, std::vector<grpc::Slice>* reply) {
   const v1::StepRequest& request = message.request;
   const size_t pieces = 1 + static_cast<size_t>(request.more_size());
   if (message.gradients.size() != pieces) {
@@ -105,9 +105,8 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant,
   for (size_t i = 0; i < pieces; ++i) {
     const v1::StepRequest& piece = PieceOf(request, i);
     StepReplyBuilder builder(piece.group().size(), /*packed=*/i > 0);
-    absl::StatusOr<StepChunkResult> result =
-        engine->Apply(chunks[i], validated[i],
-                      [&builder](size_t bytes) { return builder.ReserveParams(bytes); });
+    absl::StatusOr<StepChunkResult> result = engine->Apply(
+        chunks[i], validated[i], [&builder](size_t bytes) { return builder.ReserveParams(bytes); });
     if (!result.ok()) {
       return AboutPacked(result.status(), request, i,
                          "the chunks before it in its message were applied");

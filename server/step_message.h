@@ -23,9 +23,8 @@ namespace optstate {
 // serialized by StepReplyBuilder); a chunk refused there (page state:
 // FAILED_PRECONDITION, NOT_FOUND once deleted, DATA_LOSS) leaves the chunks
 // before it applied. A refusal of a packed chunk names it.
-absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant,
-                              size_t max_reply_bytes, const StepMessage& message,
-                              std::vector<grpc::Slice>* reply);
+absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, size_t max_reply_bytes,
+                              const StepMessage& message, std::vector<grpc::Slice>* reply);
 
 }  // namespace optstate
 
