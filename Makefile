@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 LISTEN ?= 127.0.0.1:50051
 ARGS ?=
 
-.PHONY: deps configure build run test sanitize bench demo gpu-test clean
+.PHONY: deps configure build run test sanitize fuzz bench demo gpu-test clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -36,6 +36,23 @@ sanitize: deps
 	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > $(BUILD_DIR)-asan.configure.log
 	@cmake --build $(BUILD_DIR)-asan -j $(JOBS)
 	@cd $(BUILD_DIR)-asan && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ctest --output-on-failure -LE gpu -j 2
+
+# Coverage-guided fuzzing of the daemon's Step input (tests/fuzz/) with
+# libFuzzer, ASan and UBSan, from the seed messages, for FUZZ_SECONDS. A
+# crash or broken invariant stops it and leaves the input in the current
+# directory; `$(BUILD_DIR)-fuzz/tests/fuzz/step_input_smoke FILE` replays it.
+FUZZ_SECONDS ?= 60
+fuzz:
+	@bash scripts/install-deps.sh fuzz
+	@CC=clang CXX=clang++ cmake -S . -B $(BUILD_DIR)-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DOPTSTATE_WITH_CUDA=OFF -DOPTSTATE_BUILD_BENCH=OFF -DOPTSTATE_LIBFUZZER=ON \
+	  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined,fuzzer-no-link -fno-omit-frame-pointer" \
+	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > $(BUILD_DIR)-fuzz.configure.log
+	@cmake --build $(BUILD_DIR)-fuzz -j $(JOBS) --target step_input_fuzz step_input_smoke
+	@mkdir -p $(BUILD_DIR)-fuzz/corpus
+	@$(BUILD_DIR)-fuzz/tests/fuzz/step_input_smoke --write_seeds=$(BUILD_DIR)-fuzz/corpus
+	$(BUILD_DIR)-fuzz/tests/fuzz/step_input_fuzz -max_total_time=$(FUZZ_SECONDS) \
+	  $(BUILD_DIR)-fuzz/corpus
 
 bench: build
 	@bash bench/run.sh

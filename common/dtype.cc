@@ -10,15 +10,13 @@
 #endif
 
 #include "bfloat16_avx2.h"
+#include "cpu_features.h"
 
 namespace optstate {
 namespace {
 
 #if defined(__x86_64__)
-bool HasAvx2F16c() {
-  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  return supported;
-}
+bool HasAvx2F16c() { return CpuHasAvx2F16c(); }
 
 #define OPTSTATE_AVX2 __attribute__((target("avx2,f16c")))
 

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "common/cpu_features.h"
 #include "server/adamw_kernel_scalar.h"
 
 namespace optstate {
@@ -42,8 +43,7 @@ void AdamWUpdateScalar(const AdamWConstants& c, float* p, float* m, float* v, co
 
 bool AdamWUsesAvx2() {
 #if defined(__x86_64__)
-  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  return supported;
+  return CpuHasAvx2F16c();
 #else
   return false;
 #endif

@@ -1,0 +1,186 @@
+// Reads and applies one input as the Step reactor would, and checks what
+// must hold whatever the bytes.
+#include "tests/fuzz/step_input_target.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/stubs/logging.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
+#include "optstate/dtype.h"
+#include "server/log.h"
+#include "server/proto_convert.h"
+#include "server/step_message.h"
+#include "server/step_request_reader.h"
+
+namespace optstate::fuzz {
+namespace {
+
+constexpr size_t kMaxPacked = 4096;  // As the Step reactor.
+
+std::string Gather(const SegmentedBytes& bytes) {
+  std::string whole(bytes.size(), '\0');
+  bytes.CopyTo(0, bytes.size(), whole.data());
+  return whole;
+}
+
+// `wire` cut into up to three slices at the places `cut` (a byte) says.
+grpc::ByteBuffer Sliced(const uint8_t* wire, size_t n, uint8_t cut) {
+  const size_t first = (cut & 0x0f) * n / 16;
+  const size_t second = first + (cut >> 4) * (n - first) / 16;
+  std::vector<grpc::Slice> slices;
+  for (auto [begin, end] : {std::pair{size_t{0}, first}, {first, second}, {second, n}}) {
+    if (end > begin) slices.emplace_back(wire + begin, end - begin);
+  }
+  // An empty message arrives as a buffer of no slices, not as no buffer.
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+// The reply as one string, parsed by protobuf.
+bool ParseReply(const std::vector<grpc::Slice>& slices, v1::StepResponse* reply) {
+  std::string bytes;
+  for (const grpc::Slice& slice : slices) {
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  return reply->ParseFromString(bytes);
+}
+
+}  // namespace
+
+StepInputTarget::StepInputTarget()
+    : pool_(2),
+      backend_(&pool_),
+      store_(&backend_, 1ull << 30, kPage),
+      engine_(&store_, &backend_, &pool_) {
+  // Quiet: protobuf logs every non-UTF-8 name it refuses, the store every
+  // registration.
+  google::protobuf::SetLogHandler(nullptr);
+  SetLogLevel(LogLevel::kError);
+  // A group whose last page is short, a one-page group, and one still
+  // waiting for its initial values.
+  for (auto [name, elements, values] :
+       {std::tuple{"a", 3000, false}, {"b", 1024, false}, {"c", 2048, true}}) {
+    GroupConfig config;
+    config.num_elements = elements;
+    config.has_initial_values = values;
+    if (!store_.Register(GroupKey{"", name}, config).ok()) std::abort();
+  }
+}
+
+std::string StepInputTarget::Snapshot() const {
+  std::string state;
+  for (const auto& group : store_.List("")) {
+    const size_t bytes = group->num_elements() * sizeof(float);
+    state.append(reinterpret_cast<const char*>(group->params()), bytes);
+    state.append(reinterpret_cast<const char*>(group->exp_avg()), bytes);
+    state.append(reinterpret_cast<const char*>(group->exp_avg_sq()), bytes);
+    for (uint64_t page = 0; page < group->num_pages(); ++page) {
+      const uint64_t step = group->page_step(page);
+      state.append(reinterpret_cast<const char*>(&step), sizeof(step));
+    }
+  }
+  return state;
+}
+
+std::string StepInputTarget::Outcomes() const {
+  std::string text;
+  for (const auto& [outcome, count] : outcomes_) {
+    absl::StrAppend(&text, text.empty() ? "" : ", ", outcome, ": ", count);
+  }
+  return text;
+}
+
+std::string StepInputTarget::Run(const uint8_t* data, size_t size) {
+  if (size == 0) return "";
+  const uint8_t* wire = data + 1;
+  const size_t n = size - 1;
+
+  // Read as protobuf reads it, and as the reactor does.
+  v1::StepRequest expected;
+  const bool protobuf_ok = expected.ParseFromArray(wire, static_cast<int>(n)) &&
+                           static_cast<size_t>(expected.more_size()) <= kMaxPacked;
+  expected.DiscardUnknownFields();
+  grpc::ByteBuffer buffer = Sliced(wire, n, data[0]);
+  StepMessage message;
+  const absl::Status read = ReadStepRequest(&buffer, kMaxPacked, &message);
+  bool nested = false;  // Packed chunks that pack chunks: read as placeholders.
+  for (const v1::StepRequest& packed : expected.more()) nested |= !packed.more().empty();
+  if (!nested) {
+    if (read.ok() != protobuf_ok) {
+      return absl::StrCat("ReadStepRequest says ", read.ToString(), ", protobuf ",
+                          protobuf_ok ? "accepts" : "refuses", " the bytes");
+    }
+    if (read.ok()) {
+      v1::StepRequest whole = message.request;
+      whole.set_gradient(Gather(message.gradients[0]));
+      for (int i = 0; i < whole.more_size(); ++i) {
+        whole.mutable_more(i)->set_gradient(Gather(message.gradients[i + 1]));
+      }
+      if (whole.SerializeAsString() != expected.SerializeAsString()) {
+        return "ReadStepRequest read other fields or gradients than protobuf";
+      }
+    }
+  }
+  if (!read.ok()) {
+    ++outcomes_["not read"];
+    return "";
+  }
+
+  // Apply as the reactor does.
+  const std::string before = Snapshot();
+  std::vector<grpc::Slice> slices;
+  const absl::Status applied = ApplyStepMessage(&engine_, "", kMaxReplyBytes, message, &slices);
+  ++outcomes_[applied.ok() ? "applied" : absl::StatusCodeToString(applied.code())];
+  if (applied.code() == absl::StatusCode::kInvalidArgument) {
+    if (Snapshot() != before) {
+      return absl::StrCat("a message refused with ", applied.ToString(), " changed state");
+    }
+    return "";
+  }
+  if (!applied.ok()) return "";
+
+  v1::StepResponse reply;
+  if (!ParseReply(slices, &reply)) return "the reply is not a StepResponse";
+  const v1::StepRequest& request = message.request;
+  if (reply.more_size() != request.more_size()) {
+    return absl::StrCat("the reply packs ", reply.more_size(), " replies for ", request.more_size(),
+                        " packed chunks");
+  }
+  for (int i = 0; i <= request.more_size(); ++i) {
+    const v1::StepRequest& chunk = i == 0 ? request : request.more(i - 1);
+    const v1::StepResponse& answer = i == 0 ? reply : reply.more(i - 1);
+    const uint64_t elements =
+        message.gradients[i].size() / WireTypeSize(*WireTypeFromProto(chunk.gradient_dtype(), ""));
+    const size_t param_bytes = WireTypeSize(*WireTypeFromProto(chunk.param_dtype(), ""));
+    if (answer.group() != chunk.group() || answer.offset() != chunk.offset() ||
+        answer.step() != chunk.step() || answer.num_elements() != elements ||
+        answer.params().size() != elements * param_bytes) {
+      return absl::StrCat("reply ", i, " does not answer its chunk");
+    }
+    // Only finite gradients (as widened, times grad_scale) are applied.
+    const std::string gradient = Gather(message.gradients[i]);
+    std::vector<float> widened(elements);
+    DecodeToFloat(*WireTypeFromProto(chunk.gradient_dtype(), ""), gradient.data(), widened.data(),
+                  elements);
+    const float scale = chunk.has_grad_scale() ? chunk.grad_scale() : 1.0f;
+    for (uint64_t k = 0; k < elements; ++k) {
+      if (!std::isfinite(widened[k] * scale)) {
+        return absl::StrCat("chunk ", i, " was applied with a gradient not finite at ", k);
+      }
+    }
+    auto group = store_.Find(GroupKey{"", chunk.group()});
+    if (!group.ok()) return absl::StrCat("chunk ", i, " was applied to a group that is not there");
+    for (uint64_t page = chunk.offset() / kPage; page * kPage < chunk.offset() + elements; ++page) {
+      if ((*group)->page_step(page) < chunk.step()) {
+        return absl::StrCat("chunk ", i, " was answered but page ", page, " is at step ",
+                            (*group)->page_step(page), ", behind ", chunk.step());
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace optstate::fuzz
