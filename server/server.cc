@@ -112,6 +112,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     return absl::UnavailableError(absl::StrCat("could not listen on ", options.listen,
                                                " (address in use or not valid?)"));
   }
+  // Health answers for the service by name too, as load balancers and
+  // probes that name it expect (gRPC sets it NOT_SERVING at shutdown).
+  if (grpc::HealthCheckServiceInterface* health = parts->grpc_server->GetHealthCheckService()) {
+    health->SetServingStatus(v1::OptimizerState::service_full_name(), true);
+  }
   Log(LogLevel::kInfo, "listening on ", options.listen, " (port ", port, "), backend ",
       parts->backend_name, ", ", threads, " threads, max_host_bytes ", max_host_bytes);
   return std::unique_ptr<Server>(new Server(std::move(parts), port));

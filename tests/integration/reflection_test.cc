@@ -72,5 +72,16 @@ TEST_F(ReflectionTest, HealthCheckAnswersServing) {
   EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING);
 }
 
+TEST_F(ReflectionTest, HealthCheckOfTheServiceByNameAnswersServing) {
+  auto stub = grpc::health::v1::Health::NewStub(channel_);
+  grpc::ClientContext context;
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service("optstate.v1.OptimizerState");
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status status = stub->Check(&context, request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
 }  // namespace
 }  // namespace optstate::testing
