@@ -46,7 +46,7 @@ fuzz:
 	@bash scripts/install-deps.sh fuzz
 	@CC=clang CXX=clang++ cmake -S . -B $(BUILD_DIR)-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DOPTSTATE_WITH_CUDA=OFF -DOPTSTATE_BUILD_BENCH=OFF -DOPTSTATE_LIBFUZZER=ON \
-	  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined,fuzzer-no-link -fno-omit-frame-pointer" \
+	  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
 	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > $(BUILD_DIR)-fuzz.configure.log
 	@cmake --build $(BUILD_DIR)-fuzz -j $(JOBS) --target step_input_fuzz step_input_smoke
 	@mkdir -p $(BUILD_DIR)-fuzz/corpus

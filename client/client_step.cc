@@ -42,7 +42,10 @@ struct PlannedChunk {
   std::optional<grpc::ByteBuffer> request;
 };
 
-// Room kept per packed chunk for its fields and framing, beyond the group name.
+// Room kept per packed chunk for its fields and framing, beyond the group
+// name: at least what the daemon reckons a chunk's reply takes beyond its
+// params (kReplyFieldsBytes, server/step_message.cc), which it checks
+// before applying a message.
 constexpr uint64_t kPieceOverheadBytes = 96;
 // Chunks packed into one message at most (the daemon takes up to 4096).
 constexpr size_t kMaxPiecesPerMessage = 1024;

@@ -50,8 +50,11 @@ absl::Status ToChunk(const v1::StepRequest& request, const SegmentedBytes& gradi
 }
 
 // Room a reply takes beyond its params, per chunk: the params' tag and
-// length, the other fields (group name aside), and a packed reply's framing.
-constexpr uint64_t kReplyFieldsBytes = 128;
+// length, the other fields (group name aside), and a packed reply's framing;
+// at most 72 bytes. Not above the client's kPieceOverheadBytes
+// (client/client_step.cc), or a message the client packed up to the limit
+// would be refused.
+constexpr uint64_t kReplyFieldsBytes = 96;
 
 // INVALID_ARGUMENT when the reply to a message (its chunks validated) could
 // be larger than gRPC will send: it is refused before anything is applied,

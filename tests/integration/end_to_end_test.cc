@@ -397,6 +397,35 @@ TEST_F(EndToEndTest, AStepPlannedForAGroupsOldSizeIsRefusedWithoutSteppingPartOf
   EXPECT_NE(s.message().find("the group has 524288"), std::string::npos) << s;
 }
 
+// Many small tensors packed up to the least message limit both ends accept:
+// the daemon's bound on the reply must not refuse what the client packed.
+TEST(MessageLimitTest, MessagesPackedUpToTheLeastLimitAreAccepted) {
+  constexpr int kLimit = (1 << 20) + 4096;
+  auto daemon = DaemonProcess::Start({"--max_message_bytes=" + std::to_string(kLimit)});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  ClientOptions options;
+  options.max_message_bytes = kLimit;
+  auto client = Client::Connect((*daemon)->target(), options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  constexpr int kGroups = 255;
+  std::vector<std::vector<float>> grads, params;
+  std::vector<GroupStep> steps;
+  for (int g = 0; g < kGroups; ++g) {
+    const std::string name = "small." + std::to_string(g);
+    ASSERT_TRUE((*client)->RegisterGroup(name, 1000).ok());
+    grads.emplace_back(1000, 0.01f);
+    params.emplace_back(1000);
+  }
+  for (int g = 0; g < kGroups; ++g) {
+    steps.push_back({"small." + std::to_string(g), grads[g], absl::MakeSpan(params[g])});
+  }
+  absl::Status s = (*client)->Step(steps, 1);
+  EXPECT_TRUE(s.ok()) << s;
+  absl::StatusOr<GroupInfo> last = (*client)->DescribeGroup("small.254");
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(last->max_step, 1u);
+}
+
 // Runs a shell command, returning its exit code and combined output.
 std::pair<int, std::string> RunCommand(const std::string& command) {
   std::string output;
