@@ -15,28 +15,19 @@
 #include "server/proto_convert.h"
 #include "server/step_message.h"
 #include "server/step_request_reader.h"
+#include "tests/unit/random_cuts.h"
 
 namespace optstate::fuzz {
 namespace {
 
 constexpr size_t kMaxPacked = 4096;  // As the Step reactor.
 
-std::string Gather(const SegmentedBytes& bytes) {
-  std::string whole(bytes.size(), '\0');
-  bytes.CopyTo(0, bytes.size(), whole.data());
-  return whole;
-}
+using testing::Gather;
 
-// `wire` cut into up to three slices at the places `cut` (a byte) says.
-grpc::ByteBuffer Sliced(const uint8_t* wire, size_t n, uint8_t cut) {
+// Where `cut` (a byte) says to cut `n` bytes: into up to three slices.
+std::vector<size_t> Cuts(size_t n, uint8_t cut) {
   const size_t first = (cut & 0x0f) * n / 16;
-  const size_t second = first + (cut >> 4) * (n - first) / 16;
-  std::vector<grpc::Slice> slices;
-  for (auto [begin, end] : {std::pair{size_t{0}, first}, {first, second}, {second, n}}) {
-    if (end > begin) slices.emplace_back(wire + begin, end - begin);
-  }
-  // An empty message arrives as a buffer of no slices, not as no buffer.
-  return grpc::ByteBuffer(slices.data(), slices.size());
+  return {first, first + (cut >> 4) * (n - first) / 16};
 }
 
 // The reply as one string, parsed by protobuf.
@@ -103,7 +94,8 @@ std::string StepInputTarget::Run(const uint8_t* data, size_t size) {
   const bool protobuf_ok = expected.ParseFromArray(wire, static_cast<int>(n)) &&
                            static_cast<size_t>(expected.more_size()) <= kMaxPacked;
   expected.DiscardUnknownFields();
-  grpc::ByteBuffer buffer = Sliced(wire, n, data[0]);
+  grpc::ByteBuffer buffer = testing::Sliced(
+      absl::string_view(reinterpret_cast<const char*>(wire), n), Cuts(n, data[0]));
   StepMessage message;
   const absl::Status read = ReadStepRequest(&buffer, kMaxPacked, &message);
   bool nested = false;  // Packed chunks that pack chunks: read as placeholders.

@@ -1,5 +1,6 @@
-// Bytes cut into pieces at random, as a transport delivers a message: shared
-// by the tests of everything that reads messages in pieces.
+// Bytes cut into pieces at random, as a transport delivers a message, and
+// gathered back: shared by the tests of everything that reads messages in
+// pieces.
 #ifndef OPTSTATE_TESTS_UNIT_RANDOM_CUTS_H_
 #define OPTSTATE_TESTS_UNIT_RANDOM_CUTS_H_
 
@@ -11,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
+#include "server/segmented_bytes.h"
 
 namespace optstate::testing {
 
@@ -43,6 +45,13 @@ inline grpc::ByteBuffer Sliced(absl::string_view wire, const std::vector<size_t>
   ForEachPiece(wire, cuts,
                [&](absl::string_view piece) { slices.emplace_back(piece.data(), piece.size()); });
   return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+// The bytes of `bytes`, gathered from their pieces into one string.
+inline std::string Gather(const SegmentedBytes& bytes) {
+  std::string whole(bytes.size(), '\0');
+  bytes.CopyTo(0, bytes.size(), whole.data());
+  return whole;
 }
 
 }  // namespace optstate::testing

@@ -19,15 +19,10 @@ namespace {
 
 constexpr size_t kMaxPacked = 4096;
 
+using ::optstate::testing::Gather;
 using ::optstate::testing::RandomCuts;
 using ::optstate::testing::Sliced;
 namespace seeds = ::optstate::testing;
-
-std::string Gather(const SegmentedBytes& bytes) {
-  std::string whole(bytes.size(), '\0');
-  bytes.CopyTo(0, bytes.size(), whole.data());
-  return whole;
-}
 
 // The request as protobuf would hold it: the fields with the gradients put back.
 v1::StepRequest Whole(const StepMessage& message) {
