@@ -94,8 +94,8 @@ std::string StepInputTarget::Run(const uint8_t* data, size_t size) {
   const bool protobuf_ok = expected.ParseFromArray(wire, static_cast<int>(n)) &&
                            static_cast<size_t>(expected.more_size()) <= kMaxPacked;
   expected.DiscardUnknownFields();
-  grpc::ByteBuffer buffer = testing::Sliced(
-      absl::string_view(reinterpret_cast<const char*>(wire), n), Cuts(n, data[0]));
+  grpc::ByteBuffer buffer =
+      testing::Sliced(absl::string_view(reinterpret_cast<const char*>(wire), n), Cuts(n, data[0]));
   StepMessage message;
   const absl::Status read = ReadStepRequest(&buffer, kMaxPacked, &message);
   bool nested = false;  // Packed chunks that pack chunks: read as placeholders.
