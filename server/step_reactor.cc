@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "server/proto_convert.h"
 #include "server/step_message.h"
 
