@@ -31,8 +31,8 @@ int main(int argc, char** argv) {
   auto client = optstate::Client::Connect(absl::GetFlag(FLAGS_target));
   if (!client.ok()) return std::fprintf(stderr, "%s\n", client.status().ToString().c_str()), 1;
   optstate::Hyperparameters h;
-  h.lr = 0.05f;
-  h.weight_decay = 0.0f;
+  h.lr = 0.05;
+  h.weight_decay = 0.0;
   std::vector<float> w(d, 0.0f), b(1, 0.0f);
   // Unique names per run so a rerun against the same daemon starts fresh.
   const std::string tag = std::to_string(std::random_device()());

@@ -9,18 +9,21 @@
 namespace optstate {
 
 AdamWConstants ComputeAdamWConstants(const AdamWStepInputs& in) {
+  // Python evaluates these in double: `1 - beta1**step`, `lr / bc1`,
+  // `bc2**0.5` (pow, not sqrt), `1 - lr * weight_decay`, `1 - beta2`.
   const double t = static_cast<double>(in.step);
-  const double bias_correction1 = 1.0 - std::pow(static_cast<double>(in.beta1), t);
-  const double bias_correction2 = 1.0 - std::pow(static_cast<double>(in.beta2), t);
+  const double bias_correction1 = 1.0 - std::pow(in.beta1, t);
+  const double bias_correction2 = 1.0 - std::pow(in.beta2, t);
+  const float lerp_weight = static_cast<float>(1.0 - in.beta1);
   AdamWConstants c;
-  c.decay = static_cast<float>(1.0 - static_cast<double>(in.lr) * in.weight_decay);
-  c.beta1 = in.beta1;
-  c.one_minus_beta1 = static_cast<float>(1.0 - in.beta1);
-  c.beta2 = in.beta2;
+  c.decay = static_cast<float>(1.0 - in.lr * in.weight_decay);
+  c.lerp_from_gradient = !(std::fabs(lerp_weight) < 0.5f);
+  c.lerp_coefficient = c.lerp_from_gradient ? lerp_weight - 1.0f : lerp_weight;
+  c.beta2 = static_cast<float>(in.beta2);
   c.one_minus_beta2 = static_cast<float>(1.0 - in.beta2);
-  c.step_size = static_cast<float>(in.lr / bias_correction1);
-  c.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
-  c.eps = in.eps;
+  c.neg_step_size = static_cast<float>(-(in.lr / bias_correction1));
+  c.bias_correction2_sqrt = static_cast<float>(std::pow(bias_correction2, 0.5));
+  c.eps = static_cast<float>(in.eps);
   c.grad_scale = in.grad_scale;
   return c;
 }
@@ -43,7 +46,7 @@ void AdamWUpdateScalar(const AdamWConstants& c, float* p, float* m, float* v, co
 
 bool AdamWUsesAvx2() {
 #if defined(__x86_64__)
-  return CpuHasAvx2F16c();
+  return CpuHasAvx2F16c() && CpuHasFma();
 #else
   return false;
 #endif

@@ -10,32 +10,43 @@
 
 namespace optstate {
 
-// Per-step inputs of AdamW. `step` is t >= 1 (the step being applied).
+// Per-step inputs of AdamW. `step` is t >= 1 (the step being applied). The
+// hyperparameters are doubles, as torch holds them (Python floats): torch
+// derives its per-step scalars from them in double precision.
 struct AdamWStepInputs {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 1e-2f;
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
   uint64_t step = 1;
   float grad_scale = 1.0f;
 };
 
-// Scalars derived once per step (in double, then rounded to float) so every
-// element, every path and every backend uses the same values:
+// The update is torch.optim.AdamW's default CPU step (torch >= 2.0,
+// single-tensor path), operation for operation, each op rounded to fp32 as
+// torch's fp32 kernels round it:
 //   g  = grad * grad_scale
-//   p *= decay                              (decay = 1 - lr*wd)
-//   m  = beta1*m + (1-beta1)*g
-//   v  = beta2*v + (1-beta2)*g*g
-//   p -= step_size * m / (sqrt(v)/bias_correction2_sqrt + eps)
-// with step_size = lr / (1 - beta1^t), bias_correction2_sqrt = sqrt(1 - beta2^t).
+//   p  = p * decay                                   param.mul_(1 - lr*wd)
+//   m  = fma(lerp_coefficient, g - m, small ? m : g)  exp_avg.lerp_(grad, 1-beta1)
+//   v  = fma(one_minus_beta2 * g, g, v * beta2)      exp_avg_sq.mul_(beta2)
+//                                                      .addcmul_(grad, grad, 1-beta2)
+//   d  = sqrt(v) / bias_correction2_sqrt + eps       (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)
+//   p  = p + (neg_step_size * m) / d                 param.addcdiv_(exp_avg, d, -step_size)
+// (lerp: fma(w, end - start, start) for |w| < 0.5, fma(w - 1, end - start,
+// end) otherwise, as torch's vectorized lerp.) The scalars are computed in
+// double and rounded to float once, as torch passes them to its kernels:
+// decay = 1 - lr*wd, step_size = lr / (1 - beta1^t),
+// bias_correction2_sqrt = (1 - beta2^t) ** 0.5. m and v then equal torch's bit
+// for bit; p does wherever torch's sqrt is correctly rounded (x86 builds of
+// torch take sqrt from MKL, which is not always: see docs/exactness.md).
 struct AdamWConstants {
   float decay;
-  float beta1;
-  float one_minus_beta1;
+  float lerp_coefficient;   // 1 - beta1, or (1 - beta1) - 1 when lerp_from_gradient.
+  bool lerp_from_gradient;  // 1 - beta1 >= 0.5 (beta1 <= 0.5): lerp's second form.
   float beta2;
   float one_minus_beta2;
-  float step_size;
+  float neg_step_size;
   float bias_correction2_sqrt;
   float eps;
   float grad_scale;

@@ -23,21 +23,22 @@ inline float LoadGradient(const void* grad, WireType type, size_t i) {
   return type == WireType::kBFloat16 ? BFloat16ToFloat(h) : HalfToFloat(h);
 }
 
-// Every operation is a separately rounded IEEE op (the kernel files are built
-// with -ffp-contract=off), in the same order as the vector paths.
+// Every operation is a separately rounded IEEE op or an explicit fused
+// multiply-add (the kernel files are built with -ffp-contract=off), in the
+// order of AdamWConstants' contract, which the vector paths follow too.
 inline void AdamWElement(const AdamWConstants& c, float& p, float& m, float& v, float g) {
   g = g * c.grad_scale;
   p = p * c.decay;
-  m = c.beta1 * m + c.one_minus_beta1 * g;
-  v = c.beta2 * v + c.one_minus_beta2 * (g * g);
-  float denom = std::sqrt(v) / c.bias_correction2_sqrt + c.eps;
-  p = p - c.step_size * (m / denom);
+  m = std::fma(c.lerp_coefficient, g - m, c.lerp_from_gradient ? g : m);
+  v = std::fma(c.one_minus_beta2 * g, g, v * c.beta2);
+  const float denom = std::sqrt(v) / c.bias_correction2_sqrt + c.eps;
+  p = p + (c.neg_step_size * m) / denom;
 }
 
 void AdamWRangeScalar(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
                       WireType grad_type, size_t begin, size_t end);
 
-// AVX2 + F16C path; defined only on x86-64.
+// AVX2 + F16C + FMA path; defined only on x86-64.
 void AdamWUpdateAvx2(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
                      WireType grad_type, size_t count);
 

@@ -34,12 +34,13 @@ struct GroupKey {
 };
 
 // torch.optim.AdamW's hyperparameters and defaults.
+// Doubles, as torch holds them; see AdamWStepInputs.
 struct AdamWHyperparameters {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 1e-2f;
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
 
   bool operator==(const AdamWHyperparameters& o) const {
     return lr == o.lr && beta1 == o.beta1 && beta2 == o.beta2 && eps == o.eps &&

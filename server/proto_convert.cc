@@ -13,7 +13,15 @@ absl::StatusOr<WireType> WireTypeFromProto(v1::DType dtype, absl::string_view fi
       "; use DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16"));
 }
 
-AdamWHyperparameters HyperparametersFromProto(const v1::AdamWHyperparameters& proto) {
+absl::StatusOr<AdamWHyperparameters> HyperparametersFromProto(
+    const v1::AdamWHyperparameters& proto) {
+  if (proto.has_lr_float32() || proto.has_beta1_float32() || proto.has_beta2_float32() ||
+      proto.has_eps_float32() || proto.has_weight_decay_float32()) {
+    return absl::InvalidArgumentError(
+        "hyperparameters set a retired float32 field (*_float32, fields 1-5): send them as "
+        "doubles in lr, beta1, beta2, eps and weight_decay (fields 6-10); this client "
+        "predates them and must be rebuilt");
+  }
   AdamWHyperparameters h;
   if (proto.has_lr()) h.lr = proto.lr();
   if (proto.has_beta1()) h.beta1 = proto.beta1();

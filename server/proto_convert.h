@@ -18,8 +18,11 @@ namespace optstate {
 // naming `field`.
 absl::StatusOr<WireType> WireTypeFromProto(v1::DType dtype, absl::string_view field);
 
-// Unset fields take torch's defaults.
-AdamWHyperparameters HyperparametersFromProto(const v1::AdamWHyperparameters& proto);
+// Unset fields take torch's defaults. INVALID_ARGUMENT when a retired
+// float32 field (1-5, from clients built before the fields became doubles)
+// is set: registering defaults in its place would be a silent change.
+absl::StatusOr<AdamWHyperparameters> HyperparametersFromProto(
+    const v1::AdamWHyperparameters& proto);
 void HyperparametersToProto(const AdamWHyperparameters& h, v1::AdamWHyperparameters* proto);
 
 void GroupInfoToProto(const Group& group, v1::GroupInfo* proto);

@@ -5,6 +5,22 @@
 #include "server/proto_convert.h"
 
 namespace optstate {
+namespace {
+
+// Registers the group `spec` describes, for `tenant`.
+absl::StatusOr<StateStore::Registration> RegisterSpec(StateStore* store, const std::string& tenant,
+                                                      const v1::GroupSpec& spec) {
+  absl::StatusOr<AdamWHyperparameters> hyperparameters =
+      HyperparametersFromProto(spec.hyperparameters());
+  if (!hyperparameters.ok()) return hyperparameters.status();
+  GroupConfig config;
+  config.num_elements = spec.num_elements();
+  config.hyperparameters = *hyperparameters;
+  config.has_initial_values = spec.has_initial_values();
+  return store->Register(GroupKey{tenant, spec.name()}, config);
+}
+
+}  // namespace
 
 RegisterReactor::RegisterReactor(StepEngine* engine, std::string tenant,
                                  v1::RegisterGroupResponse* response)
@@ -35,12 +51,8 @@ void RegisterReactor::HandleMessage() {
           "hyperparameters)");
     } else {
       const v1::GroupSpec& spec = request_.spec();
-      GroupConfig config;
-      config.num_elements = spec.num_elements();
-      config.hyperparameters = HyperparametersFromProto(spec.hyperparameters());
-      config.has_initial_values = spec.has_initial_values();
       absl::StatusOr<StateStore::Registration> registered =
-          engine_->store()->Register(GroupKey{tenant_, spec.name()}, config);
+          RegisterSpec(engine_->store(), tenant_, spec);
       if (registered.ok()) {
         group_ = registered->group;
         registered_ = true;

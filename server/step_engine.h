@@ -32,7 +32,7 @@ struct StepChunk {
   uint64_t group_elements = 0;
   WireType gradient_type = WireType::kFloat32;
   SegmentedBytes gradient;
-  std::optional<float> lr;
+  std::optional<double> lr;
   std::optional<float> grad_scale;
   WireType param_type = WireType::kFloat32;
 };

@@ -42,6 +42,11 @@ absl::Status ToChunk(const v1::StepRequest& request, const SegmentedBytes& gradi
   chunk->offset = request.offset();
   chunk->group_elements = request.group_elements();
   chunk->gradient = gradient;
+  if (request.has_lr_float32()) {
+    return absl::InvalidArgumentError(
+        "StepRequest.lr_float32 (field 6) is retired: send the per-step lr as a double in "
+        "StepRequest.lr (field 11); this client predates it and must be rebuilt");
+  }
   if (request.has_lr()) chunk->lr = request.lr();
   if (request.has_grad_scale()) chunk->grad_scale = request.grad_scale();
   chunk->gradient_type = *gradient_type;

@@ -24,13 +24,15 @@ constexpr uint32_t Tag(int field, WireFormatLite::WireType type) {
 }
 constexpr auto kVarint = WireFormatLite::WIRETYPE_VARINT;
 constexpr auto kFixed32 = WireFormatLite::WIRETYPE_FIXED32;
+constexpr auto kFixed64 = WireFormatLite::WIRETYPE_FIXED64;
 constexpr auto kLength = WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
 constexpr uint32_t kGroupTag = Tag(v1::StepRequest::kGroupFieldNumber, kLength);
 constexpr uint32_t kStepTag = Tag(v1::StepRequest::kStepFieldNumber, kVarint);
 constexpr uint32_t kOffsetTag = Tag(v1::StepRequest::kOffsetFieldNumber, kVarint);
 constexpr uint32_t kGradientDtypeTag = Tag(v1::StepRequest::kGradientDtypeFieldNumber, kVarint);
 constexpr uint32_t kGradientTag = Tag(v1::StepRequest::kGradientFieldNumber, kLength);
-constexpr uint32_t kLrTag = Tag(v1::StepRequest::kLrFieldNumber, kFixed32);
+constexpr uint32_t kLrTag = Tag(v1::StepRequest::kLrFieldNumber, kFixed64);
+constexpr uint32_t kLrFloat32Tag = Tag(v1::StepRequest::kLrFloat32FieldNumber, kFixed32);
 constexpr uint32_t kGradScaleTag = Tag(v1::StepRequest::kGradScaleFieldNumber, kFixed32);
 constexpr uint32_t kParamDtypeTag = Tag(v1::StepRequest::kParamDtypeFieldNumber, kVarint);
 constexpr uint32_t kMoreTag = Tag(v1::StepRequest::kMoreFieldNumber, kLength);
@@ -251,9 +253,15 @@ class RequestScanner {
         if (!input->ReadVarint64(&varint)) return false;
         fields->set_param_dtype(static_cast<v1::DType>(static_cast<int32_t>(varint)));
         return true;
-      case kLrTag:
+      case kLrTag: {
+        uint64_t fixed64 = 0;
+        if (!input->ReadLittleEndian64(&fixed64)) return false;
+        fields->set_lr(absl::bit_cast<double>(fixed64));
+        return true;
+      }
+      case kLrFloat32Tag:
         if (!input->ReadLittleEndian32(&fixed)) return false;
-        fields->set_lr(absl::bit_cast<float>(fixed));
+        fields->set_lr_float32(absl::bit_cast<float>(fixed));
         return true;
       case kGradScaleTag:
         if (!input->ReadLittleEndian32(&fixed)) return false;

@@ -18,10 +18,10 @@ __device__ __forceinline__ void Element(const AdamWConstants& c, float& p, float
                                         float g) {
   g = __fmul_rn(g, c.grad_scale);
   p = __fmul_rn(p, c.decay);
-  m = __fadd_rn(__fmul_rn(c.beta1, m), __fmul_rn(c.one_minus_beta1, g));
-  v = __fadd_rn(__fmul_rn(c.beta2, v), __fmul_rn(c.one_minus_beta2, __fmul_rn(g, g)));
+  m = __fmaf_rn(c.lerp_coefficient, __fsub_rn(g, m), c.lerp_from_gradient ? g : m);
+  v = __fmaf_rn(__fmul_rn(c.one_minus_beta2, g), g, __fmul_rn(v, c.beta2));
   const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), c.bias_correction2_sqrt), c.eps);
-  p = __fsub_rn(p, __fmul_rn(c.step_size, __fdiv_rn(m, denom)));
+  p = __fadd_rn(p, __fdiv_rn(__fmul_rn(c.neg_step_size, m), denom));
 }
 
 // Gradient element types: the raw storage and the exact widening to fp32.

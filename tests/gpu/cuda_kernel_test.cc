@@ -113,9 +113,9 @@ Draw RandomHyperparameters(std::mt19937_64& rng, uint64_t step) {
   Draw d;
   d.inputs.lr = lr(rng);
   d.inputs.weight_decay = wd(rng);
-  d.inputs.beta1 = 0.9f;
-  d.inputs.beta2 = 0.999f;
-  d.inputs.eps = 1e-8f;
+  d.inputs.beta1 = 0.9;
+  d.inputs.beta2 = 0.999;
+  d.inputs.eps = 1e-8;
   d.inputs.step = step;
   d.inputs.grad_scale = scale(rng);
   d.reference.lr = d.inputs.lr;

@@ -267,6 +267,12 @@ TEST_F(BadInputTest, EveryBadInputGetsItsCodeAndLeavesStateByteIdentical) {
          r.set_lr(-1e-3f);
          return t.StepOne(r);
        }},
+      {"per-step lr in the retired float32 field", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) {
+         v1::StepRequest r = Chunk("victim", 3, 0, good(kPage));
+         r.set_lr_float32(1e-3f);
+         return t.StepOne(r);
+       }},
       {"step 0", grpc::StatusCode::INVALID_ARGUMENT,
        [&](T& t) { return t.StepOne(Chunk("victim", 0, 0, good(kPage))); }},
       {"step that skips ahead", grpc::StatusCode::FAILED_PRECONDITION,
@@ -289,6 +295,12 @@ TEST_F(BadInputTest, EveryBadInputGetsItsCodeAndLeavesStateByteIdentical) {
        [&](T& t) {
          v1::GroupSpec s = Spec("fresh", 10, 1e-3f);
          s.mutable_hyperparameters()->set_beta2(-0.5f);
+         return t.Register(s, {});
+       }},
+      {"register with a retired float32 hyperparameter", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) {
+         v1::GroupSpec s = Spec("fresh", 10, 1e-3f);
+         s.mutable_hyperparameters()->set_beta2_float32(0.99f);
          return t.Register(s, {});
        }},
       {"register with eps = 0", grpc::StatusCode::INVALID_ARGUMENT,
@@ -462,6 +474,16 @@ TEST_F(BadInputTest, MessagesSayWhatToFix) {
   EXPECT_NE(s.error_message().find("expected step 3"), std::string::npos) << s.error_message();
   s = Register(Spec("huge", 100ull << 20, 1e-3f), {});
   EXPECT_NE(s.error_message().find("--max_host_bytes"), std::string::npos) << s.error_message();
+  v1::StepRequest retired = Chunk("victim", 3, 0, std::vector<float>(kPage, 0.1f));
+  retired.set_lr_float32(1e-3f);
+  s = StepOne(retired);
+  EXPECT_NE(s.error_message().find("StepRequest.lr (field 11)"), std::string::npos)
+      << s.error_message();
+  v1::GroupSpec spec = Spec("fresh", 10, 1e-3f);
+  spec.mutable_hyperparameters()->set_lr_float32(1e-3f);
+  s = Register(spec, {});
+  EXPECT_NE(s.error_message().find("as doubles in lr, beta1"), std::string::npos)
+      << s.error_message();
 }
 
 // A message packing chunks (StepRequest.more) applies them in order, as if

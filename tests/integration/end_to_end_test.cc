@@ -49,8 +49,8 @@ TEST_F(EndToEndTest, FiftyStepsMatchFloat64AndScalarFp32References) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);
   Hyperparameters h;
-  h.lr = 2e-3f;
-  h.weight_decay = 0.05f;
+  h.lr = 2e-3;
+  h.weight_decay = 0.05;
   std::vector<float> initial = RandomNormal(rng, kElements, 1.0f);
   ASSERT_TRUE(client_->RegisterGroup("model.w", initial, h).ok());
   GroupModel model(initial, h);
@@ -233,7 +233,7 @@ TEST_F(EndToEndTest, PerStepLearningRateAndGradScaleAreApplied) {
   for (uint64_t t = 1; t <= 10; ++t) {
     std::vector<float> grad = RandomNormal(rng, initial.size(), 1.0f);
     StepOptions options;
-    options.lr = 1e-3f * static_cast<float>(t) / 10.0f;  // A warm-up schedule.
+    options.lr = 1e-3 * static_cast<double>(t) / 10.0;  // A warm-up schedule.
     options.grad_scale = 1.0f / 1024.0f;                  // Loss-scale unscaling.
     ASSERT_TRUE(client_->Step("sched.w", t, grad, absl::MakeSpan(params), options).ok());
     model.Step(t, grad, *options.grad_scale, *options.lr);

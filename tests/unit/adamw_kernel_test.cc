@@ -95,10 +95,10 @@ class GuardedGradient {
 
 struct HyperparameterSet {
   const char* name;
-  float lr, beta1, beta2, eps, weight_decay;
+  double lr, beta1, beta2, eps, weight_decay;
 };
-constexpr HyperparameterSet kTorchDefaults{"TorchDefaults", 1e-3f, 0.9f, 0.999f, 1e-8f, 1e-2f};
-constexpr HyperparameterSet kNonDefault{"NonDefault", 3e-3f, 0.8f, 0.95f, 1e-6f, 0.1f};
+constexpr HyperparameterSet kTorchDefaults{"TorchDefaults", 1e-3, 0.9, 0.999, 1e-8, 1e-2};
+constexpr HyperparameterSet kNonDefault{"NonDefault", 3e-3, 0.8, 0.95, 1e-6, 0.1};
 
 AdamWStepInputs Inputs(const HyperparameterSet& h, uint64_t step, float grad_scale = 1.0f) {
   AdamWStepInputs in;
@@ -112,8 +112,7 @@ AdamWStepInputs Inputs(const HyperparameterSet& h, uint64_t step, float grad_sca
   return in;
 }
 
-// The reference gets exactly the hyperparameters the kernel gets: the float
-// values, widened to double.
+// The reference gets exactly the hyperparameters the kernel gets.
 ref::ReferenceHyperparameters Reference(const HyperparameterSet& h) {
   ref::ReferenceHyperparameters r;
   r.lr = h.lr;
@@ -878,15 +877,28 @@ TEST(AdamWConstants, AreTheDoubleFormulasRoundedOnceToFloat) {
   const AdamWStepInputs in = Inputs(kNonDefault, 37, 0.25f);
   const AdamWConstants c = ComputeAdamWConstants(in);
   const double lr = in.lr, b1 = in.beta1, b2 = in.beta2;
-  EXPECT_EQ(c.decay, static_cast<float>(1.0 - lr * static_cast<double>(in.weight_decay)));
-  EXPECT_EQ(c.beta1, in.beta1);
-  EXPECT_EQ(c.one_minus_beta1, static_cast<float>(1.0 - b1));
-  EXPECT_EQ(c.beta2, in.beta2);
+  EXPECT_EQ(c.decay, static_cast<float>(1.0 - lr * in.weight_decay));
+  EXPECT_FALSE(c.lerp_from_gradient);
+  EXPECT_EQ(c.lerp_coefficient, static_cast<float>(1.0 - b1));
+  EXPECT_EQ(c.beta2, static_cast<float>(b2));
   EXPECT_EQ(c.one_minus_beta2, static_cast<float>(1.0 - b2));
-  EXPECT_EQ(c.step_size, static_cast<float>(lr / (1.0 - std::pow(b1, 37.0))));
-  EXPECT_EQ(c.bias_correction2_sqrt, static_cast<float>(std::sqrt(1.0 - std::pow(b2, 37.0))));
-  EXPECT_EQ(c.eps, in.eps);
+  EXPECT_EQ(c.neg_step_size, static_cast<float>(-(lr / (1.0 - std::pow(b1, 37.0)))));
+  EXPECT_EQ(c.bias_correction2_sqrt, static_cast<float>(std::pow(1.0 - std::pow(b2, 37.0), 0.5)));
+  EXPECT_EQ(c.eps, static_cast<float>(in.eps));
   EXPECT_EQ(c.grad_scale, 0.25f);
+}
+
+// torch's lerp takes its second form for a weight of 0.5 or more: beta1 <= 0.5.
+TEST(AdamWConstants, SmallBeta1TakesLerpsSecondForm) {
+  AdamWStepInputs in;
+  in.beta1 = 0.25;
+  const AdamWConstants c = ComputeAdamWConstants(in);
+  EXPECT_TRUE(c.lerp_from_gradient);
+  EXPECT_EQ(c.lerp_coefficient, 0.75f - 1.0f);
+  in.beta1 = 0.5;
+  EXPECT_TRUE(ComputeAdamWConstants(in).lerp_from_gradient);
+  in.beta1 = 0.500001;
+  EXPECT_FALSE(ComputeAdamWConstants(in).lerp_from_gradient);
 }
 
 TEST(AdamWConstants, FirstStepFromZeroMomentsMatchesReference) {

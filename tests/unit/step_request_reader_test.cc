@@ -46,7 +46,8 @@ v1::StepRequest RandomChunk(std::mt19937_64& rng) {
   std::string gradient(std::uniform_int_distribution<size_t>(0, 3000)(rng), '\0');
   for (char& c : gradient) c = static_cast<char>(rng());
   chunk.set_gradient(gradient);
-  if (rng() % 2 == 0) chunk.set_lr(std::uniform_real_distribution<float>(-1, 1)(rng));
+  if (rng() % 2 == 0) chunk.set_lr(std::uniform_real_distribution<double>(-1, 1)(rng));
+  if (rng() % 8 == 0) chunk.set_lr_float32(std::uniform_real_distribution<float>(-1, 1)(rng));
   if (rng() % 2 == 0) chunk.set_grad_scale(std::uniform_real_distribution<float>(0, 9)(rng));
   return chunk;
 }

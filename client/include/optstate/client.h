@@ -37,13 +37,15 @@ struct ClientOptions {
   int max_chunks_in_flight = 8;
 };
 
-// torch.optim.AdamW's hyperparameters and defaults.
+// torch.optim.AdamW's hyperparameters and defaults. Doubles, as torch holds
+// them: pass the values the torch optimizer was given, and the step's scalars
+// come out as torch derives them.
 struct Hyperparameters {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 1e-2f;
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
 };
 
 struct GroupInfo {
@@ -75,7 +77,7 @@ struct GroupStep {
 struct StepOptions {
   WireType gradient_dtype = WireType::kFloat32;  // Gradients are narrowed to it on the wire.
   WireType param_dtype = WireType::kFloat32;     // Params come back in it, widened into params_out.
-  std::optional<float> lr;                       // Overrides the groups' lr for this step.
+  std::optional<double> lr;                      // Overrides the groups' lr for this step.
   std::optional<float> grad_scale;               // Multiplied into every gradient.
 };
 
