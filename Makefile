@@ -5,10 +5,14 @@ JOBS ?= $(shell nproc)
 LISTEN ?= 127.0.0.1:50051
 ARGS ?=
 
-.PHONY: deps configure build run test sanitize fuzz bench demo gpu-test clean
+.PHONY: deps torch-deps configure build run test sanitize fuzz bench demo gpu-test clean
 
 deps:
 	@bash scripts/install-deps.sh
+
+# torch, for the test that holds the AdamW step against torch.optim.AdamW.
+torch-deps: deps
+	@bash scripts/install-torch.sh
 
 configure: deps
 	@cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) > $(BUILD_DIR).configure.log 2>&1 \
@@ -24,13 +28,13 @@ run: configure
 	$(BUILD_DIR)/server/optstated --listen=$(LISTEN) $(ARGS)
 
 # Every test that needs no GPU (tests labelled gpu run via tests/gpu/run.sh).
-test: build
+test: build torch-deps
 	@cd $(BUILD_DIR) && ctest --output-on-failure -LE gpu -j 2
 
 # The CPU tests again under AddressSanitizer, LeakSanitizer and UBSan (the
 # daemon processes the tests start are instrumented too; a leak makes the
 # daemon exit non-zero, which the tests check).
-sanitize: deps
+sanitize: deps torch-deps
 	@cmake -S . -B $(BUILD_DIR)-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOPTSTATE_WITH_CUDA=OFF \
 	  -DOPTSTATE_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
 	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > $(BUILD_DIR)-asan.configure.log
