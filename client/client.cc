@@ -44,11 +44,19 @@ absl::Duration Backoff(const ClientOptions& options, int attempt) {
   return std::min(wait, options.max_backoff);
 }
 
-GroupInfo GroupInfoFromProto(const v1::GroupInfo& proto) {
+absl::StatusOr<GroupInfo> GroupInfoFromProto(const v1::GroupInfo& proto) {
+  const v1::AdamWHyperparameters& h = proto.hyperparameters();
+  if (!h.has_lr() || !h.has_beta1() || !h.has_beta2() || !h.has_eps() || !h.has_weight_decay()) {
+    // A daemon of this version fills every field; one that predates double
+    // hyperparameters fills only the retired float32 ones, and ignored ours.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the daemon describes group '", proto.name(),
+        "' without double hyperparameters: it predates them and ignores the ones this client "
+        "sends (its groups step with torch's defaults and the group's lr). Upgrade optstated"));
+  }
   GroupInfo info;
   info.name = proto.name();
   info.num_elements = proto.num_elements();
-  const v1::AdamWHyperparameters& h = proto.hyperparameters();
   info.hyperparameters = {h.lr(), h.beta1(), h.beta2(), h.eps(), h.weight_decay()};
   info.page_elements = proto.page_elements();
   info.min_step = proto.min_step();
@@ -200,9 +208,10 @@ absl::StatusOr<GroupInfo> Client::Register(const v1::GroupSpec& spec,
       first = std::move(filled);
     }
     if (first.ok()) {
-      GroupInfo info = GroupInfoFromProto(first->group());
-      info.created = created;
-      impl_->Remember(info);
+      absl::StatusOr<GroupInfo> info = GroupInfoFromProto(first->group());
+      if (!info.ok()) return info.status();
+      info->created = created;
+      impl_->Remember(*info);
       return info;
     }
     last = first.status();
@@ -269,7 +278,11 @@ absl::StatusOr<std::vector<GroupInfo>> Client::ListGroups() {
   });
   if (!status.ok()) return status;
   std::vector<GroupInfo> out;
-  for (const auto& g : response.groups()) out.push_back(GroupInfoFromProto(g));
+  for (const auto& g : response.groups()) {
+    absl::StatusOr<GroupInfo> info = GroupInfoFromProto(g);
+    if (!info.ok()) return info.status();
+    out.push_back(*std::move(info));
+  }
   return out;
 }
 

@@ -39,7 +39,7 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 bool IsRetryable(const absl::Status& status);
 // Sleep before attempt `attempt` (1 for the first retry).
 absl::Duration Backoff(const ClientOptions& options, int attempt);
-GroupInfo GroupInfoFromProto(const v1::GroupInfo& proto);
+absl::StatusOr<GroupInfo> GroupInfoFromProto(const v1::GroupInfo& proto);
 void SetDeadline(grpc::ClientContext* context, const ClientOptions& options);
 
 }  // namespace client_internal

@@ -48,8 +48,13 @@ struct AdamWHyperparameters {
   }
 };
 
+// The shortest decimal text that reads back as exactly `x`: messages that
+// name hyperparameters tell 1e-3 from the double nearest 1e-3f.
+std::string ExactText(double x);
+
 // INVALID_ARGUMENT naming the first field out of range: lr and weight_decay
-// must be finite and >= 0, beta1 and beta2 in [0, 1), eps finite and > 0.
+// must be finite and >= 0, beta1 and beta2 in [0, 1), eps finite and > 0;
+// lr, eps and weight_decay also finite as float32, and eps > 0 there.
 absl::Status ValidateHyperparameters(const AdamWHyperparameters& h);
 
 // What a registration fixes for a group's whole life.

@@ -11,8 +11,9 @@ namespace {
 
 std::string DescribeConfig(const GroupConfig& c) {
   const auto& h = c.hyperparameters;
-  return absl::StrCat("num_elements=", c.num_elements, " lr=", h.lr, " beta1=", h.beta1,
-                      " beta2=", h.beta2, " eps=", h.eps, " weight_decay=", h.weight_decay,
+  return absl::StrCat("num_elements=", c.num_elements, " lr=", ExactText(h.lr),
+                      " beta1=", ExactText(h.beta1), " beta2=", ExactText(h.beta2),
+                      " eps=", ExactText(h.eps), " weight_decay=", ExactText(h.weight_decay),
                       " has_initial_values=", c.has_initial_values ? "true" : "false");
 }
 

@@ -118,11 +118,21 @@ absl::StatusOr<ValidatedChunk> StepEngine::Validate(const StepChunk& chunk) {
   inputs.grad_scale = chunk.grad_scale.value_or(1.0f);
   if (!std::isfinite(inputs.lr) || inputs.lr < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("lr must be finite and >= 0, got ", inputs.lr));
+        absl::StrCat("lr must be finite and >= 0, got ", ExactText(inputs.lr)));
   }
   if (!std::isfinite(inputs.grad_scale)) {
     return absl::InvalidArgumentError(
         absl::StrCat("grad_scale must be finite, got ", inputs.grad_scale));
+  }
+  // The step runs in fp32: an lr that is finite as a double can still make
+  // the step size or the decay overflow there.
+  const AdamWConstants constants = ComputeAdamWConstants(inputs);
+  if (!std::isfinite(constants.neg_step_size) || !std::isfinite(constants.decay)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lr ", ExactText(inputs.lr), " with weight_decay ", ExactText(inputs.weight_decay),
+        " at step ", inputs.step,
+        " gives a step size or decay beyond float32's range (the step runs in fp32); use a "
+        "smaller lr"));
   }
   size_t bad = range->count;
   chunk.gradient.ForEachElementRun(
@@ -143,7 +153,7 @@ absl::StatusOr<ValidatedChunk> StepEngine::Validate(const StepChunk& chunk) {
   validated.count = range->count;
   validated.first_page = range->first_page;
   validated.end_page = range->end_page;
-  validated.constants = ComputeAdamWConstants(inputs);
+  validated.constants = constants;
   return validated;
 }
 

@@ -113,7 +113,8 @@ Draw RandomHyperparameters(std::mt19937_64& rng, uint64_t step) {
   Draw d;
   d.inputs.lr = lr(rng);
   d.inputs.weight_decay = wd(rng);
-  d.inputs.beta1 = 0.9;
+  // One draw in four takes beta1 0.3: torch's lerp in its second form.
+  d.inputs.beta1 = rng() % 4 == 0 ? 0.3 : 0.9;
   d.inputs.beta2 = 0.999;
   d.inputs.eps = 1e-8;
   d.inputs.step = step;

@@ -273,6 +273,12 @@ TEST_F(BadInputTest, EveryBadInputGetsItsCodeAndLeavesStateByteIdentical) {
          r.set_lr_float32(1e-3f);
          return t.StepOne(r);
        }},
+      {"per-step lr beyond float32's range", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) {
+         v1::StepRequest r = Chunk("victim", 3, 0, good(kPage));
+         r.set_lr(1e39);
+         return t.StepOne(r);
+       }},
       {"step 0", grpc::StatusCode::INVALID_ARGUMENT,
        [&](T& t) { return t.StepOne(Chunk("victim", 0, 0, good(kPage))); }},
       {"step that skips ahead", grpc::StatusCode::FAILED_PRECONDITION,
@@ -301,6 +307,12 @@ TEST_F(BadInputTest, EveryBadInputGetsItsCodeAndLeavesStateByteIdentical) {
        [&](T& t) {
          v1::GroupSpec s = Spec("fresh", 10, 1e-3f);
          s.mutable_hyperparameters()->set_beta2_float32(0.99f);
+         return t.Register(s, {});
+       }},
+      {"register with an eps that is 0 in float32", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) {
+         v1::GroupSpec s = Spec("fresh", 10, 1e-3f);
+         s.mutable_hyperparameters()->set_eps(1e-50);
          return t.Register(s, {});
        }},
       {"register with eps = 0", grpc::StatusCode::INVALID_ARGUMENT,
@@ -479,6 +491,13 @@ TEST_F(BadInputTest, MessagesSayWhatToFix) {
   s = StepOne(retired);
   EXPECT_NE(s.error_message().find("StepRequest.lr (field 11)"), std::string::npos)
       << s.error_message();
+  // The group was registered with the double nearest 1e-3f; 1e-3 is another.
+  v1::GroupSpec near = Spec("victim", kElements, 1e-3f);
+  near.mutable_hyperparameters()->set_lr(1e-3);
+  s = Register(near, {});
+  EXPECT_NE(s.error_message().find("lr=0.0010000000474974513"), std::string::npos)
+      << s.error_message();
+  EXPECT_NE(s.error_message().find("lr=0.001 "), std::string::npos) << s.error_message();
   v1::GroupSpec spec = Spec("fresh", 10, 1e-3f);
   spec.mutable_hyperparameters()->set_lr_float32(1e-3f);
   s = Register(spec, {});

@@ -99,6 +99,8 @@ struct HyperparameterSet {
 };
 constexpr HyperparameterSet kTorchDefaults{"TorchDefaults", 1e-3, 0.9, 0.999, 1e-8, 1e-2};
 constexpr HyperparameterSet kNonDefault{"NonDefault", 3e-3, 0.8, 0.95, 1e-6, 0.1};
+// beta1 <= 0.5: torch's lerp takes its second form, fma(w - 1, g - m, g).
+constexpr HyperparameterSet kSmallBeta1{"SmallBeta1", 1e-3, 0.3, 0.99, 1e-8, 1e-2};
 
 AdamWStepInputs Inputs(const HyperparameterSet& h, uint64_t step, float grad_scale = 1.0f) {
   AdamWStepInputs in;
@@ -565,22 +567,27 @@ class AdamWKernelPaths
     : public ::testing::TestWithParam<std::tuple<size_t, WireType, float>> {};
 
 TEST_P(AdamWKernelPaths, VectorPathEqualsScalarPathBitwise) {
-  if (!AdamWUsesAvx2()) GTEST_SKIP() << "no AVX2+F16C here: AdamWUpdate is the scalar path";
+  if (!AdamWUsesAvx2()) {
+    GTEST_SKIP() << "no AVX2+F16C+FMA here: AdamWUpdate is the scalar path";
+  }
   const auto [n, type, grad_scale] = GetParam();
   const uint64_t seed = ref::TestSeed();
   SCOPED_TRACE(ref::SeedTrace(seed));
   std::mt19937_64 rng(seed);
-  const FloatState before = RandomState(n, rng);
-  const std::vector<unsigned char> grad = EncodeGradient(RandomGradient(n, rng), type);
-  const AdamWConstants c = ComputeAdamWConstants(Inputs(kNonDefault, RandomStep(rng), grad_scale));
+  for (const HyperparameterSet& h : {kNonDefault, kSmallBeta1}) {
+    SCOPED_TRACE(h.name);
+    const FloatState before = RandomState(n, rng);
+    const std::vector<unsigned char> grad = EncodeGradient(RandomGradient(n, rng), type);
+    const AdamWConstants c = ComputeAdamWConstants(Inputs(h, RandomStep(rng), grad_scale));
 
-  KernelState vector_path(before), scalar_path(before);
-  vector_path.Step(Path::kDispatch, c, grad, type);
-  scalar_path.Step(Path::kScalar, c, grad, type);
+    KernelState vector_path(before), scalar_path(before);
+    vector_path.Step(Path::kDispatch, c, grad, type);
+    scalar_path.Step(Path::kScalar, c, grad, type);
 
-  ExpectBitwiseEqualState(vector_path, scalar_path);
-  EXPECT_TRUE(vector_path.GuardsIntact()) << "the vector path wrote outside its arrays";
-  EXPECT_TRUE(scalar_path.GuardsIntact()) << "the scalar path wrote outside its arrays";
+    ExpectBitwiseEqualState(vector_path, scalar_path);
+    EXPECT_TRUE(vector_path.GuardsIntact()) << "the vector path wrote outside its arrays";
+    EXPECT_TRUE(scalar_path.GuardsIntact()) << "the scalar path wrote outside its arrays";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -614,7 +621,10 @@ TEST_P(AdamWKernelEncode, EqualsTheScalarUpdateThenEncodeFromFloatBitwise) {
                         : -std::numeric_limits<float>::infinity();
   }
   const std::vector<unsigned char> grad = EncodeGradient(RandomGradient(n, rng), grad_type);
-  const AdamWConstants c = ComputeAdamWConstants(Inputs(kNonDefault, RandomStep(rng), 0.5f));
+  // Either form of torch's lerp, by the seed.
+  const HyperparameterSet& h = rng() % 2 ? kNonDefault : kSmallBeta1;
+  SCOPED_TRACE(h.name);
+  const AdamWConstants c = ComputeAdamWConstants(Inputs(h, RandomStep(rng), 0.5f));
 
   KernelState want(before);
   want.Step(Path::kScalar, c, grad, grad_type);
