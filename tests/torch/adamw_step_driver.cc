@@ -4,10 +4,13 @@
 //
 // Input (little-endian): u64 n, u64 step, f64 lr, beta1, beta2, eps,
 // weight_decay, f32 grad_scale, u32 path (0: the dispatching AdamWUpdate,
-// 1: AdamWUpdateScalar), then float32 p[n], m[n], v[n], grad[n].
+// 1: AdamWUpdateScalar), u32 grad_type (0 float32, 1 bfloat16, 2 float16),
+// then float32 p[n], m[n], v[n] and grad[n] in grad_type.
 // Output: float32 p[n], m[n], v[n] after the step.
+// `adamw_step_driver --path` prints the path AdamWUpdate takes here.
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "server/adamw_kernel.h"
@@ -26,31 +29,40 @@ int Fail(const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) return Fail("usage: adamw_step_driver IN OUT");
+  if (argc == 2 && std::string(argv[1]) == "--path") {
+    std::printf("%s\n", optstate::AdamWUsesAvx2() ? "avx2+fma" : "scalar");
+    return 0;
+  }
+  if (argc != 3) return Fail("usage: adamw_step_driver IN OUT, or adamw_step_driver --path");
   std::FILE* in = std::fopen(argv[1], "rb");
   if (in == nullptr) return Fail("cannot open the input");
   uint64_t n = 0;
   optstate::AdamWStepInputs inputs;
-  uint32_t path = 0;
+  uint32_t path = 0, grad_type = 0;
   if (!ReadAll(in, &n, 8) || !ReadAll(in, &inputs.step, 8) || !ReadAll(in, &inputs.lr, 8) ||
       !ReadAll(in, &inputs.beta1, 8) || !ReadAll(in, &inputs.beta2, 8) ||
       !ReadAll(in, &inputs.eps, 8) || !ReadAll(in, &inputs.weight_decay, 8) ||
-      !ReadAll(in, &inputs.grad_scale, 4) || !ReadAll(in, &path, 4)) {
+      !ReadAll(in, &inputs.grad_scale, 4) || !ReadAll(in, &path, 4) ||
+      !ReadAll(in, &grad_type, 4)) {
     return Fail("short header");
   }
-  std::vector<float> p(n), m(n), v(n), grad(n);
-  for (std::vector<float>* array : {&p, &m, &v, &grad}) {
+  if (grad_type > 2) return Fail("grad_type must be 0, 1 or 2");
+  const optstate::WireType type = grad_type == 0   ? optstate::WireType::kFloat32
+                                  : grad_type == 1 ? optstate::WireType::kBFloat16
+                                                   : optstate::WireType::kFloat16;
+  std::vector<float> p(n), m(n), v(n);
+  std::vector<unsigned char> grad(n * optstate::WireTypeSize(type));
+  for (std::vector<float>* array : {&p, &m, &v}) {
     if (!ReadAll(in, array->data(), n * sizeof(float))) return Fail("short arrays");
   }
+  if (!ReadAll(in, grad.data(), grad.size())) return Fail("short gradient");
   std::fclose(in);
 
   const optstate::AdamWConstants c = optstate::ComputeAdamWConstants(inputs);
   if (path == 0) {
-    optstate::AdamWUpdate(c, p.data(), m.data(), v.data(), grad.data(),
-                          optstate::WireType::kFloat32, n);
+    optstate::AdamWUpdate(c, p.data(), m.data(), v.data(), grad.data(), type, n);
   } else {
-    optstate::AdamWUpdateScalar(c, p.data(), m.data(), v.data(), grad.data(),
-                                optstate::WireType::kFloat32, n);
+    optstate::AdamWUpdateScalar(c, p.data(), m.data(), v.data(), grad.data(), type, n);
   }
 
   std::FILE* out = std::fopen(argv[2], "wb");

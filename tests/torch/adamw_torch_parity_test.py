@@ -25,11 +25,12 @@ import torch
 
 class Case:
     def __init__(self, name, n, step, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
-                 weight_decay=1e-2, grad_scale=1.0, seed=0, fresh=False):
+                 weight_decay=1e-2, grad_scale=1.0, seed=0, fresh=False,
+                 grad_dtype=torch.float32):
         self.name, self.n, self.step = name, n, step
         self.lr, self.beta1, self.beta2 = lr, beta1, beta2
         self.eps, self.weight_decay, self.grad_scale = eps, weight_decay, grad_scale
-        self.seed, self.fresh = seed, fresh
+        self.seed, self.fresh, self.grad_dtype = seed, fresh, grad_dtype
 
 
 CASES = [
@@ -47,7 +48,12 @@ CASES = [
     Case("a schedule's lr 0.0123456789, step 250", 100_003, 250, lr=0.0123456789, seed=9),
     Case("7 elements (no vector body), step 2", 7, 2, seed=10),
     Case("beta2 0.99999, step 1000000", 100_003, 1_000_000, beta2=0.99999, seed=11),
+    # A bf16 or fp16 gradient: torch steps its exact float32 widening.
+    Case("bfloat16 gradient, step 3", 100_003, 3, seed=12, grad_dtype=torch.bfloat16),
+    Case("float16 gradient, grad_scale 1/512, step 6", 100_003, 6, grad_scale=1.0 / 512,
+         seed=13, grad_dtype=torch.float16),
 ]
+GRAD_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def random_state(case):
@@ -59,6 +65,8 @@ def random_state(case):
 
     p = torch.randn(n, generator=gen) * spread(-4, 1)
     g = torch.randn(n, generator=gen) * spread(-8, 3)
+    if case.grad_dtype == torch.float16:
+        g = g.clamp(-60000.0, 60000.0)  # Finite in float16.
     g[::97] = 0.0
     g[1::101] = -0.0
     if case.fresh:
@@ -68,14 +76,16 @@ def random_state(case):
         v = torch.rand(n, generator=gen) * spread(-12, 4)
         m[2::89] = 0.0
         v[3::83] = 0.0
-    return p, m, v, g
+    return p, m, v, g.to(case.grad_dtype)
 
 
 def torch_step(case, p, m, v, g):
     param = torch.nn.Parameter(p.clone())
     opt = torch.optim.AdamW([param], lr=case.lr, betas=(case.beta1, case.beta2),
                             eps=case.eps, weight_decay=case.weight_decay)
-    # The trainer's unscaling, as a float32 multiply (what grad_scale means).
+    # The gradient widened to float32, then the trainer's unscaling as a
+    # float32 multiply (what grad_scale means).
+    g = g.float()
     param.grad = g * case.grad_scale if case.grad_scale != 1.0 else g.clone()
     opt.state[param]["step"] = torch.tensor(float(case.step - 1))
     opt.state[param]["exp_avg"] = m.clone()
@@ -99,11 +109,12 @@ def torch_p_with_exact_sqrt(case, p, m_new, v_new):
 def run_driver(driver, case, path, p, m, v, g, tmp):
     inp, out = os.path.join(tmp, "in.bin"), os.path.join(tmp, "out.bin")
     with open(inp, "wb") as f:
-        f.write(struct.pack("<QQdddddfI", case.n, case.step, case.lr, case.beta1, case.beta2,
-                            case.eps, case.weight_decay, case.grad_scale, path))
+        f.write(struct.pack("<QQdddddfII", case.n, case.step, case.lr, case.beta1, case.beta2,
+                            case.eps, case.weight_decay, case.grad_scale, path,
+                            GRAD_TYPES[case.grad_dtype]))
         for t in (p, m, v, g):
             t = t.contiguous()
-            f.write(ctypes.string_at(t.data_ptr(), 4 * t.numel()))
+            f.write(ctypes.string_at(t.data_ptr(), t.element_size() * t.numel()))
     subprocess.run([driver, inp, out], check=True)
     with open(out, "rb") as f:
         raw = bytearray(f.read())
@@ -132,7 +143,10 @@ def main():
     parser.add_argument("--driver", required=True)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}")
+    kernel_path = subprocess.run([args.driver, "--path"], check=True, capture_output=True,
+                                 text=True).stdout.strip()
+    print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}; "
+          f"the kernel's dispatching path here: {kernel_path}")
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         for case in CASES:
