@@ -61,12 +61,12 @@ v1::StepRequest RandomRequest(std::mt19937_64& rng) {
 // Fields a newer client might send, and known numbers with another wire type.
 std::string UnknownFields(std::mt19937_64& rng) {
   std::string extra;
-  extra += "\xa0\x01\x2a";                          // Field 20, varint.
-  extra += "\xaa\x01\x03xyz";                       // Field 21, length-delimited.
-  extra += "\xb1\x01" + std::string(8, 'q');        // Field 22, fixed64.
-  extra += "\x12\x02hi";                            // Field 2 (step, a varint) as bytes.
-  extra += std::string("\x35\x00\x00\x80\x3f", 5);  // Field 6 (lr_float32, retired), read.
-  extra += std::string("\x5d\x00\x00\x80\x3f", 5);  // Field 11 (lr, a double) as fixed32.
+  extra += "\xa0\x01\x2a";                                 // Field 20, varint.
+  extra += "\xaa\x01\x03xyz";                              // Field 21, length-delimited.
+  extra += "\xb1\x01" + std::string(8, 'q');               // Field 22, fixed64.
+  extra += "\x12\x02hi";                                   // Field 2 (step, a varint) as bytes.
+  extra += std::string("\x35\x00\x00\x80\x3f", 5);         // Field 6 (lr_float32, retired), read.
+  extra += std::string("\x5d\x00\x00\x80\x3f", 5);         // Field 11 (lr, a double) as fixed32.
   extra += std::string("\x31", 1) + std::string(8, '\0');  // Field 6 as fixed64.
   return rng() % 2 == 0 ? extra : extra.substr(0, 3);
 }
