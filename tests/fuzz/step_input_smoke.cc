@@ -79,8 +79,16 @@ std::string MutateFields(const std::string& input, std::mt19937_64& rng) {
         chunk.set_param_dtype(static_cast<optstate::v1::DType>(rng() % 5));
         break;
       case 5:
+        if (rng() % 8 == 0) {  // Retired (float32) or beyond float32's range: refused.
+          if (rng() % 2 == 0) {
+            chunk.set_lr_float32(1e-3f);
+          } else {
+            chunk.set_lr(1e39);
+          }
+          break;
+        }
         chunk.set_lr(
-            std::ldexp(static_cast<float>(rng() % 1000) - 500.0f, -static_cast<int>(rng() % 20)));
+            std::ldexp(static_cast<double>(rng() % 1000) - 500.0, -static_cast<int>(rng() % 20)));
         break;
       case 6:
         chunk.set_grad_scale(std::ldexp(1.0f, static_cast<int>(rng() % 260) - 130));
