@@ -2,6 +2,7 @@
 #include "bench/child_process.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +27,9 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
+    // Ends with the benchmark even when it exits without stopping its
+    // children (a failed check calls exit).
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
     dup2(out[1], STDOUT_FILENO);
     close(out[0]);
     close(out[1]);

@@ -1,8 +1,9 @@
 // optstate-bench: end-to-end step throughput of an optstated daemon through
 // the C++ client, against same-run baselines (a plain gRPC echo of the same
 // bytes in the same chunks; the same echo with no payload copies in user code,
-// gRPC's own ceiling; and a raw TCP loopback stream), plus the daemon's
-// resident memory per registered element.
+// gRPC's own ceiling; that echo plus only the work any AdamW service must do,
+// the floor of such a service; and a raw TCP loopback stream), plus the
+// daemon's resident memory per registered element.
 //
 // Every configuration (shape x wire dtype x clients) is measured `--reps`
 // times, interleaved with its baselines, and the best repetition is reported:
@@ -30,9 +31,11 @@
 #include "absl/time/clock.h"
 #include "bench/child_process.h"
 #include "bench/echo_baseline.h"
+#include "bench/raw_adamw.h"
 #include "bench/raw_echo.h"
 #include "bench/tcp_loopback.h"
 #include "optstate/client.h"
+#include "server/adamw_kernel.h"
 
 ABSL_FLAG(std::string, target, "",
           "host:port of a running optstated (127.0.0.1 only); empty starts one. Server CPU "
@@ -53,12 +56,17 @@ ABSL_FLAG(int, window, 8, "Chunks in flight per stream (ClientOptions::max_chunk
 ABSL_FLAG(double, seconds, 2.0, "Seconds per measurement (at least --min_steps steps).");
 ABSL_FLAG(int, min_steps, 3, "Least steps per client per measurement.");
 ABSL_FLAG(int, reps, 3, "Repetitions of every measurement, interleaved.");
-ABSL_FLAG(bool, echo, true, "Measure the gRPC echo baseline.");
+ABSL_FLAG(bool, echo, true, "Measure the gRPC echo baselines.");
+ABSL_FLAG(bool, raw_adamw, true,
+          "Measure the minimal AdamW service (bench/raw_adamw.h): the raw echo plus only the "
+          "work any AdamW service over gRPC must do.");
 ABSL_FLAG(bool, tcp, true, "Measure the raw TCP loopback baseline.");
 ABSL_FLAG(uint64_t, memory_elements, 0,
           "When > 0: only measure the daemon's resident memory after registering a group of "
           "this many elements (with initial values) and stepping it once.");
 ABSL_FLAG(bool, serve_echo, false, "Internal: run the echo server (used as a child process).");
+ABSL_FLAG(bool, serve_raw_adamw, false,
+          "Internal: run the minimal AdamW server (used as a child process).");
 
 namespace optstate::bench {
 namespace {
@@ -119,6 +127,8 @@ struct ClientState {
   std::unique_ptr<Client> client;
   std::unique_ptr<EchoClient> echo;
   std::unique_ptr<RawEchoClient> raw_echo;
+  std::unique_ptr<RawAdamWClient> raw_adamw, raw_adamw_guarded;
+  uint64_t raw_adamw_step = 1;
   std::vector<std::string> names;
   std::vector<float> gradient;  // All tensors back to back.
   std::vector<float> params;
@@ -154,7 +164,41 @@ ClientOptions MakeClientOptions() {
   return options;
 }
 
-void Setup(Config& config, int index, const std::string& target, const std::string& echo_target) {
+// Steps a fresh state of the minimal AdamW service once and compares every
+// param with optstate's kernel run here: the baseline must do the real work.
+void VerifyRawAdamW(const Config& config, const ClientState& state, uint64_t id, bool guarded,
+                    const std::string& raw_adamw_target) {
+  const ClientOptions options = MakeClientOptions();
+  const void* gradient_wire = config.native16 ? static_cast<const void*>(state.gradient16.data())
+                                              : static_cast<const void*>(state.gradient.data());
+  RawAdamWClient client(raw_adamw_target, options.max_message_bytes, options.max_chunks_in_flight,
+                        id, state.chunk_bytes, config.wire, !config.native16, guarded,
+                        state.gradient.data(), gradient_wire);
+  const size_t n = state.gradient.size();
+  std::vector<char> got(n * (config.native16 ? WireTypeSize(config.wire) : sizeof(float)));
+  Check(client.Step(1, got.data()), "raw adamw verification step");
+  // The server's state starts at p = 0.5, m = v = 0 (bench/raw_adamw.cc).
+  std::vector<float> p(n, 0.5f), m(n, 0.0f), v(n, 0.0f), wire_params(n);
+  std::vector<char> gradient(n * WireTypeSize(config.wire));
+  EncodeFromFloat(config.wire, state.gradient.data(), gradient.data(), n);
+  std::vector<char> expected(n * WireTypeSize(config.wire));
+  AdamWStepInputs inputs;
+  inputs.step = 1;
+  AdamWUpdateAndEncode(ComputeAdamWConstants(inputs), p.data(), m.data(), v.data(), gradient.data(),
+                       config.wire, n, expected.data(), config.wire);
+  if (!config.native16) {
+    DecodeToFloat(config.wire, expected.data(), wire_params.data(), n);
+    expected.assign(reinterpret_cast<const char*>(wire_params.data()),
+                    reinterpret_cast<const char*>(wire_params.data() + n));
+  }
+  if (got != expected) {
+    std::fprintf(stderr, "optstate-bench: the minimal AdamW service returned wrong params\n");
+    std::exit(1);
+  }
+}
+
+void Setup(Config& config, int index, const std::string& target, const std::string& echo_target,
+           const std::string& raw_adamw_target) {
   const ClientOptions options = MakeClientOptions();
   for (int c = 0; c < config.clients; ++c) {
     auto state = std::make_unique<ClientState>();
@@ -203,6 +247,24 @@ void Setup(Config& config, int index, const std::string& target, const std::stri
       state->raw_echo = std::make_unique<RawEchoClient>(
           echo_target, options.max_message_bytes, options.max_chunks_in_flight,
           state->chunk_bytes);
+    }
+    if (!raw_adamw_target.empty()) {
+      const void* gradient_wire = nullptr;  // bf16 from floats: narrowed at every step.
+      if (config.native16) gradient_wire = state->gradient16.data();
+      if (config.wire == WireType::kFloat32) gradient_wire = state->gradient.data();
+      const uint64_t id = static_cast<uint64_t>(index) * 1000 + static_cast<uint64_t>(c);
+      if (c == 0) {
+        for (bool guarded : {false, true}) {
+          VerifyRawAdamW(config, *state, (uint64_t{guarded ? 2u : 1u} << 32) + index, guarded,
+                         raw_adamw_target);
+        }
+      }
+      for (bool guarded : {false, true}) {
+        (guarded ? state->raw_adamw_guarded : state->raw_adamw) = std::make_unique<RawAdamWClient>(
+            raw_adamw_target, options.max_message_bytes, options.max_chunks_in_flight, id,
+            state->chunk_bytes, config.wire, !config.native16, guarded, state->gradient.data(),
+            gradient_wire);
+      }
     }
     state->echo_in.assign(n * wire_size, 1);
     state->echo_out.assign(n * wire_size, 0);
@@ -284,6 +346,16 @@ Measurement MeasureEcho(Config& config, pid_t echo_pid) {
 Measurement MeasureRawEcho(Config& config, pid_t echo_pid) {
   return RunClients(config, echo_pid,
                     [&](ClientState& state) { Check(state.raw_echo->Step(), "raw echo"); });
+}
+
+// Both clients of a state step the same server-side state, in turn.
+Measurement MeasureRawAdamW(Config& config, pid_t raw_adamw_pid, bool guarded) {
+  return RunClients(config, raw_adamw_pid, [&](ClientState& state) {
+    void* params_out = config.native16 ? static_cast<void*>(state.params16.data())
+                                       : static_cast<void*>(state.params.data());
+    RawAdamWClient& client = guarded ? *state.raw_adamw_guarded : *state.raw_adamw;
+    Check(client.Step(state.raw_adamw_step++, params_out), "raw adamw");
+  });
 }
 
 struct Best {
@@ -370,8 +442,18 @@ int Main() {
     echo_server = std::move(*started);
     echo_target = absl::StrCat("127.0.0.1:", echo_server->port());
   }
+  std::unique_ptr<ChildProcess> raw_adamw_server;
+  std::string raw_adamw_target;
+  if (absl::GetFlag(FLAGS_raw_adamw)) {
+    absl::StatusOr<std::unique_ptr<ChildProcess>> started =
+        ChildProcess::Start({"/proc/self/exe", "--serve_raw_adamw"});
+    Check(started.status(), "start raw adamw server");
+    raw_adamw_server = std::move(*started);
+    raw_adamw_target = absl::StrCat("127.0.0.1:", raw_adamw_server->port());
+  }
   const pid_t daemon_pid = daemon ? daemon->pid() : 0;
   const pid_t echo_pid = echo_server ? echo_server->pid() : 0;
+  const pid_t raw_adamw_pid = raw_adamw_server ? raw_adamw_server->pid() : 0;
 
   std::vector<Config> configs;
   for (const std::string& shape : absl::GetFlag(FLAGS_shape)) {
@@ -388,12 +470,13 @@ int Main() {
     }
   }
   for (size_t i = 0; i < configs.size(); ++i) {
-    Setup(configs[i], static_cast<int>(i), target, echo_target);
+    Setup(configs[i], static_cast<int>(i), target, echo_target, raw_adamw_target);
   }
 
   const size_t chunk = absl::GetFlag(FLAGS_chunk_bytes);
   const absl::Duration tcp_time = absl::Seconds(std::min(1.0, absl::GetFlag(FLAGS_seconds)));
-  std::vector<Best> optstate(configs.size()), echo(configs.size()), raw_echo(configs.size());
+  std::vector<Best> optstate(configs.size()), echo(configs.size()), raw_echo(configs.size()),
+      raw_adamw(configs.size()), raw_adamw_guarded(configs.size());
   std::vector<double> tcp_one_way, tcp_echo;
   for (int rep = 0; rep < absl::GetFlag(FLAGS_reps); ++rep) {
     if (absl::GetFlag(FLAGS_tcp)) {
@@ -416,6 +499,14 @@ int Main() {
         const Measurement r = MeasureRawEcho(config, echo_pid);
         raw_echo[i].Add(r);
         std::fprintf(stderr, "; raw echo %.2f GB/s", r.wire_bytes / r.seconds / 1e9);
+      }
+      if (config.states.front()->raw_adamw) {
+        const Measurement a = MeasureRawAdamW(config, raw_adamw_pid, false);
+        raw_adamw[i].Add(a);
+        std::fprintf(stderr, "; raw adamw %.2f GB/s", a.wire_bytes / a.seconds / 1e9);
+        const Measurement g = MeasureRawAdamW(config, raw_adamw_pid, true);
+        raw_adamw_guarded[i].Add(g);
+        std::fprintf(stderr, "; guarded %.2f GB/s", g.wire_bytes / g.seconds / 1e9);
       }
       std::fprintf(stderr, "\n");
     }
@@ -487,6 +578,23 @@ int Main() {
       fields.push_back({"raw_echo_client_cpu_ms_per_step", N(raw_client_cpu_ms)});
       fields.push_back({"raw_echo_elem_per_s_reps", Rates(raw_echo[i].rates)});
     }
+    for (bool guarded : {false, true}) {
+      const Best& floor = guarded ? raw_adamw_guarded[i] : raw_adamw[i];
+      if (floor.rates.empty()) continue;
+      const Measurement& a = floor.best;
+      const std::string key = guarded ? "raw_adamw_guarded" : "raw_adamw";
+      const double floor_wire = a.wire_bytes / a.seconds;
+      const double floor_cpu_ms = a.server_cpu_seconds / static_cast<double>(a.steps) * 1e3;
+      const double floor_client_cpu_ms = a.client_cpu_seconds / static_cast<double>(a.steps) * 1e3;
+      std::printf("; %s %.2f GB/s (CPU ms/step: server %.1f, client %.1f), optstate/%s %.2f",
+                  guarded ? "guarded raw adamw" : "raw adamw", floor_wire / 1e9, floor_cpu_ms,
+                  floor_client_cpu_ms, guarded ? "guarded" : "raw adamw", wire / floor_wire);
+      fields.push_back({key + "_Bps", N(floor_wire)});
+      fields.push_back({key + "_server_cpu_ms_per_step", N(floor_cpu_ms)});
+      fields.push_back({key + "_client_cpu_ms_per_step", N(floor_client_cpu_ms)});
+      fields.push_back({key + "_p50_ms", N(Percentile(a.latencies_ms, 0.5))});
+      fields.push_back({key + "_elem_per_s_reps", Rates(floor.rates)});
+    }
     if (tcp2 > 0) {
       std::printf("; wire/tcp-echo %.2f, wire/tcp-one-way %.2f", wire / tcp2, wire / tcp1);
       fields.push_back({"tcp_echo_Bps", N(tcp2)});
@@ -507,5 +615,6 @@ int main(int argc, char** argv) {
       "Usage: optstate-bench [--shape=lora7b,dense:N] [--wire=fp32,bf16] [--clients=1,8] ...");
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_serve_echo)) return optstate::bench::ServeEcho();
+  if (absl::GetFlag(FLAGS_serve_raw_adamw)) return optstate::bench::ServeRawAdamW();
   return optstate::bench::Main();
 }

@@ -51,14 +51,15 @@ run kernel "$KERNEL" --benchmark_repetitions="$KREPS" --benchmark_enable_random_
 
 # 2. End to end, lora7b shape: fp32 and bf16 wire (bf16 from float buffers,
 #    and from a bf16 model's own buffers), 1 and 8 clients, each with the gRPC
-#    echo baseline and the raw echo (no payload copies: gRPC's own ceiling);
-#    raw TCP in the same run.
+#    echo baseline, the raw echo (no payload copies: gRPC's own ceiling) and
+#    the minimal AdamW service (the raw echo plus only the work any AdamW
+#    service must do; then with optstate's guarantees); raw TCP in the same run.
 run e2e_lora7b "$E2E" --shape=lora7b --wire=fp32,bf16,bf16-native --clients=1,8 --reps="$EREPS" \
   --seconds="$ESECS"
 
 # 3. Linearity: a dense 4M and a dense 64M group, fp32 wire.
 run e2e_dense "$E2E" --shape=dense:4194304,dense:67108864 --wire=fp32 --clients=1 \
-  --reps="$EREPS" --seconds="$ESECS" --echo=false --tcp=false
+  --reps="$EREPS" --seconds="$ESECS" --echo=false --raw_adamw=false --tcp=false
 
 # 4. Daemon memory after registering 64M elements with initial values.
 run memory "$E2E" --memory_elements=67108864

@@ -137,6 +137,34 @@ def main():
                       r["wire_Bps"] / r["raw_echo_Bps"] if r.get("raw_echo_Bps") else 0,
                       spread(r["elem_per_s_reps"])))
         print()
+        floors = [(k, r) for k, r in sorted(lora.items()) if r.get("raw_adamw_Bps")]
+        if floors:
+            print("The least work an AdamW service over gRPC does, same run "
+                  "(`bench/raw_adamw.cc`): the raw echo plus the update on the server and "
+                  "the params moved into the caller's buffer (and, for bf16 from float "
+                  "buffers, the gradient narrowed) on the client; nothing else. Guarded, "
+                  "it adds optstate's guarantees the cheapest way: the whole step's gradient "
+                  "checked before any is sent, each chunk copied into its request (the "
+                  "caller's memory never lent to gRPC), each message checked on the server "
+                  "before any of it is applied.\n")
+            print("| wire | clients | minimal GB/s | its CPU ms/step (server + client) | "
+                  "optstate / minimal | guarded GB/s | its CPU ms/step (server + client) | "
+                  "optstate / guarded | spread minimal | spread guarded |")
+            print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+            for (wire, clients), r in floors:
+                print("| %s | %d | %.3f | %.0f + %.0f | %.2f | %.3f | %.0f + %.0f | %.2f | %s "
+                      "| %s |" % (
+                          wire, clients, r["raw_adamw_Bps"] / 1e9,
+                          r["raw_adamw_server_cpu_ms_per_step"],
+                          r["raw_adamw_client_cpu_ms_per_step"],
+                          r["wire_Bps"] / r["raw_adamw_Bps"],
+                          r["raw_adamw_guarded_Bps"] / 1e9,
+                          r["raw_adamw_guarded_server_cpu_ms_per_step"],
+                          r["raw_adamw_guarded_client_cpu_ms_per_step"],
+                          r["wire_Bps"] / r["raw_adamw_guarded_Bps"],
+                          spread(r["raw_adamw_elem_per_s_reps"]),
+                          spread(r["raw_adamw_guarded_elem_per_s_reps"])))
+            print()
     if tcp:
         t = tcp[0]
         print("Raw TCP loopback, same run, %d-byte writes: one stream one way %.2f GB/s "
@@ -158,6 +186,12 @@ def main():
                 print("| gRPC raw echo (no copies) %s x%d | %.3f | %.2f | %.2f |" % (
                     wire, clients, r["raw_echo_Bps"] / 1e9, r["raw_echo_Bps"] / t["echo_Bps"],
                     r["raw_echo_Bps"] / t["one_way_Bps"]))
+            for key, label in (("raw_adamw", "minimal AdamW service"),
+                               ("raw_adamw_guarded", "minimal AdamW service, guarded")):
+                if r.get(key + "_Bps"):
+                    print("| %s %s x%d | %.3f | %.2f | %.2f |" % (
+                        label, wire, clients, r[key + "_Bps"] / 1e9,
+                        r[key + "_Bps"] / t["echo_Bps"], r[key + "_Bps"] / t["one_way_Bps"]))
         print()
     f1, b1, f8 = lora.get(("fp32", 1)), lora.get(("bf16", 1)), lora.get(("fp32", 8))
     if f1 and f1.get("echo_Bps"):
@@ -206,6 +240,23 @@ def main():
                             "2 cores / (raw echo CPU %.0f + kernel CPU %.0f ms per fp32 step, "
                             "1 thread at 16M) / raw TCP)" % (echo_ms, kernel_ms),
                             "%.2f" % ceiling, "context"))
+        if f1.get("raw_adamw_Bps"):
+            tcp_bps = tcp[0]["echo_Bps"]
+            targets.append(("(minimal AdamW service, fp32 x1 / raw TCP: gRPC's raw echo plus "
+                            "only the update and the copy of params into the caller's buffer)",
+                            "%.2f" % (f1["raw_adamw_Bps"] / tcp_bps), "context"))
+            floor_ms = (f1["raw_adamw_server_cpu_ms_per_step"] +
+                        f1["raw_adamw_client_cpu_ms_per_step"])
+            wire_per_step = f1["wire_Bps"] / f1["steps_per_s"]
+            targets.append(("(its CPU bound: 2 cores / (its CPU %.0f ms per fp32 step) / raw "
+                            "TCP, reached only if both cores never idle)" % floor_ms,
+                            "%.2f" % (2 * 1e3 / floor_ms * wire_per_step / tcp_bps), "context"))
+            targets.append(("(minimal AdamW service with optstate's guarantees, fp32 x1 / raw "
+                            "TCP)", "%.2f" % (f1["raw_adamw_guarded_Bps"] / tcp_bps), "context"))
+            targets.append(("(optstate / minimal AdamW service, fp32 x1; / guarded)",
+                            "%.2f; %.2f" % (f1["wire_Bps"] / f1["raw_adamw_Bps"],
+                                            f1["wire_Bps"] / f1["raw_adamw_guarded_Bps"]),
+                            "context"))
     if f1 and f8:
         v = f8["elem_per_s"] / f1["elem_per_s"]
         targets.append(("8 clients aggregate >= 1 x single client elem/s (fp32)", "%.2f" % v,

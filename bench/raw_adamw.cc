@@ -1,0 +1,456 @@
+// The minimal AdamW service: a callback generic server whose reactor updates
+// state from each message in place and queues the reply, and a callback
+// client that keeps a window of messages in flight, as Client::Step does.
+#include "bench/raw_adamw.h"
+
+#include <malloc.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "grpc/slice.h"
+#include "grpcpp/generic/async_generic_service.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "server/adamw_kernel.h"
+#include "server/segmented_bytes.h"
+
+namespace optstate::bench {
+namespace {
+
+constexpr char kRawAdamWMethod[] = "/optstate.bench.RawAdamW/Step";
+
+// Each request: this header, then the gradient's wire bytes. Each reply: the
+// updated params' wire bytes alone.
+struct RawAdamWHeader {
+  uint64_t client;        // Whose state.
+  uint64_t step;          // t >= 1.
+  uint64_t first;         // Index of the payload's first element in the client's state.
+  uint64_t total;         // Elements of the client's state.
+  uint32_t wire;          // WireType of the gradient and of the params returned.
+  uint32_t check_finite;  // Nonzero: refuse the message, changing nothing, if any
+                          // gradient element is not finite.
+};
+
+// Every client's p, m and v, allocated at its first message.
+class StateTable {
+ public:
+  struct State {
+    std::vector<float> p, m, v;
+  };
+  State* Get(uint64_t client, uint64_t total) {
+    std::lock_guard<std::mutex> lock(mu_);
+    State& state = states_[client];  // std::map: the reference stays valid.
+    if (state.p.size() != total) {
+      state.p.assign(total, 0.5f);
+      state.m.assign(total, 0.0f);
+      state.v.assign(total, 0.0f);
+    }
+    return &state;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<uint64_t, State> states_;
+};
+
+// Applies one request to the state and builds its reply; false for a request
+// this benchmark's client would never send.
+bool Apply(StateTable& table, const grpc::ByteBuffer& request, grpc::ByteBuffer* reply) {
+  std::vector<grpc::Slice> slices;
+  if (!request.Dump(&slices).ok()) return false;
+  SegmentedBytes bytes;
+  for (const grpc::Slice& slice : slices) {
+    bytes.Append(absl::string_view(reinterpret_cast<const char*>(slice.begin()), slice.size()));
+  }
+  RawAdamWHeader header;
+  if (bytes.size() < sizeof(header)) return false;
+  bytes.CopyTo(0, sizeof(header), reinterpret_cast<char*>(&header));
+  const auto wire = static_cast<WireType>(header.wire);
+  if (wire != WireType::kFloat32 && wire != WireType::kBFloat16) return false;
+  const size_t element_size = WireTypeSize(wire);
+  const size_t payload = bytes.size() - sizeof(header);
+  const size_t count = payload / element_size;
+  if (payload % element_size != 0 || header.step == 0 || header.first > header.total ||
+      count > header.total - header.first) {
+    return false;
+  }
+  StateTable::State& state = *table.Get(header.client, header.total);
+  AdamWStepInputs inputs;
+  inputs.step = header.step;
+  const AdamWConstants constants = ComputeAdamWConstants(inputs);
+  if (header.check_finite != 0 &&
+      !bytes.ForEachElementRun(sizeof(header), element_size, count,
+                               [&](size_t, size_t n, const char* gradient) {
+                                 return FindNonFiniteGradient(gradient, wire, n, 1.0f) == n;
+                               })) {
+    return false;
+  }
+  grpc_slice out = grpc_slice_malloc_large(payload);
+  char* params = reinterpret_cast<char*>(GRPC_SLICE_START_PTR(out));
+  bytes.ForEachElementRun(
+      sizeof(header), element_size, count, [&](size_t first, size_t n, const char* gradient) {
+        const size_t at = header.first + first;
+        AdamWUpdateAndEncode(constants, &state.p[at], &state.m[at], &state.v[at], gradient, wire, n,
+                             params + first * element_size, wire);
+        return true;
+      });
+  grpc::Slice owned(out, grpc::Slice::STEAL_REF);
+  *reply = grpc::ByteBuffer(&owned, 1);
+  return true;
+}
+
+// One stream: reads the next request as soon as the previous one is applied
+// and its reply queued; writes the queued replies one at a time, in order.
+class RawAdamWReactor final : public grpc::ServerGenericBidiReactor {
+ public:
+  explicit RawAdamWReactor(StateTable* table) : table_(*table) { StartRead(&request_); }
+
+ private:
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      std::lock_guard<std::mutex> lock(mu_);
+      reads_done_ = true;
+      MaybeFinishLocked();
+      return;
+    }
+    grpc::ByteBuffer reply;
+    const bool applied = Apply(table_, request_, &reply);
+    request_.Clear();
+    grpc::ByteBuffer* write = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!applied) {
+        status_ = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed raw AdamW request");
+        reads_done_ = true;
+        MaybeFinishLocked();
+        return;
+      }
+      replies_.push_back(std::move(reply));
+      if (!writing_) {
+        writing_ = true;
+        write = &replies_.front();  // Deque elements stay put as others are added.
+      }
+    }
+    if (write != nullptr) StartWrite(write);
+    StartRead(&request_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    grpc::ByteBuffer* write = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      replies_.pop_front();
+      if (!ok) {
+        status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, "raw AdamW write failed");
+        replies_.clear();
+      }
+      if (replies_.empty()) {
+        writing_ = false;
+        MaybeFinishLocked();
+      } else {
+        write = &replies_.front();
+      }
+    }
+    if (write != nullptr) StartWrite(write);
+  }
+
+  // Finishes once reading has ended and every queued reply is written.
+  void MaybeFinishLocked() {
+    if (reads_done_ && !writing_ && !finished_) {
+      finished_ = true;
+      Finish(status_);
+    }
+  }
+
+  void OnDone() override { delete this; }
+
+  StateTable& table_;
+  grpc::ByteBuffer request_;
+  std::mutex mu_;
+  std::deque<grpc::ByteBuffer> replies_;  // Front: being written while writing_.
+  bool writing_ = false;
+  bool reads_done_ = false;
+  bool finished_ = false;
+  grpc::Status status_;
+};
+
+class RawAdamWService final : public grpc::CallbackGenericService {
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
+    return new RawAdamWReactor(&table_);
+  }
+  StateTable table_;
+};
+
+// One step's stream on the client.
+class RawAdamWCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  struct Plan {
+    uint64_t client;
+    uint64_t total;
+    WireType wire;
+    bool caller_holds_float;
+    bool guarded;
+    const float* gradient_float;           // Narrowed per message when lent is empty...
+    const void* gradient_wire;             // ... or copied from here (fp32, or a bf16 caller).
+    const std::vector<grpc::Slice>* lent;  // Each chunk's gradient wire bytes, or empty.
+    const std::vector<size_t>* chunk_bytes;
+    size_t window;
+  };
+
+  RawAdamWCall(const Plan& plan, uint64_t step, void* params_out)
+      : plan_(plan), step_(step), params_out_(params_out) {}
+
+  absl::Status Run(grpc::GenericStub& stub) {
+    if (plan_.guarded) {
+      // The whole step, before any of it is sent, as Client::Step checks it.
+      const bool finite = plan_.caller_holds_float
+                              ? AllNarrowToFinite(plan_.wire, plan_.gradient_float, plan_.total)
+                              : AllWireFinite(plan_.wire, plan_.gradient_wire, plan_.total);
+      if (!finite) return absl::InvalidArgumentError("gradient not finite");
+    }
+    stub.PrepareBidiStreamingCall(&context_, kRawAdamWMethod, grpc::StubOptions(), this);
+    StartRead(&reply_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      writing_ = true;
+    }
+    WriteNext();
+    StartCall();
+    std::unique_lock<std::mutex> lock(mu_);
+    finished_.wait(lock, [&] { return done_; });
+    if (!error_.ok()) return error_;
+    if (!status_.ok()) return absl::UnavailableError(status_.error_message());
+    if (answered_ < chunks()) return absl::UnavailableError("raw AdamW stream ended early");
+    return absl::OkStatus();
+  }
+
+ private:
+  size_t chunks() const { return plan_.chunk_bytes->size(); }
+  size_t element_size() const { return WireTypeSize(plan_.wire); }
+
+  // Called with writing_ set by the caller; builds and issues chunk next_.
+  void WriteNext() {
+    const size_t i = next_++;
+    const size_t bytes = (*plan_.chunk_bytes)[i];
+    const RawAdamWHeader header{plan_.client,
+                                step_,
+                                sent_elements_,
+                                plan_.total,
+                                static_cast<uint32_t>(plan_.wire),
+                                plan_.guarded ? 1u : 0u};
+    grpc::Slice slices[2] = {grpc::Slice(&header, sizeof(header)), grpc::Slice()};
+    if (!plan_.lent->empty()) {
+      slices[1] = (*plan_.lent)[i];
+    } else {
+      grpc_slice copy = grpc_slice_malloc_large(bytes);
+      if (plan_.caller_holds_float && plan_.wire != WireType::kFloat32) {
+        EncodeFromFloat(plan_.wire, plan_.gradient_float + sent_elements_,
+                        GRPC_SLICE_START_PTR(copy), bytes / element_size());
+      } else {
+        std::memcpy(GRPC_SLICE_START_PTR(copy),
+                    static_cast<const char*>(plan_.gradient_wire) + sent_elements_ * element_size(),
+                    bytes);
+      }
+      slices[1] = grpc::Slice(copy, grpc::Slice::STEAL_REF);
+    }
+    sent_elements_ += bytes / element_size();
+    request_ = grpc::ByteBuffer(slices, 2);
+    if (i + 1 == chunks()) {
+      StartWriteLast(&request_, grpc::WriteOptions());
+    } else {
+      StartWrite(&request_);
+    }
+  }
+
+  // Takes the writer role if a chunk may go now.
+  bool ClaimWrite() {
+    if (writing_ || next_ >= chunks() || next_ - answered_ >= plan_.window) return false;
+    writing_ = true;
+    return true;
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool write;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      writing_ = false;
+      if (!ok) return;  // The stream is failing; OnDone reports it.
+      write = ClaimWrite();
+    }
+    if (write) WriteNext();
+  }
+
+  // Moves the reply's params into the caller's buffer at the chunk's place.
+  bool Deliver(size_t chunk) {
+    const size_t bytes = (*plan_.chunk_bytes)[chunk];
+    if (reply_.Length() != bytes) return false;
+    std::vector<grpc::Slice> slices;
+    if (!reply_.Dump(&slices).ok()) return false;
+    const size_t size = element_size();
+    size_t at = received_elements_;
+    std::string straddle;  // An element split across slices.
+    for (const grpc::Slice& slice : slices) {
+      const char* data = reinterpret_cast<const char*>(slice.begin());
+      size_t n = slice.size();
+      if (!straddle.empty()) {
+        const size_t take = std::min(n, size - straddle.size());
+        straddle.append(data, take);
+        data += take;
+        n -= take;
+        if (straddle.size() < size) continue;
+        Store(straddle.data(), at, 1);
+        ++at;
+        straddle.clear();
+      }
+      Store(data, at, n / size);
+      at += n / size;
+      straddle.assign(data + n / size * size, n % size);
+    }
+    received_elements_ = at;
+    return straddle.empty();
+  }
+
+  void Store(const char* wire_bytes, size_t at, size_t count) {
+    if (plan_.caller_holds_float) {
+      DecodeToFloat(plan_.wire, wire_bytes, static_cast<float*>(params_out_) + at, count);
+    } else {
+      std::memcpy(static_cast<char*>(params_out_) + at * element_size(), wire_bytes,
+                  count * element_size());
+    }
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    // Replies come one at a time (the next read starts below), so Deliver
+    // runs alone.
+    const bool delivered = Deliver(answered_);
+    bool write;
+    bool more;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!delivered) {
+        error_ = absl::InternalError("raw AdamW reply of the wrong size");
+        context_.TryCancel();
+        return;
+      }
+      ++answered_;
+      more = answered_ < chunks();
+      write = ClaimWrite();
+    }
+    if (more) StartRead(&reply_);
+    if (write) WriteNext();
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = status;
+    done_ = true;
+    finished_.notify_one();
+  }
+
+  const Plan& plan_;
+  const uint64_t step_;
+  void* const params_out_;
+  grpc::ClientContext context_;
+  grpc::ByteBuffer request_;  // The write in flight.
+  grpc::ByteBuffer reply_;
+  std::mutex mu_;
+  std::condition_variable finished_;
+  size_t next_ = 0;                 // Next chunk to write.
+  uint64_t sent_elements_ = 0;      // Elements in the chunks written (writer only).
+  size_t answered_ = 0;             // Replies received.
+  uint64_t received_elements_ = 0;  // Elements delivered (reader only).
+  bool writing_ = false;
+  bool done_ = false;
+  absl::Status error_;
+  grpc::Status status_;
+};
+
+}  // namespace
+
+int ServeRawAdamW() {
+  // As optstated: chunk buffers come back from the heap instead of fresh mmaps.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  RawAdamWService service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(64 << 20);  // As optstated's default.
+  builder.SetMaxSendMessageSize(64 << 20);
+  builder.RegisterCallbackGenericService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) return 1;
+  std::printf("raw adamw listening on port %d\n", port);
+  std::fflush(stdout);
+  int signal = 0;
+  sigwait(&signals, &signal);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return 0;
+}
+
+struct RawAdamWClient::Impl {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<grpc::GenericStub> stub;
+  std::vector<size_t> chunk_bytes;
+  std::vector<grpc::Slice> lent;
+  RawAdamWCall::Plan plan;
+};
+
+RawAdamWClient::RawAdamWClient(const std::string& target, int max_message_bytes, int window,
+                               uint64_t client_id, const std::vector<size_t>& chunk_bytes,
+                               WireType wire, bool caller_holds_float, bool guarded,
+                               const float* gradient_float, const void* gradient_wire)
+    : impl_(std::make_unique<Impl>()) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(max_message_bytes);
+  args.SetMaxSendMessageSize(max_message_bytes);
+  // A connection per client, as optstate::Client has.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  impl_->channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  impl_->stub = std::make_unique<grpc::GenericStub>(impl_->channel);
+  impl_->chunk_bytes = chunk_bytes;
+  uint64_t total_bytes = 0;
+  for (size_t bytes : chunk_bytes) total_bytes += bytes;
+  const bool narrow_per_step = caller_holds_float && wire != WireType::kFloat32;
+  if (!narrow_per_step && !guarded) {
+    const char* at = static_cast<const char*>(gradient_wire);
+    for (size_t bytes : chunk_bytes) {
+      impl_->lent.emplace_back(at, bytes);
+      at += bytes;
+    }
+  }
+  impl_->plan = RawAdamWCall::Plan{client_id,
+                                   total_bytes / WireTypeSize(wire),
+                                   wire,
+                                   caller_holds_float,
+                                   guarded,
+                                   gradient_float,
+                                   gradient_wire,
+                                   &impl_->lent,
+                                   &impl_->chunk_bytes,
+                                   static_cast<size_t>(window)};
+}
+
+RawAdamWClient::~RawAdamWClient() = default;
+
+absl::Status RawAdamWClient::Step(uint64_t step, void* params_out) {
+  if (impl_->chunk_bytes.empty()) return absl::OkStatus();
+  RawAdamWCall call(impl_->plan, step, params_out);
+  return call.Run(*impl_->stub);
+}
+
+}  // namespace optstate::bench
