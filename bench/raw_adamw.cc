@@ -39,16 +39,18 @@ struct RawAdamWHeader {
                           // gradient element is not finite.
 };
 
-// Every client's p, m and v, allocated at its first message.
+// Every client's p, m and v: p = 0.5, m = v = 0 at the first message of a
+// step 1 (so the configurations of one run can share a client's state, one
+// after the other) and whenever the size changes.
 class StateTable {
  public:
   struct State {
     std::vector<float> p, m, v;
   };
-  State* Get(uint64_t client, uint64_t total) {
+  State* Get(uint64_t client, uint64_t total, bool fresh) {
     std::lock_guard<std::mutex> lock(mu_);
     State& state = states_[client];  // std::map: the reference stays valid.
-    if (state.p.size() != total) {
+    if (fresh || state.p.size() != total) {
       state.p.assign(total, 0.5f);
       state.m.assign(total, 0.0f);
       state.v.assign(total, 0.0f);
@@ -82,7 +84,8 @@ bool Apply(StateTable& table, const grpc::ByteBuffer& request, grpc::ByteBuffer*
       count > header.total - header.first) {
     return false;
   }
-  StateTable::State& state = *table.Get(header.client, header.total);
+  StateTable::State& state =
+      *table.Get(header.client, header.total, header.step == 1 && header.first == 0);
   AdamWStepInputs inputs;
   inputs.step = header.step;
   const AdamWConstants constants = ComputeAdamWConstants(inputs);

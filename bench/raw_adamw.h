@@ -42,7 +42,8 @@ int ServeRawAdamW();
 
 class RawAdamWClient {
  public:
-  // `client_id` names this client's state on the server. `chunk_bytes`: the
+  // `client_id` names this client's state on the server; a step 1 starts it
+  // afresh (p = 0.5, m = v = 0). `chunk_bytes`: the
   // payload bytes of each message of a step, in order (the messages
   // Client::Step sends). The step's gradient is `gradient_float` narrowed to
   // `wire` (`gradient_wire`, its wire bytes, must hold the same values); when
