@@ -110,40 +110,51 @@ bool Apply(StateTable& table, const grpc::ByteBuffer& request, grpc::ByteBuffer*
   return true;
 }
 
-// One stream: reads the next request as soon as the previous one is applied
-// and its reply queued; writes the queued replies one at a time, in order.
+// One stream: starts reading the next request before applying the one just
+// read, so messages are applied concurrently on gRPC's callback threads (they
+// touch disjoint elements); replies are written one at a time, in order.
 class RawAdamWReactor final : public grpc::ServerGenericBidiReactor {
  public:
   explicit RawAdamWReactor(StateTable* table) : table_(*table) { StartRead(&request_); }
 
  private:
   void OnReadDone(bool ok) override {
-    if (!ok) {
-      std::lock_guard<std::mutex> lock(mu_);
-      reads_done_ = true;
-      MaybeFinishLocked();
-      return;
-    }
-    grpc::ByteBuffer reply;
-    const bool applied = Apply(table_, request_, &reply);
-    request_.Clear();
-    grpc::ByteBuffer* write = nullptr;
+    grpc::ByteBuffer request;
+    uint64_t seq = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!applied) {
-        status_ = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed raw AdamW request");
+      if (!ok || !status_.ok()) {
         reads_done_ = true;
         MaybeFinishLocked();
         return;
       }
-      replies_.push_back(std::move(reply));
-      if (!writing_) {
+      request.Swap(&request_);
+      seq = next_seq_++;
+      ++applying_;
+    }
+    StartRead(&request_);
+    grpc::ByteBuffer reply;
+    const bool applied = Apply(table_, request, &reply);
+    grpc::ByteBuffer* write = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --applying_;
+      if (!applied && status_.ok()) {
+        status_ = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed raw AdamW request");
+      }
+      if (status_.ok()) completed_[seq].Swap(&reply);
+      while (!completed_.empty() && completed_.begin()->first == next_write_seq_) {
+        replies_.emplace_back().Swap(&completed_.begin()->second);
+        completed_.erase(completed_.begin());
+        ++next_write_seq_;
+      }
+      if (!writing_ && !replies_.empty() && status_.ok()) {
         writing_ = true;
         write = &replies_.front();  // Deque elements stay put as others are added.
       }
+      MaybeFinishLocked();
     }
     if (write != nullptr) StartWrite(write);
-    StartRead(&request_);
   }
 
   void OnWriteDone(bool ok) override {
@@ -151,11 +162,10 @@ class RawAdamWReactor final : public grpc::ServerGenericBidiReactor {
     {
       std::lock_guard<std::mutex> lock(mu_);
       replies_.pop_front();
-      if (!ok) {
+      if (!ok && status_.ok()) {
         status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, "raw AdamW write failed");
-        replies_.clear();
       }
-      if (replies_.empty()) {
+      if (replies_.empty() || !status_.ok()) {
         writing_ = false;
         MaybeFinishLocked();
       } else {
@@ -165,9 +175,12 @@ class RawAdamWReactor final : public grpc::ServerGenericBidiReactor {
     if (write != nullptr) StartWrite(write);
   }
 
-  // Finishes once reading has ended and every queued reply is written.
+  // Finishes once reading has ended (or the stream failed), nothing is being
+  // applied and no write is in flight.
   void MaybeFinishLocked() {
-    if (reads_done_ && !writing_ && !finished_) {
+    const bool done = reads_done_ || !status_.ok();
+    const bool drained = status_.ok() ? replies_.empty() && completed_.empty() : true;
+    if (done && drained && applying_ == 0 && !writing_ && !finished_) {
       finished_ = true;
       Finish(status_);
     }
@@ -176,9 +189,13 @@ class RawAdamWReactor final : public grpc::ServerGenericBidiReactor {
   void OnDone() override { delete this; }
 
   StateTable& table_;
-  grpc::ByteBuffer request_;
+  grpc::ByteBuffer request_;  // The read in flight.
   std::mutex mu_;
-  std::deque<grpc::ByteBuffer> replies_;  // Front: being written while writing_.
+  uint64_t next_seq_ = 0;        // Of the next request read.
+  uint64_t next_write_seq_ = 0;  // Of the next reply to queue for writing.
+  int applying_ = 0;
+  std::map<uint64_t, grpc::ByteBuffer> completed_;  // Applied, waiting for earlier ones.
+  std::deque<grpc::ByteBuffer> replies_;            // Front: being written while writing_.
   bool writing_ = false;
   bool reads_done_ = false;
   bool finished_ = false;
