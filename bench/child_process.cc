@@ -24,12 +24,14 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
     // Ends with the benchmark even when it exits without stopping its
-    // children (a failed check calls exit).
+    // children (a failed check calls exit), or has already exited.
     prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);
     dup2(out[1], STDOUT_FILENO);
     close(out[0]);
     close(out[1]);

@@ -164,28 +164,36 @@ ClientOptions MakeClientOptions() {
   return options;
 }
 
-// Steps a fresh state of the minimal AdamW service once and compares every
-// param with optstate's kernel run here: the baseline must do the real work.
+// Steps a fresh state of the minimal AdamW service three times and compares
+// every param of the third step with optstate's kernel run here from the same
+// non-uniform start: the baseline must do the real work (state kept per
+// element, bias corrections per step, m and v carried).
 void VerifyRawAdamW(const Config& config, const ClientState& state, uint64_t id, bool guarded,
                     const std::string& raw_adamw_target) {
   const ClientOptions options = MakeClientOptions();
-  const void* gradient_wire = config.native16 ? static_cast<const void*>(state.gradient16.data())
-                                              : static_cast<const void*>(state.gradient.data());
+  const void* gradient_wire = nullptr;  // bf16 from floats: narrowed at every step.
+  if (config.native16) gradient_wire = state.gradient16.data();
+  if (config.wire == WireType::kFloat32) gradient_wire = state.gradient.data();
   RawAdamWClient client(raw_adamw_target, options.max_message_bytes, options.max_chunks_in_flight,
                         id, state.chunk_bytes, config.wire, !config.native16, guarded,
                         state.gradient.data(), gradient_wire);
   const size_t n = state.gradient.size();
   std::vector<char> got(n * (config.native16 ? WireTypeSize(config.wire) : sizeof(float)));
-  Check(client.Step(1, got.data()), "raw adamw verification step");
-  // The server's state starts at p = 0.5, m = v = 0 (bench/raw_adamw.cc).
-  std::vector<float> p(n, 0.5f), m(n, 0.0f), v(n, 0.0f), wire_params(n);
+  constexpr uint64_t kSteps = 3;
+  for (uint64_t step = 1; step <= kSteps; ++step) {
+    Check(client.Step(step, got.data()), "raw adamw verification step");
+  }
+  std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f), wire_params(n);
+  for (size_t i = 0; i < n; ++i) p[i] = RawAdamWInitialParam(i);
   std::vector<char> gradient(n * WireTypeSize(config.wire));
   EncodeFromFloat(config.wire, state.gradient.data(), gradient.data(), n);
   std::vector<char> expected(n * WireTypeSize(config.wire));
-  AdamWStepInputs inputs;
-  inputs.step = 1;
-  AdamWUpdateAndEncode(ComputeAdamWConstants(inputs), p.data(), m.data(), v.data(), gradient.data(),
-                       config.wire, n, expected.data(), config.wire);
+  for (uint64_t step = 1; step <= kSteps; ++step) {
+    AdamWStepInputs inputs;
+    inputs.step = step;
+    AdamWUpdateAndEncode(ComputeAdamWConstants(inputs), p.data(), m.data(), v.data(),
+                         gradient.data(), config.wire, n, expected.data(), config.wire);
+  }
   if (!config.native16) {
     DecodeToFloat(config.wire, expected.data(), wire_params.data(), n);
     expected.assign(reinterpret_cast<const char*>(wire_params.data()),
@@ -349,7 +357,8 @@ Measurement MeasureRawEcho(Config& config, pid_t echo_pid) {
                     [&](ClientState& state) { Check(state.raw_echo->Step(), "raw echo"); });
 }
 
-// Both clients of a state step the same server-side state, in turn.
+// A state's plain and guarded clients share one id, so they step one
+// server-side state in turn, counting steps together.
 Measurement MeasureRawAdamW(Config& config, pid_t raw_adamw_pid, bool guarded) {
   return RunClients(config, raw_adamw_pid, [&](ClientState& state) {
     void* params_out = config.native16 ? static_cast<void*>(state.params16.data())

@@ -39,9 +39,11 @@ struct RawAdamWHeader {
                           // gradient element is not finite.
 };
 
-// Every client's p, m and v: p = 0.5, m = v = 0 at the first message of a
-// step 1 (so the configurations of one run can share a client's state, one
-// after the other) and whenever the size changes.
+// Every client's p, m and v: fresh (RawAdamWInitialParam, m = v = 0) at the
+// first message of a step 1 (so the configurations of one run can share a
+// client's state, one after the other) and whenever the size changes. The
+// reactor applies a stream's first message before reading the next, so no
+// other message of the stream touches the state while it is reset.
 class StateTable {
  public:
   struct State {
@@ -51,7 +53,8 @@ class StateTable {
     std::lock_guard<std::mutex> lock(mu_);
     State& state = states_[client];  // std::map: the reference stays valid.
     if (fresh || state.p.size() != total) {
-      state.p.assign(total, 0.5f);
+      state.p.resize(total);
+      for (uint64_t i = 0; i < total; ++i) state.p[i] = RawAdamWInitialParam(i);
       state.m.assign(total, 0.0f);
       state.v.assign(total, 0.0f);
     }
@@ -111,8 +114,9 @@ bool Apply(StateTable& table, const grpc::ByteBuffer& request, grpc::ByteBuffer*
 }
 
 // One stream: starts reading the next request before applying the one just
-// read, so messages are applied concurrently on gRPC's callback threads (they
-// touch disjoint elements); replies are written one at a time, in order.
+// read (except the first, which may reset the state), so messages are applied
+// concurrently on gRPC's callback threads (they touch disjoint elements);
+// replies are written one at a time, in order.
 class RawAdamWReactor final : public grpc::ServerGenericBidiReactor {
  public:
   explicit RawAdamWReactor(StateTable* table) : table_(*table) { StartRead(&request_); }
@@ -132,9 +136,10 @@ class RawAdamWReactor final : public grpc::ServerGenericBidiReactor {
       seq = next_seq_++;
       ++applying_;
     }
-    StartRead(&request_);
+    if (seq != 0) StartRead(&request_);
     grpc::ByteBuffer reply;
     const bool applied = Apply(table_, request, &reply);
+    if (seq == 0) StartRead(&request_);
     grpc::ByteBuffer* write = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -449,7 +454,9 @@ RawAdamWClient::RawAdamWClient(const std::string& target, int max_message_bytes,
   if (!narrow_per_step && !guarded) {
     const char* at = static_cast<const char*>(gradient_wire);
     for (size_t bytes : chunk_bytes) {
-      impl_->lent.emplace_back(at, bytes);
+      // The caller's bytes themselves: gRPC never frees them.
+      impl_->lent.emplace_back(
+          grpc_slice_new(const_cast<char*>(at), bytes, [](void*) {}), grpc::Slice::STEAL_REF);
       at += bytes;
     }
   }
