@@ -455,8 +455,8 @@ RawAdamWClient::RawAdamWClient(const std::string& target, int max_message_bytes,
     const char* at = static_cast<const char*>(gradient_wire);
     for (size_t bytes : chunk_bytes) {
       // The caller's bytes themselves: gRPC never frees them.
-      impl_->lent.emplace_back(
-          grpc_slice_new(const_cast<char*>(at), bytes, [](void*) {}), grpc::Slice::STEAL_REF);
+      impl_->lent.emplace_back(grpc_slice_new(const_cast<char*>(at), bytes, [](void*) {}),
+                               grpc::Slice::STEAL_REF);
       at += bytes;
     }
   }
