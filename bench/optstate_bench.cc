@@ -2,7 +2,7 @@
 // the C++ client, against same-run baselines (a plain gRPC echo of the same
 // bytes in the same chunks; the same echo with no payload copies in user code,
 // gRPC's own ceiling; that echo plus only the work any AdamW service must do,
-// the floor of such a service; and a raw TCP loopback stream), plus the
+// then with optstate's guarantees; and a raw TCP loopback stream), plus the
 // daemon's resident memory per registered element.
 //
 // Every configuration (shape x wire dtype x clients) is measured `--reps`
