@@ -2,16 +2,14 @@
 // a writer thread bounded by a window, replies read on the calling thread.
 #include "bench/echo_baseline.h"
 
-#include <signal.h>
-
 #include <condition_variable>
-#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "bench/raw_echo.h"
+#include "bench/serve_until_signal.h"
 #include "echo.grpc.pb.h"  // Generated from bench/echo.proto.
 
 namespace optstate::bench {
@@ -31,28 +29,12 @@ class EchoService final : public Echo::Service {
 }  // namespace
 
 int ServeEcho() {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   EchoService service;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(64 << 20);  // As optstated's default.
-  builder.SetMaxSendMessageSize(64 << 20);
-  builder.RegisterService(&service);
   std::unique_ptr<grpc::CallbackGenericService> raw_echo = MakeRawEchoService();
-  builder.RegisterCallbackGenericService(raw_echo.get());
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) return 1;
-  std::printf("echo listening on port %d\n", port);
-  std::fflush(stdout);
-  int signal = 0;
-  sigwait(&signals, &signal);
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  return 0;
+  return ServeUntilSignal("echo", [&](grpc::ServerBuilder& builder) {
+    builder.RegisterService(&service);
+    builder.RegisterCallbackGenericService(raw_echo.get());
+  });
 }
 
 struct EchoClient::Impl {

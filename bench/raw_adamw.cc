@@ -1,21 +1,18 @@
 // The minimal AdamW service: a callback generic server whose reactor updates
-// state from each message in place and queues the reply, and a callback
-// client that keeps a window of messages in flight, as Client::Step does.
+// its state from each message and queues the reply, and a client stream that
+// keeps a window of messages in flight, as Client::Step does.
 #include "bench/raw_adamw.h"
 
 #include <malloc.h>
-#include <signal.h>
 
-#include <algorithm>
-#include <condition_variable>
-#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "bench/serve_until_signal.h"
+#include "bench/windowed_stream.h"
 #include "grpc/slice.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -215,7 +212,7 @@ class RawAdamWService final : public grpc::CallbackGenericService {
 };
 
 // One step's stream on the client.
-class RawAdamWCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+class RawAdamWCall final : public WindowedStream {
  public:
   struct Plan {
     uint64_t client;
@@ -231,7 +228,10 @@ class RawAdamWCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
   };
 
   RawAdamWCall(const Plan& plan, uint64_t step, void* params_out)
-      : plan_(plan), step_(step), params_out_(params_out) {}
+      : WindowedStream(plan.chunk_bytes->size(), plan.window),
+        plan_(plan),
+        step_(step),
+        params_out_(params_out) {}
 
   absl::Status Run(grpc::GenericStub& stub) {
     if (plan_.guarded) {
@@ -241,30 +241,15 @@ class RawAdamWCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
                               : AllWireFinite(plan_.wire, plan_.gradient_wire, plan_.total);
       if (!finite) return absl::InvalidArgumentError("gradient not finite");
     }
-    stub.PrepareBidiStreamingCall(&context_, kRawAdamWMethod, grpc::StubOptions(), this);
-    StartRead(&reply_);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      writing_ = true;
-    }
-    WriteNext();
-    StartCall();
-    std::unique_lock<std::mutex> lock(mu_);
-    finished_.wait(lock, [&] { return done_; });
-    if (!error_.ok()) return error_;
-    if (!status_.ok()) return absl::UnavailableError(status_.error_message());
-    if (answered_ < chunks()) return absl::UnavailableError("raw AdamW stream ended early");
-    return absl::OkStatus();
+    return WindowedStream::Run(stub, kRawAdamWMethod);
   }
 
  private:
-  size_t chunks() const { return plan_.chunk_bytes->size(); }
   size_t element_size() const { return WireTypeSize(plan_.wire); }
 
-  // Called with writing_ set by the caller; builds and issues chunk next_.
-  void WriteNext() {
-    const size_t i = next_++;
-    const size_t bytes = (*plan_.chunk_bytes)[i];
+  // The header, then the chunk's gradient: lent, narrowed or copied.
+  const grpc::ByteBuffer* Request(size_t index) override {
+    const size_t bytes = (*plan_.chunk_bytes)[index];
     const RawAdamWHeader header{plan_.client,
                                 step_,
                                 sent_elements_,
@@ -273,7 +258,7 @@ class RawAdamWCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
                                 plan_.guarded ? 1u : 0u};
     grpc::Slice slices[2] = {grpc::Slice(&header, sizeof(header)), grpc::Slice()};
     if (!plan_.lent->empty()) {
-      slices[1] = (*plan_.lent)[i];
+      slices[1] = (*plan_.lent)[index];
     } else {
       grpc_slice copy = grpc_slice_malloc_large(bytes);
       if (plan_.caller_holds_float && plan_.wire != WireType::kFloat32) {
@@ -288,115 +273,41 @@ class RawAdamWCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc
     }
     sent_elements_ += bytes / element_size();
     request_ = grpc::ByteBuffer(slices, 2);
-    if (i + 1 == chunks()) {
-      StartWriteLast(&request_, grpc::WriteOptions());
-    } else {
-      StartWrite(&request_);
-    }
-  }
-
-  // Takes the writer role if a chunk may go now.
-  bool ClaimWrite() {
-    if (writing_ || next_ >= chunks() || next_ - answered_ >= plan_.window) return false;
-    writing_ = true;
-    return true;
-  }
-
-  void OnWriteDone(bool ok) override {
-    bool write;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      writing_ = false;
-      if (!ok) return;  // The stream is failing; OnDone reports it.
-      write = ClaimWrite();
-    }
-    if (write) WriteNext();
+    return &request_;
   }
 
   // Moves the reply's params into the caller's buffer at the chunk's place.
-  bool Deliver(size_t chunk) {
-    const size_t bytes = (*plan_.chunk_bytes)[chunk];
-    if (reply_.Length() != bytes) return false;
+  bool Accept(size_t index, const grpc::ByteBuffer& reply, absl::Status* error) override {
+    const size_t bytes = (*plan_.chunk_bytes)[index];
     std::vector<grpc::Slice> slices;
-    if (!reply_.Dump(&slices).ok()) return false;
-    const size_t size = element_size();
-    size_t at = received_elements_;
-    std::string straddle;  // An element split across slices.
+    if (reply.Length() != bytes || !reply.Dump(&slices).ok()) {
+      *error = absl::InternalError("raw AdamW reply of the wrong size");
+      return false;
+    }
+    SegmentedBytes params;
     for (const grpc::Slice& slice : slices) {
-      const char* data = reinterpret_cast<const char*>(slice.begin());
-      size_t n = slice.size();
-      if (!straddle.empty()) {
-        const size_t take = std::min(n, size - straddle.size());
-        straddle.append(data, take);
-        data += take;
-        n -= take;
-        if (straddle.size() < size) continue;
-        Store(straddle.data(), at, 1);
-        ++at;
-        straddle.clear();
+      params.Append(absl::string_view(reinterpret_cast<const char*>(slice.begin()), slice.size()));
+    }
+    const size_t size = element_size();
+    params.ForEachElementRun(0, size, bytes / size, [&](size_t first, size_t n, const char* data) {
+      const size_t at = received_elements_ + first;
+      if (plan_.caller_holds_float) {
+        DecodeToFloat(plan_.wire, data, static_cast<float*>(params_out_) + at, n);
+      } else {
+        std::memcpy(static_cast<char*>(params_out_) + at * size, data, n * size);
       }
-      Store(data, at, n / size);
-      at += n / size;
-      straddle.assign(data + n / size * size, n % size);
-    }
-    received_elements_ = at;
-    return straddle.empty();
-  }
-
-  void Store(const char* wire_bytes, size_t at, size_t count) {
-    if (plan_.caller_holds_float) {
-      DecodeToFloat(plan_.wire, wire_bytes, static_cast<float*>(params_out_) + at, count);
-    } else {
-      std::memcpy(static_cast<char*>(params_out_) + at * element_size(), wire_bytes,
-                  count * element_size());
-    }
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) return;
-    // Replies come one at a time (the next read starts below), so Deliver
-    // runs alone.
-    const bool delivered = Deliver(answered_);
-    bool write;
-    bool more;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!delivered) {
-        error_ = absl::InternalError("raw AdamW reply of the wrong size");
-        context_.TryCancel();
-        return;
-      }
-      ++answered_;
-      more = answered_ < chunks();
-      write = ClaimWrite();
-    }
-    if (more) StartRead(&reply_);
-    if (write) WriteNext();
-  }
-
-  void OnDone(const grpc::Status& status) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    status_ = status;
-    done_ = true;
-    finished_.notify_one();
+      return true;
+    });
+    received_elements_ += bytes / size;
+    return true;
   }
 
   const Plan& plan_;
   const uint64_t step_;
   void* const params_out_;
-  grpc::ClientContext context_;
-  grpc::ByteBuffer request_;  // The write in flight.
-  grpc::ByteBuffer reply_;
-  std::mutex mu_;
-  std::condition_variable finished_;
-  size_t next_ = 0;                 // Next chunk to write.
-  uint64_t sent_elements_ = 0;      // Elements in the chunks written (writer only).
-  size_t answered_ = 0;             // Replies received.
+  grpc::ByteBuffer request_;        // The write in flight.
+  uint64_t sent_elements_ = 0;      // Elements in the chunks built (writer only).
   uint64_t received_elements_ = 0;  // Elements delivered (reader only).
-  bool writing_ = false;
-  bool done_ = false;
-  absl::Status error_;
-  grpc::Status status_;
 };
 
 }  // namespace
@@ -405,26 +316,10 @@ int ServeRawAdamW() {
   // As optstated: chunk buffers come back from the heap instead of fresh mmaps.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   RawAdamWService service;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(64 << 20);  // As optstated's default.
-  builder.SetMaxSendMessageSize(64 << 20);
-  builder.RegisterCallbackGenericService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) return 1;
-  std::printf("raw adamw listening on port %d\n", port);
-  std::fflush(stdout);
-  int signal = 0;
-  sigwait(&signals, &signal);
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  return 0;
+  return ServeUntilSignal("raw adamw", [&](grpc::ServerBuilder& builder) {
+    builder.RegisterCallbackGenericService(&service);
+  });
 }
 
 struct RawAdamWClient::Impl {

@@ -1,11 +1,10 @@
-// Raw (ByteBuffer) echo: callback generic server reactor and a callback
-// client reactor that keeps a window of chunks in flight, as Client::Step does.
+// Raw (ByteBuffer) echo: callback generic server reactor and a client stream
+// that keeps a window of chunks in flight, as Client::Step does.
 #include "bench/raw_echo.h"
 
-#include <condition_variable>
-#include <mutex>
 #include <string>
 
+#include "bench/windowed_stream.h"
 #include "echo.pb.h"  // Generated from bench/echo.proto.
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -47,99 +46,23 @@ class RawEchoService final : public grpc::CallbackGenericService {
   }
 };
 
-// One step's stream. Writes are issued one at a time (as gRPC requires), the
-// next as soon as the previous is done and the window allows.
-class RawEchoCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+// One step's stream: the pre-serialized chunks out, replies checked for size.
+class RawEchoCall final : public WindowedStream {
  public:
   RawEchoCall(const std::vector<grpc::ByteBuffer>& chunks, const std::vector<size_t>& sizes,
               size_t window)
-      : chunks_(chunks), sizes_(sizes), window_(window) {}
-
-  absl::Status Run(grpc::GenericStub& stub) {
-    stub.PrepareBidiStreamingCall(&context_, kRawEchoMethod, grpc::StubOptions(), this);
-    StartRead(&reply_);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      writing_ = true;
-    }
-    WriteNext();
-    StartCall();
-    std::unique_lock<std::mutex> lock(mu_);
-    finished_.wait(lock, [&] { return done_; });
-    if (!error_.ok()) return error_;
-    if (!status_.ok()) return absl::UnavailableError(status_.error_message());
-    if (answered_ < chunks_.size()) return absl::UnavailableError("raw echo ended early");
-    return absl::OkStatus();
-  }
+      : WindowedStream(chunks.size(), window), chunks_(chunks), sizes_(sizes) {}
 
  private:
-  // Called with writing_ set by the caller; issues chunk next_.
-  void WriteNext() {
-    const size_t i = next_++;
-    if (i + 1 == chunks_.size()) {
-      StartWriteLast(&chunks_[i], grpc::WriteOptions());
-    } else {
-      StartWrite(&chunks_[i]);
-    }
-  }
-
-  // Takes the writer role if a chunk may go now.
-  bool ClaimWrite() {
-    if (writing_ || next_ >= chunks_.size() || next_ - answered_ >= window_) return false;
-    writing_ = true;
-    return true;
-  }
-
-  void OnWriteDone(bool ok) override {
-    bool write;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      writing_ = false;
-      if (!ok) return;  // The stream is failing; OnDone reports it.
-      write = ClaimWrite();
-    }
-    if (write) WriteNext();
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) return;
-    bool write;
-    bool more;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (reply_.Length() != sizes_[answered_]) {
-        error_ = absl::InternalError("raw echo reply of the wrong size");
-        context_.TryCancel();
-        return;
-      }
-      ++answered_;
-      more = answered_ < chunks_.size();
-      write = ClaimWrite();
-    }
-    if (more) StartRead(&reply_);
-    if (write) WriteNext();
-  }
-
-  void OnDone(const grpc::Status& status) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    status_ = status;
-    done_ = true;
-    finished_.notify_one();
+  const grpc::ByteBuffer* Request(size_t index) override { return &chunks_[index]; }
+  bool Accept(size_t index, const grpc::ByteBuffer& reply, absl::Status* error) override {
+    if (reply.Length() == sizes_[index]) return true;
+    *error = absl::InternalError("raw echo reply of the wrong size");
+    return false;
   }
 
   const std::vector<grpc::ByteBuffer>& chunks_;
   const std::vector<size_t>& sizes_;  // Serialized size of each chunk.
-  const size_t window_;
-  grpc::ClientContext context_;
-  grpc::ByteBuffer reply_;
-  std::mutex mu_;
-  std::condition_variable finished_;
-  size_t next_ = 0;      // Next chunk to write.
-  size_t answered_ = 0;  // Replies received.
-  bool writing_ = false;
-  bool done_ = false;
-  absl::Status error_;
-  grpc::Status status_;
 };
 
 }  // namespace
@@ -187,7 +110,7 @@ RawEchoClient::~RawEchoClient() = default;
 absl::Status RawEchoClient::Step() {
   if (impl_->chunks.empty()) return absl::OkStatus();
   RawEchoCall call(impl_->chunks, impl_->sizes, impl_->window);
-  return call.Run(*impl_->stub);
+  return call.Run(*impl_->stub, kRawEchoMethod);
 }
 
 }  // namespace optstate::bench
