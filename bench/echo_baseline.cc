@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/raw_echo.h"
 #include "bench/serve_until_signal.h"
+#include "bench/windowed_stream.h"
 #include "echo.grpc.pb.h"  // Generated from bench/echo.proto.
 
 namespace optstate::bench {
@@ -44,14 +45,7 @@ struct EchoClient::Impl {
 
 EchoClient::EchoClient(const std::string& target, int max_message_bytes, int window)
     : impl_(std::make_unique<Impl>()) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(max_message_bytes);
-  args.SetMaxSendMessageSize(max_message_bytes);
-  // A connection per client, as optstate::Client has (else the clients of
-  // an 8-client run would share one).
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  impl_->stub = Echo::NewStub(
-      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+  impl_->stub = Echo::NewStub(MakeClientChannel(target, max_message_bytes));
   impl_->window = static_cast<size_t>(window);
 }
 

@@ -335,12 +335,7 @@ RawAdamWClient::RawAdamWClient(const std::string& target, int max_message_bytes,
                                WireType wire, bool caller_holds_float, bool guarded,
                                const float* gradient_float, const void* gradient_wire)
     : impl_(std::make_unique<Impl>()) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(max_message_bytes);
-  args.SetMaxSendMessageSize(max_message_bytes);
-  // A connection per client, as optstate::Client has.
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  impl_->channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  impl_->channel = MakeClientChannel(target, max_message_bytes);
   impl_->stub = std::make_unique<grpc::GenericStub>(impl_->channel);
   impl_->chunk_bytes = chunk_bytes;
   uint64_t total_bytes = 0;

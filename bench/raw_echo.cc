@@ -82,12 +82,7 @@ struct RawEchoClient::Impl {
 RawEchoClient::RawEchoClient(const std::string& target, int max_message_bytes, int window,
                              const std::vector<size_t>& chunk_bytes)
     : impl_(std::make_unique<Impl>()) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(max_message_bytes);
-  args.SetMaxSendMessageSize(max_message_bytes);
-  // A connection per client, as optstate::Client has.
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  impl_->channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  impl_->channel = MakeClientChannel(target, max_message_bytes);
   impl_->stub = std::make_unique<grpc::GenericStub>(impl_->channel);
   impl_->window = static_cast<size_t>(window);
   uint64_t offset = 0;

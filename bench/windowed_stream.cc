@@ -4,6 +4,14 @@
 
 namespace optstate::bench {
 
+std::shared_ptr<grpc::Channel> MakeClientChannel(const std::string& target, int max_message_bytes) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(max_message_bytes);
+  args.SetMaxSendMessageSize(max_message_bytes);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
 absl::Status WindowedStream::Run(grpc::GenericStub& stub, const char* method) {
   stub.PrepareBidiStreamingCall(&context_, method, grpc::StubOptions(), this);
   StartRead(&reply_);

@@ -7,13 +7,20 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <memory>
 #include <mutex>
+#include <string>
 
 #include "absl/status/status.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 
 namespace optstate::bench {
+
+// A channel to `target` with the arguments optstate::Client uses: message
+// limits of `max_message_bytes` and a connection of its own (else the
+// clients of an 8-client run would share one).
+std::shared_ptr<grpc::Channel> MakeClientChannel(const std::string& target, int max_message_bytes);
 
 class WindowedStream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
