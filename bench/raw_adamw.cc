@@ -63,15 +63,22 @@ class StateTable {
   std::map<uint64_t, State> states_;
 };
 
+// The bytes of `slices`, in order, viewed in place (the slices must outlive
+// the view).
+SegmentedBytes ViewOf(const std::vector<grpc::Slice>& slices) {
+  SegmentedBytes bytes;
+  for (const grpc::Slice& slice : slices) {
+    bytes.Append(absl::string_view(reinterpret_cast<const char*>(slice.begin()), slice.size()));
+  }
+  return bytes;
+}
+
 // Applies one request to the state and builds its reply; false for a request
 // this benchmark's client would never send.
 bool Apply(StateTable& table, const grpc::ByteBuffer& request, grpc::ByteBuffer* reply) {
   std::vector<grpc::Slice> slices;
   if (!request.Dump(&slices).ok()) return false;
-  SegmentedBytes bytes;
-  for (const grpc::Slice& slice : slices) {
-    bytes.Append(absl::string_view(reinterpret_cast<const char*>(slice.begin()), slice.size()));
-  }
+  const SegmentedBytes bytes = ViewOf(slices);
   RawAdamWHeader header;
   if (bytes.size() < sizeof(header)) return false;
   bytes.CopyTo(0, sizeof(header), reinterpret_cast<char*>(&header));
@@ -284,10 +291,7 @@ class RawAdamWCall final : public WindowedStream {
       *error = absl::InternalError("raw AdamW reply of the wrong size");
       return false;
     }
-    SegmentedBytes params;
-    for (const grpc::Slice& slice : slices) {
-      params.Append(absl::string_view(reinterpret_cast<const char*>(slice.begin()), slice.size()));
-    }
+    const SegmentedBytes params = ViewOf(slices);
     const size_t size = element_size();
     params.ForEachElementRun(0, size, bytes / size, [&](size_t first, size_t n, const char* data) {
       const size_t at = received_elements_ + first;
