@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "bench/kernel_baselines.h"
-#include "server/adamw_kernel.h"
-#include "server/cpu_backend.h"
-#include "server/group.h"
-#include "server/thread_pool.h"
+#include "server/kernels/adamw_kernel.h"
+#include "server/backends/cpu/cpu_backend.h"
+#include "server/state/group.h"
+#include "server/base/thread_pool.h"
 
 namespace optstate::bench {
 namespace {

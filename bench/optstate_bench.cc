@@ -35,7 +35,7 @@
 #include "bench/raw_echo.h"
 #include "bench/tcp_loopback.h"
 #include "optstate/client.h"
-#include "server/adamw_kernel.h"
+#include "server/kernels/adamw_kernel.h"
 
 ABSL_FLAG(std::string, target, "",
           "host:port of a running optstated (127.0.0.1 only); empty starts one. Server CPU "

@@ -2,11 +2,11 @@
 #include "server/backend_factory.h"
 
 #include "absl/strings/str_cat.h"
-#include "server/cpu_backend.h"
-#include "server/log.h"
+#include "server/backends/cpu/cpu_backend.h"
+#include "server/base/log.h"
 #ifdef OPTSTATE_HAVE_CUDA
-#include "server/cuda/cuda_backend.h"
-#include "server/cuda/cuda_device.h"
+#include "server/backends/cuda/cuda_backend.h"
+#include "server/backends/cuda/cuda_device.h"
 #endif
 
 namespace optstate {
@@ -16,7 +16,7 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(const BackendOptions&
   if (options.kind == "cpu") return std::make_unique<CpuBackend>(pool);
 #ifdef OPTSTATE_HAVE_CUDA
   if (options.kind == "cuda") {
-    absl::StatusOr<std::unique_ptr<CudaBackend>> cuda = CudaBackend::Create(options, pool);
+    absl::StatusOr<std::unique_ptr<CudaBackend>> cuda = CudaBackend::Create(options.cuda, pool);
     if (!cuda.ok()) {
       if (absl::IsFailedPrecondition(cuda.status())) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -29,12 +29,12 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(const BackendOptions&
   }
   if (options.kind == "auto") {
     // Any runtime error (no driver, no device, no kernel image) means cpu.
-    absl::StatusOr<CudaDeviceInfo> device = ProbeCudaDevice(options.device);
+    absl::StatusOr<CudaDeviceInfo> device = ProbeCudaDevice(options.cuda.device);
     if (!device.ok()) {
       Log(LogLevel::kInfo, "backend: cpu (auto; ", device.status().message(), ")");
       return std::make_unique<CpuBackend>(pool);
     }
-    absl::StatusOr<std::unique_ptr<CudaBackend>> cuda = CudaBackend::Create(options, pool);
+    absl::StatusOr<std::unique_ptr<CudaBackend>> cuda = CudaBackend::Create(options.cuda, pool);
     if (!cuda.ok()) return cuda.status();  // Bad CUDA flags: say so, do not hide them.
     Log(LogLevel::kInfo, "backend: cuda (auto; ", (*cuda)->Describe(), ")");
     return std::unique_ptr<StepBackend>(std::move(*cuda));

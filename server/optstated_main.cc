@@ -10,7 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "server/log.h"
+#include "server/base/log.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -76,13 +76,13 @@ int main(int argc, char** argv) {
   options.max_host_bytes = absl::GetFlag(FLAGS_max_host_bytes);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.backend.kind = absl::GetFlag(FLAGS_backend);
-  options.backend.paging = absl::GetFlag(FLAGS_paging);
-  options.backend.vram_reserved_bytes = absl::GetFlag(FLAGS_vram_reserved_bytes);
-  options.backend.vram_target_utilization = absl::GetFlag(FLAGS_vram_target_utilization);
-  options.backend.vram_total_bytes = absl::GetFlag(FLAGS_vram_total_bytes);
-  options.backend.staging_slots = absl::GetFlag(FLAGS_staging_slots);
-  options.backend.staging_slot_bytes = absl::GetFlag(FLAGS_staging_slot_bytes);
-  options.backend.device = absl::GetFlag(FLAGS_cuda_device);
+  options.backend.cuda.paging = absl::GetFlag(FLAGS_paging);
+  options.backend.cuda.vram_reserved_bytes = absl::GetFlag(FLAGS_vram_reserved_bytes);
+  options.backend.cuda.vram_target_utilization = absl::GetFlag(FLAGS_vram_target_utilization);
+  options.backend.cuda.vram_total_bytes = absl::GetFlag(FLAGS_vram_total_bytes);
+  options.backend.cuda.staging_slots = absl::GetFlag(FLAGS_staging_slots);
+  options.backend.cuda.staging_slot_bytes = absl::GetFlag(FLAGS_staging_slot_bytes);
+  options.backend.cuda.device = absl::GetFlag(FLAGS_cuda_device);
 
   absl::StatusOr<std::unique_ptr<optstate::Server>> server = optstate::Server::Start(options);
   if (!server.ok()) {

@@ -13,8 +13,8 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "server/log.h"
-#include "server/service.h"
+#include "server/base/log.h"
+#include "server/rpc/service.h"
 
 namespace optstate {
 

@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/backend_factory.h"
-#include "server/step_engine.h"
+#include "server/engine/step_engine.h"
 
 namespace optstate {
 

@@ -16,10 +16,10 @@
 #include <thread>
 #include <vector>
 
-#include "server/cpu_backend.h"
-#include "server/cuda/adamw_cuda.h"
-#include "server/cuda/cuda_backend.h"
-#include "server/thread_pool.h"
+#include "server/backends/cpu/cpu_backend.h"
+#include "server/kernels/adamw_cuda.h"
+#include "server/backends/cuda/cuda_backend.h"
+#include "server/base/thread_pool.h"
 
 namespace optstate {
 namespace {
@@ -189,7 +189,7 @@ struct PagedFigures {
 };
 
 PagedFigures PagedStep(uint64_t n) {
-  BackendOptions options;  // Defaults: 4 slots of 64 MiB.
+  CudaOptions options;  // Defaults: 4 slots of 64 MiB.
   options.paging = "fully_paged";
   const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ThreadPool pool(threads);

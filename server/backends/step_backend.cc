@@ -1,5 +1,5 @@
 // The default ApplyAndEncode: gather, Apply, encode.
-#include "server/step_backend.h"
+#include "server/backends/step_backend.h"
 
 #include <vector>
 

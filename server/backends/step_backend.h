@@ -1,8 +1,8 @@
 // Where the AdamW update runs and where state lives while it does: the CPU
 // backend steps host memory in place; the CUDA backend keeps groups resident
 // in VRAM or pages them through a device staging pool.
-#ifndef OPTSTATE_SERVER_STEP_BACKEND_H_
-#define OPTSTATE_SERVER_STEP_BACKEND_H_
+#ifndef OPTSTATE_SERVER_BACKENDS_STEP_BACKEND_H_
+#define OPTSTATE_SERVER_BACKENDS_STEP_BACKEND_H_
 
 #include <cstdint>
 #include <string>
@@ -10,10 +10,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "optstate/dtype.h"
-#include "server/adamw_kernel.h"
-#include "server/group.h"
-#include "server/host_allocator.h"
-#include "server/segmented_bytes.h"
+#include "server/kernels/adamw_kernel.h"
+#include "server/state/group.h"
+#include "server/state/host_allocator.h"
+#include "server/base/segmented_bytes.h"
 
 namespace optstate {
 
@@ -79,4 +79,4 @@ class StepBackend {
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_STEP_BACKEND_H_
+#endif  // OPTSTATE_SERVER_BACKENDS_STEP_BACKEND_H_

@@ -1,5 +1,5 @@
 // Ring buffer of latency samples; percentiles by nearest rank.
-#include "server/latency_recorder.h"
+#include "server/base/latency_recorder.h"
 
 #include <algorithm>
 #include <cmath>

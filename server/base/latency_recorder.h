@@ -1,6 +1,6 @@
 // Keeps the most recent latency samples and answers percentile queries.
-#ifndef OPTSTATE_SERVER_LATENCY_RECORDER_H_
-#define OPTSTATE_SERVER_LATENCY_RECORDER_H_
+#ifndef OPTSTATE_SERVER_BASE_LATENCY_RECORDER_H_
+#define OPTSTATE_SERVER_BASE_LATENCY_RECORDER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -35,4 +35,4 @@ class LatencyRecorder {
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_LATENCY_RECORDER_H_
+#endif  // OPTSTATE_SERVER_BASE_LATENCY_RECORDER_H_

@@ -1,5 +1,5 @@
 // Leveled logging to stderr.
-#include "server/log.h"
+#include "server/base/log.h"
 
 #include <atomic>
 #include <cstdio>

@@ -1,7 +1,7 @@
 // Minimal leveled logging to stderr: "LEVEL time message". Abseil 20220623
 // has no logging library; this is all the daemon needs.
-#ifndef OPTSTATE_SERVER_LOG_H_
-#define OPTSTATE_SERVER_LOG_H_
+#ifndef OPTSTATE_SERVER_BASE_LOG_H_
+#define OPTSTATE_SERVER_BASE_LOG_H_
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -23,4 +23,4 @@ void Log(LogLevel level, const Args&... args) {
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_LOG_H_
+#endif  // OPTSTATE_SERVER_BASE_LOG_H_

@@ -1,5 +1,5 @@
 // Segment lookup by binary search over the segments' start offsets.
-#include "server/segmented_bytes.h"
+#include "server/base/segmented_bytes.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,7 +1,7 @@
 // Bytes that arrived in pieces: a message's payload as the transport's slices
 // hold it, read in place instead of gathered into one buffer first.
-#ifndef OPTSTATE_SERVER_SEGMENTED_BYTES_H_
-#define OPTSTATE_SERVER_SEGMENTED_BYTES_H_
+#ifndef OPTSTATE_SERVER_BASE_SEGMENTED_BYTES_H_
+#define OPTSTATE_SERVER_BASE_SEGMENTED_BYTES_H_
 
 #include <cstddef>
 #include <string>
@@ -64,4 +64,4 @@ class SegmentedBytes {
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_SEGMENTED_BYTES_H_
+#endif  // OPTSTATE_SERVER_BASE_SEGMENTED_BYTES_H_

@@ -1,5 +1,5 @@
 // Worker threads, a FIFO of tasks, and a caller-participating ParallelFor.
-#include "server/thread_pool.h"
+#include "server/base/thread_pool.h"
 
 #include <atomic>
 #include <memory>

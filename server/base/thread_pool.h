@@ -1,7 +1,7 @@
 // A fixed pool of worker threads that runs scheduled tasks and splits a
 // range of work over its threads with ParallelFor.
-#ifndef OPTSTATE_SERVER_THREAD_POOL_H_
-#define OPTSTATE_SERVER_THREAD_POOL_H_
+#ifndef OPTSTATE_SERVER_BASE_THREAD_POOL_H_
+#define OPTSTATE_SERVER_BASE_THREAD_POOL_H_
 
 #include <condition_variable>
 #include <cstddef>
@@ -46,4 +46,4 @@ class ThreadPool {
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_THREAD_POOL_H_
+#endif  // OPTSTATE_SERVER_BASE_THREAD_POOL_H_

@@ -1,10 +1,10 @@
 // Registration (budget first, allocation outside the lock), lookup, deletion.
-#include "server/state_store.h"
+#include "server/engine/state_store.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "server/log.h"
+#include "server/base/log.h"
 
 namespace optstate {
 namespace {

@@ -1,7 +1,7 @@
 // The set of live groups, keyed by (tenant, name), and the host-memory
 // budget they share. Owns registration and deletion; holds no optimizer math.
-#ifndef OPTSTATE_SERVER_STATE_STORE_H_
-#define OPTSTATE_SERVER_STATE_STORE_H_
+#ifndef OPTSTATE_SERVER_ENGINE_STATE_STORE_H_
+#define OPTSTATE_SERVER_ENGINE_STATE_STORE_H_
 
 #include <cstdint>
 #include <memory>
@@ -11,8 +11,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "server/group.h"
-#include "server/step_backend.h"
+#include "server/state/group.h"
+#include "server/backends/step_backend.h"
 
 namespace optstate {
 
@@ -66,4 +66,4 @@ absl::Status ValidateGroupName(const std::string& name);
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_STATE_STORE_H_
+#endif  // OPTSTATE_SERVER_ENGINE_STATE_STORE_H_

@@ -1,11 +1,11 @@
 // Chunk validation, page locking, exactly-once bookkeeping and reply encoding.
-#include "server/step_engine.h"
+#include "server/engine/step_engine.h"
 
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "server/log.h"
+#include "server/base/log.h"
 
 namespace optstate {
 namespace {

@@ -1,8 +1,8 @@
 // Applies step chunks and initial-value chunks to groups: validates them,
 // enforces exactly-once per page, runs the backend, and encodes the updated
 // params for the reply. Knows nothing of gRPC.
-#ifndef OPTSTATE_SERVER_STEP_ENGINE_H_
-#define OPTSTATE_SERVER_STEP_ENGINE_H_
+#ifndef OPTSTATE_SERVER_ENGINE_STEP_ENGINE_H_
+#define OPTSTATE_SERVER_ENGINE_STEP_ENGINE_H_
 
 #include <cstdint>
 #include <memory>
@@ -14,10 +14,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "optstate/dtype.h"
-#include "server/segmented_bytes.h"
-#include "server/state_store.h"
-#include "server/step_backend.h"
-#include "server/thread_pool.h"
+#include "server/base/segmented_bytes.h"
+#include "server/engine/state_store.h"
+#include "server/backends/step_backend.h"
+#include "server/base/thread_pool.h"
 
 namespace optstate {
 
@@ -112,4 +112,4 @@ class StepEngine {
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_STEP_ENGINE_H_
+#endif  // OPTSTATE_SERVER_ENGINE_STEP_ENGINE_H_

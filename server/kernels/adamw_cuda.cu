@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "server/cuda/adamw_cuda.h"
+#include "server/kernels/adamw_cuda.h"
 
 namespace optstate {
 namespace {

@@ -1,14 +1,14 @@
 // The fused AdamW kernel for CUDA devices: one pass over p, g, m, v, the same
 // formula and operation order as the CPU kernel (server/adamw_kernel.h).
-#ifndef OPTSTATE_SERVER_CUDA_ADAMW_CUDA_H_
-#define OPTSTATE_SERVER_CUDA_ADAMW_CUDA_H_
+#ifndef OPTSTATE_SERVER_KERNELS_ADAMW_CUDA_H_
+#define OPTSTATE_SERVER_KERNELS_ADAMW_CUDA_H_
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 
 #include "optstate/dtype.h"
-#include "server/adamw_kernel.h"
+#include "server/kernels/adamw_kernel.h"
 
 namespace optstate {
 
@@ -29,4 +29,4 @@ cudaError_t CheckAdamWKernelImage();
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_CUDA_ADAMW_CUDA_H_
+#endif  // OPTSTATE_SERVER_KERNELS_ADAMW_CUDA_H_

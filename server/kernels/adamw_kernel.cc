@@ -1,10 +1,10 @@
 // AdamW constants, the scalar path, the finite check and path dispatch.
-#include "server/adamw_kernel.h"
+#include "server/kernels/adamw_kernel.h"
 
 #include <cmath>
 
 #include "common/cpu_features.h"
-#include "server/adamw_kernel_scalar.h"
+#include "server/kernels/adamw_kernel_scalar.h"
 
 namespace optstate {
 

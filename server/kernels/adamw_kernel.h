@@ -1,7 +1,7 @@
 // The AdamW update over plain arrays, exactly as torch.optim.AdamW computes it
 // in fp32. Knows nothing of groups, pages or RPCs.
-#ifndef OPTSTATE_SERVER_ADAMW_KERNEL_H_
-#define OPTSTATE_SERVER_ADAMW_KERNEL_H_
+#ifndef OPTSTATE_SERVER_KERNELS_ADAMW_KERNEL_H_
+#define OPTSTATE_SERVER_KERNELS_ADAMW_KERNEL_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -82,4 +82,4 @@ bool AdamWUsesAvx2();
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_ADAMW_KERNEL_H_
+#endif  // OPTSTATE_SERVER_KERNELS_ADAMW_KERNEL_H_

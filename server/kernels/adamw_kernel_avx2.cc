@@ -3,7 +3,7 @@
 #include <immintrin.h>
 
 #include "common/bfloat16_avx2.h"
-#include "server/adamw_kernel_scalar.h"
+#include "server/kernels/adamw_kernel_scalar.h"
 
 #if defined(__x86_64__)
 

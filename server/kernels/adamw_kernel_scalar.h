@@ -1,13 +1,13 @@
 // The per-element AdamW formula shared by the scalar path and the vector
 // paths' tails, so an array's tail is computed by the same code.
-#ifndef OPTSTATE_SERVER_ADAMW_KERNEL_SCALAR_H_
-#define OPTSTATE_SERVER_ADAMW_KERNEL_SCALAR_H_
+#ifndef OPTSTATE_SERVER_KERNELS_ADAMW_KERNEL_SCALAR_H_
+#define OPTSTATE_SERVER_KERNELS_ADAMW_KERNEL_SCALAR_H_
 
 #include <cmath>
 #include <cstring>
 
 #include "optstate/dtype.h"
-#include "server/adamw_kernel.h"
+#include "server/kernels/adamw_kernel.h"
 
 namespace optstate::kernel_internal {
 
@@ -54,4 +54,4 @@ size_t FindNonFiniteGradientAvx2(const void* grad, WireType grad_type, size_t co
 
 }  // namespace optstate::kernel_internal
 
-#endif  // OPTSTATE_SERVER_ADAMW_KERNEL_SCALAR_H_
+#endif  // OPTSTATE_SERVER_KERNELS_ADAMW_KERNEL_SCALAR_H_

@@ -1,5 +1,5 @@
 // Field-by-field translation between optstate.v1 messages and server types.
-#include "server/proto_convert.h"
+#include "server/rpc/proto_convert.h"
 
 #include "absl/strings/str_cat.h"
 

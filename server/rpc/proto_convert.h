@@ -1,7 +1,7 @@
 // Translation between the wire messages (optstate.v1) and the server's own
 // types. The only server unit besides the service that sees protobuf types.
-#ifndef OPTSTATE_SERVER_PROTO_CONVERT_H_
-#define OPTSTATE_SERVER_PROTO_CONVERT_H_
+#ifndef OPTSTATE_SERVER_RPC_PROTO_CONVERT_H_
+#define OPTSTATE_SERVER_RPC_PROTO_CONVERT_H_
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -9,8 +9,8 @@
 #include "optstate/dtype.h"
 #include "optstate/v1/dtype_proto.h"
 #include "optstate/v1/optstate.pb.h"
-#include "server/group.h"
-#include "server/step_backend.h"
+#include "server/state/group.h"
+#include "server/backends/step_backend.h"
 
 namespace optstate {
 
@@ -33,4 +33,4 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_PROTO_CONVERT_H_
+#endif  // OPTSTATE_SERVER_RPC_PROTO_CONVERT_H_

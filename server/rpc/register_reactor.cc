@@ -1,8 +1,8 @@
 // RegisterGroup: the spec registers (idempotently), values chunks fill pages.
-#include "server/register_reactor.h"
+#include "server/rpc/register_reactor.h"
 
 #include "absl/strings/str_cat.h"
-#include "server/proto_convert.h"
+#include "server/rpc/proto_convert.h"
 
 namespace optstate {
 namespace {

@@ -1,14 +1,14 @@
 // The RegisterGroup stream: a spec, then chunks of initial values. One
 // reactor per call; store and engine work runs on the worker pool.
-#ifndef OPTSTATE_SERVER_REGISTER_REACTOR_H_
-#define OPTSTATE_SERVER_REGISTER_REACTOR_H_
+#ifndef OPTSTATE_SERVER_RPC_REGISTER_REACTOR_H_
+#define OPTSTATE_SERVER_RPC_REGISTER_REACTOR_H_
 
 #include <memory>
 #include <string>
 
 #include "grpcpp/grpcpp.h"
 #include "optstate/v1/optstate.pb.h"
-#include "server/step_engine.h"
+#include "server/engine/step_engine.h"
 
 namespace optstate {
 
@@ -43,4 +43,4 @@ class RegisterReactor : public grpc::ServerReadReactor<v1::RegisterGroupRequest>
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_REGISTER_REACTOR_H_
+#endif  // OPTSTATE_SERVER_RPC_REGISTER_REACTOR_H_

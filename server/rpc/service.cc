@@ -1,10 +1,10 @@
 // RPC handlers: streams get reactors; unary calls answer inline (they only
 // read counters or take the store's lock briefly).
-#include "server/service.h"
+#include "server/rpc/service.h"
 
-#include "server/proto_convert.h"
-#include "server/register_reactor.h"
-#include "server/step_reactor.h"
+#include "server/rpc/proto_convert.h"
+#include "server/rpc/register_reactor.h"
+#include "server/rpc/step_reactor.h"
 
 namespace optstate {
 namespace {

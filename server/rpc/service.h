@@ -1,15 +1,15 @@
 // The gRPC service optstate.v1.OptimizerState. It only translates RPCs into
 // calls on the state store and the step engine; it holds no optimizer math.
-#ifndef OPTSTATE_SERVER_SERVICE_H_
-#define OPTSTATE_SERVER_SERVICE_H_
+#ifndef OPTSTATE_SERVER_RPC_SERVICE_H_
+#define OPTSTATE_SERVER_RPC_SERVICE_H_
 
 #include "optstate/v1/optstate.grpc.pb.h"
-#include "server/step_engine.h"
+#include "server/engine/step_engine.h"
 
 namespace optstate {
 
 // Every method on the callback API; Step raw (grpc::ByteBuffer in and out) so
-// its reactor parses requests and writes replies itself (server/step_wire.h).
+// its reactor parses requests and writes replies itself (server/rpc/step_reply_builder.h).
 using OptimizerStateCallbackBase = v1::OptimizerState::WithCallbackMethod_RegisterGroup<
     v1::OptimizerState::WithRawCallbackMethod_Step<
         v1::OptimizerState::WithCallbackMethod_GetStats<
@@ -53,4 +53,4 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_SERVICE_H_
+#endif  // OPTSTATE_SERVER_RPC_SERVICE_H_

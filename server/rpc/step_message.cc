@@ -1,10 +1,10 @@
 // Validation of a whole message first, then its chunks in order.
-#include "server/step_message.h"
+#include "server/rpc/step_message.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
-#include "server/proto_convert.h"
-#include "server/step_wire.h"
+#include "server/rpc/proto_convert.h"
+#include "server/rpc/step_reply_builder.h"
 
 namespace optstate {
 namespace {

@@ -1,8 +1,8 @@
 // One Step message applied as a unit: every chunk checked and the reply
 // bounded before any is applied, then the chunks applied in order and the
 // reply built. The Step reactor's work on a worker thread; no gRPC calls.
-#ifndef OPTSTATE_SERVER_STEP_MESSAGE_H_
-#define OPTSTATE_SERVER_STEP_MESSAGE_H_
+#ifndef OPTSTATE_SERVER_RPC_STEP_MESSAGE_H_
+#define OPTSTATE_SERVER_RPC_STEP_MESSAGE_H_
 
 #include <cstddef>
 #include <string>
@@ -10,8 +10,8 @@
 
 #include "absl/status/status.h"
 #include "grpcpp/support/slice.h"
-#include "server/step_engine.h"
-#include "server/step_request_reader.h"
+#include "server/engine/step_engine.h"
+#include "server/rpc/step_request_reader.h"
 
 namespace optstate {
 
@@ -28,4 +28,4 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_STEP_MESSAGE_H_
+#endif  // OPTSTATE_SERVER_RPC_STEP_MESSAGE_H_

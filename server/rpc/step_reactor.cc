@@ -1,11 +1,11 @@
 // The Step stream's reactor: a small state machine driven by Advance().
-#include "server/step_reactor.h"
+#include "server/rpc/step_reactor.h"
 
 #include <algorithm>
 #include <vector>
 
-#include "server/proto_convert.h"
-#include "server/step_message.h"
+#include "server/rpc/proto_convert.h"
+#include "server/rpc/step_message.h"
 
 namespace optstate {
 

@@ -1,7 +1,7 @@
 // The Step stream: one reactor per call. Reads chunks, hands them to the step
 // engine on the worker pool, and writes one reply per chunk, in order.
-#ifndef OPTSTATE_SERVER_STEP_REACTOR_H_
-#define OPTSTATE_SERVER_STEP_REACTOR_H_
+#ifndef OPTSTATE_SERVER_RPC_STEP_REACTOR_H_
+#define OPTSTATE_SERVER_RPC_STEP_REACTOR_H_
 
 #include <cstdint>
 #include <deque>
@@ -15,8 +15,8 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/v1/optstate.pb.h"
-#include "server/step_engine.h"
-#include "server/step_request_reader.h"
+#include "server/engine/step_engine.h"
+#include "server/rpc/step_request_reader.h"
 
 namespace optstate {
 
@@ -118,4 +118,4 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_STEP_REACTOR_H_
+#endif  // OPTSTATE_SERVER_RPC_STEP_REACTOR_H_

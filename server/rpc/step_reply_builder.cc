@@ -1,7 +1,7 @@
 // StepReplyBuilder: one slice laid out as
 // [params tag][length][params][fields], behind a `more` tag and length when
 // the reply is packed.
-#include "server/step_wire.h"
+#include "server/rpc/step_reply_builder.h"
 
 #include <cstdint>
 #include <cstring>

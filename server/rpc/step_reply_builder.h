@@ -8,8 +8,8 @@
 // other fields follow once the chunk is done. The reply to a chunk packed in
 // a request's `more` is built the same way, as the StepResponse.more field
 // that carries it, and follows the outer reply as further slices.
-#ifndef OPTSTATE_SERVER_STEP_WIRE_H_
-#define OPTSTATE_SERVER_STEP_WIRE_H_
+#ifndef OPTSTATE_SERVER_RPC_STEP_REPLY_BUILDER_H_
+#define OPTSTATE_SERVER_RPC_STEP_REPLY_BUILDER_H_
 
 #include <cstddef>
 
@@ -55,4 +55,4 @@ class StepReplyBuilder {
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_STEP_WIRE_H_
+#endif  // OPTSTATE_SERVER_RPC_STEP_REPLY_BUILDER_H_

@@ -1,6 +1,6 @@
 // A StepRequest scanner over the message's slices: CodedInputStream reads
 // the fields, and each gradient is recorded as the slice pieces holding it.
-#include "server/step_request_reader.h"
+#include "server/rpc/step_request_reader.h"
 
 #include <algorithm>
 #include <climits>

@@ -2,8 +2,8 @@
 // protobuf's own parser would, but every chunk's gradient is left where it
 // arrived, in the transport's slices, which the parsed message keeps; the
 // step engine reads it from there (SegmentedBytes) instead of from a copy.
-#ifndef OPTSTATE_SERVER_STEP_REQUEST_READER_H_
-#define OPTSTATE_SERVER_STEP_REQUEST_READER_H_
+#ifndef OPTSTATE_SERVER_RPC_STEP_REQUEST_READER_H_
+#define OPTSTATE_SERVER_RPC_STEP_REQUEST_READER_H_
 
 #include <cstddef>
 #include <vector>
@@ -12,7 +12,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 #include "optstate/v1/optstate.pb.h"
-#include "server/segmented_bytes.h"
+#include "server/base/segmented_bytes.h"
 
 namespace optstate {
 
@@ -43,4 +43,4 @@ absl::Status ReadStepRequest(grpc::ByteBuffer* buffer, size_t max_packed, StepMe
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_STEP_REQUEST_READER_H_
+#endif  // OPTSTATE_SERVER_RPC_STEP_REQUEST_READER_H_

@@ -1,5 +1,5 @@
 // Group allocation, page bookkeeping and hyperparameter validation.
-#include "server/group.h"
+#include "server/state/group.h"
 
 #include <charconv>
 #include <cmath>

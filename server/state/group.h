@@ -1,8 +1,8 @@
 // One parameter group: a named flat fp32 tensor with its AdamW state (params,
 // exp_avg m, exp_avg_sq v) in host memory, divided into fixed pages that each
 // record the step they have reached.
-#ifndef OPTSTATE_SERVER_GROUP_H_
-#define OPTSTATE_SERVER_GROUP_H_
+#ifndef OPTSTATE_SERVER_STATE_GROUP_H_
+#define OPTSTATE_SERVER_STATE_GROUP_H_
 
 #include <atomic>
 #include <cstddef>
@@ -13,8 +13,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "server/group_counters.h"
-#include "server/host_allocator.h"
+#include "server/state/group_counters.h"
+#include "server/state/host_allocator.h"
 
 namespace optstate {
 
@@ -171,4 +171,4 @@ class Group {
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_GROUP_H_
+#endif  // OPTSTATE_SERVER_STATE_GROUP_H_

@@ -1,5 +1,5 @@
 // Step-latency bookkeeping for GroupCounters.
-#include "server/group_counters.h"
+#include "server/state/group_counters.h"
 
 namespace optstate {
 

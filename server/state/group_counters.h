@@ -1,7 +1,7 @@
 // What a group has done: chunks, bytes, paging traffic and latencies. Plain
 // numbers that GetStats reports; nothing here affects the optimizer math.
-#ifndef OPTSTATE_SERVER_GROUP_COUNTERS_H_
-#define OPTSTATE_SERVER_GROUP_COUNTERS_H_
+#ifndef OPTSTATE_SERVER_STATE_GROUP_COUNTERS_H_
+#define OPTSTATE_SERVER_STATE_GROUP_COUNTERS_H_
 
 #include <atomic>
 #include <cstdint>
@@ -10,7 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "server/latency_recorder.h"
+#include "server/base/latency_recorder.h"
 
 namespace optstate {
 
@@ -50,4 +50,4 @@ class GroupCounters {
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_GROUP_COUNTERS_H_
+#endif  // OPTSTATE_SERVER_STATE_GROUP_COUNTERS_H_

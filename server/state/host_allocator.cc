@@ -1,6 +1,6 @@
 // Ordinary aligned host memory. Large blocks come from mmap via aligned_alloc
 // and are zero already; the memset touches only what the kernel lazily maps.
-#include "server/host_allocator.h"
+#include "server/state/host_allocator.h"
 
 #include <cstdlib>
 #include <cstring>

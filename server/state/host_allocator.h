@@ -1,7 +1,7 @@
 // Where a group's host arrays come from: ordinary 64-byte aligned memory, or
 // page-locked memory when a CUDA device will copy them.
-#ifndef OPTSTATE_SERVER_HOST_ALLOCATOR_H_
-#define OPTSTATE_SERVER_HOST_ALLOCATOR_H_
+#ifndef OPTSTATE_SERVER_STATE_HOST_ALLOCATOR_H_
+#define OPTSTATE_SERVER_STATE_HOST_ALLOCATOR_H_
 
 #include <cstddef>
 
@@ -25,4 +25,4 @@ HostAllocator* AlignedHostAllocator();
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_HOST_ALLOCATOR_H_
+#endif  // OPTSTATE_SERVER_STATE_HOST_ALLOCATOR_H_

@@ -16,7 +16,7 @@
 #include "optstate/v1/optstate.pb.h"
 #include "tests/fuzz/step_input_seeds.h"
 #include "tests/fuzz/step_input_target.h"
-#include "tests/unit/test_seed.h"
+#include "tests/testing/test_seed.h"
 
 namespace {
 

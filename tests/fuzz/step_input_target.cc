@@ -11,11 +11,11 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 #include "optstate/dtype.h"
-#include "server/log.h"
-#include "server/proto_convert.h"
-#include "server/step_message.h"
-#include "server/step_request_reader.h"
-#include "tests/unit/random_cuts.h"
+#include "server/base/log.h"
+#include "server/rpc/proto_convert.h"
+#include "server/rpc/step_message.h"
+#include "server/rpc/step_request_reader.h"
+#include "tests/testing/random_cuts.h"
 
 namespace optstate::fuzz {
 namespace {

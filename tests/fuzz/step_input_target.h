@@ -10,10 +10,10 @@
 #include <map>
 #include <string>
 
-#include "server/cpu_backend.h"
-#include "server/state_store.h"
-#include "server/step_engine.h"
-#include "server/thread_pool.h"
+#include "server/backends/cpu/cpu_backend.h"
+#include "server/engine/state_store.h"
+#include "server/engine/step_engine.h"
+#include "server/base/thread_pool.h"
 
 namespace optstate::fuzz {
 

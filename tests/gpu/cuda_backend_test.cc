@@ -2,7 +2,7 @@
 // steps (whole groups, page runs, concurrent disjoint chunks, every gradient
 // type) give the same params, m and v; placements, refusals, promotion after
 // a delete, counters, and the step engine's replies.
-#include "server/cuda/cuda_backend.h"
+#include "server/backends/cuda/cuda_backend.h"
 
 #include <cstring>
 #include <memory>
@@ -12,12 +12,12 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/cpu_backend.h"
-#include "server/state_store.h"
-#include "server/step_engine.h"
-#include "server/thread_pool.h"
+#include "server/backends/cpu/cpu_backend.h"
+#include "server/engine/state_store.h"
+#include "server/engine/step_engine.h"
+#include "server/base/thread_pool.h"
 #include "tests/gpu/gpu_test_util.h"
-#include "tests/reference_adamw.h"
+#include "tests/testing/reference_adamw.h"
 
 namespace optstate {
 namespace {
@@ -31,9 +31,8 @@ constexpr uint64_t kPage = 4096;
 constexpr int kSlots = 3;
 constexpr uint64_t kSlotBytes = 64 * 1024;  // Paged pieces of 4096 elements.
 
-BackendOptions Options(const std::string& paging, uint64_t vram_total_bytes = 0) {
-  BackendOptions o;
-  o.kind = "cuda";
+CudaOptions Options(const std::string& paging, uint64_t vram_total_bytes = 0) {
+  CudaOptions o;
   o.paging = paging;
   o.vram_total_bytes = vram_total_bytes;
   o.vram_target_utilization = 0.5;
@@ -294,7 +293,7 @@ TEST_F(CudaBackendTest, StatsReportStrategyBudgetAndPool) {
 }
 
 TEST_F(CudaBackendTest, PoolThatDoesNotFitTheBudgetIsRefused) {
-  BackendOptions o = Options("adaptive", 1 << 20);  // 512 KiB available.
+  CudaOptions o = Options("adaptive", 1 << 20);  // 512 KiB available.
   o.staging_slots = 4;
   o.staging_slot_bytes = 256 * 1024;
   auto cuda = CudaBackend::Create(o);

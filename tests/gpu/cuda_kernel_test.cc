@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/adamw_kernel.h"
-#include "server/cuda/adamw_cuda.h"
+#include "server/kernels/adamw_kernel.h"
+#include "server/kernels/adamw_cuda.h"
 #include "tests/gpu/gpu_test_util.h"
-#include "tests/reference_adamw.h"
+#include "tests/testing/reference_adamw.h"
 
 namespace optstate {
 namespace {

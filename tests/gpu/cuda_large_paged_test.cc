@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/cpu_backend.h"
-#include "server/cuda/cuda_backend.h"
-#include "server/thread_pool.h"
+#include "server/backends/cpu/cpu_backend.h"
+#include "server/backends/cuda/cuda_backend.h"
+#include "server/base/thread_pool.h"
 #include "tests/gpu/gpu_test_util.h"
-#include "tests/reference_adamw.h"
+#include "tests/testing/reference_adamw.h"
 
 namespace optstate {
 namespace {
@@ -50,7 +50,7 @@ TEST(CudaLargePagedTest, OneGigaElementGroupThroughASixteenMebibytePool) {
   ASSERT_CUDA(cudaFree(nullptr));  // Create the context before measuring.
   const uint64_t used_before = UsedDeviceBytes();
 
-  BackendOptions options;
+  CudaOptions options;
   options.paging = "fully_paged";
   options.vram_total_bytes = 32ull << 20;  // 16 MiB available at 50%.
   options.vram_target_utilization = 0.5;

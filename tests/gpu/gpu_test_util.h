@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/cuda/cuda_device.h"
+#include "server/backends/cuda/cuda_device.h"
 
 namespace optstate::testing {
 

@@ -5,9 +5,9 @@
 #include "grpcpp/grpcpp.h"
 #include "optstate/client.h"
 #include "optstate/v1/optstate.grpc.pb.h"
-#include "tests/integration/cutting_proxy.h"
-#include "tests/integration/daemon_process.h"
-#include "tests/integration/random_tensors.h"
+#include "tests/testing/cutting_proxy.h"
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/random_tensors.h"
 
 namespace optstate::testing {
 namespace {

@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include "optstate/client.h"
-#include "tests/integration/daemon_process.h"
-#include "tests/integration/random_tensors.h"
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/random_tensors.h"
 
 namespace optstate::testing {
 namespace {

@@ -7,7 +7,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
-#include "tests/integration/daemon_process.h"
+#include "tests/testing/daemon_process.h"
 
 namespace optstate::testing {
 namespace {

@@ -1,5 +1,5 @@
 // One thread accepts; one thread per connection pumps both directions.
-#include "tests/integration/cutting_proxy.h"
+#include "tests/testing/cutting_proxy.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

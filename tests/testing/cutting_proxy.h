@@ -1,7 +1,7 @@
 // A loopback TCP proxy that can cut a connection after a given number of
 // bytes, to break a gRPC stream part-way the way a network failure would.
-#ifndef OPTSTATE_TESTS_INTEGRATION_CUTTING_PROXY_H_
-#define OPTSTATE_TESTS_INTEGRATION_CUTTING_PROXY_H_
+#ifndef OPTSTATE_TESTS_TESTING_CUTTING_PROXY_H_
+#define OPTSTATE_TESTS_TESTING_CUTTING_PROXY_H_
 
 #include <atomic>
 #include <cstdint>
@@ -42,4 +42,4 @@ class CuttingProxy {
 
 }  // namespace optstate::testing
 
-#endif  // OPTSTATE_TESTS_INTEGRATION_CUTTING_PROXY_H_
+#endif  // OPTSTATE_TESTS_TESTING_CUTTING_PROXY_H_

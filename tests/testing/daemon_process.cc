@@ -1,5 +1,5 @@
 // fork/exec of optstated, reading its "listening on port N" line.
-#include "tests/integration/daemon_process.h"
+#include "tests/testing/daemon_process.h"
 
 #include <poll.h>
 #include <signal.h>

@@ -1,7 +1,7 @@
 // Runs a real optstated process on a free loopback port for a test, and
 // stops it with SIGTERM, reporting how it exited.
-#ifndef OPTSTATE_TESTS_INTEGRATION_DAEMON_PROCESS_H_
-#define OPTSTATE_TESTS_INTEGRATION_DAEMON_PROCESS_H_
+#ifndef OPTSTATE_TESTS_TESTING_DAEMON_PROCESS_H_
+#define OPTSTATE_TESTS_TESTING_DAEMON_PROCESS_H_
 
 #include <sys/types.h>
 
@@ -38,4 +38,4 @@ class DaemonProcess {
 
 }  // namespace optstate::testing
 
-#endif  // OPTSTATE_TESTS_INTEGRATION_DAEMON_PROCESS_H_
+#endif  // OPTSTATE_TESTS_TESTING_DAEMON_PROCESS_H_

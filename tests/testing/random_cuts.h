@@ -1,8 +1,8 @@
 // Bytes cut into pieces at random, as a transport delivers a message, and
 // gathered back: shared by the tests of everything that reads messages in
 // pieces.
-#ifndef OPTSTATE_TESTS_UNIT_RANDOM_CUTS_H_
-#define OPTSTATE_TESTS_UNIT_RANDOM_CUTS_H_
+#ifndef OPTSTATE_TESTS_TESTING_RANDOM_CUTS_H_
+#define OPTSTATE_TESTS_TESTING_RANDOM_CUTS_H_
 
 #include <algorithm>
 #include <random>
@@ -12,7 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
-#include "server/segmented_bytes.h"
+#include "server/base/segmented_bytes.h"
 
 namespace optstate::testing {
 
@@ -56,4 +56,4 @@ inline std::string Gather(const SegmentedBytes& bytes) {
 
 }  // namespace optstate::testing
 
-#endif  // OPTSTATE_TESTS_UNIT_RANDOM_CUTS_H_
+#endif  // OPTSTATE_TESTS_TESTING_RANDOM_CUTS_H_

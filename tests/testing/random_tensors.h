@@ -1,15 +1,15 @@
 // Random tensors and a local fp32/float64 model of a group for integration
 // tests: fresh data each run, with the seed printed for reproduction.
-#ifndef OPTSTATE_TESTS_INTEGRATION_RANDOM_TENSORS_H_
-#define OPTSTATE_TESTS_INTEGRATION_RANDOM_TENSORS_H_
+#ifndef OPTSTATE_TESTS_TESTING_RANDOM_TENSORS_H_
+#define OPTSTATE_TESTS_TESTING_RANDOM_TENSORS_H_
 
 #include <cstdint>
 #include <random>
 #include <vector>
 
 #include "optstate/client.h"
-#include "server/adamw_kernel.h"
-#include "tests/reference_adamw.h"
+#include "server/kernels/adamw_kernel.h"
+#include "tests/testing/reference_adamw.h"
 
 namespace optstate::testing {
 
@@ -56,4 +56,4 @@ class GroupModel {
 
 }  // namespace optstate::testing
 
-#endif  // OPTSTATE_TESTS_INTEGRATION_RANDOM_TENSORS_H_
+#endif  // OPTSTATE_TESTS_TESTING_RANDOM_TENSORS_H_

@@ -1,7 +1,7 @@
 // The independent reference for every exactness test: AdamW as
 // torch.optim.AdamW defines it, computed in float64, one element at a time.
-#ifndef OPTSTATE_TESTS_REFERENCE_ADAMW_H_
-#define OPTSTATE_TESTS_REFERENCE_ADAMW_H_
+#ifndef OPTSTATE_TESTS_TESTING_REFERENCE_ADAMW_H_
+#define OPTSTATE_TESTS_TESTING_REFERENCE_ADAMW_H_
 
 #include <cmath>
 #include <cstddef>
@@ -63,4 +63,4 @@ double MaxAbsError(const A& a, const B& b) {
 
 }  // namespace optstate::testing
 
-#endif  // OPTSTATE_TESTS_REFERENCE_ADAMW_H_
+#endif  // OPTSTATE_TESTS_TESTING_REFERENCE_ADAMW_H_

@@ -1,7 +1,7 @@
 // Seeds for the randomised unit tests: fresh each run, printed so a failure
 // can be replayed with OPTSTATE_TEST_SEED=<seed>.
-#ifndef OPTSTATE_TESTS_UNIT_TEST_SEED_H_
-#define OPTSTATE_TESTS_UNIT_TEST_SEED_H_
+#ifndef OPTSTATE_TESTS_TESTING_TEST_SEED_H_
+#define OPTSTATE_TESTS_TESTING_TEST_SEED_H_
 
 #include <cstdint>
 #include <cstdlib>
@@ -27,4 +27,4 @@ inline std::string SeedTrace(uint64_t seed) {
 
 }  // namespace optstate::testing
 
-#endif  // OPTSTATE_TESTS_UNIT_TEST_SEED_H_
+#endif  // OPTSTATE_TESTS_TESTING_TEST_SEED_H_

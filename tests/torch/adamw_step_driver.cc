@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "server/adamw_kernel.h"
+#include "server/kernels/adamw_kernel.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // CPU backend: the range is cut into cache-friendly shards run on the pool.
-#include "server/cpu_backend.h"
+#include "server/backends/cpu/cpu_backend.h"
 
 #include <algorithm>
 

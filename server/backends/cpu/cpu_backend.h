@@ -1,10 +1,10 @@
 // The CPU backend: steps host memory in place with the vectorized AdamW
 // kernel, split over a thread pool.
-#ifndef OPTSTATE_SERVER_CPU_BACKEND_H_
-#define OPTSTATE_SERVER_CPU_BACKEND_H_
+#ifndef OPTSTATE_SERVER_BACKENDS_CPU_CPU_BACKEND_H_
+#define OPTSTATE_SERVER_BACKENDS_CPU_CPU_BACKEND_H_
 
-#include "server/step_backend.h"
-#include "server/thread_pool.h"
+#include "server/backends/step_backend.h"
+#include "server/base/thread_pool.h"
 
 namespace optstate {
 
@@ -42,4 +42,4 @@ class CpuBackend : public StepBackend {
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_CPU_BACKEND_H_
+#endif  // OPTSTATE_SERVER_BACKENDS_CPU_CPU_BACKEND_H_

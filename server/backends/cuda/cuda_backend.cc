@@ -1,17 +1,17 @@
 // CudaBackend: placement at attach, eager promotion after a delete (pages move
 // in lazily with their next step), steps through the piece pipeline.
-#include "server/cuda/cuda_backend.h"
+#include "server/backends/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/cuda/cuda_status.h"
-#include "server/cuda/pinned_host_allocator.h"
-#include "server/cuda/step_pipeline.h"
-#include "server/cuda/step_plan.h"
-#include "server/log.h"
+#include "server/backends/cuda/cuda_status.h"
+#include "server/backends/cuda/pinned_host_allocator.h"
+#include "server/backends/cuda/step_pipeline.h"
+#include "server/backends/cuda/paging/step_plan.h"
+#include "server/base/log.h"
 
 namespace optstate {
 
@@ -46,7 +46,7 @@ absl::Status UseDevice(int ordinal) { return CudaStatus(cudaSetDevice(ordinal), 
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& options,
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaOptions& options,
                                                                  ThreadPool* threads) {
   absl::StatusOr<PagingStrategy> strategy = ParsePagingStrategy(options.paging);
   if (!strategy.ok()) return strategy.status();

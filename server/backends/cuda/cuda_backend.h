@@ -1,8 +1,8 @@
 // The CUDA step backend: group state in pinned host memory, resident in VRAM
 // or paged through a fixed staging pool as the PagingPolicy decides, stepped
 // by the fused CUDA AdamW kernel.
-#ifndef OPTSTATE_SERVER_CUDA_CUDA_BACKEND_H_
-#define OPTSTATE_SERVER_CUDA_CUDA_BACKEND_H_
+#ifndef OPTSTATE_SERVER_BACKENDS_CUDA_CUDA_BACKEND_H_
+#define OPTSTATE_SERVER_BACKENDS_CUDA_CUDA_BACKEND_H_
 
 #include <atomic>
 #include <cstdint>
@@ -13,12 +13,12 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "server/backend_factory.h"
-#include "server/cuda/cuda_device.h"
-#include "server/cuda/paging_policy.h"
-#include "server/cuda/staging_pool.h"
-#include "server/step_backend.h"
-#include "server/thread_pool.h"
+#include "server/backends/cuda/cuda_device.h"
+#include "server/backends/cuda/cuda_options.h"
+#include "server/backends/cuda/paging/paging_policy.h"
+#include "server/backends/cuda/staging_pool.h"
+#include "server/backends/step_backend.h"
+#include "server/base/thread_pool.h"
 
 namespace optstate {
 
@@ -30,10 +30,10 @@ class CudaBackend : public StepBackend {
   // Probes options.device and sets it up: INVALID_ARGUMENT for bad options
   // (paging, slots, a pool that does not fit the budget), FAILED_PRECONDITION
   // when no device is usable, RESOURCE_EXHAUSTED when the pool cannot be
-  // allocated. Fields of `options` other than the CUDA ones are ignored.
+  // allocated.
   // `threads` (may be null; must outlive the backend) helps copy gradients
   // into pinned memory.
-  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const BackendOptions& options,
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const CudaOptions& options,
                                                              ThreadPool* threads = nullptr);
   // Every group must have been detached.
   ~CudaBackend() override;
@@ -90,4 +90,4 @@ class CudaBackend : public StepBackend {
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_CUDA_CUDA_BACKEND_H_
+#endif  // OPTSTATE_SERVER_BACKENDS_CUDA_CUDA_BACKEND_H_

@@ -1,11 +1,11 @@
 // Device probing: count, select, memory, and a check that the kernel loads.
-#include "server/cuda/cuda_device.h"
+#include "server/backends/cuda/cuda_device.h"
 
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "server/cuda/adamw_cuda.h"
+#include "server/kernels/adamw_cuda.h"
 
 namespace optstate {
 namespace {

@@ -1,7 +1,7 @@
 // Finding out whether a CUDA device is usable, and what it has. Any error of
 // the runtime (no driver, no device, no kernel image) means "not usable".
-#ifndef OPTSTATE_SERVER_CUDA_CUDA_DEVICE_H_
-#define OPTSTATE_SERVER_CUDA_CUDA_DEVICE_H_
+#ifndef OPTSTATE_SERVER_BACKENDS_CUDA_CUDA_DEVICE_H_
+#define OPTSTATE_SERVER_BACKENDS_CUDA_CUDA_DEVICE_H_
 
 #include <cstdint>
 #include <string>
@@ -30,4 +30,4 @@ absl::StatusOr<CudaDeviceInfo> ProbeCudaDevice(int ordinal);
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_CUDA_CUDA_DEVICE_H_
+#endif  // OPTSTATE_SERVER_BACKENDS_CUDA_CUDA_DEVICE_H_

@@ -1,5 +1,5 @@
 // cudaError_t to absl::Status.
-#include "server/cuda/cuda_status.h"
+#include "server/backends/cuda/cuda_status.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -1,6 +1,6 @@
 // CUDA runtime errors as absl::Status, for the boundaries of the CUDA backend.
-#ifndef OPTSTATE_SERVER_CUDA_CUDA_STATUS_H_
-#define OPTSTATE_SERVER_CUDA_CUDA_STATUS_H_
+#ifndef OPTSTATE_SERVER_BACKENDS_CUDA_CUDA_STATUS_H_
+#define OPTSTATE_SERVER_BACKENDS_CUDA_CUDA_STATUS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -14,4 +14,4 @@ absl::Status CudaStatus(cudaError_t error, absl::string_view what);
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_CUDA_CUDA_STATUS_H_
+#endif  // OPTSTATE_SERVER_BACKENDS_CUDA_CUDA_STATUS_H_

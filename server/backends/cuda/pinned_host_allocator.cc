@@ -1,5 +1,5 @@
 // cudaHostAlloc with a tracked fallback to AlignedHostAllocator.
-#include "server/cuda/pinned_host_allocator.h"
+#include "server/backends/cuda/pinned_host_allocator.h"
 
 #include <cuda_runtime_api.h>
 
@@ -9,7 +9,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
-#include "server/log.h"
+#include "server/base/log.h"
 
 namespace optstate {
 namespace {

@@ -1,10 +1,10 @@
 // Page-locked host memory (cudaHostAlloc) for group arrays, so host<->device
 // copies are asynchronous DMA. Falls back to ordinary aligned memory when
 // the memory cannot be pinned.
-#ifndef OPTSTATE_SERVER_CUDA_PINNED_HOST_ALLOCATOR_H_
-#define OPTSTATE_SERVER_CUDA_PINNED_HOST_ALLOCATOR_H_
+#ifndef OPTSTATE_SERVER_BACKENDS_CUDA_PINNED_HOST_ALLOCATOR_H_
+#define OPTSTATE_SERVER_BACKENDS_CUDA_PINNED_HOST_ALLOCATOR_H_
 
-#include "server/host_allocator.h"
+#include "server/state/host_allocator.h"
 
 namespace optstate {
 
@@ -22,4 +22,4 @@ void SetPinnedHostAllocatorDevice(int ordinal);
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_CUDA_PINNED_HOST_ALLOCATOR_H_
+#endif  // OPTSTATE_SERVER_BACKENDS_CUDA_PINNED_HOST_ALLOCATOR_H_

@@ -1,8 +1,8 @@
 // Slot allocation at start-up and a mutex+condition free list.
-#include "server/cuda/staging_pool.h"
+#include "server/backends/cuda/staging_pool.h"
 
 #include "absl/strings/str_cat.h"
-#include "server/cuda/cuda_status.h"
+#include "server/backends/cuda/cuda_status.h"
 
 namespace optstate {
 

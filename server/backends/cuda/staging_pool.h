@@ -1,8 +1,8 @@
 // A fixed set of device staging slots, allocated once at start-up and reused
 // by every step: each slot has device memory, a pinned host bounce buffer for
 // gradients, and its own stream.
-#ifndef OPTSTATE_SERVER_CUDA_STAGING_POOL_H_
-#define OPTSTATE_SERVER_CUDA_STAGING_POOL_H_
+#ifndef OPTSTATE_SERVER_BACKENDS_CUDA_STAGING_POOL_H_
+#define OPTSTATE_SERVER_BACKENDS_CUDA_STAGING_POOL_H_
 
 #include <cuda_runtime_api.h>
 
@@ -83,4 +83,4 @@ class StagingPool {
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_CUDA_STAGING_POOL_H_
+#endif  // OPTSTATE_SERVER_BACKENDS_CUDA_STAGING_POOL_H_

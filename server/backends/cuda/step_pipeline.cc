@@ -1,14 +1,14 @@
 // The piece pipeline: slots taken from the pool (or the caller's own oldest
 // slot reused), host bounce of the gradient, async copies, kernel, drain.
-#include "server/cuda/step_pipeline.h"
+#include "server/backends/cuda/step_pipeline.h"
 
 #include <algorithm>
 #include <cstring>
 #include <deque>
 
 #include "absl/time/clock.h"
-#include "server/cuda/adamw_cuda.h"
-#include "server/cuda/cuda_status.h"
+#include "server/kernels/adamw_cuda.h"
+#include "server/backends/cuda/cuda_status.h"
 
 namespace optstate {
 namespace {

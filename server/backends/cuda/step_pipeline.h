@@ -2,8 +2,8 @@
 // piece: copy in, update, copy out, with pieces on different slot streams so
 // the copy in of one piece, the update of another and the copy out of a third
 // overlap.
-#ifndef OPTSTATE_SERVER_CUDA_STEP_PIPELINE_H_
-#define OPTSTATE_SERVER_CUDA_STEP_PIPELINE_H_
+#ifndef OPTSTATE_SERVER_BACKENDS_CUDA_STEP_PIPELINE_H_
+#define OPTSTATE_SERVER_BACKENDS_CUDA_STEP_PIPELINE_H_
 
 #include <cstdint>
 #include <functional>
@@ -11,10 +11,10 @@
 
 #include "absl/status/status.h"
 #include "optstate/dtype.h"
-#include "server/adamw_kernel.h"
-#include "server/cuda/staging_pool.h"
-#include "server/cuda/step_plan.h"
-#include "server/thread_pool.h"
+#include "server/kernels/adamw_kernel.h"
+#include "server/backends/cuda/staging_pool.h"
+#include "server/backends/cuda/paging/step_plan.h"
+#include "server/base/thread_pool.h"
 
 namespace optstate {
 
@@ -53,4 +53,4 @@ absl::Status RunCopiesOnSlot(StagingPool& pool,
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_CUDA_STEP_PIPELINE_H_
+#endif  // OPTSTATE_SERVER_BACKENDS_CUDA_STEP_PIPELINE_H_

@@ -1,7 +1,7 @@
 // Specification of LatencyRecorder (server/latency_recorder.h): p50 and p99
 // by nearest rank (the ceil(q*N)-th smallest sample) over the last `window`
 // samples, with a count of every sample ever recorded.
-#include "server/latency_recorder.h"
+#include "server/base/latency_recorder.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "tests/unit/test_seed.h"
+#include "tests/testing/test_seed.h"
 
 namespace optstate {
 namespace {

@@ -1,6 +1,6 @@
 // SegmentedBytes against the same bytes held whole: every cut of a buffer
 // into segments gives the same bytes, ranges and element runs.
-#include "server/segmented_bytes.h"
+#include "server/base/segmented_bytes.h"
 
 #include <gtest/gtest.h>
 
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "tests/unit/random_cuts.h"
-#include "tests/unit/test_seed.h"
+#include "tests/testing/random_cuts.h"
+#include "tests/testing/test_seed.h"
 
 namespace optstate {
 namespace {

@@ -1,7 +1,7 @@
 // Specification of ThreadPool (server/thread_pool.h): ParallelFor runs every
 // shard exactly once and returns only after all have returned, also when
 // called from a pool thread; Schedule runs every task before the pool is gone.
-#include "server/thread_pool.h"
+#include "server/base/thread_pool.h"
 
 #include <gtest/gtest.h>
 

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "optstate/v1/dtype_proto.h"
-#include "tests/unit/random_cuts.h"
-#include "tests/unit/test_seed.h"
+#include "tests/testing/random_cuts.h"
+#include "tests/testing/test_seed.h"
 
 namespace optstate::client_internal {
 namespace {

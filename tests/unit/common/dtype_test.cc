@@ -20,7 +20,7 @@
 #include <immintrin.h>
 #endif
 
-#include "tests/unit/test_seed.h"
+#include "tests/testing/test_seed.h"
 
 namespace optstate {
 

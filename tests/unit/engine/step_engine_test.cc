@@ -1,6 +1,6 @@
 // StepEngine against a backend that fails part-way through a chunk: the group
 // is refused from then on, so no retry can apply a page twice.
-#include "server/step_engine.h"
+#include "server/engine/step_engine.h"
 
 #include <gtest/gtest.h>
 
@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "server/cpu_backend.h"
-#include "tests/unit/random_cuts.h"
-#include "tests/unit/test_seed.h"
+#include "server/backends/cpu/cpu_backend.h"
+#include "tests/testing/random_cuts.h"
+#include "tests/testing/test_seed.h"
 
 namespace optstate {
 namespace {

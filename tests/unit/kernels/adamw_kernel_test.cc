@@ -1,7 +1,7 @@
 // Specification of the CPU AdamW kernel (server/adamw_kernel.h): every result
 // is compared with the float64 reference (tests/reference_adamw.h) or, for the
 // exactness promises, with another kernel path bit for bit.
-#include "server/adamw_kernel.h"
+#include "server/kernels/adamw_kernel.h"
 
 #include <gtest/gtest.h>
 
@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "optstate/dtype.h"
-#include "tests/reference_adamw.h"
-#include "tests/unit/test_seed.h"
+#include "tests/testing/reference_adamw.h"
+#include "tests/testing/test_seed.h"
 
 namespace optstate {
 namespace {

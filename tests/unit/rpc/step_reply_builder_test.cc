@@ -1,6 +1,6 @@
-// The Step reactor's replies (server/step_wire.h): replies built in place
+// The Step reactor's replies (server/rpc/step_reply_builder.h): replies built in place
 // parse, with protobuf's own parser, to exactly the fields and params written.
-#include "server/step_wire.h"
+#include "server/rpc/step_reply_builder.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // ReadStepRequest against protobuf's own parser: the same bytes, cut into
 // slices anywhere, read to the same fields and gradients; bytes protobuf
 // refuses are refused.
-#include "server/step_request_reader.h"
+#include "server/rpc/step_request_reader.h"
 
 #include <gtest/gtest.h>
 
@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "tests/unit/random_cuts.h"
-#include "tests/unit/test_seed.h"
+#include "tests/testing/random_cuts.h"
+#include "tests/testing/test_seed.h"
 
 namespace optstate {
 namespace {

@@ -1,5 +1,5 @@
 // Admission, removal and first-fit promotion of groups under the budget.
-#include "server/cuda/paging_policy.h"
+#include "server/backends/cuda/paging/paging_policy.h"
 
 #include <algorithm>
 

@@ -1,7 +1,7 @@
 // Decides which groups' state lives in VRAM (resident) and which is paged
 // through the staging pool, under a VramBudget. Bookkeeping only: no CUDA.
-#ifndef OPTSTATE_SERVER_CUDA_PAGING_POLICY_H_
-#define OPTSTATE_SERVER_CUDA_PAGING_POLICY_H_
+#ifndef OPTSTATE_SERVER_BACKENDS_CUDA_PAGING_PAGING_POLICY_H_
+#define OPTSTATE_SERVER_BACKENDS_CUDA_PAGING_PAGING_POLICY_H_
 
 #include <cstdint>
 #include <string>
@@ -12,9 +12,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "server/cuda/paging_strategy.h"
-#include "server/cuda/vram_budget.h"
-#include "server/group.h"
+#include "server/backends/cuda/paging/paging_strategy.h"
+#include "server/backends/cuda/paging/vram_budget.h"
+#include "server/state/group.h"
 
 namespace optstate {
 
@@ -79,4 +79,4 @@ class PagingPolicy {
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_CUDA_PAGING_POLICY_H_
+#endif  // OPTSTATE_SERVER_BACKENDS_CUDA_PAGING_PAGING_POLICY_H_

@@ -1,5 +1,5 @@
 // Parsing and naming of --paging values.
-#include "server/cuda/paging_strategy.h"
+#include "server/backends/cuda/paging/paging_strategy.h"
 
 #include "absl/strings/str_cat.h"
 

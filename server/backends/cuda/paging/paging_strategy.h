@@ -1,7 +1,7 @@
 // The three ways the CUDA backend may place state (--paging): always in VRAM,
 // in VRAM while the budget allows, or always on the host behind a staging pool.
-#ifndef OPTSTATE_SERVER_CUDA_PAGING_STRATEGY_H_
-#define OPTSTATE_SERVER_CUDA_PAGING_STRATEGY_H_
+#ifndef OPTSTATE_SERVER_BACKENDS_CUDA_PAGING_PAGING_STRATEGY_H_
+#define OPTSTATE_SERVER_BACKENDS_CUDA_PAGING_PAGING_STRATEGY_H_
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -22,4 +22,4 @@ absl::string_view PagingStrategyName(PagingStrategy strategy);
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_CUDA_PAGING_STRATEGY_H_
+#endif  // OPTSTATE_SERVER_BACKENDS_CUDA_PAGING_PAGING_STRATEGY_H_

@@ -1,5 +1,5 @@
 // Step and upload planning: page runs to bring in, bytes each way.
-#include "server/cuda/step_plan.h"
+#include "server/backends/cuda/paging/step_plan.h"
 
 namespace optstate {
 

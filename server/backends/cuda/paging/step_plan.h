@@ -1,16 +1,16 @@
 // What one backend operation must copy between host and device, and what it
 // adds to the group's paging counters. Pure planning: the CUDA backend
 // carries a plan out; CPU tests check plans and counters without a device.
-#ifndef OPTSTATE_SERVER_CUDA_STEP_PLAN_H_
-#define OPTSTATE_SERVER_CUDA_STEP_PLAN_H_
+#ifndef OPTSTATE_SERVER_BACKENDS_CUDA_PAGING_STEP_PLAN_H_
+#define OPTSTATE_SERVER_BACKENDS_CUDA_PAGING_STEP_PLAN_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
-#include "server/group.h"
-#include "server/group_counters.h"
+#include "server/state/group.h"
+#include "server/state/group_counters.h"
 
 namespace optstate {
 
@@ -121,4 +121,4 @@ inline uint64_t ResidentBytesFor(uint64_t num_elements) { return num_elements * 
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_CUDA_STEP_PLAN_H_
+#endif  // OPTSTATE_SERVER_BACKENDS_CUDA_PAGING_STEP_PLAN_H_

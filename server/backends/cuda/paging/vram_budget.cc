@@ -1,5 +1,5 @@
 // VramBudget arithmetic: clamping and saturating subtraction.
-#include "server/cuda/vram_budget.h"
+#include "server/backends/cuda/paging/vram_budget.h"
 
 #include <cmath>
 

@@ -1,7 +1,7 @@
 // How much device memory optstate may plan to use: a share of the device's
 // total, less what is kept free for others. Pure arithmetic, no CUDA calls.
-#ifndef OPTSTATE_SERVER_CUDA_VRAM_BUDGET_H_
-#define OPTSTATE_SERVER_CUDA_VRAM_BUDGET_H_
+#ifndef OPTSTATE_SERVER_BACKENDS_CUDA_PAGING_VRAM_BUDGET_H_
+#define OPTSTATE_SERVER_BACKENDS_CUDA_PAGING_VRAM_BUDGET_H_
 
 #include <cstdint>
 #include <string>
@@ -45,4 +45,4 @@ class VramBudget {
 
 }  // namespace optstate
 
-#endif  // OPTSTATE_SERVER_CUDA_VRAM_BUDGET_H_
+#endif  // OPTSTATE_SERVER_BACKENDS_CUDA_PAGING_VRAM_BUDGET_H_

@@ -1,7 +1,7 @@
 // PagingPolicy: placement under each strategy, refusal messages, first-fit
 // promotion after a resident group goes, fallback, and the budget's carve-out
 // for the staging pool.
-#include "server/cuda/paging_policy.h"
+#include "server/backends/cuda/paging/paging_policy.h"
 
 #include <thread>
 #include <vector>

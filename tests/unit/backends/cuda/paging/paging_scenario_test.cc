@@ -7,8 +7,8 @@
 #include <string>
 
 #include "gtest/gtest.h"
-#include "server/cuda/paging_policy.h"
-#include "server/cuda/step_plan.h"
+#include "server/backends/cuda/paging/paging_policy.h"
+#include "server/backends/cuda/paging/step_plan.h"
 
 namespace optstate {
 namespace {

@@ -1,6 +1,6 @@
 // Step plans: what a paged and a resident step copy, which page runs move in
 // lazily, and what uploads of initial params and syncs back to host copy.
-#include "server/cuda/step_plan.h"
+#include "server/backends/cuda/paging/step_plan.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

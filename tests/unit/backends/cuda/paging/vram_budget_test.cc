@@ -1,6 +1,6 @@
 // VramBudget: clamping of the target, saturating availability, the fits()
 // boundary, and properties over random totals, reservations and targets.
-#include "server/cuda/vram_budget.h"
+#include "server/backends/cuda/paging/vram_budget.h"
 
 #include <cmath>
 #include <cstdint>
