@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "bench/kernel_baselines.h"
-#include "server/kernels/adamw_kernel.h"
 #include "server/backends/cpu/cpu_backend.h"
-#include "server/state/group.h"
 #include "server/base/thread_pool.h"
+#include "server/kernels/adamw_kernel.h"
+#include "server/state/group.h"
 
 namespace optstate::bench {
 namespace {
@@ -40,8 +40,8 @@ State& StateFor(size_t n, Kind kind) {
     state = std::make_unique<State>();
     GroupConfig config;
     config.num_elements = n;
-    state->group = *Group::Create(GroupKey{"", "bench"}, config, 256 * 1024,
-                                  AlignedHostAllocator());
+    state->group =
+        *Group::Create(GroupKey{"", "bench"}, config, 256 * 1024, AlignedHostAllocator());
     state->grad.resize(n);
     state->grad_bf16.resize(n);
     for (size_t i = 0; i < n; ++i) {
@@ -138,8 +138,8 @@ void BM_PlainAdamWLoop(benchmark::State& bench) {
   PlainAdamWParams h{1e-3f, 0.9f, 0.999f, 1e-8f, 1e-2f, 1};
   for (auto _ : bench) {
     Sharded(pool, n, threads, [&](size_t at, size_t count) {
-      PlainAdamW(h, g.params() + at, g.exp_avg() + at, g.exp_avg_sq() + at,
-                 state.grad.data() + at, count);
+      PlainAdamW(h, g.params() + at, g.exp_avg() + at, g.exp_avg_sq() + at, state.grad.data() + at,
+                 count);
     });
     ++h.step;
     benchmark::ClobberMemory();

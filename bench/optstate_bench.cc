@@ -40,8 +40,9 @@
 ABSL_FLAG(std::string, target, "",
           "host:port of a running optstated (127.0.0.1 only); empty starts one. Server CPU "
           "time and memory are measured only for a daemon this program started.");
-ABSL_FLAG(std::string, daemon, "", "Path of optstated; default: ../server/optstated next to "
-                                   "this binary.");
+ABSL_FLAG(std::string, daemon, "",
+          "Path of optstated; default: ../server/optstated next to "
+          "this binary.");
 ABSL_FLAG(std::vector<std::string>, daemon_args, {}, "Extra flags for the started daemon.");
 ABSL_FLAG(std::vector<std::string>, shape, {"lora7b"},
           "Model shapes: lora7b (256 tensors of 65,536 elements) or dense:N (one tensor).");
@@ -231,8 +232,7 @@ void Setup(Config& config, int index, const std::string& target, const std::stri
     const size_t wire_size = WireTypeSize(config.wire);
     for (size_t t = 0; t < config.shape.tensors.size(); ++t) {
       std::string name = absl::StrCat("bench", index, "/c", c, "/t", t);
-      absl::StatusOr<GroupInfo> info =
-          state->client->RegisterGroup(name, config.shape.tensors[t]);
+      absl::StatusOr<GroupInfo> info = state->client->RegisterGroup(name, config.shape.tensors[t]);
       Check(info.status(), "register");
       // The same messages as Client::Step: chunks of whole pages, about
       // chunk_bytes, and consecutive chunks packed into one message while it
@@ -253,8 +253,7 @@ void Setup(Config& config, int index, const std::string& target, const std::stri
     }
     if (!echo_target.empty()) {
       state->raw_echo = std::make_unique<RawEchoClient>(
-          echo_target, options.max_message_bytes, options.max_chunks_in_flight,
-          state->chunk_bytes);
+          echo_target, options.max_message_bytes, options.max_chunks_in_flight, state->chunk_bytes);
     }
     if (!raw_adamw_target.empty()) {
       const void* gradient_wire = nullptr;  // bf16 from floats: narrowed at every step.
@@ -332,7 +331,9 @@ Measurement MeasureOptstate(Config& config, pid_t server_pid) {
     for (size_t t = 0; t < state.names.size(); ++t) {
       const uint64_t n = config.shape.tensors[t];
       if (config.native16) {
-        groups.push_back({state.names[t], {}, {},
+        groups.push_back({state.names[t],
+                          {},
+                          {},
                           absl::MakeConstSpan(state.gradient16.data() + at, n),
                           absl::MakeSpan(state.params16.data() + at, n)});
       } else {
@@ -347,8 +348,7 @@ Measurement MeasureOptstate(Config& config, pid_t server_pid) {
 
 Measurement MeasureEcho(Config& config, pid_t echo_pid) {
   return RunClients(config, echo_pid, [&](ClientState& state) {
-    Check(state.echo->Step(state.chunk_bytes, state.echo_in.data(), state.echo_out.data()),
-          "echo");
+    Check(state.echo->Step(state.chunk_bytes, state.echo_in.data(), state.echo_out.data()), "echo");
   });
 }
 
@@ -369,7 +369,7 @@ Measurement MeasureRawAdamW(Config& config, pid_t raw_adamw_pid, bool guarded) {
 }
 
 struct Best {
-  Measurement best;  // The repetition with the highest throughput.
+  Measurement best;           // The repetition with the highest throughput.
   std::vector<double> rates;  // elements/s of every repetition.
   void Add(const Measurement& m) {
     rates.push_back(m.elements / m.seconds);
@@ -417,19 +417,20 @@ int MeasureMemory(uint64_t n) {
   Check((*client)->Step("memory", 1, values, absl::MakeSpan(params)), "step");
   const uint64_t stepped = ProcessResidentBytes(daemon->pid());
   const double limit = 12.5 * static_cast<double>(n) + 64.0 * (1 << 20);
-  std::printf("memory: %llu elements: idle %.1f MiB, after registration %.1f MiB "
-              "(%.3f B/elem total, %.3f B/elem over idle), after one step %.1f MiB "
-              "(%.3f B/elem); limit 12.5 B/elem + 64 MiB = %.1f MiB\n",
-              static_cast<unsigned long long>(n), idle / 1048576.0, registered / 1048576.0,
-              static_cast<double>(registered) / n, static_cast<double>(registered - idle) / n,
-              stepped / 1048576.0, static_cast<double>(stepped) / n, limit / 1048576.0);
-  std::printf("RESULT %s\n",
-              Json({{"kind", Q("memory")}, {"elements", N(static_cast<double>(n))},
-                    {"idle_bytes", N(static_cast<double>(idle))},
-                    {"registered_bytes", N(static_cast<double>(registered))},
-                    {"stepped_bytes", N(static_cast<double>(stepped))},
-                    {"limit_bytes", N(limit)}})
-                  .c_str());
+  std::printf(
+      "memory: %llu elements: idle %.1f MiB, after registration %.1f MiB "
+      "(%.3f B/elem total, %.3f B/elem over idle), after one step %.1f MiB "
+      "(%.3f B/elem); limit 12.5 B/elem + 64 MiB = %.1f MiB\n",
+      static_cast<unsigned long long>(n), idle / 1048576.0, registered / 1048576.0,
+      static_cast<double>(registered) / n, static_cast<double>(registered - idle) / n,
+      stepped / 1048576.0, static_cast<double>(stepped) / n, limit / 1048576.0);
+  std::printf("RESULT %s\n", Json({{"kind", Q("memory")},
+                                   {"elements", N(static_cast<double>(n))},
+                                   {"idle_bytes", N(static_cast<double>(idle))},
+                                   {"registered_bytes", N(static_cast<double>(registered))},
+                                   {"stepped_bytes", N(static_cast<double>(stepped))},
+                                   {"limit_bytes", N(limit)}})
+                                 .c_str());
   return 0;
 }
 
@@ -522,14 +523,18 @@ int Main() {
     }
   }
 
-  const double tcp1 = tcp_one_way.empty() ? 0 : *std::max_element(tcp_one_way.begin(),
-                                                                   tcp_one_way.end());
+  const double tcp1 =
+      tcp_one_way.empty() ? 0 : *std::max_element(tcp_one_way.begin(), tcp_one_way.end());
   const double tcp2 = tcp_echo.empty() ? 0 : *std::max_element(tcp_echo.begin(), tcp_echo.end());
   if (!tcp_one_way.empty()) {
-    std::printf("tcp loopback (%zu B writes): one-way %.2f GB/s, echo (both directions) "
-                "%.2f GB/s\n", chunk, tcp1 / 1e9, tcp2 / 1e9);
-    std::printf("RESULT %s\n", Json({{"kind", Q("tcp")}, {"chunk_bytes", N(chunk)},
-                                     {"one_way_Bps", N(tcp1)}, {"echo_Bps", N(tcp2)},
+    std::printf(
+        "tcp loopback (%zu B writes): one-way %.2f GB/s, echo (both directions) "
+        "%.2f GB/s\n",
+        chunk, tcp1 / 1e9, tcp2 / 1e9);
+    std::printf("RESULT %s\n", Json({{"kind", Q("tcp")},
+                                     {"chunk_bytes", N(chunk)},
+                                     {"one_way_Bps", N(tcp1)},
+                                     {"echo_Bps", N(tcp2)},
                                      {"one_way_reps", Rates(tcp_one_way)},
                                      {"echo_reps", Rates(tcp_echo)}})
                                    .c_str());
@@ -542,11 +547,12 @@ int Main() {
     const double wire = m.wire_bytes / m.seconds;
     const double cpu_ms = m.server_cpu_seconds / static_cast<double>(m.steps) * 1e3;
     const double client_cpu_ms = m.client_cpu_seconds / static_cast<double>(m.steps) * 1e3;
-    std::printf("%s %s clients=%d: %.2f steps/s, %.1f M elem/s, wire %.2f GB/s, step p50 %.1f "
-                "ms p99 %.1f ms, CPU ms/step: server %.1f, client %.1f",
-                config.shape.name.c_str(), config.wire_name.c_str(), config.clients,
-                m.steps / m.seconds, eps / 1e6, wire / 1e9, Percentile(all_latencies, 0.5),
-                Percentile(all_latencies, 0.99), cpu_ms, client_cpu_ms);
+    std::printf(
+        "%s %s clients=%d: %.2f steps/s, %.1f M elem/s, wire %.2f GB/s, step p50 %.1f "
+        "ms p99 %.1f ms, CPU ms/step: server %.1f, client %.1f",
+        config.shape.name.c_str(), config.wire_name.c_str(), config.clients, m.steps / m.seconds,
+        eps / 1e6, wire / 1e9, Percentile(all_latencies, 0.5), Percentile(all_latencies, 0.99),
+        cpu_ms, client_cpu_ms);
     std::vector<std::pair<std::string, std::string>> fields = {
         {"kind", Q("e2e")},
         {"shape", Q(config.shape.name)},
@@ -580,9 +586,10 @@ int Main() {
       const double raw_wire = r.wire_bytes / r.seconds;
       const double raw_cpu_ms = r.server_cpu_seconds / static_cast<double>(r.steps) * 1e3;
       const double raw_client_cpu_ms = r.client_cpu_seconds / static_cast<double>(r.steps) * 1e3;
-      std::printf("; raw echo %.2f GB/s (CPU ms/step: server %.1f, client %.1f), "
-                  "optstate/raw echo %.2f",
-                  raw_wire / 1e9, raw_cpu_ms, raw_client_cpu_ms, wire / raw_wire);
+      std::printf(
+          "; raw echo %.2f GB/s (CPU ms/step: server %.1f, client %.1f), "
+          "optstate/raw echo %.2f",
+          raw_wire / 1e9, raw_cpu_ms, raw_client_cpu_ms, wire / raw_wire);
       fields.push_back({"raw_echo_Bps", N(raw_wire)});
       fields.push_back({"raw_echo_server_cpu_ms_per_step", N(raw_cpu_ms)});
       fields.push_back({"raw_echo_client_cpu_ms_per_step", N(raw_client_cpu_ms)});

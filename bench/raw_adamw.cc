@@ -16,8 +16,8 @@
 #include "grpc/slice.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/generic/generic_stub.h"
-#include "server/kernels/adamw_kernel.h"
 #include "server/base/segmented_bytes.h"
+#include "server/kernels/adamw_kernel.h"
 
 namespace optstate::bench {
 namespace {

@@ -108,7 +108,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
       options.max_message_bytes < kMinMessageBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ClientOptions: max_attempts and max_chunks_in_flight must be >= 1, chunk_bytes > 0, "
-        "max_message_bytes >= ", kMinMessageBytes,
+        "max_message_bytes >= ",
+        kMinMessageBytes,
         " (one float32 page of the daemon's default size and room for the other fields)"));
   }
   if (options.attempt_timeout <= absl::ZeroDuration()) {
@@ -149,8 +150,8 @@ absl::StatusOr<v1::RegisterGroupResponse> RegisterOnce(v1::OptimizerState::Stub&
   bool ok = writer->Write(request);
   if (ok && !values.empty()) {
     const uint64_t page_bytes = page_elements * sizeof(float);
-    const uint64_t max_pages =
-        std::max<uint64_t>(1, (static_cast<uint64_t>(options.max_message_bytes) - 4096) / page_bytes);
+    const uint64_t max_pages = std::max<uint64_t>(
+        1, (static_cast<uint64_t>(options.max_message_bytes) - 4096) / page_bytes);
     const uint64_t pages_per_chunk =
         std::clamp<uint64_t>(options.chunk_bytes / page_bytes, 1, max_pages);
     const uint64_t chunk = pages_per_chunk * page_elements;
@@ -202,9 +203,8 @@ absl::StatusOr<GroupInfo> Client::Register(const v1::GroupSpec& spec,
         RegisterOnce(*impl_->stub, impl_->options, spec, {}, 0);
     if (first.ok()) created |= first->created();
     if (first.ok() && first->group().pages_awaiting_values() > 0) {
-      absl::StatusOr<v1::RegisterGroupResponse> filled =
-          RegisterOnce(*impl_->stub, impl_->options, spec, initial_values,
-                       first->group().page_elements());
+      absl::StatusOr<v1::RegisterGroupResponse> filled = RegisterOnce(
+          *impl_->stub, impl_->options, spec, initial_values, first->group().page_elements());
       first = std::move(filled);
     }
     if (first.ok()) {

@@ -89,8 +89,8 @@ absl::Status NotFiniteError(const GroupStep& group, const StepOptions& options, 
   return absl::InvalidArgumentError(absl::StrCat(
       "gradient of group '", group.group, "' at element ", bad, " is ",
       bad < n ? GivenValue(group, options, bad) : 0.0f, ", which is not finite as ",
-      WireTypeName(options.gradient_dtype), " after grad_scale ",
-      options.grad_scale.value_or(1.0f), "; the whole step was refused and nothing was sent"));
+      WireTypeName(options.gradient_dtype), " after grad_scale ", options.grad_scale.value_or(1.0f),
+      "; the whole step was refused and nothing was sent"));
 }
 
 // The check with |grad_scale| > 1, where a finite narrowed value can still
@@ -125,17 +125,19 @@ absl::Status CheckFiniteScaled(const GroupStep& group, const StepOptions& option
 absl::Status CheckBufferForms(const GroupStep& group, const StepOptions& options) {
   if (!group.gradient16.empty() &&
       (!group.gradient.empty() || WireTypeSize(options.gradient_dtype) != 2)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "group '", group.group, "' gives gradient16, which needs StepOptions.gradient_dtype "
-        "bfloat16 or float16 (it is ", WireTypeName(options.gradient_dtype),
-        ") and an empty gradient"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("group '", group.group,
+                     "' gives gradient16, which needs StepOptions.gradient_dtype "
+                     "bfloat16 or float16 (it is ",
+                     WireTypeName(options.gradient_dtype), ") and an empty gradient"));
   }
   if (!group.params_out16.empty() &&
       (!group.params_out.empty() || WireTypeSize(options.param_dtype) != 2)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "group '", group.group, "' gives params_out16, which needs StepOptions.param_dtype "
-        "bfloat16 or float16 (it is ", WireTypeName(options.param_dtype),
-        ") and an empty params_out"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("group '", group.group,
+                     "' gives params_out16, which needs StepOptions.param_dtype "
+                     "bfloat16 or float16 (it is ",
+                     WireTypeName(options.param_dtype), ") and an empty params_out"));
   }
   return absl::OkStatus();
 }
@@ -221,9 +223,9 @@ absl::Status CheckAndPrepare(absl::Span<const GroupStep> groups, uint64_t step,
 
 // One stream carrying `pending` chunks; clears each answered chunk from it.
 absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::RpcMethod& method,
-                       const ClientOptions& client_options,
-                       absl::Span<const GroupStep> groups, uint64_t step,
-                       const StepOptions& options, std::vector<PlannedChunk>* pending) {
+                       const ClientOptions& client_options, absl::Span<const GroupStep> groups,
+                       uint64_t step, const StepOptions& options,
+                       std::vector<PlannedChunk>* pending) {
   grpc::ClientContext context;
   SetDeadline(&context, client_options);
   // A raw stream (client/step_wire.h), created as generated stubs do, with
@@ -234,8 +236,8 @@ absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::Rp
 
   std::mutex mu;
   std::condition_variable window_open;
-  size_t answered = 0;   // Guarded by mu.
-  bool stop = false;     // Guarded by mu: the reader gave up.
+  size_t answered = 0;  // Guarded by mu.
+  bool stop = false;    // Guarded by mu: the reader gave up.
   const size_t window = static_cast<size_t>(client_options.max_chunks_in_flight);
   const size_t total = pending->size();
 
@@ -285,14 +287,14 @@ absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::Rp
           if (fields.group() == group.group && fields.offset() == piece.offset) {
             return absl::OkStatus();
           }
-          return absl::InternalError(absl::StrCat(
-              "it is for group '", fields.group(), "' offset ", fields.offset(), "; expected '",
-              group.group, "' offset ", piece.offset));
+          return absl::InternalError(absl::StrCat("it is for group '", fields.group(), "' offset ",
+                                                  fields.offset(), "; expected '", group.group,
+                                                  "' offset ", piece.offset));
         },
         &response);
     if (!parsed.ok()) {
-      mismatch = absl::InternalError(absl::StrCat("reply to message ", i, " of the stream: ",
-                                                  parsed.message()));
+      mismatch = absl::InternalError(
+          absl::StrCat("reply to message ", i, " of the stream: ", parsed.message()));
       break;
     }
     done[i] = true;
@@ -320,8 +322,8 @@ absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::Rp
   *pending = std::move(left);
   if (!mismatch.ok()) return mismatch;
   if (!pending->empty() && status.ok()) {
-    return absl::UnavailableError(absl::StrCat("the stream ended after ", answered_all, " of ",
-                                               total, " replies"));
+    return absl::UnavailableError(
+        absl::StrCat("the stream ended after ", answered_all, " of ", total, " replies"));
   }
   if (!pending->empty() && status.code() == absl::StatusCode::kCancelled) {
     return absl::UnavailableError(absl::StrCat("the stream broke after ", answered_all, " of ",
@@ -344,9 +346,10 @@ absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
   absl::flat_hash_set<absl::string_view> names;
   for (const GroupStep& group : groups) {
     if (!names.insert(group.group).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "group '", group.group, "' is named twice in one step; a group takes one gradient "
-          "per step"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("group '", group.group,
+                       "' is named twice in one step; a group takes one gradient "
+                       "per step"));
     }
   }
   std::vector<PlannedChunk> pending;
@@ -381,20 +384,19 @@ absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
     // Whole pages per chunk: about chunk_bytes of gradient, and neither the
     // request nor the reply (params may be wider than the gradient) past
     // the message limit, less room for the other fields.
-    const uint64_t widest = std::max(WireTypeSize(options.gradient_dtype),
-                                     WireTypeSize(options.param_dtype));
-    const uint64_t max_pages =
-        (static_cast<uint64_t>(impl_->options.max_message_bytes) - 4096) /
-        (layout->page_elements * widest);
+    const uint64_t widest =
+        std::max(WireTypeSize(options.gradient_dtype), WireTypeSize(options.param_dtype));
+    const uint64_t max_pages = (static_cast<uint64_t>(impl_->options.max_message_bytes) - 4096) /
+                               (layout->page_elements * widest);
     if (max_pages == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "one page of group '", group.group, "' (", layout->page_elements,
-          " elements) does not fit ClientOptions.max_message_bytes=",
-          impl_->options.max_message_bytes, "; raise it"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("one page of group '", group.group, "' (", layout->page_elements,
+                       " elements) does not fit ClientOptions.max_message_bytes=",
+                       impl_->options.max_message_bytes, "; raise it"));
     }
     const uint64_t page_bytes = layout->page_elements * WireTypeSize(options.gradient_dtype);
-    const uint64_t pages = std::clamp<uint64_t>(impl_->options.chunk_bytes / page_bytes, 1,
-                                                max_pages);
+    const uint64_t pages =
+        std::clamp<uint64_t>(impl_->options.chunk_bytes / page_bytes, 1, max_pages);
     const uint64_t chunk_elements = pages * layout->page_elements;
     for (uint64_t offset = 0; offset < layout->num_elements; offset += chunk_elements) {
       const ChunkPiece piece{g, offset, std::min(chunk_elements, layout->num_elements - offset)};
@@ -423,8 +425,8 @@ absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
   absl::Status last;
   for (int attempt = 0; attempt < impl_->options.max_attempts && !pending.empty(); ++attempt) {
     if (attempt > 0) absl::SleepFor(Backoff(impl_->options, attempt));
-    last = RunStream(impl_->channel.get(), *impl_->raw_step, impl_->options, groups, step,
-                     options, &pending);
+    last = RunStream(impl_->channel.get(), *impl_->raw_step, impl_->options, groups, step, options,
+                     &pending);
     if (last.ok()) return last;
     if (!IsRetryable(last)) {
       // A group deleted or registered anew elsewhere: look its layout up again next time.
@@ -436,14 +438,13 @@ absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
     }
   }
   if (pending.empty()) return absl::OkStatus();
-  return absl::Status(last.code(), absl::StrCat("step ", step, " failed after ",
-                                                impl_->options.max_attempts,
-                                                " attempts: ", last.message()));
+  return absl::Status(last.code(),
+                      absl::StrCat("step ", step, " failed after ", impl_->options.max_attempts,
+                                   " attempts: ", last.message()));
 }
 
-absl::Status Client::Step(const std::string& group, uint64_t step,
-                          absl::Span<const float> gradient, absl::Span<float> params_out,
-                          const StepOptions& options) {
+absl::Status Client::Step(const std::string& group, uint64_t step, absl::Span<const float> gradient,
+                          absl::Span<float> params_out, const StepOptions& options) {
   GroupStep one{group, gradient, params_out};
   return Step(absl::MakeConstSpan(&one, 1), step, options);
 }

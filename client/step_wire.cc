@@ -47,8 +47,7 @@ class WideningSink {
 
   void Feed(const unsigned char* bytes, size_t n) {
     if (raw_out_ != nullptr || type_ == WireType::kFloat32) {  // No element to join.
-      unsigned char* to =
-          raw_out_ != nullptr ? raw_out_ : reinterpret_cast<unsigned char*>(out_);
+      unsigned char* to = raw_out_ != nullptr ? raw_out_ : reinterpret_cast<unsigned char*>(out_);
       std::memcpy(to + bytes_, bytes, n);
       bytes_ += n;
       return;
@@ -198,16 +197,15 @@ class ReplyScanner {
         ok = ParseField(input, tag, fields);
       }
       if (!ok) {
-        return NotAStepResponse(absl::StrCat("field ", WireFormatLite::GetTagFieldNumber(tag),
-                                             " is malformed"));
+        return NotAStepResponse(
+            absl::StrCat("field ", WireFormatLite::GetTagFieldNumber(tag), " is malformed"));
       }
     }
     return absl::OkStatus();
   }
 
   // A reply packed in the outer one's `more` (after its tag).
-  absl::Status ScanPacked(CodedInputStream* input, size_t piece,
-                          v1::StepResponse* fields) {
+  absl::Status ScanPacked(CodedInputStream* input, size_t piece, v1::StepResponse* fields) {
     uint64_t length = 0;
     if (!input->ReadVarint64(&length) ||
         length > static_cast<uint64_t>(std::max(0, input->BytesUntilLimit()))) {
@@ -216,8 +214,7 @@ class ReplyScanner {
     if (piece != 0) return NotAStepResponse("a packed reply packs replies itself");
     if (++packed_ >= pieces_.size()) {
       return absl::InternalError(absl::StrCat("a Step reply packs more than the ",
-                                              pieces_.size() - 1,
-                                              " replies its request packed"));
+                                              pieces_.size() - 1, " replies its request packed"));
     }
     const CodedInputStream::Limit outer = input->PushLimit(static_cast<int>(length));
     absl::Status status = ScanMessage(input, packed_, widen_ ? nullptr : fields->add_more());
@@ -231,10 +228,10 @@ class ReplyScanner {
     uint64_t length = 0;
     if (!input->ReadVarint64(&length)) return NotAStepResponse("a malformed params length");
     if (length != expected_bytes) {
-      return absl::InternalError(absl::StrCat(
-          "a Step reply carries ", length, " bytes of params",
-          piece == 0 ? "" : absl::StrCat(" in more[", piece - 1, "]"), "; expected ",
-          expected_bytes, " (elements of ", WireTypeName(type_), ")"));
+      return absl::InternalError(
+          absl::StrCat("a Step reply carries ", length, " bytes of params",
+                       piece == 0 ? "" : absl::StrCat(" in more[", piece - 1, "]"), "; expected ",
+                       expected_bytes, " (elements of ", WireTypeName(type_), ")"));
     }
     const ReplyPiece& out = pieces_[piece];
     const bool write = widen_ && (!out.params_out.empty() || !out.params_out16.empty());
@@ -308,9 +305,9 @@ absl::Status ParseStepResponse(
   for (size_t i = 0; i < pieces.size() && status.ok(); ++i) {
     const ReplyPiece& piece = pieces[i];
     if (!piece.params_out.empty() && piece.params_out.size() != piece.elements) {
-      status = absl::InternalError(absl::StrCat("params_out holds ", piece.params_out.size(),
-                                                " floats for a reply of ", piece.elements,
-                                                " elements"));
+      status =
+          absl::InternalError(absl::StrCat("params_out holds ", piece.params_out.size(),
+                                           " floats for a reply of ", piece.elements, " elements"));
     } else if (!piece.params_out16.empty() &&
                (piece.params_out16.size() != piece.elements || WireTypeSize(type) != 2 ||
                 !piece.params_out.empty())) {

@@ -60,8 +60,8 @@ struct ReplyPiece {
 // chunk. Once the whole message has parsed and `check(i, reply)` accepts the
 // reply to every chunk i (the caller's check that it is for the chunk it
 // expects), the params are written into each piece's params_out or
-// params_out16; they are all untouched on any error. INTERNAL, naming what is wrong, when the bytes are
-// not such a reply or params have another length; else `check`'s status.
+// params_out16; they are all untouched on any error. INTERNAL, naming what is wrong, when the bytes
+// are not such a reply or params have another length; else `check`'s status.
 absl::Status ParseStepResponse(
     grpc::ByteBuffer* reply, WireType type, absl::Span<const ReplyPiece> pieces,
     absl::FunctionRef<absl::Status(size_t, const v1::StepResponse&)> check,

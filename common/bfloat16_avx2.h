@@ -17,13 +17,12 @@ __attribute__((target("avx2"))) inline __m128i FloatToBFloat16x8(__m256 values) 
   const __m256i rounded = _mm256_srli_epi32(
       _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
   const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x0040));
-  const __m256i is_nan = _mm256_cmpgt_epi32(
-      _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)),
+                                            _mm256_set1_epi32(0x7f800000));
   const __m256i out = _mm256_blendv_epi8(rounded, nan, is_nan);
   // Keep the low 16 bits of each lane, in order.
   const __m256i packed = _mm256_permute4x64_epi64(
-      _mm256_packus_epi32(_mm256_and_si256(out, _mm256_set1_epi32(0xffff)),
-                          _mm256_setzero_si256()),
+      _mm256_packus_epi32(_mm256_and_si256(out, _mm256_set1_epi32(0xffff)), _mm256_setzero_si256()),
       0xd8);
   return _mm256_castsi256_si128(packed);
 }

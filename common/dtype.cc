@@ -21,8 +21,7 @@ bool HasAvx2F16c() { return CpuHasAvx2F16c(); }
 #define OPTSTATE_AVX2 __attribute__((target("avx2,f16c")))
 
 // Returns how many leading elements were converted (a multiple of 8).
-OPTSTATE_AVX2 size_t DecodeAvx2(WireType type, const unsigned char* src, float* dst,
-                                size_t count) {
+OPTSTATE_AVX2 size_t DecodeAvx2(WireType type, const unsigned char* src, float* dst, size_t count) {
   const size_t end = count - count % 8;
   for (size_t i = 0; i < end; i += 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
@@ -61,8 +60,7 @@ OPTSTATE_AVX2 bool AllAbsBitsBelowAvx2(const unsigned char* bytes, size_t end, u
 
 // Whether no 16-bit element of the first `end` (a multiple of 16) has all of
 // `exponent` set (infinity or NaN).
-OPTSTATE_AVX2 bool AllHalvesFiniteAvx2(const unsigned char* wire, size_t end,
-                                       uint16_t exponent) {
+OPTSTATE_AVX2 bool AllHalvesFiniteAvx2(const unsigned char* wire, size_t end, uint16_t exponent) {
   const __m256i mask = _mm256_set1_epi16(static_cast<short>(exponent));
   __m256i bad = _mm256_setzero_si256();
   for (size_t i = 0; i < end; i += 16) {
@@ -123,9 +121,12 @@ bool AllNarrowToFinite(WireType type, const float* values, size_t count) {
 
 absl::string_view WireTypeName(WireType type) {
   switch (type) {
-    case WireType::kFloat32: return "float32";
-    case WireType::kBFloat16: return "bfloat16";
-    case WireType::kFloat16: return "float16";
+    case WireType::kFloat32:
+      return "float32";
+    case WireType::kBFloat16:
+      return "bfloat16";
+    case WireType::kFloat16:
+      return "float16";
   }
   return "unknown";
 }
@@ -161,7 +162,7 @@ uint16_t FloatToHalf(float value) {
   std::memcpy(&bits, &value, sizeof(bits));
   uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;  // NaN
+  if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN
   if (abs >= 0x477ff000u) return sign | 0x7c00u;  // Rounds to >= 65520: infinity.
   if (abs >= 0x38800000u) {
     // Normal half: rebias the exponent and round the 13 dropped bits to even.

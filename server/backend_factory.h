@@ -7,8 +7,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "server/backends/step_backend.h"
 #include "server/backends/cuda/cuda_options.h"
+#include "server/backends/step_backend.h"
 #include "server/base/thread_pool.h"
 
 namespace optstate {

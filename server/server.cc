@@ -54,7 +54,8 @@ uint64_t DefaultMaxHostBytes() {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   if (options.threads < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--threads must be >= 0, got ", options.threads));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads must be >= 0, got ", options.threads));
   }
   if (options.page_elements == 0 || options.page_elements % 64 != 0) {
     return absl::InvalidArgumentError("page size must be a positive multiple of 64 elements");
@@ -65,9 +66,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       std::max<uint64_t>(1 << 20, options.page_elements * sizeof(float) + 4096);
   if (options.max_message_bytes < 0 ||
       static_cast<uint64_t>(options.max_message_bytes) < min_message_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max_message_bytes must be at least ", min_message_bytes,
-        " (one page of float32 and room for the other fields)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_message_bytes must be at least ", min_message_bytes,
+                     " (one page of float32 and room for the other fields)"));
   }
   // Debian's Abseil checks every Mutex acquisition for lock-order cycles
   // (a graph lookup per lock: 1.3% of daemon CPU while stepping). Our lock
@@ -84,10 +85,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   parts->backend_name = std::string(parts->backend->name());
   const uint64_t max_host_bytes =
       options.max_host_bytes != 0 ? options.max_host_bytes : DefaultMaxHostBytes();
-  parts->store = std::make_unique<StateStore>(parts->backend.get(), max_host_bytes,
-                                              options.page_elements);
-  parts->engine = std::make_unique<StepEngine>(parts->store.get(), parts->backend.get(),
-                                               parts->pool.get());
+  parts->store =
+      std::make_unique<StateStore>(parts->backend.get(), max_host_bytes, options.page_elements);
+  parts->engine =
+      std::make_unique<StepEngine>(parts->store.get(), parts->backend.get(), parts->pool.get());
   parts->service = std::make_unique<OptimizerStateService>(
       parts->engine.get(), static_cast<size_t>(options.max_message_bytes));
 
@@ -109,8 +110,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.RegisterService(parts->service.get());
   parts->grpc_server = builder.BuildAndStart();
   if (parts->grpc_server == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("could not listen on ", options.listen,
-                                               " (address in use or not valid?)"));
+    return absl::UnavailableError(
+        absl::StrCat("could not listen on ", options.listen, " (address in use or not valid?)"));
   }
   // Health answers for the service by name too, as load balancers and
   // probes that name it expect (gRPC sets it NOT_SERVING at shutdown).

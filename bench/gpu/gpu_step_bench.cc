@@ -17,21 +17,20 @@
 #include <vector>
 
 #include "server/backends/cpu/cpu_backend.h"
-#include "server/kernels/adamw_cuda.h"
 #include "server/backends/cuda/cuda_backend.h"
 #include "server/base/thread_pool.h"
+#include "server/kernels/adamw_cuda.h"
 
 namespace optstate {
 namespace {
 
-#define CHECK_CUDA(expr)                                                             \
-  do {                                                                               \
-    cudaError_t e_ = (expr);                                                         \
-    if (e_ != cudaSuccess) {                                                         \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,              \
-                   cudaGetErrorString(e_));                                          \
-      std::exit(1);                                                                  \
-    }                                                                                \
+#define CHECK_CUDA(expr)                                                                         \
+  do {                                                                                           \
+    cudaError_t e_ = (expr);                                                                     \
+    if (e_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                              \
+    }                                                                                            \
   } while (0)
 
 double Median(std::vector<double> v) {
@@ -71,8 +70,8 @@ double TimeHost(int reps, const std::function<void()>& fn) {
   for (int i = 0; i < reps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     fn();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                     .count());
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   return Median(ms);
 }
@@ -130,9 +129,10 @@ Row ResidentKernel(uint64_t n) {
   const double copy_ms = TimeDevice(stream, 20, [&] {
     CHECK_CUDA(cudaMemcpyAsync(dst, src, n * 14, cudaMemcpyDeviceToDevice, stream));
   });
-  std::printf("resident kernel: %.3f ms for %llu elements = %.0f GB/s; d2d copy %.3f ms = %.0f GB/s\n",
-              kernel_ms, static_cast<unsigned long long>(n), 28.0 * n / kernel_ms / 1e6, copy_ms,
-              28.0 * n / copy_ms / 1e6);
+  std::printf(
+      "resident kernel: %.3f ms for %llu elements = %.0f GB/s; d2d copy %.3f ms = %.0f GB/s\n",
+      kernel_ms, static_cast<unsigned long long>(n), 28.0 * n / kernel_ms / 1e6, copy_ms,
+      28.0 * n / copy_ms / 1e6);
   for (void* a : {static_cast<void*>(p), static_cast<void*>(m), static_cast<void*>(v),
                   static_cast<void*>(g), static_cast<void*>(src), static_cast<void*>(dst)}) {
     cudaFree(a);
@@ -169,10 +169,11 @@ double PcieBaseline(uint64_t in, uint64_t out) {
     CHECK_CUDA(cudaMemcpyAsync(h_out, d_out, out, cudaMemcpyDeviceToHost, s2));
     CHECK_CUDA(cudaStreamSynchronize(s2));
   });
-  std::printf("pinned PCIe: h2d %.1f GB/s, d2h %.1f GB/s, both at once %.3f ms for %llu + %llu "
-              "bytes\n",
-              in / h2d_ms / 1e6, out / d2h_ms / 1e6, ms, static_cast<unsigned long long>(in),
-              static_cast<unsigned long long>(out));
+  std::printf(
+      "pinned PCIe: h2d %.1f GB/s, d2h %.1f GB/s, both at once %.3f ms for %llu + %llu "
+      "bytes\n",
+      in / h2d_ms / 1e6, out / d2h_ms / 1e6, ms, static_cast<unsigned long long>(in),
+      static_cast<unsigned long long>(out));
   cudaFreeHost(h_in);
   cudaFreeHost(h_out);
   cudaFree(d_in);
@@ -203,8 +204,7 @@ PagedFigures PagedStep(uint64_t n) {
   config.num_elements = n;
   auto gpu = Group::Create({"", "paged"}, config, 1 << 20, (*cuda)->host_allocator());
   auto ref = Group::Create({"", "cpu"}, config, 1 << 20, cpu.host_allocator());
-  if (!gpu.ok() || !ref.ok() || !(*cuda)->AttachGroup(**gpu).ok() ||
-      !cpu.AttachGroup(**ref).ok()) {
+  if (!gpu.ok() || !ref.ok() || !(*cuda)->AttachGroup(**gpu).ok() || !cpu.AttachGroup(**ref).ok()) {
     std::fprintf(stderr, "could not set up the paged group\n");
     std::exit(1);
   }
@@ -214,23 +214,23 @@ PagedFigures PagedStep(uint64_t n) {
   FillRandom(grad.data(), n, 3);
   uint64_t step = 0;
   const double paged_ms = TimeHost(5, [&] {
-    absl::Status s = (*cuda)->Apply(**gpu, 0, n, grad.data(), WireType::kFloat32,
-                                    Constants(++step));
+    absl::Status s =
+        (*cuda)->Apply(**gpu, 0, n, grad.data(), WireType::kFloat32, Constants(++step));
     if (!s.ok()) {
       std::fprintf(stderr, "%s\n", s.ToString().c_str());
       std::exit(1);
     }
   });
   step = 0;
-  const double cpu_ms = TimeHost(3, [&] {
-    (void)cpu.Apply(**ref, 0, n, grad.data(), WireType::kFloat32, Constants(++step));
-  });
+  const double cpu_ms = TimeHost(
+      3, [&] { (void)cpu.Apply(**ref, 0, n, grad.data(), WireType::kFloat32, Constants(++step)); });
   const double pcie_ms = PcieBaseline(n * 16, n * 12);
-  std::printf("fully_paged step: %.3f ms for %llu elements (%.2f G elem/s); cpu backend (%d "
-              "threads) %.3f ms (%.2f G elem/s); copy wait %llu us total\n",
-              paged_ms, static_cast<unsigned long long>(n), n / paged_ms / 1e6, threads, cpu_ms,
-              n / cpu_ms / 1e6,
-              static_cast<unsigned long long>((*gpu)->counters().paging.copy_wait_us.load()));
+  std::printf(
+      "fully_paged step: %.3f ms for %llu elements (%.2f G elem/s); cpu backend (%d "
+      "threads) %.3f ms (%.2f G elem/s); copy wait %llu us total\n",
+      paged_ms, static_cast<unsigned long long>(n), n / paged_ms / 1e6, threads, cpu_ms,
+      n / cpu_ms / 1e6,
+      static_cast<unsigned long long>((*gpu)->counters().paging.copy_wait_us.load()));
   (*cuda)->DetachGroup(**gpu);
   gpu->reset();
 
@@ -278,8 +278,7 @@ int Main(int argc, char** argv) {
   rows.push_back(paged.vs_cpu);
   rows.push_back(paged.resident_step);
   // ratio = baseline time / our time: 1.0 means as fast as the baseline.
-  std::printf("\n%-56s %10s %12s %7s %8s\n", "figure", "ours ms", "baseline ms", "ratio",
-              "target");
+  std::printf("\n%-56s %10s %12s %7s %8s\n", "figure", "ours ms", "baseline ms", "ratio", "target");
   for (const Row& r : rows) {
     std::printf("%-56s %10.3f %12.3f %7.2f %8s\n", r.figure, r.ms, r.baseline_ms,
                 r.baseline_ms / r.ms, r.target);

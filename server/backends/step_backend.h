@@ -10,10 +10,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "optstate/dtype.h"
+#include "server/base/segmented_bytes.h"
 #include "server/kernels/adamw_kernel.h"
 #include "server/state/group.h"
 #include "server/state/host_allocator.h"
-#include "server/base/segmented_bytes.h"
 
 namespace optstate {
 

@@ -49,28 +49,27 @@ absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& ke
     return absl::InvalidArgumentError("num_elements must be at least 1");
   }
   if (absl::Status s = ValidateHyperparameters(config.hyperparameters); !s.ok()) return s;
-  const uint64_t needed = config.num_elements > max_host_bytes_ / 12
-                              ? UINT64_MAX
-                              : HostBytesFor(config.num_elements);
+  const uint64_t needed =
+      config.num_elements > max_host_bytes_ / 12 ? UINT64_MAX : HostBytesFor(config.num_elements);
   {
     absl::MutexLock lock(&mu_);
     if (auto it = groups_.find(key); it != groups_.end()) {
       if (it->second->config() == config) return Registration{it->second, false};
-      return absl::AlreadyExistsError(absl::StrCat(
-          "group '", key.name, "' already exists with ", DescribeConfig(it->second->config()),
-          "; asked for ", DescribeConfig(config),
-          ". Delete it first or register under another name"));
+      return absl::AlreadyExistsError(
+          absl::StrCat("group '", key.name, "' already exists with ",
+                       DescribeConfig(it->second->config()), "; asked for ", DescribeConfig(config),
+                       ". Delete it first or register under another name"));
     }
     if (registering_.contains(key)) {
       return absl::AbortedError(
           absl::StrCat("group '", key.name, "' is being registered by another call; retry"));
     }
     if (needed == UINT64_MAX || host_bytes_ + needed > max_host_bytes_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "group '", key.name, "' needs ", HostBytesFor(config.num_elements),
-          " bytes of host memory (12 per element) but only ", max_host_bytes_ - host_bytes_,
-          " of --max_host_bytes=", max_host_bytes_,
-          " are free; delete groups or raise --max_host_bytes"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("group '", key.name, "' needs ", HostBytesFor(config.num_elements),
+                       " bytes of host memory (12 per element) but only ",
+                       max_host_bytes_ - host_bytes_, " of --max_host_bytes=", max_host_bytes_,
+                       " are free; delete groups or raise --max_host_bytes"));
     }
     host_bytes_ += needed;
     registering_.insert(key);

@@ -11,8 +11,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "server/state/group.h"
 #include "server/backends/step_backend.h"
+#include "server/state/group.h"
 
 namespace optstate {
 

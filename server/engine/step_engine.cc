@@ -20,29 +20,29 @@ absl::StatusOr<ChunkRange> ValidateRange(const Group& group, uint64_t offset, Wi
                                          size_t bytes, absl::string_view what) {
   const size_t element_size = WireTypeSize(type);
   if (bytes % element_size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " holds ", bytes, " bytes, not a multiple of ", element_size, " (the size of ",
-        WireTypeName(type), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " holds ", bytes,
+                                                   " bytes, not a multiple of ", element_size,
+                                                   " (the size of ", WireTypeName(type), ")"));
   }
   const uint64_t count = bytes / element_size;
   const uint64_t n = group.num_elements();
   if (count == 0) return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
   if (offset >= n || count > n - offset) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " covers elements [", offset, ", ", offset + count, ") but group '",
-        group.key().name, "' has ", n, " elements"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " covers elements [", offset, ", ",
+                                                   offset + count, ") but group '",
+                                                   group.key().name, "' has ", n, " elements"));
   }
   const uint64_t page = group.page_elements();
   if (offset % page != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "offset ", offset, " is not on a page boundary: chunks of group '", group.key().name,
-        "' must start at a multiple of page_elements=", page));
+    return absl::InvalidArgumentError(
+        absl::StrCat("offset ", offset, " is not on a page boundary: chunks of group '",
+                     group.key().name, "' must start at a multiple of page_elements=", page));
   }
   const uint64_t end = offset + count;
   if (end % page != 0 && end != n) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, " ends at element ", end, ", which is neither a page boundary (page_elements=",
-        page, ") nor the group's end (", n, ")"));
+        what, " ends at element ", end, ", which is neither a page boundary (page_elements=", page,
+        ") nor the group's end (", n, ")"));
   }
   return ChunkRange{count, offset / page, (end + page - 1) / page};
 }
@@ -135,19 +135,19 @@ absl::StatusOr<ValidatedChunk> StepEngine::Validate(const StepChunk& chunk) {
         "smaller lr"));
   }
   size_t bad = range->count;
-  chunk.gradient.ForEachElementRun(
-      0, WireTypeSize(chunk.gradient_type), range->count,
-      [&](size_t first, size_t n, const char* data) {
-        const size_t found = FindNonFiniteGradient(data, chunk.gradient_type, n, inputs.grad_scale);
-        if (found == n) return true;
-        bad = first + found;
-        return false;
-      });
+  chunk.gradient.ForEachElementRun(0, WireTypeSize(chunk.gradient_type), range->count,
+                                   [&](size_t first, size_t n, const char* data) {
+                                     const size_t found = FindNonFiniteGradient(
+                                         data, chunk.gradient_type, n, inputs.grad_scale);
+                                     if (found == n) return true;
+                                     bad = first + found;
+                                     return false;
+                                   });
   if (bad != range->count) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gradient of group '", group.key().name, "' at element ", chunk.offset + bad,
-        " is not finite (after grad_scale ", inputs.grad_scale,
-        "); nothing in this chunk was applied. Skip the step or fix the loss scale"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient of group '", group.key().name, "' at element ", chunk.offset + bad,
+                     " is not finite (after grad_scale ", inputs.grad_scale,
+                     "); nothing in this chunk was applied. Skip the step or fix the loss scale"));
   }
   validated.group = std::move(*found);
   validated.count = range->count;
@@ -157,9 +157,9 @@ absl::StatusOr<ValidatedChunk> StepEngine::Validate(const StepChunk& chunk) {
   return validated;
 }
 
-absl::StatusOr<StepChunkResult> StepEngine::Apply(
-    const StepChunk& chunk, const ValidatedChunk& validated,
-    absl::FunctionRef<char*(size_t)> reserve_params) {
+absl::StatusOr<StepChunkResult> StepEngine::Apply(const StepChunk& chunk,
+                                                  const ValidatedChunk& validated,
+                                                  absl::FunctionRef<char*(size_t)> reserve_params) {
   const absl::Time started = validated.started;
   Group& group = *validated.group;
   const AdamWConstants& constants = validated.constants;
@@ -174,21 +174,21 @@ absl::StatusOr<StepChunkResult> StepEngine::Apply(
     // Check every page before touching any, so a refusal changes nothing.
     for (uint64_t p = validated.first_page; p < validated.end_page; ++p) {
       if (!group.page_has_values(p)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "page ", p, " (elements [", group.PageBegin(p), ", ", group.PageEnd(p),
-            ")) of group '", group.key().name,
-            "' has no initial values yet; finish uploading them with RegisterGroup"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("page ", p, " (elements [", group.PageBegin(p), ", ", group.PageEnd(p),
+                         ")) of group '", group.key().name,
+                         "' has no initial values yet; finish uploading them with RegisterGroup"));
       }
       const uint64_t at = group.page_step(p);
       if (at + 1 < chunk.step) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "group '", group.key().name, "' page ", p, " is at step ", at, "; expected step ",
-            at + 1, ", got step ", chunk.step));
+        return absl::FailedPreconditionError(absl::StrCat("group '", group.key().name, "' page ", p,
+                                                          " is at step ", at, "; expected step ",
+                                                          at + 1, ", got step ", chunk.step));
       }
       if (at > chunk.step) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "group '", group.key().name, "' page ", p, " is already at step ", at,
-            ", past step ", chunk.step, "; a replay must name the page's current step"));
+            "group '", group.key().name, "' page ", p, " is already at step ", at, ", past step ",
+            chunk.step, "; a replay must name the page's current step"));
       }
     }
     const size_t grad_size = WireTypeSize(chunk.gradient_type);
@@ -249,9 +249,9 @@ absl::Status StepEngine::WriteInitialValues(const GroupKey& key, uint64_t offset
 absl::Status StepEngine::WriteInitialValues(Group& group, uint64_t offset, WireType type,
                                             absl::string_view data) {
   if (!group.config().has_initial_values) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "group '", group.key().name,
-        "' was registered with has_initial_values=false; it takes no values"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("group '", group.key().name,
+                     "' was registered with has_initial_values=false; it takes no values"));
   }
   absl::StatusOr<ChunkRange> range = ValidateRange(group, offset, type, data.size(), "values");
   if (!range.ok()) return range.status();

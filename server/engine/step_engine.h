@@ -14,10 +14,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "optstate/dtype.h"
-#include "server/base/segmented_bytes.h"
-#include "server/engine/state_store.h"
 #include "server/backends/step_backend.h"
+#include "server/base/segmented_bytes.h"
 #include "server/base/thread_pool.h"
+#include "server/engine/state_store.h"
 
 namespace optstate {
 

@@ -122,8 +122,8 @@ cudaError_t Launch(const AdamWConstants& c, float* p, float* m, float* v, const 
   // status returned is this launch's own (a stale one would fail a launch
   // that ran).
   (void)cudaGetLastError();
-  const bool vector = Aligned(p, 16) && Aligned(m, 16) && Aligned(v, 16) &&
-                      Aligned(grad, sizeof(typename G::Vec4));
+  const bool vector =
+      Aligned(p, 16) && Aligned(m, 16) && Aligned(v, 16) && Aligned(grad, sizeof(typename G::Vec4));
   if (vector) {
     AdamWVectorKernel<G><<<Blocks(count / 4), kThreads, 0, stream>>>(c, p, m, v, g, count);
   } else {

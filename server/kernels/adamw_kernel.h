@@ -66,8 +66,7 @@ void AdamWUpdate(const AdamWConstants& c, float* p, float* m, float* v, const vo
 // EncodeFromFloat would write from the updated params, without reading them
 // again.
 void AdamWUpdateAndEncode(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
-                          WireType grad_type, size_t count, void* params_out,
-                          WireType params_type);
+                          WireType grad_type, size_t count, void* params_out, WireType params_type);
 
 // The portable path: the same formula, one element at a time.
 void AdamWUpdateScalar(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,

@@ -103,8 +103,8 @@ OPTSTATE_AVX2 size_t FindNonFiniteLoop(const unsigned char* grad, size_t vector_
     const size_t end = begin + kBlock < vector_end ? begin + kBlock : vector_end;
     __m256i bad = _mm256_setzero_si256();
     for (size_t i = begin; i < end; i += 8) {
-      bad = _mm256_or_si256(
-          bad, NonFiniteMask(_mm256_mul_ps(LoadGradient8(grad, kType, i), scale)));
+      bad =
+          _mm256_or_si256(bad, NonFiniteMask(_mm256_mul_ps(LoadGradient8(grad, kType, i), scale)));
     }
     if (_mm256_testz_si256(bad, bad)) continue;
     for (size_t i = begin; i < end; ++i) {
@@ -116,8 +116,8 @@ OPTSTATE_AVX2 size_t FindNonFiniteLoop(const unsigned char* grad, size_t vector_
 
 }  // namespace
 
-OPTSTATE_AVX2 size_t FindNonFiniteGradientAvx2(const void* grad, WireType grad_type,
-                                               size_t count, float grad_scale) {
+OPTSTATE_AVX2 size_t FindNonFiniteGradientAvx2(const void* grad, WireType grad_type, size_t count,
+                                               float grad_scale) {
   const auto* bytes = static_cast<const unsigned char*>(grad);
   const size_t vector_end = count - count % 8;
   size_t bad = vector_end;
@@ -147,10 +147,9 @@ OPTSTATE_AVX2 void AdamWUpdateAvx2(const AdamWConstants& c, float* p, float* m, 
   AdamWRangeScalar(c, p, m, v, grad, grad_type, vector_end, count);
 }
 
-OPTSTATE_AVX2 bool AdamWUpdateAndEncodeAvx2(const AdamWConstants& c, float* p, float* m,
-                                            float* v, const void* grad, WireType grad_type,
-                                            size_t count, void* params_out,
-                                            WireType params_type) {
+OPTSTATE_AVX2 bool AdamWUpdateAndEncodeAvx2(const AdamWConstants& c, float* p, float* m, float* v,
+                                            const void* grad, WireType grad_type, size_t count,
+                                            void* params_out, WireType params_type) {
   const auto* bytes = static_cast<const unsigned char*>(grad);
   auto* out = static_cast<unsigned char*>(params_out);
   const size_t vector_end = count - count % 8;

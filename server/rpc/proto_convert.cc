@@ -8,9 +8,9 @@ namespace optstate {
 absl::StatusOr<WireType> WireTypeFromProto(v1::DType dtype, absl::string_view field) {
   std::optional<WireType> type = WireTypeFromProtoValue(dtype);
   if (type) return *type;
-  return absl::InvalidArgumentError(absl::StrCat(
-      field, " has unknown dtype ", static_cast<int>(dtype),
-      "; use DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " has unknown dtype ", static_cast<int>(dtype),
+                   "; use DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16"));
 }
 
 absl::StatusOr<AdamWHyperparameters> HyperparametersFromProto(
@@ -43,9 +43,12 @@ namespace {
 
 v1::Placement PlacementToProto(Placement placement) {
   switch (placement) {
-    case Placement::kHost: return v1::PLACEMENT_HOST;
-    case Placement::kDeviceResident: return v1::PLACEMENT_DEVICE_RESIDENT;
-    case Placement::kDevicePaged: return v1::PLACEMENT_DEVICE_PAGED;
+    case Placement::kHost:
+      return v1::PLACEMENT_HOST;
+    case Placement::kDeviceResident:
+      return v1::PLACEMENT_DEVICE_RESIDENT;
+    case Placement::kDevicePaged:
+      return v1::PLACEMENT_DEVICE_PAGED;
   }
   return v1::PLACEMENT_UNSPECIFIED;
 }

@@ -9,8 +9,8 @@
 #include "optstate/dtype.h"
 #include "optstate/v1/dtype_proto.h"
 #include "optstate/v1/optstate.pb.h"
-#include "server/state/group.h"
 #include "server/backends/step_backend.h"
+#include "server/state/group.h"
 
 namespace optstate {
 

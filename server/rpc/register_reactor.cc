@@ -86,9 +86,9 @@ void RegisterReactor::HandleMessage() {
 }
 
 absl::Status RegisterReactor::GroupDeletedError() const {
-  return absl::NotFoundError(absl::StrCat(
-      "group '", name_, "' was deleted while this RegisterGroup call was open; "
-      "register it again"));
+  return absl::NotFoundError(absl::StrCat("group '", name_,
+                                          "' was deleted while this RegisterGroup call was open; "
+                                          "register it again"));
 }
 
 void RegisterReactor::FinishWithGroup() {

@@ -9,8 +9,7 @@
 namespace optstate {
 namespace {
 
-grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
-                                 const absl::Status& status) {
+grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
@@ -76,9 +75,9 @@ grpc::ServerUnaryReactor* OptimizerStateService::DescribeGroup(
   return Answer(context, group.status());
 }
 
-grpc::ServerUnaryReactor* OptimizerStateService::DeleteGroup(
-    grpc::CallbackServerContext* context, const v1::DeleteGroupRequest* request,
-    v1::DeleteGroupResponse* response) {
+grpc::ServerUnaryReactor* OptimizerStateService::DeleteGroup(grpc::CallbackServerContext* context,
+                                                             const v1::DeleteGroupRequest* request,
+                                                             v1::DeleteGroupResponse* response) {
   // Deleting waits for the group's in-flight chunks: do it on a worker.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   GroupKey key{TenantOf(context), request->name()};

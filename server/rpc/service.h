@@ -11,12 +11,11 @@ namespace optstate {
 // Every method on the callback API; Step raw (grpc::ByteBuffer in and out) so
 // its reactor parses requests and writes replies itself (server/rpc/step_reply_builder.h).
 using OptimizerStateCallbackBase = v1::OptimizerState::WithCallbackMethod_RegisterGroup<
-    v1::OptimizerState::WithRawCallbackMethod_Step<
-        v1::OptimizerState::WithCallbackMethod_GetStats<
-            v1::OptimizerState::WithCallbackMethod_ListGroups<
-                v1::OptimizerState::WithCallbackMethod_DescribeGroup<
-                    v1::OptimizerState::WithCallbackMethod_DeleteGroup<
-                        v1::OptimizerState::Service>>>>>>;
+    v1::OptimizerState::WithRawCallbackMethod_Step<v1::OptimizerState::WithCallbackMethod_GetStats<
+        v1::OptimizerState::WithCallbackMethod_ListGroups<
+            v1::OptimizerState::WithCallbackMethod_DescribeGroup<
+                v1::OptimizerState::WithCallbackMethod_DeleteGroup<
+                    v1::OptimizerState::Service>>>>>>;
 
 // Thread-safe; `engine` must outlive the service.
 class OptimizerStateService : public OptimizerStateCallbackBase {

@@ -49,8 +49,7 @@ void StepReactor::Advance(int tokens_released) {
         write_in_flight_ = start_write = true;
         write = &to_write_.front();
       }
-      tokens_released =
-          int{start_read} + static_cast<int>(dispatch.size()) + int{start_write};
+      tokens_released = int{start_read} + static_cast<int>(dispatch.size()) + int{start_write};
       starting_ += tokens_released;
       const bool drained = in_flight_ == 0 && !write_in_flight_ && to_write_.empty();
       if (starting_ == 0 && drained && (failed || (reads_done_ && queued_.empty()))) {

@@ -33,15 +33,13 @@ namespace optstate {
 // The first refused chunk ends the call with its status, after the replies to
 // every earlier message; it changed nothing, while later messages of other
 // groups may already have been applied, and so may the chunks packed before
-// it in its message when it was refused for its pages' state. Resending those is a harmless replay, unless
-// the same stream also carried a later step of their group (then the resend
-// is refused as stale): a client that needs resends sends one step per
-// stream, as optstate::Client does.
-// No callback blocks: engine work runs on the pool, and gRPC calls are made
-// outside the reactor's mutex.
-// Messages are raw: a request that does not parse is refused with
-// INVALID_ARGUMENT in its turn, and replies are serialized by
-// StepReplyBuilder, which writes the params into the reply's slice directly.
+// it in its message when it was refused for its pages' state. Resending those is a harmless replay,
+// unless the same stream also carried a later step of their group (then the resend is refused as
+// stale): a client that needs resends sends one step per stream, as optstate::Client does. No
+// callback blocks: engine work runs on the pool, and gRPC calls are made outside the reactor's
+// mutex. Messages are raw: a request that does not parse is refused with INVALID_ARGUMENT in its
+// turn, and replies are serialized by StepReplyBuilder, which writes the params into the reply's
+// slice directly.
 class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   // `max_reply_bytes`: the largest reply gRPC will send on this server.
@@ -106,7 +104,7 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_set<std::string> groups_in_flight_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, grpc::ByteBuffer> completed_ ABSL_GUARDED_BY(mu_);  // Out of order.
-  std::deque<grpc::ByteBuffer> to_write_ ABSL_GUARDED_BY(mu_);  // Front is in flight.
+  std::deque<grpc::ByteBuffer> to_write_ ABSL_GUARDED_BY(mu_);           // Front is in flight.
   bool read_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;

@@ -35,8 +35,8 @@ char* StepReplyBuilder::ReserveParams(size_t params_bytes) {
       CodedOutputStream::VarintSize32(kParamsTag) + CodedOutputStream::VarintSize64(params_bytes);
   if (reserved_) grpc_slice_unref(slice_);  // A second call replaces the first.
   // Refcounted even when small: the returned pointer must stay put.
-  slice_ = grpc_slice_malloc_large(head_ + prefix + params_bytes +
-                                   MaxFieldBytes(group_name_bytes_));
+  slice_ =
+      grpc_slice_malloc_large(head_ + prefix + params_bytes + MaxFieldBytes(group_name_bytes_));
   reserved_ = true;
   uint8_t* at = GRPC_SLICE_START_PTR(slice_) + head_;
   at = CodedOutputStream::WriteVarint32ToArray(kParamsTag, at);

@@ -18,9 +18,8 @@ absl::Status ValidateHyperparameters(const AdamWHyperparameters& h) {
   // The step runs in fp32, so each value must also be in range as a float.
   auto fits_float = [](double x) { return std::isfinite(static_cast<float>(x)); };
   if (!std::isfinite(h.lr) || h.lr < 0 || !fits_float(h.lr)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("lr must be finite and >= 0 (and within float32's range), got ",
-                     ExactText(h.lr)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lr must be finite and >= 0 (and within float32's range), got ", ExactText(h.lr)));
   }
   if (!(h.beta1 >= 0 && h.beta1 < 1)) {
     return absl::InvalidArgumentError(
@@ -69,9 +68,9 @@ absl::StatusOr<std::shared_ptr<Group>> Group::Create(GroupKey key, GroupConfig c
   group->exp_avg_ = static_cast<float*>(allocator->Allocate(bytes));
   group->exp_avg_sq_ = static_cast<float*>(allocator->Allocate(bytes));
   if (group->params_ == nullptr || group->exp_avg_ == nullptr || group->exp_avg_sq_ == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "could not allocate ", HostBytesFor(config.num_elements), " bytes of ",
-        allocator->name(), " host memory for group '", group->key().name, "'"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("could not allocate ", HostBytesFor(config.num_elements), " bytes of ",
+                     allocator->name(), " host memory for group '", group->key().name, "'"));
   }
   return group;
 }

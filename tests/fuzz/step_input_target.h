@@ -11,9 +11,9 @@
 #include <string>
 
 #include "server/backends/cpu/cpu_backend.h"
+#include "server/base/thread_pool.h"
 #include "server/engine/state_store.h"
 #include "server/engine/step_engine.h"
-#include "server/base/thread_pool.h"
 
 namespace optstate::fuzz {
 

@@ -13,9 +13,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/backends/cpu/cpu_backend.h"
+#include "server/base/thread_pool.h"
 #include "server/engine/state_store.h"
 #include "server/engine/step_engine.h"
-#include "server/base/thread_pool.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/testing/reference_adamw.h"
 
@@ -48,7 +48,8 @@ uint64_t TotalForCapacity(uint64_t capacity) { return 2 * (kSlots * kSlotBytes +
 class RangeLock {
  public:
   RangeLock(Group& g, uint64_t begin, uint64_t end)
-      : g_(g), first_(begin / g.page_elements()),
+      : g_(g),
+        first_(begin / g.page_elements()),
         end_((end + g.page_elements() - 1) / g.page_elements()) {
     for (uint64_t p = first_; p < end_; ++p) g_.page_mutex(p).Lock();
   }
@@ -80,7 +81,8 @@ class Twin {
 
   void WriteInitialValues(uint64_t seed) {
     RangeLock lock(*gpu_, 0, n_);
-    for (uint64_t i = 0; i < n_; ++i) gpu_->params()[i] = ref_->params()[i] = UniformSigned(seed, i);
+    for (uint64_t i = 0; i < n_; ++i)
+      gpu_->params()[i] = ref_->params()[i] = UniformSigned(seed, i);
     ASSERT_TRUE(cuda_->ParamsWritten(*gpu_, 0, n_).ok());
     ASSERT_TRUE(cpu_->ParamsWritten(*ref_, 0, n_).ok());
   }
@@ -322,8 +324,7 @@ TEST_F(CudaBackendTest, StepEngineRepliesMatchTheCpuBackend) {
     ASSERT_TRUE(cpu_store.Register(key, config).ok());
     std::vector<float> init(config.num_elements);
     for (uint64_t i = 0; i < init.size(); ++i) init[i] = UniformSigned(77, i);
-    const absl::string_view init_bytes(reinterpret_cast<const char*>(init.data()),
-                                       init.size() * 4);
+    const absl::string_view init_bytes(reinterpret_cast<const char*>(init.data()), init.size() * 4);
     ASSERT_TRUE(gpu_engine.WriteInitialValues(key, 0, WireType::kFloat32, init_bytes).ok());
     ASSERT_TRUE(cpu_engine.WriteInitialValues(key, 0, WireType::kFloat32, init_bytes).ok());
     for (uint64_t step = 1; step <= 4; ++step) {
@@ -341,8 +342,8 @@ TEST_F(CudaBackendTest, StepEngineRepliesMatchTheCpuBackend) {
         chunk.step = step;
         chunk.offset = offset;
         chunk.gradient_type = WireType::kBFloat16;
-        chunk.gradient = absl::string_view(reinterpret_cast<const char*>(grad.data() + offset),
-                                           count * 2);
+        chunk.gradient =
+            absl::string_view(reinterpret_cast<const char*>(grad.data() + offset), count * 2);
         chunk.param_type = step % 2 == 0 ? WireType::kBFloat16 : WireType::kFloat32;
         std::string gpu_reply, cpu_reply;
         auto g = gpu_engine.ApplyChunk(chunk, &gpu_reply);

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/kernels/adamw_kernel.h"
 #include "server/kernels/adamw_cuda.h"
+#include "server/kernels/adamw_kernel.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/testing/reference_adamw.h"
 
@@ -195,8 +195,8 @@ TEST_P(CudaKernelTest, AgreesWithTheCpuKernel) {
 TEST_P(CudaKernelTest, BitIdenticalToTheCpuKernel) {
   std::mt19937_64 rng(9);
   std::uniform_int_distribution<uint64_t> step(1, 10000);
-  for (size_t n : {size_t{1}, size_t{2}, size_t{3}, size_t{5}, size_t{63}, size_t{4099},
-                   size_t{300001}}) {
+  for (size_t n :
+       {size_t{1}, size_t{2}, size_t{3}, size_t{5}, size_t{63}, size_t{4099}, size_t{300001}}) {
     for (size_t offset : {size_t{0}, size_t{1}}) {
       const Draw d = RandomHyperparameters(rng, step(rng));
       const AdamWConstants c = ComputeAdamWConstants(d.inputs);

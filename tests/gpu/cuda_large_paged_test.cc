@@ -75,7 +75,8 @@ TEST(CudaLargePagedTest, OneGigaElementGroupThroughASixteenMebibytePool) {
   ASSERT_TRUE(cpu.AttachGroup(**ref).ok());
   EXPECT_EQ((*gpu)->placement(), Placement::kDevicePaged);
   ParallelRange(kElements, [&](uint64_t b, uint64_t e) {
-    for (uint64_t i = b; i < e; ++i) (*gpu)->params()[i] = (*ref)->params()[i] = UniformSigned(1, i);
+    for (uint64_t i = b; i < e; ++i)
+      (*gpu)->params()[i] = (*ref)->params()[i] = UniformSigned(1, i);
   });
 
   // A sample of elements followed in float64.
@@ -126,11 +127,12 @@ TEST(CudaLargePagedTest, OneGigaElementGroupThroughASixteenMebibytePool) {
   // 12 GiB of state moved through 16 MiB of device memory. The context's
   // own allocations (module loading at the first launch) get 32 MiB of slack.
   const uint64_t pool_bytes = (*cuda)->Stats().staging_pool_bytes;
-  std::printf("device memory: %llu bytes used by the backend (pool %llu), growth during "
-              "steps %lld bytes\n",
-              static_cast<unsigned long long>(used_after - used_before),
-              static_cast<unsigned long long>(pool_bytes),
-              static_cast<long long>(used_after) - static_cast<long long>(used_after_first_step));
+  std::printf(
+      "device memory: %llu bytes used by the backend (pool %llu), growth during "
+      "steps %lld bytes\n",
+      static_cast<unsigned long long>(used_after - used_before),
+      static_cast<unsigned long long>(pool_bytes),
+      static_cast<long long>(used_after) - static_cast<long long>(used_after_first_step));
   EXPECT_LE(used_after - used_before, pool_bytes + (32ull << 20));
   EXPECT_EQ(used_after, used_after_first_step);
   const PagingCounters& counters = (*gpu)->counters().paging;

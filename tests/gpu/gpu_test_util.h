@@ -18,20 +18,20 @@ namespace optstate::testing {
 
 // Skips the test when no CUDA device is usable, unless OPTSTATE_REQUIRE_GPU
 // is set (tests/gpu/run.sh sets it), in which case it fails.
-#define OPTSTATE_REQUIRE_DEVICE()                                                        \
-  do {                                                                                   \
-    absl::StatusOr<::optstate::CudaDeviceInfo> device = ::optstate::ProbeCudaDevice(0);  \
-    if (!device.ok()) {                                                                  \
-      if (std::getenv("OPTSTATE_REQUIRE_GPU") != nullptr) {                              \
-        FAIL() << device.status();                                                       \
-      }                                                                                  \
-      GTEST_SKIP() << device.status();                                                   \
-    }                                                                                    \
+#define OPTSTATE_REQUIRE_DEVICE()                                                       \
+  do {                                                                                  \
+    absl::StatusOr<::optstate::CudaDeviceInfo> device = ::optstate::ProbeCudaDevice(0); \
+    if (!device.ok()) {                                                                 \
+      if (std::getenv("OPTSTATE_REQUIRE_GPU") != nullptr) {                             \
+        FAIL() << device.status();                                                      \
+      }                                                                                 \
+      GTEST_SKIP() << device.status();                                                  \
+    }                                                                                   \
   } while (0)
 
-#define ASSERT_CUDA(expr)                                                         \
-  do {                                                                            \
-    cudaError_t cuda_error_ = (expr);                                             \
+#define ASSERT_CUDA(expr)                                                                    \
+  do {                                                                                       \
+    cudaError_t cuda_error_ = (expr);                                                        \
     ASSERT_EQ(cuda_error_, cudaSuccess) << #expr << ": " << cudaGetErrorString(cuda_error_); \
   } while (0)
 

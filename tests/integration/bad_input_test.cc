@@ -33,9 +33,8 @@ struct Snapshot {
     auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
       return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
     };
-    return same(params, o.params) && same(exp_avg, o.exp_avg) &&
-           same(exp_avg_sq, o.exp_avg_sq) && page_steps == o.page_steps &&
-           group_names == o.group_names;
+    return same(params, o.params) && same(exp_avg, o.exp_avg) && same(exp_avg_sq, o.exp_avg_sq) &&
+           page_steps == o.page_steps && group_names == o.group_names;
   }
 };
 
@@ -62,8 +61,9 @@ class BadInputTest : public ::testing::Test {
     for (uint64_t t = 1; t <= 2; ++t) {
       for (uint64_t offset = 0; offset < kElements; offset += kPage) {
         const uint64_t n = std::min(kPage, kElements - offset);
-        ASSERT_EQ(StepOne(Chunk("victim", t, offset, std::vector<float>(n, 0.01f * t))).error_code(),
-                  grpc::StatusCode::OK);
+        ASSERT_EQ(
+            StepOne(Chunk("victim", t, offset, std::vector<float>(n, 0.01f * t))).error_code(),
+            grpc::StatusCode::OK);
       }
     }
   }
@@ -328,9 +328,13 @@ TEST_F(BadInputTest, EveryBadInputGetsItsCodeAndLeavesStateByteIdentical) {
       {"register past --max_host_bytes", grpc::StatusCode::RESOURCE_EXHAUSTED,
        [&](T& t) { return t.Register(Spec("huge", 100ull << 20, 1e-3f), {}); }},
       {"register stream without a spec", grpc::StatusCode::INVALID_ARGUMENT,
-       [&](T& t) { return t.Register({}, {{0, Floats(good(10))}}, /*send_spec=*/false); }},
+       [&](T& t) {
+         return t.Register({}, {{0, Floats(good(10))}}, /*send_spec=*/false);
+       }},
       {"values for the victim that are not page aligned", grpc::StatusCode::INVALID_ARGUMENT,
-       [&](T& t) { return t.Register(Spec("victim", kElements, 1e-3f), {{7, Floats(good(10))}}); }},
+       [&](T& t) {
+         return t.Register(Spec("victim", kElements, 1e-3f), {{7, Floats(good(10))}});
+       }},
       {"non-finite initial value", grpc::StatusCode::INVALID_ARGUMENT,
        [&](T& t) {
          std::vector<float> v = good(kElements);
@@ -365,7 +369,8 @@ TEST_F(BadInputTest, EveryBadInputGetsItsCodeAndLeavesStateByteIdentical) {
   }
   // The victim still steps: the refusals left it usable.
   for (uint64_t offset = 0; offset < kElements; offset += kPage) {
-    EXPECT_TRUE(StepOne(Chunk("victim", 3, offset, good(std::min(kPage, kElements - offset)))).ok());
+    EXPECT_TRUE(
+        StepOne(Chunk("victim", 3, offset, good(std::min(kPage, kElements - offset)))).ok());
   }
 }
 
@@ -422,8 +427,7 @@ TEST(ServerOptionsTest, ASecondServerOnATakenPortDoesNotStart) {
   options.listen = "127.0.0.1:" + std::to_string((*first)->port());
   absl::StatusOr<std::unique_ptr<Server>> second = Server::Start(options);
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable) << second.status();
-  EXPECT_NE(second.status().message().find("address in use"), std::string::npos)
-      << second.status();
+  EXPECT_NE(second.status().message().find("address in use"), std::string::npos) << second.status();
 }
 
 TEST(ServerOptionsTest, AMessageLimitThatCannotHoldOnePageIsRefused) {
@@ -441,8 +445,8 @@ TEST(ServerOptionsTest, AMessageLimitThatCannotHoldOnePageIsRefused) {
 
 // Sends `bytes` as one message on the Step stream, bypassing protobuf.
 grpc::Status StepRaw(int port, const std::string& bytes) {
-  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                                     grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
   grpc::GenericStub stub(channel);
   grpc::CompletionQueue cq;
   grpc::ClientContext context;
@@ -471,7 +475,8 @@ grpc::Status StepRaw(int port, const std::string& bytes) {
 TEST_F(BadInputTest, BytesThatAreNotAStepRequestAreInvalidArgumentAndChangeNothing) {
   const Snapshot before = Take();
   // Field 1 (group) announces 16 bytes and carries 3.
-  grpc::Status status = StepRaw(server_->port(), std::string("\x0a\x10" "abc"));
+  grpc::Status status = StepRaw(server_->port(), std::string("\x0a\x10"
+                                                             "abc"));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
   EXPECT_NE(status.error_message().find("StepRequest"), std::string::npos)
       << status.error_message();
@@ -512,7 +517,8 @@ TEST_F(BadInputTest, PackedChunksApplyInOrderAndReplyInMore) {
   auto stream = stub_->Step(&context);
   v1::StepRequest request = Chunk("victim", 3, 0, std::vector<float>(kPage, 0.01f));
   *request.add_more() = Chunk("victim", 3, kPage, std::vector<float>(kPage, 0.02f));
-  *request.add_more() = Chunk("victim", 3, 2 * kPage, std::vector<float>(kElements - 2 * kPage, 0.03f));
+  *request.add_more() =
+      Chunk("victim", 3, 2 * kPage, std::vector<float>(kElements - 2 * kPage, 0.03f));
   request.mutable_more(1)->set_param_dtype(v1::DTYPE_BFLOAT16);
   ASSERT_TRUE(stream->Write(request));
   stream->WritesDone();

@@ -2,7 +2,6 @@
 // float64 reference and the project's scalar fp32 kernel.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 
 #include <cmath>
@@ -142,8 +141,8 @@ TEST_F(EndToEndTest, SixteenBitBuffersAreSentAndFilledAsTheyAre) {
         size_t mismatches = 0;
         for (size_t i = 0; i < sizes[g]; ++i) {
           const float p = models[g].params_fp32()[i];
-          mismatches += params[g][i] != (params_type == WireType::kBFloat16 ? FloatToBFloat16(p)
-                                                                             : FloatToHalf(p));
+          mismatches += params[g][i] !=
+                        (params_type == WireType::kBFloat16 ? FloatToBFloat16(p) : FloatToHalf(p));
         }
         ASSERT_EQ(mismatches, 0u) << "step " << t << " group " << g;
       }
@@ -166,19 +165,26 @@ TEST_F(EndToEndTest, SixteenBitBuffersThatDoNotFitTheWireTypesAreRefusedBeforeSe
     const char* says;
   };
   const Case cases[] = {
-      {"gradient16 on a float32 wire", {"forms", {}, {}, g16, {}}, StepOptions{},
+      {"gradient16 on a float32 wire",
+       {"forms", {}, {}, g16, {}},
+       StepOptions{},
        "gradient_dtype bfloat16 or float16 (it is float32)"},
       {"gradient and gradient16", {"forms", g32, {}, g16, {}}, bf16, "an empty gradient"},
-      {"params_out16 with float32 params", {"forms", g32, {}, {}, absl::MakeSpan(p16)},
-       StepOptions{}, "param_dtype bfloat16 or float16 (it is float32)"},
+      {"params_out16 with float32 params",
+       {"forms", g32, {}, {}, absl::MakeSpan(p16)},
+       StepOptions{},
+       "param_dtype bfloat16 or float16 (it is float32)"},
       {"params_out and params_out16",
-       {"forms", {}, absl::MakeSpan(p32), g16, absl::MakeSpan(p16)}, bf16,
+       {"forms", {}, absl::MakeSpan(p32), g16, absl::MakeSpan(p16)},
+       bf16,
        "an empty params_out"},
       {"gradient16 of another length",
-       {"forms", {}, {}, absl::MakeConstSpan(g16).subspan(1), {}}, bf16,
+       {"forms", {}, {}, absl::MakeConstSpan(g16).subspan(1), {}},
+       bf16,
        "gradient16 of group 'forms' has 99 elements"},
       {"params_out16 of another length",
-       {"forms", {}, {}, g16, absl::MakeSpan(p16).subspan(1)}, bf16,
+       {"forms", {}, {}, g16, absl::MakeSpan(p16).subspan(1)},
+       bf16,
        "params_out16 of group 'forms' has 99 elements"},
   };
   for (const Case& c : cases) {
@@ -237,7 +243,7 @@ TEST_F(EndToEndTest, PerStepLearningRateAndGradScaleAreApplied) {
     std::vector<float> grad = RandomNormal(rng, initial.size(), 1.0f);
     StepOptions options;
     options.lr = 1e-3 * static_cast<double>(t) / 10.0;  // A warm-up schedule.
-    options.grad_scale = 1.0f / 1024.0f;                  // Loss-scale unscaling.
+    options.grad_scale = 1.0f / 1024.0f;                // Loss-scale unscaling.
     ASSERT_TRUE(client_->Step("sched.w", t, grad, absl::MakeSpan(params), options).ok());
     model.Step(t, grad, *options.grad_scale, *options.lr);
   }
@@ -465,10 +471,10 @@ TEST(DaemonFlagsTest, UnknownBackendAndLogLevelAreRefused) {
 
 TEST(DaemonFlagsTest, HelpDocumentsEveryFlag) {
   auto [code, output] = RunCommand(std::string(OPTSTATED_PATH) + " --help");
-  for (const char* flag : {"--listen", "--backend", "--threads", "--max_host_bytes",
-                           "--max_message_bytes", "--log_level", "--paging",
-                           "--vram_reserved_bytes", "--vram_target_utilization",
-                           "--vram_total_bytes", "--staging_slots", "--staging_slot_bytes"}) {
+  for (const char* flag :
+       {"--listen", "--backend", "--threads", "--max_host_bytes", "--max_message_bytes",
+        "--log_level", "--paging", "--vram_reserved_bytes", "--vram_target_utilization",
+        "--vram_total_bytes", "--staging_slots", "--staging_slot_bytes"}) {
     EXPECT_NE(output.find(flag), std::string::npos) << flag;
   }
 }

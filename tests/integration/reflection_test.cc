@@ -52,8 +52,8 @@ TEST_F(ReflectionTest, ListsOptimizerStateHealthAndReflectionServices) {
 }
 
 TEST_F(ReflectionTest, DescribesTheServiceAndHealthBySymbol) {
-  for (const std::string symbol : {"optstate.v1.OptimizerState", "optstate.v1.StepRequest",
-                                   "grpc.health.v1.Health"}) {
+  for (const std::string symbol :
+       {"optstate.v1.OptimizerState", "optstate.v1.StepRequest", "grpc.health.v1.Health"}) {
     reflection::ServerReflectionRequest request;
     request.set_file_containing_symbol(symbol);
     reflection::ServerReflectionResponse response = Ask(request);

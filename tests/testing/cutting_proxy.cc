@@ -73,7 +73,9 @@ void CuttingProxy::Pump(int client_fd, int server_fd) {
       size_t want = sizeof(buffer);
       if (i == 0) {
         const uint64_t limit = cut_after_.load();
-        if (limit != UINT64_MAX) want = std::min<uint64_t>(want, std::max<uint64_t>(limit - std::min(limit, forwarded), 1));
+        if (limit != UINT64_MAX)
+          want =
+              std::min<uint64_t>(want, std::max<uint64_t>(limit - std::min(limit, forwarded), 1));
       }
       ssize_t n = read(from, buffer, want);
       if (n <= 0) {

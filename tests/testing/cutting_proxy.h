@@ -35,7 +35,7 @@ class CuttingProxy {
   std::atomic<uint64_t> cut_after_{UINT64_MAX};
   std::atomic<int> cuts_{0};
   std::mutex mu_;
-  std::vector<int> fds_;  // Guarded by mu_: every open socket, closed on exit.
+  std::vector<int> fds_;              // Guarded by mu_: every open socket, closed on exit.
   std::vector<std::thread> threads_;  // Guarded by mu_.
   std::thread acceptor_;
 };

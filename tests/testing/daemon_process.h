@@ -30,7 +30,8 @@ class DaemonProcess {
   absl::StatusOr<int> Stop(int timeout_seconds = 30);
 
  private:
-  DaemonProcess(pid_t pid, int stdout_fd, int port) : pid_(pid), stdout_fd_(stdout_fd), port_(port) {}
+  DaemonProcess(pid_t pid, int stdout_fd, int port)
+      : pid_(pid), stdout_fd_(stdout_fd), port_(port) {}
   pid_t pid_;
   int stdout_fd_;
   int port_;

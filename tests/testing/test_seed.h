@@ -21,8 +21,8 @@ inline uint64_t TestSeed() {
 
 // The text a SCOPED_TRACE carries so that a failure names its seed.
 inline std::string SeedTrace(uint64_t seed) {
-  return "seed " + std::to_string(seed) + " (replay with OPTSTATE_TEST_SEED=" +
-         std::to_string(seed) + ")";
+  return "seed " + std::to_string(seed) +
+         " (replay with OPTSTATE_TEST_SEED=" + std::to_string(seed) + ")";
 }
 
 }  // namespace optstate::testing

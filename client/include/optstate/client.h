@@ -55,7 +55,7 @@ struct GroupInfo {
   uint64_t page_elements = 0;
   uint64_t min_step = 0;  // Every page has reached at least this step.
   uint64_t max_step = 0;
-  bool created = false;   // From RegisterGroup: false when it already existed.
+  bool created = false;  // From RegisterGroup: false when it already existed.
 };
 
 // One group's part of a step: its whole gradient, and where the updated

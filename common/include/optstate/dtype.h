@@ -14,9 +14,7 @@ namespace optstate {
 enum class WireType { kFloat32, kBFloat16, kFloat16 };
 
 // Bytes per element of `type`.
-inline size_t WireTypeSize(WireType type) {
-  return type == WireType::kFloat32 ? 4 : 2;
-}
+inline size_t WireTypeSize(WireType type) { return type == WireType::kFloat32 ? 4 : 2; }
 
 // "float32", "bfloat16" or "float16".
 absl::string_view WireTypeName(WireType type);
@@ -51,9 +49,12 @@ uint16_t FloatToHalf(float value);
 // converting.
 inline uint32_t NarrowedFiniteBoundBits(WireType type) {
   switch (type) {
-    case WireType::kFloat32: return 0x7f800000u;
-    case WireType::kBFloat16: return 0x7f7f8000u;  // Halfway above 0x7f7f rounds to 0x7f80.
-    case WireType::kFloat16: return 0x477ff000u;   // 65520 rounds to infinity.
+    case WireType::kFloat32:
+      return 0x7f800000u;
+    case WireType::kBFloat16:
+      return 0x7f7f8000u;  // Halfway above 0x7f7f rounds to 0x7f80.
+    case WireType::kFloat16:
+      return 0x477ff000u;  // 65520 rounds to infinity.
   }
   return 0;
 }

@@ -12,9 +12,12 @@ namespace optstate {
 
 inline v1::DType WireTypeToProto(WireType type) {
   switch (type) {
-    case WireType::kFloat32: return v1::DTYPE_FLOAT32;
-    case WireType::kBFloat16: return v1::DTYPE_BFLOAT16;
-    case WireType::kFloat16: return v1::DTYPE_FLOAT16;
+    case WireType::kFloat32:
+      return v1::DTYPE_FLOAT32;
+    case WireType::kBFloat16:
+      return v1::DTYPE_BFLOAT16;
+    case WireType::kFloat16:
+      return v1::DTYPE_FLOAT16;
   }
   return v1::DTYPE_UNSPECIFIED;
 }
@@ -23,10 +26,14 @@ inline v1::DType WireTypeToProto(WireType type) {
 inline std::optional<WireType> WireTypeFromProtoValue(v1::DType dtype) {
   switch (dtype) {
     case v1::DTYPE_UNSPECIFIED:
-    case v1::DTYPE_FLOAT32: return WireType::kFloat32;
-    case v1::DTYPE_BFLOAT16: return WireType::kBFloat16;
-    case v1::DTYPE_FLOAT16: return WireType::kFloat16;
-    default: return std::nullopt;
+    case v1::DTYPE_FLOAT32:
+      return WireType::kFloat32;
+    case v1::DTYPE_BFLOAT16:
+      return WireType::kBFloat16;
+    case v1::DTYPE_FLOAT16:
+      return WireType::kFloat16;
+    default:
+      return std::nullopt;
   }
 }
 

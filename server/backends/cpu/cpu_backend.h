@@ -24,8 +24,8 @@ class CpuBackend : public StepBackend {
   // its part.
   absl::Status ApplyAndEncode(Group& group, uint64_t begin, uint64_t end,
                               const SegmentedBytes& gradient, size_t grad_offset,
-                              WireType grad_type, const AdamWConstants& constants,
-                              void* params_out, WireType params_type) override;
+                              WireType grad_type, const AdamWConstants& constants, void* params_out,
+                              WireType params_type) override;
   absl::Status ParamsWritten(Group& group, uint64_t begin, uint64_t end) override {
     return absl::OkStatus();
   }

@@ -8,9 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/backends/cuda/cuda_status.h"
+#include "server/backends/cuda/paging/step_plan.h"
 #include "server/backends/cuda/pinned_host_allocator.h"
 #include "server/backends/cuda/step_pipeline.h"
-#include "server/backends/cuda/paging/step_plan.h"
 #include "server/base/log.h"
 
 namespace optstate {
@@ -51,9 +51,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaOptio
   absl::StatusOr<PagingStrategy> strategy = ParsePagingStrategy(options.paging);
   if (!strategy.ok()) return strategy.status();
   if (options.staging_slots < 2 || options.staging_slots > kMaxSlots) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--staging_slots must be between 2 and ", kMaxSlots,
-        " (two or more let copies and updates overlap), got ", options.staging_slots));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--staging_slots must be between 2 and ", kMaxSlots,
+                     " (two or more let copies and updates overlap), got ", options.staging_slots));
   }
   if (options.staging_slot_bytes < 4096 || options.staging_slot_bytes > (uint64_t{1} << 40)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -69,14 +69,14 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaOptio
     Log(LogLevel::kWarning, "--vram_target_utilization=", options.vram_target_utilization,
         " clamped to ", budget.target_utilization());
   }
-  const uint64_t pool_bytes = static_cast<uint64_t>(options.staging_slots) *
-                              options.staging_slot_bytes;
+  const uint64_t pool_bytes =
+      static_cast<uint64_t>(options.staging_slots) * options.staging_slot_bytes;
   if (!budget.fits(pool_bytes)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the staging pool (", options.staging_slots, " x ", options.staging_slot_bytes, " = ",
-        pool_bytes, " bytes) does not fit the VRAM budget (", budget.ToString(),
-        "); lower --staging_slots or --staging_slot_bytes, or raise "
-        "--vram_target_utilization / lower --vram_reserved_bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the staging pool (", options.staging_slots, " x ", options.staging_slot_bytes,
+                     " = ", pool_bytes, " bytes) does not fit the VRAM budget (", budget.ToString(),
+                     "); lower --staging_slots or --staging_slot_bytes, or raise "
+                     "--vram_target_utilization / lower --vram_reserved_bytes"));
   }
   absl::StatusOr<std::unique_ptr<StagingPool>> pool =
       StagingPool::Create(options.staging_slots, options.staging_slot_bytes);
@@ -96,8 +96,8 @@ CudaBackend::CudaBackend(CudaDeviceInfo device, PagingStrategy strategy, VramBud
 
 std::string CudaBackend::Describe() const {
   return absl::StrCat(device_.ToString(), ", paging=", PagingStrategyName(policy_.strategy()),
-                      ", budget ", policy_.budget().ToString(), ", staging pool ",
-                      pool_->slots(), " x ", pool_->slot_bytes(), " bytes");
+                      ", budget ", policy_.budget().ToString(), ", staging pool ", pool_->slots(),
+                      " x ", pool_->slot_bytes(), " bytes");
 }
 
 CudaBackend::~CudaBackend() {
@@ -242,8 +242,8 @@ absl::Status CudaBackend::Apply(Group& group, uint64_t begin, uint64_t end, cons
       arrays.device_v = state.device_v;
     }
   }
-  const StepPlan plan = PlanStep(placement, state.residency, GeometryOf(group), begin, end,
-                                 WireTypeSize(grad_type));
+  const StepPlan plan =
+      PlanStep(placement, state.residency, GeometryOf(group), begin, end, WireTypeSize(grad_type));
   uint64_t wait_us = 0;
   absl::Status s = RunStepPipeline(*pool_, threads_, arrays, begin, end, plan.page_ins, grad,
                                    grad_type, constants, &wait_us);
@@ -277,10 +277,10 @@ absl::Status CudaBackend::ParamsWritten(Group& group, uint64_t begin, uint64_t e
       *pool_,
       [&](cudaStream_t stream) {
         for (const ElementRange& r : plan.uploads) {
-          if (absl::Status c = CudaStatus(
-                  cudaMemcpyAsync(device_p + r.begin, group.params() + r.begin,
-                                  (r.end - r.begin) * 4, cudaMemcpyHostToDevice, stream),
-                  "cudaMemcpyAsync params to device");
+          if (absl::Status c =
+                  CudaStatus(cudaMemcpyAsync(device_p + r.begin, group.params() + r.begin,
+                                             (r.end - r.begin) * 4, cudaMemcpyHostToDevice, stream),
+                             "cudaMemcpyAsync params to device");
               !c.ok()) {
             return c;
           }
@@ -316,8 +316,8 @@ absl::Status CudaBackend::SyncToHost(Group& group) {
         for (const ElementRange& r : plan.uploads) {
           for (int k = 0; k < 3; ++k) {
             if (absl::Status c = CudaStatus(
-                    cudaMemcpyAsync(host[k] + r.begin, device[k] + r.begin,
-                                    (r.end - r.begin) * 4, cudaMemcpyDeviceToHost, stream),
+                    cudaMemcpyAsync(host[k] + r.begin, device[k] + r.begin, (r.end - r.begin) * 4,
+                                    cudaMemcpyDeviceToHost, stream),
                     "cudaMemcpyAsync state to host");
                 !c.ok()) {
               return c;

@@ -11,16 +11,16 @@ namespace optstate {
 namespace {
 
 absl::Status Unusable(absl::string_view what, cudaError_t error) {
-  return absl::FailedPreconditionError(absl::StrCat("no usable CUDA device: ", what, " failed: ",
-                                                    cudaGetErrorName(error), " (",
+  return absl::FailedPreconditionError(absl::StrCat("no usable CUDA device: ", what,
+                                                    " failed: ", cudaGetErrorName(error), " (",
                                                     cudaGetErrorString(error), ")"));
 }
 
 }  // namespace
 
 std::string CudaDeviceInfo::ToString() const {
-  return absl::StrFormat("device %d '%s' (sm_%d%d, %d SMs, %.1f GiB)", ordinal, name,
-                         compute_major, compute_minor, multiprocessors,
+  return absl::StrFormat("device %d '%s' (sm_%d%d, %d SMs, %.1f GiB)", ordinal, name, compute_major,
+                         compute_minor, multiprocessors,
                          static_cast<double>(total_bytes) / (1ull << 30));
 }
 

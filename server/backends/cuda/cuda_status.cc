@@ -9,8 +9,8 @@ absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
   if (error == cudaSuccess) return absl::OkStatus();
   // Reported now: do not let it resurface in a later cudaGetLastError().
   (void)cudaGetLastError();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(error), ": ",
-                                          cudaGetErrorString(error)));
+  return absl::InternalError(
+      absl::StrCat(what, ": ", cudaGetErrorName(error), ": ", cudaGetErrorString(error)));
 }
 
 }  // namespace optstate

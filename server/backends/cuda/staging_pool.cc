@@ -21,14 +21,16 @@ absl::StatusOr<std::unique_ptr<StagingPool>> StagingPool::Create(int slots, uint
     slot->index = i;
     StagingSlot* s = slot.get();
     pool->slots_.push_back(std::move(slot));  // The destructor frees what was made.
-    if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&s->device), slot_bytes); e != cudaSuccess) {
+    if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&s->device), slot_bytes);
+        e != cudaSuccess) {
       s->device = nullptr;
       cudaGetLastError();
       return absl::ResourceExhaustedError(
           absl::StrCat("could not allocate staging slot ", i, " (", slot_bytes,
                        " bytes of device memory): ", cudaGetErrorString(e)));
     }
-    if (cudaError_t e = cudaHostAlloc(reinterpret_cast<void**>(&s->host_bounce), slot_bytes, cudaHostAllocPortable);
+    if (cudaError_t e = cudaHostAlloc(reinterpret_cast<void**>(&s->host_bounce), slot_bytes,
+                                      cudaHostAllocPortable);
         e != cudaSuccess) {
       s->host_bounce = nullptr;
       cudaGetLastError();

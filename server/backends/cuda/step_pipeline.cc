@@ -7,8 +7,8 @@
 #include <deque>
 
 #include "absl/time/clock.h"
-#include "server/kernels/adamw_cuda.h"
 #include "server/backends/cuda/cuda_status.h"
+#include "server/kernels/adamw_cuda.h"
 
 namespace optstate {
 namespace {
@@ -166,9 +166,9 @@ void CopyToBounce(ThreadPool* threads, unsigned char* dst, const unsigned char* 
 }  // namespace
 
 absl::Status RunStepPipeline(StagingPool& pool, ThreadPool* threads, const StepArrays& arrays,
-                             uint64_t begin,
-                             uint64_t end, const std::vector<ElementRange>& page_ins,
-                             const void* grad, WireType grad_type, const AdamWConstants& constants,
+                             uint64_t begin, uint64_t end,
+                             const std::vector<ElementRange>& page_ins, const void* grad,
+                             WireType grad_type, const AdamWConstants& constants,
                              uint64_t* copy_wait_us) {
   const bool resident = arrays.device_p != nullptr;
   const size_t grad_size = WireTypeSize(grad_type);
@@ -183,10 +183,10 @@ absl::Status RunStepPipeline(StagingPool& pool, ThreadPool* threads, const StepA
     // The slot is idle, so its bounce buffer is free to overwrite.
     CopyToBounce(threads, (*slot)->host_bounce, grad_bytes + (a - begin) * grad_size,
                  (b - a) * grad_size);
-    absl::Status s = resident ? EnqueueResidentPiece(*slot, arrays, a, b, page_ins, grad_size,
-                                                     grad_type, constants)
-                              : EnqueuePagedPiece(pool, *slot, arrays, a, b, grad_size,
-                                                  grad_type, constants);
+    absl::Status s =
+        resident
+            ? EnqueueResidentPiece(*slot, arrays, a, b, page_ins, grad_size, grad_type, constants)
+            : EnqueuePagedPiece(pool, *slot, arrays, a, b, grad_size, grad_type, constants);
     if (!s.ok()) return s;
   }
   return held.Drain();

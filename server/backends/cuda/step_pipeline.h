@@ -11,10 +11,10 @@
 
 #include "absl/status/status.h"
 #include "optstate/dtype.h"
-#include "server/kernels/adamw_kernel.h"
-#include "server/backends/cuda/staging_pool.h"
 #include "server/backends/cuda/paging/step_plan.h"
+#include "server/backends/cuda/staging_pool.h"
 #include "server/base/thread_pool.h"
+#include "server/kernels/adamw_kernel.h"
 
 namespace optstate {
 
@@ -39,9 +39,9 @@ struct StepArrays {
 // `threads`, when not null, splits the host copy of large gradient pieces into
 // the pinned bounce buffers (it may be the pool the caller runs on).
 absl::Status RunStepPipeline(StagingPool& pool, ThreadPool* threads, const StepArrays& arrays,
-                             uint64_t begin,
-                             uint64_t end, const std::vector<ElementRange>& page_ins,
-                             const void* grad, WireType grad_type, const AdamWConstants& constants,
+                             uint64_t begin, uint64_t end,
+                             const std::vector<ElementRange>& page_ins, const void* grad,
+                             WireType grad_type, const AdamWConstants& constants,
                              uint64_t* copy_wait_us);
 
 // Takes one slot, lets `enqueue` put copies on its stream, waits for them

@@ -3,8 +3,6 @@
 // gradient; replies split into slices anywhere (an element may straddle two)
 // widen into params_out exactly as DecodeToFloat does; malformed replies are
 // INTERNAL errors.
-#include "client/step_wire.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "client/step_wire.h"
 #include "optstate/v1/dtype_proto.h"
 #include "tests/testing/random_cuts.h"
 #include "tests/testing/test_seed.h"
@@ -26,7 +25,8 @@ std::string Flatten(const grpc::ByteBuffer& buffer) {
   std::vector<grpc::Slice> slices;
   EXPECT_TRUE(buffer.Dump(&slices).ok());
   std::string out;
-  for (const grpc::Slice& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
   return out;
 }
 
@@ -119,7 +119,8 @@ TEST(ParseStepResponse, WidensParamsSplitAnywhereExactlyAsDecodeToFloat) {
       grpc::ByteBuffer reply = Sliced(wire, RandomCuts(wire.size(), 6, rng));
       std::vector<float> got(kN, -1.0f);
       v1::StepResponse fields;
-      ASSERT_TRUE(ParseStepResponse(&reply, type, kN, absl::MakeSpan(got), AcceptAll, &fields).ok());
+      ASSERT_TRUE(
+          ParseStepResponse(&reply, type, kN, absl::MakeSpan(got), AcceptAll, &fields).ok());
       ASSERT_EQ(std::memcmp(got.data(), want.data(), kN * sizeof(float)), 0) << trial;
       EXPECT_EQ(fields.SerializeAsString(), ResponseFields().SerializeAsString());
       EXPECT_EQ(reply.Length(), 0u);
@@ -133,13 +134,14 @@ TEST(ParseStepResponse, ParamsFirstAndUnknownFieldsAreFine) {
   // Params first (as optstated writes them), then the fields, then field 15.
   v1::StepResponse only_params;
   only_params.set_params(params);
-  const std::string wire = only_params.SerializeAsString() +
-                           ResponseFields().SerializeAsString() + std::string("\x78\x05", 2);
+  const std::string wire = only_params.SerializeAsString() + ResponseFields().SerializeAsString() +
+                           std::string("\x78\x05", 2);
   grpc::ByteBuffer reply = Sliced(wire, {5});
   std::vector<float> got(3);
   v1::StepResponse fields;
-  ASSERT_TRUE(ParseStepResponse(&reply, WireType::kFloat32, 3, absl::MakeSpan(got), AcceptAll,
-                                &fields).ok());
+  ASSERT_TRUE(
+      ParseStepResponse(&reply, WireType::kFloat32, 3, absl::MakeSpan(got), AcceptAll, &fields)
+          .ok());
   EXPECT_EQ(got, values);
   EXPECT_EQ(fields.SerializeAsString(), ResponseFields().SerializeAsString());
 }
@@ -171,22 +173,24 @@ TEST(ParseStepResponse, MalformedRepliesAreInternalErrorsAndLeaveParamsOutAlone)
   const Case cases[] = {
       {"params of another length", wire, 5, "16 bytes of params; expected 20"},
       {"no params", ResponseFields().SerializeAsString(), 4, "no params"},
-      {"params with the wrong wire type (an unknown field, so none)",
-       std::string("\x30\x05", 2), 4, "no params"},
+      {"params with the wrong wire type (an unknown field, so none)", std::string("\x30\x05", 2), 4,
+       "no params"},
       {"truncated inside the params", params_wire.substr(0, params_wire.size() - 3), 4,
        "past the end"},
       {"truncated after the params", wire.substr(0, wire.size() - 1), 4, "field 8"},
       {"a zero tag", std::string("\x00\x01", 2), 4, "zero field tag"},
-      {"a trailing zero byte", params_wire + unknown + std::string(1, '\0'), 4,
-       "zero field tag"},
+      {"a trailing zero byte", params_wire + unknown + std::string(1, '\0'), 4, "zero field tag"},
       {"a tag cut off at the end", params_wire + unknown + std::string("\x80", 1), 4,
        "zero field tag"},
       {"field number 0", params_wire + std::string("\x02\x00", 2), 4, "zero field tag"},
-      {"a params length over 32 bits", std::string("\x32\x90\x80\x80\x80\x10", 6) +
-       std::string(16, '\0'), 4, "4294967312 bytes of params"},
-      {"a truncated group", std::string("\x0a\x10" "abc"), 4, "field 1"},
-      {"a group that is not UTF-8", params_wire + std::string("\x0a\x02\xc3\x28", 4), 4,
-       "field 1"},
+      {"a params length over 32 bits",
+       std::string("\x32\x90\x80\x80\x80\x10", 6) + std::string(16, '\0'), 4,
+       "4294967312 bytes of params"},
+      {"a truncated group",
+       std::string("\x0a\x10"
+                   "abc"),
+       4, "field 1"},
+      {"a group that is not UTF-8", params_wire + std::string("\x0a\x02\xc3\x28", 4), 4, "field 1"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
@@ -194,8 +198,8 @@ TEST(ParseStepResponse, MalformedRepliesAreInternalErrorsAndLeaveParamsOutAlone)
     grpc::ByteBuffer reply = Sliced(c.bytes, {});
     std::vector<float> out(c.elements, 7.0f);
     v1::StepResponse fields;
-    absl::Status s = ParseStepResponse(&reply, WireType::kFloat32, c.elements,
-                                       absl::MakeSpan(out), AcceptAll, &fields);
+    absl::Status s = ParseStepResponse(&reply, WireType::kFloat32, c.elements, absl::MakeSpan(out),
+                                       AcceptAll, &fields);
     EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
     EXPECT_NE(s.message().find(c.says), std::string::npos) << s;
     EXPECT_EQ(out, std::vector<float>(c.elements, 7.0f)) << "params_out was written";
@@ -258,8 +262,8 @@ TEST(SerializeStepRequest, PackedPiecesParseBackAsMoreWithTheirGradients) {
 
 // A reply packing `counts.size() - 1` replies, params of `type` from `rng`;
 // `want` gets each one's params widened.
-v1::StepResponse PackedReply(WireType type, const std::vector<size_t>& counts,
-                             std::mt19937_64& rng, std::vector<std::vector<float>>* want) {
+v1::StepResponse PackedReply(WireType type, const std::vector<size_t>& counts, std::mt19937_64& rng,
+                             std::vector<std::vector<float>>* want) {
   v1::StepResponse outer;
   for (size_t k = 0; k < counts.size(); ++k) {
     v1::StepResponse& reply = k == 0 ? outer : *outer.add_more();
@@ -294,13 +298,14 @@ TEST(ParseStepResponse, PackedRepliesWidenIntoEachPiecesParamsOut) {
       }
       std::vector<size_t> checked;
       v1::StepResponse fields;
-      ASSERT_TRUE(ParseStepResponse(&reply, type, pieces,
-                                    [&](size_t k, const v1::StepResponse& f) {
-                                      checked.push_back(k);
-                                      EXPECT_EQ(f.offset(), 4096 * k);
-                                      return absl::OkStatus();
-                                    },
-                                    &fields)
+      ASSERT_TRUE(ParseStepResponse(
+                      &reply, type, pieces,
+                      [&](size_t k, const v1::StepResponse& f) {
+                        checked.push_back(k);
+                        EXPECT_EQ(f.offset(), 4096 * k);
+                        return absl::OkStatus();
+                      },
+                      &fields)
                       .ok());
       EXPECT_EQ(checked, (std::vector<size_t>{0, 1, 2, 3, 4}));
       for (size_t k = 0; k < counts.size(); ++k) {
@@ -406,9 +411,9 @@ TEST(ParseStepResponse, SixteenBitParamsOutGetsTheBitsSplitAnywhere) {
     std::vector<uint16_t> got(bits.size(), 0);
     const std::vector<ReplyPiece> pieces = {{bits.size(), {}, absl::MakeSpan(got)}};
     v1::StepResponse fields;
-    ASSERT_TRUE(ParseStepResponse(&reply, WireType::kBFloat16, pieces,
-                                  [](size_t, const v1::StepResponse&) { return absl::OkStatus(); },
-                                  &fields)
+    ASSERT_TRUE(ParseStepResponse(
+                    &reply, WireType::kBFloat16, pieces,
+                    [](size_t, const v1::StepResponse&) { return absl::OkStatus(); }, &fields)
                     .ok());
     ASSERT_EQ(got, bits) << cut;
   }

@@ -100,7 +100,7 @@ uint16_t ReferenceFloatToHalf(float x) {
   if (a >= 65520.0) return sign | 0x7c00;
   if (a == 0.0) return sign;
   int e;
-  std::frexp(a, &e);                     // a in [2^(e-1), 2^e).
+  std::frexp(a, &e);  // a in [2^(e-1), 2^e).
   const int ulp_exponent = (e - 1 < -14 ? -14 : e - 1) - 10;
   const double units = std::nearbyint(std::ldexp(a, -ulp_exponent));  // Exact scaling.
   const double rounded = std::ldexp(units, ulp_exponent);
@@ -250,8 +250,7 @@ TEST(Float16, HalfToFloatMatchesTheDefinitionForEveryPattern) {
       EXPECT_EQ(std::signbit(wide), (h & 0x8000) != 0) << Hex(h);
       continue;
     }
-    EXPECT_EQ(static_cast<double>(wide), HalfValueByDefinition(static_cast<uint16_t>(h)))
-        << Hex(h);
+    EXPECT_EQ(static_cast<double>(wide), HalfValueByDefinition(static_cast<uint16_t>(h))) << Hex(h);
     EXPECT_EQ(std::signbit(wide), (h & 0x8000) != 0) << Hex(h);  // -0 stays -0.
   }
 }
@@ -334,9 +333,9 @@ TEST(Float16, SubnormalRangeRoundsToNearestEven) {
   EXPECT_EQ(FloatToHalf(static_cast<float>(tiny)), 0x0001);
   EXPECT_EQ(FloatToHalf(static_cast<float>(tiny / 2)), 0x0000);  // Tie: even is zero.
   EXPECT_EQ(FloatToHalf(std::nextafter(static_cast<float>(tiny / 2), 1.0f)), 0x0001);
-  EXPECT_EQ(FloatToHalf(static_cast<float>(1.5 * tiny)), 0x0002);  // Tie: up to even.
-  EXPECT_EQ(FloatToHalf(static_cast<float>(2.5 * tiny)), 0x0002);  // Tie: down to even.
-  EXPECT_EQ(FloatToHalf(static_cast<float>(1023 * tiny)), 0x03ff);  // Largest subnormal.
+  EXPECT_EQ(FloatToHalf(static_cast<float>(1.5 * tiny)), 0x0002);     // Tie: up to even.
+  EXPECT_EQ(FloatToHalf(static_cast<float>(2.5 * tiny)), 0x0002);     // Tie: down to even.
+  EXPECT_EQ(FloatToHalf(static_cast<float>(1023 * tiny)), 0x03ff);    // Largest subnormal.
   EXPECT_EQ(FloatToHalf(static_cast<float>(1023.5 * tiny)), 0x0400);  // Up to smallest normal.
   EXPECT_EQ(FloatToHalf(std::numeric_limits<float>::denorm_min()), 0x0000);
   EXPECT_EQ(FloatToHalf(-std::numeric_limits<float>::denorm_min()), 0x8000);
@@ -411,7 +410,7 @@ TEST(NarrowedFiniteBound, AllNarrowToFiniteFindsOneBadValueAtEveryPosition) {
       for (size_t at = 0; at < n; ++at) {
         const float kept = values[at];
         uint32_t bits = at == 0 ? bound : bad_bits(rng);  // The bound itself, once.
-        if (rng() & 1) bits |= 0x80000000u;                // Either sign.
+        if (rng() & 1) bits |= 0x80000000u;               // Either sign.
         std::memcpy(&values[at], &bits, sizeof(float));
         ASSERT_FALSE(AllNarrowToFinite(type, values.data(), n)) << n << " at " << at;
         values[at] = kept;
@@ -425,10 +424,9 @@ TEST(NarrowedFiniteBound, AllWireFiniteFindsOneBadElementAtEveryPositionAndAlign
   SCOPED_TRACE(seeds::SeedTrace(seed));
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 100.0f);
-  const float bad_values[] = {std::numeric_limits<float>::infinity(),
-                              -std::numeric_limits<float>::infinity(),
-                              std::numeric_limits<float>::quiet_NaN(),
-                              -std::numeric_limits<float>::quiet_NaN()};
+  const float bad_values[] = {
+      std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+      std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN()};
   for (WireType type : {WireType::kFloat32, WireType::kBFloat16, WireType::kFloat16}) {
     SCOPED_TRACE(std::string(WireTypeName(type)));
     const size_t width = WireTypeSize(type);

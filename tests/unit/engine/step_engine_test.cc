@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <memory>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -35,8 +35,8 @@ class FailingBackend : public CpuBackend {
   }
   absl::Status ApplyAndEncode(Group& group, uint64_t begin, uint64_t end,
                               const SegmentedBytes& gradient, size_t grad_offset,
-                              WireType grad_type, const AdamWConstants& constants,
-                              void* params_out, WireType params_type) override {
+                              WireType grad_type, const AdamWConstants& constants, void* params_out,
+                              WireType params_type) override {
     if (begin >= fail_from.load()) return absl::InternalError("device fault (injected)");
     return CpuBackend::ApplyAndEncode(group, begin, end, gradient, grad_offset, grad_type,
                                       constants, params_out, params_type);
@@ -49,7 +49,9 @@ class StepEngineTest : public ::testing::Test {
   static constexpr uint64_t kPage = 64;
 
   StepEngineTest()
-      : pool_(2), backend_(&pool_), store_(&backend_, 1 << 30, kPage),
+      : pool_(2),
+        backend_(&pool_),
+        store_(&backend_, 1 << 30, kPage),
         engine_(&store_, &backend_, &pool_) {}
 
   absl::StatusOr<StepChunkResult> Step(uint64_t step, uint64_t offset,
@@ -58,8 +60,8 @@ class StepEngineTest : public ::testing::Test {
     chunk.group = GroupKey{"", "g"};
     chunk.step = step;
     chunk.offset = offset;
-    chunk.gradient = absl::string_view(reinterpret_cast<const char*>(grad.data()),
-                                       grad.size() * sizeof(float));
+    chunk.gradient =
+        absl::string_view(reinterpret_cast<const char*>(grad.data()), grad.size() * sizeof(float));
     std::string params;
     return engine_.ApplyChunk(chunk, &params);
   }
@@ -84,8 +86,7 @@ TEST_F(StepEngineTest, BackendFailingPartWayMarksTheGroupBrokenAndRefusesLaterCh
   backend_.fail_from = UINT64_MAX;
   absl::StatusOr<StepChunkResult> retried = Step(1, 0, std::vector<float>(3 * kPage, 0.1f));
   EXPECT_EQ(retried.status().code(), absl::StatusCode::kDataLoss) << retried.status();
-  EXPECT_NE(retried.status().message().find("delete it and register it again"),
-            std::string::npos);
+  EXPECT_NE(retried.status().message().find("delete it and register it again"), std::string::npos);
   // Deleting and registering again gives a working group.
   ASSERT_TRUE(store_.Delete(GroupKey{"", "g"}).ok());
   ASSERT_TRUE(store_.Register(GroupKey{"", "g"}, config).ok());
@@ -142,8 +143,8 @@ class GatheringBackend : public CpuBackend {
   explicit GatheringBackend(ThreadPool* pool) : CpuBackend(pool) {}
   absl::Status ApplyAndEncode(Group& group, uint64_t begin, uint64_t end,
                               const SegmentedBytes& gradient, size_t grad_offset,
-                              WireType grad_type, const AdamWConstants& constants,
-                              void* params_out, WireType params_type) override {
+                              WireType grad_type, const AdamWConstants& constants, void* params_out,
+                              WireType params_type) override {
     return StepBackend::ApplyAndEncode(group, begin, end, gradient, grad_offset, grad_type,
                                        constants, params_out, params_type);
   }

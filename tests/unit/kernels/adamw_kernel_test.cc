@@ -232,9 +232,12 @@ std::vector<unsigned char> Float16Bytes(const std::vector<float>& g) {
 
 std::vector<unsigned char> EncodeGradient(const std::vector<float>& g, WireType type) {
   switch (type) {
-    case WireType::kFloat32: return Float32Bytes(g);
-    case WireType::kBFloat16: return BFloat16Bytes(g);
-    case WireType::kFloat16: return Float16Bytes(g);
+    case WireType::kFloat32:
+      return Float32Bytes(g);
+    case WireType::kBFloat16:
+      return BFloat16Bytes(g);
+    case WireType::kFloat16:
+      return Float16Bytes(g);
   }
   return {};
 }
@@ -318,9 +321,9 @@ size_t FirstBitDifference(const std::vector<float>& a, const std::vector<float>&
 }
 
 void ExpectBitwiseEqualState(const KernelState& got, const KernelState& want) {
-  for (auto [name, a, b] : {std::make_tuple("p", got.p(), want.p()),
-                            std::make_tuple("m", got.m(), want.m()),
-                            std::make_tuple("v", got.v(), want.v())}) {
+  for (auto [name, a, b] :
+       {std::make_tuple("p", got.p(), want.p()), std::make_tuple("m", got.m(), want.m()),
+        std::make_tuple("v", got.v(), want.v())}) {
     const size_t i = FirstBitDifference(a, b);
     EXPECT_EQ(i, a.size()) << name << " differs first at element " << i << ": "
                            << (i < a.size() ? a[i] : 0.0f) << " vs "
@@ -434,9 +437,12 @@ std::string SizeName(size_t n) { return "Size" + std::to_string(n); }
 
 std::string TypeName(WireType type) {
   switch (type) {
-    case WireType::kFloat32: return "Float32";
-    case WireType::kBFloat16: return "BFloat16";
-    case WireType::kFloat16: return "Float16";
+    case WireType::kFloat32:
+      return "Float32";
+    case WireType::kBFloat16:
+      return "BFloat16";
+    case WireType::kFloat16:
+      return "Float16";
   }
   return "Unknown";
 }
@@ -502,13 +508,13 @@ TEST_P(AdamWKernelVsReference, HundredStepsFromZeroMomentsStayWithinL2AndMaxBoun
   EXPECT_TRUE(kernel.GuardsIntact()) << "the kernel wrote outside its arrays";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    SizesAndHyperparameters, AdamWKernelVsReference,
-    ::testing::Combine(::testing::ValuesIn(kSizes),
-                       ::testing::Values(kTorchDefaults, kNonDefault)),
-    [](const auto& info) {
-      return SizeName(std::get<0>(info.param)) + "_" + std::get<1>(info.param).name;
-    });
+INSTANTIATE_TEST_SUITE_P(SizesAndHyperparameters, AdamWKernelVsReference,
+                         ::testing::Combine(::testing::ValuesIn(kSizes),
+                                            ::testing::Values(kTorchDefaults, kNonDefault)),
+                         [](const auto& info) {
+                           return SizeName(std::get<0>(info.param)) + "_" +
+                                  std::get<1>(info.param).name;
+                         });
 
 // ---------------------------------------------------------------------------
 // grad_scale, per size.
@@ -563,8 +569,7 @@ INSTANTIATE_TEST_SUITE_P(Sizes, AdamWKernelGradScale, ::testing::ValuesIn(kSizes
 // ---------------------------------------------------------------------------
 // Vector and scalar paths, per size, gradient type and grad_scale.
 
-class AdamWKernelPaths
-    : public ::testing::TestWithParam<std::tuple<size_t, WireType, float>> {};
+class AdamWKernelPaths : public ::testing::TestWithParam<std::tuple<size_t, WireType, float>> {};
 
 TEST_P(AdamWKernelPaths, VectorPathEqualsScalarPathBitwise) {
   if (!AdamWUsesAvx2()) {
@@ -590,22 +595,23 @@ TEST_P(AdamWKernelPaths, VectorPathEqualsScalarPathBitwise) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    SizesTypesAndScales, AdamWKernelPaths,
-    ::testing::Combine(::testing::ValuesIn(kSizes),
-                       ::testing::Values(WireType::kFloat32, WireType::kBFloat16,
-                                         WireType::kFloat16),
-                       ::testing::Values(1.0f, 0.37f)),
-    [](const auto& info) {
-      return SizeName(std::get<0>(info.param)) + "_" + TypeName(std::get<1>(info.param)) +
-             (std::get<2>(info.param) == 1.0f ? "_ScaleOne" : "_Scaled");
-    });
+INSTANTIATE_TEST_SUITE_P(SizesTypesAndScales, AdamWKernelPaths,
+                         ::testing::Combine(::testing::ValuesIn(kSizes),
+                                            ::testing::Values(WireType::kFloat32,
+                                                              WireType::kBFloat16,
+                                                              WireType::kFloat16),
+                                            ::testing::Values(1.0f, 0.37f)),
+                         [](const auto& info) {
+                           return SizeName(std::get<0>(info.param)) + "_" +
+                                  TypeName(std::get<1>(info.param)) +
+                                  (std::get<2>(info.param) == 1.0f ? "_ScaleOne" : "_Scaled");
+                         });
 
 // ---------------------------------------------------------------------------
 // AdamWUpdateAndEncode: the update plus the params narrowed into a reply.
 
-class AdamWKernelEncode
-    : public ::testing::TestWithParam<std::tuple<size_t, WireType, WireType>> {};
+class AdamWKernelEncode : public ::testing::TestWithParam<std::tuple<size_t, WireType, WireType>> {
+};
 
 // The same state as the plain update and, in `params_out`, exactly the bytes
 // EncodeFromFloat writes from the updated params; nothing written around it.
@@ -617,8 +623,8 @@ TEST_P(AdamWKernelEncode, EqualsTheScalarUpdateThenEncodeFromFloatBitwise) {
   std::mt19937_64 rng(seed);
   FloatState before = RandomState(n, rng);
   for (size_t i = 3; i < n; i += 97) {
-    before.p[i] = i % 2 ? std::numeric_limits<float>::quiet_NaN()
-                        : -std::numeric_limits<float>::infinity();
+    before.p[i] =
+        i % 2 ? std::numeric_limits<float>::quiet_NaN() : -std::numeric_limits<float>::infinity();
   }
   const std::vector<unsigned char> grad = EncodeGradient(RandomGradient(n, rng), grad_type);
   // Either form of torch's lerp, by the seed.
@@ -653,11 +659,10 @@ TEST_P(AdamWKernelEncode, EqualsTheScalarUpdateThenEncodeFromFloatBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(
     SizesAndTypes, AdamWKernelEncode,
-    ::testing::Combine(::testing::ValuesIn(kSizes),
-                       ::testing::Values(WireType::kFloat32, WireType::kBFloat16,
-                                         WireType::kFloat16),
-                       ::testing::Values(WireType::kFloat32, WireType::kBFloat16,
-                                         WireType::kFloat16)),
+    ::testing::Combine(
+        ::testing::ValuesIn(kSizes),
+        ::testing::Values(WireType::kFloat32, WireType::kBFloat16, WireType::kFloat16),
+        ::testing::Values(WireType::kFloat32, WireType::kBFloat16, WireType::kFloat16)),
     [](const auto& info) {
       return SizeName(std::get<0>(info.param)) + "_grad" + TypeName(std::get<1>(info.param)) +
              "_params" + TypeName(std::get<2>(info.param));
@@ -666,8 +671,7 @@ INSTANTIATE_TEST_SUITE_P(
 // ---------------------------------------------------------------------------
 // bfloat16 and float16 gradients, per size and type.
 
-class AdamWKernelNarrowGradient
-    : public ::testing::TestWithParam<std::tuple<size_t, WireType>> {};
+class AdamWKernelNarrowGradient : public ::testing::TestWithParam<std::tuple<size_t, WireType>> {};
 
 TEST_P(AdamWKernelNarrowGradient, EqualsTheKernelFedTheExactlyWidenedFloat32GradientBitwise) {
   const auto [n, type] = GetParam();
@@ -704,13 +708,14 @@ TEST_P(AdamWKernelNarrowGradient, OneStepIsWithinRelativeL2Of1e6OfReferenceOnWid
                                 Widen(WidenGradient(narrow, type)));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    SizesAndTypes, AdamWKernelNarrowGradient,
-    ::testing::Combine(::testing::ValuesIn(kSizes),
-                       ::testing::Values(WireType::kBFloat16, WireType::kFloat16)),
-    [](const auto& info) {
-      return SizeName(std::get<0>(info.param)) + "_" + TypeName(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(SizesAndTypes, AdamWKernelNarrowGradient,
+                         ::testing::Combine(::testing::ValuesIn(kSizes),
+                                            ::testing::Values(WireType::kBFloat16,
+                                                              WireType::kFloat16)),
+                         [](const auto& info) {
+                           return SizeName(std::get<0>(info.param)) + "_" +
+                                  TypeName(std::get<1>(info.param));
+                         });
 
 // The half encoder above must itself be right for the tests to mean anything.
 TEST(AdamWKernelTestInputs, TruncatedHalvesWidenToWithinOneHalfPrecisionUlp) {
@@ -748,8 +753,11 @@ struct SpecialValues {
 SpecialValues Specials(WireType type) {
   switch (type) {
     case WireType::kFloat32:
-      return {{0x7fc00000u, 0x7f800001u, 0xffc00000u, 0xffffffffu}, 0x7f800000u, 0xff800000u,
-              0x7f7fffffu, 2.0f};
+      return {{0x7fc00000u, 0x7f800001u, 0xffc00000u, 0xffffffffu},
+              0x7f800000u,
+              0xff800000u,
+              0x7f7fffffu,
+              2.0f};
     case WireType::kBFloat16:
       return {{0x7fc0u, 0x7f81u, 0xffc0u, 0xffffu}, 0x7f80u, 0xff80u, 0x7f7fu, 2.0f};
     case WireType::kFloat16:
@@ -921,8 +929,8 @@ TEST(AdamWConstants, FirstStepFromZeroMomentsMatchesReference) {
   const std::vector<float> grad = RandomGradient(1031, rng);
 
   KernelState kernel(before);
-  kernel.Step(Path::kDispatch, ComputeAdamWConstants(Inputs(kTorchDefaults, 1)),
-              Float32Bytes(grad), WireType::kFloat32);
+  kernel.Step(Path::kDispatch, ComputeAdamWConstants(Inputs(kTorchDefaults, 1)), Float32Bytes(grad),
+              WireType::kFloat32);
   ExpectOneStepMatchesReference(kernel, before, Reference(kTorchDefaults), 1, Widen(grad));
 }
 
@@ -954,8 +962,7 @@ TEST(AdamWConstants, WeightDecayAloneScalesParamsByOneMinusLrTimesWd) {
   const AdamWConstants c = ComputeAdamWConstants(Inputs(kNonDefault, 5));
 
   KernelState kernel(before);
-  kernel.Step(Path::kDispatch, c, Float32Bytes(std::vector<float>(1031, 0.0f)),
-              WireType::kFloat32);
+  kernel.Step(Path::kDispatch, c, Float32Bytes(std::vector<float>(1031, 0.0f)), WireType::kFloat32);
 
   const std::vector<float> p = kernel.p(), m = kernel.m();
   const double factor = 1.0 - static_cast<double>(kNonDefault.lr) * kNonDefault.weight_decay;

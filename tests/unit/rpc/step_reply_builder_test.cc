@@ -95,7 +95,8 @@ TEST(StepReplyBuilder, PackedRepliesFollowTheOuterOneAsItsMoreField) {
     std::string params(sizes[i], '\0');
     for (size_t k = 0; k < params.size(); ++k) params[k] = static_cast<char>(k * 7 + i);
     StepReplyBuilder packed(long_name ? 1 : name.size(), /*packed=*/true);
-    if (!params.empty()) std::memcpy(packed.ReserveParams(params.size()), params.data(), params.size());
+    if (!params.empty())
+      std::memcpy(packed.ReserveParams(params.size()), params.data(), params.size());
     wire += Bytes(packed.Finish(Fields(name)));
     v1::StepResponse* more = expected.add_more();
     *more = Fields(name);

@@ -167,7 +167,7 @@ TEST(PagingScenarioTest, FullyPagedCountsEveryTouchedPageBothWays) {
   EXPECT_EQ(backend.group("a").placement, Placement::kDevicePaged);
   backend.WriteParams("a", 0, 10 * kPage + 100);
   for (int step = 0; step < 3; ++step) {
-    backend.Step("a", 0, 4 * kPage, 2);                // Pages 0-3.
+    backend.Step("a", 0, 4 * kPage, 2);                 // Pages 0-3.
     backend.Step("a", 4 * kPage, 10 * kPage + 100, 4);  // Pages 4-10.
   }
   const uint64_t first = 4 * kPage, second = 6 * kPage + 100;
