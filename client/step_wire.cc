@@ -15,6 +15,7 @@
 #include "grpc/slice.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/slice.h"
+#include "optstate/v1/step_wire_format.h"
 
 namespace optstate::client_internal {
 namespace {
@@ -23,19 +24,7 @@ using google::protobuf::internal::WireFormatLite;
 using google::protobuf::io::CodedInputStream;
 using google::protobuf::io::CodedOutputStream;
 
-constexpr uint32_t Tag(int field, WireFormatLite::WireType type) {
-  return (static_cast<uint32_t>(field) << 3) | static_cast<uint32_t>(type);
-}
-constexpr uint32_t kGradientTag =
-    Tag(v1::StepRequest::kGradientFieldNumber, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
-constexpr uint32_t kParamsTag =
-    Tag(v1::StepResponse::kParamsFieldNumber, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
-constexpr uint32_t kGroupTag =
-    Tag(v1::StepResponse::kGroupFieldNumber, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
-// StepRequest.more and StepResponse.more: the same number.
-static_assert(int{v1::StepRequest::kMoreFieldNumber} == int{v1::StepResponse::kMoreFieldNumber});
-constexpr uint32_t kMoreTag =
-    Tag(v1::StepResponse::kMoreFieldNumber, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+constexpr uint32_t kGroupTag = LengthDelimitedTag(v1::StepResponse::kGroupFieldNumber);
 
 // Widens a byte stream of `type` elements arriving in pieces of any length
 // into consecutive floats at `out` (an element split between pieces is
@@ -95,11 +84,11 @@ grpc::ByteBuffer SerializeStepRequest(absl::Span<const RequestPiece> pieces, Wir
   for (size_t i = 0; i < pieces.size(); ++i) {
     const size_t gradient_bytes = PieceElements(pieces[i]) * WireTypeSize(type);
     message_bytes[i] = pieces[i].fields->ByteSizeLong() +
-                       CodedOutputStream::VarintSize32(kGradientTag) +
+                       CodedOutputStream::VarintSize32(kStepGradientTag) +
                        CodedOutputStream::VarintSize64(gradient_bytes) + gradient_bytes;
     total += message_bytes[i];
     if (i > 0) {  // Wrapped in a `more` field.
-      total += CodedOutputStream::VarintSize32(kMoreTag) +
+      total += CodedOutputStream::VarintSize32(kStepMoreTag) +
                CodedOutputStream::VarintSize64(message_bytes[i]);
     }
   }
@@ -109,13 +98,13 @@ grpc::ByteBuffer SerializeStepRequest(absl::Span<const RequestPiece> pieces, Wir
   if (payloads != nullptr) payloads->clear();
   for (size_t i = 0; i < pieces.size(); ++i) {
     if (i > 0) {
-      at = CodedOutputStream::WriteVarint32ToArray(kMoreTag, at);
+      at = CodedOutputStream::WriteVarint32ToArray(kStepMoreTag, at);
       at = CodedOutputStream::WriteVarint64ToArray(message_bytes[i], at);
     }
     const size_t elements = PieceElements(pieces[i]);
     const size_t gradient_bytes = elements * WireTypeSize(type);
     at = pieces[i].fields->SerializeWithCachedSizesToArray(at);
-    at = CodedOutputStream::WriteVarint32ToArray(kGradientTag, at);
+    at = CodedOutputStream::WriteVarint32ToArray(kStepGradientTag, at);
     at = CodedOutputStream::WriteVarint64ToArray(gradient_bytes, at);
     if (pieces[i].gradient16.empty()) {
       EncodeFromFloat(type, pieces[i].gradient.data(), at, elements);
@@ -182,11 +171,11 @@ class ReplyScanner {
       if (tag == 0 || WireFormatLite::GetTagFieldNumber(tag) == 0) {
         return NotAStepResponse("a malformed or zero field tag");
       }
-      if (tag == kParamsTag) {
+      if (tag == kStepParamsTag) {
         if (absl::Status s = ScanParams(input, piece); !s.ok()) return s;
         continue;
       }
-      if (tag == kMoreTag) {
+      if (tag == kStepMoreTag) {
         if (absl::Status s = ScanPacked(input, piece, fields); !s.ok()) return s;
         continue;
       }
@@ -268,19 +257,19 @@ class ReplyScanner {
                WireFormatLite::VerifyUtf8String(fields->group().data(),
                                                 static_cast<int>(fields->group().size()),
                                                 WireFormatLite::PARSE, "StepResponse.group");
-      case Tag(v1::StepResponse::kStepFieldNumber, kVarint):
+      case WireTag(v1::StepResponse::kStepFieldNumber, kVarint):
         return varint([fields](uint64_t v) { fields->set_step(v); });
-      case Tag(v1::StepResponse::kOffsetFieldNumber, kVarint):
+      case WireTag(v1::StepResponse::kOffsetFieldNumber, kVarint):
         return varint([fields](uint64_t v) { fields->set_offset(v); });
-      case Tag(v1::StepResponse::kNumElementsFieldNumber, kVarint):
+      case WireTag(v1::StepResponse::kNumElementsFieldNumber, kVarint):
         return varint([fields](uint64_t v) { fields->set_num_elements(v); });
-      case Tag(v1::StepResponse::kParamDtypeFieldNumber, kVarint):
+      case WireTag(v1::StepResponse::kParamDtypeFieldNumber, kVarint):
         return varint([fields](uint64_t v) {
           fields->set_param_dtype(static_cast<v1::DType>(static_cast<int32_t>(v)));
         });
-      case Tag(v1::StepResponse::kPagesAppliedFieldNumber, kVarint):
+      case WireTag(v1::StepResponse::kPagesAppliedFieldNumber, kVarint):
         return varint([fields](uint64_t v) { fields->set_pages_applied(v); });
-      case Tag(v1::StepResponse::kPagesReplayedFieldNumber, kVarint):
+      case WireTag(v1::StepResponse::kPagesReplayedFieldNumber, kVarint):
         return varint([fields](uint64_t v) { fields->set_pages_replayed(v); });
       default:  // Unknown fields, or a wrong wire type: skipped, as protobuf does.
         return WireFormatLite::SkipField(input, tag);

@@ -14,27 +14,23 @@ ThreadPool::ThreadPool(int threads) {
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  wake_.notify_all();
   for (auto& worker : workers_) worker.join();
 }
 
 void ThreadPool::Schedule(std::function<void()> task) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    tasks_.push_back(std::move(task));
-  }
-  wake_.notify_one();
+  absl::MutexLock lock(&mu_);
+  tasks_.push_back(std::move(task));
 }
 
 void ThreadPool::WorkerLoop() {
   for (;;) {
     std::function<void()> task;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &ThreadPool::HasTaskOrStopping));
       if (tasks_.empty()) return;  // Stopping and drained.
       task = std::move(tasks_.front());
       tasks_.pop_front();
@@ -52,18 +48,19 @@ struct ParallelForState {
   const size_t shards;
   const std::function<void(size_t)>& fn;  // Valid while finished < shards.
   std::atomic<size_t> next{0};
-  std::mutex mu;
-  std::condition_variable all_done;
-  size_t finished = 0;  // Guarded by mu.
+  absl::Mutex mu;
+  size_t finished ABSL_GUARDED_BY(mu) = 0;
+
+  bool AllFinished() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return finished == shards; }
 
   // Runs shards until none are left.
-  void Drain() {
+  void Drain() ABSL_LOCKS_EXCLUDED(mu) {
     for (;;) {
       size_t i = next.fetch_add(1);
       if (i >= shards) return;
       fn(i);
-      std::lock_guard<std::mutex> lock(mu);
-      if (++finished == shards) all_done.notify_all();
+      absl::MutexLock lock(&mu);
+      ++finished;
     }
   }
 };
@@ -80,8 +77,8 @@ void ThreadPool::ParallelFor(size_t shards, const std::function<void(size_t)>& f
   size_t helpers = std::min(shards - 1, workers_.size());
   for (size_t i = 0; i < helpers; ++i) Schedule([state] { state->Drain(); });
   state->Drain();
-  std::unique_lock<std::mutex> lock(state->mu);
-  state->all_done.wait(lock, [&] { return state->finished == state->shards; });
+  absl::MutexLock lock(&state->mu);
+  state->mu.Await(absl::Condition(state.get(), &ParallelForState::AllFinished));
 }
 
 }  // namespace optstate

@@ -108,17 +108,13 @@ absl::StatusOr<ValidatedChunk> StepEngine::Validate(const StepChunk& chunk) {
   }
 
   AdamWStepInputs inputs;
-  const AdamWHyperparameters& h = group.config().hyperparameters;
-  inputs.lr = chunk.lr.value_or(h.lr);
-  inputs.beta1 = h.beta1;
-  inputs.beta2 = h.beta2;
-  inputs.eps = h.eps;
-  inputs.weight_decay = h.weight_decay;
+  inputs.hyperparameters = group.config().hyperparameters;
+  if (chunk.lr.has_value()) inputs.hyperparameters.lr = *chunk.lr;
   inputs.step = chunk.step;
   inputs.grad_scale = chunk.grad_scale.value_or(1.0f);
-  if (!std::isfinite(inputs.lr) || inputs.lr < 0) {
+  if (!std::isfinite(inputs.hyperparameters.lr) || inputs.hyperparameters.lr < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("lr must be finite and >= 0, got ", ExactText(inputs.lr)));
+        absl::StrCat("lr must be finite and >= 0, got ", ExactText(inputs.hyperparameters.lr)));
   }
   if (!std::isfinite(inputs.grad_scale)) {
     return absl::InvalidArgumentError(
@@ -129,8 +125,8 @@ absl::StatusOr<ValidatedChunk> StepEngine::Validate(const StepChunk& chunk) {
   const AdamWConstants constants = ComputeAdamWConstants(inputs);
   if (!std::isfinite(constants.neg_step_size) || !std::isfinite(constants.decay)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "lr ", ExactText(inputs.lr), " with weight_decay ", ExactText(inputs.weight_decay),
-        " at step ", inputs.step,
+        "lr ", ExactText(inputs.hyperparameters.lr), " with weight_decay ",
+        ExactText(inputs.hyperparameters.weight_decay), " at step ", inputs.step,
         " gives a step size or decay beyond float32's range (the step runs in fp32); use a "
         "smaller lr"));
   }

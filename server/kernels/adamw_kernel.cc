@@ -8,23 +8,24 @@
 
 namespace optstate {
 
-AdamWConstants ComputeAdamWConstants(const AdamWStepInputs& in) {
+AdamWConstants ComputeAdamWConstants(const AdamWStepInputs& inputs) {
+  const AdamWHyperparameters& h = inputs.hyperparameters;
   // Python evaluates these in double: `1 - beta1**step`, `lr / bc1`,
   // `bc2**0.5` (pow, not sqrt), `1 - lr * weight_decay`, `1 - beta2`.
-  const double t = static_cast<double>(in.step);
-  const double bias_correction1 = 1.0 - std::pow(in.beta1, t);
-  const double bias_correction2 = 1.0 - std::pow(in.beta2, t);
-  const float lerp_weight = static_cast<float>(1.0 - in.beta1);
+  const double t = static_cast<double>(inputs.step);
+  const double bias_correction1 = 1.0 - std::pow(h.beta1, t);
+  const double bias_correction2 = 1.0 - std::pow(h.beta2, t);
+  const float lerp_weight = static_cast<float>(1.0 - h.beta1);
   AdamWConstants c;
-  c.decay = static_cast<float>(1.0 - in.lr * in.weight_decay);
+  c.decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
   c.lerp_from_gradient = !(std::fabs(lerp_weight) < 0.5f);
   c.lerp_coefficient = c.lerp_from_gradient ? lerp_weight - 1.0f : lerp_weight;
-  c.beta2 = static_cast<float>(in.beta2);
-  c.one_minus_beta2 = static_cast<float>(1.0 - in.beta2);
-  c.neg_step_size = static_cast<float>(-(in.lr / bias_correction1));
+  c.beta2 = static_cast<float>(h.beta2);
+  c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+  c.neg_step_size = static_cast<float>(-(h.lr / bias_correction1));
   c.bias_correction2_sqrt = static_cast<float>(std::pow(bias_correction2, 0.5));
-  c.eps = static_cast<float>(in.eps);
-  c.grad_scale = in.grad_scale;
+  c.eps = static_cast<float>(h.eps);
+  c.grad_scale = inputs.grad_scale;
   return c;
 }
 

@@ -7,18 +7,14 @@
 #include <cstdint>
 
 #include "optstate/dtype.h"
+#include "server/kernels/adamw_hyperparameters.h"
 
 namespace optstate {
 
-// Per-step inputs of AdamW. `step` is t >= 1 (the step being applied). The
-// hyperparameters are doubles, as torch holds them (Python floats): torch
-// derives its per-step scalars from them in double precision.
+// Per-step inputs of AdamW: the hyperparameters (lr possibly the step's own),
+// `step` t >= 1 (the step being applied) and the gradient's scale.
 struct AdamWStepInputs {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 1e-2;
+  AdamWHyperparameters hyperparameters;
   uint64_t step = 1;
   float grad_scale = 1.0f;
 };

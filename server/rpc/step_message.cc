@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "optstate/v1/step_wire_format.h"
 #include "server/rpc/proto_convert.h"
 #include "server/rpc/step_reply_builder.h"
 
@@ -53,13 +54,6 @@ absl::Status ToChunk(const v1::StepRequest& request, const SegmentedBytes& gradi
   chunk->param_type = *param_type;
   return absl::OkStatus();
 }
-
-// Room a reply takes beyond its params, per chunk: the params' tag and
-// length, the other fields (group name aside), and a packed reply's framing;
-// at most 72 bytes. Not above the client's kPieceOverheadBytes
-// (client/client_step.cc), or a message the client packed up to the limit
-// would be refused.
-constexpr uint64_t kReplyFieldsBytes = 96;
 
 // INVALID_ARGUMENT when the reply to a message (its chunks validated) could
 // be larger than gRPC will send: it is refused before anything is applied,

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "optstate/v1/step_wire_format.h"
 #include "server/rpc/proto_convert.h"
 #include "server/rpc/step_message.h"
 

@@ -57,9 +57,6 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   // memory one stream can pin (with the message size limit), and stops a
   // client that does not read its replies.
   static constexpr size_t kMaxPinnedChunks = 16;
-  // Chunks one message may pack in StepRequest.more.
-  static constexpr int kMaxPackedChunks = 4096;
-
   // A request as read: parsed, or the reason it did not parse.
   struct QueuedChunk {
     StepMessage message;

@@ -8,15 +8,12 @@
 
 #include "google/protobuf/io/coded_stream.h"
 #include "grpcpp/support/slice.h"
+#include "optstate/v1/step_wire_format.h"
 
 namespace optstate {
 namespace {
 
 using google::protobuf::io::CodedOutputStream;
-
-// StepResponse.params and StepResponse.more: length-delimited.
-constexpr uint32_t kParamsTag = (v1::StepResponse::kParamsFieldNumber << 3) | 2;
-constexpr uint32_t kMoreTag = (v1::StepResponse::kMoreFieldNumber << 3) | 2;
 
 // The most the other StepResponse fields take: group (tag, length, name) and
 // six varint fields (tag and at most 10 bytes each).
@@ -31,15 +28,15 @@ StepReplyBuilder::~StepReplyBuilder() {
 }
 
 char* StepReplyBuilder::ReserveParams(size_t params_bytes) {
-  const size_t prefix =
-      CodedOutputStream::VarintSize32(kParamsTag) + CodedOutputStream::VarintSize64(params_bytes);
+  const size_t prefix = CodedOutputStream::VarintSize32(kStepParamsTag) +
+                        CodedOutputStream::VarintSize64(params_bytes);
   if (reserved_) grpc_slice_unref(slice_);  // A second call replaces the first.
   // Refcounted even when small: the returned pointer must stay put.
   slice_ =
       grpc_slice_malloc_large(head_ + prefix + params_bytes + MaxFieldBytes(group_name_bytes_));
   reserved_ = true;
   uint8_t* at = GRPC_SLICE_START_PTR(slice_) + head_;
-  at = CodedOutputStream::WriteVarint32ToArray(kParamsTag, at);
+  at = CodedOutputStream::WriteVarint32ToArray(kStepParamsTag, at);
   at = CodedOutputStream::WriteVarint64ToArray(params_bytes, at);
   used_ = prefix + params_bytes;
   return reinterpret_cast<char*>(at);
@@ -50,7 +47,7 @@ grpc::Slice StepReplyBuilder::Finish(const v1::StepResponse& fields) {
   const size_t message_bytes = (reserved_ ? used_ : 0) + field_bytes;
   // The `more` field's tag and length, when packed; written just before the message.
   const size_t prefix = head_ == 0 ? 0
-                                   : CodedOutputStream::VarintSize32(kMoreTag) +
+                                   : CodedOutputStream::VarintSize32(kStepMoreTag) +
                                          CodedOutputStream::VarintSize64(message_bytes);
   if (!reserved_ || field_bytes > GRPC_SLICE_LENGTH(slice_) - head_ - used_) {
     // No params, or fields larger than planned (a longer group name than
@@ -66,7 +63,7 @@ grpc::Slice StepReplyBuilder::Finish(const v1::StepResponse& fields) {
   uint8_t* message = GRPC_SLICE_START_PTR(slice_) + head_;
   fields.SerializeWithCachedSizesToArray(message + message_bytes - field_bytes);
   if (prefix != 0) {
-    uint8_t* at = CodedOutputStream::WriteVarint32ToArray(kMoreTag, message - prefix);
+    uint8_t* at = CodedOutputStream::WriteVarint32ToArray(kStepMoreTag, message - prefix);
     CodedOutputStream::WriteVarint64ToArray(message_bytes, at);
   }
   // A view of the bytes written, sharing slice_'s memory.

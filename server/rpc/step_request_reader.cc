@@ -12,6 +12,7 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream.h"
 #include "google/protobuf/wire_format_lite.h"
+#include "optstate/v1/step_wire_format.h"
 
 namespace optstate {
 namespace {
@@ -19,24 +20,18 @@ namespace {
 using google::protobuf::internal::WireFormatLite;
 using google::protobuf::io::CodedInputStream;
 
-constexpr uint32_t Tag(int field, WireFormatLite::WireType type) {
-  return (static_cast<uint32_t>(field) << 3) | static_cast<uint32_t>(type);
-}
 constexpr auto kVarint = WireFormatLite::WIRETYPE_VARINT;
 constexpr auto kFixed32 = WireFormatLite::WIRETYPE_FIXED32;
 constexpr auto kFixed64 = WireFormatLite::WIRETYPE_FIXED64;
-constexpr auto kLength = WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
-constexpr uint32_t kGroupTag = Tag(v1::StepRequest::kGroupFieldNumber, kLength);
-constexpr uint32_t kStepTag = Tag(v1::StepRequest::kStepFieldNumber, kVarint);
-constexpr uint32_t kOffsetTag = Tag(v1::StepRequest::kOffsetFieldNumber, kVarint);
-constexpr uint32_t kGradientDtypeTag = Tag(v1::StepRequest::kGradientDtypeFieldNumber, kVarint);
-constexpr uint32_t kGradientTag = Tag(v1::StepRequest::kGradientFieldNumber, kLength);
-constexpr uint32_t kLrTag = Tag(v1::StepRequest::kLrFieldNumber, kFixed64);
-constexpr uint32_t kLrFloat32Tag = Tag(v1::StepRequest::kLrFloat32FieldNumber, kFixed32);
-constexpr uint32_t kGradScaleTag = Tag(v1::StepRequest::kGradScaleFieldNumber, kFixed32);
-constexpr uint32_t kParamDtypeTag = Tag(v1::StepRequest::kParamDtypeFieldNumber, kVarint);
-constexpr uint32_t kMoreTag = Tag(v1::StepRequest::kMoreFieldNumber, kLength);
-constexpr uint32_t kGroupElementsTag = Tag(v1::StepRequest::kGroupElementsFieldNumber, kVarint);
+constexpr uint32_t kGroupTag = LengthDelimitedTag(v1::StepRequest::kGroupFieldNumber);
+constexpr uint32_t kStepTag = WireTag(v1::StepRequest::kStepFieldNumber, kVarint);
+constexpr uint32_t kOffsetTag = WireTag(v1::StepRequest::kOffsetFieldNumber, kVarint);
+constexpr uint32_t kGradientDtypeTag = WireTag(v1::StepRequest::kGradientDtypeFieldNumber, kVarint);
+constexpr uint32_t kLrTag = WireTag(v1::StepRequest::kLrFieldNumber, kFixed64);
+constexpr uint32_t kLrFloat32Tag = WireTag(v1::StepRequest::kLrFloat32FieldNumber, kFixed32);
+constexpr uint32_t kGradScaleTag = WireTag(v1::StepRequest::kGradScaleFieldNumber, kFixed32);
+constexpr uint32_t kParamDtypeTag = WireTag(v1::StepRequest::kParamDtypeFieldNumber, kVarint);
+constexpr uint32_t kGroupElementsTag = WireTag(v1::StepRequest::kGroupElementsFieldNumber, kVarint);
 
 // The slices of a message, one after another, as protobuf's input stream.
 class SlicesInputStream : public google::protobuf::io::ZeroCopyInputStream {
@@ -163,9 +158,9 @@ class RequestScanner {
       uint32_t tag = 0;
       if (!ReadTag(input, &tag)) return NotAStepRequest("a malformed or zero field tag");
       absl::Status status;
-      if (tag == kGradientTag) {
+      if (tag == kStepGradientTag) {
         status = ScanGradient(input, piece);
-      } else if (tag == kMoreTag) {
+      } else if (tag == kStepMoreTag) {
         status = ScanPacked(input, piece, fields);
       } else if (!ParseField(input, tag, depth, fields)) {
         status = NotAStepRequest(

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "server/kernels/adamw_hyperparameters.h"
 #include "server/state/group_counters.h"
 #include "server/state/host_allocator.h"
 
@@ -30,21 +31,6 @@ struct GroupKey {
   template <typename H>
   friend H AbslHashValue(H h, const GroupKey& key) {
     return H::combine(std::move(h), key.tenant, key.name);
-  }
-};
-
-// torch.optim.AdamW's hyperparameters and defaults.
-// Doubles, as torch holds them; see AdamWStepInputs.
-struct AdamWHyperparameters {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 1e-2;
-
-  bool operator==(const AdamWHyperparameters& o) const {
-    return lr == o.lr && beta1 == o.beta1 && beta2 == o.beta2 && eps == o.eps &&
-           weight_decay == o.weight_decay;
   }
 };
 

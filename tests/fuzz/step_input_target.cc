@@ -11,6 +11,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 #include "optstate/dtype.h"
+#include "optstate/v1/step_wire_format.h"
 #include "server/base/log.h"
 #include "server/rpc/proto_convert.h"
 #include "server/rpc/step_message.h"
@@ -19,8 +20,6 @@
 
 namespace optstate::fuzz {
 namespace {
-
-constexpr size_t kMaxPacked = 4096;  // As the Step reactor.
 
 using testing::Gather;
 
@@ -92,12 +91,12 @@ std::string StepInputTarget::Run(const uint8_t* data, size_t size) {
   // Read as protobuf reads it, and as the reactor does.
   v1::StepRequest expected;
   const bool protobuf_ok = expected.ParseFromArray(wire, static_cast<int>(n)) &&
-                           static_cast<size_t>(expected.more_size()) <= kMaxPacked;
+                           static_cast<size_t>(expected.more_size()) <= kMaxPackedChunks;
   expected.DiscardUnknownFields();
   grpc::ByteBuffer buffer =
       testing::Sliced(absl::string_view(reinterpret_cast<const char*>(wire), n), Cuts(n, data[0]));
   StepMessage message;
-  const absl::Status read = ReadStepRequest(&buffer, kMaxPacked, &message);
+  const absl::Status read = ReadStepRequest(&buffer, kMaxPackedChunks, &message);
   bool nested = false;  // Packed chunks that pack chunks: read as placeholders.
   for (const v1::StepRequest& packed : expected.more()) nested |= !packed.more().empty();
   if (!nested) {

@@ -101,7 +101,7 @@ class Twin {
     }
     AdamWStepInputs in;
     in.step = t;
-    in.lr = 1e-3 * static_cast<double>(1 + t % 3);
+    in.hyperparameters.lr = 1e-3 * static_cast<double>(1 + t % 3);
     in.grad_scale = t % 2 == 0 ? 0.5f : 1.0f;
     const AdamWConstants c = ComputeAdamWConstants(in);
     {

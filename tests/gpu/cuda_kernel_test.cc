@@ -111,19 +111,19 @@ struct Draw {
 Draw RandomHyperparameters(std::mt19937_64& rng, uint64_t step) {
   std::uniform_real_distribution<float> lr(1e-4f, 1e-2f), wd(0.0f, 0.1f), scale(0.25f, 2.0f);
   Draw d;
-  d.inputs.lr = lr(rng);
-  d.inputs.weight_decay = wd(rng);
+  d.inputs.hyperparameters.lr = lr(rng);
+  d.inputs.hyperparameters.weight_decay = wd(rng);
   // One draw in four takes beta1 0.3: torch's lerp in its second form.
-  d.inputs.beta1 = rng() % 4 == 0 ? 0.3 : 0.9;
-  d.inputs.beta2 = 0.999;
-  d.inputs.eps = 1e-8;
+  d.inputs.hyperparameters.beta1 = rng() % 4 == 0 ? 0.3 : 0.9;
+  d.inputs.hyperparameters.beta2 = 0.999;
+  d.inputs.hyperparameters.eps = 1e-8;
   d.inputs.step = step;
   d.inputs.grad_scale = scale(rng);
-  d.reference.lr = d.inputs.lr;
-  d.reference.weight_decay = d.inputs.weight_decay;
-  d.reference.beta1 = d.inputs.beta1;
-  d.reference.beta2 = d.inputs.beta2;
-  d.reference.eps = d.inputs.eps;
+  d.reference.lr = d.inputs.hyperparameters.lr;
+  d.reference.weight_decay = d.inputs.hyperparameters.weight_decay;
+  d.reference.beta1 = d.inputs.hyperparameters.beta1;
+  d.reference.beta2 = d.inputs.hyperparameters.beta2;
+  d.reference.eps = d.inputs.hyperparameters.eps;
   return d;
 }
 

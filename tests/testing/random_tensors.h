@@ -36,7 +36,7 @@ class GroupModel {
   // `grad` as the server sees it (already narrowed); lr overrides h.lr.
   void Step(uint64_t t, const std::vector<float>& grad, float grad_scale = 1.0f, double lr = -1.0) {
     const double step_lr = lr >= 0 ? lr : h_.lr;
-    AdamWStepInputs in{step_lr, h_.beta1, h_.beta2, h_.eps, h_.weight_decay, t, grad_scale};
+    AdamWStepInputs in{{step_lr, h_.beta1, h_.beta2, h_.eps, h_.weight_decay}, t, grad_scale};
     AdamWUpdateScalar(ComputeAdamWConstants(in), p32_.data(), m32_.data(), v32_.data(), grad.data(),
                       WireType::kFloat32, grad.size());
     std::vector<double> g(grad.size());

@@ -39,9 +39,12 @@ int main(int argc, char** argv) {
   uint64_t n = 0;
   optstate::AdamWStepInputs inputs;
   uint32_t path = 0, grad_type = 0;
-  if (!ReadAll(in, &n, 8) || !ReadAll(in, &inputs.step, 8) || !ReadAll(in, &inputs.lr, 8) ||
-      !ReadAll(in, &inputs.beta1, 8) || !ReadAll(in, &inputs.beta2, 8) ||
-      !ReadAll(in, &inputs.eps, 8) || !ReadAll(in, &inputs.weight_decay, 8) ||
+  if (!ReadAll(in, &n, 8) || !ReadAll(in, &inputs.step, 8) ||
+      !ReadAll(in, &inputs.hyperparameters.lr, 8) ||
+      !ReadAll(in, &inputs.hyperparameters.beta1, 8) ||
+      !ReadAll(in, &inputs.hyperparameters.beta2, 8) ||
+      !ReadAll(in, &inputs.hyperparameters.eps, 8) ||
+      !ReadAll(in, &inputs.hyperparameters.weight_decay, 8) ||
       !ReadAll(in, &inputs.grad_scale, 4) || !ReadAll(in, &path, 4) ||
       !ReadAll(in, &grad_type, 4)) {
     return Fail("short header");

@@ -104,11 +104,11 @@ constexpr HyperparameterSet kSmallBeta1{"SmallBeta1", 1e-3, 0.3, 0.99, 1e-8, 1e-
 
 AdamWStepInputs Inputs(const HyperparameterSet& h, uint64_t step, float grad_scale = 1.0f) {
   AdamWStepInputs in;
-  in.lr = h.lr;
-  in.beta1 = h.beta1;
-  in.beta2 = h.beta2;
-  in.eps = h.eps;
-  in.weight_decay = h.weight_decay;
+  in.hyperparameters.lr = h.lr;
+  in.hyperparameters.beta1 = h.beta1;
+  in.hyperparameters.beta2 = h.beta2;
+  in.hyperparameters.eps = h.eps;
+  in.hyperparameters.weight_decay = h.weight_decay;
   in.step = step;
   in.grad_scale = grad_scale;
   return in;
@@ -894,28 +894,29 @@ INSTANTIATE_TEST_SUITE_P(Types, FindNonFiniteGradientTest,
 TEST(AdamWConstants, AreTheDoubleFormulasRoundedOnceToFloat) {
   const AdamWStepInputs in = Inputs(kNonDefault, 37, 0.25f);
   const AdamWConstants c = ComputeAdamWConstants(in);
-  const double lr = in.lr, b1 = in.beta1, b2 = in.beta2;
-  EXPECT_EQ(c.decay, static_cast<float>(1.0 - lr * in.weight_decay));
+  const double lr = in.hyperparameters.lr, b1 = in.hyperparameters.beta1,
+               b2 = in.hyperparameters.beta2;
+  EXPECT_EQ(c.decay, static_cast<float>(1.0 - lr * in.hyperparameters.weight_decay));
   EXPECT_FALSE(c.lerp_from_gradient);
   EXPECT_EQ(c.lerp_coefficient, static_cast<float>(1.0 - b1));
   EXPECT_EQ(c.beta2, static_cast<float>(b2));
   EXPECT_EQ(c.one_minus_beta2, static_cast<float>(1.0 - b2));
   EXPECT_EQ(c.neg_step_size, static_cast<float>(-(lr / (1.0 - std::pow(b1, 37.0)))));
   EXPECT_EQ(c.bias_correction2_sqrt, static_cast<float>(std::pow(1.0 - std::pow(b2, 37.0), 0.5)));
-  EXPECT_EQ(c.eps, static_cast<float>(in.eps));
+  EXPECT_EQ(c.eps, static_cast<float>(in.hyperparameters.eps));
   EXPECT_EQ(c.grad_scale, 0.25f);
 }
 
 // torch's lerp takes its second form for a weight of 0.5 or more: beta1 <= 0.5.
 TEST(AdamWConstants, SmallBeta1TakesLerpsSecondForm) {
   AdamWStepInputs in;
-  in.beta1 = 0.25;
+  in.hyperparameters.beta1 = 0.25;
   const AdamWConstants c = ComputeAdamWConstants(in);
   EXPECT_TRUE(c.lerp_from_gradient);
   EXPECT_EQ(c.lerp_coefficient, 0.75f - 1.0f);
-  in.beta1 = 0.5;
+  in.hyperparameters.beta1 = 0.5;
   EXPECT_TRUE(ComputeAdamWConstants(in).lerp_from_gradient);
-  in.beta1 = 0.500001;
+  in.hyperparameters.beta1 = 0.500001;
   EXPECT_FALSE(ComputeAdamWConstants(in).lerp_from_gradient);
 }
 
