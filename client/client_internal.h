@@ -5,9 +5,11 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "client/plan_chunks.h"
 #include "client/proto_convert.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/client.h"
@@ -30,6 +32,13 @@ struct Client::Impl {
   void Forget(const std::string& name);
   // The cached layout, or DescribeGroup's answer.
   absl::StatusOr<GroupInfo> Layout(Client& client, const std::string& name);
+  // Step's look at its groups, in order: each group's buffers checked
+  // against the wire types and against its layout (the cached one, asked
+  // again once when the gradient's length differs), and its pages against
+  // the message limit (PagesPerChunk). The layouts, or the first refusal.
+  absl::StatusOr<std::vector<client_internal::ChunkGroup>> StepLayouts(
+      Client& client, absl::Span<const GroupStep> groups, const StepOptions& options,
+      const client_internal::ChunkLimits& limits);
   // RegisterGroup with retries; `initial_values` empty when the spec has none.
   absl::StatusOr<GroupInfo> Register(const v1::GroupSpec& spec,
                                      absl::Span<const float> initial_values);

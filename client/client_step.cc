@@ -15,40 +15,33 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client_internal.h"
+#include "client/plan_chunks.h"
 #include "client/step_wire.h"
 #include "optstate/v1/dtype_proto.h"
 
 namespace optstate {
 
 using client_internal::Backoff;
+using client_internal::ChunkGroup;
+using client_internal::ChunkLimits;
+using client_internal::ChunkPiece;
 using client_internal::FromGrpcStatus;
 using client_internal::IsRetryable;
+using client_internal::PagesPerChunk;
+using client_internal::PlanChunks;
+using client_internal::PlannedPieces;
 using client_internal::SetDeadline;
 
 namespace {
 
-// Elements [offset, offset + count) of one group: whole pages.
-struct ChunkPiece {
-  size_t group;  // Index into the step's groups.
-  uint64_t offset;
-  uint64_t count;
-};
-
-// One request: a chunk, and the chunks packed after it in StepRequest.more
-// (small tensors share a message). The unit of sending and resending.
+// One request as PlanChunks planned it: a chunk, and the chunks packed after
+// it in StepRequest.more (small tensors share a message). The unit of
+// sending and resending.
 struct PlannedChunk {
-  absl::InlinedVector<ChunkPiece, 1> pieces;
+  PlannedPieces pieces;
   // The whole request, when narrowed ahead of sending (and kept for resends).
   std::optional<grpc::ByteBuffer> request;
 };
-
-// Room kept per packed chunk for its fields and framing, beyond the group
-// name: at least what the daemon reckons a chunk's reply takes beyond its
-// params (kReplyFieldsBytes, server/step_message.cc), which it checks
-// before applying a message.
-constexpr uint64_t kPieceOverheadBytes = 96;
-// Chunks packed into one message at most (the daemon takes up to 4096).
-constexpr size_t kMaxPiecesPerMessage = 1024;
 
 // The most of a step's narrowed gradient the client narrows ahead of sending
 // (and holds until the step ends): checking the narrowed bytes saves a pass
@@ -367,10 +360,9 @@ absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::Rp
   return pending->empty() ? absl::OkStatus() : status;
 }
 
-}  // namespace
-
-absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
-                          const StepOptions& options) {
+// INVALID_ARGUMENT for a step number, options or group list no step takes.
+absl::Status CheckStep(absl::Span<const GroupStep> groups, uint64_t step,
+                       const StepOptions& options) {
   if (step == 0) return absl::InvalidArgumentError("step must be at least 1 (the first step is 1)");
   if (options.grad_scale && !std::isfinite(*options.grad_scale)) {
     return absl::InvalidArgumentError("grad_scale must be finite");
@@ -387,18 +379,24 @@ absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
                        "per step"));
     }
   }
-  std::vector<PlannedChunk> pending;
-  uint64_t packed_gradient_bytes = 0;  // Of pending.back().
-  uint64_t packed_message_bytes = 0;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    const GroupStep& group = groups[g];
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<ChunkGroup>> Client::Impl::StepLayouts(
+    Client& client, absl::Span<const GroupStep> groups, const StepOptions& options,
+    const ChunkLimits& limits) {
+  std::vector<ChunkGroup> layouts;
+  layouts.reserve(groups.size());
+  for (const GroupStep& group : groups) {
     if (absl::Status s = CheckBufferForms(group, options); !s.ok()) return s;
     const size_t gradient_elements = group.gradient.size();
-    absl::StatusOr<GroupInfo> layout = impl_->Layout(*this, group.group);
+    absl::StatusOr<GroupInfo> layout = Layout(client, group.group);
     if (layout.ok() && gradient_elements != layout->num_elements) {
       // The group may have been registered anew elsewhere: ask once more.
-      impl_->Forget(group.group);
-      layout = impl_->Layout(*this, group.group);
+      Forget(group.group);
+      layout = Layout(client, group.group);
     }
     if (!layout.ok()) return layout.status();
     if (gradient_elements != layout->num_elements) {
@@ -411,45 +409,30 @@ absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
           "params_out of group '", group.group, "' has ", group.params_out.size(),
           " elements; the group has ", layout->num_elements, " (or pass an empty one)"));
     }
-    // Whole pages per chunk: about chunk_bytes of gradient, and neither the
-    // request nor the reply (params may be wider than the gradient) past
-    // the message limit, less room for the other fields.
-    const uint64_t widest =
-        std::max(WireTypeSize(options.gradient_dtype), WireTypeSize(options.param_dtype));
-    const uint64_t max_pages = (static_cast<uint64_t>(impl_->options.max_message_bytes) - 4096) /
-                               (layout->page_elements * widest);
-    if (max_pages == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("one page of group '", group.group, "' (", layout->page_elements,
-                       " elements) does not fit ClientOptions.max_message_bytes=",
-                       impl_->options.max_message_bytes, "; raise it"));
-    }
-    const uint64_t page_bytes = layout->page_elements * WireTypeSize(options.gradient_dtype);
-    const uint64_t pages =
-        std::clamp<uint64_t>(impl_->options.chunk_bytes / page_bytes, 1, max_pages);
-    const uint64_t chunk_elements = pages * layout->page_elements;
-    for (uint64_t offset = 0; offset < layout->num_elements; offset += chunk_elements) {
-      const ChunkPiece piece{g, offset, std::min(chunk_elements, layout->num_elements - offset)};
-      // Packed after the previous chunks while the message stays within
-      // chunk_bytes of gradient, and its request and reply within the
-      // message limit.
-      const uint64_t gradient_bytes = piece.count * WireTypeSize(options.gradient_dtype);
-      const uint64_t message_bytes =
-          piece.count * widest + group.group.size() + kPieceOverheadBytes;
-      if (!pending.empty() && pending.back().pieces.size() < kMaxPiecesPerMessage &&
-          packed_gradient_bytes + gradient_bytes <= impl_->options.chunk_bytes &&
-          packed_message_bytes + message_bytes <=
-              static_cast<uint64_t>(impl_->options.max_message_bytes) - 4096) {
-        pending.back().pieces.push_back(piece);
-        packed_gradient_bytes += gradient_bytes;
-        packed_message_bytes += message_bytes;
-      } else {
-        pending.push_back({{piece}, {}});
-        packed_gradient_bytes = gradient_bytes;
-        packed_message_bytes = message_bytes;
-      }
+    layouts.push_back({group.group, layout->num_elements, layout->page_elements});
+    // Checked here, group by group, so the first bad group is named before
+    // later groups' layouts are looked up.
+    if (absl::StatusOr<uint64_t> pages = PagesPerChunk(layouts.back(), limits); !pages.ok()) {
+      return pages.status();
     }
   }
+  return layouts;
+}
+
+absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
+                          const StepOptions& options) {
+  if (absl::Status s = CheckStep(groups, step, options); !s.ok()) return s;
+  const ChunkLimits limits{impl_->options.chunk_bytes,
+                           static_cast<uint64_t>(impl_->options.max_message_bytes),
+                           options.gradient_dtype, options.param_dtype};
+  absl::StatusOr<std::vector<ChunkGroup>> layouts =
+      impl_->StepLayouts(*this, groups, options, limits);
+  if (!layouts.ok()) return layouts.status();
+  absl::StatusOr<std::vector<PlannedPieces>> plan = PlanChunks(*layouts, limits);
+  if (!plan.ok()) return plan.status();
+  std::vector<PlannedChunk> pending;
+  pending.reserve(plan->size());
+  for (PlannedPieces& pieces : *plan) pending.push_back({std::move(pieces), std::nullopt});
   if (absl::Status s = CheckAndPrepare(groups, step, options, &pending); !s.ok()) return s;
 
   absl::Status last;
