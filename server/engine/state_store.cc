@@ -49,8 +49,9 @@ absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& ke
     return absl::InvalidArgumentError("num_elements must be at least 1");
   }
   if (absl::Status s = ValidateHyperparameters(config.hyperparameters); !s.ok()) return s;
-  const uint64_t needed =
-      config.num_elements > max_host_bytes_ / 12 ? UINT64_MAX : HostBytesFor(config.num_elements);
+  const uint64_t needed = config.num_elements > max_host_bytes_ / kStateBytesPerElement
+                              ? UINT64_MAX
+                              : HostBytesFor(config.num_elements);
   {
     absl::MutexLock lock(&mu_);
     if (auto it = groups_.find(key); it != groups_.end()) {
@@ -67,7 +68,7 @@ absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& ke
     if (needed == UINT64_MAX || host_bytes_ + needed > max_host_bytes_) {
       return absl::ResourceExhaustedError(
           absl::StrCat("group '", key.name, "' needs ", HostBytesFor(config.num_elements),
-                       " bytes of host memory (12 per element) but only ",
+                       " bytes of host memory (", kStateBytesPerElement, " per element) but only ",
                        max_host_bytes_ - host_bytes_, " of --max_host_bytes=", max_host_bytes_,
                        " are free; delete groups or raise --max_host_bytes"));
     }

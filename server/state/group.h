@@ -63,8 +63,14 @@ class BackendGroupState {
   virtual ~BackendGroupState() = default;
 };
 
+// Bytes each element of a group's state takes: params, exp_avg (m) and
+// exp_avg_sq (v), one fp32 each. The one owner of "12 bytes per element":
+// host arrays, a resident group's device arrays and a page's copies all take
+// this much.
+inline constexpr uint64_t kStateBytesPerElement = 3 * sizeof(float);
+
 // Bytes of host memory a group of `num_elements` takes (params, m and v).
-inline uint64_t HostBytesFor(uint64_t num_elements) { return num_elements * 3 * sizeof(float); }
+inline uint64_t HostBytesFor(uint64_t num_elements) { return num_elements * kStateBytesPerElement; }
 
 // Thread-safety: configuration and array pointers are immutable. The elements
 // of a page, and its step and values flag, may be changed only while holding
