@@ -120,6 +120,9 @@ class Group {
     return pages_awaiting_values_.load(std::memory_order_acquire);
   }
 
+  // Where the state lives while a step runs: the one record of it, set by
+  // the backend (when it attaches the group, and when it moves it), read
+  // by anyone (DescribeGroup, the backend's own steps).
   Placement placement() const { return placement_.load(std::memory_order_acquire); }
   void set_placement(Placement p) { placement_.store(p, std::memory_order_release); }
 

@@ -16,9 +16,10 @@
 namespace optstate {
 
 // Per-group backend state. `residency` entries follow the page mutexes; the
-// placement and device arrays change only under `mu` (promotion), and the
-// arrays stay valid while any page mutex of the group is held (they are
-// freed only by DetachGroup, which runs with all of them held).
+// device arrays change only under `mu` (promotion), together with the
+// group's placement (Group::placement(), its one record), and stay valid
+// while any page mutex of the group is held (they are freed only by
+// DetachGroup, which runs with all of them held).
 class CudaBackend::GroupState : public BackendGroupState {
  public:
   GroupState(uint64_t id, uint64_t num_pages) : id(id), residency(num_pages) {}
@@ -26,7 +27,6 @@ class CudaBackend::GroupState : public BackendGroupState {
   const uint64_t id;
   PageResidency residency;
   absl::Mutex mu;
-  Placement placement ABSL_GUARDED_BY(mu) = Placement::kDevicePaged;
   float* device_p ABSL_GUARDED_BY(mu) = nullptr;
   float* device_m ABSL_GUARDED_BY(mu) = nullptr;
   float* device_v ABSL_GUARDED_BY(mu) = nullptr;
@@ -151,7 +151,7 @@ absl::Status CudaBackend::MakeResident(Group& group, GroupState& state, bool zer
   state.device_p = arrays[0];
   state.device_m = arrays[1];
   state.device_v = arrays[2];
-  state.placement = Placement::kDeviceResident;
+  group.set_placement(Placement::kDeviceResident);
   return absl::OkStatus();
 }
 
@@ -162,7 +162,7 @@ void CudaBackend::FreeDeviceArrays(Group& group, GroupState& state) {
     arrays[0] = std::exchange(state.device_p, nullptr);
     arrays[1] = std::exchange(state.device_m, nullptr);
     arrays[2] = std::exchange(state.device_v, nullptr);
-    state.placement = Placement::kDevicePaged;
+    group.set_placement(Placement::kDevicePaged);
   }
   if (arrays[0] == nullptr) return;
   for (float* a : arrays) cudaFree(a);
@@ -218,7 +218,6 @@ void CudaBackend::DetachGroup(Group& group) {
       policy_.FallBackToPaged(id);
       continue;
     }
-    other->set_placement(Placement::kDeviceResident);
     Log(LogLevel::kInfo, "group '", other->key().name, "' moved into VRAM after '",
         group.key().name, "' was deleted");
   }
@@ -235,7 +234,7 @@ absl::Status CudaBackend::Apply(Group& group, uint64_t begin, uint64_t end, cons
   Placement placement;
   {
     absl::MutexLock lock(&state.mu);
-    placement = state.placement;
+    placement = group.placement();
     if (placement == Placement::kDeviceResident) {
       arrays.device_p = state.device_p;
       arrays.device_m = state.device_m;
@@ -266,7 +265,7 @@ absl::Status CudaBackend::ParamsWritten(Group& group, uint64_t begin, uint64_t e
   float* device_p;
   {
     absl::MutexLock lock(&state.mu);
-    placement = state.placement;
+    placement = group.placement();
     device_p = state.device_p;
   }
   const ParamsUploadPlan plan =
@@ -301,7 +300,7 @@ absl::Status CudaBackend::SyncToHost(Group& group) {
   float* device[3];
   {
     absl::MutexLock lock(&state.mu);
-    placement = state.placement;
+    placement = group.placement();
     device[0] = state.device_p;
     device[1] = state.device_m;
     device[2] = state.device_v;
