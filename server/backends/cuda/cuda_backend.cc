@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "server/backends/cuda/cuda_status.h"
 #include "server/backends/cuda/paging/step_plan.h"
 #include "server/backends/cuda/pinned_host_allocator.h"
@@ -43,6 +44,40 @@ PageGeometry GeometryOf(const Group& group) {
 // The calling thread's current device; every entry point sets it, since
 // steps arrive on any pool thread.
 absl::Status UseDevice(int ordinal) { return CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice"); }
+
+// Copies the element ranges of `plan` from each array of `from` to the array
+// of `to` at the same index (`kind` says which way) on one staging slot's
+// stream and waits for them; adds the wait and, when every copy succeeded,
+// the plan's traffic to the group's paging counters. `what` names the copy
+// in an error. The one copy loop of ParamsWritten and SyncToHost.
+absl::Status CopyPlannedRanges(StagingPool& pool, Group& group, const ParamsUploadPlan& plan,
+                               absl::Span<float* const> from, absl::Span<float* const> to,
+                               cudaMemcpyKind kind, const char* what) {
+  if (plan.uploads.empty()) return absl::OkStatus();
+  uint64_t wait_us = 0;
+  absl::Status s = RunCopiesOnSlot(
+      pool,
+      [&](cudaStream_t stream) {
+        for (const ElementRange& r : plan.uploads) {
+          for (size_t k = 0; k < from.size(); ++k) {
+            if (absl::Status c =
+                    CudaStatus(cudaMemcpyAsync(to[k] + r.begin, from[k] + r.begin,
+                                               (r.end - r.begin) * sizeof(float), kind, stream),
+                               what);
+                !c.ok()) {
+              return c;
+            }
+          }
+        }
+        return absl::OkStatus();
+      },
+      &wait_us);
+  PagingCounters& counters = group.counters().paging;
+  counters.copy_wait_us.fetch_add(wait_us, std::memory_order_relaxed);
+  if (!s.ok()) return s;
+  AddTraffic(plan.traffic, &counters);
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -270,27 +305,10 @@ absl::Status CudaBackend::ParamsWritten(Group& group, uint64_t begin, uint64_t e
   }
   const ParamsUploadPlan plan =
       PlanParamsUpload(placement, state.residency, GeometryOf(group), begin, end);
-  if (plan.uploads.empty()) return absl::OkStatus();
-  uint64_t wait_us = 0;
-  absl::Status s = RunCopiesOnSlot(
-      *pool_,
-      [&](cudaStream_t stream) {
-        for (const ElementRange& r : plan.uploads) {
-          if (absl::Status c =
-                  CudaStatus(cudaMemcpyAsync(device_p + r.begin, group.params() + r.begin,
-                                             (r.end - r.begin) * 4, cudaMemcpyHostToDevice, stream),
-                             "cudaMemcpyAsync params to device");
-              !c.ok()) {
-            return c;
-          }
-        }
-        return absl::OkStatus();
-      },
-      &wait_us);
-  group.counters().paging.copy_wait_us.fetch_add(wait_us, std::memory_order_relaxed);
-  if (!s.ok()) return s;
-  AddTraffic(plan.traffic, &group.counters().paging);
-  return absl::OkStatus();
+  float* const host_p = group.params();
+  return CopyPlannedRanges(*pool_, group, plan, absl::MakeConstSpan(&host_p, 1),
+                           absl::MakeConstSpan(&device_p, 1), cudaMemcpyHostToDevice,
+                           "cudaMemcpyAsync params to device");
 }
 
 absl::Status CudaBackend::SyncToHost(Group& group) {
@@ -306,30 +324,9 @@ absl::Status CudaBackend::SyncToHost(Group& group) {
     device[2] = state.device_v;
   }
   const ParamsUploadPlan plan = PlanSyncToHost(placement, state.residency, GeometryOf(group));
-  if (plan.uploads.empty()) return absl::OkStatus();
-  float* host[3] = {group.params(), group.exp_avg(), group.exp_avg_sq()};
-  uint64_t wait_us = 0;
-  absl::Status s = RunCopiesOnSlot(
-      *pool_,
-      [&](cudaStream_t stream) {
-        for (const ElementRange& r : plan.uploads) {
-          for (int k = 0; k < 3; ++k) {
-            if (absl::Status c = CudaStatus(
-                    cudaMemcpyAsync(host[k] + r.begin, device[k] + r.begin, (r.end - r.begin) * 4,
-                                    cudaMemcpyDeviceToHost, stream),
-                    "cudaMemcpyAsync state to host");
-                !c.ok()) {
-              return c;
-            }
-          }
-        }
-        return absl::OkStatus();
-      },
-      &wait_us);
-  group.counters().paging.copy_wait_us.fetch_add(wait_us, std::memory_order_relaxed);
-  if (!s.ok()) return s;
-  AddTraffic(plan.traffic, &group.counters().paging);
-  return absl::OkStatus();
+  float* const host[3] = {group.params(), group.exp_avg(), group.exp_avg_sq()};
+  return CopyPlannedRanges(*pool_, group, plan, device, host, cudaMemcpyDeviceToHost,
+                           "cudaMemcpyAsync state to host");
 }
 
 BackendStats CudaBackend::Stats() const {
