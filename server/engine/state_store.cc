@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/base/log.h"
+#include "server/state/page_range_lock.h"
 
 namespace optstate {
 namespace {
@@ -115,11 +116,12 @@ absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key) {
     groups_.erase(it);
     host_bytes_ -= group->host_bytes();
   }
-  // Wait for in-flight chunks of this group, then make later ones refuse.
-  for (uint64_t page = 0; page < group->num_pages(); ++page) group->page_mutex(page).Lock();
-  group->mark_deleted();
-  backend_->DetachGroup(*group);
-  for (uint64_t page = group->num_pages(); page-- > 0;) group->page_mutex(page).Unlock();
+  {
+    // Wait for in-flight chunks of this group, then make later ones refuse.
+    PageRangeLock all_pages(*group);
+    group->mark_deleted();
+    backend_->DetachGroup(*group);
+  }
   Log(LogLevel::kInfo, "deleted group '", key.name, "' at step ", group->MaxStep(), ", freeing ",
       group->host_bytes(), " host bytes");
   return group->host_bytes();
