@@ -1,13 +1,16 @@
 // What the client's translation units share: the channel and stub, the cache
-// of group layouts, status translation and the retry schedule. Not API.
+// of group layouts, registration, Step's group checks, status translation and
+// the retry schedule. Not API.
 #ifndef OPTSTATE_CLIENT_CLIENT_INTERNAL_H_
 #define OPTSTATE_CLIENT_CLIENT_INTERNAL_H_
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "client/plan_chunks.h"
 #include "client/proto_convert.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/client.h"
@@ -15,6 +18,8 @@
 
 namespace optstate {
 
+// Shared by every thread that calls the Client: the first four members are
+// set by Connect and only read after it; the layout cache is under `mu`.
 struct Client::Impl {
   ClientOptions options;
   std::shared_ptr<grpc::Channel> channel;
@@ -26,10 +31,17 @@ struct Client::Impl {
   absl::Mutex mu;
   absl::flat_hash_map<std::string, GroupInfo> groups ABSL_GUARDED_BY(mu);
 
-  void Remember(const GroupInfo& info);
-  void Forget(const std::string& name);
-  // The cached layout, or DescribeGroup's answer.
-  absl::StatusOr<GroupInfo> Layout(Client& client, const std::string& name);
+  void Remember(const GroupInfo& info) ABSL_LOCKS_EXCLUDED(mu);
+  void Forget(const std::string& name) ABSL_LOCKS_EXCLUDED(mu);
+  // The cached layout, or DescribeGroup's answer (then cached).
+  absl::StatusOr<GroupInfo> Layout(Client& client, const std::string& name) ABSL_LOCKS_EXCLUDED(mu);
+  // Step's look at its groups, in order: each group's buffers checked
+  // against the wire types and against its layout (the cached one, asked
+  // again once when the gradient's length differs), and its pages against
+  // the message limit (PagesPerChunk). The layouts, or the first refusal.
+  absl::StatusOr<std::vector<client_internal::ChunkGroup>> StepLayouts(
+      Client& client, absl::Span<const GroupStep> groups, const StepOptions& options,
+      const client_internal::ChunkLimits& limits);
   // RegisterGroup with retries; `initial_values` empty when the spec has none.
   absl::StatusOr<GroupInfo> Register(const v1::GroupSpec& spec,
                                      absl::Span<const float> initial_values);

@@ -1,54 +1,47 @@
-// Client::Step: checks the whole step, cuts it into page-aligned chunks
-// (packing small ones into shared messages), and streams them with a bounded
-// window; on a transient failure it resends only
-// the chunks that got no reply (the server applies each page exactly once).
+// Client::Step: checks the whole step, has PlanChunks cut it into messages
+// of page-aligned chunks, checks every gradient finite as it will be sent,
+// and streams the messages with a bounded window; on a transient failure it
+// resends only the messages that got no reply (the server applies each page
+// exactly once).
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
-#include <condition_variable>
-#include <mutex>
 #include <optional>
 #include <thread>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/client_internal.h"
+#include "client/plan_chunks.h"
 #include "client/step_wire.h"
 #include "optstate/v1/dtype_proto.h"
 
 namespace optstate {
 
 using client_internal::Backoff;
+using client_internal::ChunkGroup;
+using client_internal::ChunkLimits;
+using client_internal::ChunkPiece;
 using client_internal::FromGrpcStatus;
 using client_internal::IsRetryable;
+using client_internal::PagesPerChunk;
+using client_internal::PlanChunks;
+using client_internal::PlannedPieces;
 using client_internal::SetDeadline;
 
 namespace {
 
-// Elements [offset, offset + count) of one group: whole pages.
-struct ChunkPiece {
-  size_t group;  // Index into the step's groups.
-  uint64_t offset;
-  uint64_t count;
-};
-
-// One request: a chunk, and the chunks packed after it in StepRequest.more
-// (small tensors share a message). The unit of sending and resending.
+// One request as PlanChunks planned it: a chunk, and the chunks packed after
+// it in StepRequest.more (small tensors share a message). The unit of
+// sending and resending.
 struct PlannedChunk {
-  absl::InlinedVector<ChunkPiece, 1> pieces;
+  PlannedPieces pieces;
   // The whole request, when narrowed ahead of sending (and kept for resends).
   std::optional<grpc::ByteBuffer> request;
 };
-
-// Room kept per packed chunk for its fields and framing, beyond the group
-// name: at least what the daemon reckons a chunk's reply takes beyond its
-// params (kReplyFieldsBytes, server/step_message.cc), which it checks
-// before applying a message.
-constexpr uint64_t kPieceOverheadBytes = 96;
-// Chunks packed into one message at most (the daemon takes up to 4096).
-constexpr size_t kMaxPiecesPerMessage = 1024;
 
 // The most of a step's narrowed gradient the client narrows ahead of sending
 // (and holds until the step ends): checking the narrowed bytes saves a pass
@@ -260,6 +253,42 @@ absl::Status CheckAndPrepare(absl::Span<const GroupStep> groups, uint64_t step,
   return absl::OkStatus();
 }
 
+// The send window of one stream: the writer thread waits in it for room,
+// the reading thread counts replies into it. Thread-safe.
+class SendWindow {
+ public:
+  explicit SendWindow(size_t size) : size_(size) {}
+
+  // Blocks until message `i` (0, 1, ...) may be written, that is fewer than
+  // `size` messages before it are unanswered; false once Stop was called.
+  bool WaitForRoom(size_t i) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    while (!stopped_ && i - answered_ >= size_) room_.Wait(&mu_);
+    return !stopped_;
+  }
+
+  void Answered() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    ++answered_;
+    room_.Signal();
+  }
+
+  // Wakes the writer for good (the reader is done); returns the replies counted.
+  size_t Stop() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    stopped_ = true;
+    room_.Signal();
+    return answered_;
+  }
+
+ private:
+  const size_t size_;
+  absl::Mutex mu_;
+  absl::CondVar room_;
+  size_t answered_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 // One stream carrying `pending` chunks; clears each answered chunk from it.
 absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::RpcMethod& method,
                        const ClientOptions& client_options, absl::Span<const GroupStep> groups,
@@ -273,21 +302,13 @@ absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::Rp
       grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
           channel, method, &context));
 
-  std::mutex mu;
-  std::condition_variable window_open;
-  size_t answered = 0;  // Guarded by mu.
-  bool stop = false;    // Guarded by mu: the reader gave up.
-  const size_t window = static_cast<size_t>(client_options.max_chunks_in_flight);
+  SendWindow window(static_cast<size_t>(client_options.max_chunks_in_flight));
   const size_t total = pending->size();
 
   std::thread writer([&] {
     std::vector<v1::StepRequest> fields;  // All but the gradients.
     for (size_t i = 0; i < total; ++i) {
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        window_open.wait(lock, [&] { return stop || i - answered < window; });
-        if (stop) break;
-      }
+      if (!window.WaitForRoom(i)) break;
       const PlannedChunk& chunk = (*pending)[i];
       grpc::ByteBuffer request;
       if (chunk.request) {
@@ -333,17 +354,9 @@ absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::Rp
       break;
     }
     done[i] = true;
-    std::lock_guard<std::mutex> lock(mu);
-    ++answered;
-    window_open.notify_one();
+    window.Answered();
   }
-  size_t answered_all;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    stop = true;
-    answered_all = answered;
-    window_open.notify_one();
-  }
+  const size_t answered_all = window.Stop();
   // After a mismatch the call is abandoned; cancelling unblocks the writer.
   // Otherwise Read only fails once the call is over, and Finish says why.
   if (!mismatch.ok()) context.TryCancel();
@@ -367,10 +380,9 @@ absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::Rp
   return pending->empty() ? absl::OkStatus() : status;
 }
 
-}  // namespace
-
-absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
-                          const StepOptions& options) {
+// INVALID_ARGUMENT for a step number, options or group list no step takes.
+absl::Status CheckStep(absl::Span<const GroupStep> groups, uint64_t step,
+                       const StepOptions& options) {
   if (step == 0) return absl::InvalidArgumentError("step must be at least 1 (the first step is 1)");
   if (options.grad_scale && !std::isfinite(*options.grad_scale)) {
     return absl::InvalidArgumentError("grad_scale must be finite");
@@ -387,18 +399,24 @@ absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
                        "per step"));
     }
   }
-  std::vector<PlannedChunk> pending;
-  uint64_t packed_gradient_bytes = 0;  // Of pending.back().
-  uint64_t packed_message_bytes = 0;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    const GroupStep& group = groups[g];
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<ChunkGroup>> Client::Impl::StepLayouts(
+    Client& client, absl::Span<const GroupStep> groups, const StepOptions& options,
+    const ChunkLimits& limits) {
+  std::vector<ChunkGroup> layouts;
+  layouts.reserve(groups.size());
+  for (const GroupStep& group : groups) {
     if (absl::Status s = CheckBufferForms(group, options); !s.ok()) return s;
     const size_t gradient_elements = group.gradient.size();
-    absl::StatusOr<GroupInfo> layout = impl_->Layout(*this, group.group);
+    absl::StatusOr<GroupInfo> layout = Layout(client, group.group);
     if (layout.ok() && gradient_elements != layout->num_elements) {
       // The group may have been registered anew elsewhere: ask once more.
-      impl_->Forget(group.group);
-      layout = impl_->Layout(*this, group.group);
+      Forget(group.group);
+      layout = Layout(client, group.group);
     }
     if (!layout.ok()) return layout.status();
     if (gradient_elements != layout->num_elements) {
@@ -411,45 +429,30 @@ absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
           "params_out of group '", group.group, "' has ", group.params_out.size(),
           " elements; the group has ", layout->num_elements, " (or pass an empty one)"));
     }
-    // Whole pages per chunk: about chunk_bytes of gradient, and neither the
-    // request nor the reply (params may be wider than the gradient) past
-    // the message limit, less room for the other fields.
-    const uint64_t widest =
-        std::max(WireTypeSize(options.gradient_dtype), WireTypeSize(options.param_dtype));
-    const uint64_t max_pages = (static_cast<uint64_t>(impl_->options.max_message_bytes) - 4096) /
-                               (layout->page_elements * widest);
-    if (max_pages == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("one page of group '", group.group, "' (", layout->page_elements,
-                       " elements) does not fit ClientOptions.max_message_bytes=",
-                       impl_->options.max_message_bytes, "; raise it"));
-    }
-    const uint64_t page_bytes = layout->page_elements * WireTypeSize(options.gradient_dtype);
-    const uint64_t pages =
-        std::clamp<uint64_t>(impl_->options.chunk_bytes / page_bytes, 1, max_pages);
-    const uint64_t chunk_elements = pages * layout->page_elements;
-    for (uint64_t offset = 0; offset < layout->num_elements; offset += chunk_elements) {
-      const ChunkPiece piece{g, offset, std::min(chunk_elements, layout->num_elements - offset)};
-      // Packed after the previous chunks while the message stays within
-      // chunk_bytes of gradient, and its request and reply within the
-      // message limit.
-      const uint64_t gradient_bytes = piece.count * WireTypeSize(options.gradient_dtype);
-      const uint64_t message_bytes =
-          piece.count * widest + group.group.size() + kPieceOverheadBytes;
-      if (!pending.empty() && pending.back().pieces.size() < kMaxPiecesPerMessage &&
-          packed_gradient_bytes + gradient_bytes <= impl_->options.chunk_bytes &&
-          packed_message_bytes + message_bytes <=
-              static_cast<uint64_t>(impl_->options.max_message_bytes) - 4096) {
-        pending.back().pieces.push_back(piece);
-        packed_gradient_bytes += gradient_bytes;
-        packed_message_bytes += message_bytes;
-      } else {
-        pending.push_back({{piece}, {}});
-        packed_gradient_bytes = gradient_bytes;
-        packed_message_bytes = message_bytes;
-      }
+    layouts.push_back({group.group, layout->num_elements, layout->page_elements});
+    // Checked here, group by group, so the first bad group is named before
+    // later groups' layouts are looked up.
+    if (absl::StatusOr<uint64_t> pages = PagesPerChunk(layouts.back(), limits); !pages.ok()) {
+      return pages.status();
     }
   }
+  return layouts;
+}
+
+absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
+                          const StepOptions& options) {
+  if (absl::Status s = CheckStep(groups, step, options); !s.ok()) return s;
+  const ChunkLimits limits{impl_->options.chunk_bytes,
+                           static_cast<uint64_t>(impl_->options.max_message_bytes),
+                           options.gradient_dtype, options.param_dtype};
+  absl::StatusOr<std::vector<ChunkGroup>> layouts =
+      impl_->StepLayouts(*this, groups, options, limits);
+  if (!layouts.ok()) return layouts.status();
+  absl::StatusOr<std::vector<PlannedPieces>> plan = PlanChunks(*layouts, limits);
+  if (!plan.ok()) return plan.status();
+  std::vector<PlannedChunk> pending;
+  pending.reserve(plan->size());
+  for (PlannedPieces& pieces : *plan) pending.push_back({std::move(pieces), std::nullopt});
   if (absl::Status s = CheckAndPrepare(groups, step, options, &pending); !s.ok()) return s;
 
   absl::Status last;

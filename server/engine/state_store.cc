@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/base/log.h"
+#include "server/state/page_range_lock.h"
 
 namespace optstate {
 namespace {
@@ -49,8 +50,9 @@ absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& ke
     return absl::InvalidArgumentError("num_elements must be at least 1");
   }
   if (absl::Status s = ValidateHyperparameters(config.hyperparameters); !s.ok()) return s;
-  const uint64_t needed =
-      config.num_elements > max_host_bytes_ / 12 ? UINT64_MAX : HostBytesFor(config.num_elements);
+  const uint64_t needed = config.num_elements > max_host_bytes_ / kStateBytesPerElement
+                              ? UINT64_MAX
+                              : HostBytesFor(config.num_elements);
   {
     absl::MutexLock lock(&mu_);
     if (auto it = groups_.find(key); it != groups_.end()) {
@@ -67,7 +69,7 @@ absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& ke
     if (needed == UINT64_MAX || host_bytes_ + needed > max_host_bytes_) {
       return absl::ResourceExhaustedError(
           absl::StrCat("group '", key.name, "' needs ", HostBytesFor(config.num_elements),
-                       " bytes of host memory (12 per element) but only ",
+                       " bytes of host memory (", kStateBytesPerElement, " per element) but only ",
                        max_host_bytes_ - host_bytes_, " of --max_host_bytes=", max_host_bytes_,
                        " are free; delete groups or raise --max_host_bytes"));
     }
@@ -114,11 +116,12 @@ absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key) {
     groups_.erase(it);
     host_bytes_ -= group->host_bytes();
   }
-  // Wait for in-flight chunks of this group, then make later ones refuse.
-  for (uint64_t page = 0; page < group->num_pages(); ++page) group->page_mutex(page).Lock();
-  group->mark_deleted();
-  backend_->DetachGroup(*group);
-  for (uint64_t page = group->num_pages(); page-- > 0;) group->page_mutex(page).Unlock();
+  {
+    // Wait for in-flight chunks of this group, then make later ones refuse.
+    PageRangeLock all_pages(*group);
+    group->mark_deleted();
+    backend_->DetachGroup(*group);
+  }
   Log(LogLevel::kInfo, "deleted group '", key.name, "' at step ", group->MaxStep(), ", freeing ",
       group->host_bytes(), " host bytes");
   return group->host_bytes();

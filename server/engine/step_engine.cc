@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/base/log.h"
+#include "server/state/page_range_lock.h"
 
 namespace optstate {
 namespace {
@@ -46,23 +47,6 @@ absl::StatusOr<ChunkRange> ValidateRange(const Group& group, uint64_t offset, Wi
   }
   return ChunkRange{count, offset / page, (end + page - 1) / page};
 }
-
-// Holds the mutexes of pages [first, end) of a group, taken in ascending
-// order so that overlapping chunks cannot deadlock.
-class PageLocks {
- public:
-  PageLocks(const Group& group, uint64_t first, uint64_t end)
-      : group_(group), first_(first), end_(end) {
-    for (uint64_t p = first_; p < end_; ++p) group_.page_mutex(p).Lock();
-  }
-  ~PageLocks() {
-    for (uint64_t p = end_; p-- > first_;) group_.page_mutex(p).Unlock();
-  }
-
- private:
-  const Group& group_;
-  const uint64_t first_, end_;
-};
 
 absl::Status NotFoundAfterDelete(const Group& group) {
   return absl::NotFoundError(absl::StrCat("group '", group.key().name, "' was deleted"));
@@ -164,7 +148,7 @@ absl::StatusOr<StepChunkResult> StepEngine::Apply(const StepChunk& chunk,
   result.num_elements = validated.count;
   size_t params_bytes = 0;
   {
-    PageLocks locks(group, validated.first_page, validated.end_page);
+    PageRangeLock locks(group, validated.first_page, validated.end_page);
     if (group.deleted()) return NotFoundAfterDelete(group);
     if (group.broken()) return BrokenGroup(group);
     // Check every page before touching any, so a refusal changes nothing.
@@ -257,7 +241,7 @@ absl::Status StepEngine::WriteInitialValues(Group& group, uint64_t offset, WireT
                                                    " of group '", group.key().name,
                                                    "' is not finite"));
   }
-  PageLocks locks(group, range->first_page, range->end_page);
+  PageRangeLock locks(group, range->first_page, range->end_page);
   if (group.deleted()) return NotFoundAfterDelete(group);
   const size_t element_size = WireTypeSize(type);
   for (uint64_t p = range->first_page; p < range->end_page; ++p) {

@@ -63,8 +63,14 @@ class BackendGroupState {
   virtual ~BackendGroupState() = default;
 };
 
+// Bytes each element of a group's state takes: params, exp_avg (m) and
+// exp_avg_sq (v), one fp32 each. The one owner of "12 bytes per element":
+// host arrays, a resident group's device arrays and a page's copies all take
+// this much.
+inline constexpr uint64_t kStateBytesPerElement = 3 * sizeof(float);
+
 // Bytes of host memory a group of `num_elements` takes (params, m and v).
-inline uint64_t HostBytesFor(uint64_t num_elements) { return num_elements * 3 * sizeof(float); }
+inline uint64_t HostBytesFor(uint64_t num_elements) { return num_elements * kStateBytesPerElement; }
 
 // Thread-safety: configuration and array pointers are immutable. The elements
 // of a page, and its step and values flag, may be changed only while holding
@@ -114,6 +120,9 @@ class Group {
     return pages_awaiting_values_.load(std::memory_order_acquire);
   }
 
+  // Where the state lives while a step runs: the one record of it, set by
+  // the backend (when it attaches the group, and when it moves it), read
+  // by anyone (DescribeGroup, the backend's own steps).
   Placement placement() const { return placement_.load(std::memory_order_acquire); }
   void set_placement(Placement p) { placement_.store(p, std::memory_order_release); }
 

@@ -16,6 +16,7 @@
 #include "server/base/thread_pool.h"
 #include "server/engine/state_store.h"
 #include "server/engine/step_engine.h"
+#include "server/state/page_range_lock.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/testing/reference_adamw.h"
 
@@ -44,22 +45,14 @@ CudaOptions Options(const std::string& paging, uint64_t vram_total_bytes = 0) {
 // A budget whose resident capacity is `capacity` bytes (target 0.5).
 uint64_t TotalForCapacity(uint64_t capacity) { return 2 * (kSlots * kSlotBytes + capacity); }
 
-// Holds the page mutexes of [begin, end) as the step engine does.
+// Holds the page mutexes of elements [begin, end) as the step engine does.
 class RangeLock {
  public:
   RangeLock(Group& g, uint64_t begin, uint64_t end)
-      : g_(g),
-        first_(begin / g.page_elements()),
-        end_((end + g.page_elements() - 1) / g.page_elements()) {
-    for (uint64_t p = first_; p < end_; ++p) g_.page_mutex(p).Lock();
-  }
-  ~RangeLock() {
-    for (uint64_t p = end_; p-- > first_;) g_.page_mutex(p).Unlock();
-  }
+      : pages_(g, begin / g.page_elements(), (end + g.page_elements() - 1) / g.page_elements()) {}
 
  private:
-  Group& g_;
-  uint64_t first_, end_;
+  PageRangeLock pages_;
 };
 
 // One group registered on both backends, stepped identically.

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "server/backends/cuda/cuda_status.h"
 #include "server/backends/cuda/paging/step_plan.h"
 #include "server/backends/cuda/pinned_host_allocator.h"
@@ -16,9 +17,10 @@
 namespace optstate {
 
 // Per-group backend state. `residency` entries follow the page mutexes; the
-// placement and device arrays change only under `mu` (promotion), and the
-// arrays stay valid while any page mutex of the group is held (they are
-// freed only by DetachGroup, which runs with all of them held).
+// device arrays change only under `mu` (promotion), together with the
+// group's placement (Group::placement(), its one record), and stay valid
+// while any page mutex of the group is held (they are freed only by
+// DetachGroup, which runs with all of them held).
 class CudaBackend::GroupState : public BackendGroupState {
  public:
   GroupState(uint64_t id, uint64_t num_pages) : id(id), residency(num_pages) {}
@@ -26,7 +28,6 @@ class CudaBackend::GroupState : public BackendGroupState {
   const uint64_t id;
   PageResidency residency;
   absl::Mutex mu;
-  Placement placement ABSL_GUARDED_BY(mu) = Placement::kDevicePaged;
   float* device_p ABSL_GUARDED_BY(mu) = nullptr;
   float* device_m ABSL_GUARDED_BY(mu) = nullptr;
   float* device_v ABSL_GUARDED_BY(mu) = nullptr;
@@ -43,6 +44,40 @@ PageGeometry GeometryOf(const Group& group) {
 // The calling thread's current device; every entry point sets it, since
 // steps arrive on any pool thread.
 absl::Status UseDevice(int ordinal) { return CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice"); }
+
+// Copies the element ranges of `plan` from each array of `from` to the array
+// of `to` at the same index (`kind` says which way) on one staging slot's
+// stream and waits for them; adds the wait and, when every copy succeeded,
+// the plan's traffic to the group's paging counters. `what` names the copy
+// in an error. The one copy loop of ParamsWritten and SyncToHost.
+absl::Status CopyPlannedRanges(StagingPool& pool, Group& group, const ParamsUploadPlan& plan,
+                               absl::Span<float* const> from, absl::Span<float* const> to,
+                               cudaMemcpyKind kind, const char* what) {
+  if (plan.uploads.empty()) return absl::OkStatus();
+  uint64_t wait_us = 0;
+  absl::Status s = RunCopiesOnSlot(
+      pool,
+      [&](cudaStream_t stream) {
+        for (const ElementRange& r : plan.uploads) {
+          for (size_t k = 0; k < from.size(); ++k) {
+            if (absl::Status c =
+                    CudaStatus(cudaMemcpyAsync(to[k] + r.begin, from[k] + r.begin,
+                                               (r.end - r.begin) * sizeof(float), kind, stream),
+                               what);
+                !c.ok()) {
+              return c;
+            }
+          }
+        }
+        return absl::OkStatus();
+      },
+      &wait_us);
+  PagingCounters& counters = group.counters().paging;
+  counters.copy_wait_us.fetch_add(wait_us, std::memory_order_relaxed);
+  if (!s.ok()) return s;
+  AddTraffic(plan.traffic, &counters);
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -151,7 +186,7 @@ absl::Status CudaBackend::MakeResident(Group& group, GroupState& state, bool zer
   state.device_p = arrays[0];
   state.device_m = arrays[1];
   state.device_v = arrays[2];
-  state.placement = Placement::kDeviceResident;
+  group.set_placement(Placement::kDeviceResident);
   return absl::OkStatus();
 }
 
@@ -162,7 +197,7 @@ void CudaBackend::FreeDeviceArrays(Group& group, GroupState& state) {
     arrays[0] = std::exchange(state.device_p, nullptr);
     arrays[1] = std::exchange(state.device_m, nullptr);
     arrays[2] = std::exchange(state.device_v, nullptr);
-    state.placement = Placement::kDevicePaged;
+    group.set_placement(Placement::kDevicePaged);
   }
   if (arrays[0] == nullptr) return;
   for (float* a : arrays) cudaFree(a);
@@ -218,7 +253,6 @@ void CudaBackend::DetachGroup(Group& group) {
       policy_.FallBackToPaged(id);
       continue;
     }
-    other->set_placement(Placement::kDeviceResident);
     Log(LogLevel::kInfo, "group '", other->key().name, "' moved into VRAM after '",
         group.key().name, "' was deleted");
   }
@@ -235,7 +269,7 @@ absl::Status CudaBackend::Apply(Group& group, uint64_t begin, uint64_t end, cons
   Placement placement;
   {
     absl::MutexLock lock(&state.mu);
-    placement = state.placement;
+    placement = group.placement();
     if (placement == Placement::kDeviceResident) {
       arrays.device_p = state.device_p;
       arrays.device_m = state.device_m;
@@ -266,32 +300,15 @@ absl::Status CudaBackend::ParamsWritten(Group& group, uint64_t begin, uint64_t e
   float* device_p;
   {
     absl::MutexLock lock(&state.mu);
-    placement = state.placement;
+    placement = group.placement();
     device_p = state.device_p;
   }
   const ParamsUploadPlan plan =
       PlanParamsUpload(placement, state.residency, GeometryOf(group), begin, end);
-  if (plan.uploads.empty()) return absl::OkStatus();
-  uint64_t wait_us = 0;
-  absl::Status s = RunCopiesOnSlot(
-      *pool_,
-      [&](cudaStream_t stream) {
-        for (const ElementRange& r : plan.uploads) {
-          if (absl::Status c =
-                  CudaStatus(cudaMemcpyAsync(device_p + r.begin, group.params() + r.begin,
-                                             (r.end - r.begin) * 4, cudaMemcpyHostToDevice, stream),
-                             "cudaMemcpyAsync params to device");
-              !c.ok()) {
-            return c;
-          }
-        }
-        return absl::OkStatus();
-      },
-      &wait_us);
-  group.counters().paging.copy_wait_us.fetch_add(wait_us, std::memory_order_relaxed);
-  if (!s.ok()) return s;
-  AddTraffic(plan.traffic, &group.counters().paging);
-  return absl::OkStatus();
+  float* const host_p = group.params();
+  return CopyPlannedRanges(*pool_, group, plan, absl::MakeConstSpan(&host_p, 1),
+                           absl::MakeConstSpan(&device_p, 1), cudaMemcpyHostToDevice,
+                           "cudaMemcpyAsync params to device");
 }
 
 absl::Status CudaBackend::SyncToHost(Group& group) {
@@ -301,36 +318,15 @@ absl::Status CudaBackend::SyncToHost(Group& group) {
   float* device[3];
   {
     absl::MutexLock lock(&state.mu);
-    placement = state.placement;
+    placement = group.placement();
     device[0] = state.device_p;
     device[1] = state.device_m;
     device[2] = state.device_v;
   }
   const ParamsUploadPlan plan = PlanSyncToHost(placement, state.residency, GeometryOf(group));
-  if (plan.uploads.empty()) return absl::OkStatus();
-  float* host[3] = {group.params(), group.exp_avg(), group.exp_avg_sq()};
-  uint64_t wait_us = 0;
-  absl::Status s = RunCopiesOnSlot(
-      *pool_,
-      [&](cudaStream_t stream) {
-        for (const ElementRange& r : plan.uploads) {
-          for (int k = 0; k < 3; ++k) {
-            if (absl::Status c = CudaStatus(
-                    cudaMemcpyAsync(host[k] + r.begin, device[k] + r.begin, (r.end - r.begin) * 4,
-                                    cudaMemcpyDeviceToHost, stream),
-                    "cudaMemcpyAsync state to host");
-                !c.ok()) {
-              return c;
-            }
-          }
-        }
-        return absl::OkStatus();
-      },
-      &wait_us);
-  group.counters().paging.copy_wait_us.fetch_add(wait_us, std::memory_order_relaxed);
-  if (!s.ok()) return s;
-  AddTraffic(plan.traffic, &group.counters().paging);
-  return absl::OkStatus();
+  float* const host[3] = {group.params(), group.exp_avg(), group.exp_avg_sq()};
+  return CopyPlannedRanges(*pool_, group, plan, device, host, cudaMemcpyDeviceToHost,
+                           "cudaMemcpyAsync state to host");
 }
 
 BackendStats CudaBackend::Stats() const {

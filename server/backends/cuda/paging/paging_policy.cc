@@ -38,9 +38,10 @@ absl::StatusOr<Placement> PagingPolicy::Admit(uint64_t id, absl::string_view nam
     case PagingStrategy::kNone:
       if (!fits) {
         return absl::ResourceExhaustedError(absl::StrCat(
-            "group '", name, "' needs ", device_bytes, " bytes of VRAM (12 per element) but only ",
-            free_bytes, " of ", capacity_bytes_, " bytes are available (budget ",
-            budget_.ToString(), ", staging pool ", staging_pool_bytes_,
+            "group '", name, "' needs ", device_bytes, " bytes of VRAM (", kStateBytesPerElement,
+            " per element) but only ", free_bytes, " of ", capacity_bytes_,
+            " bytes are available (budget ", budget_.ToString(), ", staging pool ",
+            staging_pool_bytes_,
             "); with --paging=none every group must fit. Delete groups, raise "
             "--vram_target_utilization, lower --vram_reserved_bytes, or use --paging=adaptive"));
       }

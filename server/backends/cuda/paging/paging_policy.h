@@ -56,14 +56,17 @@ class PagingPolicy {
   // failing allocation is never retried in a loop.
   void FallBackToPaged(uint64_t id);
 
-  // kHost for an unknown id.
+  // What the policy decided for `id` and counts against the budget; kHost
+  // for an unknown id. A decision runs ahead of the group: the backend then
+  // realises it and records the group's placement (Group::placement()), or
+  // reverts it with FallBackToPaged.
   Placement placement(uint64_t id) const;
 
  private:
   struct Entry {
     uint64_t order;  // Admission order, for first-fit promotion.
     uint64_t device_bytes;
-    Placement placement;
+    Placement placement;  // The decision, for the budget's arithmetic.
   };
 
   const PagingStrategy strategy_;

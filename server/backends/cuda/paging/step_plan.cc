@@ -62,15 +62,15 @@ StepPlan PlanStep(Placement placement, const PageResidency& residency, const Pag
     plan.on_device_arrays = false;
     plan.traffic.page_ins = pages;
     plan.traffic.page_outs = pages;
-    plan.traffic.bytes_host_to_device = elements * (12 + grad_element_size);
-    plan.traffic.bytes_device_to_host = elements * 12;
+    plan.traffic.bytes_host_to_device = elements * (kStateBytesPerElement + grad_element_size);
+    plan.traffic.bytes_device_to_host = elements * kStateBytesPerElement;
     return plan;
   }
   plan.on_device_arrays = true;
   plan.page_ins = PageRuns(residency, geometry, plan.first_page, plan.end_page, false);
   for (const ElementRange& r : plan.page_ins) {
     plan.traffic.page_ins += geometry.EndPage(r.end) - geometry.FirstPage(r.begin);
-    plan.traffic.bytes_host_to_device += (r.end - r.begin) * 12;
+    plan.traffic.bytes_host_to_device += (r.end - r.begin) * kStateBytesPerElement;
   }
   plan.traffic.bytes_host_to_device += elements * grad_element_size;
   plan.traffic.bytes_device_to_host += elements * 4;
@@ -103,7 +103,7 @@ ParamsUploadPlan PlanSyncToHost(Placement placement, const PageResidency& reside
   plan.uploads = PageRuns(residency, geometry, 0, residency.num_pages(), true);
   for (const ElementRange& r : plan.uploads) {
     plan.traffic.page_outs += geometry.EndPage(r.end) - geometry.FirstPage(r.begin);
-    plan.traffic.bytes_device_to_host += (r.end - r.begin) * 12;
+    plan.traffic.bytes_device_to_host += (r.end - r.begin) * kStateBytesPerElement;
   }
   return plan;
 }

@@ -117,7 +117,9 @@ ParamsUploadPlan PlanSyncToHost(Placement placement, const PageResidency& reside
                                 const PageGeometry& geometry);
 
 // Bytes of VRAM a resident group of `num_elements` takes (params, m, v).
-inline uint64_t ResidentBytesFor(uint64_t num_elements) { return num_elements * 12; }
+inline uint64_t ResidentBytesFor(uint64_t num_elements) {
+  return num_elements * kStateBytesPerElement;
+}
 
 }  // namespace optstate
 
