@@ -185,7 +185,11 @@ void ChunkFields(const GroupStep& group, const ChunkPiece& piece, uint64_t step,
   fields->set_group_elements(group.gradient.size());
   fields->set_gradient_dtype(WireTypeToProto(options.gradient_dtype));
   fields->set_param_dtype(WireTypeToProto(options.param_dtype));
-  if (options.lr) fields->set_lr(*options.lr);
+  if (group.lr) {
+    fields->set_lr(*group.lr);
+  } else if (options.lr) {
+    fields->set_lr(*options.lr);
+  }
   if (options.grad_scale) fields->set_grad_scale(*options.grad_scale);
 }
 
@@ -392,6 +396,10 @@ absl::Status CheckStep(absl::Span<const GroupStep> groups, uint64_t step,
   }
   absl::flat_hash_set<absl::string_view> names;
   for (const GroupStep& group : groups) {
+    if (group.lr && !(std::isfinite(*group.lr) && *group.lr >= 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lr of group '", group.group, "' must be finite and >= 0"));
+    }
     if (!names.insert(group.group).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("group '", group.group,
