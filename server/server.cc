@@ -127,8 +127,6 @@ Server::Server(std::unique_ptr<Parts> parts, int port) : parts_(std::move(parts)
 
 Server::~Server() { Shutdown(absl::Seconds(5)); }
 
-const std::string& Server::backend_name() const { return parts_->backend_name; }
-
 const StepEngine& Server::engine() const { return *parts_->engine; }
 
 void Server::Shutdown(absl::Duration grace) {

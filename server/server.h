@@ -36,7 +36,6 @@ class Server {
 
   // The bound port (useful when listening on port 0).
   int port() const { return port_; }
-  const std::string& backend_name() const;
   const StepEngine& engine() const;  // For tests that inspect state.
 
   // Stops accepting calls, lets in-flight calls finish for up to `grace`,

@@ -30,7 +30,8 @@ class StateStore {
   };
 
   // Creates the group, or returns the existing one when its config is equal.
-  // INVALID_ARGUMENT for a bad name, size or hyperparameters; ALREADY_EXISTS
+  // INVALID_ARGUMENT for a bad name (it must be 1 to 512 printable ASCII
+  // characters without spaces), size or hyperparameters; ALREADY_EXISTS
   // when a group of that name differs; RESOURCE_EXHAUSTED past the host-memory
   // budget or when the backend cannot place it; ABORTED while another call
   // is registering the same name. On error nothing changes.
@@ -48,7 +49,6 @@ class StateStore {
 
   uint64_t host_bytes() const;
   uint64_t max_host_bytes() const { return max_host_bytes_; }
-  uint64_t page_elements() const { return page_elements_; }
 
  private:
   StepBackend* const backend_;
@@ -59,10 +59,6 @@ class StateStore {
   absl::flat_hash_set<GroupKey> registering_ ABSL_GUARDED_BY(mu_);
   uint64_t host_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // Including registrations under way.
 };
-
-// INVALID_ARGUMENT unless `name` is 1 to 512 printable ASCII characters
-// without spaces.
-absl::Status ValidateGroupName(const std::string& name);
 
 }  // namespace optstate
 

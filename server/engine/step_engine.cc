@@ -61,16 +61,6 @@ absl::Status BrokenGroup(const Group& group) {
 
 }  // namespace
 
-absl::StatusOr<StepChunkResult> StepEngine::ApplyChunk(const StepChunk& chunk,
-                                                       std::string* params_out) {
-  absl::StatusOr<ValidatedChunk> validated = Validate(chunk);
-  if (!validated.ok()) return validated.status();
-  return Apply(chunk, *validated, [params_out](size_t bytes) {
-    params_out->resize(bytes);
-    return params_out->data();
-  });
-}
-
 absl::StatusOr<ValidatedChunk> StepEngine::Validate(const StepChunk& chunk) {
   ValidatedChunk validated;
   validated.started = absl::Now();
@@ -217,13 +207,6 @@ absl::StatusOr<StepChunkResult> StepEngine::Apply(const StepChunk& chunk,
     counters.PagesApplied(chunk.step, result.pages_applied, group.num_pages(), started);
   }
   return result;
-}
-
-absl::Status StepEngine::WriteInitialValues(const GroupKey& key, uint64_t offset, WireType type,
-                                            absl::string_view data) {
-  absl::StatusOr<std::shared_ptr<Group>> found = store_->Find(key);
-  if (!found.ok()) return found.status();
-  return WriteInitialValues(**found, offset, type, data);
 }
 
 absl::Status StepEngine::WriteInitialValues(Group& group, uint64_t offset, WireType type,

@@ -62,42 +62,36 @@ class StepEngine {
   StepEngine(StateStore* store, StepBackend* backend, ThreadPool* pool)
       : store_(store), backend_(backend), pool_(pool) {}
 
-  // Applies AdamW step `chunk.step` to the chunk's pages that are at step-1,
-  // leaves pages already at `step` as they are (a replay), and writes the
-  // params of the whole chunk, as they are after the step, in
-  // chunk.param_type. Refuses the whole chunk, changing nothing, with
-  // NOT_FOUND (no such group), INVALID_ARGUMENT (bad range, alignment, length
-  // or values; a group_elements other than the group's size; non-finite
-  // gradient; bad lr or grad_scale) or
-  // FAILED_PRECONDITION (a page lacks initial values, is behind step-1, or is
-  // past `step`), each message saying what to fix. DATA_LOSS once a backend
-  // failed part-way through an update of the group (it is then refused for
-  // good).
-  // The params go into `params_out`.
-  absl::StatusOr<StepChunkResult> ApplyChunk(const StepChunk& chunk, std::string* params_out);
-
-  // ApplyChunk in two halves, so a caller can check several chunks before
-  // applying any: Validate refuses what ApplyChunk refuses before it looks at
-  // page state (NOT_FOUND, INVALID_ARGUMENT: group, range, values, lr,
-  // grad_scale, a non-finite gradient) and changes nothing; Apply, given the
-  // same chunk (its gradient still alive), takes the page locks and refuses
-  // the rest (FAILED_PRECONDITION, NOT_FOUND once deleted, DATA_LOSS).
-  // `reserve_params(bytes)` is called once, after the page checks, and
-  // returns where the params go (writable for `bytes`): the reply's own
-  // buffer, so they are written once.
+  // A chunk is applied in two halves, so a caller can check several chunks
+  // before applying any. Together they apply AdamW step `chunk.step` to the
+  // chunk's pages that are at step-1, leave pages already at `step` as they
+  // are (a replay), and write the params of the whole chunk, as they are
+  // after the step, in chunk.param_type. A refusal changes nothing; each
+  // message says what to fix.
+  //
+  // Validate refuses what does not depend on page state: NOT_FOUND (no such
+  // group), INVALID_ARGUMENT (bad range, alignment, length or values; a
+  // group_elements other than the group's size; a non-finite gradient; bad
+  // lr or grad_scale).
+  //
+  // Apply, given the same chunk (its gradient still alive), takes the page
+  // locks and refuses the rest: FAILED_PRECONDITION (a page lacks initial
+  // values, is behind step-1, or is past `step`), NOT_FOUND once the group
+  // was deleted, DATA_LOSS once a backend failed part-way through an update
+  // of the group (it is then refused for good). `reserve_params(bytes)` is
+  // called once, after the page checks, and returns where the params go
+  // (writable for `bytes`): the reply's own buffer, so they are written once.
   absl::StatusOr<ValidatedChunk> Validate(const StepChunk& chunk);
   absl::StatusOr<StepChunkResult> Apply(const StepChunk& chunk, const ValidatedChunk& validated,
                                         absl::FunctionRef<char*(size_t)> reserve_params);
 
   // Writes initial parameter values to the pages of [offset, offset+n) that
   // are still at step 0; pages already stepped are left alone. Same range
-  // rules and codes as ApplyChunk; values must be finite, and the group must
-  // have been registered with has_initial_values. NOT_FOUND once `group` has
-  // been deleted (even if another group of that name exists now).
+  // rules and codes as a step's (INVALID_ARGUMENT); values must be finite,
+  // and the group must have been registered with has_initial_values.
+  // NOT_FOUND once `group` has been deleted (even if another group of that
+  // name exists now).
   absl::Status WriteInitialValues(Group& group, uint64_t offset, WireType type,
-                                  absl::string_view data);
-  // The same for the group of that name.
-  absl::Status WriteInitialValues(const GroupKey& group, uint64_t offset, WireType type,
                                   absl::string_view data);
 
   StateStore* store() const { return store_; }

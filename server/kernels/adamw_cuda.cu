@@ -13,7 +13,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr size_t kMaxBlocks = size_t{1} << 20;
 
-// The CPU kernel's AdamWElement, op for op; see server/adamw_kernel_scalar.h.
+// The CPU kernel's AdamWElement, op for op; see server/kernels/adamw_kernel_scalar.h.
 __device__ __forceinline__ void Element(const AdamWConstants& c, float& p, float& m, float& v,
                                         float g) {
   g = __fmul_rn(g, c.grad_scale);

@@ -1,5 +1,5 @@
 // The fused AdamW kernel for CUDA devices: one pass over p, g, m, v, the same
-// formula and operation order as the CPU kernel (server/adamw_kernel.h).
+// formula and operation order as the CPU kernel (server/kernels/adamw_kernel.h).
 #ifndef OPTSTATE_SERVER_KERNELS_ADAMW_CUDA_H_
 #define OPTSTATE_SERVER_KERNELS_ADAMW_CUDA_H_
 

@@ -1,5 +1,5 @@
 // Translation between the wire messages (optstate.v1) and the server's own
-// types. The only server unit besides the service that sees protobuf types.
+// types, for the rpc layer (the only server layer that sees protobuf types).
 #ifndef OPTSTATE_SERVER_RPC_PROTO_CONVERT_H_
 #define OPTSTATE_SERVER_RPC_PROTO_CONVERT_H_
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -20,8 +21,9 @@
 
 namespace optstate {
 
-// Flow: StartRead -> OnReadDone -> (engine on a worker) -> OnChunkDone ->
-// StartWrite -> OnWriteDone, with reads of later chunks overlapping the
+// Flow: StartRead -> OnReadDone -> ApplyOnWorker (the engine, on a pool
+// worker; it queues the reply) -> Advance -> StartWrite -> OnWriteDone, with
+// reads of later chunks overlapping the
 // update of earlier ones. Chunks of different groups are applied
 // concurrently (a model of many tensors uses every worker); chunks of one
 // group are applied one after another, in stream order, so a stream may carry
@@ -45,10 +47,10 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   // `max_reply_bytes`: the largest reply gRPC will send on this server.
   StepReactor(StepEngine* engine, std::string tenant, size_t max_reply_bytes);
 
-  void OnReadDone(bool ok) override;
-  void OnWriteDone(bool ok) override;
+  void OnReadDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_);
+  void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_);
   // Stops dispatching queued chunks; those already on a worker finish.
-  void OnCancel() override;
+  void OnCancel() override ABSL_LOCKS_EXCLUDED(mu_);
   void OnDone() override;
 
  private:
@@ -72,10 +74,10 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   // (starting_) from the decision until its gRPC call or Schedule has been
   // made, so Finish can never come before, or race with, another call on the
   // stream; the caller passes the tokens it held.
-  void Advance(int tokens_released);
+  void Advance(int tokens_released) ABSL_LOCKS_EXCLUDED(mu_);
   // Applies a message (ApplyStepMessage) and queues its reply, or the first
   // refusal.
-  void ApplyOnWorker(const std::shared_ptr<ChunkTask>& task);
+  void ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) ABSL_LOCKS_EXCLUDED(mu_);
   bool AnyGroupInFlightLocked(const v1::StepRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (groups_in_flight_.contains(request.group())) return true;

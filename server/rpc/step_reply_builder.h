@@ -1,6 +1,6 @@
-// Step replies on the wire, written by the Step reactor itself (the method
-// is raw: grpc::ByteBuffer in and out; requests are read by
-// step_request_reader.h).
+// Step replies on the wire, written on a worker by ApplyStepMessage
+// (step_message.h) for the Step reactor (the method is raw: grpc::ByteBuffer
+// in and out; requests are read by step_request_reader.h).
 // Replies: a StepResponse serialized straight into one gRPC slice, so the
 // updated params are copied once, from the state into the reply, and never
 // again: the params field comes first on the wire (protobuf parsers accept

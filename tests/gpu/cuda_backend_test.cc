@@ -19,6 +19,7 @@
 #include "server/state/page_range_lock.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/testing/reference_adamw.h"
+#include "tests/testing/step_engine_calls.h"
 
 namespace optstate {
 namespace {
@@ -318,8 +319,10 @@ TEST_F(CudaBackendTest, StepEngineRepliesMatchTheCpuBackend) {
     std::vector<float> init(config.num_elements);
     for (uint64_t i = 0; i < init.size(); ++i) init[i] = UniformSigned(77, i);
     const absl::string_view init_bytes(reinterpret_cast<const char*>(init.data()), init.size() * 4);
-    ASSERT_TRUE(gpu_engine.WriteInitialValues(key, 0, WireType::kFloat32, init_bytes).ok());
-    ASSERT_TRUE(cpu_engine.WriteInitialValues(key, 0, WireType::kFloat32, init_bytes).ok());
+    ASSERT_TRUE(
+        testing::WriteInitialValues(gpu_engine, key, 0, WireType::kFloat32, init_bytes).ok());
+    ASSERT_TRUE(
+        testing::WriteInitialValues(cpu_engine, key, 0, WireType::kFloat32, init_bytes).ok());
     for (uint64_t step = 1; step <= 4; ++step) {
       std::vector<uint16_t> grad(config.num_elements);
       for (uint64_t i = 0; i < grad.size(); ++i) {
@@ -339,8 +342,8 @@ TEST_F(CudaBackendTest, StepEngineRepliesMatchTheCpuBackend) {
             absl::string_view(reinterpret_cast<const char*>(grad.data() + offset), count * 2);
         chunk.param_type = step % 2 == 0 ? WireType::kBFloat16 : WireType::kFloat32;
         std::string gpu_reply, cpu_reply;
-        auto g = gpu_engine.ApplyChunk(chunk, &gpu_reply);
-        auto c = cpu_engine.ApplyChunk(chunk, &cpu_reply);
+        auto g = testing::ApplyChunk(gpu_engine, chunk, &gpu_reply);
+        auto c = testing::ApplyChunk(cpu_engine, chunk, &cpu_reply);
         ASSERT_TRUE(g.ok()) << g.status();
         ASSERT_TRUE(c.ok()) << c.status();
         EXPECT_EQ(g->pages_applied, c->pages_applied);

@@ -31,7 +31,7 @@ CuttingProxy::~CuttingProxy() {
   close(listen_fd_);
   std::vector<std::thread> threads;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (int fd : fds_) shutdown(fd, SHUT_RDWR);
     threads.swap(threads_);
   }
@@ -52,7 +52,7 @@ void CuttingProxy::AcceptLoop() {
       close(server_fd);
       continue;
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     fds_.push_back(client_fd);
     fds_.push_back(server_fd);
     threads_.emplace_back([this, client_fd, server_fd] { Pump(client_fd, server_fd); });

@@ -6,9 +6,11 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace optstate::testing {
 
@@ -25,7 +27,7 @@ class CuttingProxy {
   int cuts() const { return cuts_.load(); }
 
  private:
-  void AcceptLoop();
+  void AcceptLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void Pump(int client_fd, int server_fd);
 
   const int upstream_port_;
@@ -34,9 +36,9 @@ class CuttingProxy {
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> cut_after_{UINT64_MAX};
   std::atomic<int> cuts_{0};
-  std::mutex mu_;
-  std::vector<int> fds_;              // Guarded by mu_: every open socket, closed on exit.
-  std::vector<std::thread> threads_;  // Guarded by mu_.
+  absl::Mutex mu_;
+  std::vector<int> fds_ ABSL_GUARDED_BY(mu_);  // Every open socket, closed on exit.
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
   std::thread acceptor_;
 };
 

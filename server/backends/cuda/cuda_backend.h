@@ -53,12 +53,10 @@ class CudaBackend : public StepBackend {
   // caller holds the page mutexes of every page of the group.
   absl::Status SyncToHost(Group& group);
 
-  const CudaDeviceInfo& device() const { return device_; }
   // "device 0 'NVIDIA H200' (...), paging=adaptive, budget total=... , staging
   // pool 4 x 67108864 bytes": what the start-up log line says.
   std::string Describe() const;
   const PagingPolicy& policy() const { return policy_; }
-  const StagingPool& staging_pool() const { return *pool_; }
   // Bytes of VRAM held by resident groups' arrays now (allocated, not planned).
   uint64_t allocated_group_bytes() const {
     return allocated_group_bytes_.load(std::memory_order_relaxed);

@@ -37,7 +37,7 @@ struct StagingSlot {
 };
 
 // Thread-safe. A caller never blocks in Acquire while holding a slot (it
-// reuses its own instead, see StepPipeline), so slots cannot deadlock.
+// reuses its own instead, see RunStepPipeline), so slots cannot deadlock.
 class StagingPool {
  public:
   // Allocates `slots` slots of `slot_bytes` on the calling thread's current

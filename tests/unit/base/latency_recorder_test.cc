@@ -1,4 +1,4 @@
-// Specification of LatencyRecorder (server/latency_recorder.h): p50 and p99
+// Specification of LatencyRecorder (server/base/latency_recorder.h): p50 and p99
 // by nearest rank (the ceil(q*N)-th smallest sample) over the last `window`
 // samples, with a count of every sample ever recorded.
 #include "server/base/latency_recorder.h"

@@ -1,4 +1,4 @@
-// Specification of ThreadPool (server/thread_pool.h): ParallelFor runs every
+// Specification of ThreadPool (server/base/thread_pool.h): ParallelFor runs every
 // shard exactly once and returns only after all have returned, also when
 // called from a pool thread; Schedule runs every task before the pool is gone.
 #include "server/base/thread_pool.h"

@@ -15,6 +15,7 @@
 
 #include "server/backends/cpu/cpu_backend.h"
 #include "tests/testing/random_cuts.h"
+#include "tests/testing/step_engine_calls.h"
 #include "tests/testing/test_seed.h"
 
 namespace optstate {
@@ -63,7 +64,7 @@ class StepEngineTest : public ::testing::Test {
     chunk.gradient =
         absl::string_view(reinterpret_cast<const char*>(grad.data()), grad.size() * sizeof(float));
     std::string params;
-    return engine_.ApplyChunk(chunk, &params);
+    return testing::ApplyChunk(engine_, chunk, &params);
   }
 
   ThreadPool pool_;
@@ -93,7 +94,7 @@ TEST_F(StepEngineTest, BackendFailingPartWayMarksTheGroupBrokenAndRefusesLaterCh
   EXPECT_TRUE(Step(1, 0, std::vector<float>(3 * kPage, 0.1f)).ok());
 }
 
-// Validate then Apply is ApplyChunk in two halves: Validate touches nothing
+// Validate then Apply is testing::ApplyChunk in two halves: Validate touches nothing
 // (the page stays at step 0 and its params at 0), Apply does the update, and
 // a group deleted in between is NOT_FOUND at Apply.
 TEST_F(StepEngineTest, ValidateChangesNothingAndApplyFindsAGroupDeletedMeanwhile) {
@@ -233,10 +234,10 @@ TEST_F(StepEngineSegmentedTest, AGradientInPiecesStepsExactlyAsOneBuffer) {
         chunk.group = GroupKey{"", "whole"};
         chunk.gradient = bytes;
         std::string whole_params, cut_params;
-        ASSERT_TRUE(groups.engine.ApplyChunk(chunk, &whole_params).ok());
+        ASSERT_TRUE(testing::ApplyChunk(groups.engine, chunk, &whole_params).ok());
         chunk.group = GroupKey{"", "cut"};
         chunk.gradient = RandomPieces(bytes, rng_);
-        ASSERT_TRUE(groups.engine.ApplyChunk(chunk, &cut_params).ok());
+        ASSERT_TRUE(testing::ApplyChunk(groups.engine, chunk, &cut_params).ok());
         ASSERT_EQ(whole_params, cut_params) << "step " << step;
       }
       ExpectSameState(*groups.whole, *groups.other);
@@ -262,15 +263,16 @@ TEST_F(StepEngineSegmentedTest, AReplayedPageBeforeAnAppliedRunReadsTheGradientA
       chunk.group = GroupKey{"", "whole"};
       chunk.gradient = bytes;
       std::string whole_params;
-      ASSERT_TRUE(groups.engine.ApplyChunk(chunk, &whole_params).ok());
+      ASSERT_TRUE(testing::ApplyChunk(groups.engine, chunk, &whole_params).ok());
       // Page 0 first, then the whole chunk in pieces: page 0 is replayed.
       chunk.group = GroupKey{"", "replayed"};
       chunk.gradient = absl::string_view(bytes).substr(0, kPage * WireTypeSize(grad_type));
       std::string first_page;
-      ASSERT_TRUE(groups.engine.ApplyChunk(chunk, &first_page).ok());
+      ASSERT_TRUE(testing::ApplyChunk(groups.engine, chunk, &first_page).ok());
       chunk.gradient = RandomPieces(bytes, rng_);
       std::string replayed_params;
-      absl::StatusOr<StepChunkResult> result = groups.engine.ApplyChunk(chunk, &replayed_params);
+      absl::StatusOr<StepChunkResult> result =
+          testing::ApplyChunk(groups.engine, chunk, &replayed_params);
       ASSERT_TRUE(result.ok()) << result.status();
       EXPECT_EQ(result->pages_replayed, 1u);
       EXPECT_EQ(result->pages_applied, 3u);

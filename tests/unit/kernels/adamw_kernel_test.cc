@@ -1,5 +1,5 @@
-// Specification of the CPU AdamW kernel (server/adamw_kernel.h): every result
-// is compared with the float64 reference (tests/reference_adamw.h) or, for the
+// Specification of the CPU AdamW kernel (server/kernels/adamw_kernel.h): every result
+// is compared with the float64 reference (tests/testing/reference_adamw.h) or, for the
 // exactness promises, with another kernel path bit for bit.
 #include "server/kernels/adamw_kernel.h"
 

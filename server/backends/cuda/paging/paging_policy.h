@@ -28,7 +28,6 @@ class PagingPolicy {
 
   PagingStrategy strategy() const { return strategy_; }
   const VramBudget& budget() const { return budget_; }
-  uint64_t staging_pool_bytes() const { return staging_pool_bytes_; }
   // budget().available_bytes() less the staging pool, or 0.
   uint64_t resident_capacity_bytes() const { return capacity_bytes_; }
   // Bytes taken by resident groups now (promotions decided by Remove count).
