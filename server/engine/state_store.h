@@ -43,6 +43,13 @@ class StateStore {
   // Returns the host bytes freed. NOT_FOUND when there is no such group.
   absl::StatusOr<uint64_t> Delete(const GroupKey& key);
 
+  // Undoes the registration that created `group` (a RegisterGroup stream
+  // that was refused or broke): removes it if it is still the group
+  // registered under its key and no page of it has been stepped (another
+  // stream may have trained it meanwhile: then it stays). Returns whether it
+  // was removed. Steps that find it afterwards get NOT_FOUND.
+  bool Unregister(const std::shared_ptr<Group>& group);
+
   // The tenant's groups, sorted by name.
   std::vector<std::shared_ptr<Group>> List(const std::string& tenant) const;
 

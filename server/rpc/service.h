@@ -8,14 +8,18 @@
 
 namespace optstate {
 
-// Every method on the callback API; Step raw (grpc::ByteBuffer in and out) so
-// its reactor parses requests and writes replies itself (server/rpc/step_reply_builder.h).
-using OptimizerStateCallbackBase = v1::OptimizerState::WithCallbackMethod_RegisterGroup<
-    v1::OptimizerState::WithRawCallbackMethod_Step<v1::OptimizerState::WithCallbackMethod_GetStats<
-        v1::OptimizerState::WithCallbackMethod_ListGroups<
-            v1::OptimizerState::WithCallbackMethod_DescribeGroup<
-                v1::OptimizerState::WithCallbackMethod_DeleteGroup<
-                    v1::OptimizerState::Service>>>>>>;
+// Every method on the callback API, raw (grpc::ByteBuffer in and out): the
+// service parses requests itself, so bytes that are not the method's request
+// get INVALID_ARGUMENT naming it (gRPC's own parsing answers UNIMPLEMENTED
+// with no message, or takes a bad RegisterGroup message for a half-close);
+// Step's reactor also writes replies itself (server/rpc/step_reply_builder.h).
+using OptimizerStateCallbackBase = v1::OptimizerState::WithRawCallbackMethod_RegisterGroup<
+    v1::OptimizerState::WithRawCallbackMethod_Step<
+        v1::OptimizerState::WithRawCallbackMethod_GetStats<
+            v1::OptimizerState::WithRawCallbackMethod_ListGroups<
+                v1::OptimizerState::WithRawCallbackMethod_DescribeGroup<
+                    v1::OptimizerState::WithRawCallbackMethod_DeleteGroup<
+                        v1::OptimizerState::Service>>>>>>;
 
 // Thread-safe; `engine` must outlive the service.
 class OptimizerStateService : public OptimizerStateCallbackBase {
@@ -25,24 +29,30 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   OptimizerStateService(StepEngine* engine, size_t max_reply_bytes)
       : engine_(engine), max_reply_bytes_(max_reply_bytes) {}
 
-  grpc::ServerReadReactor<v1::RegisterGroupRequest>* RegisterGroup(
-      grpc::CallbackServerContext* context, v1::RegisterGroupResponse* response) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* RegisterGroup(grpc::CallbackServerContext* context,
+                                                           grpc::ByteBuffer* response) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Step(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
-                                     const v1::GetStatsRequest* request,
-                                     v1::GetStatsResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListGroups(grpc::CallbackServerContext* context,
-                                       const v1::ListGroupsRequest* request,
-                                       v1::ListGroupsResponse* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* DescribeGroup(grpc::CallbackServerContext* context,
-                                          const v1::DescribeGroupRequest* request,
-                                          v1::DescribeGroupResponse* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* DeleteGroup(grpc::CallbackServerContext* context,
-                                        const v1::DeleteGroupRequest* request,
-                                        v1::DeleteGroupResponse* response) override;
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
 
  private:
+  // The typed halves of the unary methods: OK fills `response`.
+  absl::Status GetStats(const std::string& tenant, const v1::GetStatsRequest& request,
+                        v1::GetStatsResponse* response);
+  absl::Status ListGroups(const std::string& tenant, const v1::ListGroupsRequest& request,
+                          v1::ListGroupsResponse* response);
+
   // The caller's tenant; "" until authentication maps callers to tenants.
   static std::string TenantOf(const grpc::CallbackServerContext* context) { return ""; }
 
