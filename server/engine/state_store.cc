@@ -93,6 +93,7 @@ absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& ke
 }
 
 absl::StatusOr<std::shared_ptr<Group>> StateStore::Find(const GroupKey& key) const {
+  if (absl::Status s = ValidateGroupName(key.name); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   auto it = groups_.find(key);
   if (it == groups_.end()) {
@@ -103,6 +104,7 @@ absl::StatusOr<std::shared_ptr<Group>> StateStore::Find(const GroupKey& key) con
 }
 
 absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key) {
+  if (absl::Status s = ValidateGroupName(key.name); !s.ok()) return s;
   std::shared_ptr<Group> group;
   {
     absl::MutexLock lock(&mu_);

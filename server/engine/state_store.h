@@ -36,11 +36,13 @@ class StateStore {
   // is registering the same name. On error nothing changes.
   absl::StatusOr<Registration> Register(const GroupKey& key, const GroupConfig& config);
 
-  // NOT_FOUND names the group.
+  // NOT_FOUND names the group; INVALID_ARGUMENT (without quoting it) for a
+  // name no group can have (ValidateGroupName), before any lookup.
   absl::StatusOr<std::shared_ptr<Group>> Find(const GroupKey& key) const;
 
   // Removes the group; its memory is freed once in-flight steps let go of it.
-  // Returns the host bytes freed. NOT_FOUND when there is no such group.
+  // Returns the host bytes freed. NOT_FOUND when there is no such group;
+  // INVALID_ARGUMENT for a name no group can have.
   absl::StatusOr<uint64_t> Delete(const GroupKey& key);
 
   // Undoes the registration that created `group` (a RegisterGroup stream
