@@ -34,9 +34,42 @@ absl::StatusOr<StateStore::Registration> RegisterSpec(StateStore* store, const s
 
 }  // namespace
 
-RegisterReactor::RegisterReactor(StepEngine* engine, std::string tenant, grpc::ByteBuffer* response)
-    : engine_(engine), tenant_(std::move(tenant)), response_(response) {
+RegisterReactor::RegisterReactor(StepEngine* engine, std::string tenant, grpc::ByteBuffer* response,
+                                 StreamRegistry* streams)
+    : engine_(engine), tenant_(std::move(tenant)), response_(response), streams_(streams) {
+  {
+    absl::MutexLock lock(&mu_);
+    last_activity_ = absl::Now();
+  }
+  if (!streams_->Add(this)) {
+    End(StreamRegistry::ShuttingDownError());
+    return;
+  }
+  in_registry_ = true;
   StartRead(&incoming_);
+}
+
+bool RegisterReactor::HoldIfIdleSince(absl::Time idle_since) {
+  absl::MutexLock lock(&mu_);
+  if (finish_called_ || final_.has_value() || ending_) return false;
+  if (idle_since != absl::InfiniteFuture() && (handling_ || last_activity_ > idle_since)) {
+    return false;
+  }
+  ending_ = true;
+  ++holds_;
+  return true;
+}
+
+void RegisterReactor::EndHeld(absl::Status status) {
+  bool handling;
+  {
+    absl::MutexLock lock(&mu_);
+    --holds_;
+    if (!final_.has_value()) final_ = status;
+    handling = handling_;
+  }
+  // A message on a worker ends the call when it is done (HandleMessage).
+  if (!handling) End(std::move(status));
 }
 
 void RegisterReactor::OnReadDone(bool ok) {
@@ -61,7 +94,8 @@ void RegisterReactor::OnReadDone(bool ok) {
   }
   {
     absl::MutexLock lock(&mu_);
-    if (final_.has_value()) return;  // Ended meanwhile; the message is dropped.
+    last_activity_ = absl::Now();
+    if (final_.has_value() || ending_) return;  // Ending; the message is dropped.
     handling_ = true;
   }
   engine_->pool()->Schedule([this] { HandleMessage(); });
@@ -78,7 +112,8 @@ void RegisterReactor::HandleMessage() {
   {
     absl::MutexLock lock(&mu_);
     handling_ = false;
-    read_on = status.ok() && !final_.has_value();
+    last_activity_ = absl::Now();
+    read_on = status.ok() && !final_.has_value() && !ending_;
   }
   if (read_on) {
     StartRead(&incoming_);
@@ -117,12 +152,14 @@ absl::Status RegisterReactor::HandleRequest(const v1::RegisterGroupRequest& requ
 }
 
 void RegisterReactor::End(absl::Status status) {
-  // A refusal undoes the registration before the client can see the status.
-  if (!status.ok()) RemoveCreatedGroup();
+  bool ok;
   {
     absl::MutexLock lock(&mu_);
     if (!final_.has_value()) final_ = std::move(status);
+    ok = final_->ok();
   }
+  // A refusal undoes the registration before the client can see the status.
+  if (!ok) RemoveCreatedGroup();
   FinishIfDue();
 }
 
@@ -130,7 +167,7 @@ void RegisterReactor::FinishIfDue() {
   absl::Status status;
   {
     absl::MutexLock lock(&mu_);
-    if (finish_called_ || !final_.has_value() || handling_) return;
+    if (finish_called_ || !final_.has_value() || handling_ || holds_ > 0) return;
     finish_called_ = true;
     status = *final_;
   }
@@ -155,6 +192,7 @@ absl::Status RegisterReactor::GroupDeletedError() const {
 }
 
 void RegisterReactor::OnDone() {
+  if (in_registry_) streams_->Remove(this);
   bool undo;
   {
     absl::MutexLock lock(&mu_);

@@ -12,6 +12,7 @@
 #include "grpcpp/grpcpp.h"
 #include "optstate/v1/optstate.pb.h"
 #include "server/engine/step_engine.h"
+#include "server/rpc/stream_registry.h"
 
 namespace optstate {
 
@@ -26,13 +27,22 @@ namespace optstate {
 // connection) removes it once the daemon sees the call end. A group that
 // existed before the stream is never removed by it (values its good chunks
 // wrote stay), nor one another stream has stepped meanwhile.
-class RegisterReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+// Ended from outside (StreamRegistry: shutdown, idle timeout), it handles no
+// further message and ends with the registry's status, which does not count
+// as OK: a group it created is removed.
+class RegisterReactor : public grpc::ServerReadReactor<grpc::ByteBuffer>, public ManagedStream {
  public:
-  RegisterReactor(StepEngine* engine, std::string tenant, grpc::ByteBuffer* response);
+  // `streams` must outlive the reactor.
+  RegisterReactor(StepEngine* engine, std::string tenant, grpc::ByteBuffer* response,
+                  StreamRegistry* streams);
 
   void OnReadDone(bool ok) override;
   void OnCancel() override { cancelled_.store(true, std::memory_order_release); }
   void OnDone() override;
+
+  // ManagedStream. Idle: no message read or handled since `idle_since`.
+  bool HoldIfIdleSince(absl::Time idle_since) override;
+  void EndHeld(absl::Status status) override;
 
  private:
   // Runs on a worker: parses and handles incoming_, then reads on or ends.
@@ -49,6 +59,8 @@ class RegisterReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   StepEngine* const engine_;
   const std::string tenant_;
   grpc::ByteBuffer* const response_;
+  StreamRegistry* const streams_;
+  bool in_registry_ = false;   // streams_->Add took it.
   grpc::ByteBuffer incoming_;  // Written by gRPC while a read is in flight.
   std::atomic<bool> cancelled_{false};
 
@@ -64,6 +76,9 @@ class RegisterReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   absl::Mutex mu_;
   bool handling_ ABSL_GUARDED_BY(mu_) = false;  // A message is on a worker.
+  bool ending_ ABSL_GUARDED_BY(mu_) = false;    // Held to be ended: handle nothing more.
+  int holds_ ABSL_GUARDED_BY(mu_) = 0;          // Finish waits while held.
+  absl::Time last_activity_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> final_ ABSL_GUARDED_BY(mu_);
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
   bool removed_ ABSL_GUARDED_BY(mu_) = false;  // RemoveCreatedGroup ran.

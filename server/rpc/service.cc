@@ -22,12 +22,12 @@ void Reply(grpc::ServerUnaryReactor* reactor, absl::Status status,
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* OptimizerStateService::RegisterGroup(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
-  return new RegisterReactor(engine_, TenantOf(context), response);
+  return new RegisterReactor(engine_, TenantOf(context), response, &streams_);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* OptimizerStateService::Step(
     grpc::CallbackServerContext* context) {
-  return new StepReactor(engine_, TenantOf(context), max_reply_bytes_);
+  return new StepReactor(engine_, TenantOf(context), max_reply_bytes_, &streams_);
 }
 
 grpc::ServerUnaryReactor* OptimizerStateService::GetStats(grpc::CallbackServerContext* context,

@@ -5,6 +5,7 @@
 
 #include "optstate/v1/optstate.grpc.pb.h"
 #include "server/engine/step_engine.h"
+#include "server/rpc/stream_registry.h"
 
 namespace optstate {
 
@@ -26,8 +27,19 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
  public:
   // `max_reply_bytes`: the largest message the server may send (Step
   // refuses, before applying anything, a message whose reply would be larger).
-  OptimizerStateService(StepEngine* engine, size_t max_reply_bytes)
-      : engine_(engine), max_reply_bytes_(max_reply_bytes) {}
+  // `stream_idle_timeout`: a Step or RegisterGroup stream idle this long is
+  // ended with UNAVAILABLE; zero or infinite: never.
+  OptimizerStateService(StepEngine* engine, size_t max_reply_bytes,
+                        absl::Duration stream_idle_timeout = absl::InfiniteDuration())
+      : engine_(engine), max_reply_bytes_(max_reply_bytes), streams_(stream_idle_timeout) {}
+
+  // Refuses new streams and ends the open ones with UNAVAILABLE (the daemon
+  // is shutting down), each once the work it has under way is answered.
+  // Returns at once; call before grpc::Server::Shutdown so open streams do
+  // not hold it for its deadline.
+  void EndAllStreams() { streams_.EndAll(); }
+  // Waits until every stream has finished, or `deadline`; whether all have.
+  bool WaitForStreams(absl::Time deadline) { return streams_.WaitUntilEmpty(deadline); }
 
   grpc::ServerReadReactor<grpc::ByteBuffer>* RegisterGroup(grpc::CallbackServerContext* context,
                                                            grpc::ByteBuffer* response) override;
@@ -58,6 +70,7 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
 
   StepEngine* const engine_;
   const size_t max_reply_bytes_;
+  StreamRegistry streams_;
 };
 
 }  // namespace optstate
