@@ -3,6 +3,7 @@
 // store's lock briefly), except DeleteGroup, which waits on a worker.
 #include "server/rpc/service.h"
 
+#include "server/rpc/group_pager.h"
 #include "server/rpc/proto_convert.h"
 #include "server/rpc/raw_message.h"
 #include "server/rpc/register_reactor.h"
@@ -10,6 +11,11 @@
 
 namespace optstate {
 namespace {
+
+// A page's size bound: a repeated entry's tag and length, and room for the
+// next_page_token (web-safe base64 of a tenant and a name of up to 512).
+constexpr size_t kEntryOverhead = 8;
+constexpr size_t kPageTokenReserve = 2048;
 
 // Finishes with `status`; when OK, with `reply` serialized into `response`.
 void Reply(grpc::ServerUnaryReactor* reactor, absl::Status status,
@@ -46,29 +52,45 @@ absl::Status OptimizerStateService::GetStats(const std::string& tenant,
                                              const v1::GetStatsRequest& request,
                                              v1::GetStatsResponse* response) {
   StateStore* store = engine_->store();
+  const std::vector<std::shared_ptr<Group>> groups = store->List(tenant);
+  absl::StatusOr<GroupPageStart> start =
+      StartGroupPage(groups, tenant, request.page_size(), request.page_token());
+  if (!start.ok()) return start.status();
   response->set_backend(std::string(engine_->backend()->name()));
   response->set_threads(engine_->pool()->size());
   response->set_host_bytes(store->host_bytes());
   response->set_max_host_bytes(store->max_host_bytes());
   BackendStatsToProto(engine_->backend()->Stats(), response->mutable_device());
+  // Totals over every group, on every page.
   v1::PagingCounters* paging = response->mutable_paging();
-  for (const auto& group : store->List(tenant)) {
-    v1::GroupStats* stats = response->add_groups();
-    GroupStatsToProto(*group, stats);
-    response->set_num_groups(response->num_groups() + 1);
+  for (const auto& group : groups) {
+    const GroupCounters& c = group->counters();
     response->set_total_elements(response->total_elements() + group->num_elements());
-    response->set_chunks_applied(response->chunks_applied() + stats->chunks_applied());
-    response->set_chunks_replayed(response->chunks_replayed() + stats->chunks_replayed());
-    response->set_bytes_received(response->bytes_received() + stats->bytes_received());
-    response->set_bytes_sent(response->bytes_sent() + stats->bytes_sent());
-    paging->set_page_ins(paging->page_ins() + stats->paging().page_ins());
-    paging->set_page_outs(paging->page_outs() + stats->paging().page_outs());
+    response->set_chunks_applied(response->chunks_applied() + c.chunks_applied.load());
+    response->set_chunks_replayed(response->chunks_replayed() + c.chunks_replayed.load());
+    response->set_bytes_received(response->bytes_received() + c.bytes_received.load());
+    response->set_bytes_sent(response->bytes_sent() + c.bytes_sent.load());
+    paging->set_page_ins(paging->page_ins() + c.paging.page_ins.load());
+    paging->set_page_outs(paging->page_outs() + c.paging.page_outs.load());
     paging->set_bytes_host_to_device(paging->bytes_host_to_device() +
-                                     stats->paging().bytes_host_to_device());
+                                     c.paging.bytes_host_to_device.load());
     paging->set_bytes_device_to_host(paging->bytes_device_to_host() +
-                                     stats->paging().bytes_device_to_host());
-    paging->set_copy_wait_us(paging->copy_wait_us() + stats->paging().copy_wait_us());
+                                     c.paging.bytes_device_to_host.load());
+    paging->set_copy_wait_us(paging->copy_wait_us() + c.paging.copy_wait_us.load());
   }
+  response->set_num_groups(groups.size());
+  // This page: up to its size, and while the reply stays within the limit.
+  size_t bytes = response->ByteSizeLong() + kPageTokenReserve;
+  size_t end = start->begin;
+  for (; end < groups.size() && end - start->begin < start->limit; ++end) {
+    v1::GroupStats stats;
+    GroupStatsToProto(*groups[end], &stats);
+    const size_t entry = stats.ByteSizeLong() + kEntryOverhead;
+    if (end > start->begin && bytes + entry > max_reply_bytes_) break;
+    bytes += entry;
+    *response->add_groups() = std::move(stats);
+  }
+  response->set_next_page_token(NextGroupPageToken(groups, end));
   return absl::OkStatus();
 }
 
@@ -87,9 +109,22 @@ grpc::ServerUnaryReactor* OptimizerStateService::ListGroups(grpc::CallbackServer
 absl::Status OptimizerStateService::ListGroups(const std::string& tenant,
                                                const v1::ListGroupsRequest& request,
                                                v1::ListGroupsResponse* response) {
-  for (const auto& group : engine_->store()->List(tenant)) {
-    GroupInfoToProto(*group, response->add_groups());
+  const std::vector<std::shared_ptr<Group>> groups = engine_->store()->List(tenant);
+  absl::StatusOr<GroupPageStart> start =
+      StartGroupPage(groups, tenant, request.page_size(), request.page_token());
+  if (!start.ok()) return start.status();
+  response->set_num_groups(groups.size());
+  size_t bytes = response->ByteSizeLong() + kPageTokenReserve;
+  size_t end = start->begin;
+  for (; end < groups.size() && end - start->begin < start->limit; ++end) {
+    v1::GroupInfo info;
+    GroupInfoToProto(*groups[end], &info);
+    const size_t entry = info.ByteSizeLong() + kEntryOverhead;
+    if (end > start->begin && bytes + entry > max_reply_bytes_) break;
+    bytes += entry;
+    *response->add_groups() = std::move(info);
   }
+  response->set_next_page_token(NextGroupPageToken(groups, end));
   return absl::OkStatus();
 }
 

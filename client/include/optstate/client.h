@@ -119,6 +119,7 @@ class Client {
 
   // Read-only calls, retried like the others.
   absl::StatusOr<GroupInfo> DescribeGroup(const std::string& name);
+  // Every group, by name, read page by page (ListGroupsRequest.page_token).
   absl::StatusOr<std::vector<GroupInfo>> ListGroups();
   absl::StatusOr<v1::GetStatsResponse> GetStats();
   // Made once, never retried: after a lost reply a retry could not tell
