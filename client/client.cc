@@ -251,17 +251,22 @@ absl::StatusOr<GroupInfo> Client::DescribeGroup(const std::string& name) {
 }
 
 absl::StatusOr<std::vector<GroupInfo>> Client::ListGroups() {
-  v1::ListGroupsResponse response;
-  absl::Status status = WithRetries(impl_->options, [&](grpc::ClientContext* context) {
-    return impl_->stub->ListGroups(context, v1::ListGroupsRequest(), &response);
-  });
-  if (!status.ok()) return status;
+  // Page by page (each retried on its own) until the daemon says none is left.
   std::vector<GroupInfo> out;
-  for (const auto& g : response.groups()) {
-    absl::StatusOr<GroupInfo> info = GroupInfoFromProto(g);
-    if (!info.ok()) return info.status();
-    out.push_back(*std::move(info));
-  }
+  v1::ListGroupsRequest request;
+  do {
+    v1::ListGroupsResponse response;
+    absl::Status status = WithRetries(impl_->options, [&](grpc::ClientContext* context) {
+      return impl_->stub->ListGroups(context, request, &response);
+    });
+    if (!status.ok()) return status;
+    for (const auto& g : response.groups()) {
+      absl::StatusOr<GroupInfo> info = GroupInfoFromProto(g);
+      if (!info.ok()) return info.status();
+      out.push_back(*std::move(info));
+    }
+    request.set_page_token(response.next_page_token());
+  } while (!request.page_token().empty());
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/time/time.h"
 #include "server/base/log.h"
 #include "server/server.h"
 
@@ -27,6 +28,12 @@ ABSL_FLAG(int, max_message_bytes, 64 << 20,
           "Largest request or reply message, in bytes (chunks of step and values); at least "
           "one page of float32 plus 4 KiB (1052672 with the default pages). A Step message "
           "whose reply would be larger is refused before it is applied.");
+ABSL_FLAG(absl::Duration, stream_idle_timeout, absl::Minutes(10),
+          "A Step or RegisterGroup stream with nothing read, applied or written for this long "
+          "is ended with UNAVAILABLE (optstate::Client opens a new one); 0 means never.");
+ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(30),
+          "On SIGTERM or SIGINT: how long to wait for the chunks already being applied to be "
+          "answered (streams end, UNAVAILABLE, as soon as they are); what is left then is cut.");
 ABSL_FLAG(std::string, log_level, "info", "One of debug, info, warning, error.");
 ABSL_FLAG(std::string, paging, "adaptive",
           "CUDA backend: none (state always in VRAM; refuse what does not fit), adaptive "
@@ -49,6 +56,10 @@ int main(int argc, char** argv) {
       "optstated keeps AdamW optimizer state for remote trainers and applies their steps.\n"
       "Usage: optstated [--listen=127.0.0.1:50051] [--backend=auto|cpu|cuda] [--threads=N] ...");
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_shutdown_grace) < absl::ZeroDuration()) {
+    std::fprintf(stderr, "optstated: --shutdown_grace must not be negative\n");
+    return 2;
+  }
 
   // Chunk buffers (about 1 MiB each) come and go for every message; serving
   // them from the heap instead of fresh mmaps avoids a page fault per page
@@ -75,6 +86,7 @@ int main(int argc, char** argv) {
   options.threads = absl::GetFlag(FLAGS_threads);
   options.max_host_bytes = absl::GetFlag(FLAGS_max_host_bytes);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
   options.backend.kind = absl::GetFlag(FLAGS_backend);
   options.backend.cuda.paging = absl::GetFlag(FLAGS_paging);
   options.backend.cuda.vram_reserved_bytes = absl::GetFlag(FLAGS_vram_reserved_bytes);
@@ -97,7 +109,7 @@ int main(int argc, char** argv) {
   sigwait(&signals, &signal);
   optstate::Log(optstate::LogLevel::kInfo, "signal ", signal,
                 ": shutting down, finishing in-flight chunks");
-  (*server)->Shutdown(absl::Seconds(30));
+  (*server)->Shutdown(absl::GetFlag(FLAGS_shutdown_grace));
   optstate::Log(optstate::LogLevel::kInfo, "stopped");
   return 0;
 }

@@ -60,6 +60,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (options.page_elements == 0 || options.page_elements % 64 != 0) {
     return absl::InvalidArgumentError("page size must be a positive multiple of 64 elements");
   }
+  if (options.stream_idle_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--stream_idle_timeout must not be negative");
+  }
   // A message must carry one page of float32 and the other fields: the
   // least a client can send, and the reply to it.
   const uint64_t min_message_bytes =
@@ -90,7 +93,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   parts->engine =
       std::make_unique<StepEngine>(parts->store.get(), parts->backend.get(), parts->pool.get());
   parts->service = std::make_unique<OptimizerStateService>(
-      parts->engine.get(), static_cast<size_t>(options.max_message_bytes));
+      parts->engine.get(), static_cast<size_t>(options.max_message_bytes),
+      options.stream_idle_timeout);
 
   // Referencing the compiled health.proto keeps it linked in, which puts its
   // descriptors in the pool: reflection can then describe grpc.health.v1 and
@@ -140,8 +144,24 @@ void Server::Shutdown(absl::Duration grace) {
     parts_->done.WaitForNotification();  // Another caller is shutting down.
     return;
   }
-  parts_->grpc_server->Shutdown(std::chrono::system_clock::now() +
-                                absl::ToChronoMilliseconds(grace));
+  // 1. Streams first: each ends (UNAVAILABLE, shutting down) once the
+  //    messages on the workers are answered; new streams are refused. Idle
+  //    ones end at once.
+  // 2. Wait for them, up to `grace`; probes see NOT_SERVING meanwhile.
+  // 3. gRPC's Shutdown stops listening and waits for unary calls, and also
+  //    for every client connection to go away (about 5 s with a connected
+  //    client), so give it a short deadline: when it passes, gRPC cancels
+  //    what is left and closes the connections.
+  const absl::Time deadline = absl::Now() + grace;
+  if (grpc::HealthCheckServiceInterface* health = parts_->grpc_server->GetHealthCheckService()) {
+    health->SetServingStatus(false);
+  }
+  parts_->service->EndAllStreams();
+  if (!parts_->service->WaitForStreams(deadline)) {
+    Log(LogLevel::kWarning, "shutdown: streams still open after the grace period; cutting them");
+  }
+  constexpr absl::Duration kUnaryGrace = absl::Milliseconds(250);
+  parts_->grpc_server->Shutdown(absl::ToChronoTime(std::min(deadline, absl::Now() + kUnaryGrace)));
   parts_->grpc_server->Wait();
   parts_->pool.reset();  // Runs what is queued, then joins.
   parts_->done.Notify();

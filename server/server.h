@@ -21,6 +21,9 @@ struct ServerOptions {
   uint64_t max_host_bytes = 0;             // 0: 80% of physical memory.
   int max_message_bytes = 64 << 20;        // Largest request or reply.
   uint64_t page_elements = 256 * 1024;     // Exactly-once granularity.
+  // A Step or RegisterGroup stream with nothing read, applied or written for
+  // this long is ended with UNAVAILABLE; zero or infinite: never.
+  absl::Duration stream_idle_timeout = absl::Minutes(10);
   BackendOptions backend;
 };
 
@@ -38,9 +41,12 @@ class Server {
   int port() const { return port_; }
   const StepEngine& engine() const;  // For tests that inspect state.
 
-  // Stops accepting calls, lets in-flight calls finish for up to `grace`,
-  // cancels the rest, then drains the worker pool. Idempotent; a concurrent
-  // second call returns when the first has finished.
+  // Stops accepting calls and new steps at once, and ends every open stream
+  // with UNAVAILABLE ("shutting down") as soon as the messages already being
+  // applied are answered (idle streams end at once); waits up to `grace` for
+  // that and for unary calls, cancels what is left, then drains the worker
+  // pool. Idempotent; a concurrent second call returns when the first has
+  // finished.
   void Shutdown(absl::Duration grace);
   // Blocks until Shutdown has completed.
   void Wait();

@@ -97,6 +97,7 @@ absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& ke
 }
 
 absl::StatusOr<std::shared_ptr<Group>> StateStore::Find(const GroupKey& key) const {
+  if (absl::Status s = ValidateGroupName(key.name); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   auto it = groups_.find(key);
   if (it == groups_.end()) {
@@ -107,6 +108,7 @@ absl::StatusOr<std::shared_ptr<Group>> StateStore::Find(const GroupKey& key) con
 }
 
 absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key) {
+  if (absl::Status s = ValidateGroupName(key.name); !s.ok()) return s;
   std::shared_ptr<Group> group;
   {
     absl::MutexLock lock(&mu_);
@@ -127,6 +129,33 @@ absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key) {
   Log(LogLevel::kInfo, "deleted group '", key.name, "' at step ", group->MaxStep(), ", freeing ",
       group->host_bytes(), " host bytes");
   return group->host_bytes();
+}
+
+bool StateStore::Unregister(const std::shared_ptr<Group>& group) {
+  // Page locks first (ascending, as steps take them), then the store's lock:
+  // no path takes a page lock while holding mu_. With every page held, no
+  // step can apply between the check and mark_deleted.
+  for (uint64_t page = 0; page < group->num_pages(); ++page) group->page_mutex(page).Lock();
+  bool removed = false;
+  if (!group->deleted() && group->MaxStep() == 0) {
+    absl::MutexLock lock(&mu_);
+    auto it = groups_.find(group->key());
+    if (it != groups_.end() && it->second == group) {
+      groups_.erase(it);
+      host_bytes_ -= group->host_bytes();
+      removed = true;
+    }
+  }
+  if (removed) {
+    group->mark_deleted();
+    backend_->DetachGroup(*group);
+  }
+  for (uint64_t page = group->num_pages(); page-- > 0;) group->page_mutex(page).Unlock();
+  if (removed) {
+    Log(LogLevel::kInfo, "removed group '", group->key().name,
+        "': the RegisterGroup call that created it did not complete");
+  }
+  return removed;
 }
 
 std::vector<std::shared_ptr<Group>> StateStore::List(const std::string& tenant) const {

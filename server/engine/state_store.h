@@ -37,12 +37,21 @@ class StateStore {
   // is registering the same name. On error nothing changes.
   absl::StatusOr<Registration> Register(const GroupKey& key, const GroupConfig& config);
 
-  // NOT_FOUND names the group.
+  // NOT_FOUND names the group; INVALID_ARGUMENT (without quoting it) for a
+  // name no group can have (ValidateGroupName), before any lookup.
   absl::StatusOr<std::shared_ptr<Group>> Find(const GroupKey& key) const;
 
   // Removes the group; its memory is freed once in-flight steps let go of it.
-  // Returns the host bytes freed. NOT_FOUND when there is no such group.
+  // Returns the host bytes freed. NOT_FOUND when there is no such group;
+  // INVALID_ARGUMENT for a name no group can have.
   absl::StatusOr<uint64_t> Delete(const GroupKey& key);
+
+  // Undoes the registration that created `group` (a RegisterGroup stream
+  // that was refused or broke): removes it if it is still the group
+  // registered under its key and no page of it has been stepped (another
+  // stream may have trained it meanwhile: then it stays). Returns whether it
+  // was removed. Steps that find it afterwards get NOT_FOUND.
+  bool Unregister(const std::shared_ptr<Group>& group);
 
   // The tenant's groups, sorted by name.
   std::vector<std::shared_ptr<Group>> List(const std::string& tenant) const;

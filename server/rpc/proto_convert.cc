@@ -105,7 +105,13 @@ void BackendStatsToProto(const BackendStats& stats, v1::DeviceStats* proto) {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  absl::string_view message = status.message();
+  if (message.size() <= kMaxStatusMessageBytes) {
+    return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(message));
+  }
+  return grpc::Status(
+      static_cast<grpc::StatusCode>(status.code()),
+      absl::StrCat(message.substr(0, kMaxStatusMessageBytes), "... (", message.size(), " bytes)"));
 }
 
 }  // namespace optstate

@@ -29,6 +29,13 @@ void GroupInfoToProto(const Group& group, v1::GroupInfo* proto);
 void GroupStatsToProto(const Group& group, v1::GroupStats* proto);
 void BackendStatsToProto(const BackendStats& stats, v1::DeviceStats* proto);
 
+// Status messages travel as percent-encoded metadata, which the peer bounds
+// (8 KiB by default): a longer one would reach it as RESOURCE_EXHAUSTED
+// instead of our answer. Names are at most 512 characters, so messages that
+// quote them stay well inside this; anything longer is clipped.
+inline constexpr size_t kMaxStatusMessageBytes = 1536;
+
+// The gRPC status for `status`, its message clipped to kMaxStatusMessageBytes.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
 }  // namespace optstate

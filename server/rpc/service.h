@@ -5,49 +5,72 @@
 
 #include "optstate/v1/optstate.grpc.pb.h"
 #include "server/engine/step_engine.h"
+#include "server/rpc/stream_registry.h"
 
 namespace optstate {
 
-// Every method on the callback API; Step raw (grpc::ByteBuffer in and out) so
-// its reactor parses requests and writes replies itself (server/rpc/step_reply_builder.h).
-using OptimizerStateCallbackBase = v1::OptimizerState::WithCallbackMethod_RegisterGroup<
-    v1::OptimizerState::WithRawCallbackMethod_Step<v1::OptimizerState::WithCallbackMethod_GetStats<
-        v1::OptimizerState::WithCallbackMethod_ListGroups<
-            v1::OptimizerState::WithCallbackMethod_DescribeGroup<
-                v1::OptimizerState::WithCallbackMethod_DeleteGroup<
-                    v1::OptimizerState::Service>>>>>>;
+// Every method on the callback API, raw (grpc::ByteBuffer in and out): the
+// service parses requests itself, so bytes that are not the method's request
+// get INVALID_ARGUMENT naming it (gRPC's own parsing answers UNIMPLEMENTED
+// with no message, or takes a bad RegisterGroup message for a half-close);
+// Step's reactor also writes replies itself (server/rpc/step_reply_builder.h).
+using OptimizerStateCallbackBase = v1::OptimizerState::WithRawCallbackMethod_RegisterGroup<
+    v1::OptimizerState::WithRawCallbackMethod_Step<
+        v1::OptimizerState::WithRawCallbackMethod_GetStats<
+            v1::OptimizerState::WithRawCallbackMethod_ListGroups<
+                v1::OptimizerState::WithRawCallbackMethod_DescribeGroup<
+                    v1::OptimizerState::WithRawCallbackMethod_DeleteGroup<
+                        v1::OptimizerState::Service>>>>>>;
 
 // Thread-safe; `engine` must outlive the service.
 class OptimizerStateService : public OptimizerStateCallbackBase {
  public:
   // `max_reply_bytes`: the largest message the server may send (Step
   // refuses, before applying anything, a message whose reply would be larger).
-  OptimizerStateService(StepEngine* engine, size_t max_reply_bytes)
-      : engine_(engine), max_reply_bytes_(max_reply_bytes) {}
+  // `stream_idle_timeout`: a Step or RegisterGroup stream idle this long is
+  // ended with UNAVAILABLE; zero or infinite: never.
+  OptimizerStateService(StepEngine* engine, size_t max_reply_bytes,
+                        absl::Duration stream_idle_timeout = absl::InfiniteDuration())
+      : engine_(engine), max_reply_bytes_(max_reply_bytes), streams_(stream_idle_timeout) {}
 
-  grpc::ServerReadReactor<v1::RegisterGroupRequest>* RegisterGroup(
-      grpc::CallbackServerContext* context, v1::RegisterGroupResponse* response) override;
+  // Refuses new streams and ends the open ones with UNAVAILABLE (the daemon
+  // is shutting down), each once the work it has under way is answered.
+  // Returns at once; call before grpc::Server::Shutdown so open streams do
+  // not hold it for its deadline.
+  void EndAllStreams() { streams_.EndAll(); }
+  // Waits until every stream has finished, or `deadline`; whether all have.
+  bool WaitForStreams(absl::Time deadline) { return streams_.WaitUntilEmpty(deadline); }
+
+  grpc::ServerReadReactor<grpc::ByteBuffer>* RegisterGroup(grpc::CallbackServerContext* context,
+                                                           grpc::ByteBuffer* response) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Step(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
-                                     const v1::GetStatsRequest* request,
-                                     v1::GetStatsResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListGroups(grpc::CallbackServerContext* context,
-                                       const v1::ListGroupsRequest* request,
-                                       v1::ListGroupsResponse* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* DescribeGroup(grpc::CallbackServerContext* context,
-                                          const v1::DescribeGroupRequest* request,
-                                          v1::DescribeGroupResponse* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* DeleteGroup(grpc::CallbackServerContext* context,
-                                        const v1::DeleteGroupRequest* request,
-                                        v1::DeleteGroupResponse* response) override;
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
 
  private:
+  // The typed halves of the unary methods: OK fills `response`.
+  absl::Status GetStats(const std::string& tenant, const v1::GetStatsRequest& request,
+                        v1::GetStatsResponse* response);
+  absl::Status ListGroups(const std::string& tenant, const v1::ListGroupsRequest& request,
+                          v1::ListGroupsResponse* response);
+
   // The caller's tenant; "" until authentication maps callers to tenants.
   static std::string TenantOf(const grpc::CallbackServerContext* context) { return ""; }
 
   StepEngine* const engine_;
   const size_t max_reply_bytes_;
+  StreamRegistry streams_;
 };
 
 }  // namespace optstate

@@ -10,12 +10,49 @@
 
 namespace optstate {
 
-StepReactor::StepReactor(StepEngine* engine, std::string tenant, size_t max_reply_bytes)
+StepReactor::StepReactor(StepEngine* engine, std::string tenant, size_t max_reply_bytes,
+                         StreamRegistry* streams)
     : engine_(engine),
       tenant_(std::move(tenant)),
       max_reply_bytes_(max_reply_bytes),
-      max_in_flight_(std::max(1, engine->pool()->size())) {
+      max_in_flight_(std::max(1, engine->pool()->size())),
+      streams_(streams) {
+  {
+    absl::MutexLock lock(&mu_);
+    last_activity_ = absl::Now();
+    if (!streams_->Add(this)) {
+      error_ = StreamRegistry::ShuttingDownError();
+      error_seq_ = 0;
+    } else {
+      registered_ = true;
+    }
+  }
   Advance(0);
+}
+
+bool StepReactor::HoldIfIdleSince(absl::Time idle_since) {
+  absl::MutexLock lock(&mu_);
+  if (finish_called_ || !error_.ok()) return false;  // Ending already.
+  if (idle_since != absl::InfiniteFuture()) {
+    const bool busy = !queued_.empty() || in_flight_ > 0 || !completed_.empty() ||
+                      !to_write_.empty() || write_in_flight_;
+    if (busy || last_activity_ > idle_since) return false;
+  }
+  ++starting_;  // Finish waits for EndHeld.
+  return true;
+}
+
+void StepReactor::EndHeld(absl::Status status) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (error_.ok()) {
+      // What is on the workers finishes and is answered; nothing more starts.
+      error_ = std::move(status);
+      error_seq_ = next_seq_;
+      queued_.clear();
+    }
+  }
+  Advance(1);
 }
 
 void StepReactor::Advance(int tokens_released) {
@@ -83,6 +120,7 @@ void StepReactor::OnReadDone(bool ok) {
   {
     absl::MutexLock lock(&mu_);
     read_in_flight_ = false;
+    last_activity_ = absl::Now();
     if (ok) {
       queued_.push_back(std::move(chunk));
     } else {
@@ -131,6 +169,7 @@ void StepReactor::OnWriteDone(bool ok) {
   {
     absl::MutexLock lock(&mu_);
     write_in_flight_ = false;
+    last_activity_ = absl::Now();
     to_write_.pop_front();
     if (!ok && error_.ok()) {
       error_ = absl::CancelledError("the client stopped reading replies");
@@ -158,6 +197,9 @@ void StepReactor::OnCancel() {
   Advance(0);
 }
 
-void StepReactor::OnDone() { delete this; }
+void StepReactor::OnDone() {
+  if (registered_) streams_->Remove(this);
+  delete this;
+}
 
 }  // namespace optstate

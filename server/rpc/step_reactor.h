@@ -18,6 +18,7 @@
 #include "optstate/v1/optstate.pb.h"
 #include "server/engine/step_engine.h"
 #include "server/rpc/step_request_reader.h"
+#include "server/rpc/stream_registry.h"
 
 namespace optstate {
 
@@ -42,16 +43,27 @@ namespace optstate {
 // mutex. Messages are raw: a request that does not parse is refused with INVALID_ARGUMENT in its
 // turn, and replies are serialized by StepReplyBuilder, which writes the params into the reply's
 // slice directly.
-class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+// Ended from outside (StreamRegistry: shutdown, idle timeout), it reads no
+// more, drops what it read but has not started, finishes the messages on the
+// workers, writes every reply due, then finishes with the registry's status.
+class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+                    public ManagedStream {
  public:
   // `max_reply_bytes`: the largest reply gRPC will send on this server.
-  StepReactor(StepEngine* engine, std::string tenant, size_t max_reply_bytes);
+  // `streams` must outlive the reactor.
+  StepReactor(StepEngine* engine, std::string tenant, size_t max_reply_bytes,
+              StreamRegistry* streams);
 
   void OnReadDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_);
   void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_);
   // Stops dispatching queued chunks; those already on a worker finish.
   void OnCancel() override ABSL_LOCKS_EXCLUDED(mu_);
   void OnDone() override;
+
+  // ManagedStream. Idle: no message read, being applied or waiting for its
+  // reply to be written since `idle_since`.
+  bool HoldIfIdleSince(absl::Time idle_since) override;
+  void EndHeld(absl::Status status) override;
 
  private:
   // Messages a stream holds at once (each one chunk, or several packed):
@@ -94,6 +106,8 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   const std::string tenant_;
   const size_t max_reply_bytes_;
   const int max_in_flight_;  // Chunks applied at once: the pool's size.
+  StreamRegistry* const streams_;
+  bool registered_ = false;  // streams_->Add took it.
 
   absl::Mutex mu_;
   grpc::ByteBuffer incoming_;  // Written by gRPC while a read is in flight.
@@ -111,6 +125,7 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   int starting_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t error_seq_ ABSL_GUARDED_BY(mu_) = UINT64_MAX;  // Earliest refused chunk.
   absl::Status error_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_activity_ ABSL_GUARDED_BY(mu_);  // Last read or write done.
 };
 
 }  // namespace optstate

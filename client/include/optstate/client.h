@@ -102,6 +102,7 @@ class Client {
 
   // Read-only calls, retried like the others.
   absl::StatusOr<GroupInfo> DescribeGroup(const std::string& name);
+  // Every group, by name, read page by page (ListGroupsRequest.page_token).
   absl::StatusOr<std::vector<GroupInfo>> ListGroups();
   // The daemon's counters for the caller's groups (Stats).
   absl::StatusOr<Stats> GetStats();

@@ -1,0 +1,101 @@
+// --stream_idle_timeout ends a Step stream on which nothing has happened for
+// that long with UNAVAILABLE saying it was idle; a stream in use is never
+// ended, and optstate::Client steps on across such an end as if it had not
+// happened.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "optstate/client.h"
+#include "optstate/v1/optstate.grpc.pb.h"
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/random_tensors.h"
+#include "tests/testing/raw_rpc.h"
+#include "tests/testing/reference_adamw.h"
+
+namespace optstate::testing {
+namespace {
+
+class IdleStreamTest : public ::testing::Test {
+ public:
+  void SetUp() override {
+    auto daemon = DaemonProcess::Start({"--threads=2", "--stream_idle_timeout=1s"});
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = std::move(*daemon);
+    stub_ = v1::OptimizerState::NewStub(OwnChannel(daemon_->target()));
+  }
+
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<v1::OptimizerState::Stub> stub_;
+};
+
+TEST_F(IdleStreamTest, AStreamThatSendsNothingIsEndedAsIdle) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  const absl::Time opened = absl::Now();
+  auto stream = stub_->Step(&context);
+  v1::StepResponse response;
+  EXPECT_FALSE(stream->Read(&response));
+  grpc::Status status = stream->Finish();
+  const absl::Duration took = absl::Now() - opened;
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_NE(status.error_message().find("idle"), std::string::npos) << status.error_message();
+  EXPECT_GE(took, absl::Milliseconds(900));
+  EXPECT_LT(took, absl::Seconds(5));
+}
+
+TEST_F(IdleStreamTest, AStreamInUseIsNotEnded) {
+  {
+    grpc::ClientContext context;
+    v1::RegisterGroupResponse response;
+    auto writer = stub_->RegisterGroup(&context, &response);
+    v1::RegisterGroupRequest request;
+    request.mutable_spec()->set_name("busy");
+    request.mutable_spec()->set_num_elements(8);
+    ASSERT_TRUE(writer->Write(request));
+    writer->WritesDone();
+    ASSERT_TRUE(writer->Finish().ok());
+  }
+  grpc::ClientContext context;
+  auto stream = stub_->Step(&context);
+  // Eight steps 400 ms apart: 3.2 s on one stream, never 1 s without a message.
+  for (uint64_t t = 1; t <= 8; ++t) {
+    v1::StepRequest request;
+    request.set_group("busy");
+    request.set_step(t);
+    request.set_gradient(std::string(8 * sizeof(float), '\0'));
+    ASSERT_TRUE(stream->Write(request));
+    v1::StepResponse response;
+    ASSERT_TRUE(stream->Read(&response)) << "ended at step " << t;
+    EXPECT_EQ(response.step(), t);
+    absl::SleepFor(absl::Milliseconds(400));
+  }
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(IdleStreamTest, TheClientStepsOnAfterIdleTimeouts) {
+  auto client = Client::Connect(daemon_->target());
+  ASSERT_TRUE(client.ok());
+  std::mt19937 rng(14);
+  const size_t n = 1000;
+  std::vector<float> initial = RandomNormal(rng, n, 1.0f);
+  ASSERT_TRUE((*client)->RegisterGroup("w", initial).ok());
+  ReferenceState reference;
+  reference.params.assign(initial.begin(), initial.end());
+  reference.exp_avg.assign(n, 0.0);
+  reference.exp_avg_sq.assign(n, 0.0);
+  std::vector<float> params(n);
+  for (uint64_t t = 1; t <= 3; ++t) {
+    std::vector<float> grad = RandomNormal(rng, n, 1e-2f);
+    ASSERT_TRUE((*client)->Step("w", t, grad, absl::MakeSpan(params)).ok()) << "step " << t;
+    ReferenceAdamWStep({}, t, std::vector<double>(grad.begin(), grad.end()), &reference);
+    EXPECT_LE(RelativeL2Error(params, reference.params), 1e-6) << "step " << t;
+    absl::SleepFor(absl::Milliseconds(1500));  // Past the idle timeout.
+  }
+}
+
+}  // namespace
+}  // namespace optstate::testing

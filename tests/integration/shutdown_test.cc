@@ -1,0 +1,104 @@
+// SIGTERM ends every open stream at once with UNAVAILABLE saying the daemon
+// is shutting down, and the daemon exits promptly: idle streams do not hold
+// it for the grace period.
+#include <gtest/gtest.h>
+
+#include <iostream>
+
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "optstate/v1/optstate.grpc.pb.h"
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/raw_rpc.h"
+
+namespace optstate::testing {
+namespace {
+
+constexpr int kChannels = 10;
+constexpr int kStreamsPerChannel = 100;
+
+struct OpenStream {
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<v1::StepRequest, v1::StepResponse>> call;
+  v1::StepResponse reply;
+  grpc::Status status;
+};
+
+// Waits for `n` completions on `cq`; false if one failed or time ran out.
+bool Drain(grpc::CompletionQueue* cq, int n, absl::Duration timeout, int* failed = nullptr) {
+  const auto deadline = absl::ToChronoTime(absl::Now() + timeout);
+  for (int i = 0; i < n; ++i) {
+    void* tag;
+    bool ok;
+    if (cq->AsyncNext(&tag, &ok, deadline) != grpc::CompletionQueue::GOT_EVENT) return false;
+    if (!ok && failed != nullptr) ++*failed;
+  }
+  return true;
+}
+
+TEST(ShutdownTest, AThousandIdleStreamsDoNotHoldTheExit) {
+  auto daemon = DaemonProcess::Start({"--threads=2"});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int c = 0; c < kChannels; ++c) channels.push_back(OwnChannel((*daemon)->target()));
+  auto stub = v1::OptimizerState::NewStub(channels[0]);
+  {
+    grpc::ClientContext context;
+    v1::RegisterGroupResponse response;
+    auto writer = stub->RegisterGroup(&context, &response);
+    v1::RegisterGroupRequest request;
+    request.mutable_spec()->set_name("g");
+    request.mutable_spec()->set_num_elements(16);
+    ASSERT_TRUE(writer->Write(request));
+    writer->WritesDone();
+    ASSERT_TRUE(writer->Finish().ok());
+  }
+  // Every stream carries one step (so the daemon surely holds it), then idles.
+  grpc::CompletionQueue cq;
+  std::vector<std::unique_ptr<OpenStream>> streams;
+  for (int c = 0; c < kChannels; ++c) {
+    auto channel_stub = v1::OptimizerState::NewStub(channels[c]);
+    for (int s = 0; s < kStreamsPerChannel; ++s) {
+      auto stream = std::make_unique<OpenStream>();
+      stream->call = channel_stub->AsyncStep(&stream->context, &cq, stream.get());
+      streams.push_back(std::move(stream));
+    }
+  }
+  const int n = static_cast<int>(streams.size());
+  int failed = 0;
+  ASSERT_TRUE(Drain(&cq, n, absl::Seconds(30), &failed));
+  ASSERT_EQ(failed, 0);
+  v1::StepRequest request;
+  request.set_group("g");
+  request.set_step(1);
+  request.set_gradient(std::string(16 * sizeof(float), '\0'));
+  for (auto& s : streams) s->call->Write(request, s.get());
+  ASSERT_TRUE(Drain(&cq, n, absl::Seconds(30), &failed));
+  for (auto& s : streams) s->call->Read(&s->reply, s.get());
+  ASSERT_TRUE(Drain(&cq, n, absl::Seconds(30), &failed));
+  ASSERT_EQ(failed, 0) << "not every stream was answered";
+  for (auto& s : streams) s->call->Finish(&s->status, s.get());
+
+  const absl::Time signalled = absl::Now();
+  absl::StatusOr<int> exit_code = (*daemon)->Stop(/*timeout_seconds=*/10);
+  const absl::Duration took = absl::Now() - signalled;
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status() << " after " << took;
+  std::cout << "SIGTERM to exit: " << took << " with " << n << " idle streams\n";
+  EXPECT_EQ(*exit_code, 0);
+  EXPECT_LT(took, absl::Seconds(2)) << "exit took " << took << " with " << n << " idle streams";
+  ASSERT_TRUE(Drain(&cq, n, absl::Seconds(10)));
+  int shutting_down = 0;
+  for (auto& s : streams) {
+    EXPECT_EQ(s->status.error_code(), grpc::StatusCode::UNAVAILABLE) << s->status.error_message();
+    if (s->status.error_message().find("shutting down") != std::string::npos) ++shutting_down;
+  }
+  EXPECT_EQ(shutting_down, n) << "streams must be told the daemon is shutting down";
+  cq.Shutdown();
+  void* tag;
+  bool ok;
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
+}  // namespace
+}  // namespace optstate::testing
