@@ -2,6 +2,7 @@
 // read counters or take the store's lock briefly).
 #include "server/rpc/service.h"
 
+#include "server/rpc/checkpoint_reactor.h"
 #include "server/rpc/export_reactor.h"
 #include "server/rpc/import_reactor.h"
 #include "server/rpc/proto_convert.h"
@@ -38,6 +39,7 @@ grpc::ServerUnaryReactor* OptimizerStateService::GetStats(grpc::CallbackServerCo
   response->set_host_bytes(store->host_bytes());
   response->set_max_host_bytes(store->max_host_bytes());
   BackendStatsToProto(engine_->backend()->Stats(), response->mutable_device());
+  if (checkpointer_ != nullptr) CheckpointStatsToProto(checkpointer_->Stats(), response);
   v1::PagingCounters* paging = response->mutable_paging();
   for (const auto& group : store->List(TenantOf(context))) {
     v1::GroupStats* stats = response->add_groups();
@@ -102,10 +104,9 @@ grpc::ServerReadReactor<v1::ImportStateRequest>* OptimizerStateService::ImportSt
 }
 
 grpc::ServerUnaryReactor* OptimizerStateService::Checkpoint(grpc::CallbackServerContext* context,
-                                                            const v1::CheckpointRequest*,
-                                                            v1::CheckpointResponse*) {
-  return Answer(context, absl::FailedPreconditionError(
-                             "this daemon keeps no checkpoints; start optstated with --state_dir"));
+                                                            const v1::CheckpointRequest* request,
+                                                            v1::CheckpointResponse* response) {
+  return StartCheckpointCall(checkpointer_, context, TenantOf(context), *request, response);
 }
 
 }  // namespace optstate

@@ -4,6 +4,7 @@
 #define OPTSTATE_SERVER_RPC_SERVICE_H_
 
 #include "optstate/v1/optstate.grpc.pb.h"
+#include "server/durability/checkpointer.h"
 #include "server/engine/step_engine.h"
 
 namespace optstate {
@@ -25,8 +26,11 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
  public:
   // `max_reply_bytes`: the largest message the server may send (Step
   // refuses, before applying anything, a message whose reply would be larger).
-  OptimizerStateService(StepEngine* engine, size_t max_reply_bytes)
-      : engine_(engine), max_reply_bytes_(max_reply_bytes) {}
+  // `checkpointer`: null without --state_dir (Checkpoint then answers
+  // FAILED_PRECONDITION); else it must outlive the service.
+  OptimizerStateService(StepEngine* engine, size_t max_reply_bytes,
+                        Checkpointer* checkpointer = nullptr)
+      : engine_(engine), max_reply_bytes_(max_reply_bytes), checkpointer_(checkpointer) {}
 
   grpc::ServerReadReactor<v1::RegisterGroupRequest>* RegisterGroup(
       grpc::CallbackServerContext* context, v1::RegisterGroupResponse* response) override;
@@ -58,6 +62,7 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
 
   StepEngine* const engine_;
   const size_t max_reply_bytes_;
+  Checkpointer* const checkpointer_;
 };
 
 }  // namespace optstate
