@@ -175,6 +175,54 @@ TEST(CheckpointTest, GetStatsReportsTheLastCheckpointAndFailures) {
   std::filesystem::remove(dir);
 }
 
+TEST(CheckpointTest, TheIntervalWritesCheckpointsAndOnlyTheNewestAreKept) {
+  const CkptWorkload work(3);
+  const std::string dir = FreshDirectory("interval");
+  auto daemon = DaemonProcess::Start(
+      CkptFlags(dir, {"--checkpoint_interval=50ms", "--checkpoints_to_keep=2"}));
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto client = ConnectTo(**daemon);
+  work.Register(*client);
+  work.Steps(*client, 1, 2);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  uint64_t written = 0;
+  v1::GetStatsResponse stats;
+  while (absl::Now() < deadline && (written < 4 || stats.last_checkpoint().step() != 2)) {
+    absl::SleepFor(absl::Milliseconds(20));
+    absl::StatusOr<v1::GetStatsResponse> s = client->GetStats();
+    ASSERT_TRUE(s.ok());
+    stats = *s;
+    written = stats.checkpoints_written();
+  }
+  ASSERT_GE(written, 4u) << "the timer wrote too few checkpoints";
+  EXPECT_EQ(stats.last_checkpoint().step(), 2u);
+  EXPECT_EQ(stats.checkpoint_failures(), 0u);
+  client.reset();
+  ASSERT_TRUE((*daemon)->Stop().ok());
+  // Two complete checkpoints remain, the newest ones, and no temporary ones.
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  ASSERT_EQ(names.size(), 2u);
+  EXPECT_EQ(names[0].substr(0, 5), "ckpt-");
+  EXPECT_EQ(names[0].find(".tmp"), std::string::npos);
+  EXPECT_EQ(std::stoull(names[1].substr(5)), std::stoull(names[0].substr(5)) + 1);
+}
+
+TEST(CheckpointTest, ByDefaultNoTimerWrites) {
+  const CkptWorkload work(4);
+  const std::string dir = FreshDirectory("notimer");
+  auto daemon = DaemonProcess::Start(CkptFlags(dir));
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto client = ConnectTo(**daemon);
+  work.Register(*client);
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(client->GetStats()->checkpoints_written(), 0u);
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+}
+
 // An independent reader of the data file format (docs/durability.md): per
 // page a uint64 step, uint64 flags, then params, exp_avg, exp_avg_sq.
 struct PageRecord {
