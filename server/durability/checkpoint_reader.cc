@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "server/base/log.h"
 #include "server/durability/crc32c.h"
 #include "server/durability/file_util.h"
@@ -123,6 +124,7 @@ absl::StatusOr<RestoreOutcome> RestoreNewest(StateStore* store, const std::strin
   for (uint64_t seq : sequences) {
     const std::string dir = absl::StrCat(state_dir, "/", CheckpointDirName(seq));
     Manifest manifest;
+    const absl::Time started = absl::Now();
     absl::StatusOr<std::vector<StagedGroup>> staged = LoadCheckpoint(store, dir, &manifest);
     absl::Status status = staged.status();
     std::vector<std::shared_ptr<Group>> published;
@@ -149,7 +151,7 @@ absl::StatusOr<RestoreOutcome> RestoreNewest(StateStore* store, const std::strin
     outcome.restored_id = manifest.id;
     outcome.restored_step = manifest.step;
     Log(LogLevel::kInfo, "restored checkpoint ", dir, ": ", manifest.groups.size(),
-        " groups at step ", manifest.step);
+        " groups at step ", manifest.step, " in ", absl::FormatDuration(absl::Now() - started));
     return outcome;
   }
   return outcome;
