@@ -34,6 +34,24 @@ ABSL_FLAG(absl::Duration, stream_idle_timeout, absl::Minutes(10),
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(30),
           "On SIGTERM or SIGINT: how long to wait for the chunks already being applied to be "
           "answered (streams end, UNAVAILABLE, as soon as they are); what is left then is cut.");
+ABSL_FLAG(uint64_t, page_elements, 256 * 1024,
+          "Elements per page: the unit of exactly-once stepping and of checkpoints; a positive "
+          "multiple of 64. A checkpoint written with another page size is not restored.");
+ABSL_FLAG(std::string, state_dir, "",
+          "Directory for checkpoints (docs/durability.md); empty: none. At start the newest "
+          "complete checkpoint there is restored before serving; on SIGTERM a final one is "
+          "written.");
+ABSL_FLAG(absl::Duration, checkpoint_interval, absl::ZeroDuration(),
+          "With --state_dir: also write a checkpoint this often (for example 10m); 0 means "
+          "only when asked (Checkpoint) and at shutdown.");
+ABSL_FLAG(int, checkpoints_to_keep, 2,
+          "With --state_dir: complete checkpoints kept; older ones are removed once a newer "
+          "one is durable. At least 1.");
+ABSL_FLAG(bool, require_state, false,
+          "With --state_dir: exit non-zero when no usable checkpoint can be restored.");
+ABSL_FLAG(uint64_t, checkpoint_buffer_bytes, 8 << 20,
+          "With --state_dir: state copied per write while checkpointing (the writer's memory "
+          "bound; at least one page is always taken).");
 ABSL_FLAG(std::string, log_level, "info", "One of debug, info, warning, error.");
 ABSL_FLAG(std::string, paging, "adaptive",
           "CUDA backend: none (state always in VRAM; refuse what does not fit), adaptive "
@@ -87,6 +105,12 @@ int main(int argc, char** argv) {
   options.max_host_bytes = absl::GetFlag(FLAGS_max_host_bytes);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
+  options.page_elements = absl::GetFlag(FLAGS_page_elements);
+  options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.checkpoint_interval = absl::GetFlag(FLAGS_checkpoint_interval);
+  options.checkpoints_to_keep = absl::GetFlag(FLAGS_checkpoints_to_keep);
+  options.require_state = absl::GetFlag(FLAGS_require_state);
+  options.checkpoint_buffer_bytes = absl::GetFlag(FLAGS_checkpoint_buffer_bytes);
   options.backend.kind = absl::GetFlag(FLAGS_backend);
   options.backend.cuda.paging = absl::GetFlag(FLAGS_paging);
   options.backend.cuda.vram_reserved_bytes = absl::GetFlag(FLAGS_vram_reserved_bytes);

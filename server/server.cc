@@ -14,6 +14,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "server/base/log.h"
+#include "server/durability/checkpointer.h"
 #include "server/rpc/service.h"
 
 namespace optstate {
@@ -23,6 +24,7 @@ struct Server::Parts {
   std::unique_ptr<StepBackend> backend;
   std::unique_ptr<StateStore> store;
   std::unique_ptr<StepEngine> engine;
+  std::unique_ptr<Checkpointer> checkpointer;  // Null without a state_dir.
   std::unique_ptr<OptimizerStateService> service;
   std::unique_ptr<grpc::Server> grpc_server;
   std::string backend_name;
@@ -35,6 +37,7 @@ struct Server::Parts {
     grpc_server.reset();
     pool.reset();
     service.reset();
+    checkpointer.reset();
     engine.reset();
     store.reset();
     backend.reset();
@@ -92,9 +95,23 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       std::make_unique<StateStore>(parts->backend.get(), max_host_bytes, options.page_elements);
   parts->engine =
       std::make_unique<StepEngine>(parts->store.get(), parts->backend.get(), parts->pool.get());
+  if (!options.state_dir.empty()) {
+    CheckpointerOptions checkpoints;
+    checkpoints.state_dir = options.state_dir;
+    checkpoints.interval = options.checkpoint_interval;
+    checkpoints.keep = options.checkpoints_to_keep;
+    checkpoints.buffer_bytes = options.checkpoint_buffer_bytes;
+    // Restored before the service exists: nothing is served half-restored.
+    absl::StatusOr<std::unique_ptr<Checkpointer>> checkpointer = Checkpointer::OpenAndRestore(
+        checkpoints, parts->store.get(), parts->backend.get(), options.require_state);
+    if (!checkpointer.ok()) return checkpointer.status();
+    parts->checkpointer = std::move(*checkpointer);
+  } else if (options.require_state) {
+    return absl::InvalidArgumentError("--require_state needs --state_dir");
+  }
   parts->service = std::make_unique<OptimizerStateService>(
       parts->engine.get(), static_cast<size_t>(options.max_message_bytes),
-      options.stream_idle_timeout);
+      options.stream_idle_timeout, parts->checkpointer.get());
 
   // Referencing the compiled health.proto keeps it linked in, which puts its
   // descriptors in the pool: reflection can then describe grpc.health.v1 and
@@ -164,6 +181,14 @@ void Server::Shutdown(absl::Duration grace) {
   parts_->grpc_server->Shutdown(absl::ToChronoTime(std::min(deadline, absl::Now() + kUnaryGrace)));
   parts_->grpc_server->Wait();
   parts_->pool.reset();  // Runs what is queued, then joins.
+  if (parts_->checkpointer != nullptr) {
+    // Nothing steps any more: the final checkpoint holds the last state.
+    parts_->checkpointer->Stop();
+    absl::StatusOr<CheckpointOutcome> last = parts_->checkpointer->Checkpoint(CheckpointCall());
+    if (!last.ok()) {
+      Log(LogLevel::kError, "final checkpoint at shutdown failed: ", last.status().ToString());
+    }
+  }
   parts_->done.Notify();
 }
 

@@ -25,14 +25,22 @@ struct ServerOptions {
   // this long is ended with UNAVAILABLE; zero or infinite: never.
   absl::Duration stream_idle_timeout = absl::Minutes(10);
   BackendOptions backend;
+  // Durability (docs/durability.md). Empty state_dir: no checkpoints.
+  std::string state_dir;
+  absl::Duration checkpoint_interval = absl::ZeroDuration();  // Zero: no timer.
+  int checkpoints_to_keep = 2;
+  bool require_state = false;                  // Refuse to start without a usable checkpoint.
+  uint64_t checkpoint_buffer_bytes = 8 << 20;  // The writer's memory bound (at least a page).
 };
 
 // Thread-safe.
 class Server {
  public:
-  // Builds everything and starts serving; INVALID_ARGUMENT for bad options,
+  // Builds everything, restores the newest complete checkpoint of state_dir
+  // (if any), and starts serving; INVALID_ARGUMENT for bad options,
   // UNAVAILABLE when the address cannot be bound, FAILED_PRECONDITION when
-  // the backend asked for cannot be used.
+  // the backend asked for cannot be used or require_state finds no usable
+  // checkpoint.
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
   // Shuts down (waiting up to 5 s for in-flight calls) if still running.
   ~Server();
@@ -44,9 +52,9 @@ class Server {
   // Stops accepting calls and new steps at once, and ends every open stream
   // with UNAVAILABLE ("shutting down") as soon as the messages already being
   // applied are answered (idle streams end at once); waits up to `grace` for
-  // that and for unary calls, cancels what is left, then drains the worker
-  // pool. Idempotent; a concurrent second call returns when the first has
-  // finished.
+  // that and for unary calls, cancels what is left, drains the worker pool,
+  // then (with state_dir) writes a final checkpoint. Idempotent; a concurrent
+  // second call returns when the first has finished.
   void Shutdown(absl::Duration grace);
   // Blocks until Shutdown has completed.
   void Wait();

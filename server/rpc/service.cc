@@ -4,6 +4,9 @@
 #include "server/rpc/service.h"
 
 #include "server/rpc/group_pager.h"
+#include "server/rpc/checkpoint_reactor.h"
+#include "server/rpc/export_reactor.h"
+#include "server/rpc/import_reactor.h"
 #include "server/rpc/proto_convert.h"
 #include "server/rpc/raw_message.h"
 #include "server/rpc/register_reactor.h"
@@ -62,6 +65,7 @@ absl::Status OptimizerStateService::GetStats(const std::string& tenant,
   response->set_max_host_bytes(store->max_host_bytes());
   BackendStatsToProto(engine_->backend()->Stats(), response->mutable_device());
   // Totals over every group, on every page.
+  if (checkpointer_ != nullptr) CheckpointStatsToProto(checkpointer_->Stats(), response);
   v1::PagingCounters* paging = response->mutable_paging();
   for (const auto& group : groups) {
     const GroupCounters& c = group->counters();
@@ -164,6 +168,22 @@ grpc::ServerUnaryReactor* OptimizerStateService::DeleteGroup(grpc::CallbackServe
     Reply(reactor, freed.status(), reply, response);
   });
   return reactor;
+}
+
+grpc::ServerWriteReactor<v1::ExportStateResponse>* OptimizerStateService::ExportState(
+    grpc::CallbackServerContext* context, const v1::ExportStateRequest* request) {
+  return new ExportReactor(engine_, GroupKey{TenantOf(context), request->name()});
+}
+
+grpc::ServerReadReactor<v1::ImportStateRequest>* OptimizerStateService::ImportState(
+    grpc::CallbackServerContext* context, v1::ImportStateResponse* response) {
+  return new ImportReactor(engine_, context, TenantOf(context), response);
+}
+
+grpc::ServerUnaryReactor* OptimizerStateService::Checkpoint(grpc::CallbackServerContext* context,
+                                                            const v1::CheckpointRequest* request,
+                                                            v1::CheckpointResponse* response) {
+  return StartCheckpointCall(checkpointer_, context, TenantOf(context), *request, response);
 }
 
 }  // namespace optstate

@@ -4,23 +4,28 @@
 #define OPTSTATE_SERVER_RPC_SERVICE_H_
 
 #include "optstate/v1/optstate.grpc.pb.h"
+#include "server/durability/checkpointer.h"
 #include "server/engine/step_engine.h"
 #include "server/rpc/stream_registry.h"
 
 namespace optstate {
 
-// Every method on the callback API, raw (grpc::ByteBuffer in and out): the
-// service parses requests itself, so bytes that are not the method's request
-// get INVALID_ARGUMENT naming it (gRPC's own parsing answers UNIMPLEMENTED
-// with no message, or takes a bad RegisterGroup message for a half-close);
-// Step's reactor also writes replies itself (server/rpc/step_reply_builder.h).
+// Every method on the callback API, raw (grpc::ByteBuffer in and out) but
+// the durability ones: the service parses requests itself, so bytes that are
+// not the method's request get INVALID_ARGUMENT naming it (gRPC's own parsing
+// answers UNIMPLEMENTED with no message, or takes a bad RegisterGroup message
+// for a half-close); Step's reactor also writes replies itself
+// (server/rpc/step_reply_builder.h).
 using OptimizerStateCallbackBase = v1::OptimizerState::WithRawCallbackMethod_RegisterGroup<
     v1::OptimizerState::WithRawCallbackMethod_Step<
         v1::OptimizerState::WithRawCallbackMethod_GetStats<
             v1::OptimizerState::WithRawCallbackMethod_ListGroups<
                 v1::OptimizerState::WithRawCallbackMethod_DescribeGroup<
                     v1::OptimizerState::WithRawCallbackMethod_DeleteGroup<
-                        v1::OptimizerState::Service>>>>>>;
+                        v1::OptimizerState::WithCallbackMethod_ExportState<
+                            v1::OptimizerState::WithCallbackMethod_ImportState<
+                                v1::OptimizerState::WithCallbackMethod_Checkpoint<
+                                    v1::OptimizerState::Service>>>>>>>>>;
 
 // Thread-safe; `engine` must outlive the service.
 class OptimizerStateService : public OptimizerStateCallbackBase {
@@ -28,10 +33,16 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   // `max_reply_bytes`: the largest message the server may send (Step
   // refuses, before applying anything, a message whose reply would be larger).
   // `stream_idle_timeout`: a Step or RegisterGroup stream idle this long is
-  // ended with UNAVAILABLE; zero or infinite: never.
+  // ended with UNAVAILABLE; zero or infinite: never. `checkpointer`: null
+  // without --state_dir (Checkpoint then answers FAILED_PRECONDITION); else it
+  // must outlive the service.
   OptimizerStateService(StepEngine* engine, size_t max_reply_bytes,
-                        absl::Duration stream_idle_timeout = absl::InfiniteDuration())
-      : engine_(engine), max_reply_bytes_(max_reply_bytes), streams_(stream_idle_timeout) {}
+                        absl::Duration stream_idle_timeout = absl::InfiniteDuration(),
+                        Checkpointer* checkpointer = nullptr)
+      : engine_(engine),
+        max_reply_bytes_(max_reply_bytes),
+        streams_(stream_idle_timeout),
+        checkpointer_(checkpointer) {}
 
   // Refuses new streams and ends the open ones with UNAVAILABLE (the daemon
   // is shutting down), each once the work it has under way is answered.
@@ -57,6 +68,13 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   grpc::ServerUnaryReactor* DeleteGroup(grpc::CallbackServerContext* context,
                                         const grpc::ByteBuffer* request,
                                         grpc::ByteBuffer* response) override;
+  grpc::ServerWriteReactor<v1::ExportStateResponse>* ExportState(
+      grpc::CallbackServerContext* context, const v1::ExportStateRequest* request) override;
+  grpc::ServerReadReactor<v1::ImportStateRequest>* ImportState(
+      grpc::CallbackServerContext* context, v1::ImportStateResponse* response) override;
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
+                                       const v1::CheckpointRequest* request,
+                                       v1::CheckpointResponse* response) override;
 
  private:
   // The typed halves of the unary methods: OK fills `response`.
@@ -71,6 +89,7 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   StepEngine* const engine_;
   const size_t max_reply_bytes_;
   StreamRegistry streams_;
+  Checkpointer* const checkpointer_;
 };
 
 }  // namespace optstate

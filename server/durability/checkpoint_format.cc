@@ -1,0 +1,181 @@
+// Manifest text: encoding, and parsing that refuses anything not whole.
+#include "server/durability/checkpoint_format.h"
+
+#include <charconv>
+#include <cinttypes>
+#include <cstdio>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "server/durability/crc32c.h"
+
+namespace optstate {
+namespace {
+
+constexpr absl::string_view kMagic = "optstate-checkpoint-manifest";
+
+// Tenants may hold any bytes; "-" is the empty tenant.
+std::string EncodeTenant(const std::string& tenant) {
+  return tenant.empty() ? "-" : absl::BytesToHexString(tenant);
+}
+
+bool DecodeTenant(absl::string_view text, std::string* tenant) {
+  if (text == "-") {
+    tenant->clear();
+    return true;
+  }
+  if (text.size() % 2 != 0) return false;
+  for (char c : text) {
+    if (!absl::ascii_isxdigit(static_cast<unsigned char>(c))) return false;
+  }
+  *tenant = absl::HexStringToBytes(text);
+  return true;
+}
+
+bool ParseDouble(absl::string_view text, double* out) {
+  const std::from_chars_result r = std::from_chars(text.data(), text.data() + text.size(), *out);
+  return r.ec == std::errc() && r.ptr == text.data() + text.size();
+}
+
+absl::Status Bad(absl::string_view what) {
+  return absl::DataLossError(absl::StrCat("manifest does not parse: ", what));
+}
+
+}  // namespace
+
+uint64_t DataFileBytes(uint64_t num_elements, uint64_t page_elements) {
+  const uint64_t pages = (num_elements + page_elements - 1) / page_elements;
+  return pages * kPageRecordHeaderBytes + num_elements * 3 * sizeof(float);
+}
+
+std::string EncodeManifest(const Manifest& m) {
+  std::string text =
+      absl::StrCat(kMagic, "\n", "format_version ", m.version, "\n", "id ", m.id, "\n", "step ",
+                   m.step, "\n", "page_elements ", m.page_elements, "\n", "created_unix_micros ",
+                   m.created_unix_micros, "\n", "groups ", m.groups.size(), "\n");
+  for (const ManifestGroup& g : m.groups) {
+    const AdamWHyperparameters& h = g.config.hyperparameters;
+    char crc[9];
+    std::snprintf(crc, sizeof(crc), "%08" PRIx32, g.crc32c);
+    absl::StrAppend(&text, "group ", EncodeTenant(g.key.tenant), " ", g.key.name, " ",
+                    g.config.num_elements, " ", ExactText(h.lr), " ", ExactText(h.beta1), " ",
+                    ExactText(h.beta2), " ", ExactText(h.eps), " ", ExactText(h.weight_decay), " ",
+                    g.config.has_initial_values ? 1 : 0, " ", g.min_step, " ", g.max_step, " ",
+                    g.file, " ", g.bytes, " ", crc, "\n");
+  }
+  char crc[9];
+  std::snprintf(crc, sizeof(crc), "%08" PRIx32, Crc32cExtend(0, text.data(), text.size()));
+  absl::StrAppend(&text, "end ", crc, "\n");
+  return text;
+}
+
+absl::StatusOr<Manifest> ParseManifest(absl::string_view text) {
+  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
+  if (lines.empty() || lines[0] != kMagic) {
+    return absl::DataLossError(
+        absl::StrCat("not a checkpoint manifest (the first line is not '", kMagic, "')"));
+  }
+  Manifest m;
+  if (lines.size() < 2 || !absl::ConsumePrefix(&lines[1], "format_version ") ||
+      !absl::SimpleAtoi(lines[1], &m.version) || m.version < 1) {
+    return Bad("the second line is not 'format_version N'");
+  }
+  if (m.version > kCheckpointFormatVersion) {
+    return absl::DataLossError(absl::StrCat("format version ", m.version,
+                                            " is newer than this daemon reads (",
+                                            kCheckpointFormatVersion, "); upgrade optstated"));
+  }
+  // The last line is "end <crc>" followed by the final newline.
+  const size_t end_at = text.rfind("\nend ");
+  if (end_at == absl::string_view::npos || text.empty() || text.back() != '\n') {
+    return absl::DataLossError("manifest is truncated (no final 'end' line)");
+  }
+  const absl::string_view body = text.substr(0, end_at + 1);
+  absl::string_view crc_text = text.substr(end_at + 5);
+  crc_text.remove_suffix(1);
+  uint32_t stored = 0;
+  if (crc_text.size() != 8 || !absl::SimpleHexAtoi(crc_text, &stored)) {
+    return Bad("the 'end' line holds no checksum");
+  }
+  const uint32_t actual = Crc32cExtend(0, body.data(), body.size());
+  if (stored != actual) {
+    char message[96];
+    std::snprintf(message, sizeof(message),
+                  "manifest checksum mismatch (stored %08" PRIx32 ", computed %08" PRIx32 ")",
+                  stored, actual);
+    return absl::DataLossError(message);
+  }
+  lines = absl::StrSplit(body, '\n');
+  lines.pop_back();  // After the body's final newline.
+  auto field = [&](size_t i, absl::string_view name) -> absl::StatusOr<absl::string_view> {
+    absl::string_view line = i < lines.size() ? lines[i] : absl::string_view();
+    if (!absl::ConsumePrefix(&line, name) || !absl::ConsumePrefix(&line, " ")) {
+      return Bad(absl::StrCat("line ", i + 1, " is not '", name, " ...'"));
+    }
+    return line;
+  };
+  absl::StatusOr<absl::string_view> id = field(2, "id");
+  if (!id.ok()) return id.status();
+  m.id = std::string(*id);
+  uint64_t num_groups = 0;
+  for (auto [i, name, target] : {std::tuple<size_t, const char*, uint64_t*>{3, "step", &m.step},
+                                 {4, "page_elements", &m.page_elements},
+                                 {6, "groups", &num_groups}}) {
+    absl::StatusOr<absl::string_view> value = field(i, name);
+    if (!value.ok()) return value.status();
+    if (!absl::SimpleAtoi(*value, target)) return Bad(absl::StrCat(name, " is not a number"));
+  }
+  absl::StatusOr<absl::string_view> created = field(5, "created_unix_micros");
+  if (!created.ok()) return created.status();
+  if (!absl::SimpleAtoi(*created, &m.created_unix_micros)) {
+    return Bad("created_unix_micros is not a number");
+  }
+  if (m.page_elements == 0) return Bad("page_elements is 0");
+  if (lines.size() != 7 + num_groups) {
+    return Bad(absl::StrCat("it names ", num_groups, " groups but holds ",
+                            lines.size() >= 7 ? lines.size() - 7 : 0, " group lines"));
+  }
+  for (uint64_t i = 0; i < num_groups; ++i) {
+    absl::StatusOr<absl::string_view> line = field(7 + i, "group");
+    if (!line.ok()) return line.status();
+    std::vector<absl::string_view> f = absl::StrSplit(*line, ' ');
+    ManifestGroup g;
+    AdamWHyperparameters& h = g.config.hyperparameters;
+    int has_values = 0;
+    if (f.size() != 14 || !DecodeTenant(f[0], &g.key.tenant) || f[1].empty() ||
+        !absl::SimpleAtoi(f[2], &g.config.num_elements) || g.config.num_elements == 0 ||
+        !ParseDouble(f[3], &h.lr) || !ParseDouble(f[4], &h.beta1) || !ParseDouble(f[5], &h.beta2) ||
+        !ParseDouble(f[6], &h.eps) || !ParseDouble(f[7], &h.weight_decay) ||
+        !absl::SimpleAtoi(f[8], &has_values) || !absl::SimpleAtoi(f[9], &g.min_step) ||
+        !absl::SimpleAtoi(f[10], &g.max_step) || f[11].empty() ||
+        f[11].find('/') != absl::string_view::npos || !absl::SimpleAtoi(f[12], &g.bytes) ||
+        f[13].size() != 8 || !absl::SimpleHexAtoi(f[13], &g.crc32c)) {
+      return Bad(absl::StrCat("group line ", i + 1, " (line ", 8 + i, ") does not parse"));
+    }
+    g.key.name = std::string(f[1]);
+    g.config.has_initial_values = has_values != 0;
+    g.file = std::string(f[11]);
+    m.groups.push_back(std::move(g));
+  }
+  return m;
+}
+
+std::string CheckpointDirName(uint64_t sequence) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "ckpt-%016" PRIu64, sequence);
+  return name;
+}
+
+std::optional<uint64_t> ParseCheckpointDirName(absl::string_view name) {
+  if (!absl::ConsumePrefix(&name, "ckpt-") || name.size() != 16) return std::nullopt;
+  for (char c : name) {
+    if (c < '0' || c > '9') return std::nullopt;
+  }
+  uint64_t sequence = 0;
+  if (!absl::SimpleAtoi(name, &sequence)) return std::nullopt;
+  return sequence;
+}
+
+}  // namespace optstate

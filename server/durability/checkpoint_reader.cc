@@ -1,0 +1,160 @@
+// Restore: verify everything, then install everything, or nothing.
+#include "server/durability/checkpoint_reader.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/base/log.h"
+#include "server/durability/crc32c.h"
+#include "server/durability/file_util.h"
+
+namespace optstate {
+namespace {
+
+absl::Status ReadGroupFile(const std::string& path, const ManifestGroup& entry, Group& group) {
+  absl::StatusOr<uint64_t> size = FileSize(path);
+  if (absl::IsNotFound(size.status())) {
+    return absl::DataLossError(absl::StrCat(path, " is missing (the manifest names it)"));
+  }
+  if (!size.ok()) return size.status();
+  const uint64_t expected = DataFileBytes(entry.config.num_elements, group.page_elements());
+  if (entry.bytes != expected) {
+    return absl::DataLossError(absl::StrCat("the manifest gives ", path, " ", entry.bytes,
+                                            " bytes, but a group of ", entry.config.num_elements,
+                                            " elements takes ", expected));
+  }
+  if (*size != entry.bytes) {
+    return absl::DataLossError(absl::StrCat(path, " is ", *size, " bytes, the manifest says ",
+                                            entry.bytes,
+                                            *size < entry.bytes ? " (truncated)" : ""));
+  }
+  absl::StatusOr<ScopedFd> fd = OpenForReading(path);
+  if (!fd.ok()) return fd.status();
+  uint32_t crc = 0;
+  for (uint64_t p = 0; p < group.num_pages(); ++p) {
+    uint64_t header[2];
+    if (absl::Status s = ReadExactly(fd->get(), header, sizeof(header), path); !s.ok()) return s;
+    crc = Crc32cExtend(crc, header, sizeof(header));
+    const uint64_t begin = group.PageBegin(p);
+    const size_t n = (group.PageEnd(p) - begin) * sizeof(float);
+    for (float* target : {group.params(), group.exp_avg(), group.exp_avg_sq()}) {
+      if (absl::Status s = ReadExactly(fd->get(), target + begin, n, path); !s.ok()) return s;
+      crc = Crc32cExtend(crc, target + begin, n);
+    }
+    absl::MutexLock lock(&group.page_mutex(p));
+    group.set_page_step(p, header[0]);
+    if (header[1] & kPageHasValues) group.mark_page_has_values(p);
+  }
+  if (crc != entry.crc32c) {
+    return absl::DataLossError(absl::StrCat(path, " fails its checksum (CRC32C ", crc,
+                                            ", the manifest says ", entry.crc32c, ")"));
+  }
+  if (group.MinStep() != entry.min_step || group.MaxStep() != entry.max_step) {
+    return absl::DataLossError(absl::StrCat(path, " holds steps ", group.MinStep(), "..",
+                                            group.MaxStep(), ", the manifest says ", entry.min_step,
+                                            "..", entry.max_step));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<StagedGroup>> LoadCheckpoint(StateStore* store, const std::string& dir,
+                                                        Manifest* manifest) {
+  const std::string manifest_path = absl::StrCat(dir, "/", kManifestName);
+  absl::StatusOr<uint64_t> size = FileSize(manifest_path);
+  if (absl::IsNotFound(size.status())) {
+    return absl::DataLossError(absl::StrCat(manifest_path, " is missing"));
+  }
+  if (!size.ok()) return size.status();
+  std::string text(*size, '\0');
+  {
+    absl::StatusOr<ScopedFd> fd = OpenForReading(manifest_path);
+    if (!fd.ok()) return fd.status();
+    if (absl::Status s = ReadExactly(fd->get(), text.data(), text.size(), manifest_path); !s.ok()) {
+      return s;
+    }
+  }
+  absl::StatusOr<Manifest> parsed = ParseManifest(text);
+  if (!parsed.ok()) {
+    return absl::DataLossError(absl::StrCat(manifest_path, ": ", parsed.status().message()));
+  }
+  if (parsed->page_elements != store->page_elements()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        manifest_path, ": written with pages of ", parsed->page_elements,
+        " elements, but this daemon runs with --page_elements=", store->page_elements(),
+        "; restart with --page_elements=", parsed->page_elements, " to restore it"));
+  }
+  std::vector<StagedGroup> staged;
+  for (const ManifestGroup& entry : parsed->groups) {
+    absl::StatusOr<StagedGroup> group = store->Stage(entry.key, entry.config);
+    if (!group.ok()) {
+      return absl::Status(group.status().code(),
+                          absl::StrCat(manifest_path, ": group '", entry.key.name,
+                                       "' cannot be set up: ", group.status().message()));
+    }
+    if (absl::Status s = ReadGroupFile(absl::StrCat(dir, "/", entry.file), entry, group->group());
+        !s.ok()) {
+      return s;
+    }
+    staged.push_back(std::move(*group));
+  }
+  *manifest = std::move(*parsed);
+  return staged;
+}
+
+absl::StatusOr<RestoreOutcome> RestoreNewest(StateStore* store, const std::string& state_dir) {
+  absl::StatusOr<std::vector<std::string>> names = ListDirectory(state_dir);
+  if (!names.ok()) return names.status();
+  std::vector<uint64_t> sequences;
+  RestoreOutcome outcome;
+  for (const std::string& name : *names) {
+    std::string base = name;
+    if (base.size() > 4 && base.substr(base.size() - 4) == kTemporarySuffix) {
+      base.resize(base.size() - 4);
+    }
+    std::optional<uint64_t> seq = ParseCheckpointDirName(base);
+    if (!seq) continue;
+    outcome.next_sequence = std::max(outcome.next_sequence, *seq + 1);
+    if (base == name) sequences.push_back(*seq);
+  }
+  std::sort(sequences.rbegin(), sequences.rend());
+  for (uint64_t seq : sequences) {
+    const std::string dir = absl::StrCat(state_dir, "/", CheckpointDirName(seq));
+    Manifest manifest;
+    const absl::Time started = absl::Now();
+    absl::StatusOr<std::vector<StagedGroup>> staged = LoadCheckpoint(store, dir, &manifest);
+    absl::Status status = staged.status();
+    std::vector<std::shared_ptr<Group>> published;
+    if (status.ok()) {
+      for (StagedGroup& group : *staged) {
+        absl::StatusOr<std::shared_ptr<Group>> p = store->Publish(group);
+        if (!p.ok()) {
+          status = absl::Status(p.status().code(),
+                                absl::StrCat(dir, ": group '", group.group().key().name,
+                                             "' cannot be installed: ", p.status().message()));
+          break;
+        }
+        published.push_back(*std::move(p));
+      }
+    }
+    if (!status.ok()) {
+      // Never a half-restored store: take back what was installed.
+      for (const auto& group : published) (void)store->Delete(group->key());
+      const std::string refusal = absl::StrCat("refused checkpoint ", dir, ": ", status.message());
+      Log(LogLevel::kError, refusal);
+      outcome.refusals.push_back(refusal);
+      continue;
+    }
+    outcome.restored_id = manifest.id;
+    outcome.restored_step = manifest.step;
+    Log(LogLevel::kInfo, "restored checkpoint ", dir, ": ", manifest.groups.size(),
+        " groups at step ", manifest.step, " in ", absl::FormatDuration(absl::Now() - started));
+    return outcome;
+  }
+  return outcome;
+}
+
+}  // namespace optstate

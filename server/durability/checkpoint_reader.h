@@ -1,0 +1,39 @@
+// Restores the newest complete checkpoint in --state_dir at start: every
+// file's size and checksum verified before anything is installed, falling
+// back to older checkpoints when one is refused.
+#ifndef OPTSTATE_SERVER_DURABILITY_CHECKPOINT_READER_H_
+#define OPTSTATE_SERVER_DURABILITY_CHECKPOINT_READER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/durability/checkpoint_format.h"
+#include "server/engine/state_store.h"
+
+namespace optstate {
+
+struct RestoreOutcome {
+  std::string restored_id;  // "" when none was restored.
+  uint64_t restored_step = 0;
+  uint64_t next_sequence = 1;         // For the next checkpoint written.
+  std::vector<std::string> refusals;  // One per refused checkpoint: file and fault.
+};
+
+// Loads checkpoint `dir` (a path) into staged groups, verifying the
+// manifest, the page size, and every data file's size, checksum and page
+// records; DATA_LOSS or FAILED_PRECONDITION naming the file and what is
+// wrong. Nothing is published.
+absl::StatusOr<std::vector<StagedGroup>> LoadCheckpoint(StateStore* store, const std::string& dir,
+                                                        Manifest* manifest);
+
+// Restores into the (empty) store the newest checkpoint of `state_dir` that
+// loads whole, logging each refused one. Only a file system error reading
+// the directory is an error; finding no usable checkpoint is an outcome
+// with restored_id empty.
+absl::StatusOr<RestoreOutcome> RestoreNewest(StateStore* store, const std::string& state_dir);
+
+}  // namespace optstate
+
+#endif  // OPTSTATE_SERVER_DURABILITY_CHECKPOINT_READER_H_

@@ -1,0 +1,65 @@
+// Writes one checkpoint of a set of groups into --state_dir, crash-safely:
+// after a crash at any moment, the directory holds every earlier complete
+// checkpoint, and this one either whole or not at all.
+#ifndef OPTSTATE_SERVER_DURABILITY_CHECKPOINT_WRITER_H_
+#define OPTSTATE_SERVER_DURABILITY_CHECKPOINT_WRITER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/backends/step_backend.h"
+#include "server/durability/checkpoint_format.h"
+#include "server/state/group.h"
+
+namespace optstate {
+
+struct CheckpointTarget {
+  std::shared_ptr<Group> group;
+  // When set, every page must be captured at exactly this step.
+  std::optional<uint64_t> exact_step;
+};
+
+struct WrittenCheckpoint {
+  std::string id;
+  uint64_t bytes = 0;  // Data files and manifest.
+  Manifest manifest;
+};
+
+// Not thread-safe: one checkpoint is written at a time.
+class CheckpointWriter {
+ public:
+  // `backend` must outlive the writer. A checkpoint holds at most
+  // max(buffer_bytes, one page of params, m and v) of copied state at a time.
+  CheckpointWriter(std::string state_dir, uint64_t page_elements, StepBackend* backend,
+                   uint64_t buffer_bytes);
+
+  // Writes checkpoint `sequence` of `targets` and returns once it is
+  // durable. `step` is recorded as the checkpoint's step. On error
+  // (FAILED_PRECONDITION when a page with an exact_step was captured at
+  // another step, ABORTED when a group was deleted meanwhile, the file
+  // system's error otherwise) nothing of it is left that a restore would
+  // read, and earlier checkpoints are untouched.
+  absl::StatusOr<WrittenCheckpoint> Write(uint64_t sequence, uint64_t step,
+                                          const std::vector<CheckpointTarget>& targets);
+
+  // Removes complete checkpoints older than the newest `keep` (at least 1)
+  // and temporary directories other than `except` (the one being written).
+  absl::Status Prune(int keep, const std::string& except = "");
+
+ private:
+  absl::Status WriteGroup(uint64_t sequence, size_t index, const CheckpointTarget& target,
+                          const std::string& path, ManifestGroup* entry);
+
+  const std::string state_dir_;
+  const uint64_t page_elements_;
+  StepBackend* const backend_;
+  const uint64_t buffer_bytes_;
+};
+
+}  // namespace optstate
+
+#endif  // OPTSTATE_SERVER_DURABILITY_CHECKPOINT_WRITER_H_

@@ -1,0 +1,221 @@
+// Checkpoint calls: resolve the groups, wait for the step, write, prune, count.
+#include "server/durability/checkpointer.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "server/base/log.h"
+#include "server/durability/checkpoint_reader.h"
+#include "server/durability/file_util.h"
+
+namespace optstate {
+
+Checkpointer::Checkpointer(const CheckpointerOptions& options, StateStore* store,
+                           StepBackend* backend)
+    : options_(options),
+      store_(store),
+      writer_(options.state_dir, store->page_elements(), backend, options.buffer_bytes) {}
+
+absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::OpenAndRestore(
+    const CheckpointerOptions& options, StateStore* store, StepBackend* backend,
+    bool require_state) {
+  if (options.state_dir.empty()) {
+    return absl::InvalidArgumentError("--state_dir is empty");
+  }
+  if (options.keep < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--checkpoints_to_keep must be at least 1, got ", options.keep));
+  }
+  if (options.interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--checkpoint_interval must not be negative");
+  }
+  if (absl::Status s = MakeDirectories(options.state_dir); !s.ok()) return s;
+  absl::StatusOr<RestoreOutcome> restored = RestoreNewest(store, options.state_dir);
+  if (!restored.ok()) return restored.status();
+  if (require_state && restored->restored_id.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--require_state: no usable checkpoint in ", options.state_dir,
+        restored->refusals.empty() ? " (there is none)"
+                                   : absl::StrCat(": ", absl::StrJoin(restored->refusals, "; "))));
+  }
+  std::unique_ptr<Checkpointer> checkpointer(new Checkpointer(options, store, backend));
+  {
+    absl::MutexLock lock(&checkpointer->write_mu_);
+    checkpointer->next_sequence_ = restored->next_sequence;
+  }
+  {
+    absl::MutexLock lock(&checkpointer->mu_);
+    checkpointer->stats_.restored_id = restored->restored_id;
+    checkpointer->stats_.restore_refusals = restored->refusals;
+  }
+  if (options.interval > absl::ZeroDuration()) {
+    Checkpointer* raw = checkpointer.get();
+    checkpointer->timer_ = std::thread([raw] { raw->RunTimer(); });
+  }
+  return checkpointer;
+}
+
+Checkpointer::~Checkpointer() { Stop(); }
+
+void Checkpointer::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return calls_in_flight_ == 0; };
+    mu_.Await(absl::Condition(&idle));
+  }
+  if (timer_.joinable()) timer_.join();
+}
+
+void Checkpointer::RunTimer() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      const bool* stopping = &stopping_;
+      if (mu_.AwaitWithTimeout(absl::Condition(stopping), options_.interval)) return;
+    }
+    CheckpointCall call;
+    call.cancelled = [this] {
+      absl::MutexLock lock(&mu_);
+      return stopping_;
+    };
+    absl::StatusOr<CheckpointOutcome> outcome = Checkpoint(call);
+    if (!outcome.ok()) {
+      Log(LogLevel::kError, "interval checkpoint failed: ", outcome.status().ToString());
+    }
+  }
+}
+
+void Checkpointer::CheckpointAsync(CheckpointCall call,
+                                   std::function<void(absl::StatusOr<CheckpointOutcome>)> done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      done(absl::CancelledError("the daemon is shutting down"));
+      return;
+    }
+    ++calls_in_flight_;
+  }
+  std::thread([this, call = std::move(call), done = std::move(done)] {
+    done(Checkpoint(call));
+    absl::MutexLock lock(&mu_);
+    --calls_in_flight_;
+  }).detach();
+}
+
+absl::Status Checkpointer::WaitForStep(const std::vector<std::shared_ptr<Group>>& groups,
+                                       uint64_t step, const CheckpointCall& call) {
+  for (;;) {
+    const Group* behind = nullptr;
+    uint64_t behind_page = 0;
+    for (const auto& group : groups) {
+      for (uint64_t p = 0; p < group->num_pages(); ++p) {
+        const uint64_t at = group->page_step(p);
+        if (at > step) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "group '", group->key().name, "' page ", p, " is at step ", at, ", past step ", step,
+              "; a checkpoint at step ", step,
+              " can no longer be written (nothing was written). Ask for wait_for_step ", at,
+              " or restart both sides from an earlier checkpoint"));
+        }
+        if (at < step && behind == nullptr) {
+          behind = group.get();
+          behind_page = p;
+        }
+      }
+    }
+    if (behind == nullptr) return absl::OkStatus();
+    if (absl::Now() >= call.deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("group '", behind->key().name, "' page ", behind_page, " is at step ",
+                       behind->page_step(behind_page), " and did not reach step ", step,
+                       " before the call's deadline; nothing was written"));
+    }
+    if (call.cancelled()) return absl::CancelledError("the Checkpoint call was cancelled");
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return absl::CancelledError("the daemon is shutting down");
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
+absl::StatusOr<CheckpointOutcome> Checkpointer::Checkpoint(const CheckpointCall& call) {
+  std::vector<std::shared_ptr<Group>> named;
+  for (const GroupKey& key : call.groups) {
+    absl::StatusOr<std::shared_ptr<Group>> group = store_->Find(key);
+    if (!group.ok()) return group.status();
+    named.push_back(*std::move(group));
+  }
+  if (call.groups.empty()) named = store_->ListAll();
+  if (call.wait_for_step) {
+    if (absl::Status s = WaitForStep(named, *call.wait_for_step, call); !s.ok()) return s;
+  }
+  absl::MutexLock write_lock(&write_mu_);
+  const absl::Time started = absl::Now();
+  std::vector<CheckpointTarget> targets;
+  for (auto& group : store_->ListAll()) {
+    const bool is_named =
+        call.groups.empty() || std::find(named.begin(), named.end(), group) != named.end();
+    CheckpointTarget target{group, std::nullopt};
+    if (is_named && call.wait_for_step) target.exact_step = *call.wait_for_step;
+    targets.push_back(std::move(target));
+  }
+  uint64_t step = 0;
+  if (call.wait_for_step) {
+    step = *call.wait_for_step;
+  } else if (!named.empty()) {
+    step = UINT64_MAX;
+    for (const auto& group : named) step = std::min(step, group->MinStep());
+  }
+  const uint64_t sequence = next_sequence_++;
+  absl::StatusOr<WrittenCheckpoint> written = writer_.Write(sequence, step, targets);
+  absl::StatusOr<CheckpointOutcome> outcome;
+  if (written.ok()) {
+    // The manifest records the steps as captured; without wait_for_step the
+    // checkpoint's step is the lowest captured page step of the named groups.
+    if (!call.wait_for_step && !named.empty()) {
+      step = UINT64_MAX;
+      for (const ManifestGroup& g : written->manifest.groups) {
+        for (const auto& group : named) {
+          if (group->key() == g.key) step = std::min(step, g.min_step);
+        }
+      }
+    }
+    outcome = CheckpointOutcome{written->id, step, written->bytes};
+    if (absl::Status pruned = writer_.Prune(options_.keep); !pruned.ok()) {
+      Log(LogLevel::kWarning, "checkpoint ", written->id,
+          " is durable, but removing old ones failed: ", pruned.ToString());
+    }
+    Log(LogLevel::kInfo, "checkpoint ", written->id, " durable: step ", step, ", ", written->bytes,
+        " bytes, ", targets.size(), " groups, ", absl::FormatDuration(absl::Now() - started));
+  } else {
+    outcome = written.status();
+    Log(LogLevel::kError, "checkpoint ", CheckpointDirName(sequence),
+        " failed: ", written.status().ToString());
+  }
+  Record(outcome, absl::Now() - started);
+  return outcome;
+}
+
+void Checkpointer::Record(const absl::StatusOr<CheckpointOutcome>& outcome, absl::Duration took) {
+  absl::MutexLock lock(&mu_);
+  if (outcome.ok()) {
+    stats_.last = *outcome;
+    stats_.last_duration_seconds = absl::ToDoubleSeconds(took);
+    stats_.last_finished_unix_micros = absl::ToUnixMicros(absl::Now());
+    ++stats_.written;
+  } else {
+    ++stats_.failures;
+    stats_.last_error = outcome.status().ToString();
+  }
+}
+
+CheckpointStats Checkpointer::Stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace optstate

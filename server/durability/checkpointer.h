@@ -1,0 +1,108 @@
+// The daemon's checkpoints: the trainer's Checkpoint{wait_for_step} call,
+// the --checkpoint_interval timer, the final checkpoint at shutdown, pruning
+// to --checkpoints_to_keep, restore at start, and the figures for GetStats.
+#ifndef OPTSTATE_SERVER_DURABILITY_CHECKPOINTER_H_
+#define OPTSTATE_SERVER_DURABILITY_CHECKPOINTER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/durability/checkpoint_writer.h"
+#include "server/engine/state_store.h"
+
+namespace optstate {
+
+struct CheckpointerOptions {
+  std::string state_dir;                           // Required.
+  absl::Duration interval = absl::ZeroDuration();  // Zero: no timer.
+  int keep = 2;                                    // Complete checkpoints kept, >= 1.
+  uint64_t buffer_bytes = 8 << 20;                 // The writer's bound (at least a page).
+};
+
+struct CheckpointCall {
+  std::vector<GroupKey> groups;  // The groups wait_for_step applies to; empty: all.
+  std::optional<uint64_t> wait_for_step;
+  absl::Time deadline = absl::InfiniteFuture();
+  std::function<bool()> cancelled = [] { return false; };
+};
+
+struct CheckpointOutcome {
+  std::string id;
+  uint64_t step = 0;
+  uint64_t bytes = 0;
+};
+
+struct CheckpointStats {
+  std::optional<CheckpointOutcome> last;
+  double last_duration_seconds = 0;
+  int64_t last_finished_unix_micros = 0;
+  uint64_t written = 0;
+  uint64_t failures = 0;
+  std::string last_error;
+  std::string restored_id;
+  std::vector<std::string> restore_refusals;
+};
+
+// Thread-safe. Checkpoints are written one at a time, in the order asked.
+class Checkpointer {
+ public:
+  // Creates state_dir if needed and restores its newest complete checkpoint
+  // into `store` (which must be empty and must outlive the checkpointer, as
+  // must `backend`). With `require_state`, FAILED_PRECONDITION (listing each
+  // refusal) when no checkpoint could be restored.
+  static absl::StatusOr<std::unique_ptr<Checkpointer>> OpenAndRestore(
+      const CheckpointerOptions& options, StateStore* store, StepBackend* backend,
+      bool require_state);
+  // Stops the timer and waits for calls in flight.
+  ~Checkpointer();
+
+  // The trainer's contract (proto: rpc Checkpoint). Blocks: waits until
+  // every page of the named groups is at wait_for_step (polling every
+  // millisecond), then writes a checkpoint of every group and returns once
+  // it is durable. NOT_FOUND for an unknown group; FAILED_PRECONDITION naming
+  // the step held when a page is past wait_for_step (nothing written);
+  // DEADLINE_EXCEEDED when it is not reached by call.deadline; CANCELLED when
+  // call.cancelled() or Stop(); the writer's errors.
+  absl::StatusOr<CheckpointOutcome> Checkpoint(const CheckpointCall& call);
+  // Checkpoint on a thread of its own; `done` runs on that thread.
+  void CheckpointAsync(CheckpointCall call,
+                       std::function<void(absl::StatusOr<CheckpointOutcome>)> done);
+
+  // Ends the timer and makes waiting calls return CANCELLED; waits for the
+  // threads of CheckpointAsync. Idempotent. Checkpoint still works after it
+  // (the final checkpoint at shutdown).
+  void Stop();
+
+  CheckpointStats Stats() const;
+
+ private:
+  Checkpointer(const CheckpointerOptions& options, StateStore* store, StepBackend* backend);
+  void RunTimer();
+  absl::Status WaitForStep(const std::vector<std::shared_ptr<Group>>& groups, uint64_t step,
+                           const CheckpointCall& call);
+  void Record(const absl::StatusOr<CheckpointOutcome>& outcome, absl::Duration took);
+
+  const CheckpointerOptions options_;
+  StateStore* const store_;
+  absl::Mutex write_mu_;  // Held while a checkpoint is written.
+  CheckpointWriter writer_ ABSL_GUARDED_BY(write_mu_);
+  uint64_t next_sequence_ ABSL_GUARDED_BY(write_mu_) = 1;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  CheckpointStats stats_ ABSL_GUARDED_BY(mu_);
+  std::thread timer_;
+};
+
+}  // namespace optstate
+
+#endif  // OPTSTATE_SERVER_DURABILITY_CHECKPOINTER_H_

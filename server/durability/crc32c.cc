@@ -1,0 +1,66 @@
+// CRC32C, reflected polynomial 0x82F63B78, initial and final XOR ~0.
+#include "server/durability/crc32c.h"
+
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
+
+namespace optstate {
+namespace {
+
+struct Table {
+  uint32_t entries[256];
+  Table() {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      entries[i] = c;
+    }
+  }
+};
+
+const Table& TheTable() {
+  static const Table table;
+  return table;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) uint32_t ExtendSse42(uint32_t crc, const unsigned char* p,
+                                                       size_t n) {
+  uint64_t c = ~crc;
+  for (; n >= 8; n -= 8, p += 8) {
+    uint64_t word;
+    std::memcpy(&word, p, 8);
+    c = _mm_crc32_u64(c, word);
+  }
+  uint32_t c32 = static_cast<uint32_t>(c);
+  for (; n > 0; --n, ++p) c32 = _mm_crc32_u8(c32, *p);
+  return ~c32;
+}
+
+bool HaveSse42() {
+  static const bool have = __builtin_cpu_supports("sse4.2");
+  return have;
+}
+#endif
+
+}  // namespace
+
+uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t n) {
+  const Table& table = TheTable();
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint32_t c = ~crc;
+  for (size_t i = 0; i < n; ++i) c = table.entries[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+  return ~c;
+}
+
+uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n) {
+#if defined(__x86_64__)
+  if (HaveSse42()) return ExtendSse42(crc, static_cast<const unsigned char*>(data), n);
+#endif
+  return Crc32cExtendPortable(crc, data, n);
+}
+
+}  // namespace optstate

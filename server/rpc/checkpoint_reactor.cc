@@ -1,0 +1,57 @@
+// Checkpoint: request to CheckpointCall, outcome to CheckpointResponse.
+#include "server/rpc/checkpoint_reactor.h"
+
+#include "absl/time/clock.h"
+#include "server/rpc/proto_convert.h"
+
+namespace optstate {
+
+grpc::ServerUnaryReactor* StartCheckpointCall(Checkpointer* checkpointer,
+                                              grpc::CallbackServerContext* context,
+                                              const std::string& tenant,
+                                              const v1::CheckpointRequest& request,
+                                              v1::CheckpointResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (checkpointer == nullptr) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                 "this daemon keeps no checkpoints; start optstated with "
+                                 "--state_dir"));
+    return reactor;
+  }
+  CheckpointCall call;
+  for (const std::string& name : request.groups()) call.groups.push_back(GroupKey{tenant, name});
+  if (request.has_wait_for_step()) call.wait_for_step = request.wait_for_step();
+  const auto deadline = context->deadline();
+  if (deadline != std::chrono::system_clock::time_point::max()) {
+    call.deadline = absl::FromChrono(deadline);
+  }
+  call.cancelled = [context] { return context->IsCancelled(); };
+  checkpointer->CheckpointAsync(std::move(call),
+                                [reactor, response](absl::StatusOr<CheckpointOutcome> outcome) {
+                                  if (outcome.ok()) {
+                                    response->set_id(outcome->id);
+                                    response->set_step(outcome->step);
+                                    response->set_bytes(outcome->bytes);
+                                  }
+                                  reactor->Finish(ToGrpcStatus(outcome.status()));
+                                });
+  return reactor;
+}
+
+void CheckpointStatsToProto(const CheckpointStats& stats, v1::GetStatsResponse* proto) {
+  if (stats.last) {
+    v1::CheckpointInfo* last = proto->mutable_last_checkpoint();
+    last->set_id(stats.last->id);
+    last->set_step(stats.last->step);
+    last->set_bytes(stats.last->bytes);
+    last->set_duration_seconds(stats.last_duration_seconds);
+    last->set_finished_unix_micros(stats.last_finished_unix_micros);
+  }
+  proto->set_checkpoints_written(stats.written);
+  proto->set_checkpoint_failures(stats.failures);
+  proto->set_last_checkpoint_error(stats.last_error);
+  proto->set_restored_checkpoint_id(stats.restored_id);
+  for (const std::string& refusal : stats.restore_refusals) proto->add_restore_refusals(refusal);
+}
+
+}  // namespace optstate

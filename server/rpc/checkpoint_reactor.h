@@ -1,0 +1,27 @@
+// The Checkpoint call: handed to the checkpointer's own thread (it may wait
+// for a step for as long as the call's deadline allows), answered from there.
+#ifndef OPTSTATE_SERVER_RPC_CHECKPOINT_REACTOR_H_
+#define OPTSTATE_SERVER_RPC_CHECKPOINT_REACTOR_H_
+
+#include <string>
+
+#include "grpcpp/grpcpp.h"
+#include "optstate/v1/optstate.pb.h"
+#include "server/durability/checkpointer.h"
+
+namespace optstate {
+
+// Starts the call and returns its reactor; `checkpointer` may be null (no
+// --state_dir: FAILED_PRECONDITION). The reactor never blocks a gRPC thread.
+grpc::ServerUnaryReactor* StartCheckpointCall(Checkpointer* checkpointer,
+                                              grpc::CallbackServerContext* context,
+                                              const std::string& tenant,
+                                              const v1::CheckpointRequest& request,
+                                              v1::CheckpointResponse* response);
+
+// The durability fields of GetStats (20-25).
+void CheckpointStatsToProto(const CheckpointStats& stats, v1::GetStatsResponse* proto);
+
+}  // namespace optstate
+
+#endif  // OPTSTATE_SERVER_RPC_CHECKPOINT_REACTOR_H_

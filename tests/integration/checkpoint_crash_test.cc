@@ -1,0 +1,305 @@
+// A daemon killed with SIGKILL at named moments of writing a checkpoint
+// (the writer's test-only pause hook), and checkpoints damaged on disk:
+// after a restart the state equals one complete checkpoint, never a mix,
+// every damaged one is refused with its own message, the previous complete
+// checkpoint is used, and the next steps continue exactly.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "tests/integration/durability_testing.h"
+
+namespace optstate::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint32_t kSeed = 15;
+const char kFirst[] = "ckpt-0000000000000001";
+const char kSecond[] = "ckpt-0000000000000002";
+
+const std::map<uint64_t, StateOfGroups>& References() {
+  static const auto* states =
+      new std::map<uint64_t, StateOfGroups>(ReferenceStates(CkptWorkload(kSeed), {3, 5, 7}));
+  return *states;
+}
+
+// Pages of 1024 elements and a writer buffer of 4 pages: model.b (group 0)
+// is written in 2 runs, model.w (group 1) in 16.
+std::vector<std::string> CrashFlags(const std::string& dir) {
+  return CkptFlags(dir, {"--checkpoints_to_keep=1", "--checkpoint_buffer_bytes=49152"});
+}
+
+bool WaitForFile(const std::string& path, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (std::filesystem::exists(path)) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return false;
+}
+
+struct Moment {
+  const char* point;
+  bool second_is_complete;  // The rename of step 5 of the writer happened.
+};
+
+class KillDuringCheckpointTest : public ::testing::TestWithParam<Moment> {};
+
+TEST_P(KillDuringCheckpointTest, RestartFindsOneWholeCheckpointAndContinuesExactly) {
+  const Moment moment = GetParam();
+  const CkptWorkload work(kSeed);
+  const auto& reference = References();
+  const std::string dir = FreshDirectory("crash");
+  const std::string paused =
+      dir + "/../" + std::filesystem::path(dir).filename().string() + ".paused";
+  std::filesystem::remove(paused);
+  setenv("OPTSTATE_TEST_CHECKPOINT_PAUSE", absl::StrCat("2:", moment.point).c_str(), 1);
+  setenv("OPTSTATE_TEST_CHECKPOINT_PAUSE_FILE", paused.c_str(), 1);
+  auto daemon = DaemonProcess::Start(CrashFlags(dir));
+  unsetenv("OPTSTATE_TEST_CHECKPOINT_PAUSE");
+  unsetenv("OPTSTATE_TEST_CHECKPOINT_PAUSE_FILE");
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  {
+    ClientOptions options;
+    options.max_attempts = 1;
+    auto client = ConnectTo(**daemon, options);
+    work.Register(*client);
+    work.Steps(*client, 1, 3);
+    Client::CheckpointRequestOptions at3;
+    at3.wait_for_step = 3;
+    absl::StatusOr<Client::CheckpointResult> first = client->Checkpoint(at3);
+    ASSERT_TRUE(first.ok()) << first.status();
+    ASSERT_EQ(first->id, kFirst);
+    work.Steps(*client, 4, 5);
+    std::thread second([&] {
+      Client::CheckpointRequestOptions at5;
+      at5.wait_for_step = 5;
+      absl::StatusOr<Client::CheckpointResult> r = client->Checkpoint(at5);
+      EXPECT_FALSE(r.ok()) << "the daemon was killed before it answered";
+    });
+    const bool reached = WaitForFile(paused, absl::Seconds(20));
+    (*daemon).reset();  // SIGKILL while the writer is stopped at the point.
+    second.join();
+    ASSERT_TRUE(reached) << "the writer never reached " << moment.point;
+  }
+  auto restarted = DaemonProcess::Start(CrashFlags(dir));
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  auto client = ConnectTo(**restarted);
+  absl::StatusOr<v1::GetStatsResponse> stats = client->GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->restored_checkpoint_id(), moment.second_is_complete ? kSecond : kFirst);
+  EXPECT_EQ(stats->restore_refusals_size(), 0) << stats->restore_refusals(0);
+  const uint64_t step = moment.second_is_complete ? 5 : 3;
+  EXPECT_TRUE(SameState(ExportAll(*client), reference.at(step)));
+  work.Steps(*client, step + 1, 7);
+  EXPECT_TRUE(SameState(ExportAll(*client), reference.at(7)));
+  // The next checkpoint of the restarted daemon gets a fresh id and clears
+  // what the crash left behind.
+  absl::StatusOr<Client::CheckpointResult> next = client->Checkpoint({});
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->id, "ckpt-0000000000000003");
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    names.push_back(entry.path().filename().string());
+  }
+  EXPECT_EQ(names, std::vector<std::string>{"ckpt-0000000000000003"});
+  std::filesystem::remove(paused);
+}
+
+// 20 moments: every step of the crash-safety argument and runs across both
+// data files.
+INSTANTIATE_TEST_SUITE_P(
+    Moments, KillDuringCheckpointTest,
+    ::testing::Values(Moment{"dir_created", false}, Moment{"run:0:0", false},
+                      Moment{"run:0:1", false}, Moment{"data_synced:0", false},
+                      Moment{"run:1:0", false}, Moment{"run:1:1", false}, Moment{"run:1:2", false},
+                      Moment{"run:1:3", false}, Moment{"run:1:5", false}, Moment{"run:1:7", false},
+                      Moment{"run:1:9", false}, Moment{"run:1:12", false},
+                      Moment{"run:1:15", false}, Moment{"data_synced:1", false},
+                      Moment{"manifest_written", false}, Moment{"manifest_synced", false},
+                      Moment{"manifest_renamed", false}, Moment{"dir_renamed", true},
+                      Moment{"dir_synced", true}, Moment{"pruned:0", true}),
+    [](const ::testing::TestParamInfo<Moment>& info) {
+      std::string name = info.param.point;
+      for (char& c : name) {
+        if (c == ':') c = '_';
+      }
+      return name;
+    });
+
+// ---- Damaged checkpoints ----
+
+class DamagedCheckpointTest : public ::testing::Test {
+ protected:
+  // ckpt 1 holds step 3, ckpt 2 step 5; the daemon is then killed (no final
+  // checkpoint).
+  void SetUp() override {
+    dir_ = FreshDirectory("damaged");
+    auto daemon = DaemonProcess::Start(CkptFlags(dir_));
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    auto client = ConnectTo(**daemon);
+    work_.Register(*client);
+    work_.Steps(*client, 1, 3);
+    ASSERT_TRUE(client->Checkpoint({}).ok());
+    work_.Steps(*client, 4, 5);
+    ASSERT_TRUE(client->Checkpoint({}).ok());
+  }
+
+  std::string File(const std::string& name) const { return dir_ + "/" + kSecond + "/" + name; }
+
+  // Restarts on the damaged directory: ckpt 2 must be refused with
+  // `message` (naming `file`), ckpt 1 restored, and the steps continue.
+  void ExpectFallback(const std::string& file, const std::string& message,
+                      std::vector<std::string> extra = {}) {
+    auto daemon = DaemonProcess::Start(CkptFlags(dir_, extra));
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    auto client = ConnectTo(**daemon);
+    absl::StatusOr<v1::GetStatsResponse> stats = client->GetStats();
+    ASSERT_TRUE(stats.ok());
+    EXPECT_EQ(stats->restored_checkpoint_id(), kFirst);
+    ASSERT_EQ(stats->restore_refusals_size(), 1);
+    EXPECT_THAT(stats->restore_refusals(0), HasSubstr(file));
+    EXPECT_THAT(stats->restore_refusals(0), HasSubstr(message));
+    EXPECT_TRUE(SameState(ExportAll(*client), References().at(3)));
+    work_.Steps(*client, 4, 7);
+    EXPECT_TRUE(SameState(ExportAll(*client), References().at(7)));
+  }
+
+  std::string dir_;
+  const CkptWorkload work_{kSeed};
+};
+
+TEST_F(DamagedCheckpointTest, AFlippedByteInADataFileFailsItsChecksum) {
+  {
+    std::fstream f(File("group-1.data"), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(123457);
+    char c;
+    f.seekg(123457);
+    f.get(c);
+    f.seekp(123457);
+    f.put(static_cast<char>(c ^ 0x10));
+  }
+  ExpectFallback("group-1.data", "fails its checksum");
+}
+
+TEST_F(DamagedCheckpointTest, ATruncatedDataFileIsRefused) {
+  std::filesystem::resize_file(File("group-0.data"), 1000);
+  ExpectFallback("group-0.data", "is 1000 bytes, the manifest says 50156 (truncated)");
+}
+
+TEST_F(DamagedCheckpointTest, AMissingManifestIsRefused) {
+  std::filesystem::remove(File("MANIFEST"));
+  ExpectFallback("MANIFEST", "is missing");
+}
+
+TEST_F(DamagedCheckpointTest, AMissingDataFileIsRefused) {
+  std::filesystem::remove(File("group-1.data"));
+  ExpectFallback("group-1.data", "is missing (the manifest names it)");
+}
+
+TEST_F(DamagedCheckpointTest, AManifestThatDoesNotParseIsRefused) {
+  { std::ofstream(File("MANIFEST")) << "{\"this\": \"is not a manifest\"}\n"; }
+  ExpectFallback("MANIFEST", "not a checkpoint manifest");
+}
+
+TEST_F(DamagedCheckpointTest, AFlippedByteInTheManifestFailsItsChecksum) {
+  std::string text;
+  {
+    std::ifstream in(File("MANIFEST"));
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t at = text.find("step 5");
+  ASSERT_NE(at, std::string::npos);
+  text[at + 5] = '9';
+  { std::ofstream(File("MANIFEST")) << text; }
+  ExpectFallback("MANIFEST", "manifest checksum mismatch");
+}
+
+TEST_F(DamagedCheckpointTest, AFutureFormatVersionIsRefused) {
+  std::string text;
+  {
+    std::ifstream in(File("MANIFEST"));
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t at = text.find("format_version 1\n");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 17, "format_version 2\n");
+  { std::ofstream(File("MANIFEST")) << text; }
+  ExpectFallback("MANIFEST", "format version 2 is newer than this daemon reads (1)");
+}
+
+TEST_F(DamagedCheckpointTest, AnotherPageSizeIsRefusedAndTheOlderCheckpointOfThatSizeIsUsed) {
+  // A third daemon on the same directory with pages of 2048 elements: it
+  // refuses both (written with 1024) and writes ckpt 3 with 2048.
+  const CkptWorkload other(99);
+  {
+    auto daemon = DaemonProcess::Start(CkptFlags(dir_, {"--page_elements=2048"}));
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    auto client = ConnectTo(**daemon);
+    absl::StatusOr<v1::GetStatsResponse> stats = client->GetStats();
+    ASSERT_TRUE(stats.ok());
+    EXPECT_EQ(stats->restored_checkpoint_id(), "");
+    ASSERT_EQ(stats->restore_refusals_size(), 2);
+    EXPECT_THAT(stats->restore_refusals(0),
+                HasSubstr("written with pages of 1024 elements, but this daemon runs with "
+                          "--page_elements=2048"));
+    absl::StatusOr<GroupInfo> none = client->DescribeGroup("model.w");
+    EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+    other.Register(*client);
+    ASSERT_TRUE(client->Checkpoint({}).ok());
+  }
+  // Back to 1024: ckpt 3 is refused for its page size, ckpt 2 is used.
+  auto daemon = DaemonProcess::Start(CkptFlags(dir_, {"--checkpoints_to_keep=5"}));
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto client = ConnectTo(**daemon);
+  absl::StatusOr<v1::GetStatsResponse> stats = client->GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->restored_checkpoint_id(), kSecond);
+  ASSERT_EQ(stats->restore_refusals_size(), 1);
+  EXPECT_THAT(stats->restore_refusals(0), HasSubstr("ckpt-0000000000000003/MANIFEST"));
+  EXPECT_THAT(stats->restore_refusals(0), HasSubstr("written with pages of 2048 elements"));
+  EXPECT_TRUE(SameState(ExportAll(*client), References().at(5)));
+}
+
+// Runs optstated to its exit; returns the exit code.
+int RunToExit(std::vector<std::string> args) {
+  args.insert(args.begin(), OPTSTATED_PATH);
+  args.push_back("--listen=127.0.0.1:0");
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST_F(DamagedCheckpointTest, RequireStateExitsNonZeroWhenNoCheckpointIsUsable) {
+  std::filesystem::remove(dir_ + "/" + kFirst + "/MANIFEST");
+  std::filesystem::resize_file(File("group-1.data"), 10);
+  EXPECT_NE(RunToExit({"--state_dir=" + dir_, "--page_elements=1024", "--require_state"}), 0);
+  // An empty directory is no usable state either.
+  const std::string empty = FreshDirectory("empty");
+  EXPECT_NE(RunToExit({"--state_dir=" + empty, "--require_state"}), 0);
+  // Without --require_state the daemon starts empty.
+  auto daemon = DaemonProcess::Start(CkptFlags(dir_));
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto client = ConnectTo(**daemon);
+  absl::StatusOr<v1::GetStatsResponse> stats = client->GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->num_groups(), 0u);
+  EXPECT_EQ(stats->restore_refusals_size(), 2);
+}
+
+}  // namespace
+}  // namespace optstate::testing

@@ -1,0 +1,101 @@
+// The manifest: what is written reads back field for field, and each way a
+// manifest can be damaged is refused with its own message.
+#include "server/durability/checkpoint_format.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace optstate {
+namespace {
+
+using ::testing::HasSubstr;
+
+Manifest Example() {
+  Manifest m;
+  m.id = "ckpt-0000000000000042";
+  m.step = 1234;
+  m.page_elements = 262144;
+  m.created_unix_micros = 1796110000123456;
+  ManifestGroup a;
+  a.key = {"", "model.layers.0.q_proj.weight"};
+  a.config.num_elements = 1000003;
+  a.config.hyperparameters = {1e-3, 0.9, 0.999, 1e-8, 0.1};
+  a.config.has_initial_values = true;
+  a.min_step = 1233;
+  a.max_step = 1234;
+  a.file = "group-0.data";
+  a.bytes = DataFileBytes(1000003, 262144);
+  a.crc32c = 0xDEADBEEF;
+  ManifestGroup b = a;
+  b.key = {"tenant a", "b"};
+  b.config.hyperparameters.lr = 0.1f;  // Not a short decimal: must survive exactly.
+  b.config.has_initial_values = false;
+  b.file = "group-1.data";
+  m.groups = {a, b};
+  return m;
+}
+
+TEST(CheckpointFormatTest, AManifestReadsBackExactly) {
+  const Manifest m = Example();
+  absl::StatusOr<Manifest> back = ParseManifest(EncodeManifest(m));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->version, kCheckpointFormatVersion);
+  EXPECT_EQ(back->id, m.id);
+  EXPECT_EQ(back->step, m.step);
+  EXPECT_EQ(back->page_elements, m.page_elements);
+  EXPECT_EQ(back->created_unix_micros, m.created_unix_micros);
+  ASSERT_EQ(back->groups.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const ManifestGroup& g = back->groups[i];
+    const ManifestGroup& e = m.groups[i];
+    EXPECT_TRUE(g.key == e.key) << i;
+    EXPECT_TRUE(g.config == e.config) << i;
+    EXPECT_EQ(g.min_step, e.min_step);
+    EXPECT_EQ(g.max_step, e.max_step);
+    EXPECT_EQ(g.file, e.file);
+    EXPECT_EQ(g.bytes, e.bytes);
+    EXPECT_EQ(g.crc32c, e.crc32c);
+  }
+  EXPECT_EQ(back->groups[1].config.hyperparameters.lr, static_cast<double>(0.1f));
+}
+
+TEST(CheckpointFormatTest, DataFileBytesCountsRecordHeadersAndThreeTensors) {
+  EXPECT_EQ(DataFileBytes(1, 64), 16u + 12u);
+  EXPECT_EQ(DataFileBytes(128, 64), 2 * 16u + 128 * 12u);
+  EXPECT_EQ(DataFileBytes(129, 64), 3 * 16u + 129 * 12u);
+}
+
+TEST(CheckpointFormatTest, DamagedManifestsAreRefusedEachWithItsReason) {
+  const std::string good = EncodeManifest(Example());
+  auto refusal = [](const std::string& text) {
+    absl::StatusOr<Manifest> m = ParseManifest(text);
+    EXPECT_FALSE(m.ok());
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kDataLoss);
+    return std::string(m.status().message());
+  };
+  EXPECT_THAT(refusal(""), HasSubstr("not a checkpoint manifest"));
+  EXPECT_THAT(refusal("garbage\n"), HasSubstr("not a checkpoint manifest"));
+  EXPECT_THAT(refusal(good.substr(0, good.size() / 2)), HasSubstr("truncated"));
+  EXPECT_THAT(refusal(good.substr(0, good.size() - 1)), HasSubstr("truncated"));
+  std::string flipped = good;
+  flipped[good.find("step 1234") + 5] = '9';
+  EXPECT_THAT(refusal(flipped), HasSubstr("manifest checksum mismatch"));
+  std::string future = good;
+  future.replace(future.find("format_version 1"), 16, "format_version 7");
+  EXPECT_THAT(refusal(future), HasSubstr("format version 7 is newer than this daemon reads (1)"));
+  std::string no_version = good;
+  no_version.replace(no_version.find("format_version"), 14, "formot_version");
+  EXPECT_THAT(refusal(no_version), HasSubstr("format_version N"));
+}
+
+TEST(CheckpointFormatTest, DirectoryNamesRoundTripAndTemporaryOnesAreNotCheckpoints) {
+  EXPECT_EQ(CheckpointDirName(7), "ckpt-0000000000000007");
+  EXPECT_EQ(ParseCheckpointDirName("ckpt-0000000000000007"), 7u);
+  EXPECT_FALSE(ParseCheckpointDirName("ckpt-0000000000000007.tmp"));
+  EXPECT_FALSE(ParseCheckpointDirName("ckpt-7"));
+  EXPECT_FALSE(ParseCheckpointDirName("ckpt-000000000000000x"));
+  EXPECT_FALSE(ParseCheckpointDirName("MANIFEST"));
+}
+
+}  // namespace
+}  // namespace optstate

@@ -1,0 +1,144 @@
+// StateImport and the store's staging below gRPC: memory is counted while an
+// import lasts and given back when it is dropped, nothing is visible before
+// Commit, and a backend that cannot take the state (a device placement,
+// which the default StepBackend hooks refuse) leaves nothing visible and
+// nothing changed.
+#include "server/durability/state_import.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "server/backends/cpu/cpu_backend.h"
+
+namespace optstate {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kPage = 64;
+
+// Places groups "on the device": the default ReadStateToHost and
+// StateWritten then refuse them, as for the CUDA backend today.
+class DevicePlacingBackend : public CpuBackend {
+ public:
+  explicit DevicePlacingBackend(ThreadPool* pool) : CpuBackend(pool) {}
+  absl::Status AttachGroup(Group& group) override {
+    group.set_placement(device ? Placement::kDeviceResident : Placement::kHost);
+    return absl::OkStatus();
+  }
+  bool device = false;
+};
+
+class StateImportTest : public ::testing::Test {
+ protected:
+  StateImportTest() : pool_(1), backend_(&pool_), store_(&backend_, 100000, kPage) {}
+
+  std::string Floats(size_t n, float value) {
+    std::vector<float> v(n, value);
+    return std::string(reinterpret_cast<const char*>(v.data()), n * 4);
+  }
+  std::string Steps(std::vector<uint64_t> s) {
+    return std::string(reinterpret_cast<const char*>(s.data()), s.size() * 8);
+  }
+  std::unique_ptr<StateImport> BeginWhole(const std::string& name, uint64_t n, float value,
+                                          uint64_t step) {
+    absl::StatusOr<std::unique_ptr<StateImport>> import =
+        StateImport::Begin(&store_, &backend_, StateHeader{{"", name}, n, {}});
+    EXPECT_TRUE(import.ok()) << import.status();
+    if (!import.ok()) return nullptr;
+    EXPECT_TRUE((*import)->AddChunk(StateTensor::kPageSteps, 0, Steps({step})).ok());
+    EXPECT_TRUE((*import)->AddChunk(StateTensor::kParams, 0, Floats(n, value)).ok());
+    EXPECT_TRUE((*import)->AddChunk(StateTensor::kExpAvg, 0, Floats(n, value / 2)).ok());
+    EXPECT_TRUE((*import)->AddChunk(StateTensor::kExpAvgSq, 0, Floats(n, value / 4)).ok());
+    return std::move(*import);
+  }
+
+  ThreadPool pool_;
+  DevicePlacingBackend backend_;
+  StateStore store_;
+};
+
+TEST_F(StateImportTest, MemoryIsCountedWhileAnImportLastsAndGivenBackWhenDropped) {
+  {
+    auto import = BeginWhole("g", 1000, 1.0f, 3);
+    EXPECT_EQ(store_.host_bytes(), 12000u);
+    EXPECT_EQ(store_.Find({"", "g"}).status().code(), absl::StatusCode::kNotFound);
+  }
+  EXPECT_EQ(store_.host_bytes(), 0u);
+  absl::StatusOr<std::unique_ptr<StateImport>> too_big =
+      StateImport::Begin(&store_, &backend_, StateHeader{{"", "big"}, 10000, {}});
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(too_big.status().message()), HasSubstr("--max_host_bytes"));
+}
+
+TEST_F(StateImportTest, CommitMakesTheWholeStateVisibleAtOnce) {
+  auto import = BeginWhole("g", 1000, 1.0f, 3);
+  absl::StatusOr<StateImport::Result> result = import->Commit();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_FALSE(result->replaced);
+  absl::StatusOr<std::shared_ptr<Group>> group = store_.Find({"", "g"});
+  ASSERT_TRUE(group.ok());
+  EXPECT_EQ((*group)->MinStep(), 3u);
+  EXPECT_EQ((*group)->MaxStep(), 3u);
+  EXPECT_EQ((*group)->PagesAwaitingValues(), 0u);
+  EXPECT_EQ((*group)->params()[999], 1.0f);
+  EXPECT_EQ((*group)->exp_avg()[0], 0.5f);
+  EXPECT_EQ((*group)->exp_avg_sq()[500], 0.25f);
+  import.reset();
+  EXPECT_EQ(store_.host_bytes(), 12000u);  // Counted once, by the store now.
+}
+
+TEST_F(StateImportTest, ABackendThatCannotTakeTheStateLeavesNothingVisible) {
+  backend_.device = true;
+  auto import = BeginWhole("g", 1000, 1.0f, 3);
+  absl::StatusOr<StateImport::Result> result = import->Commit();
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(result.status().message()), HasSubstr("--backend=cpu"));
+  EXPECT_EQ(store_.Find({"", "g"}).status().code(), absl::StatusCode::kNotFound);
+  import.reset();
+  EXPECT_EQ(store_.host_bytes(), 0u);
+}
+
+TEST_F(StateImportTest, ReplacingAGroupTheBackendCannotTakeChangesNothing) {
+  backend_.device = true;
+  absl::StatusOr<StateStore::Registration> registered =
+      store_.Register({"", "g"}, GroupConfig{1000, {}, false});
+  ASSERT_TRUE(registered.ok());
+  Group& existing = *registered->group;
+  existing.params()[7] = 42.0f;
+  auto import = BeginWhole("g", 1000, 1.0f, 3);
+  absl::StatusOr<StateImport::Result> result = import->Commit();
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(existing.params()[7], 42.0f);
+  EXPECT_EQ(existing.params()[8], 0.0f);
+  EXPECT_EQ(existing.MaxStep(), 0u);
+}
+
+TEST_F(StateImportTest, PublishRefusesANameTakenMeanwhileAndKeepsTheStagedGroup) {
+  absl::StatusOr<StagedGroup> staged = store_.Stage({"", "g"}, GroupConfig{100, {}, true});
+  ASSERT_TRUE(staged.ok());
+  ASSERT_TRUE(store_.Register({"", "g"}, GroupConfig{200, {}, false}).ok());
+  EXPECT_EQ(store_.host_bytes(), 1200u + 2400u);
+  absl::StatusOr<std::shared_ptr<Group>> published = store_.Publish(*staged);
+  EXPECT_EQ(published.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(staged->group().num_elements(), 100u);
+  EXPECT_EQ((*store_.Find({"", "g"}))->num_elements(), 200u);
+}
+
+TEST_F(StateImportTest, AnImportOfAnotherShapeThanTheExistingGroupIsAlreadyExists) {
+  ASSERT_TRUE(store_.Register({"", "g"}, GroupConfig{200, {}, false}).ok());
+  absl::StatusOr<std::unique_ptr<StateImport>> import =
+      StateImport::Begin(&store_, &backend_, StateHeader{{"", "g"}, 100, {}});
+  EXPECT_EQ(import.status().code(), absl::StatusCode::kAlreadyExists);
+  AdamWHyperparameters other;
+  other.beta2 = 0.95;
+  import = StateImport::Begin(&store_, &backend_, StateHeader{{"", "g"}, 200, other});
+  EXPECT_EQ(import.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(import.status().message()), HasSubstr("beta2=0.95"));
+}
+
+}  // namespace
+}  // namespace optstate
