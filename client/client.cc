@@ -271,12 +271,26 @@ absl::StatusOr<std::vector<GroupInfo>> Client::ListGroups() {
 }
 
 absl::StatusOr<Stats> Client::GetStats() {
-  v1::GetStatsResponse response;
-  absl::Status status = WithRetries(impl_->options, [&](grpc::ClientContext* context) {
-    return impl_->stub->GetStats(context, v1::GetStatsRequest(), &response);
-  });
-  if (!status.ok()) return status;
-  return client_internal::StatsFromProto(response);
+  // Page by page (each retried on its own): the totals as the first page
+  // gives them, then every page's groups.
+  std::optional<Stats> out;
+  v1::GetStatsRequest request;
+  do {
+    v1::GetStatsResponse response;
+    absl::Status status = WithRetries(impl_->options, [&](grpc::ClientContext* context) {
+      return impl_->stub->GetStats(context, request, &response);
+    });
+    if (!status.ok()) return status;
+    absl::StatusOr<Stats> page = client_internal::StatsFromProto(response);
+    if (!page.ok()) return page.status();
+    if (!out.has_value()) {
+      out = *std::move(page);
+    } else {
+      for (GroupStats& g : page->groups) out->groups.push_back(std::move(g));
+    }
+    request.set_page_token(response.next_page_token());
+  } while (!request.page_token().empty());
+  return *std::move(out);
 }
 
 absl::Status Client::DeleteGroup(const std::string& name) {

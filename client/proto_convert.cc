@@ -90,6 +90,16 @@ absl::StatusOr<Stats> StatsFromProto(const v1::GetStatsResponse& proto) {
   out.paging = PagingFromProto(proto.paging());
   out.device = DeviceFromProto(proto.device());
   out.threads = proto.threads();
+  if (proto.has_last_checkpoint()) {
+    const v1::CheckpointInfo& c = proto.last_checkpoint();
+    out.last_checkpoint =
+        CheckpointInfo{c.id(), c.step(), c.bytes(), c.duration_seconds(), c.finished_unix_micros()};
+  }
+  out.checkpoints_written = proto.checkpoints_written();
+  out.checkpoint_failures = proto.checkpoint_failures();
+  out.last_checkpoint_error = proto.last_checkpoint_error();
+  out.restored_checkpoint_id = proto.restored_checkpoint_id();
+  out.restore_refusals.assign(proto.restore_refusals().begin(), proto.restore_refusals().end());
   out.groups.reserve(proto.groups_size());
   for (const v1::GroupStats& g : proto.groups()) {
     absl::StatusOr<GroupInfo> info = GroupInfoFromProto(g.info());

@@ -19,8 +19,8 @@ std::string DescribeConfig(const GroupConfig& c) {
                       " has_initial_values=", c.has_initial_values ? "true" : "false");
 }
 
-// INVALID_ARGUMENT unless `name` is 1 to 512 printable ASCII characters
-// without spaces.
+}  // namespace
+
 absl::Status ValidateGroupName(const std::string& name) {
   if (name.empty() || name.size() > 512) {
     return absl::InvalidArgumentError(
@@ -35,8 +35,6 @@ absl::Status ValidateGroupName(const std::string& name) {
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 StateStore::StateStore(StepBackend* backend, uint64_t max_host_bytes, uint64_t page_elements)
     : backend_(backend), max_host_bytes_(max_host_bytes), page_elements_(page_elements) {}

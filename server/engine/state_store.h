@@ -96,6 +96,8 @@ class StateStore {
 
   uint64_t host_bytes() const;
   uint64_t max_host_bytes() const { return max_host_bytes_; }
+  // Elements per page of every group (--page_elements).
+  uint64_t page_elements() const { return page_elements_; }
 
  private:
   friend class StagedGroup;
@@ -114,6 +116,10 @@ class StateStore {
   absl::flat_hash_set<GroupKey> registering_ ABSL_GUARDED_BY(mu_);
   uint64_t host_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // Including registrations under way.
 };
+
+// INVALID_ARGUMENT unless `name` is 1 to 512 printable ASCII characters
+// without spaces (the message does not quote the name).
+absl::Status ValidateGroupName(const std::string& name);
 
 }  // namespace optstate
 

@@ -91,10 +91,10 @@ TEST_P(KillDuringCheckpointTest, RestartFindsOneWholeCheckpointAndContinuesExact
   auto restarted = DaemonProcess::Start(CrashFlags(dir));
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   auto client = ConnectTo(**restarted);
-  absl::StatusOr<v1::GetStatsResponse> stats = client->GetStats();
+  absl::StatusOr<Stats> stats = client->GetStats();
   ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(stats->restored_checkpoint_id(), moment.second_is_complete ? kSecond : kFirst);
-  EXPECT_EQ(stats->restore_refusals_size(), 0) << stats->restore_refusals(0);
+  EXPECT_EQ(stats->restored_checkpoint_id, moment.second_is_complete ? kSecond : kFirst);
+  EXPECT_EQ(stats->restore_refusals.size(), 0) << stats->restore_refusals[0];
   const uint64_t step = moment.second_is_complete ? 5 : 3;
   EXPECT_TRUE(SameState(ExportAll(*client), reference.at(step)));
   work.Steps(*client, step + 1, 7);
@@ -160,12 +160,12 @@ class DamagedCheckpointTest : public ::testing::Test {
     auto daemon = DaemonProcess::Start(CkptFlags(dir_, extra));
     ASSERT_TRUE(daemon.ok()) << daemon.status();
     auto client = ConnectTo(**daemon);
-    absl::StatusOr<v1::GetStatsResponse> stats = client->GetStats();
+    absl::StatusOr<Stats> stats = client->GetStats();
     ASSERT_TRUE(stats.ok());
-    EXPECT_EQ(stats->restored_checkpoint_id(), kFirst);
-    ASSERT_EQ(stats->restore_refusals_size(), 1);
-    EXPECT_THAT(stats->restore_refusals(0), HasSubstr(file));
-    EXPECT_THAT(stats->restore_refusals(0), HasSubstr(message));
+    EXPECT_EQ(stats->restored_checkpoint_id, kFirst);
+    ASSERT_EQ(stats->restore_refusals.size(), 1);
+    EXPECT_THAT(stats->restore_refusals[0], HasSubstr(file));
+    EXPECT_THAT(stats->restore_refusals[0], HasSubstr(message));
     EXPECT_TRUE(SameState(ExportAll(*client), References().at(3)));
     work_.Steps(*client, 4, 7);
     EXPECT_TRUE(SameState(ExportAll(*client), References().at(7)));
@@ -242,11 +242,11 @@ TEST_F(DamagedCheckpointTest, AnotherPageSizeIsRefusedAndTheOlderCheckpointOfTha
     auto daemon = DaemonProcess::Start(CkptFlags(dir_, {"--page_elements=2048"}));
     ASSERT_TRUE(daemon.ok()) << daemon.status();
     auto client = ConnectTo(**daemon);
-    absl::StatusOr<v1::GetStatsResponse> stats = client->GetStats();
+    absl::StatusOr<Stats> stats = client->GetStats();
     ASSERT_TRUE(stats.ok());
-    EXPECT_EQ(stats->restored_checkpoint_id(), "");
-    ASSERT_EQ(stats->restore_refusals_size(), 2);
-    EXPECT_THAT(stats->restore_refusals(0),
+    EXPECT_EQ(stats->restored_checkpoint_id, "");
+    ASSERT_EQ(stats->restore_refusals.size(), 2);
+    EXPECT_THAT(stats->restore_refusals[0],
                 HasSubstr("written with pages of 1024 elements, but this daemon runs with "
                           "--page_elements=2048"));
     absl::StatusOr<GroupInfo> none = client->DescribeGroup("model.w");
@@ -258,12 +258,12 @@ TEST_F(DamagedCheckpointTest, AnotherPageSizeIsRefusedAndTheOlderCheckpointOfTha
   auto daemon = DaemonProcess::Start(CkptFlags(dir_, {"--checkpoints_to_keep=5"}));
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   auto client = ConnectTo(**daemon);
-  absl::StatusOr<v1::GetStatsResponse> stats = client->GetStats();
+  absl::StatusOr<Stats> stats = client->GetStats();
   ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(stats->restored_checkpoint_id(), kSecond);
-  ASSERT_EQ(stats->restore_refusals_size(), 1);
-  EXPECT_THAT(stats->restore_refusals(0), HasSubstr("ckpt-0000000000000003/MANIFEST"));
-  EXPECT_THAT(stats->restore_refusals(0), HasSubstr("written with pages of 2048 elements"));
+  EXPECT_EQ(stats->restored_checkpoint_id, kSecond);
+  ASSERT_EQ(stats->restore_refusals.size(), 1);
+  EXPECT_THAT(stats->restore_refusals[0], HasSubstr("ckpt-0000000000000003/MANIFEST"));
+  EXPECT_THAT(stats->restore_refusals[0], HasSubstr("written with pages of 2048 elements"));
   EXPECT_TRUE(SameState(ExportAll(*client), References().at(5)));
 }
 
@@ -295,10 +295,10 @@ TEST_F(DamagedCheckpointTest, RequireStateExitsNonZeroWhenNoCheckpointIsUsable) 
   auto daemon = DaemonProcess::Start(CkptFlags(dir_));
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   auto client = ConnectTo(**daemon);
-  absl::StatusOr<v1::GetStatsResponse> stats = client->GetStats();
+  absl::StatusOr<Stats> stats = client->GetStats();
   ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(stats->num_groups(), 0u);
-  EXPECT_EQ(stats->restore_refusals_size(), 2);
+  EXPECT_EQ(stats->num_groups, 0u);
+  EXPECT_EQ(stats->restore_refusals.size(), 2u);
 }
 
 }  // namespace

@@ -43,11 +43,11 @@ TEST(CheckpointTest, RoundTripAcrossSigtermIsBitIdenticalToAnUninterruptedRun) {
   auto daemon = DaemonProcess::Start(CkptFlags(dir, {"--require_state"}));
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   auto client = ConnectTo(**daemon);
-  absl::StatusOr<v1::GetStatsResponse> stats = client->GetStats();
+  absl::StatusOr<Stats> stats = client->GetStats();
   ASSERT_TRUE(stats.ok());
   // SIGTERM wrote a second checkpoint (the final one), which is restored.
-  EXPECT_EQ(stats->restored_checkpoint_id(), "ckpt-0000000000000002");
-  EXPECT_EQ(stats->restore_refusals_size(), 0);
+  EXPECT_EQ(stats->restored_checkpoint_id, "ckpt-0000000000000002");
+  EXPECT_EQ(stats->restore_refusals.size(), 0);
   absl::StatusOr<GroupInfo> info = client->DescribeGroup("model.w");
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->min_step, 20u);
@@ -120,10 +120,10 @@ TEST(CheckpointTest, BadCheckpointCallsGetTheirCodesAndWriteNothing) {
   EXPECT_LT(absl::Now() - started, absl::Seconds(5));
 
   // Nothing was written by any of them.
-  absl::StatusOr<v1::GetStatsResponse> stats = client->GetStats();
+  absl::StatusOr<Stats> stats = client->GetStats();
   ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(stats->checkpoints_written(), 0u);
-  EXPECT_FALSE(stats->has_last_checkpoint());
+  EXPECT_EQ(stats->checkpoints_written, 0u);
+  EXPECT_FALSE(stats->last_checkpoint.has_value());
   EXPECT_TRUE(std::filesystem::is_empty(dir));
   // The daemon still serves and steps.
   work.Steps(*client, 6, 6);
@@ -152,16 +152,17 @@ TEST(CheckpointTest, GetStatsReportsTheLastCheckpointAndFailures) {
   const int64_t before = absl::ToUnixMicros(absl::Now());
   absl::StatusOr<Client::CheckpointResult> r = client->Checkpoint({});
   ASSERT_TRUE(r.ok()) << r.status();
-  absl::StatusOr<v1::GetStatsResponse> stats = client->GetStats();
+  absl::StatusOr<Stats> stats = client->GetStats();
   ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(stats->last_checkpoint().id(), r->id);
-  EXPECT_EQ(stats->last_checkpoint().step(), 2u);
-  EXPECT_EQ(stats->last_checkpoint().bytes(), r->bytes);
-  EXPECT_GT(stats->last_checkpoint().duration_seconds(), 0.0);
-  EXPECT_GE(stats->last_checkpoint().finished_unix_micros(), before);
-  EXPECT_LE(stats->last_checkpoint().finished_unix_micros(), absl::ToUnixMicros(absl::Now()));
-  EXPECT_EQ(stats->checkpoints_written(), 1u);
-  EXPECT_EQ(stats->checkpoint_failures(), 0u);
+  ASSERT_TRUE(stats->last_checkpoint.has_value());
+  EXPECT_EQ(stats->last_checkpoint->id, r->id);
+  EXPECT_EQ(stats->last_checkpoint->step, 2u);
+  EXPECT_EQ(stats->last_checkpoint->bytes, r->bytes);
+  EXPECT_GT(stats->last_checkpoint->duration_seconds, 0.0);
+  EXPECT_GE(stats->last_checkpoint->finished_unix_micros, before);
+  EXPECT_LE(stats->last_checkpoint->finished_unix_micros, absl::ToUnixMicros(absl::Now()));
+  EXPECT_EQ(stats->checkpoints_written, 1u);
+  EXPECT_EQ(stats->checkpoint_failures, 0u);
   // A state_dir that can no longer take files: the checkpoint fails and is counted.
   std::filesystem::remove_all(dir);
   { std::ofstream(dir) << "not a directory"; }
@@ -169,9 +170,10 @@ TEST(CheckpointTest, GetStatsReportsTheLastCheckpointAndFailures) {
   EXPECT_FALSE(r.ok());
   stats = client->GetStats();
   ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(stats->checkpoint_failures(), 1u);
-  EXPECT_THAT(stats->last_checkpoint_error(), HasSubstr(dir));
-  EXPECT_EQ(stats->last_checkpoint().id(), "ckpt-0000000000000001");
+  EXPECT_EQ(stats->checkpoint_failures, 1u);
+  EXPECT_THAT(stats->last_checkpoint_error, HasSubstr(dir));
+  ASSERT_TRUE(stats->last_checkpoint.has_value());
+  EXPECT_EQ(stats->last_checkpoint->id, "ckpt-0000000000000001");
   std::filesystem::remove(dir);
 }
 
@@ -186,17 +188,19 @@ TEST(CheckpointTest, TheIntervalWritesCheckpointsAndOnlyTheNewestAreKept) {
   work.Steps(*client, 1, 2);
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   uint64_t written = 0;
-  v1::GetStatsResponse stats;
-  while (absl::Now() < deadline && (written < 4 || stats.last_checkpoint().step() != 2)) {
+  Stats stats;
+  while (absl::Now() < deadline &&
+         (written < 4 || !stats.last_checkpoint || stats.last_checkpoint->step != 2)) {
     absl::SleepFor(absl::Milliseconds(20));
-    absl::StatusOr<v1::GetStatsResponse> s = client->GetStats();
+    absl::StatusOr<Stats> s = client->GetStats();
     ASSERT_TRUE(s.ok());
     stats = *s;
-    written = stats.checkpoints_written();
+    written = stats.checkpoints_written;
   }
   ASSERT_GE(written, 4u) << "the timer wrote too few checkpoints";
-  EXPECT_EQ(stats.last_checkpoint().step(), 2u);
-  EXPECT_EQ(stats.checkpoint_failures(), 0u);
+  ASSERT_TRUE(stats.last_checkpoint.has_value());
+  EXPECT_EQ(stats.last_checkpoint->step, 2u);
+  EXPECT_EQ(stats.checkpoint_failures, 0u);
   client.reset();
   ASSERT_TRUE((*daemon)->Stop().ok());
   // Two complete checkpoints remain, the newest ones, and no temporary ones.
@@ -219,7 +223,7 @@ TEST(CheckpointTest, ByDefaultNoTimerWrites) {
   auto client = ConnectTo(**daemon);
   work.Register(*client);
   absl::SleepFor(absl::Milliseconds(300));
-  EXPECT_EQ(client->GetStats()->checkpoints_written(), 0u);
+  EXPECT_EQ(client->GetStats()->checkpoints_written, 0u);
   EXPECT_TRUE(std::filesystem::is_empty(dir));
 }
 

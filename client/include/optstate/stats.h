@@ -4,6 +4,7 @@
 #define OPTSTATE_STATS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,15 @@ struct DeviceStats {
   uint64_t staging_slots = 0;
 };
 
+// A checkpoint the daemon wrote (docs/durability.md).
+struct CheckpointInfo {
+  std::string id;
+  uint64_t step = 0;  // Every page of every group it holds is at this step.
+  uint64_t bytes = 0;
+  double duration_seconds = 0;
+  int64_t finished_unix_micros = 0;  // When it became durable.
+};
+
 struct Stats {
   std::string backend;      // "cpu" or "cuda".
   uint64_t num_groups = 0;  // The caller's groups; the counters below sum over them...
@@ -65,6 +75,13 @@ struct Stats {
   DeviceStats device;
   std::vector<GroupStats> groups;
   uint32_t threads = 0;  // Of the daemon's step thread pool.
+  // Durability: unset, zero or empty without --state_dir.
+  std::optional<CheckpointInfo> last_checkpoint;  // The newest this daemon wrote.
+  uint64_t checkpoints_written = 0;
+  uint64_t checkpoint_failures = 0;           // Checkpoints attempted that were not written.
+  std::string last_checkpoint_error;          // Why the last failed one failed.
+  std::string restored_checkpoint_id;         // Restored at start; "" if none.
+  std::vector<std::string> restore_refusals;  // Refused at start, each naming file and fault.
 };
 
 }  // namespace optstate
