@@ -34,6 +34,9 @@ ABSL_FLAG(absl::Duration, stream_idle_timeout, absl::Minutes(10),
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(30),
           "On SIGTERM or SIGINT: how long to wait for the chunks already being applied to be "
           "answered (streams end, UNAVAILABLE, as soon as they are); what is left then is cut.");
+ABSL_FLAG(absl::Duration, heap_trim_interval, absl::Seconds(10),
+          "Return the heap's free memory (receive buffers of past messages) to the system this "
+          "often, and soon after a group is deleted; 0 means only after deletes.");
 ABSL_FLAG(std::string, log_level, "info", "One of debug, info, warning, error.");
 ABSL_FLAG(std::string, paging, "adaptive",
           "CUDA backend: none (state always in VRAM; refuse what does not fit), adaptive "
@@ -87,6 +90,7 @@ int main(int argc, char** argv) {
   options.max_host_bytes = absl::GetFlag(FLAGS_max_host_bytes);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
+  options.heap_trim_interval = absl::GetFlag(FLAGS_heap_trim_interval);
   options.backend.kind = absl::GetFlag(FLAGS_backend);
   options.backend.cuda.paging = absl::GetFlag(FLAGS_paging);
   options.backend.cuda.vram_reserved_bytes = absl::GetFlag(FLAGS_vram_reserved_bytes);
