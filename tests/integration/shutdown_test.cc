@@ -1,6 +1,6 @@
-// SIGTERM ends every open stream at once with UNAVAILABLE saying the daemon
-// is shutting down, and the daemon exits promptly: idle streams do not hold
-// it for the grace period.
+// SIGTERM ends every open stream (Step and RegisterGroup) at once with
+// UNAVAILABLE saying the daemon is shutting down, and the daemon exits promptly: idle streams do
+// not hold it for the grace period.
 #include <gtest/gtest.h>
 
 #include <iostream>
@@ -78,6 +78,16 @@ TEST(ShutdownTest, AThousandIdleStreamsDoNotHoldTheExit) {
   ASSERT_TRUE(Drain(&cq, n, absl::Seconds(30), &failed));
   ASSERT_EQ(failed, 0) << "not every stream was answered";
   for (auto& s : streams) s->call->Finish(&s->status, s.get());
+  // And a registration stream left open after its spec.
+  grpc::ClientContext register_context;
+  v1::RegisterGroupResponse register_response;
+  auto registering = stub->RegisterGroup(&register_context, &register_response);
+  {
+    v1::RegisterGroupRequest spec;
+    spec.mutable_spec()->set_name("open");
+    spec.mutable_spec()->set_num_elements(16);
+    ASSERT_TRUE(registering->Write(spec));
+  }
 
   const absl::Time signalled = absl::Now();
   absl::StatusOr<int> exit_code = (*daemon)->Stop(/*timeout_seconds=*/10);
@@ -93,6 +103,11 @@ TEST(ShutdownTest, AThousandIdleStreamsDoNotHoldTheExit) {
     if (s->status.error_message().find("shutting down") != std::string::npos) ++shutting_down;
   }
   EXPECT_EQ(shutting_down, n) << "streams must be told the daemon is shutting down";
+  grpc::Status registration = registering->Finish();
+  EXPECT_EQ(registration.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << registration.error_message();
+  EXPECT_NE(registration.error_message().find("shutting down"), std::string::npos)
+      << registration.error_message();
   cq.Shutdown();
   void* tag;
   bool ok;
