@@ -165,8 +165,11 @@ void Server::Shutdown(absl::Duration grace) {
     health->SetServingStatus(false);
   }
   parts_->service->EndAllStreams();
+  Log(LogLevel::kInfo, "shutdown: every stream told to end");
   if (!parts_->service->WaitForStreams(deadline)) {
     Log(LogLevel::kWarning, "shutdown: streams still open after the grace period; cutting them");
+  } else {
+    Log(LogLevel::kInfo, "shutdown: every stream has ended");
   }
   constexpr absl::Duration kUnaryGrace = absl::Milliseconds(250);
   parts_->grpc_server->Shutdown(absl::ToChronoTime(std::min(deadline, absl::Now() + kUnaryGrace)));
