@@ -20,6 +20,7 @@
 namespace optstate {
 
 struct Server::Parts {
+  std::unique_ptr<HeapTrimmer> trimmer;
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<StepBackend> backend;
   std::unique_ptr<StateStore> store;
@@ -41,6 +42,7 @@ struct Server::Parts {
     engine.reset();
     store.reset();
     backend.reset();
+    trimmer.reset();
   }
 };
 
@@ -62,6 +64,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   if (options.page_elements == 0 || options.page_elements % 64 != 0) {
     return absl::InvalidArgumentError("page size must be a positive multiple of 64 elements");
+  }
+  if (options.heap_trim_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--heap_trim_interval must not be negative");
   }
   if (options.stream_idle_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--stream_idle_timeout must not be negative");
@@ -91,8 +96,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   parts->backend_name = std::string(parts->backend->name());
   const uint64_t max_host_bytes =
       options.max_host_bytes != 0 ? options.max_host_bytes : DefaultMaxHostBytes();
-  parts->store =
-      std::make_unique<StateStore>(parts->backend.get(), max_host_bytes, options.page_elements);
+  parts->trimmer = std::make_unique<HeapTrimmer>(options.heap_trim_interval);
+  parts->store = std::make_unique<StateStore>(parts->backend.get(), max_host_bytes,
+                                              options.page_elements, parts->trimmer.get());
   parts->engine =
       std::make_unique<StepEngine>(parts->store.get(), parts->backend.get(), parts->pool.get());
   if (!options.state_dir.empty()) {
@@ -174,8 +180,11 @@ void Server::Shutdown(absl::Duration grace) {
     health->SetServingStatus(false);
   }
   parts_->service->EndAllStreams();
+  Log(LogLevel::kInfo, "shutdown: every stream told to end");
   if (!parts_->service->WaitForStreams(deadline)) {
     Log(LogLevel::kWarning, "shutdown: streams still open after the grace period; cutting them");
+  } else {
+    Log(LogLevel::kInfo, "shutdown: every stream has ended");
   }
   constexpr absl::Duration kUnaryGrace = absl::Milliseconds(250);
   parts_->grpc_server->Shutdown(absl::ToChronoTime(std::min(deadline, absl::Now() + kUnaryGrace)));

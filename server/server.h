@@ -24,6 +24,9 @@ struct ServerOptions {
   // A Step or RegisterGroup stream with nothing read, applied or written for
   // this long is ended with UNAVAILABLE; zero or infinite: never.
   absl::Duration stream_idle_timeout = absl::Minutes(10);
+  // The heap's free memory goes back to the system this often, and soon
+  // after a group is deleted (HeapTrimmer); zero or infinite: only then.
+  absl::Duration heap_trim_interval = absl::Seconds(10);
   BackendOptions backend;
   // Durability (docs/durability.md). Empty state_dir: no checkpoints.
   std::string state_dir;

@@ -36,8 +36,12 @@ absl::Status ValidateGroupName(const std::string& name) {
   return absl::OkStatus();
 }
 
-StateStore::StateStore(StepBackend* backend, uint64_t max_host_bytes, uint64_t page_elements)
-    : backend_(backend), max_host_bytes_(max_host_bytes), page_elements_(page_elements) {}
+StateStore::StateStore(StepBackend* backend, uint64_t max_host_bytes, uint64_t page_elements,
+                       HeapTrimmer* trimmer)
+    : backend_(backend),
+      trimmer_(trimmer),
+      max_host_bytes_(max_host_bytes),
+      page_elements_(page_elements) {}
 
 StateStore::~StateStore() {
   absl::MutexLock lock(&mu_);
@@ -200,7 +204,10 @@ absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key) {
   }
   Log(LogLevel::kInfo, "deleted group '", key.name, "' at step ", group->MaxStep(), ", freeing ",
       group->host_bytes(), " host bytes");
-  return group->host_bytes();
+  const uint64_t freed = group->host_bytes();
+  group.reset();  // Frees the memory unless a chunk in flight still holds it.
+  if (trimmer_ != nullptr) trimmer_->RequestTrim();
+  return freed;
 }
 
 bool StateStore::Unregister(const std::shared_ptr<Group>& group) {
@@ -226,6 +233,7 @@ bool StateStore::Unregister(const std::shared_ptr<Group>& group) {
   if (removed) {
     Log(LogLevel::kInfo, "removed group '", group->key().name,
         "': the RegisterGroup call that created it did not complete");
+    if (trimmer_ != nullptr) trimmer_->RequestTrim();
   }
   return removed;
 }

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "server/backends/step_backend.h"
+#include "server/base/heap_trimmer.h"
 #include "server/state/group.h"
 
 namespace optstate {
@@ -44,8 +45,10 @@ class StagedGroup {
 class StateStore {
  public:
   // `backend` must outlive the store. Every group uses pages of
-  // `page_elements` elements.
-  StateStore(StepBackend* backend, uint64_t max_host_bytes, uint64_t page_elements);
+  // `page_elements` elements. `trimmer` (may be null; else must outlive the
+  // store) is asked to trim the heap after each deletion.
+  StateStore(StepBackend* backend, uint64_t max_host_bytes, uint64_t page_elements,
+             HeapTrimmer* trimmer = nullptr);
   ~StateStore();
 
   struct Registration {
@@ -109,6 +112,7 @@ class StateStore {
   void Release(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
 
   StepBackend* const backend_;
+  HeapTrimmer* const trimmer_;
   const uint64_t max_host_bytes_;
   const uint64_t page_elements_;
   mutable absl::Mutex mu_;

@@ -108,17 +108,21 @@ void RegisterReactor::HandleMessage() {
       incoming_, &request, absl::StrCat("message ", messages_, " of the RegisterGroup stream"));
   incoming_.Clear();
   if (status.ok()) status = HandleRequest(request);
-  bool read_on;
+  bool read_on, held;
   {
     absl::MutexLock lock(&mu_);
     handling_ = false;
     last_activity_ = absl::Now();
     read_on = status.ok() && !final_.has_value() && !ending_;
+    // Held by the registry, which has not set the status yet: EndHeld ends
+    // the call (it sees handling_ cleared). Ending it OK here would finish
+    // with no response message.
+    held = status.ok() && !final_.has_value() && ending_;
   }
   if (read_on) {
     StartRead(&incoming_);
-  } else {
-    End(status.ok() ? absl::OkStatus() : status);
+  } else if (!held) {
+    End(status);  // A refusal, or OK when the registry's status is set.
   }
 }
 

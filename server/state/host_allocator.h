@@ -20,7 +20,9 @@ class HostAllocator {
   virtual absl::string_view name() const = 0;
 };
 
-// The process-wide allocator of ordinary aligned memory.
+// The process-wide allocator of ordinary aligned memory: an array of 1 MiB
+// or more is a mapping of its own (2 MiB aligned, huge pages advised), and
+// Free unmaps it; smaller ones come from the heap.
 HostAllocator* AlignedHostAllocator();
 
 }  // namespace optstate

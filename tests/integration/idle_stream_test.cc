@@ -46,6 +46,32 @@ TEST_F(IdleStreamTest, AStreamThatSendsNothingIsEndedAsIdle) {
   EXPECT_LT(took, absl::Seconds(5));
 }
 
+// A registration stream left open after its spec is ended the same way; it
+// did not end OK, so the group it created is removed.
+TEST_F(IdleStreamTest, AnIdleRegisterGroupStreamIsEndedAndItsGroupRemoved) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  v1::RegisterGroupResponse response;
+  auto writer = stub_->RegisterGroup(&context, &response);
+  v1::RegisterGroupRequest request;
+  request.mutable_spec()->set_name("left.open");
+  request.mutable_spec()->set_num_elements(64);
+  ASSERT_TRUE(writer->Write(request));
+  const absl::Time opened = absl::Now();
+  grpc::Status status = writer->Finish();
+  const absl::Duration took = absl::Now() - opened;
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_NE(status.error_message().find("idle"), std::string::npos) << status.error_message();
+  EXPECT_GE(took, absl::Milliseconds(800));
+  EXPECT_LT(took, absl::Seconds(5));
+  grpc::ClientContext describe;
+  v1::DescribeGroupRequest name;
+  name.set_name("left.open");
+  v1::DescribeGroupResponse described;
+  EXPECT_EQ(stub_->DescribeGroup(&describe, name, &described).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
 TEST_F(IdleStreamTest, AStreamInUseIsNotEnded) {
   {
     grpc::ClientContext context;

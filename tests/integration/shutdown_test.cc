@@ -1,15 +1,18 @@
-// SIGTERM ends every open stream at once with UNAVAILABLE saying the daemon
-// is shutting down, and the daemon exits promptly: idle streams do not hold
-// it for the grace period.
+// SIGTERM ends every open stream (Step and RegisterGroup) at once with
+// UNAVAILABLE saying the daemon is shutting down, and the daemon exits promptly: idle streams do
+// not hold it for the grace period.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <iostream>
+#include <thread>
 
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/v1/optstate.grpc.pb.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/raw_rpc.h"
+#include "tests/testing/reference_adamw.h"
 
 namespace optstate::testing {
 namespace {
@@ -78,6 +81,16 @@ TEST(ShutdownTest, AThousandIdleStreamsDoNotHoldTheExit) {
   ASSERT_TRUE(Drain(&cq, n, absl::Seconds(30), &failed));
   ASSERT_EQ(failed, 0) << "not every stream was answered";
   for (auto& s : streams) s->call->Finish(&s->status, s.get());
+  // And a registration stream left open after its spec.
+  grpc::ClientContext register_context;
+  v1::RegisterGroupResponse register_response;
+  auto registering = stub->RegisterGroup(&register_context, &register_response);
+  {
+    v1::RegisterGroupRequest spec;
+    spec.mutable_spec()->set_name("open");
+    spec.mutable_spec()->set_num_elements(16);
+    ASSERT_TRUE(registering->Write(spec));
+  }
 
   const absl::Time signalled = absl::Now();
   absl::StatusOr<int> exit_code = (*daemon)->Stop(/*timeout_seconds=*/10);
@@ -93,10 +106,97 @@ TEST(ShutdownTest, AThousandIdleStreamsDoNotHoldTheExit) {
     if (s->status.error_message().find("shutting down") != std::string::npos) ++shutting_down;
   }
   EXPECT_EQ(shutting_down, n) << "streams must be told the daemon is shutting down";
+  grpc::Status registration = registering->Finish();
+  EXPECT_EQ(registration.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << registration.error_message();
+  EXPECT_NE(registration.error_message().find("shutting down"), std::string::npos)
+      << registration.error_message();
   cq.Shutdown();
   void* tag;
   bool ok;
   while (cq.Next(&tag, &ok)) {
+  }
+}
+
+// A trainer mid-stream when SIGTERM comes: every reply it gets is a whole,
+// correctly applied step (the messages already on a worker finish and are
+// answered), then the stream ends with UNAVAILABLE "shutting down".
+TEST(ShutdownTest, WorkUnderWayIsAnsweredThenTheStreamEnds) {
+  auto daemon = DaemonProcess::Start({"--threads=2"});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto stub = v1::OptimizerState::NewStub(OwnChannel((*daemon)->target()));
+  constexpr uint64_t kElements = 1 << 20;  // 4 MiB per step message.
+  {
+    grpc::ClientContext context;
+    v1::RegisterGroupResponse response;
+    auto writer = stub->RegisterGroup(&context, &response);
+    v1::RegisterGroupRequest request;
+    request.mutable_spec()->set_name("big");
+    request.mutable_spec()->set_num_elements(kElements);
+    ASSERT_TRUE(writer->Write(request));
+    writer->WritesDone();
+    ASSERT_TRUE(writer->Finish().ok());
+  }
+  std::vector<float> gradient(kElements);
+  for (uint64_t i = 0; i < kElements; ++i) gradient[i] = 1e-3f * static_cast<float>(i % 97) - 0.04f;
+  constexpr uint64_t kSteps = 12;
+  grpc::ClientContext context;
+  auto stream = stub->Step(&context);
+  std::thread writer([&] {
+    for (uint64_t t = 1; t <= kSteps; ++t) {
+      v1::StepRequest request;
+      request.set_group("big");
+      request.set_step(t);
+      request.set_gradient(
+          std::string(reinterpret_cast<const char*>(gradient.data()), kElements * sizeof(float)));
+      if (!stream->Write(request)) return;
+    }
+    stream->WritesDone();
+  });
+  std::thread stopper;
+  absl::StatusOr<int> exit_code;
+  absl::Duration took;
+  // Replies are kept and checked after the stream ends: the client reads at
+  // once, so the exit time is the daemon's.
+  std::vector<v1::StepResponse> replies;
+  v1::StepResponse response;
+  while (stream->Read(&response)) {
+    replies.push_back(response);
+    if (replies.size() == 1) {
+      stopper = std::thread([&] {
+        const absl::Time signalled = absl::Now();
+        exit_code = (*daemon)->Stop(10);
+        took = absl::Now() - signalled;
+      });
+    }
+  }
+  grpc::Status status = stream->Finish();
+  writer.join();
+  ASSERT_TRUE(stopper.joinable());
+  stopper.join();
+  std::cout << replies.size() << " of " << kSteps << " steps answered; SIGTERM to exit " << took
+            << "\n";
+  ReferenceState reference;
+  reference.params.assign(kElements, 0.0);
+  reference.exp_avg.assign(kElements, 0.0);
+  reference.exp_avg_sq.assign(kElements, 0.0);
+  const std::vector<double> grad64(gradient.begin(), gradient.end());
+  for (uint64_t t = 1; t <= replies.size(); ++t) {
+    const v1::StepResponse& reply = replies[t - 1];
+    ASSERT_EQ(reply.step(), t);
+    ASSERT_EQ(reply.params().size(), kElements * sizeof(float));
+    ReferenceAdamWStep({}, t, grad64, &reference);
+    std::vector<float> params(kElements);
+    std::memcpy(params.data(), reply.params().data(), reply.params().size());
+    EXPECT_LE(RelativeL2Error(params, reference.params), 1e-6) << "step " << t;
+  }
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
+  EXPECT_LT(took, absl::Seconds(2));
+  if (replies.size() < kSteps) {
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+    EXPECT_NE(status.error_message().find("shutting down"), std::string::npos)
+        << status.error_message();
   }
 }
 

@@ -126,15 +126,50 @@ TEST_F(StatsPagingTest, BadPageRequestsAreInvalidArgument) {
   v1::GetStatsResponse stats;
   grpc::Status status = Stats(0, "not-a-token", &stats);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(status.error_message().find("page_token"), std::string::npos)
-      << status.error_message();
+  EXPECT_NE(status.error_message().find("page_token"), std::string::npos) << status.error_message();
   status = Stats(-1, "", &stats);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(status.error_message().find("page_size"), std::string::npos)
-      << status.error_message();
+  EXPECT_NE(status.error_message().find("page_size"), std::string::npos) << status.error_message();
   v1::ListGroupsResponse list;
   status = List(0, "not-a-token", &list);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// A token names the last group answered, so groups deleted or registered
+// between pages neither make the next page skip nor repeat any other group.
+TEST(StatsPagingChurnTest, GroupsComingAndGoingBetweenPagesSkipAndRepeatNoOther) {
+  auto daemon = DaemonProcess::Start({"--threads=2"});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto client = Client::Connect((*daemon)->target());
+  ASSERT_TRUE(client.ok());
+  auto name = [](int i) { return absl::StrCat("m", 100 + i); };
+  for (int i = 0; i < 30; ++i) ASSERT_TRUE((*client)->RegisterGroup(name(i), 4).ok());
+  auto stub = v1::OptimizerState::NewStub(OwnChannel((*daemon)->target()));
+  auto page = [&](const std::string& token, v1::ListGroupsResponse* out) {
+    grpc::ClientContext context;
+    v1::ListGroupsRequest request;
+    request.set_page_size(10);
+    request.set_page_token(token);
+    return stub->ListGroups(&context, request, out);
+  };
+  v1::ListGroupsResponse first;
+  ASSERT_TRUE(page("", &first).ok());
+  ASSERT_EQ(first.groups_size(), 10);
+  EXPECT_EQ(first.groups(9).name(), name(9));
+  // The page's last group and the next one go; one sorting before the token comes.
+  ASSERT_TRUE((*client)->DeleteGroup(name(9)).ok());
+  ASSERT_TRUE((*client)->DeleteGroup(name(10)).ok());
+  ASSERT_TRUE((*client)->RegisterGroup("m000", 4).ok());
+  v1::ListGroupsResponse second;
+  ASSERT_TRUE(page(first.next_page_token(), &second).ok());
+  EXPECT_EQ(second.num_groups(), 29u);
+  ASSERT_EQ(second.groups_size(), 10);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(second.groups(i).name(), name(11 + i));
+  v1::ListGroupsResponse third;
+  ASSERT_TRUE(page(second.next_page_token(), &third).ok());
+  ASSERT_EQ(third.groups_size(), 9);
+  EXPECT_EQ(third.groups(8).name(), name(29));
+  EXPECT_TRUE(third.next_page_token().empty());
 }
 
 }  // namespace

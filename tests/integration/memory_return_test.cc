@@ -1,0 +1,61 @@
+// Deleted groups give their memory back to the system: the daemon's
+// resident size returns to where it started after groups are registered,
+// stepped (every byte of params, m and v touched) and deleted.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "optstate/client.h"
+#include "tests/testing/daemon_process.h"
+
+namespace optstate::testing {
+namespace {
+
+// VmRSS of `pid` in bytes, or 0 if it cannot be read.
+uint64_t ResidentBytes(pid_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+constexpr uint64_t kMiB = 1 << 20;
+
+TEST(MemoryReturnTest, RegisteringSteppingAndDeletingGroupsReturnsTheirMemory) {
+  auto daemon = DaemonProcess::Start({"--threads=2", "--max_host_bytes=536870912"});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto client = Client::Connect((*daemon)->target());
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->ListGroups().ok());  // The connection and its buffers exist.
+  const pid_t pid = (*daemon)->pid();
+  const uint64_t start = ResidentBytes(pid);
+  ASSERT_GT(start, 0u);
+  constexpr int kGroups = 10;
+  constexpr uint64_t kElements = 48 * kMiB / 12;  // 48 MiB of params, m and v.
+  std::vector<float> gradient(kElements, 1e-3f);
+  for (int i = 0; i < kGroups; ++i) {
+    const std::string name = absl::StrCat("g", i);
+    ASSERT_TRUE((*client)->RegisterGroup(name, kElements).ok()) << name;
+    ASSERT_TRUE((*client)->Step(name, 1, gradient, {}).ok()) << name;
+  }
+  const uint64_t loaded = ResidentBytes(pid);
+  EXPECT_GE(loaded, start + 400 * kMiB) << "the groups were not resident";
+  for (int i = 0; i < kGroups; ++i) ASSERT_TRUE((*client)->DeleteGroup(absl::StrCat("g", i)).ok());
+  uint64_t after = ResidentBytes(pid);
+  for (int i = 0; i < 50 && after > start + 64 * kMiB; ++i) {
+    absl::SleepFor(absl::Milliseconds(40));
+    after = ResidentBytes(pid);
+  }
+  std::cout << "VmRSS: " << start / kMiB << " MiB at start, " << loaded / kMiB
+            << " MiB with the groups, " << after / kMiB << " MiB after deleting them\n";
+  EXPECT_LE(after, start + 64 * kMiB);
+}
+
+}  // namespace
+}  // namespace optstate::testing
