@@ -27,6 +27,9 @@ ABSL_FLAG(int, max_message_bytes, 64 << 20,
           "Largest request or reply message, in bytes (chunks of step and values); at least "
           "one page of float32 plus 4 KiB (1052672 with the default pages). A Step message "
           "whose reply would be larger is refused before it is applied.");
+ABSL_FLAG(uint64_t, page_elements, 256 * 1024,
+          "Elements per page: the unit of exactly-once stepping and of checkpoints; a positive "
+          "multiple of 64. A checkpoint written with another page size is not restored.");
 ABSL_FLAG(std::string, log_level, "info", "One of debug, info, warning, error.");
 ABSL_FLAG(std::string, paging, "adaptive",
           "CUDA backend: none (state always in VRAM; refuse what does not fit), adaptive "
@@ -75,6 +78,7 @@ int main(int argc, char** argv) {
   options.threads = absl::GetFlag(FLAGS_threads);
   options.max_host_bytes = absl::GetFlag(FLAGS_max_host_bytes);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.page_elements = absl::GetFlag(FLAGS_page_elements);
   options.backend.kind = absl::GetFlag(FLAGS_backend);
   options.backend.cuda.paging = absl::GetFlag(FLAGS_paging);
   options.backend.cuda.vram_reserved_bytes = absl::GetFlag(FLAGS_vram_reserved_bytes);

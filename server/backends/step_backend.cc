@@ -1,7 +1,10 @@
-// The default ApplyAndEncode: gather, Apply, encode.
+// The defaults: ApplyAndEncode gathers, applies and encodes; the host state
+// is the state only for host-placed groups.
 #include "server/backends/step_backend.h"
 
 #include <vector>
+
+#include "absl/strings/str_cat.h"
 
 namespace optstate {
 
@@ -20,6 +23,26 @@ absl::Status StepBackend::ApplyAndEncode(Group& group, uint64_t begin, uint64_t 
   absl::Status applied = Apply(group, begin, end, grad, grad_type, constants);
   if (applied.ok()) EncodeFromFloat(params_type, group.params() + begin, params_out, end - begin);
   return applied;
+}
+
+namespace {
+
+absl::Status HostStateIsTheState(const Group& group, absl::string_view backend) {
+  if (group.placement() == Placement::kHost) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "group '", group.key().name, "' keeps its state on the device, and the ", backend,
+      " backend cannot yet copy it for export, import or checkpoints; run optstated with "
+      "--backend=cpu to use them"));
+}
+
+}  // namespace
+
+absl::Status StepBackend::ReadStateToHost(Group& group, uint64_t, uint64_t) {
+  return HostStateIsTheState(group, name());
+}
+
+absl::Status StepBackend::StateWritten(Group& group, uint64_t, uint64_t) {
+  return HostStateIsTheState(group, name());
 }
 
 }  // namespace optstate

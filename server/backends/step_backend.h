@@ -74,6 +74,19 @@ class StepBackend {
   // caller holds the page mutexes of the range.
   virtual absl::Status ParamsWritten(Group& group, uint64_t begin, uint64_t end) = 0;
 
+  // Makes the host params, m and v of [begin, end) hold the group's current
+  // state (a device may hold newer values), for a checkpoint or an export;
+  // the caller holds the page mutexes of the range. This default answers OK
+  // for host-placed groups (the host arrays are the state) and
+  // FAILED_PRECONDITION for others: a backend that keeps state elsewhere
+  // overrides it.
+  virtual absl::Status ReadStateToHost(Group& group, uint64_t begin, uint64_t end);
+
+  // The host params, m and v of [begin, end) were overwritten (an import or
+  // a restore); the caller holds the page mutexes of the range, or the group
+  // is not yet visible. Same default as ReadStateToHost.
+  virtual absl::Status StateWritten(Group& group, uint64_t begin, uint64_t end);
+
   virtual BackendStats Stats() const = 0;
 };
 

@@ -2,6 +2,7 @@
 #include "server/engine/state_store.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "server/base/log.h"
@@ -42,15 +43,39 @@ StateStore::~StateStore() {
   for (auto& [key, group] : groups_) backend_->DetachGroup(*group);
 }
 
-absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& key,
-                                                              const GroupConfig& config) {
+absl::StatusOr<uint64_t> StateStore::CheckConfig(const GroupKey& key,
+                                                 const GroupConfig& config) const {
   if (absl::Status s = ValidateGroupName(key.name); !s.ok()) return s;
   if (config.num_elements == 0) {
     return absl::InvalidArgumentError("num_elements must be at least 1");
   }
   if (absl::Status s = ValidateHyperparameters(config.hyperparameters); !s.ok()) return s;
-  const uint64_t needed =
-      config.num_elements > max_host_bytes_ / 12 ? UINT64_MAX : HostBytesFor(config.num_elements);
+  return config.num_elements > max_host_bytes_ / 12 ? UINT64_MAX
+                                                    : HostBytesFor(config.num_elements);
+}
+
+absl::Status StateStore::Reserve(const GroupKey& key, const GroupConfig& config, uint64_t needed) {
+  if (needed == UINT64_MAX || host_bytes_ + needed > max_host_bytes_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("group '", key.name, "' needs ", HostBytesFor(config.num_elements),
+                     " bytes of host memory (12 per element) but only ",
+                     max_host_bytes_ - host_bytes_, " of --max_host_bytes=", max_host_bytes_,
+                     " are free; delete groups or raise --max_host_bytes"));
+  }
+  host_bytes_ += needed;
+  return absl::OkStatus();
+}
+
+void StateStore::Release(uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  host_bytes_ -= bytes;
+}
+
+absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& key,
+                                                              const GroupConfig& config) {
+  absl::StatusOr<uint64_t> checked = CheckConfig(key, config);
+  if (!checked.ok()) return checked.status();
+  const uint64_t needed = *checked;
   {
     absl::MutexLock lock(&mu_);
     if (auto it = groups_.find(key); it != groups_.end()) {
@@ -64,14 +89,7 @@ absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& ke
       return absl::AbortedError(
           absl::StrCat("group '", key.name, "' is being registered by another call; retry"));
     }
-    if (needed == UINT64_MAX || host_bytes_ + needed > max_host_bytes_) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("group '", key.name, "' needs ", HostBytesFor(config.num_elements),
-                       " bytes of host memory (12 per element) but only ",
-                       max_host_bytes_ - host_bytes_, " of --max_host_bytes=", max_host_bytes_,
-                       " are free; delete groups or raise --max_host_bytes"));
-    }
-    host_bytes_ += needed;
+    if (absl::Status s = Reserve(key, config, needed); !s.ok()) return s;
     registering_.insert(key);
   }
 
@@ -90,6 +108,63 @@ absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& ke
   Log(LogLevel::kInfo, "registered group '", key.name, "': ", config.num_elements, " elements, ",
       (*group)->num_pages(), " pages, ", needed, " host bytes");
   return Registration{*group, true};
+}
+
+StagedGroup::StagedGroup(StagedGroup&& other) noexcept
+    : store_(other.store_), group_(std::move(other.group_)), reserved_(other.reserved_) {
+  other.reserved_ = 0;
+}
+
+StagedGroup::~StagedGroup() {
+  group_.reset();
+  if (reserved_ != 0) store_->Release(reserved_);
+}
+
+absl::StatusOr<StagedGroup> StateStore::Stage(const GroupKey& key, const GroupConfig& config) {
+  absl::StatusOr<uint64_t> checked = CheckConfig(key, config);
+  if (!checked.ok()) return checked.status();
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = Reserve(key, config, *checked); !s.ok()) return s;
+  }
+  absl::StatusOr<std::shared_ptr<Group>> group =
+      Group::Create(key, config, page_elements_, backend_->host_allocator());
+  if (!group.ok()) {
+    Release(*checked);
+    return group.status();
+  }
+  return StagedGroup(this, std::move(*group), *checked);
+}
+
+absl::StatusOr<std::shared_ptr<Group>> StateStore::Publish(StagedGroup& staged) {
+  Group& group = staged.group();
+  const GroupKey& key = group.key();
+  {
+    absl::MutexLock lock(&mu_);
+    if (groups_.contains(key)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("group '", key.name, "' was registered meanwhile; delete it first"));
+    }
+    if (registering_.contains(key)) {
+      return absl::AbortedError(
+          absl::StrCat("group '", key.name, "' is being registered by another call; retry"));
+    }
+    registering_.insert(key);
+  }
+  absl::Status placed = backend_->AttachGroup(group);
+  if (placed.ok()) {
+    placed = backend_->StateWritten(group, 0, group.num_elements());
+    if (!placed.ok()) backend_->DetachGroup(group);
+  }
+  absl::MutexLock lock(&mu_);
+  registering_.erase(key);
+  if (!placed.ok()) return placed;
+  groups_.emplace(key, staged.group_);
+  staged.reserved_ = 0;  // The store counts it now.
+  Log(LogLevel::kInfo, "group '", key.name,
+      "' installed with its whole state: ", group.num_elements(), " elements, ", group.num_pages(),
+      " pages, steps ", group.MinStep(), "..", group.MaxStep());
+  return std::move(staged.group_);
 }
 
 absl::StatusOr<std::shared_ptr<Group>> StateStore::Find(const GroupKey& key) const {
@@ -134,6 +209,18 @@ std::vector<std::shared_ptr<Group>> StateStore::List(const std::string& tenant) 
   }
   std::sort(out.begin(), out.end(),
             [](const auto& a, const auto& b) { return a->key().name < b->key().name; });
+  return out;
+}
+
+std::vector<std::shared_ptr<Group>> StateStore::ListAll() const {
+  std::vector<std::shared_ptr<Group>> out;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, group] : groups_) out.push_back(group);
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return std::tie(a->key().tenant, a->key().name) < std::tie(b->key().tenant, b->key().name);
+  });
   return out;
 }
 

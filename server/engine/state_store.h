@@ -16,6 +16,30 @@
 
 namespace optstate {
 
+class StateStore;
+
+// A group allocated and counted against the host-memory budget but not
+// visible to anyone (an import or a restore fills it first). Destroying it
+// unpublished frees the group and its share of the budget. Not thread-safe;
+// the store must outlive it.
+class StagedGroup {
+ public:
+  StagedGroup(StagedGroup&& other) noexcept;
+  StagedGroup& operator=(StagedGroup&&) = delete;
+  ~StagedGroup();
+
+  Group& group() const { return *group_; }
+
+ private:
+  friend class StateStore;
+  StagedGroup(StateStore* store, std::shared_ptr<Group> group, uint64_t reserved)
+      : store_(store), group_(std::move(group)), reserved_(reserved) {}
+
+  StateStore* store_;
+  std::shared_ptr<Group> group_;
+  uint64_t reserved_;  // Host bytes counted for it; 0 once published or moved from.
+};
+
 // Thread-safe.
 class StateStore {
  public:
@@ -36,6 +60,18 @@ class StateStore {
   // is registering the same name. On error nothing changes.
   absl::StatusOr<Registration> Register(const GroupKey& key, const GroupConfig& config);
 
+  // Allocates a group outside the store, counted against the budget, for
+  // the caller to fill and then Publish. Same checks and codes as Register,
+  // but the name is not looked up (Publish does that).
+  absl::StatusOr<StagedGroup> Stage(const GroupKey& key, const GroupConfig& config);
+
+  // Attaches the staged group to the backend, tells it the host state was
+  // written (StepBackend::StateWritten) and makes the group visible.
+  // ALREADY_EXISTS when a group of that name exists by then, ABORTED while one
+  // is being registered, the backend's error when it cannot take the state;
+  // on error nothing is visible and `staged` still owns the group.
+  absl::StatusOr<std::shared_ptr<Group>> Publish(StagedGroup& staged);
+
   // NOT_FOUND names the group.
   absl::StatusOr<std::shared_ptr<Group>> Find(const GroupKey& key) const;
 
@@ -45,12 +81,22 @@ class StateStore {
 
   // The tenant's groups, sorted by name.
   std::vector<std::shared_ptr<Group>> List(const std::string& tenant) const;
+  // Every tenant's groups, sorted by (tenant, name).
+  std::vector<std::shared_ptr<Group>> ListAll() const;
 
   uint64_t host_bytes() const;
   uint64_t max_host_bytes() const { return max_host_bytes_; }
   uint64_t page_elements() const { return page_elements_; }
 
  private:
+  friend class StagedGroup;
+  // Name, size and hyperparameters; and the bytes to reserve (UINT64_MAX
+  // when past any budget).
+  absl::StatusOr<uint64_t> CheckConfig(const GroupKey& key, const GroupConfig& config) const;
+  absl::Status Reserve(const GroupKey& key, const GroupConfig& config, uint64_t needed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Release(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+
   StepBackend* const backend_;
   const uint64_t max_host_bytes_;
   const uint64_t page_elements_;

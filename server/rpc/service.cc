@@ -2,6 +2,8 @@
 // read counters or take the store's lock briefly).
 #include "server/rpc/service.h"
 
+#include "server/rpc/export_reactor.h"
+#include "server/rpc/import_reactor.h"
 #include "server/rpc/proto_convert.h"
 #include "server/rpc/register_reactor.h"
 #include "server/rpc/step_reactor.h"
@@ -87,6 +89,23 @@ grpc::ServerUnaryReactor* OptimizerStateService::DeleteGroup(grpc::CallbackServe
     reactor->Finish(ToGrpcStatus(freed.status()));
   });
   return reactor;
+}
+
+grpc::ServerWriteReactor<v1::ExportStateResponse>* OptimizerStateService::ExportState(
+    grpc::CallbackServerContext* context, const v1::ExportStateRequest* request) {
+  return new ExportReactor(engine_, GroupKey{TenantOf(context), request->name()});
+}
+
+grpc::ServerReadReactor<v1::ImportStateRequest>* OptimizerStateService::ImportState(
+    grpc::CallbackServerContext* context, v1::ImportStateResponse* response) {
+  return new ImportReactor(engine_, context, TenantOf(context), response);
+}
+
+grpc::ServerUnaryReactor* OptimizerStateService::Checkpoint(grpc::CallbackServerContext* context,
+                                                            const v1::CheckpointRequest*,
+                                                            v1::CheckpointResponse*) {
+  return Answer(context, absl::FailedPreconditionError(
+                             "this daemon keeps no checkpoints; start optstated with --state_dir"));
 }
 
 }  // namespace optstate

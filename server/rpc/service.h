@@ -15,7 +15,10 @@ using OptimizerStateCallbackBase = v1::OptimizerState::WithCallbackMethod_Regist
         v1::OptimizerState::WithCallbackMethod_ListGroups<
             v1::OptimizerState::WithCallbackMethod_DescribeGroup<
                 v1::OptimizerState::WithCallbackMethod_DeleteGroup<
-                    v1::OptimizerState::Service>>>>>>;
+                    v1::OptimizerState::WithCallbackMethod_ExportState<
+                        v1::OptimizerState::WithCallbackMethod_ImportState<
+                            v1::OptimizerState::WithCallbackMethod_Checkpoint<
+                                v1::OptimizerState::Service>>>>>>>>>;
 
 // Thread-safe; `engine` must outlive the service.
 class OptimizerStateService : public OptimizerStateCallbackBase {
@@ -41,6 +44,13 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   grpc::ServerUnaryReactor* DeleteGroup(grpc::CallbackServerContext* context,
                                         const v1::DeleteGroupRequest* request,
                                         v1::DeleteGroupResponse* response) override;
+  grpc::ServerWriteReactor<v1::ExportStateResponse>* ExportState(
+      grpc::CallbackServerContext* context, const v1::ExportStateRequest* request) override;
+  grpc::ServerReadReactor<v1::ImportStateRequest>* ImportState(
+      grpc::CallbackServerContext* context, v1::ImportStateResponse* response) override;
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
+                                       const v1::CheckpointRequest* request,
+                                       v1::CheckpointResponse* response) override;
 
  private:
   // The caller's tenant; "" until authentication maps callers to tenants.

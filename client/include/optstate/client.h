@@ -125,6 +125,49 @@ class Client {
   // "deleted now" from NOT_FOUND. Call it again to be sure.
   absl::Status DeleteGroup(const std::string& name);
 
+  // ---- Durability (docs/durability.md) ----
+
+  // A group's whole optimizer state; what torch.optim.AdamW's state_dict holds
+  // for one parameter (exp_avg, exp_avg_sq, step), plus the params themselves.
+  struct GroupState {
+    std::string name;
+    Hyperparameters hyperparameters;
+    uint64_t page_elements = 0;  // Set by ExportState; ignored by ImportState.
+    std::vector<float> params, exp_avg, exp_avg_sq;
+    std::vector<uint64_t> page_steps;  // One per page of page_elements (the daemon's page size).
+  };
+  // Reads the group's whole state in page-aligned chunks (any size; the
+  // message limit never bites). Each page is read with its step under its
+  // lock; pages stepped while the export runs may be at different steps.
+  // NOT_FOUND for an unknown group. Retried like the read-only calls.
+  absl::StatusOr<GroupState> ExportState(const std::string& name);
+  // Creates the group from `state`, or replaces the whole state of an
+  // existing group of the same size and hyperparameters (ALREADY_EXISTS when
+  // it differs). page_steps: one per daemon page, or exactly one (every page
+  // at that step). The group becomes visible to Step only once every piece
+  // arrived and passed the daemon's checks; INVALID_ARGUMENT (nothing
+  // changed) for tensors of different lengths, non-finite values, a negative
+  // exp_avg_sq, a step of 0 or 2^64-1, or a page_steps count that fits
+  // neither. Retried on transient failures (a repeat installs the same state).
+  absl::Status ImportState(const GroupState& state);
+
+  struct CheckpointRequestOptions {
+    std::vector<std::string> groups;  // Empty: all.
+    std::optional<uint64_t> wait_for_step;
+  };
+  struct CheckpointResult {
+    std::string id;
+    uint64_t step = 0;
+    uint64_t bytes = 0;
+  };
+  // Asks the daemon (started with --state_dir) for a durable checkpoint of
+  // every group. With wait_for_step s it returns once every page of `groups`
+  // is at s and the checkpoint holding s is on disk: FAILED_PRECONDITION
+  // (naming the step held) when a page is past s, DEADLINE_EXCEEDED when s is
+  // not reached within ClientOptions::attempt_timeout, NOT_FOUND for an
+  // unknown group. Made once, never retried.
+  absl::StatusOr<CheckpointResult> Checkpoint(const CheckpointRequestOptions& options = {});
+
  private:
   struct Impl;
   explicit Client(std::unique_ptr<Impl> impl);

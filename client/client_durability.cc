@@ -1,0 +1,187 @@
+// ExportState, ImportState and Checkpoint: a group's whole state in chunks
+// that fit any message limit, and the trainer's checkpoint call.
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/client_internal.h"
+
+namespace optstate {
+namespace {
+
+using client_internal::Backoff;
+using client_internal::FromGrpcStatus;
+using client_internal::IsRetryable;
+using client_internal::SetDeadline;
+
+// Bytes of payload per chunk: chunk_bytes, within the message limit.
+uint64_t ChunkBytes(const ClientOptions& options) {
+  const uint64_t limit = static_cast<uint64_t>(options.max_message_bytes) - 4096;
+  return std::max<uint64_t>(8, std::min<uint64_t>(options.chunk_bytes, limit)) / 8 * 8;
+}
+
+absl::StatusOr<Client::GroupState> ExportOnce(v1::OptimizerState::Stub& stub,
+                                              const ClientOptions& options,
+                                              const std::string& name) {
+  grpc::ClientContext context;
+  SetDeadline(&context, options);
+  v1::ExportStateRequest request;
+  request.set_name(name);
+  std::unique_ptr<grpc::ClientReader<v1::ExportStateResponse>> reader =
+      stub.ExportState(&context, request);
+  v1::ExportStateResponse response;
+  Client::GroupState state;
+  bool have_header = false;
+  uint64_t num_elements = 0;
+  absl::Status malformed;
+  while (malformed.ok() && reader->Read(&response)) {
+    if (response.has_header()) {
+      const v1::GroupStateHeader& h = response.header();
+      const v1::AdamWHyperparameters& hp = h.hyperparameters();
+      state.name = h.name();
+      state.hyperparameters = {hp.lr(), hp.beta1(), hp.beta2(), hp.eps(), hp.weight_decay()};
+      state.page_elements = h.page_elements();
+      num_elements = h.num_elements();
+      if (state.page_elements == 0) {
+        malformed = absl::InternalError("ExportState header has page_elements 0");
+        break;
+      }
+      state.params.assign(num_elements, 0.0f);
+      state.exp_avg.assign(num_elements, 0.0f);
+      state.exp_avg_sq.assign(num_elements, 0.0f);
+      state.page_steps.assign((num_elements + state.page_elements - 1) / state.page_elements, 0);
+      have_header = true;
+      continue;
+    }
+    const v1::StateChunk& chunk = response.chunk();
+    const std::string& data = chunk.data();
+    if (!have_header) {
+      malformed = absl::InternalError("ExportState sent a chunk before its header");
+    } else if (chunk.tensor() == v1::STATE_TENSOR_PAGE_STEPS) {
+      const uint64_t count = data.size() / sizeof(uint64_t);
+      if (data.size() % sizeof(uint64_t) != 0 || chunk.offset() > state.page_steps.size() ||
+          count > state.page_steps.size() - chunk.offset()) {
+        malformed = absl::InternalError("ExportState sent page steps out of range");
+      } else {
+        std::memcpy(state.page_steps.data() + chunk.offset(), data.data(), data.size());
+      }
+    } else {
+      std::vector<float>* target = chunk.tensor() == v1::STATE_TENSOR_PARAMS    ? &state.params
+                                   : chunk.tensor() == v1::STATE_TENSOR_EXP_AVG ? &state.exp_avg
+                                   : chunk.tensor() == v1::STATE_TENSOR_EXP_AVG_SQ
+                                       ? &state.exp_avg_sq
+                                       : nullptr;
+      const uint64_t count = data.size() / sizeof(float);
+      if (target == nullptr || data.size() % sizeof(float) != 0 || chunk.offset() > num_elements ||
+          count > num_elements - chunk.offset()) {
+        malformed = absl::InternalError("ExportState sent a chunk out of range");
+      } else {
+        std::memcpy(target->data() + chunk.offset(), data.data(), data.size());
+      }
+    }
+  }
+  if (!malformed.ok()) {
+    context.TryCancel();
+    reader->Finish();
+    return malformed;
+  }
+  absl::Status status = FromGrpcStatus(reader->Finish());
+  if (!status.ok()) return status;
+  if (!have_header) return absl::InternalError("ExportState ended without a header");
+  return state;
+}
+
+absl::Status ImportOnce(v1::OptimizerState::Stub& stub, const ClientOptions& options,
+                        const Client::GroupState& state) {
+  grpc::ClientContext context;
+  SetDeadline(&context, options);
+  v1::ImportStateResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::ImportStateRequest>> writer =
+      stub.ImportState(&context, &response);
+  v1::ImportStateRequest request;
+  v1::GroupStateHeader* header = request.mutable_header();
+  header->set_name(state.name);
+  header->set_num_elements(state.params.size());
+  v1::AdamWHyperparameters* hp = header->mutable_hyperparameters();
+  hp->set_lr(state.hyperparameters.lr);
+  hp->set_beta1(state.hyperparameters.beta1);
+  hp->set_beta2(state.hyperparameters.beta2);
+  hp->set_eps(state.hyperparameters.eps);
+  hp->set_weight_decay(state.hyperparameters.weight_decay);
+  bool ok = writer->Write(request);
+  const uint64_t chunk_bytes = ChunkBytes(options);
+  auto send = [&](v1::StateTensor tensor, const char* data, uint64_t count, size_t size) {
+    const uint64_t per_chunk = chunk_bytes / size;
+    for (uint64_t at = 0; ok && at < count; at += per_chunk) {
+      const uint64_t n = std::min(per_chunk, count - at);
+      request.Clear();
+      v1::StateChunk* chunk = request.mutable_chunk();
+      chunk->set_tensor(tensor);
+      chunk->set_offset(at);
+      chunk->set_data(data + at * size, n * size);
+      ok = writer->Write(request);
+    }
+  };
+  send(v1::STATE_TENSOR_PAGE_STEPS, reinterpret_cast<const char*>(state.page_steps.data()),
+       state.page_steps.size(), sizeof(uint64_t));
+  send(v1::STATE_TENSOR_PARAMS, reinterpret_cast<const char*>(state.params.data()),
+       state.params.size(), sizeof(float));
+  send(v1::STATE_TENSOR_EXP_AVG, reinterpret_cast<const char*>(state.exp_avg.data()),
+       state.exp_avg.size(), sizeof(float));
+  send(v1::STATE_TENSOR_EXP_AVG_SQ, reinterpret_cast<const char*>(state.exp_avg_sq.data()),
+       state.exp_avg_sq.size(), sizeof(float));
+  writer->WritesDone();
+  return FromGrpcStatus(writer->Finish());
+}
+
+}  // namespace
+
+absl::StatusOr<Client::GroupState> Client::ExportState(const std::string& name) {
+  absl::Status last;
+  for (int attempt = 0; attempt < impl_->options.max_attempts; ++attempt) {
+    if (attempt > 0) absl::SleepFor(Backoff(impl_->options, attempt));
+    absl::StatusOr<GroupState> state = ExportOnce(*impl_->stub, impl_->options, name);
+    if (state.ok() || !IsRetryable(state.status())) return state;
+    last = state.status();
+  }
+  return last;
+}
+
+absl::Status Client::ImportState(const GroupState& state) {
+  const size_t n = state.params.size();
+  if (n == 0 || state.exp_avg.size() != n || state.exp_avg_sq.size() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GroupState of '", state.name, "' has params of ", n, " elements, exp_avg of ",
+                     state.exp_avg.size(), " and exp_avg_sq of ", state.exp_avg_sq.size(),
+                     "; all three must have the group's size, at least 1"));
+  }
+  if (state.page_steps.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GroupState of '", state.name,
+        "' has no page_steps; give one per daemon page, or exactly one for every page"));
+  }
+  impl_->Forget(state.name);
+  absl::Status last;
+  for (int attempt = 0; attempt < impl_->options.max_attempts; ++attempt) {
+    if (attempt > 0) absl::SleepFor(Backoff(impl_->options, attempt));
+    last = ImportOnce(*impl_->stub, impl_->options, state);
+    if (last.ok() || !IsRetryable(last)) return last;
+  }
+  return last;
+}
+
+absl::StatusOr<Client::CheckpointResult> Client::Checkpoint(
+    const CheckpointRequestOptions& options) {
+  grpc::ClientContext context;
+  SetDeadline(&context, impl_->options);
+  v1::CheckpointRequest request;
+  for (const std::string& group : options.groups) request.add_groups(group);
+  if (options.wait_for_step) request.set_wait_for_step(*options.wait_for_step);
+  v1::CheckpointResponse response;
+  absl::Status status = FromGrpcStatus(impl_->stub->Checkpoint(&context, request, &response));
+  if (!status.ok()) return status;
+  return CheckpointResult{response.id(), response.step(), response.bytes()};
+}
+
+}  // namespace optstate

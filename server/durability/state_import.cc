@@ -1,0 +1,206 @@
+// ImportState's checks and the all-at-once install.
+#include "server/durability/state_import.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "server/base/log.h"
+
+namespace optstate {
+
+absl::string_view StateTensorName(StateTensor tensor) {
+  switch (tensor) {
+    case StateTensor::kParams:
+      return "params";
+    case StateTensor::kExpAvg:
+      return "exp_avg";
+    case StateTensor::kExpAvgSq:
+      return "exp_avg_sq";
+    case StateTensor::kPageSteps:
+      return "page_steps";
+  }
+  return "?";
+}
+
+absl::Status CheckSameShape(const Group& existing, uint64_t num_elements,
+                            const AdamWHyperparameters& h) {
+  if (existing.num_elements() == num_elements && existing.config().hyperparameters == h) {
+    return absl::OkStatus();
+  }
+  const AdamWHyperparameters& e = existing.config().hyperparameters;
+  return absl::AlreadyExistsError(absl::StrCat(
+      "group '", existing.key().name,
+      "' already exists with num_elements=", existing.num_elements(), " lr=", ExactText(e.lr),
+      " beta1=", ExactText(e.beta1), " beta2=", ExactText(e.beta2), " eps=", ExactText(e.eps),
+      " weight_decay=", ExactText(e.weight_decay),
+      "; the imported state has num_elements=", num_elements, " lr=", ExactText(h.lr),
+      " beta1=", ExactText(h.beta1), " beta2=", ExactText(h.beta2), " eps=", ExactText(h.eps),
+      " weight_decay=", ExactText(h.weight_decay),
+      ". Delete the group first or import under another name"));
+}
+
+absl::StatusOr<std::unique_ptr<StateImport>> StateImport::Begin(StateStore* store,
+                                                                StepBackend* backend,
+                                                                const StateHeader& header) {
+  if (absl::Status s = ValidateGroupName(header.key.name); !s.ok()) return s;
+  if (absl::StatusOr<std::shared_ptr<Group>> existing = store->Find(header.key); existing.ok()) {
+    if (absl::Status s = CheckSameShape(**existing, header.num_elements, header.hyperparameters);
+        !s.ok()) {
+      return s;
+    }
+  }
+  GroupConfig config;
+  config.num_elements = header.num_elements;
+  config.hyperparameters = header.hyperparameters;
+  // Every page arrives with values and a step >= 1: a later RegisterGroup
+  // with initial values finds an equal group and never rewinds it.
+  config.has_initial_values = true;
+  absl::StatusOr<StagedGroup> staged = store->Stage(header.key, config);
+  if (!staged.ok()) return staged.status();
+  return std::unique_ptr<StateImport>(new StateImport(store, backend, std::move(*staged)));
+}
+
+absl::Status StateImport::AddChunk(StateTensor tensor, uint64_t offset, absl::string_view data) {
+  Group& group = staged_.group();
+  const absl::string_view name = StateTensorName(tensor);
+  if (tensor == StateTensor::kPageSteps) {
+    if (data.empty() || data.size() % sizeof(uint64_t) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a page_steps chunk holds ", data.size(),
+          " bytes; it must hold one or more uint64 little-endian steps (8 bytes each)"));
+    }
+    const uint64_t count = data.size() / sizeof(uint64_t);
+    if (offset != page_steps_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("page_steps chunk starts at page ", offset, "; the next expected is page ",
+                       page_steps_.size(), " (send page_steps in order)"));
+    }
+    if (count > group.num_pages() - offset) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("page_steps chunk covers pages [", offset, ", ", offset + count,
+                       ") but group '", group.key().name, "' has ", group.num_pages(), " pages of ",
+                       group.page_elements(), " elements (this daemon's page size)"));
+    }
+    std::vector<uint64_t> steps(count);
+    std::memcpy(steps.data(), data.data(), data.size());
+    for (uint64_t i = 0; i < count; ++i) {
+      if (steps[i] == 0 || steps[i] == UINT64_MAX) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "page step ", steps[i], " of page ", offset + i,
+            " is out of range; a page's step must be between 1 and 2^64-2 (the steps it has "
+            "taken; torch's state['step'])"));
+      }
+    }
+    page_steps_.insert(page_steps_.end(), steps.begin(), steps.end());
+    return absl::OkStatus();
+  }
+  if (data.empty() || data.size() % sizeof(float) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a ", name, " chunk holds ", data.size(),
+                                                   " bytes; it must hold one or more float32 "
+                                                   "little-endian elements (4 bytes each)"));
+  }
+  const int index = static_cast<int>(tensor);
+  const uint64_t count = data.size() / sizeof(float);
+  const uint64_t n = group.num_elements();
+  if (offset != received_[index]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " chunk starts at element ", offset, "; the next expected is element ",
+                     received_[index], " (send each tensor in order)"));
+  }
+  if (count > n - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " chunk covers elements [", offset, ", ",
+                                                   offset + count, ") but group '",
+                                                   group.key().name, "' has ", n, " elements"));
+  }
+  float* const target = (tensor == StateTensor::kParams   ? group.params()
+                         : tensor == StateTensor::kExpAvg ? group.exp_avg()
+                                                          : group.exp_avg_sq()) +
+                        offset;
+  std::memcpy(target, data.data(), data.size());
+  for (uint64_t i = 0; i < count; ++i) {
+    if (!std::isfinite(target[i]) || (tensor == StateTensor::kExpAvgSq && target[i] < 0)) {
+      const float bad = target[i];
+      std::memset(target, 0, data.size());  // Nothing of a refused chunk stays.
+      return absl::InvalidArgumentError(absl::StrCat(name, " element ", offset + i, " is ", bad,
+                                                     tensor == StateTensor::kExpAvgSq
+                                                         ? "; exp_avg_sq must be finite and >= 0"
+                                                         : "; values must be finite"));
+    }
+  }
+  received_[index] += count;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StateImport::Result> StateImport::Commit() {
+  Group& group = staged_.group();
+  const uint64_t n = group.num_elements();
+  for (StateTensor t : {StateTensor::kParams, StateTensor::kExpAvg, StateTensor::kExpAvgSq}) {
+    const uint64_t got = received_[static_cast<int>(t)];
+    if (got != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the import of group '", group.key().name, "' ended with ",
+                       StateTensorName(t), " covering elements [0, ", got, ") of ", n,
+                       "; send every element of params, exp_avg and exp_avg_sq"));
+    }
+  }
+  if (page_steps_.size() != 1 && page_steps_.size() != group.num_pages()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the import of group '", group.key().name, "' carried ", page_steps_.size(),
+        " page steps; send one per page (", group.num_pages(), " pages of ", group.page_elements(),
+        " elements, this daemon's page size) or exactly one for every page"));
+  }
+  for (uint64_t p = 0; p < group.num_pages(); ++p) {
+    absl::MutexLock lock(&group.page_mutex(p));
+    group.set_page_step(p, page_steps_.size() == 1 ? page_steps_[0] : page_steps_[p]);
+    group.mark_page_has_values(p);
+  }
+  Result result;
+  if (absl::StatusOr<std::shared_ptr<Group>> existing = store_->Find(group.key()); existing.ok()) {
+    if (absl::Status s = CheckSameShape(**existing, n, group.config().hyperparameters); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = ReplaceGroupState(*backend_, group, **existing); !s.ok()) return s;
+    result.group = std::move(*existing);
+    result.replaced = true;
+    Log(LogLevel::kInfo, "group '", group.key().name, "': state replaced by an import, steps ",
+        result.group->MinStep(), "..", result.group->MaxStep());
+    return result;
+  }
+  absl::StatusOr<std::shared_ptr<Group>> published = store_->Publish(staged_);
+  if (!published.ok()) return published.status();
+  result.group = std::move(*published);
+  return result;
+}
+
+absl::Status ReplaceGroupState(StepBackend& backend, const Group& source, Group& target) {
+  const uint64_t pages = target.num_pages();
+  for (uint64_t p = 0; p < pages; ++p) target.page_mutex(p).Lock();
+  absl::Status status;
+  if (target.deleted()) {
+    status = absl::NotFoundError(absl::StrCat("group '", target.key().name, "' was deleted"));
+  } else if (target.broken()) {
+    status = absl::DataLossError(absl::StrCat(
+        "group '", target.key().name,
+        "' failed part-way through an update; delete it, then import its state again"));
+  } else {
+    // Asks the backend first whether it can take this group's state, so a
+    // refusal leaves the host arrays as they were.
+    status = backend.ReadStateToHost(target, 0, target.num_elements());
+  }
+  if (status.ok()) {
+    const size_t bytes = target.num_elements() * sizeof(float);
+    std::memcpy(target.params(), source.params(), bytes);
+    std::memcpy(target.exp_avg(), source.exp_avg(), bytes);
+    std::memcpy(target.exp_avg_sq(), source.exp_avg_sq(), bytes);
+    for (uint64_t p = 0; p < pages; ++p) {
+      target.set_page_step(p, source.page_step(p));
+      target.mark_page_has_values(p);
+    }
+    status = backend.StateWritten(target, 0, target.num_elements());
+  }
+  for (uint64_t p = pages; p-- > 0;) target.page_mutex(p).Unlock();
+  return status;
+}
+
+}  // namespace optstate

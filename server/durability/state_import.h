@@ -1,0 +1,87 @@
+// An import of a group's whole state (ImportState): the pieces are checked
+// and gathered out of sight, and become visible to Step all at once.
+#ifndef OPTSTATE_SERVER_DURABILITY_STATE_IMPORT_H_
+#define OPTSTATE_SERVER_DURABILITY_STATE_IMPORT_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "server/backends/step_backend.h"
+#include "server/engine/state_store.h"
+#include "server/state/group.h"
+
+namespace optstate {
+
+enum class StateTensor { kParams, kExpAvg, kExpAvgSq, kPageSteps };
+
+// "params", "exp_avg", "exp_avg_sq" or "page_steps".
+absl::string_view StateTensorName(StateTensor tensor);
+
+struct StateHeader {
+  GroupKey key;
+  uint64_t num_elements = 0;
+  AdamWHyperparameters hyperparameters;
+};
+
+// Not thread-safe: one stream feeds it. Destroying it uncommitted frees what
+// it gathered; nothing of it was ever visible.
+class StateImport {
+ public:
+  // Checks the header and sets aside memory for the state (counted against
+  // the store's budget while the import lasts, also when it replaces a
+  // group). INVALID_ARGUMENT for a bad name, size or hyperparameters;
+  // ALREADY_EXISTS when a group of that name differs in size or
+  // hyperparameters; RESOURCE_EXHAUSTED past the budget.
+  static absl::StatusOr<std::unique_ptr<StateImport>> Begin(StateStore* store, StepBackend* backend,
+                                                            const StateHeader& header);
+
+  // One run of `tensor`: float32 little-endian elements from element
+  // `offset` (uint64 little-endian steps from page `offset` for page steps).
+  // Each tensor's runs must come in order, each starting where the last
+  // ended. INVALID_ARGUMENT, naming what to fix and changing nothing, for a
+  // run out of order or past the end, a length that is not whole elements, a
+  // non-finite value, a negative exp_avg_sq, or a step of 0 or 2^64-1.
+  absl::Status AddChunk(StateTensor tensor, uint64_t offset, absl::string_view data);
+
+  struct Result {
+    std::shared_ptr<Group> group;
+    bool replaced = false;  // An existing group's state was replaced.
+  };
+  // Checks that every element and page step arrived (one step per page of
+  // the store's page size, or exactly one for every page), then installs the
+  // state: a new group becomes visible, or an existing one of equal size and
+  // hyperparameters has all its pages replaced while holding every page
+  // mutex. INVALID_ARGUMENT for missing pieces; ALREADY_EXISTS as in Begin;
+  // the backend's error when it cannot take the state. On error nothing is
+  // visible or changed. Call at most once.
+  absl::StatusOr<Result> Commit();
+
+ private:
+  StateImport(StateStore* store, StepBackend* backend, StagedGroup staged)
+      : store_(store), backend_(backend), staged_(std::move(staged)) {}
+
+  StateStore* const store_;
+  StepBackend* const backend_;
+  StagedGroup staged_;
+  uint64_t received_[3] = {0, 0, 0};  // Elements of params, exp_avg, exp_avg_sq so far.
+  std::vector<uint64_t> page_steps_;
+};
+
+// ALREADY_EXISTS unless `existing` has `num_elements` and `hyperparameters`.
+absl::Status CheckSameShape(const Group& existing, uint64_t num_elements,
+                            const AdamWHyperparameters& hyperparameters);
+
+// Copies the whole state of `source` (params, m, v, page steps) into
+// `target`, of the same size, holding every page mutex of `target`
+// (ascending), so a Step sees all of the old state or all of the new.
+// NOT_FOUND once target is deleted, DATA_LOSS when it is broken, the
+// backend's error when it cannot take the state (then nothing changed).
+absl::Status ReplaceGroupState(StepBackend& backend, const Group& source, Group& target);
+
+}  // namespace optstate
+
+#endif  // OPTSTATE_SERVER_DURABILITY_STATE_IMPORT_H_
