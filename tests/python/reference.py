@@ -51,3 +51,37 @@ def compare(label, actual, expected, max_ulp=0):
         f"{label}: {int((d > max_ulp).sum())} elements differ by more than {max_ulp} ulp "
         f"(max {int(d.max())})")
     return fraction
+
+
+def torch_sqrt_differs(v):
+    """Where torch's own sqrt of float32 v is not the correctly rounded one."""
+    return v.sqrt() != v.double().sqrt().float()
+
+
+def compare_to_torch_step(label, actual, expected, before, v, quiet=False):
+    """One step from the same state: `actual` (the daemon's params) against `expected`
+    (torch.optim.AdamW's), `before` the params both started from, `v` the (equal)
+    exp_avg_sq after the step. Asserts bit equality wherever torch's sqrt(v) is correctly
+    rounded; where it is not, the update's denominator differs by 1 ulp, which moves the
+    update by 2**-23 of itself, and with the rounding of the quotient and of p the two may
+    differ by 1 ulp of p plus 2**-22 of the update (more than 1 ulp only where p is not
+    much larger than its update). `quiet`: no printing. Prints and
+    returns the fraction of bit-equal elements."""
+    differs = torch_sqrt_differs(v)
+    unequal = ulp_distance(actual, expected) != 0
+    assert not bool((unequal & ~differs).any()), (
+        f"{label}: {int((unequal & ~differs).sum())} elements differ where torch's sqrt is "
+        "correctly rounded")
+    update = (expected.double() - before.double()).abs()
+    gap = (actual.double() - expected.double()).abs()
+    magnitude = expected.abs()
+    ulp = (torch.nextafter(magnitude, torch.tensor(float("inf"))) - magnitude).double()
+    within = gap <= ulp + update * 2.0 ** -22
+    assert bool(within.all()), (
+        f"{label}: {int((~within).sum())} elements differ by more than the sqrt's rounding "
+        f"allows (largest gap {float(gap.max()):.3g})")
+    fraction = 1.0 - unequal.double().mean().item()
+    if not quiet:
+        print(f"{label}: {fraction:.4%} of {actual.numel()} elements bit-equal to "
+              f"torch.optim.AdamW (torch's sqrt not correctly rounded at {int(differs.sum())})")
+    return fraction

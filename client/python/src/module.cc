@@ -180,4 +180,5 @@ NB_MODULE(_optstate, m) {
            [](const PyClient& c) { return absl::StrCat("optstate.Client('", c.target, "')"); });
 
   BindStepAndStats(client);
+  BindState(m, client);
 }

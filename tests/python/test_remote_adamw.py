@@ -1,0 +1,93 @@
+"""optstate.torch.RemoteAdamW against torch.optim.AdamW (torch 2.15, CPU, its default
+implementation: the single-tensor step, foreach=None resolving to False on CPU, the step
+count a float32 tensor, capturable=False) and against `ieee_adamw_`, torch's ops with a
+correctly rounded sqrt (what the daemon computes, docs/exactness.md).
+
+m and v depend only on the gradients, so they must equal torch's bit for bit whenever the
+gradients are equal. p differs from torch's only through torch's sqrt (MKL, not correctly
+rounded at about 17% of elements): the tests hold the daemon's p bit for bit against the
+chained ieee reference, and against torch.optim.AdamW one step at a time from the same
+state (torch's model gets the daemon's params before every step, so both models compute
+the same forward/backward and the same gradients)."""
+import torch
+import torch.nn.functional as F
+
+from models import MLP, two_groups
+from optstate.torch import RemoteAdamW
+from reference import bits_equal, compare_to_torch_step, ieee_adamw_
+
+
+def _batch(step, inputs=32, outputs=10):
+    gen = torch.Generator().manual_seed(1000 + step)
+    return torch.randn(128, inputs, generator=gen), torch.randn(128, outputs, generator=gen)
+
+
+def test_mlp_50_steps_with_steplr_and_clipping_matches_torch_adamw(daemon, prefix):
+    remote_model, torch_model = MLP(), MLP()
+    opt = RemoteAdamW(two_groups(remote_model), target=daemon.target, name_prefix=prefix)
+    ref = torch.optim.AdamW(two_groups(torch_model, named=False))
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5)
+    ref_sched = torch.optim.lr_scheduler.StepLR(ref, step_size=10, gamma=0.5)
+    remote_params, torch_params = list(remote_model.parameters()), list(torch_model.parameters())
+    names = [n for n, _ in remote_model.named_parameters()]
+    initial = [p.detach().clone() for p in remote_params]
+    # The chained reference: its own p, m, v from the same gradients.
+    chain = [[p.detach().clone(), torch.zeros_like(p), torch.zeros_like(p)] for p in remote_params]
+    equal = {n: 0.0 for n in names}
+    counted = {n: 0 for n in names}
+    for step in range(1, 51):
+        x, y = _batch(step)
+        with torch.no_grad():
+            for tp, rp in zip(torch_params, remote_params):
+                tp.copy_(rp)
+        ref.zero_grad()
+        torch_loss = F.mse_loss(torch_model(x), y)
+        torch_loss.backward()
+        torch.nn.utils.clip_grad_norm_(torch_model.parameters(), max_norm=1.0)
+        before = [p.detach().clone() for p in remote_params]
+        lrs = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+        groups = {id(p): g for g in opt.param_groups for p in g["params"]}
+
+        def closure():
+            opt.zero_grad()
+            loss = F.mse_loss(remote_model(x), y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(remote_model.parameters(), max_norm=1.0)
+            return loss
+
+        remote_loss = opt.step(closure)
+        ref.step()
+        assert remote_loss.item() == torch_loss.item()
+        for i, (rp, tp) in enumerate(zip(remote_params, torch_params)):
+            if rp.grad is None:
+                assert tp.grad is None and bits_equal(rp.detach(), initial[i]), names[i]
+                continue
+            assert bits_equal(rp.grad, tp.grad), names[i]
+            g = groups[id(rp)]
+            p_ref, m_ref, v_ref = chain[i]
+            ieee_adamw_(p_ref, rp.grad, m_ref, v_ref, step, lrs[id(rp)], g["betas"], g["eps"],
+                        g["weight_decay"])
+            assert bits_equal(rp.detach(), chain[i][0]), f"{names[i]} at step {step}"
+            v = ref.state[tp]["exp_avg_sq"]
+            assert bits_equal(v, chain[i][2]) and bits_equal(ref.state[tp]["exp_avg"], chain[i][1])
+            fraction = compare_to_torch_step(f"step {step} {names[i]}", rp.detach(), tp.detach(),
+                                             before[i], v, quiet=True)
+            equal[names[i]] += fraction * rp.numel()
+            counted[names[i]] += rp.numel()
+        sched.step()
+        ref_sched.step()
+    for n in names:
+        if counted[n]:
+            print(f"{n}: {equal[n] / counted[n]:.4%} of {counted[n]} element-steps bit-equal to "
+                  "torch.optim.AdamW's step from the same state")
+    print(f"all: {sum(equal.values()) / sum(counted.values()):.4%} of {sum(counted.values())}")
+    assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in ref.param_groups]
+    # The daemon's m, v and step counts, read back in torch's layout.
+    state = opt.state_dict()
+    torch_state = ref.state_dict()
+    assert sorted(state["state"]) == sorted(torch_state["state"])  # frozen: no state
+    for i, entry in state["state"].items():
+        expected = torch_state["state"][i]
+        assert entry["step"].item() == expected["step"].item() == 50.0
+        assert bits_equal(entry["exp_avg"], expected["exp_avg"]), names[i]
+        assert bits_equal(entry["exp_avg_sq"], expected["exp_avg_sq"]), names[i]
