@@ -48,8 +48,8 @@ ABSL_FLAG(std::vector<std::string>, shape, {"lora7b"},
           "Model shapes: lora7b (256 tensors of 65,536 elements) or dense:N (one tensor).");
 ABSL_FLAG(std::vector<std::string>, wire, {"fp32"},
           "Wire dtypes (gradient and returned params): fp32, bf16 (from and into float "
-          "buffers), bf16-native (from and into bf16 buffers: GroupStep::gradient16 and "
-          "params_out16).");
+          "buffers), bf16-native (from and into bf16 buffers: GroupStep's gradient and "
+          "params_out made by Of16Bit).");
 ABSL_FLAG(std::vector<std::string>, clients, {"1"},
           "Concurrent clients, each with its own Client and its own groups.");
 ABSL_FLAG(uint64_t, chunk_bytes, 1 << 20, "Client chunk size (ClientOptions::chunk_bytes).");
@@ -143,7 +143,7 @@ struct Config {
   Shape shape;
   std::string wire_name;
   WireType wire;
-  bool native16;  // The client's buffers are bf16 (gradient16, params_out16).
+  bool native16;  // The client's buffers are bf16 (Of16Bit views).
   int clients;
   std::vector<std::unique_ptr<ClientState>> states;
 };
@@ -331,11 +331,12 @@ Measurement MeasureOptstate(Config& config, pid_t server_pid) {
     for (size_t t = 0; t < state.names.size(); ++t) {
       const uint64_t n = config.shape.tensors[t];
       if (config.native16) {
-        groups.push_back({state.names[t],
-                          {},
-                          {},
-                          absl::MakeConstSpan(state.gradient16.data() + at, n),
-                          absl::MakeSpan(state.params16.data() + at, n)});
+        groups.push_back(
+            {state.names[t],
+             ConstBufferView::Of16Bit(absl::MakeConstSpan(state.gradient16.data() + at, n),
+                                      WireType::kBFloat16),
+             BufferView::Of16Bit(absl::MakeSpan(state.params16.data() + at, n),
+                                 WireType::kBFloat16)});
       } else {
         groups.push_back({state.names[t], absl::MakeConstSpan(state.gradient.data() + at, n),
                           absl::MakeSpan(state.params.data() + at, n)});

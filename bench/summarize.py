@@ -115,7 +115,7 @@ def main():
               "Step stream per client. Wire GB/s counts gradient bytes sent plus param bytes "
               "returned. bf16 steps from and into float buffers (the client narrows the "
               "gradient and widens the params); bf16-native from and into bf16 buffers, as a "
-              "bf16 model holds its tensors (GroupStep::gradient16 and params_out16: no "
+              "bf16 model holds its tensors (GroupStep buffers made by Of16Bit: no "
               "conversion on the client). Best of the repetitions; spread in M elem/s.\n")
         print("| wire | clients | steps/s | M elem/s | wire GB/s | p50 ms | p99 ms | "
               "server CPU ms/step | client CPU ms/step | echo GB/s | echo server CPU ms/step | "
@@ -209,7 +209,7 @@ def main():
     if f1 and n1:
         v = n1["elem_per_s"] / f1["elem_per_s"]
         targets.append(("bf16 wire >= 1.6 x fp32 elem/s (1 client; bf16 buffers on the "
-                        "client: a bf16 model's own tensors, GroupStep::gradient16)", "%.2f" % v,
+                        "client: a bf16 model's own tensors, ConstBufferView::Of16Bit)", "%.2f" % v,
                         verdict(v, 1.6)))
     if f1 and b1:
         if f1.get("raw_echo_Bps") and b1.get("raw_echo_Bps"):

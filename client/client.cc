@@ -44,26 +44,6 @@ absl::Duration Backoff(const ClientOptions& options, int attempt) {
   return std::min(wait, options.max_backoff);
 }
 
-absl::StatusOr<GroupInfo> GroupInfoFromProto(const v1::GroupInfo& proto) {
-  const v1::AdamWHyperparameters& h = proto.hyperparameters();
-  if (!h.has_lr() || !h.has_beta1() || !h.has_beta2() || !h.has_eps() || !h.has_weight_decay()) {
-    // A daemon of this version fills every field; one that predates double
-    // hyperparameters fills only the retired float32 ones, and ignored ours.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the daemon describes group '", proto.name(),
-        "' without double hyperparameters: it predates them and ignores the ones this client "
-        "sends (its groups step with torch's defaults and the group's lr). Upgrade optstated"));
-  }
-  GroupInfo info;
-  info.name = proto.name();
-  info.num_elements = proto.num_elements();
-  info.hyperparameters = {h.lr(), h.beta1(), h.beta2(), h.eps(), h.weight_decay()};
-  info.page_elements = proto.page_elements();
-  info.min_step = proto.min_step();
-  info.max_step = proto.max_step();
-  return info;
-}
-
 void SetDeadline(grpc::ClientContext* context, const ClientOptions& options) {
   // A timeout of a century or more (InfiniteDuration included) is no
   // deadline; added to the clock it could overflow into one in the past.
@@ -192,26 +172,25 @@ v1::GroupSpec MakeSpec(const std::string& name, uint64_t num_elements, const Hyp
 
 }  // namespace
 
-absl::StatusOr<GroupInfo> Client::Register(const v1::GroupSpec& spec,
-                                           absl::Span<const float> initial_values) {
+absl::StatusOr<GroupInfo> Client::Impl::Register(const v1::GroupSpec& spec,
+                                                 absl::Span<const float> initial_values) {
   absl::Status last;
   bool created = false;  // By any attempt: a retry finds the group existing.
-  for (int attempt = 0; attempt < impl_->options.max_attempts; ++attempt) {
-    if (attempt > 0) absl::SleepFor(Backoff(impl_->options, attempt));
+  for (int attempt = 0; attempt < options.max_attempts; ++attempt) {
+    if (attempt > 0) absl::SleepFor(Backoff(options, attempt));
     // The spec alone first: it tells the page size and whether values are due.
-    absl::StatusOr<v1::RegisterGroupResponse> first =
-        RegisterOnce(*impl_->stub, impl_->options, spec, {}, 0);
+    absl::StatusOr<v1::RegisterGroupResponse> first = RegisterOnce(*stub, options, spec, {}, 0);
     if (first.ok()) created |= first->created();
     if (first.ok() && first->group().pages_awaiting_values() > 0) {
-      absl::StatusOr<v1::RegisterGroupResponse> filled = RegisterOnce(
-          *impl_->stub, impl_->options, spec, initial_values, first->group().page_elements());
+      absl::StatusOr<v1::RegisterGroupResponse> filled =
+          RegisterOnce(*stub, options, spec, initial_values, first->group().page_elements());
       first = std::move(filled);
     }
     if (first.ok()) {
       absl::StatusOr<GroupInfo> info = GroupInfoFromProto(first->group());
       if (!info.ok()) return info.status();
       info->created = created;
-      impl_->Remember(*info);
+      Remember(*info);
       return info;
     }
     last = first.status();
@@ -232,12 +211,12 @@ absl::StatusOr<GroupInfo> Client::RegisterGroup(const std::string& name,
           absl::StrCat("initial value ", i, " of group '", name, "' is not finite"));
     }
   }
-  return Register(MakeSpec(name, initial_values.size(), h, true), initial_values);
+  return impl_->Register(MakeSpec(name, initial_values.size(), h, true), initial_values);
 }
 
 absl::StatusOr<GroupInfo> Client::RegisterGroup(const std::string& name, uint64_t num_elements,
                                                 const Hyperparameters& h) {
-  return Register(MakeSpec(name, num_elements, h, false), {});
+  return impl_->Register(MakeSpec(name, num_elements, h, false), {});
 }
 
 namespace {
@@ -286,13 +265,13 @@ absl::StatusOr<std::vector<GroupInfo>> Client::ListGroups() {
   return out;
 }
 
-absl::StatusOr<v1::GetStatsResponse> Client::GetStats() {
+absl::StatusOr<Stats> Client::GetStats() {
   v1::GetStatsResponse response;
   absl::Status status = WithRetries(impl_->options, [&](grpc::ClientContext* context) {
     return impl_->stub->GetStats(context, v1::GetStatsRequest(), &response);
   });
   if (!status.ok()) return status;
-  return response;
+  return client_internal::StatsFromProto(response);
 }
 
 absl::Status Client::DeleteGroup(const std::string& name) {

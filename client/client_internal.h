@@ -5,9 +5,12 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "client/plan_chunks.h"
+#include "client/proto_convert.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/client.h"
 #include "optstate/v1/optstate.grpc.pb.h"
@@ -29,6 +32,16 @@ struct Client::Impl {
   void Forget(const std::string& name);
   // The cached layout, or DescribeGroup's answer.
   absl::StatusOr<GroupInfo> Layout(Client& client, const std::string& name);
+  // Step's look at its groups, in order: each group's buffers checked
+  // against the wire types and against its layout (the cached one, asked
+  // again once when the gradient's length differs), and its pages against
+  // the message limit (PagesPerChunk). The layouts, or the first refusal.
+  absl::StatusOr<std::vector<client_internal::ChunkGroup>> StepLayouts(
+      Client& client, absl::Span<const GroupStep> groups, const StepOptions& options,
+      const client_internal::ChunkLimits& limits);
+  // RegisterGroup with retries; `initial_values` empty when the spec has none.
+  absl::StatusOr<GroupInfo> Register(const v1::GroupSpec& spec,
+                                     absl::Span<const float> initial_values);
 };
 
 namespace client_internal {
@@ -39,7 +52,6 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 bool IsRetryable(const absl::Status& status);
 // Sleep before attempt `attempt` (1 for the first retry).
 absl::Duration Backoff(const ClientOptions& options, int attempt);
-absl::StatusOr<GroupInfo> GroupInfoFromProto(const v1::GroupInfo& proto);
 void SetDeadline(grpc::ClientContext* context, const ClientOptions& options);
 
 }  // namespace client_internal

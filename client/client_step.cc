@@ -15,40 +15,33 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client_internal.h"
+#include "client/plan_chunks.h"
 #include "client/step_wire.h"
 #include "optstate/v1/dtype_proto.h"
 
 namespace optstate {
 
 using client_internal::Backoff;
+using client_internal::ChunkGroup;
+using client_internal::ChunkLimits;
+using client_internal::ChunkPiece;
 using client_internal::FromGrpcStatus;
 using client_internal::IsRetryable;
+using client_internal::PagesPerChunk;
+using client_internal::PlanChunks;
+using client_internal::PlannedPieces;
 using client_internal::SetDeadline;
 
 namespace {
 
-// Elements [offset, offset + count) of one group: whole pages.
-struct ChunkPiece {
-  size_t group;  // Index into the step's groups.
-  uint64_t offset;
-  uint64_t count;
-};
-
-// One request: a chunk, and the chunks packed after it in StepRequest.more
-// (small tensors share a message). The unit of sending and resending.
+// One request as PlanChunks planned it: a chunk, and the chunks packed after
+// it in StepRequest.more (small tensors share a message). The unit of
+// sending and resending.
 struct PlannedChunk {
-  absl::InlinedVector<ChunkPiece, 1> pieces;
+  PlannedPieces pieces;
   // The whole request, when narrowed ahead of sending (and kept for resends).
   std::optional<grpc::ByteBuffer> request;
 };
-
-// Room kept per packed chunk for its fields and framing, beyond the group
-// name: at least what the daemon reckons a chunk's reply takes beyond its
-// params (kReplyFieldsBytes, server/step_message.cc), which it checks
-// before applying a message.
-constexpr uint64_t kPieceOverheadBytes = 96;
-// Chunks packed into one message at most (the daemon takes up to 4096).
-constexpr size_t kMaxPiecesPerMessage = 1024;
 
 // The most of a step's narrowed gradient the client narrows ahead of sending
 // (and holds until the step ends): checking the narrowed bytes saves a pass
@@ -56,22 +49,47 @@ constexpr size_t kMaxPiecesPerMessage = 1024;
 // narrowed when sent.
 constexpr size_t kMaxPreparedBytes = 64 << 20;
 
-// The length of `group`'s gradient, in whichever form it came.
-size_t GradientElements(const GroupStep& group) {
-  return group.gradient16.empty() ? group.gradient.size() : group.gradient16.size();
+// Whether a view holds 16-bit elements (made by Of16Bit) rather than floats.
+bool Is16Bit(const ConstBufferView& view) { return view.element_bytes() == 2; }
+bool Is16Bit(const BufferView& view) { return view.element_bytes() == 2; }
+
+// Elements [offset, offset + count) of a view as floats; empty when the view
+// is empty or 16-bit.
+absl::Span<const float> FloatPart(const ConstBufferView& view, uint64_t offset, uint64_t count) {
+  if (view.empty() || Is16Bit(view)) return {};
+  return absl::MakeConstSpan(static_cast<const float*>(view.data()) + offset, count);
+}
+absl::Span<float> FloatPart(const BufferView& view, uint64_t offset, uint64_t count) {
+  if (view.empty() || Is16Bit(view)) return {};
+  return absl::MakeSpan(static_cast<float*>(view.data()) + offset, count);
+}
+
+// The same as 16-bit elements; empty when the view is empty or float32.
+absl::Span<const uint16_t> SixteenBitPart(const ConstBufferView& view, uint64_t offset,
+                                          uint64_t count) {
+  if (view.empty() || !Is16Bit(view)) return {};
+  return absl::MakeConstSpan(static_cast<const uint16_t*>(view.data()) + offset, count);
+}
+absl::Span<uint16_t> SixteenBitPart(const BufferView& view, uint64_t offset, uint64_t count) {
+  if (view.empty() || !Is16Bit(view)) return {};
+  return absl::MakeSpan(static_cast<uint16_t*>(view.data()) + offset, count);
 }
 
 // The element at `i` of the gradient as the caller gave it (a 16-bit one widened).
-float GivenValue(const GroupStep& group, const StepOptions& options, size_t i) {
-  if (group.gradient16.empty()) return group.gradient[i];
+float GivenValue(const GroupStep& group, size_t i) {
   float value;
-  DecodeToFloat(options.gradient_dtype, &group.gradient16[i], &value, 1);
+  if (Is16Bit(group.gradient)) {
+    DecodeToFloat(group.gradient.dtype(), static_cast<const uint16_t*>(group.gradient.data()) + i,
+                  &value, 1);
+  } else {
+    value = static_cast<const float*>(group.gradient.data())[i];
+  }
   return value;
 }
 
 // Whether the element at `i` of the gradient is finite as the server sees it.
 bool FiniteAsSent(const GroupStep& group, const StepOptions& options, size_t i) {
-  float value = GivenValue(group, options, i);
+  float value = GivenValue(group, i);
   if (options.gradient_dtype != WireType::kFloat32) {
     unsigned char wire[2];
     EncodeFromFloat(options.gradient_dtype, &value, wire, 1);
@@ -83,12 +101,12 @@ bool FiniteAsSent(const GroupStep& group, const StepOptions& options, size_t i) 
 // INVALID_ARGUMENT naming the first element of `group`'s gradient, from
 // `from` on, that is not finite as the server will see it.
 absl::Status NotFiniteError(const GroupStep& group, const StepOptions& options, size_t from) {
-  const size_t n = GradientElements(group);
+  const size_t n = group.gradient.size();
   size_t bad = from;
   while (bad < n && FiniteAsSent(group, options, bad)) ++bad;
   return absl::InvalidArgumentError(absl::StrCat(
       "gradient of group '", group.group, "' at element ", bad, " is ",
-      bad < n ? GivenValue(group, options, bad) : 0.0f, ", which is not finite as ",
+      bad < n ? GivenValue(group, bad) : 0.0f, ", which is not finite as ",
       WireTypeName(options.gradient_dtype), " after grad_scale ", options.grad_scale.value_or(1.0f),
       "; the whole step was refused and nothing was sent"));
 }
@@ -101,17 +119,19 @@ absl::Status CheckFiniteScaled(const GroupStep& group, const StepOptions& option
   constexpr size_t kBlock = 4096;
   float widened[kBlock];
   uint16_t narrowed[kBlock];
-  const size_t total = GradientElements(group);
+  const size_t total = group.gradient.size();
   for (size_t begin = 0; begin < total; begin += kBlock) {
     const size_t n = std::min(kBlock, total - begin);
     const float* values = widened;
-    if (!group.gradient16.empty()) {
-      DecodeToFloat(options.gradient_dtype, group.gradient16.data() + begin, widened, n);
+    if (Is16Bit(group.gradient)) {
+      DecodeToFloat(options.gradient_dtype, SixteenBitPart(group.gradient, begin, n).data(),
+                    widened, n);
     } else if (options.gradient_dtype != WireType::kFloat32) {
-      EncodeFromFloat(options.gradient_dtype, group.gradient.data() + begin, narrowed, n);
+      EncodeFromFloat(options.gradient_dtype, FloatPart(group.gradient, begin, n).data(), narrowed,
+                      n);
       DecodeToFloat(options.gradient_dtype, narrowed, widened, n);
     } else {
-      values = group.gradient.data() + begin;
+      values = FloatPart(group.gradient, begin, n).data();
     }
     bool all_finite = true;
     for (size_t i = 0; i < n; ++i) all_finite &= std::fabs(values[i] * scale) <= FLT_MAX;
@@ -120,24 +140,37 @@ absl::Status CheckFiniteScaled(const GroupStep& group, const StepOptions& option
   return absl::OkStatus();
 }
 
-// INVALID_ARGUMENT when a group's buffers do not go with each other or with
-// the wire types.
+// INVALID_ARGUMENT when a 16-bit buffer of `group` is not bfloat16 or
+// float16, or not of the wire type StepOptions gives it (GroupStep).
 absl::Status CheckBufferForms(const GroupStep& group, const StepOptions& options) {
-  if (!group.gradient16.empty() &&
-      (!group.gradient.empty() || WireTypeSize(options.gradient_dtype) != 2)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("group '", group.group,
-                     "' gives gradient16, which needs StepOptions.gradient_dtype "
-                     "bfloat16 or float16 (it is ",
-                     WireTypeName(options.gradient_dtype), ") and an empty gradient"));
+  auto is_16_bit_type = [](WireType type) {
+    return type == WireType::kBFloat16 || type == WireType::kFloat16;
+  };
+  if ((Is16Bit(group.gradient) && !is_16_bit_type(group.gradient.dtype())) ||
+      (Is16Bit(group.params_out) && !is_16_bit_type(group.params_out.dtype()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group '", group.group, "' gives a ",
+        Is16Bit(group.gradient) && !is_16_bit_type(group.gradient.dtype()) ? "gradient"
+                                                                           : "params_out",
+        " made by Of16Bit with a dtype that is not bfloat16 or float16; a float32 buffer "
+        "is a span of floats"));
   }
-  if (!group.params_out16.empty() &&
-      (!group.params_out.empty() || WireTypeSize(options.param_dtype) != 2)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("group '", group.group,
-                     "' gives params_out16, which needs StepOptions.param_dtype "
-                     "bfloat16 or float16 (it is ",
-                     WireTypeName(options.param_dtype), ") and an empty params_out"));
+  if (Is16Bit(group.gradient) && !group.gradient.empty() &&
+      group.gradient.dtype() != options.gradient_dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group '", group.group, "' gives a ", WireTypeName(group.gradient.dtype()),
+        " gradient, which is sent as it is and needs StepOptions.gradient_dtype ",
+        WireTypeName(group.gradient.dtype()), " (it is ", WireTypeName(options.gradient_dtype),
+        "); set it, or give float32 values to have them narrowed"));
+  }
+  if (Is16Bit(group.params_out) && !group.params_out.empty() &&
+      group.params_out.dtype() != options.param_dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group '", group.group, "' gives a ", WireTypeName(group.params_out.dtype()),
+        " params_out, which receives the params as they arrive and needs "
+        "StepOptions.param_dtype ",
+        WireTypeName(group.params_out.dtype()), " (it is ", WireTypeName(options.param_dtype),
+        "); set it, or give a float32 params_out to have them widened"));
   }
   return absl::OkStatus();
 }
@@ -149,7 +182,7 @@ void ChunkFields(const GroupStep& group, const ChunkPiece& piece, uint64_t step,
   fields->set_group(group.group);
   fields->set_step(step);
   fields->set_offset(piece.offset);
-  fields->set_group_elements(GradientElements(group));
+  fields->set_group_elements(group.gradient.size());
   fields->set_gradient_dtype(WireTypeToProto(options.gradient_dtype));
   fields->set_param_dtype(WireTypeToProto(options.param_dtype));
   if (options.lr) fields->set_lr(*options.lr);
@@ -168,11 +201,8 @@ grpc::ByteBuffer BuildRequest(absl::Span<const GroupStep> groups, const PlannedC
     const ChunkPiece& piece = chunk.pieces[k];
     const GroupStep& group = groups[piece.group];
     ChunkFields(group, piece, step, options, &(*fields)[k]);
-    if (group.gradient16.empty()) {
-      pieces.push_back({&(*fields)[k], group.gradient.subspan(piece.offset, piece.count)});
-    } else {
-      pieces.push_back({&(*fields)[k], {}, group.gradient16.subspan(piece.offset, piece.count)});
-    }
+    pieces.push_back({&(*fields)[k], FloatPart(group.gradient, piece.offset, piece.count),
+                      SixteenBitPart(group.gradient, piece.offset, piece.count)});
   }
   return client_internal::SerializeStepRequest(pieces, options.gradient_dtype, payloads);
 }
@@ -210,10 +240,12 @@ absl::Status CheckAndPrepare(absl::Span<const GroupStep> groups, uint64_t step,
       bool finite;
       if (prepare) {
         finite = AllWireFinite(type, payloads[k], piece.count);
-      } else if (!group.gradient16.empty()) {
-        finite = AllWireFinite(type, group.gradient16.data() + piece.offset, piece.count);
+      } else if (Is16Bit(group.gradient)) {
+        finite = AllWireFinite(
+            type, SixteenBitPart(group.gradient, piece.offset, piece.count).data(), piece.count);
       } else {
-        finite = AllNarrowToFinite(type, group.gradient.data() + piece.offset, piece.count);
+        finite = AllNarrowToFinite(
+            type, FloatPart(group.gradient, piece.offset, piece.count).data(), piece.count);
       }
       if (!finite) return NotFiniteError(group, options, piece.offset);
     }
@@ -271,12 +303,8 @@ absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::Rp
     expected.clear();
     for (const ChunkPiece& piece : chunk.pieces) {
       const GroupStep& group = groups[piece.group];
-      expected.push_back(
-          {piece.count,
-           group.params_out.empty() ? absl::Span<float>()
-                                    : group.params_out.subspan(piece.offset, piece.count),
-           group.params_out16.empty() ? absl::Span<uint16_t>()
-                                      : group.params_out16.subspan(piece.offset, piece.count)});
+      expected.push_back({piece.count, FloatPart(group.params_out, piece.offset, piece.count),
+                          SixteenBitPart(group.params_out, piece.offset, piece.count)});
     }
     response.Clear();
     absl::Status parsed = client_internal::ParseStepResponse(
@@ -332,10 +360,9 @@ absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::Rp
   return pending->empty() ? absl::OkStatus() : status;
 }
 
-}  // namespace
-
-absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
-                          const StepOptions& options) {
+// INVALID_ARGUMENT for a step number, options or group list no step takes.
+absl::Status CheckStep(absl::Span<const GroupStep> groups, uint64_t step,
+                       const StepOptions& options) {
   if (step == 0) return absl::InvalidArgumentError("step must be at least 1 (the first step is 1)");
   if (options.grad_scale && !std::isfinite(*options.grad_scale)) {
     return absl::InvalidArgumentError("grad_scale must be finite");
@@ -352,74 +379,60 @@ absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
                        "per step"));
     }
   }
-  std::vector<PlannedChunk> pending;
-  uint64_t packed_gradient_bytes = 0;  // Of pending.back().
-  uint64_t packed_message_bytes = 0;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    const GroupStep& group = groups[g];
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<ChunkGroup>> Client::Impl::StepLayouts(
+    Client& client, absl::Span<const GroupStep> groups, const StepOptions& options,
+    const ChunkLimits& limits) {
+  std::vector<ChunkGroup> layouts;
+  layouts.reserve(groups.size());
+  for (const GroupStep& group : groups) {
     if (absl::Status s = CheckBufferForms(group, options); !s.ok()) return s;
-    const size_t gradient_elements = GradientElements(group);
-    absl::StatusOr<GroupInfo> layout = impl_->Layout(*this, group.group);
+    const size_t gradient_elements = group.gradient.size();
+    absl::StatusOr<GroupInfo> layout = Layout(client, group.group);
     if (layout.ok() && gradient_elements != layout->num_elements) {
       // The group may have been registered anew elsewhere: ask once more.
-      impl_->Forget(group.group);
-      layout = impl_->Layout(*this, group.group);
+      Forget(group.group);
+      layout = Layout(client, group.group);
     }
     if (!layout.ok()) return layout.status();
     if (gradient_elements != layout->num_elements) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          group.gradient16.empty() ? "gradient" : "gradient16", " of group '", group.group,
-          "' has ", gradient_elements, " elements; the group has ", layout->num_elements));
+      return absl::InvalidArgumentError(absl::StrCat("gradient of group '", group.group, "' has ",
+                                                     gradient_elements, " elements; the group has ",
+                                                     layout->num_elements));
     }
     if (!group.params_out.empty() && group.params_out.size() != layout->num_elements) {
       return absl::InvalidArgumentError(absl::StrCat(
           "params_out of group '", group.group, "' has ", group.params_out.size(),
-          " elements; the group has ", layout->num_elements, " (or pass an empty span)"));
+          " elements; the group has ", layout->num_elements, " (or pass an empty one)"));
     }
-    if (!group.params_out16.empty() && group.params_out16.size() != layout->num_elements) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "params_out16 of group '", group.group, "' has ", group.params_out16.size(),
-          " elements; the group has ", layout->num_elements, " (or pass an empty span)"));
-    }
-    // Whole pages per chunk: about chunk_bytes of gradient, and neither the
-    // request nor the reply (params may be wider than the gradient) past
-    // the message limit, less room for the other fields.
-    const uint64_t widest =
-        std::max(WireTypeSize(options.gradient_dtype), WireTypeSize(options.param_dtype));
-    const uint64_t max_pages = (static_cast<uint64_t>(impl_->options.max_message_bytes) - 4096) /
-                               (layout->page_elements * widest);
-    if (max_pages == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("one page of group '", group.group, "' (", layout->page_elements,
-                       " elements) does not fit ClientOptions.max_message_bytes=",
-                       impl_->options.max_message_bytes, "; raise it"));
-    }
-    const uint64_t page_bytes = layout->page_elements * WireTypeSize(options.gradient_dtype);
-    const uint64_t pages =
-        std::clamp<uint64_t>(impl_->options.chunk_bytes / page_bytes, 1, max_pages);
-    const uint64_t chunk_elements = pages * layout->page_elements;
-    for (uint64_t offset = 0; offset < layout->num_elements; offset += chunk_elements) {
-      const ChunkPiece piece{g, offset, std::min(chunk_elements, layout->num_elements - offset)};
-      // Packed after the previous chunks while the message stays within
-      // chunk_bytes of gradient, and its request and reply within the
-      // message limit.
-      const uint64_t gradient_bytes = piece.count * WireTypeSize(options.gradient_dtype);
-      const uint64_t message_bytes =
-          piece.count * widest + group.group.size() + kPieceOverheadBytes;
-      if (!pending.empty() && pending.back().pieces.size() < kMaxPiecesPerMessage &&
-          packed_gradient_bytes + gradient_bytes <= impl_->options.chunk_bytes &&
-          packed_message_bytes + message_bytes <=
-              static_cast<uint64_t>(impl_->options.max_message_bytes) - 4096) {
-        pending.back().pieces.push_back(piece);
-        packed_gradient_bytes += gradient_bytes;
-        packed_message_bytes += message_bytes;
-      } else {
-        pending.push_back({{piece}, {}});
-        packed_gradient_bytes = gradient_bytes;
-        packed_message_bytes = message_bytes;
-      }
+    layouts.push_back({group.group, layout->num_elements, layout->page_elements});
+    // Checked here, group by group, so the first bad group is named before
+    // later groups' layouts are looked up.
+    if (absl::StatusOr<uint64_t> pages = PagesPerChunk(layouts.back(), limits); !pages.ok()) {
+      return pages.status();
     }
   }
+  return layouts;
+}
+
+absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
+                          const StepOptions& options) {
+  if (absl::Status s = CheckStep(groups, step, options); !s.ok()) return s;
+  const ChunkLimits limits{impl_->options.chunk_bytes,
+                           static_cast<uint64_t>(impl_->options.max_message_bytes),
+                           options.gradient_dtype, options.param_dtype};
+  absl::StatusOr<std::vector<ChunkGroup>> layouts =
+      impl_->StepLayouts(*this, groups, options, limits);
+  if (!layouts.ok()) return layouts.status();
+  absl::StatusOr<std::vector<PlannedPieces>> plan = PlanChunks(*layouts, limits);
+  if (!plan.ok()) return plan.status();
+  std::vector<PlannedChunk> pending;
+  pending.reserve(plan->size());
+  for (PlannedPieces& pieces : *plan) pending.push_back({std::move(pieces), std::nullopt});
   if (absl::Status s = CheckAndPrepare(groups, step, options, &pending); !s.ok()) return s;
 
   absl::Status last;
@@ -443,8 +456,8 @@ absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
                                    " attempts: ", last.message()));
 }
 
-absl::Status Client::Step(const std::string& group, uint64_t step, absl::Span<const float> gradient,
-                          absl::Span<float> params_out, const StepOptions& options) {
+absl::Status Client::Step(const std::string& group, uint64_t step, ConstBufferView gradient,
+                          BufferView params_out, const StepOptions& options) {
   GroupStep one{group, gradient, params_out};
   return Step(absl::MakeConstSpan(&one, 1), step, options);
 }

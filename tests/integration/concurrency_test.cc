@@ -222,7 +222,7 @@ TEST(ConcurrencyTest, DeletingAGroupWhileItIsSteppedEndsInNotFoundWithoutHanging
   EXPECT_EQ(last.code(), absl::StatusCode::kNotFound) << last;
   auto stats = (*client)->GetStats();
   ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(stats->host_bytes(), 0u);
+  EXPECT_EQ(stats->host_bytes, 0u);
 }
 
 TEST(ConcurrencyTest, RacingRegistrationsOfOneNameCreateItOnce) {

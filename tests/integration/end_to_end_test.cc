@@ -99,7 +99,7 @@ TEST_F(EndToEndTest, Bfloat16WireCarriesRoundedGradientsAndParams) {
   EXPECT_LE(RelativeL2Error(model.params_fp32(), model.params_f64()), 1e-6);
 }
 
-// A model held in bf16 passes its own tensors (gradient16, params_out16):
+// A model held in bf16 passes its own tensors (16-bit buffer views):
 // sent and filled bit for bit, the same step as float buffers on a bf16 wire.
 // Many small groups and one of several pages, so chunks are packed too.
 TEST_F(EndToEndTest, SixteenBitBuffersAreSentAndFilledAsTheyAre) {
@@ -129,8 +129,8 @@ TEST_F(EndToEndTest, SixteenBitBuffersAreSentAndFilledAsTheyAre) {
         params[g].assign(sizes[g], 0xffff);
         GroupStep step;
         step.group = names[g];
-        step.gradient16 = grads[g];
-        step.params_out16 = absl::MakeSpan(params[g]);
+        step.gradient = ConstBufferView::Of16Bit(grads[g], WireType::kBFloat16);
+        step.params_out = BufferView::Of16Bit(absl::MakeSpan(params[g]), params_type);
         steps.push_back(step);
       }
       ASSERT_TRUE(client_->Step(steps, t, options).ok()) << t;
@@ -164,28 +164,49 @@ TEST_F(EndToEndTest, SixteenBitBuffersThatDoNotFitTheWireTypesAreRefusedBeforeSe
     StepOptions options;
     const char* says;
   };
+  const ConstBufferView bg16 = ConstBufferView::Of16Bit(g16, WireType::kBFloat16);
+  const BufferView bp16 = BufferView::Of16Bit(absl::MakeSpan(p16), WireType::kBFloat16);
+  // A buffer made by Of16Bit with a type that is not 16-bit.
+  const ConstBufferView g16_as_float32 = ConstBufferView::Of16Bit(g16, WireType::kFloat32);
+  const BufferView p16_as_float32 = BufferView::Of16Bit(absl::MakeSpan(p16), WireType::kFloat32);
+  StepOptions fp16 = bf16;
+  fp16.gradient_dtype = WireType::kFloat16;
+  fp16.param_dtype = WireType::kFloat16;
   const Case cases[] = {
-      {"gradient16 on a float32 wire",
-       {"forms", {}, {}, g16, {}},
+      {"a bfloat16 gradient on a float32 wire",
+       {"forms", bg16, {}},
        StepOptions{},
-       "gradient_dtype bfloat16 or float16 (it is float32)"},
-      {"gradient and gradient16", {"forms", g32, {}, g16, {}}, bf16, "an empty gradient"},
-      {"params_out16 with float32 params",
-       {"forms", g32, {}, {}, absl::MakeSpan(p16)},
+       "gradient_dtype bfloat16 (it is float32)"},
+      {"a bfloat16 gradient on a float16 wire",
+       {"forms", bg16, {}},
+       fp16,
+       "gradient_dtype bfloat16 (it is float16)"},
+      {"a bfloat16 params_out with float32 params",
+       {"forms", g32, bp16},
        StepOptions{},
-       "param_dtype bfloat16 or float16 (it is float32)"},
-      {"params_out and params_out16",
-       {"forms", {}, absl::MakeSpan(p32), g16, absl::MakeSpan(p16)},
+       "param_dtype bfloat16 (it is float32)"},
+      {"a bfloat16 params_out with float16 params",
+       {"forms", g32, bp16},
+       fp16,
+       "param_dtype bfloat16 (it is float16)"},
+      {"Of16Bit gradient of float32",
+       {"forms", g16_as_float32, {}},
        bf16,
-       "an empty params_out"},
-      {"gradient16 of another length",
-       {"forms", {}, {}, absl::MakeConstSpan(g16).subspan(1), {}},
+       "not bfloat16 or float16"},
+      {"Of16Bit params_out of float32",
+       {"forms", bg16, p16_as_float32},
        bf16,
-       "gradient16 of group 'forms' has 99 elements"},
-      {"params_out16 of another length",
-       {"forms", {}, {}, g16, absl::MakeSpan(p16).subspan(1)},
+       "not bfloat16 or float16"},
+      {"16-bit gradient of another length",
+       {"forms",
+        ConstBufferView::Of16Bit(absl::MakeConstSpan(g16).subspan(1), WireType::kBFloat16),
+        {}},
        bf16,
-       "params_out16 of group 'forms' has 99 elements"},
+       "gradient of group 'forms' has 99 elements"},
+      {"16-bit params_out of another length",
+       {"forms", bg16, BufferView::Of16Bit(absl::MakeSpan(p16).subspan(1), WireType::kBFloat16)},
+       bf16,
+       "params_out of group 'forms' has 99 elements"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
@@ -195,19 +216,19 @@ TEST_F(EndToEndTest, SixteenBitBuffersThatDoNotFitTheWireTypesAreRefusedBeforeSe
   }
   // A non-finite bf16 element: named, nothing sent; after grad_scale too.
   g16[42] = 0x7f80;  // +infinity.
-  absl::Status s = client_->Step({{"forms", {}, {}, g16, {}}}, 1, bf16);
+  absl::Status s = client_->Step({{"forms", bg16, {}}}, 1, bf16);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("at element 42 is inf"));
   g16[42] = FloatToBFloat16(3e38f);
   StepOptions scaled = bf16;
   scaled.grad_scale = 4.0f;
-  s = client_->Step({{"forms", {}, {}, g16, {}}}, 1, scaled);
+  s = client_->Step({{"forms", bg16, {}}}, 1, scaled);
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("at element 42"));
   absl::StatusOr<GroupInfo> info = client_->DescribeGroup("forms");
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->max_step, 0u);
   g16[42] = FloatToBFloat16(0.1f);
-  EXPECT_TRUE(client_->Step({{"forms", {}, {}, g16, absl::MakeSpan(p16)}}, 1, bf16).ok());
+  EXPECT_TRUE(client_->Step({{"forms", bg16, bp16}}, 1, bf16).ok());
   EXPECT_NE(p16[0], 0);
 }
 
@@ -259,26 +280,26 @@ TEST_F(EndToEndTest, StatsReportStepsChunksAndBytes) {
   for (uint64_t t = 1; t <= 3; ++t) {
     ASSERT_TRUE(client_->Step("stats.w", t, grad, absl::MakeSpan(params)).ok());
   }
-  absl::StatusOr<v1::GetStatsResponse> stats = client_->GetStats();
+  absl::StatusOr<Stats> stats = client_->GetStats();
   ASSERT_TRUE(stats.ok()) << stats.status();
-  EXPECT_EQ(stats->backend(), "cpu");
-  ASSERT_EQ(stats->groups_size(), 1);
-  const v1::GroupStats& g = stats->groups(0);
-  EXPECT_EQ(g.info().num_elements(), kElements);
-  EXPECT_EQ(g.info().min_step(), 3u);
-  EXPECT_EQ(g.info().max_step(), 3u);
-  EXPECT_EQ(g.steps_completed(), 3u);
-  EXPECT_EQ(g.chunks_applied(), 3u * 5u);  // Five pages, one chunk each, per step.
-  EXPECT_EQ(g.info().host_bytes(), kElements * 12);
+  EXPECT_EQ(stats->backend, "cpu");
+  ASSERT_EQ(stats->groups.size(), 1u);
+  const GroupStats& g = stats->groups[0];
+  EXPECT_EQ(g.info.num_elements, kElements);
+  EXPECT_EQ(g.info.min_step, 3u);
+  EXPECT_EQ(g.info.max_step, 3u);
+  EXPECT_EQ(g.steps_completed, 3u);
+  EXPECT_EQ(g.chunks_applied, 3u * 5u);  // Five pages, one chunk each, per step.
+  EXPECT_EQ(g.info.host_bytes, kElements * 12);
   // Received: initial values once, then three fp32 gradients; sent: three replies.
-  EXPECT_EQ(g.bytes_received(), kElements * 4 * 4);
-  EXPECT_EQ(g.bytes_sent(), kElements * 4 * 3);
-  EXPECT_EQ(g.step_latency().samples(), 3u);
-  EXPECT_GT(g.step_latency().p50_us(), 0.0);
-  EXPECT_GE(g.step_latency().p99_us(), g.step_latency().p50_us());
-  EXPECT_EQ(g.chunk_latency().samples(), 15u);
-  EXPECT_EQ(stats->paging().page_ins(), 0u);
-  EXPECT_EQ(stats->paging().bytes_host_to_device(), 0u);
+  EXPECT_EQ(g.bytes_received, kElements * 4 * 4);
+  EXPECT_EQ(g.bytes_sent, kElements * 4 * 3);
+  EXPECT_EQ(g.step_latency.samples, 3u);
+  EXPECT_GT(g.step_latency.p50_us, 0.0);
+  EXPECT_GE(g.step_latency.p99_us, g.step_latency.p50_us);
+  EXPECT_EQ(g.chunk_latency.samples, 15u);
+  EXPECT_EQ(stats->paging.page_ins, 0u);
+  EXPECT_EQ(stats->paging.bytes_host_to_device, 0u);
 }
 
 TEST_F(EndToEndTest, DeletedGroupFreesMemoryAndLaterStepsAreNotFound) {
@@ -286,10 +307,10 @@ TEST_F(EndToEndTest, DeletedGroupFreesMemoryAndLaterStepsAreNotFound) {
   ASSERT_TRUE(client_->RegisterGroup("gone", initial).ok());
   ASSERT_TRUE(client_->Step("gone", 1, grad, absl::MakeSpan(params)).ok());
   ASSERT_TRUE(client_->DeleteGroup("gone").ok());
-  absl::StatusOr<v1::GetStatsResponse> stats = client_->GetStats();
+  absl::StatusOr<Stats> stats = client_->GetStats();
   ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(stats->host_bytes(), 0u);
-  EXPECT_EQ(stats->num_groups(), 0u);
+  EXPECT_EQ(stats->host_bytes, 0u);
+  EXPECT_EQ(stats->num_groups, 0u);
   absl::Status s = client_->Step("gone", 2, grad, absl::MakeSpan(params));
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
 }

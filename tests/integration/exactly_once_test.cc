@@ -111,7 +111,8 @@ TEST_F(ExactlyOnceTest, ResentCompletedStepChangesNothingAndReturnsCurrentParams
   EXPECT_EQ(replayed, after_two);
   auto stats = client_->GetStats();
   ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(stats->groups(0).chunks_replayed(), 5u);
+  ASSERT_EQ(stats->groups.size(), 1u);
+  EXPECT_EQ(stats->groups[0].chunks_replayed, 5u);
   StepBoth(3);  // Training goes on from the untouched state.
   EXPECT_EQ(params_, model_->params_fp32());
 }

@@ -45,10 +45,10 @@ TEST(ManyGroupsTest, ThreeHundredGroupsStepInOneStreamAndMatchReferences) {
     ASSERT_EQ(params[i], models[i].params_fp32()) << names[i];
     ASSERT_LE(RelativeL2Error(params[i], models[i].params_f64()), 1e-6) << names[i];
   }
-  absl::StatusOr<v1::GetStatsResponse> stats = (*client)->GetStats();
+  absl::StatusOr<Stats> stats = (*client)->GetStats();
   ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(stats->num_groups(), 300u);
-  for (const auto& g : stats->groups()) EXPECT_EQ(g.steps_completed(), 3u) << g.info().name();
+  EXPECT_EQ(stats->num_groups, 300u);
+  for (const GroupStats& g : stats->groups) EXPECT_EQ(g.steps_completed, 3u) << g.info.name;
 }
 
 }  // namespace

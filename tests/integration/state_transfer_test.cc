@@ -294,9 +294,9 @@ class RawImportTest : public ::testing::Test {
     const absl::Time deadline = absl::Now() + absl::Seconds(5);
     uint64_t host_bytes = 1;
     while (absl::Now() < deadline) {
-      absl::StatusOr<v1::GetStatsResponse> stats = client_->GetStats();
+      absl::StatusOr<Stats> stats = client_->GetStats();
       ASSERT_TRUE(stats.ok());
-      host_bytes = stats->host_bytes();
+      host_bytes = stats->host_bytes;
       if (host_bytes == baseline_host_bytes_) break;
       absl::SleepFor(absl::Milliseconds(10));
     }
@@ -408,7 +408,7 @@ TEST_F(RawImportTest, ARefusedImportLeavesAnExistingGroupAsItWas) {
   ASSERT_TRUE(client_->Step("w", 1, grad, absl::MakeSpan(params)).ok());
   absl::StatusOr<Client::GroupState> before = client_->ExportState("w");
   ASSERT_TRUE(before.ok());
-  absl::StatusOr<v1::GetStatsResponse> stats = client_->GetStats();
+  absl::StatusOr<Stats> stats = client_->GetStats();
   ASSERT_TRUE(stats.ok());
   std::vector<v1::ImportStateRequest> r = Whole("w", kElements);
   r[1] = Chunk(v1::STATE_TENSOR_PAGE_STEPS, 0, Steps({0}));
@@ -419,10 +419,10 @@ TEST_F(RawImportTest, ARefusedImportLeavesAnExistingGroupAsItWas) {
   ASSERT_TRUE(after.ok());
   ExpectSameState(*after, *before);
   const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while (absl::Now() < deadline && client_->GetStats()->host_bytes() != stats->host_bytes()) {
+  while (absl::Now() < deadline && client_->GetStats()->host_bytes != stats->host_bytes) {
     absl::SleepFor(absl::Milliseconds(10));
   }
-  EXPECT_EQ(client_->GetStats()->host_bytes(), stats->host_bytes());
+  EXPECT_EQ(client_->GetStats()->host_bytes, stats->host_bytes);
 }
 
 TEST_F(RawImportTest, ExportOfAnUnknownGroupIsNotFound) {

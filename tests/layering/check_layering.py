@@ -7,7 +7,10 @@ layers below it, never one above:
 Inside backends/, cpu/ and cuda/ sit on the StepBackend interface beside them,
 and cuda/paging/ (pure bookkeeping) sees no other part of the CUDA backend.
 Only rpc/ and the assembly see gRPC or protobuf. client/ and common/ see no
-server code; common/ and the proto helpers see no client code.
+server code; common/ and the proto helpers see no client code. The client's
+public headers (client/include/) include neither gRPC nor protobuf nor the
+proto helpers (optstate/v1/...), nor client/ internals: users see optstate's
+own types only.
 
 Usage: check_layering.py SOURCE_ROOT. Prints every violation, one a line, and
 exits 1 when there is any.
@@ -41,6 +44,10 @@ BELOW = {
 # Prefixes of headers only the layers named may include.
 RPC_HEADERS = re.compile(r'^(grpc/|grpcpp/|google/protobuf/|optstate/v1/.*\.pb\.h$)')
 MAY_SEE_RPC = {"server", "server/rpc", "client", "proto"}
+# What a public client header may not include: transport and serialization
+# types (and the client's internals, which carry them).
+NOT_PUBLIC = re.compile(r'^(grpc[^/]*/|google/protobuf/|optstate/v1/|client/)')
+PUBLIC_CLIENT = "client/include"
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 SOURCE = re.compile(r'\.(h|cc|cu|cuh)$')
 
@@ -91,6 +98,10 @@ def check(root):
                         if not match:
                             continue
                         include = match.group(1)
+                        if path.startswith(PUBLIC_CLIENT + "/") and NOT_PUBLIC.match(include):
+                            problems.append(f"{path}:{number}: a public client header includes "
+                                            f"{include} (no gRPC, protobuf or client internals)")
+                            continue
                         if RPC_HEADERS.match(include) and layer not in MAY_SEE_RPC:
                             problems.append(f"{path}:{number}: {layer}/ may not see gRPC or "
                                             f"protobuf, includes {include}")

@@ -13,8 +13,10 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "optstate/buffer_view.h"
 #include "optstate/dtype.h"
-#include "optstate/v1/optstate.pb.h"
+#include "optstate/group_info.h"
+#include "optstate/stats.h"
 
 namespace optstate {
 
@@ -37,46 +39,22 @@ struct ClientOptions {
   int max_chunks_in_flight = 8;
 };
 
-// torch.optim.AdamW's hyperparameters and defaults. Doubles, as torch holds
-// them: pass the values the torch optimizer was given, and the step's scalars
-// come out as torch derives them.
-struct Hyperparameters {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 1e-2;
-};
-
-struct GroupInfo {
-  std::string name;
-  uint64_t num_elements = 0;
-  Hyperparameters hyperparameters;
-  uint64_t page_elements = 0;
-  uint64_t min_step = 0;  // Every page has reached at least this step.
-  uint64_t max_step = 0;
-  bool created = false;  // From RegisterGroup: false when it already existed.
-};
-
 // One group's part of a step: its whole gradient, and where the updated
-// params go (same length; may be empty to discard them).
+// params go (same length; empty to discard them). Each buffer is float32 or
+// a 16-bit type (ConstBufferView::Of16Bit, BufferView::Of16Bit):
+// - a float32 gradient is narrowed to StepOptions::gradient_dtype on the wire;
+//   a 16-bit one must be of that dtype and is sent as it is;
+// - a float32 params_out gets the params widened from StepOptions::param_dtype;
+//   a 16-bit one must be of that dtype and receives them as they arrive.
 struct GroupStep {
   std::string group;
-  absl::Span<const float> gradient;
-  absl::Span<float> params_out;
-  // A model held in 16 bits passes its own tensors instead, with no
-  // conversion on the client: `gradient16` holds elements of
-  // StepOptions::gradient_dtype (bfloat16 or float16) and is sent as it is;
-  // `params_out16` receives the params in StepOptions::param_dtype (16-bit)
-  // as they arrive. Give gradient or gradient16, and params_out or
-  // params_out16 (or neither), not both.
-  absl::Span<const uint16_t> gradient16 = {};
-  absl::Span<uint16_t> params_out16 = {};
+  ConstBufferView gradient;
+  BufferView params_out;
 };
 
 struct StepOptions {
   WireType gradient_dtype = WireType::kFloat32;  // Gradients are narrowed to it on the wire.
-  WireType param_dtype = WireType::kFloat32;     // Params come back in it, widened into params_out.
+  WireType param_dtype = WireType::kFloat32;     // Params come back in it (GroupStep::params_out).
   std::optional<double> lr;                      // Overrides the groups' lr for this step.
   std::optional<float> grad_scale;               // Multiplied into every gradient.
 };
@@ -102,11 +80,11 @@ class Client {
                                           const Hyperparameters& hyperparameters = {});
 
   // Applies step `step` (1, 2, ...) to every listed group in one stream and
-  // fills their params_out (or params_out16). Refuses the whole step, sending
-  // nothing, with INVALID_ARGUMENT when a gradient is not finite (after
-  // grad_scale and narrowing) or has the wrong length, a group is listed
-  // twice, or a group's buffers do not fit each other or the wire types
-  // (GroupStep). On a transient failure it resends the
+  // fills their params_out. Refuses the whole step, sending nothing, with
+  // INVALID_ARGUMENT when a gradient is not finite (after grad_scale and
+  // narrowing) or has the wrong length, a params_out has the wrong length, a
+  // group is listed twice, or a 16-bit buffer's dtype is not the wire type
+  // StepOptions gives it (GroupStep). On a transient failure it resends the
   // chunks not yet answered; the server applies each page exactly once, so a
   // retried or repeated step never applies an element twice. When the step
   // fails, params_out may hold the new params of the chunks answered so far.
@@ -114,13 +92,15 @@ class Client {
   // wire type (ready to send, and to resend), beyond the caller's buffers.
   absl::Status Step(absl::Span<const GroupStep> groups, uint64_t step,
                     const StepOptions& options = {});
-  absl::Status Step(const std::string& group, uint64_t step, absl::Span<const float> gradient,
-                    absl::Span<float> params_out, const StepOptions& options = {});
+  // The same for one group.
+  absl::Status Step(const std::string& group, uint64_t step, ConstBufferView gradient,
+                    BufferView params_out, const StepOptions& options = {});
 
   // Read-only calls, retried like the others.
   absl::StatusOr<GroupInfo> DescribeGroup(const std::string& name);
   absl::StatusOr<std::vector<GroupInfo>> ListGroups();
-  absl::StatusOr<v1::GetStatsResponse> GetStats();
+  // The daemon's counters for the caller's groups (Stats).
+  absl::StatusOr<Stats> GetStats();
   // Made once, never retried: after a lost reply a retry could not tell
   // "deleted now" from NOT_FOUND. Call it again to be sure.
   absl::Status DeleteGroup(const std::string& name);
@@ -171,9 +151,6 @@ class Client {
  private:
   struct Impl;
   explicit Client(std::unique_ptr<Impl> impl);
-  // RegisterGroup with retries; `initial_values` empty when the spec has none.
-  absl::StatusOr<GroupInfo> Register(const v1::GroupSpec& spec,
-                                     absl::Span<const float> initial_values);
   std::unique_ptr<Impl> impl_;
 };
 

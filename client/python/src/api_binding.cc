@@ -1,6 +1,6 @@
 // Client.step and Client.stats: the Python arguments turned into the C++
-// client's GroupStep / StepOptions, and its stats into a dict. The only file
-// that knows those C++ types' layout.
+// client's GroupStep (typed buffer views) / StepOptions, and its Stats into a
+// dict. The only file that knows those C++ types' layout.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -12,8 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "buffers.h"
 #include "errors.h"
-#include "google/protobuf/descriptor.h"
-#include "google/protobuf/message.h"
+#include "optstate/stats.h"
 #include "py_client.h"
 
 namespace nb = nanobind;
@@ -68,78 +67,120 @@ WireType ResolveWire(const std::vector<const HostBuffer*>& buffers,
 GroupStep ToGroupStep(const StepEntry& e) {
   GroupStep g;
   g.group = e.name;
-  if (e.gradient.type == ElementType::kFloat32) {
-    g.gradient = e.gradient.floats();
-  } else {
-    g.gradient16 = e.gradient.halves();
-  }
+  g.gradient = e.gradient.type == ElementType::kFloat32
+                   ? ConstBufferView(e.gradient.floats())
+                   : ConstBufferView::Of16Bit(e.gradient.halves(), ToWireType(e.gradient.type));
   if (e.params_out) {
-    if (e.params_out->type == ElementType::kFloat32) {
-      g.params_out = e.params_out->mutable_floats();
-    } else {
-      g.params_out16 = e.params_out->mutable_halves();
-    }
+    const HostBuffer& out = *e.params_out;
+    g.params_out = out.type == ElementType::kFloat32
+                       ? BufferView(out.mutable_floats())
+                       : BufferView::Of16Bit(out.mutable_halves(), ToWireType(out.type));
   }
   return g;
 }
 
-nb::object FieldValue(const google::protobuf::Message& m,
-                      const google::protobuf::FieldDescriptor* f, int index);
-
-// A message as a dict of its fields (plain proto3 fields at their defaults when unset).
-nb::dict MessageToDict(const google::protobuf::Message& m) {
-  nb::dict out;
-  const google::protobuf::Descriptor* d = m.GetDescriptor();
-  const google::protobuf::Reflection* r = m.GetReflection();
-  for (int i = 0; i < d->field_count(); ++i) {
-    const google::protobuf::FieldDescriptor* f = d->field(i);
-    // Unset fields with presence (proto3 `optional`, messages) are left out:
-    // the retired float32 hyperparameters, say, would only read as zeros.
-    if (!f->is_repeated() && f->has_presence() && !r->HasField(m, f)) continue;
-    if (f->is_repeated()) {
-      nb::list values;
-      for (int j = 0; j < r->FieldSize(m, f); ++j) values.append(FieldValue(m, f, j));
-      out[f->name().c_str()] = values;
-    } else {
-      out[f->name().c_str()] = FieldValue(m, f, -1);
-    }
+const char* PlacementName(Placement p) {
+  switch (p) {
+    case Placement::kUnspecified:
+      return "unspecified";
+    case Placement::kHost:
+      return "host";
+    case Placement::kDeviceResident:
+      return "device_resident";
+    case Placement::kDevicePaged:
+      return "device_paged";
   }
-  return out;
+  return "unspecified";
 }
 
-nb::object FieldValue(const google::protobuf::Message& m,
-                      const google::protobuf::FieldDescriptor* f, int index) {
-  using FD = google::protobuf::FieldDescriptor;
-  const google::protobuf::Reflection* r = m.GetReflection();
-  const bool rep = index >= 0;
-  switch (f->cpp_type()) {
-    case FD::CPPTYPE_INT32:
-      return nb::int_(rep ? r->GetRepeatedInt32(m, f, index) : r->GetInt32(m, f));
-    case FD::CPPTYPE_INT64:
-      return nb::int_(rep ? r->GetRepeatedInt64(m, f, index) : r->GetInt64(m, f));
-    case FD::CPPTYPE_UINT32:
-      return nb::int_(rep ? r->GetRepeatedUInt32(m, f, index) : r->GetUInt32(m, f));
-    case FD::CPPTYPE_UINT64:
-      return nb::int_(rep ? r->GetRepeatedUInt64(m, f, index) : r->GetUInt64(m, f));
-    case FD::CPPTYPE_DOUBLE:
-      return nb::float_(rep ? r->GetRepeatedDouble(m, f, index) : r->GetDouble(m, f));
-    case FD::CPPTYPE_FLOAT:
-      return nb::float_(rep ? r->GetRepeatedFloat(m, f, index) : r->GetFloat(m, f));
-    case FD::CPPTYPE_BOOL:
-      return nb::bool_(rep ? r->GetRepeatedBool(m, f, index) : r->GetBool(m, f));
-    case FD::CPPTYPE_ENUM: {
-      const google::protobuf::EnumValueDescriptor* e =
-          rep ? r->GetRepeatedEnum(m, f, index) : r->GetEnum(m, f);
-      return nb::str(e->name().c_str());
-    }
-    case FD::CPPTYPE_STRING: {
-      const std::string s = rep ? r->GetRepeatedString(m, f, index) : r->GetString(m, f);
-      return nb::str(s.data(), s.size());
-    }
-    case FD::CPPTYPE_MESSAGE:
-      return MessageToDict(rep ? r->GetRepeatedMessage(m, f, index) : r->GetMessage(m, f));
-  }
-  return nb::none();
+nb::dict ToDict(const Hyperparameters& h) {
+  nb::dict d;
+  d["lr"] = h.lr;
+  d["beta1"] = h.beta1;
+  d["beta2"] = h.beta2;
+  d["eps"] = h.eps;
+  d["weight_decay"] = h.weight_decay;
+  return d;
+}
+
+nb::dict ToDict(const GroupInfo& g) {
+  nb::dict d;
+  d["name"] = g.name;
+  d["num_elements"] = g.num_elements;
+  d["hyperparameters"] = ToDict(g.hyperparameters);
+  d["page_elements"] = g.page_elements;
+  d["num_pages"] = g.num_pages;
+  d["min_step"] = g.min_step;
+  d["max_step"] = g.max_step;
+  d["host_bytes"] = g.host_bytes;
+  d["placement"] = PlacementName(g.placement);
+  d["pages_awaiting_values"] = g.pages_awaiting_values;
+  return d;
+}
+
+nb::dict ToDict(const LatencyPercentiles& l) {
+  nb::dict d;
+  d["p50_us"] = l.p50_us;
+  d["p99_us"] = l.p99_us;
+  d["samples"] = l.samples;
+  return d;
+}
+
+nb::dict ToDict(const PagingCounters& p) {
+  nb::dict d;
+  d["page_ins"] = p.page_ins;
+  d["page_outs"] = p.page_outs;
+  d["bytes_host_to_device"] = p.bytes_host_to_device;
+  d["bytes_device_to_host"] = p.bytes_device_to_host;
+  d["copy_wait_us"] = p.copy_wait_us;
+  return d;
+}
+
+nb::dict ToDict(const GroupStats& g) {
+  nb::dict d;
+  d["info"] = ToDict(g.info);
+  d["steps_completed"] = g.steps_completed;
+  d["chunks_applied"] = g.chunks_applied;
+  d["chunks_replayed"] = g.chunks_replayed;
+  d["bytes_received"] = g.bytes_received;
+  d["bytes_sent"] = g.bytes_sent;
+  d["step_latency"] = ToDict(g.step_latency);
+  d["chunk_latency"] = ToDict(g.chunk_latency);
+  d["paging"] = ToDict(g.paging);
+  return d;
+}
+
+nb::dict ToDict(const DeviceStats& s) {
+  nb::dict d;
+  d["strategy"] = s.strategy;
+  d["budget_total_bytes"] = s.budget_total_bytes;
+  d["budget_reserved_bytes"] = s.budget_reserved_bytes;
+  d["budget_target_utilization"] = s.budget_target_utilization;
+  d["budget_available_bytes"] = s.budget_available_bytes;
+  d["resident_bytes"] = s.resident_bytes;
+  d["staging_pool_bytes"] = s.staging_pool_bytes;
+  d["staging_slots"] = s.staging_slots;
+  return d;
+}
+
+nb::dict ToDict(const Stats& s) {
+  nb::dict d;
+  d["backend"] = s.backend;
+  d["num_groups"] = s.num_groups;
+  d["total_elements"] = s.total_elements;
+  d["host_bytes"] = s.host_bytes;
+  d["max_host_bytes"] = s.max_host_bytes;
+  d["chunks_applied"] = s.chunks_applied;
+  d["chunks_replayed"] = s.chunks_replayed;
+  d["bytes_received"] = s.bytes_received;
+  d["bytes_sent"] = s.bytes_sent;
+  d["paging"] = ToDict(s.paging);
+  d["device"] = ToDict(s.device);
+  nb::list groups;
+  for (const GroupStats& g : s.groups) groups.append(ToDict(g));
+  d["groups"] = groups;
+  d["threads"] = s.threads;
+  return d;
 }
 
 }  // namespace
@@ -214,16 +255,18 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
   cls.def(
       "stats",
       [](PyClient& self) {
-        absl::StatusOr<v1::GetStatsResponse> stats;
+        absl::StatusOr<Stats> stats;
         {
           nb::gil_scoped_release release;
           stats = self.client->GetStats();
         }
         ThrowIfError(stats.status(), self.target);
-        return MessageToDict(*stats);
+        return ToDict(*stats);
       },
-      "The daemon's counters as a dict (GetStatsResponse's fields: backend, num_groups,\n"
-      "host_bytes, chunks_applied, chunks_replayed, groups: [per-group dicts], ...).");
+      "The daemon's counters as a dict (optstate::Stats' fields): backend, num_groups,\n"
+      "total_elements, host_bytes, max_host_bytes, chunks_applied, chunks_replayed,\n"
+      "bytes_received, bytes_sent, paging, device, threads, and groups: one dict per group\n"
+      "(info, steps_completed, chunks_applied, chunks_replayed, latencies, ...).");
 }
 
 }  // namespace optstate::python

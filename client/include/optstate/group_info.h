@@ -1,0 +1,46 @@
+// What the client says about a parameter group: its hyperparameters, layout,
+// progress and placement, as the daemon reports them. Plain values.
+#ifndef OPTSTATE_GROUP_INFO_H_
+#define OPTSTATE_GROUP_INFO_H_
+
+#include <cstdint>
+#include <string>
+
+namespace optstate {
+
+// torch.optim.AdamW's hyperparameters and defaults. Doubles, as torch holds
+// them: pass the values the torch optimizer was given, and the step's scalars
+// come out as torch derives them.
+struct Hyperparameters {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+};
+
+// Where a group's state lives while it is stepped.
+enum class Placement {
+  kUnspecified,     // The daemon did not say.
+  kHost,            // CPU backend: state in host memory, stepped there.
+  kDeviceResident,  // CUDA backend: state lives in VRAM.
+  kDevicePaged,     // CUDA backend: state on the host, paged through the staging pool.
+};
+
+struct GroupInfo {
+  std::string name;
+  uint64_t num_elements = 0;
+  Hyperparameters hyperparameters;
+  uint64_t page_elements = 0;  // Chunks start on multiples of this.
+  uint64_t num_pages = 0;
+  uint64_t min_step = 0;    // Every page has reached at least this step.
+  uint64_t max_step = 0;    // The highest step any page has reached.
+  uint64_t host_bytes = 0;  // Host memory the group's state takes on the daemon.
+  Placement placement = Placement::kUnspecified;
+  uint64_t pages_awaiting_values = 0;  // Pages whose initial values have not arrived.
+  bool created = false;                // From RegisterGroup: false when it already existed.
+};
+
+}  // namespace optstate
+
+#endif  // OPTSTATE_GROUP_INFO_H_

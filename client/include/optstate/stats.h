@@ -1,0 +1,72 @@
+// The daemon's counters as Client::GetStats returns them: totals over the
+// caller's groups, the backend's device figures, and each group's own.
+#ifndef OPTSTATE_STATS_H_
+#define OPTSTATE_STATS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "optstate/group_info.h"
+
+namespace optstate {
+
+// Percentiles of a latency over the samples the daemon keeps.
+struct LatencyPercentiles {
+  double p50_us = 0;
+  double p99_us = 0;
+  uint64_t samples = 0;  // Measurements taken.
+};
+
+// Traffic between host and device of a paging (CUDA) backend; zero on the CPU backend.
+struct PagingCounters {
+  uint64_t page_ins = 0;
+  uint64_t page_outs = 0;
+  uint64_t bytes_host_to_device = 0;
+  uint64_t bytes_device_to_host = 0;
+  uint64_t copy_wait_us = 0;  // Time steps waited on copies.
+};
+
+struct GroupStats {
+  GroupInfo info;                // `created` is false here.
+  uint64_t steps_completed = 0;  // Steps every page has reached (equals info.min_step).
+  uint64_t chunks_applied = 0;
+  uint64_t chunks_replayed = 0;      // Chunks whose pages were already at their step.
+  uint64_t bytes_received = 0;       // Initial values and gradients.
+  uint64_t bytes_sent = 0;           // Params in replies.
+  LatencyPercentiles step_latency;   // First chunk of a step to its last page.
+  LatencyPercentiles chunk_latency;  // Server time to apply one chunk.
+  PagingCounters paging;
+};
+
+// The backend's device: its VRAM budget, what is resident, the staging pool.
+struct DeviceStats {
+  std::string strategy;  // "host" on the CPU backend; the paging strategy on CUDA.
+  uint64_t budget_total_bytes = 0;
+  uint64_t budget_reserved_bytes = 0;
+  double budget_target_utilization = 0;
+  uint64_t budget_available_bytes = 0;
+  uint64_t resident_bytes = 0;
+  uint64_t staging_pool_bytes = 0;
+  uint64_t staging_slots = 0;
+};
+
+struct Stats {
+  std::string backend;      // "cpu" or "cuda".
+  uint64_t num_groups = 0;  // The caller's groups; the counters below sum over them...
+  uint64_t total_elements = 0;
+  uint64_t host_bytes = 0;      // ...but these two are the daemon's: host memory all
+  uint64_t max_host_bytes = 0;  // groups' state takes, and the most it may take.
+  uint64_t chunks_applied = 0;
+  uint64_t chunks_replayed = 0;
+  uint64_t bytes_received = 0;
+  uint64_t bytes_sent = 0;
+  PagingCounters paging;
+  DeviceStats device;
+  std::vector<GroupStats> groups;
+  uint32_t threads = 0;  // Of the daemon's step thread pool.
+};
+
+}  // namespace optstate
+
+#endif  // OPTSTATE_STATS_H_
