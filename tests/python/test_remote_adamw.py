@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from models import MLP, two_groups
 from optstate.torch import RemoteAdamW
-from reference import bits_equal, compare_to_torch_step, ieee_adamw_
+from reference import bits_equal, compare_to_torch_step, ieee_adamw_, torch_sqrt_differs
 
 
 def _batch(step, inputs=32, outputs=10):
@@ -91,3 +91,82 @@ def test_mlp_50_steps_with_steplr_and_clipping_matches_torch_adamw(daemon, prefi
         assert entry["step"].item() == expected["step"].item() == 50.0
         assert bits_equal(entry["exp_avg"], expected["exp_avg"]), names[i]
         assert bits_equal(entry["exp_avg_sq"], expected["exp_avg_sq"]), names[i]
+
+
+def test_bfloat16_params_step_in_16_bits_with_fp32_master_on_the_daemon(daemon, client, prefix):
+    """bf16 params against torch.optim.AdamW on an fp32 master copy made by hand, rounded to
+    bf16 (round-to-nearest-even) after each step. The chained correctly-rounded-sqrt
+    reference must match bit for bit at every step; torch's steps are taken from the
+    daemon's master each time (its sqrt would otherwise make the masters drift apart), and
+    its bf16 params must match wherever torch's sqrt(v) is correctly rounded."""
+    gen = torch.Generator().manual_seed(5)
+    params = [torch.nn.Parameter(torch.randn(3000, generator=gen).bfloat16()),
+              torch.nn.Parameter(torch.randn(70, 1000, generator=gen).bfloat16())]
+    names = [f"{prefix}param.{i}" for i in range(len(params))]
+    opt = RemoteAdamW(params, target=daemon.target, lr=1e-2, name_prefix=prefix)
+    master = [p.detach().float().clone().requires_grad_() for p in params]
+    ref = torch.optim.AdamW(master, lr=1e-2)
+    chain = [[p.detach().float().clone(), torch.zeros(p.shape), torch.zeros(p.shape)]
+             for p in params]
+    pointers = [p.data_ptr() for p in params]
+    equal = total = 0
+    for step in range(1, 11):
+        before = []
+        for i, (p, q, (p_ref, m_ref, v_ref)) in enumerate(zip(params, master, chain)):
+            g = (torch.randn(p.shape, generator=gen) * 0.1).bfloat16()
+            p.grad, q.grad = g, g.float()
+            ieee_adamw_(p_ref, g.float(), m_ref, v_ref, step, 1e-2)
+            with torch.no_grad():
+                q.copy_(torch.from_numpy(client.export_state(names[i]).params).reshape(p.shape))
+            before.append(q.detach().clone())
+        opt.step()
+        ref.step()
+        for i, p in enumerate(params):
+            assert p.dtype == torch.bfloat16 and p.data_ptr() == pointers[i]
+            assert bits_equal(p.detach(), chain[i][0].bfloat16()), f"param {i} at step {step}"
+            daemon_master = torch.from_numpy(client.export_state(names[i]).params).reshape(p.shape)
+            assert bits_equal(daemon_master, chain[i][0])
+            v = ref.state[master[i]]["exp_avg_sq"]
+            assert bits_equal(v, chain[i][2]) and bits_equal(ref.state[master[i]]["exp_avg"], chain[i][1])
+            compare_to_torch_step(f"step {step} master {i}", daemon_master, master[i].detach(),
+                                  before[i], v, quiet=True)
+            unequal = p.detach().view(torch.int16) != master[i].detach().bfloat16().view(torch.int16)
+            assert not bool((unequal & ~torch_sqrt_differs(v)).any()), f"param {i} at step {step}"
+            equal += int((~unequal).sum())
+            total += p.numel()
+    print(f"bf16 params bit-equal to torch.optim.AdamW's fp32 master rounded to bf16, one step "
+          f"from the same master: {equal / total:.4%} of {total} element-steps")
+
+
+def test_float32_params_over_a_bfloat16_wire(daemon, client, prefix):
+    gen = torch.Generator().manual_seed(6)
+    p = torch.nn.Parameter(torch.randn(5000, generator=gen))
+    opt = RemoteAdamW([p], target=daemon.target, name_prefix=prefix, wire_dtype=torch.bfloat16)
+    p_ref, m_ref, v_ref = p.detach().clone(), torch.zeros(5000), torch.zeros(5000)
+    for step in range(1, 4):
+        p.grad = torch.randn(5000, generator=gen)
+        ieee_adamw_(p_ref, p.grad.bfloat16().float(), m_ref, v_ref, step, 1e-3)
+        opt.step()
+        # The daemon keeps the fp32 master; the model gets it rounded to bf16.
+        assert p.dtype == torch.float32 and bits_equal(p.detach(), p_ref.bfloat16().float())
+    assert bits_equal(torch.from_numpy(client.export_state(prefix + "param.0").params), p_ref)
+    stats = {g["info"]["name"]: g for g in client.stats()["groups"]}[prefix + "param.0"]
+    assert stats["bytes_received"] == 5000 * 4 + 3 * 5000 * 2  # initial fp32, gradients bf16
+
+
+def test_frozen_and_unused_parameters_are_skipped_and_steps_count_per_parameter(daemon, client,
+                                                                                 prefix):
+    a, b = torch.nn.Parameter(torch.ones(10)), torch.nn.Parameter(torch.ones(20))
+    opt = RemoteAdamW([("a", a), ("b", b)], target=daemon.target, name_prefix=prefix)
+    a.grad = torch.ones(10)
+    opt.step()  # b has no gradient: not sent
+    a.grad, b.grad = torch.ones(10), torch.ones(20)
+    opt.step()  # a at step 2, b at step 1: two calls, each with its own step number
+    assert (client.describe(prefix + "a").min_step, client.describe(prefix + "b").min_step) == (2, 1)
+    assert opt.state[a]["step"].item() == 2.0 and opt.state[b]["step"].item() == 1.0
+    opt.zero_grad()
+    assert a.grad is None and b.grad is None
+    before = a.detach().clone()
+    opt.step()
+    assert bits_equal(a.detach(), before)
+    assert client.describe(prefix + "a").min_step == 2
