@@ -89,6 +89,7 @@ def test_mlp_50_steps_with_steplr_and_clipping_matches_torch_adamw(daemon, prefi
     for i, entry in state["state"].items():
         expected = torch_state["state"][i]
         assert entry["step"].item() == expected["step"].item() == 50.0
+        assert entry["step"].dtype == expected["step"].dtype == torch.float32
         assert bits_equal(entry["exp_avg"], expected["exp_avg"]), names[i]
         assert bits_equal(entry["exp_avg_sq"], expected["exp_avg_sq"]), names[i]
 
@@ -170,3 +171,19 @@ def test_frozen_and_unused_parameters_are_skipped_and_steps_count_per_parameter(
     opt.step()
     assert bits_equal(a.detach(), before)
     assert client.describe(prefix + "a").min_step == 2
+
+
+def test_the_torch_path_the_parity_tests_compare_against():
+    """torch.optim.AdamW(params) on CPU float32 takes the single-tensor step (foreach=None
+    resolves to False: foreach kernels are for cuda/xpu/mtia), with its step count a float32
+    tensor read as a Python float (capturable=False); RemoteAdamW's state has the same."""
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+    p = torch.nn.Parameter(torch.ones(3))
+    assert _default_to_fused_or_foreach([p], differentiable=False, use_fused=False) == (False, False)
+    opt = torch.optim.AdamW([p])
+    group = opt.param_groups[0]
+    assert (group["foreach"], group["fused"], group["capturable"]) == (None, None, False)
+    p.grad = torch.ones(3)
+    opt.step()
+    step = opt.state[p]["step"]
+    assert step.dtype == torch.float32 and step.dim() == 0 and step.device.type == "cpu"
