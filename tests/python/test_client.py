@@ -186,3 +186,30 @@ def test_calls_release_the_gil():
     elapsed = time.monotonic() - start
     assert elapsed > 0.5
     assert ticks > 100, f"the calling thread held the GIL: {ticks} ticks in {elapsed:.2f} s"
+
+
+def test_a_registration_over_the_memory_budget_is_resource_exhausted(prefix):
+    from conftest import Daemon
+    small = Daemon("--max_host_bytes=1000000")
+    try:
+        c = optstate.Client(small.target)
+        with pytest.raises(optstate.ResourceExhausted) as e:
+            c.register(prefix + "big", 1_000_000)  # 12 MB of state
+        assert e.value.code == "RESOURCE_EXHAUSTED" and small.target in str(e.value)
+        assert c.list_groups() == []
+    finally:
+        assert small.stop() == 0
+
+
+def test_a_daemon_that_never_answers_is_deadline_exceeded():
+    import socket
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts connections, says nothing
+    try:
+        target = f"127.0.0.1:{silent.getsockname()[1]}"
+        c = optstate.Client(target, max_attempts=1, attempt_timeout=0.3)
+        start = time.monotonic()
+        with pytest.raises(optstate.DeadlineExceeded) as e:
+            c.list_groups()
+        assert time.monotonic() - start < 5 and target in str(e.value)
+    finally:
+        silent.close()
