@@ -189,17 +189,17 @@ class RemoteAdamW(torch.optim.Optimizer):
         if info.min_step > 0:
             self.state[p]["step"] = torch.tensor(float(info.min_step))
 
-    def _registration(self, p: torch.Tensor, group: dict) -> _Registration:
+    def _registration(self, p: torch.Tensor, hyperparameters: tuple) -> _Registration:
         reg = self._registered[p]
         if p.shape != reg.shape:
             raise ValueError(
                 f"parameter '{reg.name}' has shape {tuple(p.shape)} but was registered with "
                 f"{tuple(reg.shape)}; a resized parameter needs a new optimizer (or name)")
-        if _hyperparameters(group)[1:] != reg.hyperparameters[1:]:
+        if hyperparameters[1:] != reg.hyperparameters[1:]:
             raise ValueError(
                 f"parameter '{reg.name}': betas, eps or weight_decay of its param group changed "
                 f"since registration (daemon: {reg.hyperparameters[1:]}, now: "
-                f"{_hyperparameters(group)[1:]}); only lr may change between steps")
+                f"{hyperparameters[1:]}); only lr may change between steps")
         return reg
 
     # -- stepping -------------------------------------------------------------------------
@@ -219,10 +219,11 @@ class RemoteAdamW(torch.optim.Optimizer):
         stepped: dict[tuple, list] = {}
         for group in self.param_groups:
             lr = _as_float(group["lr"])
+            hyperparameters = _hyperparameters(group)
             for p in group["params"]:
                 if p.grad is None or self._owner.get(p, rank) != rank:
                     continue
-                reg = self._registration(p, group)
+                reg = self._registration(p, hyperparameters)
                 grad = p.grad
                 if grad.is_sparse:
                     raise ValueError(f"parameter '{reg.name}': sparse gradients are not supported")
@@ -234,7 +235,10 @@ class RemoteAdamW(torch.optim.Optimizer):
                     raise ValueError(f"parameter '{reg.name}': the gradient is not contiguous")
                 wire = _WIRE_NAMES[p.dtype] if p.dtype in _SIXTEEN_BIT else self._wire
                 key = (lr, reg.step + 1, wire)
-                calls.setdefault(key, []).append((reg.name, grad.detach(), p.detach()))
+                if grad.requires_grad:  # backward(create_graph=True)
+                    grad = grad.detach()
+                # p.data: the parameter's memory without autograd (cheaper than detach()).
+                calls.setdefault(key, []).append((reg.name, grad, p.data))
                 stepped.setdefault(key, []).append((p, reg))
         if len(calls) > 1:
             # One call checks its own gradients before it sends anything; with several,
@@ -268,7 +272,7 @@ class RemoteAdamW(torch.optim.Optimizer):
             src = self._owner[p]
             if self._process_group is not None:
                 src = dist.get_global_rank(self._process_group, src)
-            dist.broadcast(p.detach(), src=src, group=self._process_group)
+            dist.broadcast(p.data, src=src, group=self._process_group)
 
     # -- state dict ------------------------------------------------------------------------
 
