@@ -4,7 +4,8 @@ optstate.torch.RemoteAdamW (fp32 wire and bf16 wire) against torch.optim.AdamW w
 foreach=True and fused=True on the same machine in the same run, and against the C++
 client stepping the same bytes (optstate-client-step, bench/python/client_step_timing.cc).
 
-Every measurement is repeated --reps times, interleaved; the best repetition is reported
+Every measurement is repeated --reps times, interleaved in a shuffled order with a pause
+before each (torch's OpenMP workers spin after a step); the best repetition is reported
 (the machine is shared: noise only makes a step slower), with the median beside it. The
 Python layer's overhead is RemoteAdamW's step time over the C++ client's for the same
 groups and wire, as a fraction of RemoteAdamW's; the budget is 5%.
@@ -15,6 +16,7 @@ groups and wire, as a fraction of RemoteAdamW's; the budget is 5%.
 import argparse
 import copy
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -70,6 +72,8 @@ def main():
     parser.add_argument("--width", type=int, default=4096, help="Linear(width, width) layers")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="optstated --threads (0: all)")
+    parser.add_argument("--pause", type=float, default=0.3,
+                        help="seconds of rest before each measurement")
     parser.add_argument("--target", help="an optstated to use instead of starting one")
     parser.add_argument("--optstated", default=os.path.join(ROOT, "build/server/optstated"))
     parser.add_argument("--client-step",
@@ -104,16 +108,23 @@ def main():
                 name_prefix="bench/py/bf16/", wire_dtype=torch.bfloat16),
         }
         cpp = CppClient(args.client_step, target, sizes)
-        times = {name: [] for name in list(optimizers) + ["C++ client fp32", "C++ client bf16 wire"]}
+        steps = {name: opt.step for name, opt in optimizers.items()}
+        steps["C++ client fp32"] = lambda: cpp.step("fp32")
+        steps["C++ client bf16 wire"] = lambda: cpp.step("bf16")
+        times = {name: [] for name in steps}
+        order = random.Random(0)
         for rep in range(args.reps + 1):  # the first round warms up and is not counted
-            for name, opt in optimizers.items():
+            names = list(steps)
+            order.shuffle(names)  # no configuration always follows the same one
+            for name in names:
+                # torch's OpenMP workers spin for a while after a parallel region; on a
+                # small machine they would take the daemon's cores from whatever came next.
+                time.sleep(args.pause)
                 start = time.perf_counter()
-                opt.step()
+                reported = steps[name]()
                 elapsed = time.perf_counter() - start
-                if rep:
-                    times[name].append(elapsed)
-            for name, wire in (("C++ client fp32", "fp32"), ("C++ client bf16 wire", "bf16")):
-                elapsed = cpp.step(wire)
+                if name.startswith("C++"):
+                    elapsed = reported  # the C++ client's own clock, around Client::Step
                 if rep:
                     times[name].append(elapsed)
         cpp.close()

@@ -187,3 +187,22 @@ def test_the_torch_path_the_parity_tests_compare_against():
     opt.step()
     step = opt.state[p]["step"]
     assert step.dtype == torch.float32 and step.dim() == 0 and step.device.type == "cpu"
+
+
+def test_a_restarted_job_resumes_at_the_daemons_step(daemon, client, prefix):
+    """A new RemoteAdamW over existing groups (a restarted trainer) takes the step count from
+    the daemon, and its next step continues the same state."""
+    gen = torch.Generator().manual_seed(8)
+    p = torch.nn.Parameter(torch.randn(1000, generator=gen))
+    p_ref, m_ref, v_ref = p.detach().clone(), torch.zeros(1000), torch.zeros(1000)
+    opt = RemoteAdamW([("w", p)], target=daemon.target, name_prefix=prefix)
+    for step in range(1, 4):
+        p.grad = torch.randn(1000, generator=gen)
+        ieee_adamw_(p_ref, p.grad, m_ref, v_ref, step, 1e-3)
+        opt.step()
+    resumed = RemoteAdamW([("w", p)], target=daemon.target, name_prefix=prefix)
+    assert resumed.state[p]["step"].item() == 3.0
+    p.grad = torch.randn(1000, generator=gen)
+    ieee_adamw_(p_ref, p.grad, m_ref, v_ref, 4, 1e-3)
+    resumed.step()
+    assert bits_equal(p.detach(), p_ref) and client.describe(prefix + "w").min_step == 4
