@@ -6,6 +6,7 @@ import torch.multiprocessing as mp
 
 import ddp_worker
 import optstate
+from optstate.torch import RemoteAdamW
 from reference import bits_equal, compare_to_torch_step, ieee_adamw_
 
 STEPS = 8
@@ -66,3 +67,25 @@ def test_two_gloo_ranks_sharded_match_torch_on_the_averaged_gradients(daemon, pr
                               ref.state[p]["exp_avg"]), n
             assert bits_equal(torch.from_numpy(state.exp_avg_sq).reshape(p.shape),
                               ref.state[p]["exp_avg_sq"]), n
+
+
+def test_without_shard_every_rank_steps_every_group_and_the_later_ones_replay(daemon, client,
+                                                                              prefix):
+    """Two data-parallel ranks without shard=True (simulated in one process: two optimizers
+    over the same group names, the same averaged gradients): the first rank's step applies,
+    the second's replays and gets the same params back; every rank sent the whole gradient."""
+    gen = torch.Generator().manual_seed(4)
+    initial = torch.randn(5000, generator=gen)
+    ranks = [torch.nn.Parameter(initial.clone()) for _ in range(2)]
+    opts = [RemoteAdamW([("w", p)], target=daemon.target, name_prefix=prefix) for p in ranks]
+    p_ref, m_ref, v_ref = initial.clone(), torch.zeros(5000), torch.zeros(5000)
+    for step in range(1, 4):
+        g = torch.randn(5000, generator=gen)
+        ieee_adamw_(p_ref, g, m_ref, v_ref, step, 1e-3)
+        for p, opt in zip(ranks, opts):
+            p.grad = g.clone()
+            opt.step()
+        assert bits_equal(ranks[0].detach(), p_ref) and bits_equal(ranks[1].detach(), p_ref)
+    group = {g["info"]["name"]: g for g in client.stats()["groups"]}[prefix + "w"]
+    assert (group["chunks_applied"], group["chunks_replayed"]) == (3, 3)
+    assert group["bytes_received"] == 4 * 5000 * (1 + 2 * 3)  # initial values, 6 gradients
