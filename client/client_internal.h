@@ -1,5 +1,6 @@
 // What the client's translation units share: the channel and stub, the cache
-// of group layouts, status translation and the retry schedule. Not API.
+// of group layouts, registration, Step's group checks, status translation and
+// the retry schedule. Not API.
 #ifndef OPTSTATE_CLIENT_CLIENT_INTERNAL_H_
 #define OPTSTATE_CLIENT_CLIENT_INTERNAL_H_
 
@@ -17,6 +18,8 @@
 
 namespace optstate {
 
+// Shared by every thread that calls the Client: the first four members are
+// set by Connect and only read after it; the layout cache is under `mu`.
 struct Client::Impl {
   ClientOptions options;
   std::shared_ptr<grpc::Channel> channel;
@@ -28,10 +31,10 @@ struct Client::Impl {
   absl::Mutex mu;
   absl::flat_hash_map<std::string, GroupInfo> groups ABSL_GUARDED_BY(mu);
 
-  void Remember(const GroupInfo& info);
-  void Forget(const std::string& name);
-  // The cached layout, or DescribeGroup's answer.
-  absl::StatusOr<GroupInfo> Layout(Client& client, const std::string& name);
+  void Remember(const GroupInfo& info) ABSL_LOCKS_EXCLUDED(mu);
+  void Forget(const std::string& name) ABSL_LOCKS_EXCLUDED(mu);
+  // The cached layout, or DescribeGroup's answer (then cached).
+  absl::StatusOr<GroupInfo> Layout(Client& client, const std::string& name) ABSL_LOCKS_EXCLUDED(mu);
   // Step's look at its groups, in order: each group's buffers checked
   // against the wire types and against its layout (the cached one, asked
   // again once when the gradient's length differs), and its pages against

@@ -1,18 +1,18 @@
-// Client::Step: checks the whole step, cuts it into page-aligned chunks
-// (packing small ones into shared messages), and streams them with a bounded
-// window; on a transient failure it resends only
-// the chunks that got no reply (the server applies each page exactly once).
+// Client::Step: checks the whole step, has PlanChunks cut it into messages
+// of page-aligned chunks, checks every gradient finite as it will be sent,
+// and streams the messages with a bounded window; on a transient failure it
+// resends only the messages that got no reply (the server applies each page
+// exactly once).
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
-#include <condition_variable>
-#include <mutex>
 #include <optional>
 #include <thread>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/client_internal.h"
 #include "client/plan_chunks.h"
@@ -185,7 +185,11 @@ void ChunkFields(const GroupStep& group, const ChunkPiece& piece, uint64_t step,
   fields->set_group_elements(group.gradient.size());
   fields->set_gradient_dtype(WireTypeToProto(options.gradient_dtype));
   fields->set_param_dtype(WireTypeToProto(options.param_dtype));
-  if (options.lr) fields->set_lr(*options.lr);
+  if (group.lr) {
+    fields->set_lr(*group.lr);
+  } else if (options.lr) {
+    fields->set_lr(*options.lr);
+  }
   if (options.grad_scale) fields->set_grad_scale(*options.grad_scale);
 }
 
@@ -253,6 +257,42 @@ absl::Status CheckAndPrepare(absl::Span<const GroupStep> groups, uint64_t step,
   return absl::OkStatus();
 }
 
+// The send window of one stream: the writer thread waits in it for room,
+// the reading thread counts replies into it. Thread-safe.
+class SendWindow {
+ public:
+  explicit SendWindow(size_t size) : size_(size) {}
+
+  // Blocks until message `i` (0, 1, ...) may be written, that is fewer than
+  // `size` messages before it are unanswered; false once Stop was called.
+  bool WaitForRoom(size_t i) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    while (!stopped_ && i - answered_ >= size_) room_.Wait(&mu_);
+    return !stopped_;
+  }
+
+  void Answered() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    ++answered_;
+    room_.Signal();
+  }
+
+  // Wakes the writer for good (the reader is done); returns the replies counted.
+  size_t Stop() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    stopped_ = true;
+    room_.Signal();
+    return answered_;
+  }
+
+ private:
+  const size_t size_;
+  absl::Mutex mu_;
+  absl::CondVar room_;
+  size_t answered_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 // One stream carrying `pending` chunks; clears each answered chunk from it.
 absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::RpcMethod& method,
                        const ClientOptions& client_options, absl::Span<const GroupStep> groups,
@@ -266,21 +306,13 @@ absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::Rp
       grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
           channel, method, &context));
 
-  std::mutex mu;
-  std::condition_variable window_open;
-  size_t answered = 0;  // Guarded by mu.
-  bool stop = false;    // Guarded by mu: the reader gave up.
-  const size_t window = static_cast<size_t>(client_options.max_chunks_in_flight);
+  SendWindow window(static_cast<size_t>(client_options.max_chunks_in_flight));
   const size_t total = pending->size();
 
   std::thread writer([&] {
     std::vector<v1::StepRequest> fields;  // All but the gradients.
     for (size_t i = 0; i < total; ++i) {
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        window_open.wait(lock, [&] { return stop || i - answered < window; });
-        if (stop) break;
-      }
+      if (!window.WaitForRoom(i)) break;
       const PlannedChunk& chunk = (*pending)[i];
       grpc::ByteBuffer request;
       if (chunk.request) {
@@ -326,17 +358,9 @@ absl::Status RunStream(grpc::ChannelInterface* channel, const grpc::internal::Rp
       break;
     }
     done[i] = true;
-    std::lock_guard<std::mutex> lock(mu);
-    ++answered;
-    window_open.notify_one();
+    window.Answered();
   }
-  size_t answered_all;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    stop = true;
-    answered_all = answered;
-    window_open.notify_one();
-  }
+  const size_t answered_all = window.Stop();
   // After a mismatch the call is abandoned; cancelling unblocks the writer.
   // Otherwise Read only fails once the call is over, and Finish says why.
   if (!mismatch.ok()) context.TryCancel();
@@ -372,6 +396,10 @@ absl::Status CheckStep(absl::Span<const GroupStep> groups, uint64_t step,
   }
   absl::flat_hash_set<absl::string_view> names;
   for (const GroupStep& group : groups) {
+    if (group.lr && !(std::isfinite(*group.lr) && *group.lr >= 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lr of group '", group.group, "' must be finite and >= 0"));
+    }
     if (!names.insert(group.group).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("group '", group.group,

@@ -129,17 +129,6 @@ grpc::ByteBuffer SerializeStepRequest(absl::Span<const RequestPiece> pieces, Wir
   return grpc::ByteBuffer(&owned, 1);
 }
 
-grpc::ByteBuffer SerializeStepRequest(const v1::StepRequest& fields, WireType type,
-                                      absl::Span<const float> gradient,
-                                      const unsigned char** payload) {
-  const RequestPiece piece{&fields, gradient};
-  std::vector<const unsigned char*> payloads;
-  grpc::ByteBuffer message = SerializeStepRequest(absl::MakeConstSpan(&piece, 1), type,
-                                                  payload != nullptr ? &payloads : nullptr);
-  if (payload != nullptr) *payload = payloads[0];
-  return message;
-}
-
 namespace {
 
 // One pass of ParseStepResponse over a reply. The first pass (`widen`
@@ -334,16 +323,6 @@ absl::Status ParseStepResponse(
   }
   reply->Clear();
   return status;
-}
-
-absl::Status ParseStepResponse(grpc::ByteBuffer* reply, WireType type, size_t elements,
-                               absl::Span<float> params_out,
-                               absl::FunctionRef<absl::Status(const v1::StepResponse&)> check,
-                               v1::StepResponse* fields) {
-  const ReplyPiece piece{elements, params_out};
-  return ParseStepResponse(
-      reply, type, absl::MakeConstSpan(&piece, 1),
-      [&](size_t, const v1::StepResponse& reply_fields) { return check(reply_fields); }, fields);
 }
 
 }  // namespace optstate::client_internal

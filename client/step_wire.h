@@ -38,10 +38,6 @@ struct RequestPiece {
 // message (valid while the message lives).
 grpc::ByteBuffer SerializeStepRequest(absl::Span<const RequestPiece> pieces, WireType type,
                                       std::vector<const unsigned char*>* payloads = nullptr);
-// The same for one chunk.
-grpc::ByteBuffer SerializeStepRequest(const v1::StepRequest& fields, WireType type,
-                                      absl::Span<const float> gradient,
-                                      const unsigned char** payload = nullptr);
 
 // What a reply must carry for one chunk of its request: `elements` params,
 // widened into `params_out` unless it is empty (else it holds `elements`),
@@ -66,12 +62,6 @@ absl::Status ParseStepResponse(
     grpc::ByteBuffer* reply, WireType type, absl::Span<const ReplyPiece> pieces,
     absl::FunctionRef<absl::Status(size_t, const v1::StepResponse&)> check,
     v1::StepResponse* fields);
-
-// The same for a request of one chunk: `elements` params into `params_out`.
-absl::Status ParseStepResponse(grpc::ByteBuffer* reply, WireType type, size_t elements,
-                               absl::Span<float> params_out,
-                               absl::FunctionRef<absl::Status(const v1::StepResponse&)> check,
-                               v1::StepResponse* fields);
 
 }  // namespace optstate::client_internal
 

@@ -273,6 +273,40 @@ TEST_F(EndToEndTest, PerStepLearningRateAndGradScaleAreApplied) {
   EXPECT_LE(MaxAbsError(params, model.params_f64()), 1e-4);
 }
 
+TEST_F(EndToEndTest, EachGroupOfOneStepTakesItsOwnLearningRate) {
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  std::vector<float> init_a = RandomNormal(rng, 70000, 1.0f);
+  std::vector<float> init_b = RandomNormal(rng, 300000, 1.0f);
+  ASSERT_TRUE(client_->RegisterGroup("lr.a", init_a).ok());
+  ASSERT_TRUE(client_->RegisterGroup("lr.b", init_b).ok());
+  GroupModel model_a(init_a, {}), model_b(init_b, {});
+  std::vector<float> params_a(init_a.size()), params_b(init_b.size());
+  for (uint64_t t = 1; t <= 5; ++t) {
+    std::vector<float> grad_a = RandomNormal(rng, init_a.size(), 1.0f);
+    std::vector<float> grad_b = RandomNormal(rng, init_b.size(), 1.0f);
+    const double lr_a = 1e-3 * static_cast<double>(t);  // Two schedules in one step.
+    const double lr_b = 5e-2 / static_cast<double>(t);
+    std::vector<GroupStep> groups = {
+        {"lr.a", grad_a, absl::MakeSpan(params_a), lr_a},
+        {"lr.b", grad_b, absl::MakeSpan(params_b), lr_b},
+    };
+    StepOptions options;
+    options.lr = 0.5;  // Overridden by each group's own.
+    ASSERT_TRUE(client_->Step(groups, t, options).ok());
+    model_a.Step(t, grad_a, 1.0f, lr_a);
+    model_b.Step(t, grad_b, 1.0f, lr_b);
+  }
+  EXPECT_EQ(params_a, model_a.params_fp32());
+  EXPECT_EQ(params_b, model_b.params_fp32());
+  const std::vector<float> zeros(init_a.size(), 0.0f);
+  std::vector<GroupStep> bad = {{"lr.a", zeros, {}, -1.0}};
+  absl::Status refused = client_->Step(bad, 6);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("lr of group 'lr.a'"));
+}
+
 TEST_F(EndToEndTest, StatsReportStepsChunksAndBytes) {
   std::vector<float> initial(kElements, 0.5f);
   ASSERT_TRUE(client_->RegisterGroup("stats.w", initial).ok());

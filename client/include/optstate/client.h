@@ -50,13 +50,17 @@ struct GroupStep {
   std::string group;
   ConstBufferView gradient;
   BufferView params_out;
+  // This group's lr for this step, over StepOptions::lr and the group's own
+  // (a trainer whose parameter groups follow their own schedules steps them
+  // all in one call).
+  std::optional<double> lr = std::nullopt;
 };
 
 struct StepOptions {
   WireType gradient_dtype = WireType::kFloat32;  // Gradients are narrowed to it on the wire.
   WireType param_dtype = WireType::kFloat32;     // Params come back in it (GroupStep::params_out).
-  std::optional<double> lr;                      // Overrides the groups' lr for this step.
-  std::optional<float> grad_scale;               // Multiplied into every gradient.
+  std::optional<double> lr;  // Overrides the groups' lr for this step (unless GroupStep::lr).
+  std::optional<float> grad_scale;  // Multiplied into every gradient.
 };
 
 // Thread-safe: one Client may serve many threads; each call is independent.

@@ -14,6 +14,7 @@
 #include "client/step_wire.h"
 #include "optstate/v1/dtype_proto.h"
 #include "tests/testing/random_cuts.h"
+#include "tests/testing/step_wire_one_chunk.h"
 #include "tests/testing/test_seed.h"
 
 namespace optstate::client_internal {
