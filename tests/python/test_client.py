@@ -213,3 +213,21 @@ def test_a_daemon_that_never_answers_is_deadline_exceeded():
         assert time.monotonic() - start < 5 and target in str(e.value)
     finally:
         silent.close()
+
+
+def test_each_group_of_a_call_may_carry_its_own_lr(client, prefix):
+    gen = torch.Generator().manual_seed(7)
+    a, b = torch.randn(1000, generator=gen), torch.randn(1000, generator=gen)
+    refs = [a.clone(), b.clone()]
+    client.register(prefix + "a", a)
+    client.register(prefix + "b", b)
+    ga, gb = torch.randn(1000, generator=gen), torch.randn(1000, generator=gen)
+    client.step([(prefix + "a", ga, a, 0.05), (prefix + "b", gb, b, None)], 1, lr=0.002)
+    ieee_adamw_(refs[0], ga, torch.zeros(1000), torch.zeros(1000), 1, 0.05)
+    ieee_adamw_(refs[1], gb, torch.zeros(1000), torch.zeros(1000), 1, 0.002)
+    assert bits_equal(a, refs[0]) and bits_equal(b, refs[1])
+    with pytest.raises(TypeError, match="groups\\[0\\].lr: expected a float"):
+        client.step([(prefix + "a", ga, a, "fast")], 2)
+    with pytest.raises(optstate.InvalidArgument, match="lr"):
+        client.step([(prefix + "a", ga, a, -1.0)], 2)
+    assert client.describe(prefix + "a").min_step == 1

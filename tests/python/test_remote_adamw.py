@@ -12,9 +12,26 @@ the same forward/backward and the same gradients)."""
 import torch
 import torch.nn.functional as F
 
+import optstate
+
 from models import MLP, two_groups
 from optstate.torch import RemoteAdamW
 from reference import bits_equal, compare_to_torch_step, ieee_adamw_, torch_sqrt_differs
+
+
+class CountingClient:
+    """An optstate.Client that counts its step calls."""
+
+    def __init__(self, target):
+        self.client = optstate.Client(target)
+        self.steps = 0
+
+    def step(self, *args, **kwargs):
+        self.steps += 1
+        return self.client.step(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
 
 
 def _batch(step, inputs=32, outputs=10):
@@ -24,7 +41,8 @@ def _batch(step, inputs=32, outputs=10):
 
 def test_mlp_50_steps_with_steplr_and_clipping_matches_torch_adamw(daemon, prefix):
     remote_model, torch_model = MLP(), MLP()
-    opt = RemoteAdamW(two_groups(remote_model), target=daemon.target, name_prefix=prefix)
+    client = CountingClient(daemon.target)
+    opt = RemoteAdamW(two_groups(remote_model), client=client, name_prefix=prefix)
     ref = torch.optim.AdamW(two_groups(torch_model, named=False))
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5)
     ref_sched = torch.optim.lr_scheduler.StepLR(ref, step_size=10, gamma=0.5)
@@ -55,7 +73,9 @@ def test_mlp_50_steps_with_steplr_and_clipping_matches_torch_adamw(daemon, prefi
             torch.nn.utils.clip_grad_norm_(remote_model.parameters(), max_norm=1.0)
             return loss
 
+        calls = client.steps
         remote_loss = opt.step(closure)
+        assert client.steps == calls + 1  # both param groups, each with its lr, in one call
         ref.step()
         assert remote_loss.item() == torch_loss.item()
         for i, (rp, tp) in enumerate(zip(remote_params, torch_params)):

@@ -13,8 +13,10 @@ from numpy.typing import NDArray
 
 # A numpy array or a torch CPU tensor: C-contiguous float32, bfloat16 or float16.
 Buffer = Union[NDArray[Any], "torch.Tensor"]  # noqa: F821
-# A gradient and optionally where its params go, for one group of a step.
-GroupBuffers = Union[tuple[str, Buffer], tuple[str, Buffer, Buffer | None]]
+# A gradient and optionally where its params go and the group's own lr, for one
+# group of a step.
+GroupBuffers = Union[tuple[str, Buffer], tuple[str, Buffer, Buffer | None],
+                     tuple[str, Buffer, Buffer | None, float | None]]
 
 
 class GroupInfo:

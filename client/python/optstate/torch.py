@@ -71,9 +71,11 @@ class RemoteAdamW(torch.optim.Optimizer):
         process_group: the group to shard over (default: the world).
         **client_options: passed to :class:`optstate.Client` (``max_attempts``, ...).
 
-    ``step()`` sends every gradient in one ``Client.step`` call (one stream) per distinct
-    (lr, step count, 16-bit dtype) among the parameters that have a gradient, with each
-    param group's current ``lr``; parameters whose ``.grad`` is None are skipped. A
+    ``step()`` sends every gradient in one ``Client.step`` call (one stream), each with its
+    param group's current ``lr``; parameters whose ``.grad`` is None are skipped. (A
+    parameter whose step count fell behind, having had no gradient, or a mix of 16-bit
+    dtypes and wire types, takes a call of its own: the client takes one step number and
+    one wire type per call.) A
     non-finite gradient refuses the whole step (``optstate.InvalidArgument``) with
     nothing applied to any parameter. Registration happens at construction: an
     unreachable daemon raises ``optstate.Unavailable`` there, and a group of the same
@@ -214,7 +216,8 @@ class RemoteAdamW(torch.optim.Optimizer):
                 loss = closure()
         rank, _ = self._rank_and_world()
         # 1. Every parameter with a gradient checked before anything is sent; the calls
-        #    grouped by what one Client.step call shares: lr, step number, wire type.
+        #    grouped by what one Client.step call shares: the step number and the wire
+        #    type (each group carries its own lr).
         calls: dict[tuple, list] = {}
         stepped: dict[tuple, list] = {}
         for group in self.param_groups:
@@ -234,11 +237,11 @@ class RemoteAdamW(torch.optim.Optimizer):
                 if not grad.is_contiguous():
                     raise ValueError(f"parameter '{reg.name}': the gradient is not contiguous")
                 wire = _WIRE_NAMES[p.dtype] if p.dtype in _SIXTEEN_BIT else self._wire
-                key = (lr, reg.step + 1, wire)
+                key = (reg.step + 1, wire)
                 if grad.requires_grad:  # backward(create_graph=True)
                     grad = grad.detach()
                 # p.data: the parameter's memory without autograd (cheaper than detach()).
-                calls.setdefault(key, []).append((reg.name, grad, p.data))
+                calls.setdefault(key, []).append((reg.name, grad, p.data, lr))
                 stepped.setdefault(key, []).append((p, reg))
         if len(calls) > 1:
             # One call checks its own gradients before it sends anything; with several,
@@ -246,8 +249,8 @@ class RemoteAdamW(torch.optim.Optimizer):
             self._check_finite(calls)
         # 2. The calls; each writes the updated values into the parameters in place.
         for key, groups in calls.items():
-            lr, k, wire = key
-            self._client.step(groups, k, lr=lr, wire_dtype=wire)
+            k, wire = key
+            self._client.step(groups, k, wire_dtype=wire)
             for p, reg in stepped[key]:
                 reg.step = k
                 self.state[p]["step"] = torch.tensor(float(k))
@@ -257,9 +260,9 @@ class RemoteAdamW(torch.optim.Optimizer):
 
     @staticmethod
     def _check_finite(calls: dict) -> None:
-        for (_, _, wire), groups in calls.items():
+        for (_, wire), groups in calls.items():
             narrow = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(wire)
-            for name, grad, _ in groups:
+            for name, grad, _, _ in groups:
                 sent = grad.to(narrow) if narrow is not None and grad.dtype != narrow else grad
                 if not bool(torch.isfinite(sent).all()):
                     raise errors.InvalidArgument(

@@ -26,11 +26,13 @@ struct StepEntry {
   std::string name;
   HostBuffer gradient;
   std::optional<HostBuffer> params_out;
+  std::optional<double> lr;  // This group's own lr for the step.
 };
 
 StepEntry MakeEntry(const std::string& name, nb::handle gradient, nb::handle params_out,
                     const std::string& where) {
-  StepEntry entry{name, ViewHostBuffer(gradient, where + "gradient", false), std::nullopt};
+  StepEntry entry{name, ViewHostBuffer(gradient, where + "gradient", false), std::nullopt,
+                  std::nullopt};
   if (!params_out.is_none()) {
     entry.params_out = ViewHostBuffer(params_out, where + "params_out", true);
   }
@@ -67,6 +69,7 @@ WireType ResolveWire(const std::vector<const HostBuffer*>& buffers,
 GroupStep ToGroupStep(const StepEntry& e) {
   GroupStep g;
   g.group = e.name;
+  g.lr = e.lr;
   g.gradient = e.gradient.type == ElementType::kFloat32
                    ? ConstBufferView(e.gradient.floats())
                    : ConstBufferView::Of16Bit(e.gradient.halves(), ToWireType(e.gradient.type));
@@ -200,19 +203,27 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
           if (!gradient.is_none() || !params_out.is_none()) {
             throw nb::type_error(
                 "step: with a list of groups, give each group's buffers in its tuple "
-                "(name, gradient[, params_out]), not as gradient=/params_out=");
+                "(name, gradient[, params_out[, lr]]), not as gradient=/params_out=");
           }
           size_t i = 0;
           for (nb::handle item : groups) {
             const std::string where = absl::StrCat("groups[", i++, "].");
             nb::tuple t;
-            if (!nb::try_cast<nb::tuple>(item, t) || t.size() < 2 || t.size() > 3) {
-              throw nb::type_error(absl::StrCat(where.substr(0, where.size() - 1),
-                                                ": expected a tuple (name, gradient[, params_out])")
-                                       .c_str());
+            if (!nb::try_cast<nb::tuple>(item, t) || t.size() < 2 || t.size() > 4) {
+              throw nb::type_error(
+                  absl::StrCat(where.substr(0, where.size() - 1),
+                               ": expected a tuple (name, gradient[, params_out[, lr]])")
+                      .c_str());
             }
             entries.push_back(MakeEntry(nb::cast<std::string>(t[0]), t[1],
-                                        t.size() == 3 ? nb::handle(t[2]) : nb::none(), where));
+                                        t.size() >= 3 ? nb::handle(t[2]) : nb::none(), where));
+            if (t.size() == 4 && !t[3].is_none()) {
+              double group_lr;
+              if (!nb::try_cast<double>(t[3], group_lr)) {
+                throw nb::type_error(absl::StrCat(where, "lr: expected a float or None").c_str());
+              }
+              entries.back().lr = group_lr;
+            }
           }
         }
         std::optional<WireType> wire;
@@ -242,11 +253,13 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
       "lr"_a = nb::none(), "grad_scale"_a = nb::none(), "wire_dtype"_a = nb::none(),
       "Applies step `step` (1, 2, ...) to one group or to many in one stream.\n\n"
       "`groups` is a group name (then give `gradient` and optionally `params_out`) or a list\n"
-      "of tuples (name, gradient[, params_out]). Buffers are numpy arrays or torch CPU\n"
-      "tensors, C-contiguous float32, bfloat16 or float16, read and written in place (a\n"
-      "tensor that requires grad: pass .detach()). float32 buffers travel as `wire_dtype`\n"
+      "of tuples (name, gradient[, params_out[, lr]]), `lr` that group's own for this step.\n"
+      "Buffers are numpy arrays or torch CPU tensors, C-contiguous float32, bfloat16 or\n"
+      "float16, read and written in place (a tensor that requires grad: pass .detach()). float32 "
+      "buffers travel as `wire_dtype`\n"
       "(float32 unless set to 'bfloat16' or 'float16'); 16-bit buffers travel as they are.\n"
-      "`lr` overrides the groups' lr for this step, `grad_scale` multiplies every gradient.\n\n"
+      "`lr` overrides the groups' lr for this step (unless a tuple gives its own),\n"
+      "`grad_scale` multiplies every gradient.\n\n"
       "Nothing is sent when a buffer is of the wrong kind (TypeError/ValueError naming it)\n"
       "or a gradient is not finite or has the wrong length (InvalidArgument). Transient\n"
       "failures resend what got no reply; the daemon applies every page exactly once, so\n"
