@@ -58,6 +58,11 @@ def test_two_gloo_ranks_sharded_match_torch_on_the_averaged_gradients(daemon, pr
             assert bits_equal(after[n], chain[n][0]), f"{n} at step {step}"
             compare_to_torch_step(f"step {step} {n}", after[n], p.detach(), before[n],
                                   ref.state[p]["exp_avg_sq"], quiet=step < STEPS)
+    # Each group's gradient came from one rank only: its initial values and STEPS gradients.
+    received = {g["info"]["name"]: g["bytes_received"] for g in client.stats()["groups"]}
+    for n, p in params.items():
+        stepped = n in ranks[0]["grads"][0]
+        assert received[prefix + n] == 4 * p.numel() * (1 + (STEPS if stepped else 0)), n
     for n, p in params.items():
         assert bits_equal(ranks[1]["final"][n], ranks[0]["final"][n]), n
         if n in ranks[0]["grads"][0]:
