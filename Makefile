@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 LISTEN ?= 127.0.0.1:50051
 ARGS ?=
 
-.PHONY: deps torch-deps configure build run test sanitize fuzz bench demo gpu-test clean
+.PHONY: deps torch-deps python configure build run test sanitize fuzz bench demo gpu-test clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -13,6 +13,11 @@ deps:
 # torch, for the test that holds the AdamW step against torch.optim.AdamW.
 torch-deps: deps
 	@bash scripts/install-torch.sh
+
+# The optstate Python package (client/python), built and installed into the
+# test venv (.torch-venv) with its build tools and pytest.
+python: deps
+	@JOBS=$(JOBS) bash scripts/install-python.sh
 
 configure: deps
 	@cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) > $(BUILD_DIR).configure.log 2>&1 \
@@ -27,8 +32,9 @@ run: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS) --target optstated
 	$(BUILD_DIR)/server/optstated --listen=$(LISTEN) $(ARGS)
 
-# Every test that needs no GPU (tests labelled gpu run via tests/gpu/run.sh).
-test: build torch-deps
+# Every test that needs no GPU (tests labelled gpu run via tests/gpu/run.sh),
+# the Python package's pytest suite included (it runs the installed package).
+test: build torch-deps python
 	@cd $(BUILD_DIR) && ctest --output-on-failure -LE gpu -j 2
 
 # The CPU tests again under AddressSanitizer, LeakSanitizer and UBSan (the

@@ -1,0 +1,370 @@
+"""optstate.torch.RemoteAdamW: torch.optim.AdamW with its state on an optstated daemon.
+
+Each parameter is one daemon group (fp32 master weights, exp_avg, exp_avg_sq
+and the step count live there); ``step()`` sends the gradients and writes
+the updated values into the parameters in place. The update is
+torch.optim.AdamW's default CPU step, op for op (docs/exactness.md).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+import torch.distributed as dist
+
+from . import errors
+from ._optstate import Client
+
+__all__ = ["RemoteAdamW"]
+
+_SIXTEEN_BIT = (torch.bfloat16, torch.float16)
+_WIRE_NAMES = {torch.float32: None, torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+@dataclass
+class _Registration:
+    """What this optimizer registered for one parameter."""
+
+    name: str
+    shape: torch.Size
+    hyperparameters: tuple  # (lr, (beta1, beta2), eps, weight_decay) as registered
+    step: int  # The step the daemon's pages have reached (as far as this rank knows).
+
+
+def _hyperparameters(group: dict) -> tuple:
+    """The daemon's hyperparameters for a param group. lr is overridden on every step by
+    the group's current lr, so the group is registered with its scheduler's initial lr
+    (stable across restarts, whatever the schedule has reached)."""
+    lr = group.get("initial_lr", group["lr"])
+    beta1, beta2 = group["betas"]
+    return (float(lr), (float(beta1), float(beta2)), float(group["eps"]),
+            float(group["weight_decay"]))
+
+
+def _as_float(value) -> float:
+    return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
+
+
+class RemoteAdamW(torch.optim.Optimizer):
+    r"""torch.optim.AdamW whose state (fp32 master weights, exp_avg, exp_avg_sq, step) is
+    held and stepped by an optstated daemon.
+
+    Args:
+        params: parameters, ``(name, parameter)`` pairs (``model.named_parameters()``) or
+            param group dicts of either, as for any torch optimizer; each group may set
+            its own ``lr``, ``betas``, ``eps`` and ``weight_decay``.
+        target: the daemon's ``"host:port"`` (or give ``client``).
+        lr, betas, eps, weight_decay: torch.optim.AdamW's hyperparameters and defaults.
+        client: an :class:`optstate.Client` to use instead of connecting to ``target``.
+        name_prefix: prepended to every group name on the daemon, so two jobs on one
+            daemon stay apart. A parameter is named ``name_prefix + name`` from
+            ``named_parameters()``, else ``name_prefix + "param." + i`` (its index over
+            all param groups): stable as long as the model is built the same way.
+        wire_dtype: ``torch.float32`` (default) or ``torch.bfloat16`` / ``torch.float16``:
+            how float32 parameters' gradients and values travel (the daemon keeps fp32
+            master weights). bf16 and fp16 parameters always travel as they are.
+        shard: under ``torch.distributed``, step only this rank's contiguous, balanced
+            slice of the parameters (ZeRO stage 1) and broadcast the updated values from
+            their owners, so N ranks send 1/N of the gradient bytes each.
+        process_group: the group to shard over (default: the world).
+        **client_options: passed to :class:`optstate.Client` (``max_attempts``, ...).
+
+    ``step()`` sends every gradient in one ``Client.step`` call (one stream), each with its
+    param group's current ``lr``; parameters whose ``.grad`` is None are skipped. (A
+    parameter whose step count fell behind, having had no gradient, or a mix of 16-bit
+    dtypes and wire types, takes a call of its own: the client takes one step number and
+    one wire type per call.) A
+    non-finite gradient refuses the whole step (``optstate.InvalidArgument``) with
+    nothing applied to any parameter. Registration happens at construction: an
+    unreachable daemon raises ``optstate.Unavailable`` there, and a group of the same
+    name with other hyperparameters (another job's) ``optstate.AlreadyExists``.
+
+    Without ``shard``, data-parallel ranks may all step the same groups: the first
+    request for a page applies it, the others replay it (each rank still sends its whole
+    gradient and receives all params; the daemon's work per replayed page is a copy).
+    """
+
+    def __init__(self, params, target: Optional[str] = None, lr: float = 1e-3,
+                 betas: tuple = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
+                 *, client: Optional[Client] = None, name_prefix: str = "",
+                 wire_dtype: torch.dtype = torch.float32, shard: bool = False,
+                 process_group=None, **client_options):
+        if client is None and target is None:
+            raise ValueError("RemoteAdamW needs target='host:port' of an optstated daemon, or client=")
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid beta parameters: {betas}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if wire_dtype not in _WIRE_NAMES:
+            raise ValueError(f"wire_dtype must be torch.float32, torch.bfloat16 or torch.float16, "
+                             f"not {wire_dtype}")
+        if shard and not (dist.is_available() and dist.is_initialized()):
+            raise ValueError("shard=True needs torch.distributed initialised (init_process_group)")
+        self._client = client if client is not None else Client(target, **client_options)
+        self._name_prefix = name_prefix
+        self._wire = _WIRE_NAMES[wire_dtype]
+        self._shard = shard
+        self._process_group = process_group
+        self._registered: dict[torch.Tensor, _Registration] = {}
+        self._owner: dict[torch.Tensor, int] = {}
+        self._constructed = False
+        # The keys of torch.optim.AdamW's param groups, so state dicts move both ways.
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=False,
+                        maximize=False, foreach=None, capturable=False, differentiable=False,
+                        fused=None, decoupled_weight_decay=True)
+        super().__init__(params, defaults)
+        self._constructed = True
+        self._place_and_register()
+
+    @property
+    def client(self) -> Client:
+        """The :class:`optstate.Client` this optimizer steps through."""
+        return self._client
+
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        for option in ("amsgrad", "maximize", "differentiable", "capturable"):
+            if group.get(option):
+                raise ValueError(f"RemoteAdamW does not support {option}=True")
+        if self._constructed:
+            self._place_and_register()
+
+    # -- naming, placement, registration -------------------------------------------------
+
+    def _names(self) -> list[tuple[torch.Tensor, str, dict]]:
+        """(parameter, daemon group name, param group) over all param groups, in order."""
+        out, seen = [], set()
+        index = 0
+        for group in self.param_groups:
+            names = group.get("param_names")
+            for j, p in enumerate(group["params"]):
+                name = self._name_prefix + (names[j] if names else f"param.{index}")
+                if name in seen:
+                    raise ValueError(f"two parameters are both named '{name}' on the daemon")
+                seen.add(name)
+                out.append((p, name, group))
+                index += 1
+        return out
+
+    def _rank_and_world(self) -> tuple[int, int]:
+        if not self._shard:
+            return 0, 1
+        return dist.get_rank(self._process_group), dist.get_world_size(self._process_group)
+
+    def _place_and_register(self) -> None:
+        """Assigns parameters to ranks (contiguous slices balanced by element count: a
+        parameter goes to the rank whose share holds its middle element) and registers
+        the ones this rank steps."""
+        entries = self._names()
+        rank, world = self._rank_and_world()
+        total = sum(p.numel() for p, _, _ in entries) or 1
+        before = 0
+        self._owner = {}
+        for p, _, _ in entries:
+            middle = before + p.numel() / 2
+            self._owner[p] = min(world - 1, int(middle * world // total))
+            before += p.numel()
+        for p, name, group in entries:
+            if self._owner[p] == rank and p not in self._registered:
+                self._register(p, name, group)
+
+    def _register(self, p: torch.Tensor, name: str, group: dict) -> None:
+        if p.is_sparse or p.device.type != "cpu":
+            raise ValueError(f"parameter '{name}': RemoteAdamW steps dense CPU tensors "
+                             f"(this one is {p.layout} on {p.device})")
+        if p.dtype not in _WIRE_NAMES:
+            raise TypeError(f"parameter '{name}': dtype {p.dtype} is not supported "
+                            "(float32, bfloat16 or float16)")
+        h = _hyperparameters(group)
+        lr, betas, eps, weight_decay = h
+        values = p.detach().reshape(-1).float().contiguous()
+        info = self._client.register(name, values, lr=lr, betas=betas, eps=eps,
+                                     weight_decay=weight_decay)
+        self._registered[p] = _Registration(name, p.shape, h, info.min_step)
+        if info.min_step > 0:
+            self.state[p]["step"] = torch.tensor(float(info.min_step))
+
+    def _registration(self, p: torch.Tensor, hyperparameters: tuple) -> _Registration:
+        reg = self._registered[p]
+        if p.shape != reg.shape:
+            raise ValueError(
+                f"parameter '{reg.name}' has shape {tuple(p.shape)} but was registered with "
+                f"{tuple(reg.shape)}; a resized parameter needs a new optimizer (or name)")
+        if hyperparameters[1:] != reg.hyperparameters[1:]:
+            raise ValueError(
+                f"parameter '{reg.name}': betas, eps or weight_decay of its param group changed "
+                f"since registration (daemon: {reg.hyperparameters[1:]}, now: "
+                f"{hyperparameters[1:]}); only lr may change between steps")
+        return reg
+
+    # -- stepping -------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], Any]] = None):
+        """Performs one optimization step (see the class docstring). Returns the closure's
+        loss when given one."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        rank, _ = self._rank_and_world()
+        # 1. Every parameter with a gradient checked before anything is sent; the calls
+        #    grouped by what one Client.step call shares: the step number and the wire
+        #    type (each group carries its own lr).
+        calls: dict[tuple, list] = {}
+        stepped: dict[tuple, list] = {}
+        for group in self.param_groups:
+            lr = _as_float(group["lr"])
+            hyperparameters = _hyperparameters(group)
+            for p in group["params"]:
+                if p.grad is None or self._owner.get(p, rank) != rank:
+                    continue
+                reg = self._registration(p, hyperparameters)
+                grad = p.grad
+                if grad.is_sparse:
+                    raise ValueError(f"parameter '{reg.name}': sparse gradients are not supported")
+                if grad.dtype != p.dtype or grad.shape != p.shape:
+                    raise TypeError(f"parameter '{reg.name}': gradient {grad.dtype} "
+                                    f"{tuple(grad.shape)} does not match the parameter's "
+                                    f"{p.dtype} {tuple(p.shape)}")
+                if not grad.is_contiguous():
+                    raise ValueError(f"parameter '{reg.name}': the gradient is not contiguous")
+                wire = _WIRE_NAMES[p.dtype] if p.dtype in _SIXTEEN_BIT else self._wire
+                key = (reg.step + 1, wire)
+                if grad.requires_grad:  # backward(create_graph=True)
+                    grad = grad.detach()
+                # p.data: the parameter's memory without autograd (cheaper than detach()).
+                calls.setdefault(key, []).append((reg.name, grad, p.data, lr))
+                stepped.setdefault(key, []).append((p, reg))
+        if len(calls) > 1:
+            # One call checks its own gradients before it sends anything; with several,
+            # a later call's refusal would come after earlier ones were applied.
+            self._check_finite(calls)
+        # 2. The calls; each writes the updated values into the parameters in place.
+        for key, groups in calls.items():
+            k, wire = key
+            self._client.step(groups, k, wire_dtype=wire)
+            for p, reg in stepped[key]:
+                reg.step = k
+                self.state[p]["step"] = torch.tensor(float(k))
+        if self._shard:
+            self._broadcast()
+        return loss
+
+    @staticmethod
+    def _check_finite(calls: dict) -> None:
+        for (_, wire), groups in calls.items():
+            narrow = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(wire)
+            for name, grad, _, _ in groups:
+                sent = grad.to(narrow) if narrow is not None and grad.dtype != narrow else grad
+                if not bool(torch.isfinite(sent).all()):
+                    raise errors.InvalidArgument(
+                        f"gradient of group '{name}' is not finite (as sent, {sent.dtype}); the "
+                        "whole step was refused and nothing was sent")
+
+    def _broadcast(self) -> None:
+        """Every parameter from the rank that stepped it."""
+        for p, _, _ in self._names():
+            src = self._owner[p]
+            if self._process_group is not None:
+                src = dist.get_global_rank(self._process_group, src)
+            dist.broadcast(p.data, src=src, group=self._process_group)
+
+    # -- state dict ------------------------------------------------------------------------
+
+    def _export(self, name: str, shape: torch.Size) -> Optional[dict]:
+        """A group's state in torch.optim.AdamW's form, or None before its first step."""
+        state = self._client.export_state(name)
+        steps = set(int(s) for s in state.page_steps)
+        if len(steps) != 1:
+            raise errors.FailedPrecondition(
+                f"group '{name}' is part-way through a step (its pages are at steps "
+                f"{sorted(steps)}); finish the step (repeat it) before state_dict()")
+        step = steps.pop()
+        if step == 0:
+            return None
+        return {"step": torch.tensor(float(step)),
+                "exp_avg": torch.from_numpy(state.exp_avg).reshape(shape),
+                "exp_avg_sq": torch.from_numpy(state.exp_avg_sq).reshape(shape)}
+
+    def state_dict(self) -> dict:
+        """The state in torch.optim.AdamW's layout: ``{"state": {i: {"step", "exp_avg",
+        "exp_avg_sq"}}, "param_groups": [...]}``, read from the daemon (every rank gets all
+        of it, sharded or not). exp_avg and exp_avg_sq are float32 (the daemon's), also for
+        16-bit parameters, whose fp32 master weights the layout has no place for."""
+        state, groups = {}, []
+        index = 0
+        names = {p: name for p, name, _ in self._names()}
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            packed["params"] = list(range(index, index + len(group["params"])))
+            for p in group["params"]:
+                exported = self._export(names[p], p.shape)
+                if exported is not None:
+                    state[index] = exported
+                index += 1
+            groups.append(packed)
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Loads a state dict of torch.optim.AdamW's layout (from torch.optim.AdamW or from
+        RemoteAdamW): the param groups' hyperparameters, and per parameter its step,
+        exp_avg and exp_avg_sq, imported into the daemon together with the parameter's
+        current values as master weights (load the model's state first). A parameter
+        without state starts afresh (step 0, zero moments)."""
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError("loaded state dict has a different number of parameter groups")
+        for group, saved in zip(self.param_groups, saved_groups):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError("loaded state dict contains a parameter group that doesn't "
+                                 "match the size of optimizer's group")
+        saved_state = state_dict["state"]
+        rank, _ = self._rank_and_world()
+        names = {p: name for p, name, _ in self._names()}
+        for group, saved in zip(self.param_groups, saved_groups):
+            for key, value in saved.items():
+                if key not in ("params", "param_names"):
+                    group[key] = value
+            for index, p in zip(saved["params"], group["params"]):
+                if self._owner.get(p, rank) != rank:
+                    continue
+                entry = saved_state.get(index, saved_state.get(str(index)))
+                self._import(p, names[p], group, entry)
+
+    def _import(self, p: torch.Tensor, name: str, group: dict, entry: Optional[dict]) -> None:
+        h = _hyperparameters(group)
+        lr, betas, eps, weight_decay = h
+        params = p.detach().reshape(-1).float().contiguous()
+        reg = self._registered.get(p)
+        if entry is None:
+            # No state: the parameter starts afresh. The daemon has no step 0 to import,
+            # so this job's group is registered anew from the parameter's values.
+            if reg is not None:
+                self._client.delete(name)
+                del self._registered[p]
+            self.state.pop(p, None)
+            self._register(p, name, group)
+            return
+        exp_avg = entry["exp_avg"].detach().reshape(-1).float().contiguous()
+        exp_avg_sq = entry["exp_avg_sq"].detach().reshape(-1).float().contiguous()
+        step = int(_as_float(entry["step"]))
+        if exp_avg.numel() != p.numel() or exp_avg_sq.numel() != p.numel():
+            raise ValueError(f"parameter '{name}': the loaded exp_avg/exp_avg_sq have "
+                             f"{exp_avg.numel()}/{exp_avg_sq.numel()} elements, the "
+                             f"parameter {p.numel()}")
+        if reg is not None and reg.hyperparameters != h:
+            # The daemon's group holds the old hyperparameters and would refuse the import
+            # (ALREADY_EXISTS): this job's own group is replaced.
+            self._client.delete(name)
+        self._client.import_state(name, params, exp_avg, exp_avg_sq, [step], lr=lr, betas=betas,
+                                  eps=eps, weight_decay=weight_decay)
+        self._registered[p] = _Registration(name, p.shape, h, step)
+        self.state[p] = {"step": torch.tensor(float(step))}

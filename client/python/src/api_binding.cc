@@ -1,0 +1,285 @@
+// Client.step and Client.stats: the Python arguments turned into the C++
+// client's GroupStep (typed buffer views) / StepOptions, and its Stats into a
+// dict. The only file that knows those C++ types' layout.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "buffers.h"
+#include "errors.h"
+#include "optstate/stats.h"
+#include "py_client.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace optstate::python {
+namespace {
+
+// One group of a step as the caller gave it.
+struct StepEntry {
+  std::string name;
+  HostBuffer gradient;
+  std::optional<HostBuffer> params_out;
+  std::optional<double> lr;  // This group's own lr for the step.
+};
+
+StepEntry MakeEntry(const std::string& name, nb::handle gradient, nb::handle params_out,
+                    const std::string& where) {
+  StepEntry entry{name, ViewHostBuffer(gradient, where + "gradient", false), std::nullopt,
+                  std::nullopt};
+  if (!params_out.is_none()) {
+    entry.params_out = ViewHostBuffer(params_out, where + "params_out", true);
+  }
+  return entry;
+}
+
+// The wire type of one direction of the call: a 16-bit buffer travels as it
+// is (so all 16-bit buffers of a call must agree, and agree with an explicit
+// `wire`); float32 buffers are narrowed to `wire` (float32 when unset).
+WireType ResolveWire(const std::vector<const HostBuffer*>& buffers,
+                     const std::optional<WireType>& wire, const char* what) {
+  std::optional<ElementType> sixteen;
+  for (const HostBuffer* b : buffers) {
+    if (b->type == ElementType::kFloat32) continue;
+    if (sixteen && *sixteen != b->type) {
+      throw nb::value_error(
+          absl::StrCat("step: the ", what, " buffers mix ", ElementTypeName(*sixteen), " and ",
+                       ElementTypeName(b->type), "; one call carries one 16-bit type")
+              .c_str());
+    }
+    sixteen = b->type;
+  }
+  if (!sixteen) return wire.value_or(WireType::kFloat32);
+  if (wire && *wire != ToWireType(*sixteen)) {
+    throw nb::value_error(absl::StrCat("step: ", what, " buffers of ", ElementTypeName(*sixteen),
+                                       " travel as they are; wire_dtype must be unset or ",
+                                       ElementTypeName(*sixteen))
+                              .c_str());
+  }
+  return ToWireType(*sixteen);
+}
+
+// The C++ client's view of one entry.
+GroupStep ToGroupStep(const StepEntry& e) {
+  GroupStep g;
+  g.group = e.name;
+  g.lr = e.lr;
+  g.gradient = e.gradient.type == ElementType::kFloat32
+                   ? ConstBufferView(e.gradient.floats())
+                   : ConstBufferView::Of16Bit(e.gradient.halves(), ToWireType(e.gradient.type));
+  if (e.params_out) {
+    const HostBuffer& out = *e.params_out;
+    g.params_out = out.type == ElementType::kFloat32
+                       ? BufferView(out.mutable_floats())
+                       : BufferView::Of16Bit(out.mutable_halves(), ToWireType(out.type));
+  }
+  return g;
+}
+
+const char* PlacementName(Placement p) {
+  switch (p) {
+    case Placement::kUnspecified:
+      return "unspecified";
+    case Placement::kHost:
+      return "host";
+    case Placement::kDeviceResident:
+      return "device_resident";
+    case Placement::kDevicePaged:
+      return "device_paged";
+  }
+  return "unspecified";
+}
+
+nb::dict ToDict(const Hyperparameters& h) {
+  nb::dict d;
+  d["lr"] = h.lr;
+  d["beta1"] = h.beta1;
+  d["beta2"] = h.beta2;
+  d["eps"] = h.eps;
+  d["weight_decay"] = h.weight_decay;
+  return d;
+}
+
+nb::dict ToDict(const GroupInfo& g) {
+  nb::dict d;
+  d["name"] = g.name;
+  d["num_elements"] = g.num_elements;
+  d["hyperparameters"] = ToDict(g.hyperparameters);
+  d["page_elements"] = g.page_elements;
+  d["num_pages"] = g.num_pages;
+  d["min_step"] = g.min_step;
+  d["max_step"] = g.max_step;
+  d["host_bytes"] = g.host_bytes;
+  d["placement"] = PlacementName(g.placement);
+  d["pages_awaiting_values"] = g.pages_awaiting_values;
+  return d;
+}
+
+nb::dict ToDict(const LatencyPercentiles& l) {
+  nb::dict d;
+  d["p50_us"] = l.p50_us;
+  d["p99_us"] = l.p99_us;
+  d["samples"] = l.samples;
+  return d;
+}
+
+nb::dict ToDict(const PagingCounters& p) {
+  nb::dict d;
+  d["page_ins"] = p.page_ins;
+  d["page_outs"] = p.page_outs;
+  d["bytes_host_to_device"] = p.bytes_host_to_device;
+  d["bytes_device_to_host"] = p.bytes_device_to_host;
+  d["copy_wait_us"] = p.copy_wait_us;
+  return d;
+}
+
+nb::dict ToDict(const GroupStats& g) {
+  nb::dict d;
+  d["info"] = ToDict(g.info);
+  d["steps_completed"] = g.steps_completed;
+  d["chunks_applied"] = g.chunks_applied;
+  d["chunks_replayed"] = g.chunks_replayed;
+  d["bytes_received"] = g.bytes_received;
+  d["bytes_sent"] = g.bytes_sent;
+  d["step_latency"] = ToDict(g.step_latency);
+  d["chunk_latency"] = ToDict(g.chunk_latency);
+  d["paging"] = ToDict(g.paging);
+  return d;
+}
+
+nb::dict ToDict(const DeviceStats& s) {
+  nb::dict d;
+  d["strategy"] = s.strategy;
+  d["budget_total_bytes"] = s.budget_total_bytes;
+  d["budget_reserved_bytes"] = s.budget_reserved_bytes;
+  d["budget_target_utilization"] = s.budget_target_utilization;
+  d["budget_available_bytes"] = s.budget_available_bytes;
+  d["resident_bytes"] = s.resident_bytes;
+  d["staging_pool_bytes"] = s.staging_pool_bytes;
+  d["staging_slots"] = s.staging_slots;
+  return d;
+}
+
+nb::dict ToDict(const Stats& s) {
+  nb::dict d;
+  d["backend"] = s.backend;
+  d["num_groups"] = s.num_groups;
+  d["total_elements"] = s.total_elements;
+  d["host_bytes"] = s.host_bytes;
+  d["max_host_bytes"] = s.max_host_bytes;
+  d["chunks_applied"] = s.chunks_applied;
+  d["chunks_replayed"] = s.chunks_replayed;
+  d["bytes_received"] = s.bytes_received;
+  d["bytes_sent"] = s.bytes_sent;
+  d["paging"] = ToDict(s.paging);
+  d["device"] = ToDict(s.device);
+  nb::list groups;
+  for (const GroupStats& g : s.groups) groups.append(ToDict(g));
+  d["groups"] = groups;
+  d["threads"] = s.threads;
+  return d;
+}
+
+}  // namespace
+
+void BindStepAndStats(nb::class_<PyClient>& cls) {
+  cls.def(
+      "step",
+      [](PyClient& self, nb::handle groups, uint64_t step, nb::handle gradient,
+         nb::handle params_out, std::optional<double> lr, std::optional<float> grad_scale,
+         nb::handle wire_dtype) {
+        // 1. Every buffer viewed and checked, with the GIL, before anything is sent.
+        std::vector<StepEntry> entries;
+        if (nb::isinstance<nb::str>(groups)) {
+          if (gradient.is_none()) throw nb::type_error("step: gradient is required with one group");
+          entries.push_back(MakeEntry(nb::cast<std::string>(groups), gradient, params_out, ""));
+        } else {
+          if (!gradient.is_none() || !params_out.is_none()) {
+            throw nb::type_error(
+                "step: with a list of groups, give each group's buffers in its tuple "
+                "(name, gradient[, params_out[, lr]]), not as gradient=/params_out=");
+          }
+          size_t i = 0;
+          for (nb::handle item : groups) {
+            const std::string where = absl::StrCat("groups[", i++, "].");
+            nb::tuple t;
+            if (!nb::try_cast<nb::tuple>(item, t) || t.size() < 2 || t.size() > 4) {
+              throw nb::type_error(
+                  absl::StrCat(where.substr(0, where.size() - 1),
+                               ": expected a tuple (name, gradient[, params_out[, lr]])")
+                      .c_str());
+            }
+            entries.push_back(MakeEntry(nb::cast<std::string>(t[0]), t[1],
+                                        t.size() >= 3 ? nb::handle(t[2]) : nb::none(), where));
+            if (t.size() == 4 && !t[3].is_none()) {
+              double group_lr;
+              if (!nb::try_cast<double>(t[3], group_lr)) {
+                throw nb::type_error(absl::StrCat(where, "lr: expected a float or None").c_str());
+              }
+              entries.back().lr = group_lr;
+            }
+          }
+        }
+        std::optional<WireType> wire;
+        if (!wire_dtype.is_none()) wire = ParseWireType(wire_dtype, "wire_dtype");
+        std::vector<const HostBuffer*> gradients, outs;
+        for (const StepEntry& e : entries) {
+          gradients.push_back(&e.gradient);
+          if (e.params_out) outs.push_back(&*e.params_out);
+        }
+        StepOptions options;
+        options.gradient_dtype = ResolveWire(gradients, wire, "gradient");
+        options.param_dtype = ResolveWire(outs, wire, "params_out");
+        options.lr = lr;
+        options.grad_scale = grad_scale;
+        std::vector<GroupStep> steps;
+        steps.reserve(entries.size());
+        for (const StepEntry& e : entries) steps.push_back(ToGroupStep(e));
+        // 2. The whole step without the GIL; `entries` keeps the arrays alive.
+        absl::Status status;
+        {
+          nb::gil_scoped_release release;
+          status = self.client->Step(steps, step, options);
+        }
+        ThrowIfError(status, self.target);
+      },
+      "groups"_a, "step"_a, "gradient"_a = nb::none(), "params_out"_a = nb::none(), nb::kw_only(),
+      "lr"_a = nb::none(), "grad_scale"_a = nb::none(), "wire_dtype"_a = nb::none(),
+      "Applies step `step` (1, 2, ...) to one group or to many in one stream.\n\n"
+      "`groups` is a group name (then give `gradient` and optionally `params_out`) or a list\n"
+      "of tuples (name, gradient[, params_out[, lr]]), `lr` that group's own for this step.\n"
+      "Buffers are numpy arrays or torch CPU tensors, C-contiguous float32, bfloat16 or\n"
+      "float16, read and written in place (a tensor that requires grad: pass .detach()). float32 "
+      "buffers travel as `wire_dtype`\n"
+      "(float32 unless set to 'bfloat16' or 'float16'); 16-bit buffers travel as they are.\n"
+      "`lr` overrides the groups' lr for this step (unless a tuple gives its own),\n"
+      "`grad_scale` multiplies every gradient.\n\n"
+      "Nothing is sent when a buffer is of the wrong kind (TypeError/ValueError naming it)\n"
+      "or a gradient is not finite or has the wrong length (InvalidArgument). Transient\n"
+      "failures resend what got no reply; the daemon applies every page exactly once, so\n"
+      "repeating a step replays it (nothing applied twice, current params returned).");
+
+  cls.def(
+      "stats",
+      [](PyClient& self) {
+        absl::StatusOr<Stats> stats;
+        {
+          nb::gil_scoped_release release;
+          stats = self.client->GetStats();
+        }
+        ThrowIfError(stats.status(), self.target);
+        return ToDict(*stats);
+      },
+      "The daemon's counters as a dict (optstate::Stats' fields): backend, num_groups,\n"
+      "total_elements, host_bytes, max_host_bytes, chunks_applied, chunks_replayed,\n"
+      "bytes_received, bytes_sent, paging, device, threads, and groups: one dict per group\n"
+      "(info, steps_completed, chunks_applied, chunks_replayed, latencies, ...).");
+}
+
+}  // namespace optstate::python

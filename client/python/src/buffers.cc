@@ -1,0 +1,189 @@
+// nanobind's ndarray caster takes numpy arrays by the buffer protocol and
+// torch tensors by DLPack; with no constraints and no conversion it never
+// copies, so every check the caller needs is made here.
+#include "buffers.h"
+
+#include <nanobind/stl/string.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace nb = nanobind;
+
+namespace optstate::python {
+namespace {
+
+std::string Describe(nb::handle object) {
+  return nb::cast<std::string>(
+      nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(object.ptr())))));
+}
+
+// torch tensors: torch's Tensor.__dlpack__ (what the ndarray caster calls) is
+// Python code taking about 20 us a call, and __dlpack_device__ as much again;
+// torch.utils.dlpack.to_dlpack makes the same capsule in C in well under one,
+// and the caster takes a capsule as it is. Both are looked up once torch is
+// imported (an object cannot be a torch tensor before that).
+struct TorchExport {
+  PyObject* tensor_type = nullptr;
+  PyObject* to_dlpack = nullptr;
+};
+
+const TorchExport& Torch() {
+  static TorchExport torch;
+  if (torch.tensor_type == nullptr) {
+    PyObject* module = PyImport_GetModule(nb::str("torch").ptr());
+    if (module == nullptr) {
+      PyErr_Clear();
+      return torch;
+    }
+    Py_DECREF(module);
+    nb::module_ dlpack = nb::module_::import_("torch.utils.dlpack");
+    nb::object type = nb::module_::import_("torch").attr("Tensor");
+    nb::object to_dlpack = dlpack.attr("to_dlpack");
+    torch.to_dlpack = to_dlpack.release().ptr();  // Both kept for the process.
+    torch.tensor_type = type.release().ptr();
+  }
+  return torch;
+}
+
+std::string DtypeName(const nb::dlpack::dtype& d) {
+  const char* kind = "?";
+  switch (static_cast<nb::dlpack::dtype_code>(d.code)) {
+    case nb::dlpack::dtype_code::Int:
+      kind = "int";
+      break;
+    case nb::dlpack::dtype_code::UInt:
+      kind = "uint";
+      break;
+    case nb::dlpack::dtype_code::Float:
+      kind = "float";
+      break;
+    case nb::dlpack::dtype_code::Bfloat:
+      kind = "bfloat";
+      break;
+    case nb::dlpack::dtype_code::Complex:
+      kind = "complex";
+      break;
+    case nb::dlpack::dtype_code::Bool:
+      kind = "bool";
+      break;
+    default:
+      break;
+  }
+  return absl::StrCat(kind, d.bits);
+}
+
+}  // namespace
+
+const char* ElementTypeName(ElementType type) {
+  switch (type) {
+    case ElementType::kFloat32:
+      return "float32";
+    case ElementType::kBFloat16:
+      return "bfloat16";
+    case ElementType::kFloat16:
+      return "float16";
+  }
+  return "?";
+}
+
+WireType ToWireType(ElementType type) {
+  switch (type) {
+    case ElementType::kFloat32:
+      return WireType::kFloat32;
+    case ElementType::kBFloat16:
+      return WireType::kBFloat16;
+    case ElementType::kFloat16:
+      return WireType::kFloat16;
+  }
+  return WireType::kFloat32;
+}
+
+WireType ParseWireType(nb::handle dtype, const std::string& what) {
+  std::string name = absl::AsciiStrToLower(nb::cast<std::string>(nb::str(dtype)));
+  for (const char* prefix : {"torch.", "<class 'numpy.", "numpy."}) {
+    if (name.rfind(prefix, 0) == 0) name = name.substr(std::string(prefix).size());
+  }
+  if (!name.empty() && name.back() == '>') name.pop_back();
+  if (!name.empty() && name.back() == '\'') name.pop_back();
+  if (name == "float32" || name == "fp32" || name == "float") return WireType::kFloat32;
+  if (name == "bfloat16" || name == "bf16") return WireType::kBFloat16;
+  if (name == "float16" || name == "fp16" || name == "half") return WireType::kFloat16;
+  throw nb::value_error(absl::StrCat(what,
+                                     ": wire dtype must be float32, bfloat16 or float16, not ",
+                                     nb::cast<std::string>(nb::str(dtype)))
+                            .c_str());
+}
+
+HostBuffer ViewHostBuffer(nb::handle object, const std::string& what, bool writable) {
+  HostBuffer view;
+  nb::object source = nb::borrow(object);
+  const TorchExport& torch = Torch();
+  const bool is_tensor =
+      torch.tensor_type != nullptr && PyObject_IsInstance(object.ptr(), torch.tensor_type) == 1;
+  if (is_tensor) {
+    if (nb::cast<bool>(object.attr("requires_grad"))) {
+      throw nb::type_error(
+          absl::StrCat(what,
+                       ": a tensor that requires grad cannot be viewed; pass tensor.detach() "
+                       "(it shares the memory)")
+              .c_str());
+    }
+    source = nb::steal(PyObject_CallOneArg(torch.to_dlpack, object.ptr()));
+    if (!source.is_valid()) {  // A sparse or otherwise unexportable tensor.
+      nb::python_error error;
+      throw nb::type_error(absl::StrCat(what, ": ", error.what()).c_str());
+    }
+  }
+  if (!nb::try_cast<nb::ndarray<nb::ro>>(source, view.array, /*convert=*/false)) {
+    PyErr_Clear();
+    throw nb::type_error(absl::StrCat(what,
+                                      ": expected a numpy array or a torch CPU tensor (float32, "
+                                      "bfloat16 or float16), got ",
+                                      Describe(object))
+                             .c_str());
+  }
+  const nb::ndarray<nb::ro>& a = view.array;
+  const nb::dlpack::dtype d = a.dtype();
+  if (d == nb::dtype<float>()) {
+    view.type = ElementType::kFloat32;
+  } else if (d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && d.bits == 16 &&
+             d.lanes == 1) {
+    view.type = ElementType::kBFloat16;
+  } else if (d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float) && d.bits == 16 &&
+             d.lanes == 1) {
+    view.type = ElementType::kFloat16;
+  } else {
+    throw nb::type_error(absl::StrCat(what, ": dtype ", DtypeName(d),
+                                      " is not supported; use float32, bfloat16 or float16")
+                             .c_str());
+  }
+  if (a.device_type() != nb::device::cpu::value) {
+    throw nb::value_error(absl::StrCat(what,
+                                       ": the array is not in CPU memory (DLPack device type ",
+                                       a.device_type(), "); move it with .cpu() first")
+                              .c_str());
+  }
+  // C-contiguous: strides (in elements) as a dense row-major array's, where
+  // a dimension of length 1 may have any stride.
+  int64_t expected = 1;
+  for (size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) != 1 && a.stride(i) != expected) {
+      throw nb::value_error(absl::StrCat(what, ": the array is not contiguous (dimension ", i,
+                                         " has stride ", a.stride(i), ", expected ", expected,
+                                         "); pass .contiguous() or a copy")
+                                .c_str());
+    }
+    expected *= static_cast<int64_t>(a.shape(i));
+  }
+  if (writable && !is_tensor && nb::hasattr(object, "flags") &&
+      nb::hasattr(object.attr("flags"), "writeable") &&
+      !nb::cast<bool>(object.attr("flags").attr("writeable"))) {
+    throw nb::value_error(absl::StrCat(what, ": the array is read-only").c_str());
+  }
+  view.data = const_cast<void*>(a.data());
+  view.size = a.size();
+  return view;
+}
+
+}  // namespace optstate::python

@@ -1,0 +1,184 @@
+// optstate._optstate: nanobind bindings of optstate::Client (connect,
+// register, describe, list, delete; step and stats in api_binding.cc).
+// Every network call runs without the GIL; errors become optstate.Error.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cmath>
+#include <optional>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "buffers.h"
+#include "errors.h"
+#include "py_client.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace optstate::python {
+namespace {
+
+absl::Duration Seconds(double seconds, const char* what) {
+  if (!(seconds > 0)) {
+    throw nb::value_error(absl::StrCat(what, " must be a positive number of seconds").c_str());
+  }
+  if (std::isinf(seconds)) return absl::InfiniteDuration();
+  return absl::Seconds(seconds);
+}
+
+Hyperparameters MakeHyperparameters(double lr, std::tuple<double, double> betas, double eps,
+                                    double weight_decay) {
+  return {lr, std::get<0>(betas), std::get<1>(betas), eps, weight_decay};
+}
+
+std::string Repr(const GroupInfo& g) {
+  const Hyperparameters& h = g.hyperparameters;
+  return absl::StrCat("GroupInfo(name='", g.name, "', num_elements=", g.num_elements, ", lr=", h.lr,
+                      ", betas=(", h.beta1, ", ", h.beta2, "), eps=", h.eps,
+                      ", weight_decay=", h.weight_decay, ", page_elements=", g.page_elements,
+                      ", min_step=", g.min_step, ", max_step=", g.max_step,
+                      ", created=", g.created ? "True" : "False", ")");
+}
+
+}  // namespace
+}  // namespace optstate::python
+
+NB_MODULE(_optstate, m) {
+  using namespace optstate;
+  using namespace optstate::python;
+  m.doc() = "Bindings of the optstate C++ client; use the optstate package, not this module.";
+
+  nb::class_<GroupInfo>(m, "GroupInfo",
+                        "A group as the daemon describes it: size, hyperparameters, page size "
+                        "and the steps its pages have reached.")
+      .def_ro("name", &GroupInfo::name)
+      .def_ro("num_elements", &GroupInfo::num_elements)
+      .def_prop_ro("lr", [](const GroupInfo& g) { return g.hyperparameters.lr; })
+      .def_prop_ro("betas",
+                   [](const GroupInfo& g) {
+                     return std::make_tuple(g.hyperparameters.beta1, g.hyperparameters.beta2);
+                   })
+      .def_prop_ro("eps", [](const GroupInfo& g) { return g.hyperparameters.eps; })
+      .def_prop_ro("weight_decay",
+                   [](const GroupInfo& g) { return g.hyperparameters.weight_decay; })
+      .def_ro("page_elements", &GroupInfo::page_elements, "Chunks start on multiples of this.")
+      .def_ro("min_step", &GroupInfo::min_step, "Every page has reached at least this step.")
+      .def_ro("max_step", &GroupInfo::max_step, "The highest step any page has reached.")
+      .def_ro("created", &GroupInfo::created,
+              "From register(): False when an equal group already existed.")
+      .def("__repr__", &Repr);
+
+  nb::class_<PyClient> client(
+      m, "Client",
+      "A connection to one optstated daemon. Thread-safe; every call releases the GIL while it\n"
+      "waits for the network. Errors raise optstate.Error subclasses (optstate.NotFound, ...)\n"
+      "carrying the gRPC code, the daemon's message and the target.");
+  client
+      .def(
+          "__init__",
+          [](PyClient* self, const std::string& target, int max_attempts, double initial_backoff,
+             double max_backoff, double attempt_timeout, int max_message_bytes,
+             uint64_t chunk_bytes, int max_chunks_in_flight) {
+            ClientOptions options;
+            options.max_attempts = max_attempts;
+            options.initial_backoff = Seconds(initial_backoff, "initial_backoff");
+            options.max_backoff = Seconds(max_backoff, "max_backoff");
+            options.attempt_timeout = Seconds(attempt_timeout, "attempt_timeout");
+            options.max_message_bytes = max_message_bytes;
+            options.chunk_bytes = chunk_bytes;
+            options.max_chunks_in_flight = max_chunks_in_flight;
+            absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(target, options);
+            ThrowIfError(connected.status(), target);
+            new (self) PyClient{target, *std::move(connected)};
+          },
+          "target"_a, nb::kw_only(), "max_attempts"_a = 5, "initial_backoff"_a = 0.05,
+          "max_backoff"_a = 2.0, "attempt_timeout"_a = 300.0, "max_message_bytes"_a = 64 << 20,
+          "chunk_bytes"_a = 1 << 20, "max_chunks_in_flight"_a = 8,
+          "Creates a channel to `target` (\"host:port\"); does not wait for the daemon.\n\n"
+          "Transient failures (UNAVAILABLE, broken streams, deadlines) are retried up to\n"
+          "`max_attempts` times with backoff doubling from `initial_backoff` to `max_backoff`\n"
+          "seconds; `attempt_timeout` (seconds, float('inf') for none) bounds one attempt.\n"
+          "`chunk_bytes` is the gradient bytes per Step message, `max_chunks_in_flight` the\n"
+          "messages sent ahead of their replies. InvalidArgument for bad options.")
+      .def_prop_ro(
+          "target", [](const PyClient& c) { return c.target; }, "The daemon's address.")
+      .def(
+          "register",
+          [](PyClient& self, const std::string& name, nb::handle initial_values, double lr,
+             std::tuple<double, double> betas, double eps, double weight_decay) {
+            const Hyperparameters h = MakeHyperparameters(lr, betas, eps, weight_decay);
+            absl::StatusOr<GroupInfo> info;
+            if (PyLong_Check(initial_values.ptr())) {
+              const uint64_t n = nb::cast<uint64_t>(initial_values);
+              nb::gil_scoped_release release;
+              info = self.client->RegisterGroup(name, n, h);
+            } else {
+              HostBuffer values = ViewHostBuffer(initial_values, "initial_values", false);
+              if (values.type != ElementType::kFloat32) {
+                throw nb::type_error(
+                    absl::StrCat("initial_values: dtype ", ElementTypeName(values.type),
+                                 " is not supported; the daemon's master weights are float32, "
+                                 "pass the float32 widening")
+                        .c_str());
+              }
+              nb::gil_scoped_release release;
+              info = self.client->RegisterGroup(name, values.floats(), h);
+            }
+            ThrowIfError(info.status(), self.target);
+            return *std::move(info);
+          },
+          "name"_a, "initial_values"_a, nb::kw_only(), "lr"_a = 1e-3,
+          "betas"_a = std::make_tuple(0.9, 0.999), "eps"_a = 1e-8, "weight_decay"_a = 1e-2,
+          "Registers group `name` with torch.optim.AdamW's hyperparameters.\n\n"
+          "`initial_values` is a float32 array (any shape; its elements in order) or an\n"
+          "element count (params start at zero). Idempotent: an equal existing group is\n"
+          "returned with created=False and its trained pages are never rewound.\n"
+          "AlreadyExists when a group of that name differs in size or hyperparameters.")
+      .def(
+          "describe",
+          [](PyClient& self, const std::string& name) {
+            absl::StatusOr<GroupInfo> info;
+            {
+              nb::gil_scoped_release release;
+              info = self.client->DescribeGroup(name);
+            }
+            ThrowIfError(info.status(), self.target);
+            return *std::move(info);
+          },
+          "name"_a, "The group's GroupInfo; NotFound when there is none.")
+      .def(
+          "list_groups",
+          [](PyClient& self) {
+            absl::StatusOr<std::vector<GroupInfo>> groups;
+            {
+              nb::gil_scoped_release release;
+              groups = self.client->ListGroups();
+            }
+            ThrowIfError(groups.status(), self.target);
+            return *std::move(groups);
+          },
+          "Every group of this tenant, as GroupInfo.")
+      .def(
+          "delete",
+          [](PyClient& self, const std::string& name) {
+            absl::Status status;
+            {
+              nb::gil_scoped_release release;
+              status = self.client->DeleteGroup(name);
+            }
+            ThrowIfError(status, self.target);
+          },
+          "name"_a,
+          "Deletes the group and frees its memory. Made once, never retried (after a lost\n"
+          "reply a retry could not tell 'deleted now' from NotFound); NotFound when absent.")
+      .def("__repr__",
+           [](const PyClient& c) { return absl::StrCat("optstate.Client('", c.target, "')"); });
+
+  BindStepAndStats(client);
+  BindState(m, client);
+}

@@ -1,0 +1,115 @@
+// Client.export_state / import_state: a group's whole state (params, exp_avg,
+// exp_avg_sq, page steps) out of and into the daemon, as numpy arrays.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "buffers.h"
+#include "errors.h"
+#include "py_client.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace optstate::python {
+namespace {
+
+using GroupState = Client::GroupState;
+
+// A numpy view of one of the state's vectors, keeping the state object alive.
+template <typename T>
+nb::ndarray<nb::numpy, T, nb::ndim<1>> View(nb::handle self, std::vector<T> GroupState::*field) {
+  GroupState& state = nb::cast<GroupState&>(self);
+  std::vector<T>& v = state.*field;
+  return nb::ndarray<nb::numpy, T, nb::ndim<1>>(v.data(), {v.size()}, self);
+}
+
+std::vector<float> CopyFloats(nb::handle array, const char* what) {
+  HostBuffer view = ViewHostBuffer(array, what, false);
+  if (view.type != ElementType::kFloat32) {
+    throw nb::type_error(absl::StrCat(what, ": dtype ", ElementTypeName(view.type),
+                                      " is not supported; the daemon's state is float32")
+                             .c_str());
+  }
+  return std::vector<float>(view.floats().begin(), view.floats().end());
+}
+
+}  // namespace
+
+void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
+  nb::class_<GroupState>(m, "GroupState",
+                         "A group's whole optimizer state as the daemon holds it (float32\n"
+                         "numpy arrays, flat; page_steps one per page of page_elements).")
+      .def_ro("name", &GroupState::name)
+      .def_prop_ro("lr", [](const GroupState& s) { return s.hyperparameters.lr; })
+      .def_prop_ro("betas",
+                   [](const GroupState& s) {
+                     return std::make_tuple(s.hyperparameters.beta1, s.hyperparameters.beta2);
+                   })
+      .def_prop_ro("eps", [](const GroupState& s) { return s.hyperparameters.eps; })
+      .def_prop_ro("weight_decay",
+                   [](const GroupState& s) { return s.hyperparameters.weight_decay; })
+      .def_ro("page_elements", &GroupState::page_elements)
+      .def_prop_ro(
+          "params", [](nb::handle self) { return View(self, &GroupState::params); },
+          "The fp32 master weights.")
+      .def_prop_ro("exp_avg", [](nb::handle self) { return View(self, &GroupState::exp_avg); })
+      .def_prop_ro("exp_avg_sq",
+                   [](nb::handle self) { return View(self, &GroupState::exp_avg_sq); })
+      .def_prop_ro(
+          "page_steps", [](nb::handle self) { return View(self, &GroupState::page_steps); },
+          "The step each page has reached (all equal unless a step is under way).");
+
+  cls.def(
+      "export_state",
+      [](PyClient& self, const std::string& name) {
+        absl::StatusOr<GroupState> state;
+        {
+          nb::gil_scoped_release release;
+          state = self.client->ExportState(name);
+        }
+        ThrowIfError(state.status(), self.target);
+        return *std::move(state);
+      },
+      "name"_a,
+      "Reads group `name`'s whole state (GroupState). Each page is read under its lock with\n"
+      "its step; pages stepped meanwhile may be at different steps. NotFound when absent.");
+
+  cls.def(
+      "import_state",
+      [](PyClient& self, const std::string& name, nb::handle params, nb::handle exp_avg,
+         nb::handle exp_avg_sq, std::vector<uint64_t> page_steps, double lr,
+         std::tuple<double, double> betas, double eps, double weight_decay) {
+        GroupState state;
+        state.name = name;
+        state.hyperparameters = {lr, std::get<0>(betas), std::get<1>(betas), eps, weight_decay};
+        state.params = CopyFloats(params, "params");
+        state.exp_avg = CopyFloats(exp_avg, "exp_avg");
+        state.exp_avg_sq = CopyFloats(exp_avg_sq, "exp_avg_sq");
+        state.page_steps = std::move(page_steps);
+        absl::Status status;
+        {
+          nb::gil_scoped_release release;
+          status = self.client->ImportState(state);
+        }
+        ThrowIfError(status, self.target);
+      },
+      "name"_a, "params"_a, "exp_avg"_a, "exp_avg_sq"_a, "page_steps"_a, nb::kw_only(),
+      "lr"_a = 1e-3, "betas"_a = std::make_tuple(0.9, 0.999), "eps"_a = 1e-8,
+      "weight_decay"_a = 1e-2,
+      "Creates group `name` with this state, or replaces the whole state of an existing\n"
+      "group of the same size and hyperparameters (AlreadyExists when it differs).\n"
+      "`params`, `exp_avg`, `exp_avg_sq` are float32 arrays of one length; `page_steps`\n"
+      "one step per daemon page, or exactly one for every page (torch's 'step'); steps are\n"
+      ">= 1. Nothing is visible to Step until all of it arrived and passed the daemon's\n"
+      "checks (InvalidArgument for non-finite values or a negative exp_avg_sq).");
+}
+
+}  // namespace optstate::python

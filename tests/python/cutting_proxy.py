@@ -1,0 +1,85 @@
+"""A TCP proxy in front of a daemon that can cut every connection mid-stream."""
+import socket
+import threading
+
+
+class CuttingProxy:
+    """Forwards 127.0.0.1:<port> to `upstream`. After arm(n), once n more bytes went from
+    the client to the daemon, every open connection is cut (both sockets shut down); new
+    connections are forwarded again."""
+
+    def __init__(self, upstream_port):
+        self.upstream_port = upstream_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.target = f"127.0.0.1:{self.port}"
+        self.lock = threading.Lock()
+        self.open = []  # (client socket, upstream socket)
+        self.remaining = None
+        self.cuts = 0
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self, nbytes):
+        with self.lock:
+            self.remaining = nbytes
+
+    def _accept(self):
+        while True:
+            try:
+                downstream, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            pair = (downstream, upstream)
+            with self.lock:
+                self.open.append(pair)
+                self.connections += 1
+            threading.Thread(target=self._pump, args=(downstream, upstream, True, pair),
+                             daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, downstream, False, pair),
+                             daemon=True).start()
+
+    def _pump(self, source, sink, to_daemon, pair):
+        while True:
+            try:
+                data = source.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            cut = False
+            if to_daemon:
+                with self.lock:
+                    if self.remaining is not None:
+                        self.remaining -= len(data)
+                        if self.remaining <= 0:
+                            self.remaining = None
+                            cut = True
+            if cut:
+                self._cut_all()
+                break
+            try:
+                sink.sendall(data)
+            except OSError:
+                break
+        for s in pair:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _cut_all(self):
+        with self.lock:
+            pairs, self.open = self.open, []
+            self.cuts += 1
+        for pair in pairs:
+            for s in pair:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.listener.close()
+        self._cut_all()

@@ -1,0 +1,34 @@
+"""One rank of the DDP test (test_distributed.py), started with the spawn method."""
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from models import MLP
+from optstate.torch import RemoteAdamW
+
+
+def run(rank, world, init_file, target, prefix, out_path, steps):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    model = MLP(seed=0)  # the same initial weights on every rank
+    ddp = DistributedDataParallel(model)
+    opt = RemoteAdamW(model.named_parameters(), target=target, name_prefix=prefix, lr=1e-2,
+                      shard=True)
+    names = [n for n, _ in model.named_parameters()]
+    record = {"owned": [n for n, p in model.named_parameters() if opt._owner[p] == rank],
+              "before": [], "grads": []}
+    for step in range(1, steps + 1):
+        gen = torch.Generator().manual_seed(100 * step + rank)  # each rank its own batch
+        x, y = torch.randn(64, 32, generator=gen), torch.randn(64, 10, generator=gen)
+        opt.zero_grad()
+        F.mse_loss(ddp(x), y).backward()  # DDP averages the gradients over the ranks
+        record["before"].append({n: p.detach().clone() for n, p in model.named_parameters()})
+        record["grads"].append({n: p.grad.clone() for n, p in model.named_parameters()
+                                if p.grad is not None})
+        opt.step()
+    record["final"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    record["names"] = names
+    torch.save(record, out_path)
+    dist.destroy_process_group()

@@ -1,0 +1,117 @@
+"""RemoteAdamW refuses bad use with a clear exception, before anything is sent, and the
+daemon's state (steps, values, hyperparameters) and the parameters stay as they were."""
+import numpy as np
+import pytest
+import torch
+
+import optstate
+from optstate.torch import RemoteAdamW
+from reference import bits_equal
+
+
+def _snapshot(client, names):
+    return {n: (client.describe(n).min_step, client.describe(n).max_step,
+                client.export_state(n).params.copy()) for n in names}
+
+
+def _assert_unchanged(client, before):
+    for n, (lo, hi, values) in before.items():
+        info = client.describe(n)
+        assert (info.min_step, info.max_step) == (lo, hi), n
+        assert np.array_equal(client.export_state(n).params.view(np.uint32), values.view(np.uint32)), n
+
+
+def test_unreachable_target_raises_unavailable_naming_it():
+    p = torch.nn.Parameter(torch.ones(4))
+    with pytest.raises(optstate.Unavailable) as e:
+        RemoteAdamW([p], target="127.0.0.1:1", max_attempts=2, initial_backoff=0.01)
+    assert "127.0.0.1:1" in str(e.value)
+
+
+def test_a_group_of_another_job_with_other_hyperparameters_is_already_exists(daemon, client,
+                                                                              prefix):
+    client.register(prefix + "w", np.ones(8, np.float32), lr=0.5, weight_decay=0.0)
+    p = torch.nn.Parameter(torch.zeros(8))
+    with pytest.raises(optstate.AlreadyExists) as e:
+        RemoteAdamW([("w", p)], target=daemon.target, name_prefix=prefix)
+    assert prefix + "w" in str(e.value)
+    info = client.describe(prefix + "w")
+    assert (info.lr, info.weight_decay, info.min_step) == (0.5, 0.0, 0)
+    assert np.array_equal(client.export_state(prefix + "w").params, np.ones(8, np.float32))
+    # The same name with a prefix of its own is another group.
+    RemoteAdamW([("w", p)], target=daemon.target, name_prefix=prefix + "job2/")
+
+
+def test_a_parameter_whose_shape_changed_is_refused_naming_it(daemon, client, prefix):
+    a, b = torch.nn.Parameter(torch.ones(6, 4)), torch.nn.Parameter(torch.ones(10))
+    opt = RemoteAdamW([("a", a), ("b", b)], target=daemon.target, name_prefix=prefix)
+    a.grad, b.grad = torch.ones(6, 4), torch.ones(10)
+    opt.step()
+    before = _snapshot(client, [prefix + "a", prefix + "b"])
+    b_before = b.detach().clone()
+    a.data = torch.ones(4, 6)  # same size, other shape
+    a.grad = torch.ones(4, 6)
+    with pytest.raises(ValueError, match=f"parameter '{prefix}a' has shape \\(4, 6\\) but was "
+                                         "registered with \\(6, 4\\)"):
+        opt.step()
+    a.data = torch.ones(30)
+    a.grad = torch.ones(30)
+    with pytest.raises(ValueError, match=f"'{prefix}a' has shape \\(30,\\)"):
+        opt.step()
+    _assert_unchanged(client, before)
+    assert bits_equal(b.detach(), b_before)
+
+
+@pytest.mark.parametrize("two_calls", [False, True], ids=["one call", "two calls"])
+def test_a_non_finite_gradient_applies_nothing_to_any_parameter(daemon, client, prefix,
+                                                                two_calls):
+    """Two param groups with their own lr go in one Client.step call, which checks every
+    gradient before sending; a parameter whose step count fell behind (no gradient at
+    step 1) needs a call of its own, and RemoteAdamW checks all of them before the first."""
+    gen = torch.Generator().manual_seed(3)
+    params = [torch.nn.Parameter(torch.randn(n, generator=gen)) for n in (100, 300_000, 50)]
+    opt = RemoteAdamW([{"params": params[:2]}, {"params": params[2:], "lr": 0.1}],
+                      target=daemon.target, name_prefix=prefix)
+    for p in params[:2] if two_calls else params:
+        p.grad = torch.randn(p.shape, generator=gen)
+    opt.step()
+    names = [f"{prefix}param.{i}" for i in range(3)]
+    before = _snapshot(client, names)
+    assert [s[0] for s in before.values()] == ([1, 1, 0] if two_calls else [1, 1, 1])
+    values = [p.detach().clone() for p in params]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen)
+    params[2].grad[17] = float("nan")  # the last parameter (in the last call)
+    with pytest.raises(optstate.InvalidArgument, match=f"'{prefix}param.2'.*not finite"):
+        opt.step()
+    _assert_unchanged(client, before)
+    for p, v in zip(params, values):
+        assert bits_equal(p.detach(), v)
+    params[2].grad[17] = 0.0  # fixed: the step goes through
+    opt.step()
+    assert [client.describe(n).min_step for n in names] == ([2, 2, 1] if two_calls else [2, 2, 2])
+
+
+def test_changing_betas_after_registration_is_refused(daemon, prefix):
+    p = torch.nn.Parameter(torch.ones(4))
+    opt = RemoteAdamW([p], target=daemon.target, name_prefix=prefix)
+    opt.param_groups[0]["betas"] = (0.5, 0.9)
+    p.grad = torch.ones(4)
+    with pytest.raises(ValueError, match="only lr may change between steps"):
+        opt.step()
+
+
+def test_unsupported_options_and_dtypes_are_refused(daemon, prefix):
+    with pytest.raises(ValueError, match="amsgrad"):
+        RemoteAdamW([{"params": [torch.nn.Parameter(torch.ones(2))], "amsgrad": True}],
+                    target=daemon.target, name_prefix=prefix)
+    with pytest.raises(TypeError, match="float64"):
+        RemoteAdamW([torch.nn.Parameter(torch.ones(2, dtype=torch.float64))],
+                    target=daemon.target, name_prefix=prefix)
+    with pytest.raises(ValueError, match="wire_dtype"):
+        RemoteAdamW([torch.nn.Parameter(torch.ones(2))], target=daemon.target,
+                    wire_dtype=torch.int8)
+    with pytest.raises(ValueError, match="target"):
+        RemoteAdamW([torch.nn.Parameter(torch.ones(2))])
+    with pytest.raises(ValueError, match="torch.distributed"):
+        RemoteAdamW([torch.nn.Parameter(torch.ones(2))], target=daemon.target, shard=True)

@@ -1,0 +1,233 @@
+"""optstate.Client: the C++ client's calls from Python, buffers in place, errors by code."""
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import optstate
+from reference import bits_equal, compare, ieee_adamw_
+
+
+def test_register_describe_list_delete(client, prefix):
+    values = np.arange(1000, dtype=np.float32)
+    info = client.register(prefix + "w", values, lr=0.01, betas=(0.8, 0.95), eps=1e-6,
+                           weight_decay=0.1)
+    assert (info.name, info.num_elements, info.created) == (prefix + "w", 1000, True)
+    assert (info.lr, info.betas, info.eps, info.weight_decay) == (0.01, (0.8, 0.95), 1e-6, 0.1)
+    assert (info.min_step, info.max_step) == (0, 0) and info.page_elements > 0
+    again = client.register(prefix + "w", values, lr=0.01, betas=(0.8, 0.95), eps=1e-6,
+                            weight_decay=0.1)
+    assert not again.created
+    assert client.describe(prefix + "w").num_elements == 1000
+    assert prefix + "w" in [g.name for g in client.list_groups()]
+    client.delete(prefix + "w")
+    with pytest.raises(optstate.NotFound) as e:
+        client.describe(prefix + "w")
+    assert prefix + "w" in str(e.value) and e.value.code == "NOT_FOUND"
+
+
+def test_step_numpy_matches_reference_bit_for_bit(client, prefix):
+    gen = torch.Generator().manual_seed(1)
+    p = torch.randn(300_001, generator=gen)
+    m, v = torch.zeros_like(p), torch.zeros_like(p)
+    client.register(prefix + "w", p.numpy(), lr=1e-3, weight_decay=0.05)
+    out = np.empty(p.numel(), np.float32)
+    for step, lr in [(1, 1e-3), (2, 3e-3), (3, 0.0123456789)]:
+        g = torch.randn(p.numel(), generator=gen)
+        client.step(prefix + "w", step, g.numpy(), out, lr=lr)
+        ieee_adamw_(p, g, m, v, step, lr, weight_decay=0.05)
+        compare(f"params after step {step}", torch.from_numpy(out), p, max_ulp=0)
+    assert client.describe(prefix + "w").min_step == 3
+
+
+def test_step_many_groups_in_one_call_writes_tensors_in_place(client, prefix):
+    a, b = torch.randn(64, 33), torch.randn(1000)
+    ref_a, ref_b = a.clone(), b.clone()
+    client.register(prefix + "a", a)
+    client.register(prefix + "b", b)
+    ga, gb = torch.randn(64, 33), torch.randn(1000)
+    pointer = a.data_ptr()
+    client.step([(prefix + "a", ga, a), (prefix + "b", gb)], 1)  # b's params discarded
+    assert a.data_ptr() == pointer
+    ieee_adamw_(ref_a, ga, torch.zeros_like(a), torch.zeros_like(a), 1, 1e-3)
+    assert bits_equal(a, ref_a)
+    assert bits_equal(b, ref_b)  # not written
+    out_b = torch.empty(1000)
+    client.step([(prefix + "b", gb, out_b)], 1)  # a repeated step replays: current params
+    ieee_adamw_(ref_b, gb, torch.zeros_like(b), torch.zeros_like(b), 1, 1e-3)
+    assert bits_equal(out_b, ref_b)
+    stats = client.stats()
+    group = {g["info"]["name"]: g for g in stats["groups"]}[prefix + "b"]
+    assert group["chunks_applied"] == 1 and group["chunks_replayed"] == 1
+
+
+def test_step_bfloat16_and_float16_buffers_travel_as_they_are(client, prefix):
+    gen = torch.Generator().manual_seed(2)
+    for dtype in (torch.bfloat16, torch.float16):
+        name = f"{prefix}{dtype}"
+        model = torch.randn(5000, generator=gen).to(dtype)
+        master = model.float()
+        m, v = torch.zeros_like(master), torch.zeros_like(master)
+        client.register(name, master)
+        for step in (1, 2):
+            g = (torch.randn(5000, generator=gen) * 0.1).to(dtype)
+            client.step([(name, g, model)], step, lr=1e-2)
+            ieee_adamw_(master, g.float(), m, v, step, 1e-2)
+            assert bits_equal(model, master.to(dtype)), dtype
+
+
+def test_float32_buffers_narrowed_to_wire_dtype(client, prefix):
+    p = torch.randn(4096)
+    master = p.clone()
+    client.register(prefix + "w", p)
+    g = torch.randn(4096)
+    client.step(prefix + "w", 1, g, p, wire_dtype="bfloat16")
+    ieee_adamw_(master, g.bfloat16().float(), torch.zeros(4096), torch.zeros(4096), 1, 1e-3)
+    assert bits_equal(p, master.bfloat16().float())
+
+
+def _unchanged(client, name):
+    info = client.describe(name)
+    return info.min_step, info.max_step
+
+
+@pytest.mark.parametrize("bad, error, words", [
+    (lambda n: np.zeros(n, np.float64), TypeError, "gradient: dtype float64"),
+    (lambda n: np.zeros(2 * n, np.float32)[::2], ValueError, "gradient: the array is not contiguous"),
+    (lambda n: torch.zeros(n, requires_grad=True), TypeError, "gradient: a tensor that requires grad"),
+    (lambda n: [0.0] * n, TypeError, "gradient: expected a numpy array or a torch CPU tensor"),
+    (lambda n: torch.zeros(n, dtype=torch.int32), TypeError, "gradient: dtype int32"),
+])
+def test_bad_gradient_buffer_sends_nothing(client, prefix, bad, error, words):
+    client.register(prefix + "w", 100)
+    applied = client.stats()["chunks_applied"]
+    with pytest.raises(error, match=words):
+        client.step(prefix + "w", 1, bad(100))
+    assert _unchanged(client, prefix + "w") == (0, 0)
+    assert client.stats()["chunks_applied"] == applied
+
+
+def test_bad_params_out_and_group_list_send_nothing(client, prefix):
+    client.register(prefix + "w", 100)
+    readonly = np.zeros(100, np.float32)
+    readonly.flags.writeable = False
+    with pytest.raises(ValueError, match="groups\\[0\\].params_out: the array is read-only"):
+        client.step([(prefix + "w", np.zeros(100, np.float32), readonly)], 1)
+    with pytest.raises(ValueError, match="params_out: the array is not contiguous"):
+        client.step(prefix + "w", 1, np.zeros(100, np.float32), torch.zeros(100, 2)[:, 0])
+    with pytest.raises(TypeError, match="groups\\[1\\]: expected a tuple"):
+        client.step([(prefix + "w", np.zeros(100, np.float32)), prefix + "w"], 1)
+    with pytest.raises(ValueError, match="gradient buffers mix bfloat16 and float16"):
+        client.step([(prefix + "w", torch.zeros(100, dtype=torch.bfloat16)),
+                     (prefix + "w", torch.zeros(100, dtype=torch.float16))], 1)
+    with pytest.raises(ValueError, match="wire dtype must be float32, bfloat16 or float16"):
+        client.step(prefix + "w", 1, np.zeros(100, np.float32), wire_dtype="int8")
+    assert _unchanged(client, prefix + "w") == (0, 0)
+
+
+def test_errors_carry_code_message_and_target(client, daemon, prefix):
+    client.register(prefix + "w", np.ones(10, np.float32), lr=1e-3)
+    with pytest.raises(optstate.AlreadyExists) as e:
+        client.register(prefix + "w", np.ones(10, np.float32), lr=2e-3)
+    assert e.value.code == "ALREADY_EXISTS" and e.value.code_value == 6
+    assert e.value.target == daemon.target and daemon.target in str(e.value)
+    assert prefix + "w" in e.value.message
+    assert client.describe(prefix + "w").lr == 1e-3
+
+    gradient = np.ones(10, np.float32)
+    gradient[7] = np.inf
+    with pytest.raises(optstate.InvalidArgument, match="element 7 is inf"):
+        client.step(prefix + "w", 1, gradient)
+    with pytest.raises(optstate.InvalidArgument, match="length|elements"):
+        client.step(prefix + "w", 1, np.ones(11, np.float32))
+    with pytest.raises(optstate.FailedPrecondition):
+        client.step(prefix + "w", 3, np.ones(10, np.float32))  # skips step 1 and 2
+    assert _unchanged(client, prefix + "w") == (0, 0)
+    with pytest.raises(optstate.NotFound):
+        client.step(prefix + "nothing", 1, np.ones(10, np.float32))
+    assert isinstance(e.value, optstate.Error)
+
+
+def test_unreachable_target_is_unavailable_naming_it():
+    c = optstate.Client("127.0.0.1:1", max_attempts=2, initial_backoff=0.01)
+    with pytest.raises(optstate.Unavailable) as e:
+        c.register("w", np.ones(4, np.float32))
+    assert "127.0.0.1:1" in str(e.value) and e.value.target == "127.0.0.1:1"
+
+
+def test_bad_options_are_invalid_argument():
+    with pytest.raises(optstate.InvalidArgument, match="max_attempts"):
+        optstate.Client("127.0.0.1:1", max_attempts=0)
+    with pytest.raises(ValueError, match="attempt_timeout"):
+        optstate.Client("127.0.0.1:1", attempt_timeout=0)
+
+
+def test_calls_release_the_gil():
+    # Three attempts with 0.2 s and 0.4 s of backoff between them: about 0.6 s
+    # inside the C++ client, during which this thread must keep running.
+    c = optstate.Client("127.0.0.1:1", max_attempts=3, initial_backoff=0.2, max_backoff=0.4)
+    done = threading.Event()
+
+    def call():
+        with pytest.raises(optstate.Unavailable):
+            c.list_groups()
+        done.set()
+
+    thread = threading.Thread(target=call)
+    ticks = 0
+    start = time.monotonic()
+    thread.start()
+    while not done.is_set():
+        ticks += 1
+        time.sleep(0.001)
+    thread.join()
+    elapsed = time.monotonic() - start
+    assert elapsed > 0.5
+    assert ticks > 100, f"the calling thread held the GIL: {ticks} ticks in {elapsed:.2f} s"
+
+
+def test_a_registration_over_the_memory_budget_is_resource_exhausted(prefix):
+    from conftest import Daemon
+    small = Daemon("--max_host_bytes=1000000")
+    try:
+        c = optstate.Client(small.target)
+        with pytest.raises(optstate.ResourceExhausted) as e:
+            c.register(prefix + "big", 1_000_000)  # 12 MB of state
+        assert e.value.code == "RESOURCE_EXHAUSTED" and small.target in str(e.value)
+        assert c.list_groups() == []
+    finally:
+        assert small.stop() == 0
+
+
+def test_a_daemon_that_never_answers_is_deadline_exceeded():
+    import socket
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts connections, says nothing
+    try:
+        target = f"127.0.0.1:{silent.getsockname()[1]}"
+        c = optstate.Client(target, max_attempts=1, attempt_timeout=0.3)
+        start = time.monotonic()
+        with pytest.raises(optstate.DeadlineExceeded) as e:
+            c.list_groups()
+        assert time.monotonic() - start < 5 and target in str(e.value)
+    finally:
+        silent.close()
+
+
+def test_each_group_of_a_call_may_carry_its_own_lr(client, prefix):
+    gen = torch.Generator().manual_seed(7)
+    a, b = torch.randn(1000, generator=gen), torch.randn(1000, generator=gen)
+    refs = [a.clone(), b.clone()]
+    client.register(prefix + "a", a)
+    client.register(prefix + "b", b)
+    ga, gb = torch.randn(1000, generator=gen), torch.randn(1000, generator=gen)
+    client.step([(prefix + "a", ga, a, 0.05), (prefix + "b", gb, b, None)], 1, lr=0.002)
+    ieee_adamw_(refs[0], ga, torch.zeros(1000), torch.zeros(1000), 1, 0.05)
+    ieee_adamw_(refs[1], gb, torch.zeros(1000), torch.zeros(1000), 1, 0.002)
+    assert bits_equal(a, refs[0]) and bits_equal(b, refs[1])
+    with pytest.raises(TypeError, match="groups\\[0\\].lr: expected a float"):
+        client.step([(prefix + "a", ga, a, "fast")], 2)
+    with pytest.raises(optstate.InvalidArgument, match="lr"):
+        client.step([(prefix + "a", ga, a, -1.0)], 2)
+    assert client.describe(prefix + "a").min_step == 1

@@ -1,0 +1,96 @@
+"""RemoteAdamW(shard=True) under torch.distributed: 2 processes, gloo, DDP. Each rank
+steps its contiguous, balanced share of the parameters and broadcasts the results; the
+final params equal a single-process torch.optim.AdamW on the averaged gradients."""
+import torch
+import torch.multiprocessing as mp
+
+import ddp_worker
+import optstate
+from optstate.torch import RemoteAdamW
+from reference import bits_equal, compare_to_torch_step, ieee_adamw_
+
+STEPS = 8
+
+
+def test_two_gloo_ranks_sharded_match_torch_on_the_averaged_gradients(daemon, prefix, tmp_path):
+    init_file = tmp_path / "init"
+    outs = [str(tmp_path / f"rank{r}.pt") for r in range(2)]
+    processes = []
+    ctx = mp.get_context("spawn")
+    for rank in range(2):
+        proc = ctx.Process(target=ddp_worker.run,
+                           args=(rank, 2, str(init_file), daemon.target, prefix, outs[rank], STEPS))
+        proc.start()
+        processes.append(proc)
+    for proc in processes:
+        proc.join(timeout=120)
+        assert proc.exitcode == 0, f"a rank failed (exit code {proc.exitcode})"
+    ranks = [torch.load(o) for o in outs]
+    names = ranks[0]["names"]
+    # Contiguous shares, every parameter owned by exactly one rank, both ranks stepping.
+    owned = ranks[0]["owned"] + ranks[1]["owned"]
+    assert owned == names and ranks[0]["owned"] and ranks[1]["owned"]
+    print("rank 0 steps", ranks[0]["owned"], "rank 1 steps", ranks[1]["owned"])
+    client = optstate.Client(daemon.target)
+    model = ddp_worker.MLP(seed=0)
+    params = dict(model.named_parameters())
+    ref = torch.optim.AdamW(list(params.values()), lr=1e-2)
+    chain = {n: [p.detach().clone(), torch.zeros_like(p), torch.zeros_like(p)]
+             for n, p in params.items()}
+    for step in range(1, STEPS + 1):
+        grads = ranks[0]["grads"][step - 1]
+        for n in grads:  # DDP gave both ranks the same averaged gradients
+            assert bits_equal(grads[n], ranks[1]["grads"][step - 1][n]), n
+        before = ranks[0]["before"][step - 1]
+        for r in (0, 1):  # and both ranks the same params after every step
+            assert all(bits_equal(before[n], ranks[r]["before"][step - 1][n]) for n in names)
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(before[n])
+                p.grad = grads.get(n)
+        ref.step()
+        after = ranks[0]["before"][step] if step < STEPS else ranks[0]["final"]
+        for n, p in params.items():
+            if n not in grads:
+                assert bits_equal(after[n], before[n]), n  # frozen
+                continue
+            ieee_adamw_(chain[n][0], grads[n], chain[n][1], chain[n][2], step, 1e-2)
+            assert bits_equal(after[n], chain[n][0]), f"{n} at step {step}"
+            compare_to_torch_step(f"step {step} {n}", after[n], p.detach(), before[n],
+                                  ref.state[p]["exp_avg_sq"], quiet=step < STEPS)
+    # Each group's gradient came from one rank only: its initial values and STEPS gradients.
+    received = {g["info"]["name"]: g["bytes_received"] for g in client.stats()["groups"]}
+    for n, p in params.items():
+        stepped = n in ranks[0]["grads"][0]
+        assert received[prefix + n] == 4 * p.numel() * (1 + (STEPS if stepped else 0)), n
+    for n, p in params.items():
+        assert bits_equal(ranks[1]["final"][n], ranks[0]["final"][n]), n
+        if n in ranks[0]["grads"][0]:
+            state = client.export_state(prefix + n)
+            assert set(state.page_steps.tolist()) == {STEPS}
+            assert bits_equal(torch.from_numpy(state.exp_avg).reshape(p.shape),
+                              ref.state[p]["exp_avg"]), n
+            assert bits_equal(torch.from_numpy(state.exp_avg_sq).reshape(p.shape),
+                              ref.state[p]["exp_avg_sq"]), n
+
+
+def test_without_shard_every_rank_steps_every_group_and_the_later_ones_replay(daemon, client,
+                                                                              prefix):
+    """Two data-parallel ranks without shard=True (simulated in one process: two optimizers
+    over the same group names, the same averaged gradients): the first rank's step applies,
+    the second's replays and gets the same params back; every rank sent the whole gradient."""
+    gen = torch.Generator().manual_seed(4)
+    initial = torch.randn(5000, generator=gen)
+    ranks = [torch.nn.Parameter(initial.clone()) for _ in range(2)]
+    opts = [RemoteAdamW([("w", p)], target=daemon.target, name_prefix=prefix) for p in ranks]
+    p_ref, m_ref, v_ref = initial.clone(), torch.zeros(5000), torch.zeros(5000)
+    for step in range(1, 4):
+        g = torch.randn(5000, generator=gen)
+        ieee_adamw_(p_ref, g, m_ref, v_ref, step, 1e-3)
+        for p, opt in zip(ranks, opts):
+            p.grad = g.clone()
+            opt.step()
+        assert bits_equal(ranks[0].detach(), p_ref) and bits_equal(ranks[1].detach(), p_ref)
+    group = {g["info"]["name"]: g for g in client.stats()["groups"]}[prefix + "w"]
+    assert (group["chunks_applied"], group["chunks_replayed"]) == (3, 3)
+    assert group["bytes_received"] == 4 * 5000 * (1 + 2 * 3)  # initial values, 6 gradients

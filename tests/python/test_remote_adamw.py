@@ -1,0 +1,228 @@
+"""optstate.torch.RemoteAdamW against torch.optim.AdamW (torch 2.15, CPU, its default
+implementation: the single-tensor step, foreach=None resolving to False on CPU, the step
+count a float32 tensor, capturable=False) and against `ieee_adamw_`, torch's ops with a
+correctly rounded sqrt (what the daemon computes, docs/exactness.md).
+
+m and v depend only on the gradients, so they must equal torch's bit for bit whenever the
+gradients are equal. p differs from torch's only through torch's sqrt (MKL, not correctly
+rounded at about 17% of elements): the tests hold the daemon's p bit for bit against the
+chained ieee reference, and against torch.optim.AdamW one step at a time from the same
+state (torch's model gets the daemon's params before every step, so both models compute
+the same forward/backward and the same gradients)."""
+import torch
+import torch.nn.functional as F
+
+import optstate
+
+from models import MLP, two_groups
+from optstate.torch import RemoteAdamW
+from reference import bits_equal, compare_to_torch_step, ieee_adamw_, torch_sqrt_differs
+
+
+class CountingClient:
+    """An optstate.Client that counts its step calls."""
+
+    def __init__(self, target):
+        self.client = optstate.Client(target)
+        self.steps = 0
+
+    def step(self, *args, **kwargs):
+        self.steps += 1
+        return self.client.step(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+def _batch(step, inputs=32, outputs=10):
+    gen = torch.Generator().manual_seed(1000 + step)
+    return torch.randn(128, inputs, generator=gen), torch.randn(128, outputs, generator=gen)
+
+
+def test_mlp_50_steps_with_steplr_and_clipping_matches_torch_adamw(daemon, prefix):
+    remote_model, torch_model = MLP(), MLP()
+    client = CountingClient(daemon.target)
+    opt = RemoteAdamW(two_groups(remote_model), client=client, name_prefix=prefix)
+    ref = torch.optim.AdamW(two_groups(torch_model, named=False))
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5)
+    ref_sched = torch.optim.lr_scheduler.StepLR(ref, step_size=10, gamma=0.5)
+    remote_params, torch_params = list(remote_model.parameters()), list(torch_model.parameters())
+    names = [n for n, _ in remote_model.named_parameters()]
+    initial = [p.detach().clone() for p in remote_params]
+    # The chained reference: its own p, m, v from the same gradients.
+    chain = [[p.detach().clone(), torch.zeros_like(p), torch.zeros_like(p)] for p in remote_params]
+    equal = {n: 0.0 for n in names}
+    counted = {n: 0 for n in names}
+    for step in range(1, 51):
+        x, y = _batch(step)
+        with torch.no_grad():
+            for tp, rp in zip(torch_params, remote_params):
+                tp.copy_(rp)
+        ref.zero_grad()
+        torch_loss = F.mse_loss(torch_model(x), y)
+        torch_loss.backward()
+        torch.nn.utils.clip_grad_norm_(torch_model.parameters(), max_norm=1.0)
+        before = [p.detach().clone() for p in remote_params]
+        lrs = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+        groups = {id(p): g for g in opt.param_groups for p in g["params"]}
+
+        def closure():
+            opt.zero_grad()
+            loss = F.mse_loss(remote_model(x), y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(remote_model.parameters(), max_norm=1.0)
+            return loss
+
+        calls = client.steps
+        remote_loss = opt.step(closure)
+        assert client.steps == calls + 1  # both param groups, each with its lr, in one call
+        ref.step()
+        assert remote_loss.item() == torch_loss.item()
+        for i, (rp, tp) in enumerate(zip(remote_params, torch_params)):
+            if rp.grad is None:
+                assert tp.grad is None and bits_equal(rp.detach(), initial[i]), names[i]
+                continue
+            assert bits_equal(rp.grad, tp.grad), names[i]
+            g = groups[id(rp)]
+            p_ref, m_ref, v_ref = chain[i]
+            ieee_adamw_(p_ref, rp.grad, m_ref, v_ref, step, lrs[id(rp)], g["betas"], g["eps"],
+                        g["weight_decay"])
+            assert bits_equal(rp.detach(), chain[i][0]), f"{names[i]} at step {step}"
+            v = ref.state[tp]["exp_avg_sq"]
+            assert bits_equal(v, chain[i][2]) and bits_equal(ref.state[tp]["exp_avg"], chain[i][1])
+            fraction = compare_to_torch_step(f"step {step} {names[i]}", rp.detach(), tp.detach(),
+                                             before[i], v, quiet=True)
+            equal[names[i]] += fraction * rp.numel()
+            counted[names[i]] += rp.numel()
+        sched.step()
+        ref_sched.step()
+    for n in names:
+        if counted[n]:
+            print(f"{n}: {equal[n] / counted[n]:.4%} of {counted[n]} element-steps bit-equal to "
+                  "torch.optim.AdamW's step from the same state")
+    print(f"all: {sum(equal.values()) / sum(counted.values()):.4%} of {sum(counted.values())}")
+    assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in ref.param_groups]
+    # The daemon's m, v and step counts, read back in torch's layout.
+    state = opt.state_dict()
+    torch_state = ref.state_dict()
+    assert sorted(state["state"]) == sorted(torch_state["state"])  # frozen: no state
+    for i, entry in state["state"].items():
+        expected = torch_state["state"][i]
+        assert entry["step"].item() == expected["step"].item() == 50.0
+        assert entry["step"].dtype == expected["step"].dtype == torch.float32
+        assert bits_equal(entry["exp_avg"], expected["exp_avg"]), names[i]
+        assert bits_equal(entry["exp_avg_sq"], expected["exp_avg_sq"]), names[i]
+
+
+def test_bfloat16_params_step_in_16_bits_with_fp32_master_on_the_daemon(daemon, client, prefix):
+    """bf16 params against torch.optim.AdamW on an fp32 master copy made by hand, rounded to
+    bf16 (round-to-nearest-even) after each step. The chained correctly-rounded-sqrt
+    reference must match bit for bit at every step; torch's steps are taken from the
+    daemon's master each time (its sqrt would otherwise make the masters drift apart), and
+    its bf16 params must match wherever torch's sqrt(v) is correctly rounded."""
+    gen = torch.Generator().manual_seed(5)
+    params = [torch.nn.Parameter(torch.randn(3000, generator=gen).bfloat16()),
+              torch.nn.Parameter(torch.randn(70, 1000, generator=gen).bfloat16())]
+    names = [f"{prefix}param.{i}" for i in range(len(params))]
+    opt = RemoteAdamW(params, target=daemon.target, lr=1e-2, name_prefix=prefix)
+    master = [p.detach().float().clone().requires_grad_() for p in params]
+    ref = torch.optim.AdamW(master, lr=1e-2)
+    chain = [[p.detach().float().clone(), torch.zeros(p.shape), torch.zeros(p.shape)]
+             for p in params]
+    pointers = [p.data_ptr() for p in params]
+    equal = total = 0
+    for step in range(1, 11):
+        before = []
+        for i, (p, q, (p_ref, m_ref, v_ref)) in enumerate(zip(params, master, chain)):
+            g = (torch.randn(p.shape, generator=gen) * 0.1).bfloat16()
+            p.grad, q.grad = g, g.float()
+            ieee_adamw_(p_ref, g.float(), m_ref, v_ref, step, 1e-2)
+            with torch.no_grad():
+                q.copy_(torch.from_numpy(client.export_state(names[i]).params).reshape(p.shape))
+            before.append(q.detach().clone())
+        opt.step()
+        ref.step()
+        for i, p in enumerate(params):
+            assert p.dtype == torch.bfloat16 and p.data_ptr() == pointers[i]
+            assert bits_equal(p.detach(), chain[i][0].bfloat16()), f"param {i} at step {step}"
+            daemon_master = torch.from_numpy(client.export_state(names[i]).params).reshape(p.shape)
+            assert bits_equal(daemon_master, chain[i][0])
+            v = ref.state[master[i]]["exp_avg_sq"]
+            assert bits_equal(v, chain[i][2]) and bits_equal(ref.state[master[i]]["exp_avg"], chain[i][1])
+            compare_to_torch_step(f"step {step} master {i}", daemon_master, master[i].detach(),
+                                  before[i], v, quiet=True)
+            unequal = p.detach().view(torch.int16) != master[i].detach().bfloat16().view(torch.int16)
+            assert not bool((unequal & ~torch_sqrt_differs(v)).any()), f"param {i} at step {step}"
+            equal += int((~unequal).sum())
+            total += p.numel()
+    print(f"bf16 params bit-equal to torch.optim.AdamW's fp32 master rounded to bf16, one step "
+          f"from the same master: {equal / total:.4%} of {total} element-steps")
+
+
+def test_float32_params_over_a_bfloat16_wire(daemon, client, prefix):
+    gen = torch.Generator().manual_seed(6)
+    p = torch.nn.Parameter(torch.randn(5000, generator=gen))
+    opt = RemoteAdamW([p], target=daemon.target, name_prefix=prefix, wire_dtype=torch.bfloat16)
+    p_ref, m_ref, v_ref = p.detach().clone(), torch.zeros(5000), torch.zeros(5000)
+    for step in range(1, 4):
+        p.grad = torch.randn(5000, generator=gen)
+        ieee_adamw_(p_ref, p.grad.bfloat16().float(), m_ref, v_ref, step, 1e-3)
+        opt.step()
+        # The daemon keeps the fp32 master; the model gets it rounded to bf16.
+        assert p.dtype == torch.float32 and bits_equal(p.detach(), p_ref.bfloat16().float())
+    assert bits_equal(torch.from_numpy(client.export_state(prefix + "param.0").params), p_ref)
+    stats = {g["info"]["name"]: g for g in client.stats()["groups"]}[prefix + "param.0"]
+    assert stats["bytes_received"] == 5000 * 4 + 3 * 5000 * 2  # initial fp32, gradients bf16
+
+
+def test_frozen_and_unused_parameters_are_skipped_and_steps_count_per_parameter(daemon, client,
+                                                                                 prefix):
+    a, b = torch.nn.Parameter(torch.ones(10)), torch.nn.Parameter(torch.ones(20))
+    opt = RemoteAdamW([("a", a), ("b", b)], target=daemon.target, name_prefix=prefix)
+    a.grad = torch.ones(10)
+    opt.step()  # b has no gradient: not sent
+    a.grad, b.grad = torch.ones(10), torch.ones(20)
+    opt.step()  # a at step 2, b at step 1: two calls, each with its own step number
+    assert (client.describe(prefix + "a").min_step, client.describe(prefix + "b").min_step) == (2, 1)
+    assert opt.state[a]["step"].item() == 2.0 and opt.state[b]["step"].item() == 1.0
+    opt.zero_grad()
+    assert a.grad is None and b.grad is None
+    before = a.detach().clone()
+    opt.step()
+    assert bits_equal(a.detach(), before)
+    assert client.describe(prefix + "a").min_step == 2
+
+
+def test_the_torch_path_the_parity_tests_compare_against():
+    """torch.optim.AdamW(params) on CPU float32 takes the single-tensor step (foreach=None
+    resolves to False: foreach kernels are for cuda/xpu/mtia), with its step count a float32
+    tensor read as a Python float (capturable=False); RemoteAdamW's state has the same."""
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+    p = torch.nn.Parameter(torch.ones(3))
+    assert _default_to_fused_or_foreach([p], differentiable=False, use_fused=False) == (False, False)
+    opt = torch.optim.AdamW([p])
+    group = opt.param_groups[0]
+    assert (group["foreach"], group["fused"], group["capturable"]) == (None, None, False)
+    p.grad = torch.ones(3)
+    opt.step()
+    step = opt.state[p]["step"]
+    assert step.dtype == torch.float32 and step.dim() == 0 and step.device.type == "cpu"
+
+
+def test_a_restarted_job_resumes_at_the_daemons_step(daemon, client, prefix):
+    """A new RemoteAdamW over existing groups (a restarted trainer) takes the step count from
+    the daemon, and its next step continues the same state."""
+    gen = torch.Generator().manual_seed(8)
+    p = torch.nn.Parameter(torch.randn(1000, generator=gen))
+    p_ref, m_ref, v_ref = p.detach().clone(), torch.zeros(1000), torch.zeros(1000)
+    opt = RemoteAdamW([("w", p)], target=daemon.target, name_prefix=prefix)
+    for step in range(1, 4):
+        p.grad = torch.randn(1000, generator=gen)
+        ieee_adamw_(p_ref, p.grad, m_ref, v_ref, step, 1e-3)
+        opt.step()
+    resumed = RemoteAdamW([("w", p)], target=daemon.target, name_prefix=prefix)
+    assert resumed.state[p]["step"].item() == 3.0
+    p.grad = torch.randn(1000, generator=gen)
+    ieee_adamw_(p_ref, p.grad, m_ref, v_ref, 4, 1e-3)
+    resumed.step()
+    assert bits_equal(p.detach(), p_ref) and client.describe(prefix + "w").min_step == 4

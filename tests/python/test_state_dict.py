@@ -1,0 +1,170 @@
+"""RemoteAdamW's state_dict in torch.optim.AdamW's layout, moving both ways: the state
+(m, v, step) crosses bit for bit, and training continues as if it had not switched.
+
+Gradients are a fixed random sequence (independent of the params), so m and v of every
+run must equal torch-alone's bit for bit. The params of a run that switched are held bit
+for bit against the same switch made by the references: `ieee_adamw_` (the daemon's
+arithmetic) for the daemon's steps and torch.optim.AdamW for torch's."""
+import copy
+
+import torch
+
+from optstate.torch import RemoteAdamW
+from reference import bits_equal, ieee_adamw_, ulp_distance
+
+SHAPES = {"w1": (40, 30), "b1": (40,), "w2": (7, 40), "frozen": (5,)}
+
+
+def _model(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return {n: torch.nn.Parameter(torch.randn(s, generator=gen)) for n, s in SHAPES.items()}
+
+
+def _groups(model, named):
+    def pick(*names):
+        return [(n, model[n]) if named else model[n] for n in names]
+    return [{"params": pick("w1", "b1", "frozen"), "lr": 2e-2, "weight_decay": 0.05,
+             "betas": (0.8, 0.99)},
+            {"params": pick("w2"), "lr": 5e-3, "weight_decay": 0.0, "eps": 1e-6}]
+
+
+def _grads(step):
+    gen = torch.Generator().manual_seed(500 + step)
+    return {n: torch.randn(s, generator=gen) for n, s in SHAPES.items() if n != "frozen"}
+
+
+def _set_grads(model, step):
+    for n, g in _grads(step).items():
+        model[n].grad = g.clone()
+
+
+def _torch_run(model, steps, start=1, opt=None):
+    opt = opt or torch.optim.AdamW(_groups(model, named=False))
+    for step in range(start, start + steps):
+        _set_grads(model, step)
+        opt.step()
+    return opt
+
+
+def _ieee_run(model, state, steps, start=1):
+    """ieee_adamw_ over the same groups; `state` maps name -> [m, v]."""
+    for step in range(start, start + steps):
+        for group in _groups(model, named=True):
+            lr, wd = group["lr"], group["weight_decay"]
+            betas, eps = group.get("betas", (0.9, 0.999)), group.get("eps", 1e-8)
+            for n, p in group["params"]:
+                if n == "frozen":
+                    continue
+                m, v = state.setdefault(n, [torch.zeros(p.shape), torch.zeros(p.shape)])
+                ieee_adamw_(p.data, _grads(step)[n], m, v, step, lr, betas, eps, wd)
+
+
+def _by_name(opt_state_dict, model):
+    names = [n for g in _groups(model, named=True) for n, _ in g["params"]]
+    return {names[i]: s for i, s in opt_state_dict["state"].items()}
+
+
+def test_remote_to_torch_continues_as_torch_alone(daemon, prefix):
+    alone = _model()
+    alone_opt = _torch_run(alone, 20)
+    alone_20 = copy.deepcopy(_by_name(alone_opt.state_dict(), alone))
+    _torch_run(alone, 20, start=21, opt=alone_opt)
+
+    remote = _model()
+    opt = RemoteAdamW(_groups(remote, named=True), target=daemon.target, name_prefix=prefix)
+    for step in range(1, 21):
+        _set_grads(remote, step)
+        opt.step()
+    ieee = _model()
+    ieee_state = {}
+    _ieee_run(ieee, ieee_state, 20)
+    for n in SHAPES:
+        assert bits_equal(remote[n].detach(), ieee[n].detach()), n
+    saved = opt.state_dict()
+    assert sorted(_by_name(saved, remote)) == ["b1", "w1", "w2"]  # frozen: never stepped
+    for n, s in _by_name(saved, remote).items():
+        assert s["step"].item() == 20.0
+        assert bits_equal(s["exp_avg"], alone_20[n]["exp_avg"]), n
+        assert bits_equal(s["exp_avg_sq"], alone_20[n]["exp_avg_sq"]), n
+
+    # torch.optim.AdamW takes the state dict and continues.
+    switched = {n: torch.nn.Parameter(p.detach().clone()) for n, p in remote.items()}
+    torch_opt = torch.optim.AdamW(_groups(switched, named=False))
+    torch_opt.load_state_dict(copy.deepcopy(saved))  # torch shares the step tensors it loads
+    _torch_run(switched, 20, start=21, opt=torch_opt)
+    # The same switch made by the references: ieee's 20 steps, then torch's own 20.
+    ref_opt = torch.optim.AdamW(_groups(ieee, named=False))
+    ref_opt.load_state_dict(copy.deepcopy(saved))
+    _torch_run(ieee, 20, start=21, opt=ref_opt)
+    final = _by_name(torch_opt.state_dict(), switched)
+    expected = _by_name(alone_opt.state_dict(), alone)
+    for n in ("w1", "b1", "w2"):
+        assert final[n]["step"].item() == 40.0
+        assert bits_equal(final[n]["exp_avg"], expected[n]["exp_avg"]), n
+        assert bits_equal(final[n]["exp_avg_sq"], expected[n]["exp_avg_sq"]), n
+        assert bits_equal(switched[n].detach(), ieee[n].detach()), n
+        d = ulp_distance(switched[n], alone[n])
+        print(f"{n}: {float((d == 0).double().mean()):.4%} bit-equal to torch alone "
+              f"(max {int(d.max())} ulp, from torch's sqrt in the first 20 steps)")
+    assert bits_equal(switched["frozen"].detach(), alone["frozen"].detach())
+
+
+def test_torch_to_remote_continues_as_torch_alone(daemon, client, prefix):
+    alone = _model()
+    alone_opt = _torch_run(alone, 40)
+
+    start = _model()
+    start_opt = _torch_run(start, 20)
+    saved = start_opt.state_dict()
+    remote = {n: torch.nn.Parameter(p.detach().clone()) for n, p in start.items()}
+    opt = RemoteAdamW(_groups(remote, named=True), target=daemon.target, name_prefix=prefix,
+                      lr=0.123)  # the state dict's param groups replace these hyperparameters
+    opt.load_state_dict(copy.deepcopy(saved))
+    assert [g["lr"] for g in opt.param_groups] == [2e-2, 5e-3]
+    assert client.describe(prefix + "w1").min_step == 20
+    for step in range(21, 41):
+        _set_grads(remote, step)
+        opt.step()
+    # The reference switch: torch's 20 steps (start), then ieee's 20.
+    ieee_state = {n: [s["exp_avg"].clone(), s["exp_avg_sq"].clone()]
+                  for n, s in _by_name(saved, start).items()}
+    _ieee_run(start, ieee_state, 20, start=21)
+    final = _by_name(opt.state_dict(), remote)
+    expected = _by_name(alone_opt.state_dict(), alone)
+    assert sorted(final) == ["b1", "w1", "w2"]
+    for n in ("w1", "b1", "w2"):
+        assert final[n]["step"].item() == 40.0
+        assert bits_equal(final[n]["exp_avg"], expected[n]["exp_avg"]), n
+        assert bits_equal(final[n]["exp_avg_sq"], expected[n]["exp_avg_sq"]), n
+        assert bits_equal(remote[n].detach(), start[n].detach()), n
+    assert bits_equal(remote["frozen"].detach(), alone["frozen"].detach())
+
+
+def test_loading_an_earlier_state_rewinds_the_daemon_group(daemon, prefix):
+    model = _model()
+    opt = RemoteAdamW(_groups(model, named=True), target=daemon.target, name_prefix=prefix)
+    for step in range(1, 6):
+        _set_grads(model, step)
+        opt.step()
+    saved = opt.state_dict()
+    params_5 = {n: p.detach().clone() for n, p in model.items()}
+    for step in range(6, 11):
+        _set_grads(model, step)
+        opt.step()
+    after_10 = {n: p.detach().clone() for n, p in model.items()}
+    state_10 = _by_name(opt.state_dict(), model)
+    with torch.no_grad():
+        for n, p in model.items():
+            p.copy_(params_5[n])
+    opt.load_state_dict(saved)  # same size and hyperparameters: replaced in place
+    assert opt.client.describe(prefix + "w1").min_step == 5
+    for step in range(6, 11):
+        _set_grads(model, step)
+        opt.step()
+    again = _by_name(opt.state_dict(), model)
+    for n in SHAPES:
+        assert bits_equal(model[n].detach(), after_10[n]), n
+    for n in ("w1", "b1", "w2"):
+        assert again[n]["step"].item() == 10.0
+        assert bits_equal(again[n]["exp_avg"], state_10[n]["exp_avg"])
+        assert bits_equal(again[n]["exp_avg_sq"], state_10[n]["exp_avg_sq"])

@@ -1,0 +1,33 @@
+"""The package's type hints (optstate/_optstate.pyi) name exactly what the extension
+defines, and every public call has a docstring."""
+import ast
+import pathlib
+
+import optstate
+import optstate._optstate as ext
+import optstate.torch as optstate_torch
+
+
+def _stub_classes():
+    path = pathlib.Path(optstate.__file__).parent / "_optstate.pyi"
+    assert path.exists(), "the stub is installed with the package"
+    tree = ast.parse(path.read_text())
+    return {node.name: {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+            for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+def test_stub_matches_the_extension():
+    stub = _stub_classes()
+    assert set(stub) == {n for n in dir(ext) if not n.startswith("_")}
+    for name, members in stub.items():
+        defined = {m for m in dir(getattr(ext, name)) if not m.startswith("_")}
+        assert members - {"__init__", "__repr__"} == defined, name
+
+
+def test_public_calls_have_docstrings():
+    for name in ("register", "step", "describe", "list_groups", "stats", "delete",
+                 "export_state", "import_state"):
+        doc = getattr(optstate.Client, name).__doc__
+        assert doc and len(doc) > 40, name
+    assert "Thread-safe" in optstate.Client.__doc__
+    assert "shard" in optstate_torch.RemoteAdamW.__doc__
