@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "optstate/v1/step_wire_format.h"
 
 namespace optstate::client_internal {
 namespace {
@@ -12,12 +13,13 @@ namespace {
 // Room kept in every message for the fields beside the payloads.
 constexpr uint64_t kOtherFieldsBytes = 4096;
 // Room kept per packed chunk for its fields and framing, beyond the group
-// name: at least what the daemon reckons a chunk's reply takes beyond its
-// params (kReplyFieldsBytes in server/rpc/step_message.cc), which it checks
-// before applying a message.
-constexpr uint64_t kPieceOverheadBytes = 96;
-// Chunks packed into one message at most (the daemon takes up to 4096).
+// name: what the daemon reckons a chunk's reply takes beyond its params,
+// which it checks before applying a message.
+constexpr uint64_t kPieceOverheadBytes = kReplyFieldsBytes;
+// Chunks packed into one message at most (the daemon takes up to
+// kMaxPackedChunks).
 constexpr size_t kMaxPiecesPerMessage = 1024;
+static_assert(kMaxPiecesPerMessage <= kMaxPackedChunks);
 
 uint64_t WidestElementBytes(const ChunkLimits& limits) {
   return std::max(WireTypeSize(limits.gradient_dtype), WireTypeSize(limits.param_dtype));
