@@ -4,6 +4,7 @@
 #ifndef OPTSTATE_SERVER_DURABILITY_CHECKPOINTER_H_
 #define OPTSTATE_SERVER_DURABILITY_CHECKPOINTER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -98,7 +99,13 @@ class Checkpointer {
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  int calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Threads of CheckpointAsync; each sets its flag as the last thing it
+  // does, and is joined by the next CheckpointAsync or by Stop.
+  struct CallThread {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> finished;
+  };
+  std::vector<CallThread> calls_ ABSL_GUARDED_BY(mu_);
   CheckpointStats stats_ ABSL_GUARDED_BY(mu_);
   std::thread timer_;
 };
