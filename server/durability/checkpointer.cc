@@ -20,8 +20,8 @@ Checkpointer::Checkpointer(const CheckpointerOptions& options, StateStore* store
       writer_(options.state_dir, store->page_elements(), backend, options.buffer_bytes) {}
 
 absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::OpenAndRestore(
-    const CheckpointerOptions& options, StateStore* store, StepBackend* backend,
-    bool require_state) {
+    const CheckpointerOptions& options, StateStore* store, StepBackend* backend, bool require_state,
+    ThreadPool* pool) {
   if (options.state_dir.empty()) {
     return absl::InvalidArgumentError("--state_dir is empty");
   }
@@ -33,7 +33,7 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::OpenAndRestore(
     return absl::InvalidArgumentError("--checkpoint_interval must not be negative");
   }
   if (absl::Status s = MakeDirectories(options.state_dir); !s.ok()) return s;
-  absl::StatusOr<RestoreOutcome> restored = RestoreNewest(store, options.state_dir);
+  absl::StatusOr<RestoreOutcome> restored = RestoreNewest(store, options.state_dir, pool);
   if (!restored.ok()) return restored.status();
   if (require_state && restored->restored_id.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(

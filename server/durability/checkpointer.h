@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/base/thread_pool.h"
 #include "server/durability/checkpoint_writer.h"
 #include "server/engine/state_store.h"
 
@@ -58,10 +59,11 @@ class Checkpointer {
   // Creates state_dir if needed and restores its newest complete checkpoint
   // into `store` (which must be empty and must outlive the checkpointer, as
   // must `backend`). With `require_state`, FAILED_PRECONDITION (listing each
-  // refusal) when no checkpoint could be restored.
+  // refusal) when no checkpoint could be restored. `pool` (may be null)
+  // reads each group's file in parallel pieces.
   static absl::StatusOr<std::unique_ptr<Checkpointer>> OpenAndRestore(
       const CheckpointerOptions& options, StateStore* store, StepBackend* backend,
-      bool require_state);
+      bool require_state, ThreadPool* pool = nullptr);
   // Stops the timer and waits for calls in flight.
   ~Checkpointer();
 
