@@ -108,8 +108,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     checkpoints.keep = options.checkpoints_to_keep;
     checkpoints.buffer_bytes = options.checkpoint_buffer_bytes;
     // Restored before the service exists: nothing is served half-restored.
-    absl::StatusOr<std::unique_ptr<Checkpointer>> checkpointer = Checkpointer::OpenAndRestore(
-        checkpoints, parts->store.get(), parts->backend.get(), options.require_state);
+    absl::StatusOr<std::unique_ptr<Checkpointer>> checkpointer =
+        Checkpointer::OpenAndRestore(checkpoints, parts->store.get(), parts->backend.get(),
+                                     options.require_state, parts->pool.get());
     if (!checkpointer.ok()) return checkpointer.status();
     parts->checkpointer = std::move(*checkpointer);
   } else if (options.require_state) {

@@ -13,7 +13,8 @@
 namespace optstate {
 namespace {
 
-absl::Status ReadGroupFile(const std::string& path, const ManifestGroup& entry, Group& group) {
+absl::Status ReadGroupFile(const std::string& path, const ManifestGroup& entry, Group& group,
+                           ThreadPool* pool) {
   absl::StatusOr<uint64_t> size = FileSize(path);
   if (absl::IsNotFound(size.status())) {
     return absl::DataLossError(absl::StrCat(path, " is missing (the manifest names it)"));
@@ -32,20 +33,55 @@ absl::Status ReadGroupFile(const std::string& path, const ManifestGroup& entry, 
   }
   absl::StatusOr<ScopedFd> fd = OpenForReading(path);
   if (!fd.ok()) return fd.status();
-  uint32_t crc = 0;
-  for (uint64_t p = 0; p < group.num_pages(); ++p) {
-    uint64_t header[2];
-    if (absl::Status s = ReadExactly(fd->get(), header, sizeof(header), path); !s.ok()) return s;
-    crc = Crc32cExtend(crc, header, sizeof(header));
-    const uint64_t begin = group.PageBegin(p);
-    const size_t n = (group.PageEnd(p) - begin) * sizeof(float);
-    for (float* target : {group.params(), group.exp_avg(), group.exp_avg_sq()}) {
-      if (absl::Status s = ReadExactly(fd->get(), target + begin, n, path); !s.ok()) return s;
-      crc = Crc32cExtend(crc, target + begin, n);
+  // Pieces of whole pages read and checked at once, straight into the
+  // group's arrays; their CRCs are combined in order. Every page before the
+  // last is full, so page p's record starts at p * (16 + 12 * page_elements).
+  const uint64_t pages = group.num_pages();
+  const uint64_t pieces = std::max<uint64_t>(
+      1, std::min<uint64_t>(pool == nullptr ? 1 : static_cast<uint64_t>(pool->size()), pages));
+  const uint64_t pages_per_piece = (pages + pieces - 1) / pieces;
+  const uint64_t record_bytes = kPageRecordHeaderBytes + group.page_elements() * 3 * sizeof(float);
+  std::vector<uint32_t> crcs(pieces, 0);
+  std::vector<uint64_t> lengths(pieces, 0);
+  std::vector<absl::Status> errors(pieces);
+  std::vector<uint64_t> headers(2 * pages);
+  auto read_piece = [&](size_t i) {
+    const uint64_t first = i * pages_per_piece;
+    const uint64_t end = std::min(pages, first + pages_per_piece);
+    uint64_t offset = first * record_bytes;
+    uint32_t crc = 0;
+    for (uint64_t p = first; p < end && errors[i].ok(); ++p) {
+      uint64_t* header = &headers[2 * p];
+      errors[i] = PreadExactly(fd->get(), header, kPageRecordHeaderBytes, offset, path);
+      if (!errors[i].ok()) break;
+      crc = Crc32cExtend(crc, header, kPageRecordHeaderBytes);
+      offset += kPageRecordHeaderBytes;
+      const uint64_t begin = group.PageBegin(p);
+      const size_t n = (group.PageEnd(p) - begin) * sizeof(float);
+      for (float* target : {group.params(), group.exp_avg(), group.exp_avg_sq()}) {
+        errors[i] = PreadExactly(fd->get(), target + begin, n, offset, path);
+        if (!errors[i].ok()) break;
+        crc = Crc32cExtend(crc, target + begin, n);
+        offset += n;
+      }
     }
+    crcs[i] = crc;
+    lengths[i] = offset - first * record_bytes;
+  };
+  if (pool == nullptr || pieces == 1) {
+    read_piece(0);
+  } else {
+    pool->ParallelFor(pieces, read_piece);
+  }
+  for (const absl::Status& e : errors) {
+    if (!e.ok()) return e;
+  }
+  uint32_t crc = crcs[0];
+  for (uint64_t i = 1; i < pieces; ++i) crc = Crc32cCombine(crc, crcs[i], lengths[i]);
+  for (uint64_t p = 0; p < pages; ++p) {
     absl::MutexLock lock(&group.page_mutex(p));
-    group.set_page_step(p, header[0]);
-    if (header[1] & kPageHasValues) group.mark_page_has_values(p);
+    group.set_page_step(p, headers[2 * p]);
+    if (headers[2 * p + 1] & kPageHasValues) group.mark_page_has_values(p);
   }
   if (crc != entry.crc32c) {
     return absl::DataLossError(absl::StrCat(path, " fails its checksum (CRC32C ", crc,
@@ -62,7 +98,7 @@ absl::Status ReadGroupFile(const std::string& path, const ManifestGroup& entry, 
 }  // namespace
 
 absl::StatusOr<std::vector<StagedGroup>> LoadCheckpoint(StateStore* store, const std::string& dir,
-                                                        Manifest* manifest) {
+                                                        Manifest* manifest, ThreadPool* pool) {
   const std::string manifest_path = absl::StrCat(dir, "/", kManifestName);
   absl::StatusOr<uint64_t> size = FileSize(manifest_path);
   if (absl::IsNotFound(size.status())) {
@@ -95,7 +131,8 @@ absl::StatusOr<std::vector<StagedGroup>> LoadCheckpoint(StateStore* store, const
                           absl::StrCat(manifest_path, ": group '", entry.key.name,
                                        "' cannot be set up: ", group.status().message()));
     }
-    if (absl::Status s = ReadGroupFile(absl::StrCat(dir, "/", entry.file), entry, group->group());
+    if (absl::Status s =
+            ReadGroupFile(absl::StrCat(dir, "/", entry.file), entry, group->group(), pool);
         !s.ok()) {
       return s;
     }
@@ -105,7 +142,8 @@ absl::StatusOr<std::vector<StagedGroup>> LoadCheckpoint(StateStore* store, const
   return staged;
 }
 
-absl::StatusOr<RestoreOutcome> RestoreNewest(StateStore* store, const std::string& state_dir) {
+absl::StatusOr<RestoreOutcome> RestoreNewest(StateStore* store, const std::string& state_dir,
+                                             ThreadPool* pool) {
   absl::StatusOr<std::vector<std::string>> names = ListDirectory(state_dir);
   if (!names.ok()) return names.status();
   std::vector<uint64_t> sequences;
@@ -125,7 +163,7 @@ absl::StatusOr<RestoreOutcome> RestoreNewest(StateStore* store, const std::strin
     const std::string dir = absl::StrCat(state_dir, "/", CheckpointDirName(seq));
     Manifest manifest;
     const absl::Time started = absl::Now();
-    absl::StatusOr<std::vector<StagedGroup>> staged = LoadCheckpoint(store, dir, &manifest);
+    absl::StatusOr<std::vector<StagedGroup>> staged = LoadCheckpoint(store, dir, &manifest, pool);
     absl::Status status = staged.status();
     std::vector<std::shared_ptr<Group>> published;
     if (status.ok()) {

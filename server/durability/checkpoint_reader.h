@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/base/thread_pool.h"
 #include "server/durability/checkpoint_format.h"
 #include "server/engine/state_store.h"
 
@@ -24,15 +25,18 @@ struct RestoreOutcome {
 // Loads checkpoint `dir` (a path) into staged groups, verifying the
 // manifest, the page size, and every data file's size, checksum and page
 // records; DATA_LOSS or FAILED_PRECONDITION naming the file and what is
-// wrong. Nothing is published.
+// wrong. Nothing is published. A group's file is read in up to
+// pool->size() pieces at once (pool may be null: one piece).
 absl::StatusOr<std::vector<StagedGroup>> LoadCheckpoint(StateStore* store, const std::string& dir,
-                                                        Manifest* manifest);
+                                                        Manifest* manifest,
+                                                        ThreadPool* pool = nullptr);
 
 // Restores into the (empty) store the newest checkpoint of `state_dir` that
 // loads whole, logging each refused one. Only a file system error reading
 // the directory is an error; finding no usable checkpoint is an outcome
 // with restored_id empty.
-absl::StatusOr<RestoreOutcome> RestoreNewest(StateStore* store, const std::string& state_dir);
+absl::StatusOr<RestoreOutcome> RestoreNewest(StateStore* store, const std::string& state_dir,
+                                             ThreadPool* pool = nullptr);
 
 }  // namespace optstate
 

@@ -2,6 +2,7 @@
 #include "server/durability/checkpointer.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -19,8 +20,8 @@ Checkpointer::Checkpointer(const CheckpointerOptions& options, StateStore* store
       writer_(options.state_dir, store->page_elements(), backend, options.buffer_bytes) {}
 
 absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::OpenAndRestore(
-    const CheckpointerOptions& options, StateStore* store, StepBackend* backend,
-    bool require_state) {
+    const CheckpointerOptions& options, StateStore* store, StepBackend* backend, bool require_state,
+    ThreadPool* pool) {
   if (options.state_dir.empty()) {
     return absl::InvalidArgumentError("--state_dir is empty");
   }
@@ -32,7 +33,7 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::OpenAndRestore(
     return absl::InvalidArgumentError("--checkpoint_interval must not be negative");
   }
   if (absl::Status s = MakeDirectories(options.state_dir); !s.ok()) return s;
-  absl::StatusOr<RestoreOutcome> restored = RestoreNewest(store, options.state_dir);
+  absl::StatusOr<RestoreOutcome> restored = RestoreNewest(store, options.state_dir, pool);
   if (!restored.ok()) return restored.status();
   if (require_state && restored->restored_id.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -60,12 +61,13 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::OpenAndRestore(
 Checkpointer::~Checkpointer() { Stop(); }
 
 void Checkpointer::Stop() {
+  std::vector<CallThread> calls;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return calls_in_flight_ == 0; };
-    mu_.Await(absl::Condition(&idle));
+    calls.swap(calls_);
   }
+  for (CallThread& call : calls) call.thread.join();
   if (timer_.joinable()) timer_.join();
 }
 
@@ -90,19 +92,26 @@ void Checkpointer::RunTimer() {
 
 void Checkpointer::CheckpointAsync(CheckpointCall call,
                                    std::function<void(absl::StatusOr<CheckpointOutcome>)> done) {
+  std::vector<CallThread> finished;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) {
       done(absl::CancelledError("the daemon is shutting down"));
       return;
     }
-    ++calls_in_flight_;
+    auto running = std::partition(calls_.begin(), calls_.end(),
+                                  [](const CallThread& c) { return !c.finished->load(); });
+    std::move(running, calls_.end(), std::back_inserter(finished));
+    calls_.erase(running, calls_.end());
+    auto flag = std::make_shared<std::atomic<bool>>(false);
+    calls_.push_back(
+        CallThread{std::thread([this, flag, call = std::move(call), done = std::move(done)] {
+                     done(Checkpoint(call));
+                     flag->store(true);
+                   }),
+                   flag});
   }
-  std::thread([this, call = std::move(call), done = std::move(done)] {
-    done(Checkpoint(call));
-    absl::MutexLock lock(&mu_);
-    --calls_in_flight_;
-  }).detach();
+  for (CallThread& c : finished) c.thread.join();
 }
 
 absl::Status Checkpointer::WaitForStep(const std::vector<std::shared_ptr<Group>>& groups,

@@ -4,6 +4,7 @@
 #ifndef OPTSTATE_SERVER_DURABILITY_CHECKPOINTER_H_
 #define OPTSTATE_SERVER_DURABILITY_CHECKPOINTER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -15,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/base/thread_pool.h"
 #include "server/durability/checkpoint_writer.h"
 #include "server/engine/state_store.h"
 
@@ -57,10 +59,11 @@ class Checkpointer {
   // Creates state_dir if needed and restores its newest complete checkpoint
   // into `store` (which must be empty and must outlive the checkpointer, as
   // must `backend`). With `require_state`, FAILED_PRECONDITION (listing each
-  // refusal) when no checkpoint could be restored.
+  // refusal) when no checkpoint could be restored. `pool` (may be null)
+  // reads each group's file in parallel pieces.
   static absl::StatusOr<std::unique_ptr<Checkpointer>> OpenAndRestore(
       const CheckpointerOptions& options, StateStore* store, StepBackend* backend,
-      bool require_state);
+      bool require_state, ThreadPool* pool = nullptr);
   // Stops the timer and waits for calls in flight.
   ~Checkpointer();
 
@@ -98,7 +101,13 @@ class Checkpointer {
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  int calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Threads of CheckpointAsync; each sets its flag as the last thing it
+  // does, and is joined by the next CheckpointAsync or by Stop.
+  struct CallThread {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> finished;
+  };
+  std::vector<CallThread> calls_ ABSL_GUARDED_BY(mu_);
   CheckpointStats stats_ ABSL_GUARDED_BY(mu_);
   std::thread timer_;
 };

@@ -46,7 +46,42 @@ bool HaveSse42() {
 }
 #endif
 
+// GF(2) 32x32 matrices as 32 columns: appending zero bits to a CRC is a
+// linear map, squared to append 2^k zero bits.
+uint32_t MatrixTimes(const uint32_t* matrix, uint32_t vector) {
+  uint32_t sum = 0;
+  for (; vector != 0; vector >>= 1, ++matrix) {
+    if (vector & 1) sum ^= *matrix;
+  }
+  return sum;
+}
+
+void MatrixSquare(uint32_t* square, const uint32_t* matrix) {
+  for (int n = 0; n < 32; ++n) square[n] = MatrixTimes(matrix, matrix[n]);
+}
+
 }  // namespace
+
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b) {
+  if (length_b == 0) return crc_a;
+  uint32_t even[32], odd[32];
+  odd[0] = 0x82F63B78u;  // The operator for one zero bit.
+  uint32_t row = 1;
+  for (int n = 1; n < 32; ++n, row <<= 1) odd[n] = row;
+  MatrixSquare(even, odd);  // Two zero bits.
+  MatrixSquare(odd, even);  // Four.
+  // Applies length_b zero bytes to crc_a, one power of two at a time.
+  do {
+    MatrixSquare(even, odd);
+    if (length_b & 1) crc_a = MatrixTimes(even, crc_a);
+    length_b >>= 1;
+    if (length_b == 0) break;
+    MatrixSquare(odd, even);
+    if (length_b & 1) crc_a = MatrixTimes(odd, crc_a);
+    length_b >>= 1;
+  } while (length_b != 0);
+  return crc_a ^ crc_b;
+}
 
 uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t n) {
   const Table& table = TheTable();

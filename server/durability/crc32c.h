@@ -12,6 +12,11 @@ namespace optstate {
 // starts a new one. Crc32cExtend(0, "123456789", 9) == 0xE3069283.
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n);
 
+// The CRC32C of A followed by B, from crc_a = CRC32C(A), crc_b = CRC32C(B)
+// and B's length (zlib's crc32_combine, for the Castagnoli polynomial): lets
+// pieces of a file be checked in parallel.
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b);
+
 // The table path alone, for tests that hold the two paths against each other.
 uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t n);
 

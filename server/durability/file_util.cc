@@ -77,6 +77,22 @@ absl::Status ReadExactly(int fd, void* data, size_t n, const std::string& path) 
   return absl::OkStatus();
 }
 
+absl::Status PreadExactly(int fd, void* data, size_t n, uint64_t offset, const std::string& path) {
+  auto* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t got = pread(fd, p, n, static_cast<off_t>(offset));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return Errno("cannot read", path);
+    }
+    if (got == 0) return absl::DataLossError(absl::StrCat(path, " ends early (truncated)"));
+    p += got;
+    n -= static_cast<size_t>(got);
+    offset += static_cast<uint64_t>(got);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SyncFile(int fd, const std::string& path) {
   if (fsync(fd) != 0) return Errno("cannot fsync", path);
   return absl::OkStatus();

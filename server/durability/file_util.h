@@ -34,6 +34,8 @@ absl::StatusOr<ScopedFd> OpenForReading(const std::string& path);
 absl::Status WriteAll(int fd, std::vector<iovec> pieces, const std::string& path);
 // Reads exactly `n` bytes; DATA_LOSS naming the path when the file ends first.
 absl::Status ReadExactly(int fd, void* data, size_t n, const std::string& path);
+// The same from byte `offset` (pread: threads may share the descriptor).
+absl::Status PreadExactly(int fd, void* data, size_t n, uint64_t offset, const std::string& path);
 absl::Status SyncFile(int fd, const std::string& path);
 // fsync of a directory: makes the names created, renamed or removed in it durable.
 absl::Status SyncDirectory(const std::string& path);

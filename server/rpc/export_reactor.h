@@ -17,8 +17,9 @@ namespace optstate {
 // capture the next run of pages, about 1 MiB per tensor) -> StartWrite of
 // its page_steps, params, exp_avg, exp_avg_sq chunks, one at a time -> ...
 // -> Finish. One message is in flight at a time, so the reactor holds one
-// run of pages (at most max(3 MiB, 3 pages) of copies) however large the
-// group. Each chunk holds whole pages and fits the message limit.
+// run of pages (copies of at most max(3 MiB, one page of params, m and v))
+// however large the group. Each chunk holds whole pages of one tensor and
+// fits the message limit.
 class ExportReactor : public grpc::ServerWriteReactor<v1::ExportStateResponse> {
  public:
   ExportReactor(StepEngine* engine, const GroupKey& key);

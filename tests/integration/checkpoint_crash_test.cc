@@ -49,6 +49,8 @@ struct Moment {
   bool second_is_complete;  // The rename of step 5 of the writer happened.
 };
 
+void PrintTo(const Moment& moment, std::ostream* os) { *os << moment.point; }
+
 class KillDuringCheckpointTest : public ::testing::TestWithParam<Moment> {};
 
 TEST_P(KillDuringCheckpointTest, RestartFindsOneWholeCheckpointAndContinuesExactly) {

@@ -130,6 +130,10 @@ TEST(CheckpointTest, BadCheckpointCallsGetTheirCodesAndWriteNothing) {
   r = client->Checkpoint({});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->step, 6u);
+  client.reset();
+  absl::StatusOr<int> exit_code = (*daemon)->Stop();
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
 }
 
 TEST(CheckpointTest, WithoutStateDirCheckpointIsFailedPrecondition) {

@@ -117,13 +117,26 @@ inline ::testing::AssertionResult SameState(const StateOfGroups& got,
   return ::testing::AssertionSuccess();
 }
 
-// A fresh directory under the test's temporary directory.
+// A fresh directory under the test's temporary directory, removed (with
+// its ".paused" marker) when the test process exits.
 inline std::string FreshDirectory(const std::string& name) {
+  static std::vector<std::string>* const made = [] {
+    static std::vector<std::string> dirs;
+    std::atexit([] {
+      for (const std::string& d : dirs) {
+        std::error_code ignored;
+        std::filesystem::remove_all(d, ignored);
+        std::filesystem::remove(d + ".paused", ignored);
+      }
+    });
+    return &dirs;
+  }();
   const char* tmp = std::getenv("TMPDIR");
   std::string dir =
       std::string(tmp ? tmp : "/tmp") + "/optstate-" + name + "-" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  made->push_back(dir);
   return dir;
 }
 

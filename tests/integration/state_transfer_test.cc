@@ -238,6 +238,17 @@ class RawImportTest : public ::testing::Test {
     channel_ = grpc::CreateChannel(daemon_->target(), grpc::InsecureChannelCredentials());
     stub_ = v1::OptimizerState::NewStub(channel_);
   }
+  // Refused and broken imports leave nothing behind: under the sanitizers a
+  // leak makes the daemon exit non-zero.
+  void TearDown() override {
+    client_.reset();
+    stub_.reset();
+    channel_.reset();
+    if (daemon_ == nullptr) return;
+    absl::StatusOr<int> exit_code = daemon_->Stop();
+    ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+    EXPECT_EQ(*exit_code, 0);
+  }
 
   static v1::ImportStateRequest Header(const std::string& name, uint64_t n) {
     v1::ImportStateRequest r;

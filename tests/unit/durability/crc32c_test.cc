@@ -47,5 +47,18 @@ TEST(Crc32cTest, HardwareAndTablePathsAgree) {
   }
 }
 
+TEST(Crc32cTest, CombiningTheCrcsOfTwoPiecesEqualsTheCrcOfBoth) {
+  std::mt19937 rng(13);
+  std::string data(70001, '\0');
+  for (char& c : data) c = static_cast<char>(rng());
+  const uint32_t whole = Crc32cExtend(0, data.data(), data.size());
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{3}, size_t{4096}, size_t{65537}, data.size()}) {
+    const uint32_t a = Crc32cExtend(0, data.data(), cut);
+    const uint32_t b = Crc32cExtend(0, data.data() + cut, data.size() - cut);
+    EXPECT_EQ(Crc32cCombine(a, b, data.size() - cut), whole) << cut;
+  }
+  EXPECT_EQ(Crc32cCombine(Crc32cExtend(0, "1234", 4), Crc32cExtend(0, "56789", 5), 5), 0xE3069283u);
+}
+
 }  // namespace
 }  // namespace optstate
