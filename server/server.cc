@@ -2,10 +2,14 @@
 // pool (finish the ones in flight), then backend and store.
 #include "server/server.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -23,6 +27,7 @@ struct Server::Parts {
   std::unique_ptr<StepBackend> backend;
   std::unique_ptr<StateStore> store;
   std::unique_ptr<StepEngine> engine;
+  std::unique_ptr<DataPlaneAssembly> data_plane;
   std::unique_ptr<OptimizerStateService> service;
   std::unique_ptr<grpc::Server> grpc_server;
   std::string backend_name;
@@ -35,6 +40,7 @@ struct Server::Parts {
     grpc_server.reset();
     pool.reset();
     service.reset();
+    data_plane.reset();
     engine.reset();
     store.reset();
     backend.reset();
@@ -48,6 +54,21 @@ uint64_t DefaultMaxHostBytes() {
   const long page_size = sysconf(_SC_PAGE_SIZE);
   if (pages <= 0 || page_size <= 0) return 8ull << 30;
   return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) / 10 * 8;
+}
+
+// A unix: listen socket gets the permission bits asked for (gRPC creates it
+// with the umask's).
+absl::Status ApplyListenSocketMode(const ServerOptions& options) {
+  if (!absl::StartsWith(options.listen, "unix:") || options.listen_socket_mode == 0) {
+    return absl::OkStatus();
+  }
+  std::string path = options.listen.substr(5);
+  if (absl::StartsWith(path, "//")) path = path.substr(2);
+  if (chmod(path.c_str(), options.listen_socket_mode) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot set the mode of listen socket ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -89,8 +110,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       std::make_unique<StateStore>(parts->backend.get(), max_host_bytes, options.page_elements);
   parts->engine =
       std::make_unique<StepEngine>(parts->store.get(), parts->backend.get(), parts->pool.get());
+  parts->data_plane = std::make_unique<DataPlaneAssembly>(options.data_plane);
   parts->service = std::make_unique<OptimizerStateService>(
-      parts->engine.get(), static_cast<size_t>(options.max_message_bytes));
+      parts->engine.get(), static_cast<size_t>(options.max_message_bytes),
+      parts->data_plane->registry());
 
   // Referencing the compiled health.proto keeps it linked in, which puts its
   // descriptors in the pool: reflection can then describe grpc.health.v1 and
@@ -108,11 +131,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.RegisterService(parts->service.get());
+  builder.RegisterService(parts->data_plane->service());
   parts->grpc_server = builder.BuildAndStart();
   if (parts->grpc_server == nullptr || port == 0) {
     return absl::UnavailableError(
         absl::StrCat("could not listen on ", options.listen, " (address in use or not valid?)"));
   }
+  if (absl::Status s = ApplyListenSocketMode(options); !s.ok()) return s;
+  if (absl::Status s = parts->data_plane->StartSocket(options.listen, port); !s.ok()) return s;
   // Health answers for the service by name too, as load balancers and
   // probes that name it expect (gRPC sets it NOT_SERVING at shutdown).
   if (grpc::HealthCheckServiceInterface* health = parts->grpc_server->GetHealthCheckService()) {
@@ -145,6 +171,7 @@ void Server::Shutdown(absl::Duration grace) {
   parts_->grpc_server->Shutdown(std::chrono::system_clock::now() +
                                 absl::ToChronoMilliseconds(grace));
   parts_->grpc_server->Wait();
+  parts_->data_plane->StopSocket();
   parts_->pool.reset();  // Runs what is queued, then joins.
   parts_->done.Notify();
 }

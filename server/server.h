@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/backend_factory.h"
+#include "server/data_plane_assembly.h"
 #include "server/engine/step_engine.h"
 
 namespace optstate {
@@ -22,6 +23,11 @@ struct ServerOptions {
   int max_message_bytes = 64 << 20;        // Largest request or reply.
   uint64_t page_elements = 256 * 1024;     // Exactly-once granularity.
   BackendOptions backend;
+  // The same-host shared-memory data plane (region socket, limits).
+  DataPlaneOptions data_plane;
+  // Permission bits of a unix: listen socket (who may connect); 0 leaves
+  // them as the umask made them.
+  unsigned listen_socket_mode = 0660;
 };
 
 // Thread-safe.

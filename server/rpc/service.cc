@@ -24,7 +24,7 @@ grpc::ServerReadReactor<v1::RegisterGroupRequest>* OptimizerStateService::Regist
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* OptimizerStateService::Step(
     grpc::CallbackServerContext* context) {
-  return new StepReactor(engine_, TenantOf(context), max_reply_bytes_);
+  return new StepReactor(engine_, TenantOf(context), max_reply_bytes_, regions_);
 }
 
 grpc::ServerUnaryReactor* OptimizerStateService::GetStats(grpc::CallbackServerContext* context,

@@ -5,6 +5,7 @@
 
 #include "optstate/v1/optstate.grpc.pb.h"
 #include "server/engine/step_engine.h"
+#include "server/regions/region_registry.h"
 
 namespace optstate {
 
@@ -22,8 +23,11 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
  public:
   // `max_reply_bytes`: the largest message the server may send (Step
   // refuses, before applying anything, a message whose reply would be larger).
-  OptimizerStateService(StepEngine* engine, size_t max_reply_bytes)
-      : engine_(engine), max_reply_bytes_(max_reply_bytes) {}
+  // `regions`: the same-host data plane's regions, or null when the daemon
+  // offers none.
+  OptimizerStateService(StepEngine* engine, size_t max_reply_bytes,
+                        const RegionRegistry* regions = nullptr)
+      : engine_(engine), max_reply_bytes_(max_reply_bytes), regions_(regions) {}
 
   grpc::ServerReadReactor<v1::RegisterGroupRequest>* RegisterGroup(
       grpc::CallbackServerContext* context, v1::RegisterGroupResponse* response) override;
@@ -48,6 +52,7 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
 
   StepEngine* const engine_;
   const size_t max_reply_bytes_;
+  const RegionRegistry* const regions_;
 };
 
 }  // namespace optstate

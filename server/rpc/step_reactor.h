@@ -16,6 +16,7 @@
 #include "grpcpp/grpcpp.h"
 #include "optstate/v1/optstate.pb.h"
 #include "server/engine/step_engine.h"
+#include "server/regions/region_registry.h"
 #include "server/rpc/step_request_reader.h"
 
 namespace optstate {
@@ -43,7 +44,9 @@ namespace optstate {
 class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   // `max_reply_bytes`: the largest reply gRPC will send on this server.
-  StepReactor(StepEngine* engine, std::string tenant, size_t max_reply_bytes);
+  // `regions`: what chunks naming a RegionSlice refer to (null: none).
+  StepReactor(StepEngine* engine, std::string tenant, size_t max_reply_bytes,
+              const RegionRegistry* regions = nullptr);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -91,6 +94,7 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   StepEngine* const engine_;
   const std::string tenant_;
   const size_t max_reply_bytes_;
+  const RegionRegistry* const regions_;
   const int max_in_flight_;  // Chunks applied at once: the pool's size.
 
   absl::Mutex mu_;
