@@ -4,6 +4,8 @@
 Each folder of server/ is a layer; a file may include its own layer and the
 layers below it, never one above:
   server (assembly) -> rpc -> engine -> backends -> state -> kernels -> base
+regions/ (shared-memory regions) sits beside state/: it sees state, kernels
+and base, and engine, rpc and the assembly may see it.
 Inside backends/, cpu/ and cuda/ sit on the StepBackend interface beside them,
 and cuda/paging/ (pure bookkeeping) sees no other part of the CUDA backend.
 Only rpc/ and the assembly see gRPC or protobuf. client/ and common/ see no
