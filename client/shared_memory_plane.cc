@@ -325,18 +325,16 @@ absl::Status SharedMemoryPlane::Step(grpc::Channel* channel,
 
   absl::Status last;
   for (int attempt = 0; attempt < client_options.max_attempts && !pending.empty(); ++attempt) {
-    if (attempt > 0) {
-      absl::SleepFor(Backoff(client_options, attempt));
-      if (ConnectionLost()) {
-        // The daemon restarted (or closed our session): the same memfd,
-        // gradients in it, is registered with it anew.
-        absl::Status s = Connect(channel, client_options);
-        if (s.ok()) s = RegisterRegion();
-        if (!s.ok()) {
-          last = absl::UnavailableError(
-              absl::StrCat("the region socket connection was lost: ", s.message()));
-          continue;
-        }
+    if (attempt > 0) absl::SleepFor(Backoff(client_options, attempt));
+    if (ConnectionLost()) {
+      // The daemon restarted (or closed our session) since the last step or
+      // attempt: the same memfd, gradients in it, is registered anew.
+      absl::Status s = Connect(channel, client_options);
+      if (s.ok()) s = RegisterRegion();
+      if (!s.ok()) {
+        last = absl::UnavailableError(
+            absl::StrCat("the region socket connection was lost: ", s.message()));
+        continue;
       }
     }
     grpc::ClientContext context;

@@ -422,6 +422,32 @@ TEST(SharedMemoryChoiceTest, AutoFallsBackToTheWireAndSharedMemoryFailsWithoutAS
   }
 }
 
+TEST(SharedMemoryRestartTest, AClientRegistersItsRegionAgainWithARestartedDaemon) {
+  auto first = DaemonProcess::Start();
+  ASSERT_TRUE(first.ok());
+  const int port = (*first)->port();
+  ClientOptions options;
+  options.data_plane = DataPlane::kSharedMemory;
+  options.initial_backoff = absl::Milliseconds(5);
+  auto client = Client::Connect((*first)->target(), options);
+  ASSERT_TRUE(client.ok());
+  std::mt19937 rng(FreshSeed());
+  std::vector<float> initial = RandomNormal(rng, 3000, 1.0f);
+  std::vector<float> grad = RandomNormal(rng, 3000, 1e-2f), params(3000);
+  ASSERT_TRUE((*client)->RegisterGroup("g", initial).ok());
+  ASSERT_TRUE((*client)->Step("g", 1, grad, absl::MakeSpan(params)).ok());
+  ASSERT_EQ(*(*first)->Stop(), 0);
+  // A new daemon on the same port knows neither the group nor the region.
+  auto second = DaemonProcess::Start({absl::StrCat("--listen=127.0.0.1:", port)});
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE((*client)->RegisterGroup("g", initial).ok());
+  GroupModel model(initial, Hyperparameters{});
+  model.Step(1, grad);
+  absl::Status status = (*client)->Step("g", 1, grad, absl::MakeSpan(params));
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(params, model.params_fp32());
+}
+
 TEST(UnixListenTest, ClientsReachAUnixSocketDaemonOnBothDataPlanes) {
   const std::string path = absl::StrCat("/tmp/optstate-unix-test-", getpid(), ".sock");
   for (const char* mode : {"0660", "0600"}) {
