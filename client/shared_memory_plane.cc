@@ -404,6 +404,10 @@ std::optional<absl::Status> DataPlaneChoice::MaybeStep(grpc::Channel* channel,
     }
   }
   if (plane_ != nullptr) {
+    if (absl::Status s = plane_->EnsureAreas(groups, options); !s.ok()) {
+      if (client_options.data_plane == DataPlane::kSharedMemory) return s;
+      return std::nullopt;  // kAuto: this step takes the wire.
+    }
     return plane_->Step(channel, method, client_options, groups, layouts, step, options);
   }
   if (client_options.data_plane == DataPlane::kSharedMemory) return why_not_;

@@ -54,6 +54,11 @@ class SharedMemoryPlane {
 
   uint64_t region_bytes() const { return size_; }
 
+  // Lays out every group of the step (a new, larger region when needed);
+  // Step calls it too. The region socket's refusal (RESOURCE_EXHAUSTED past
+  // the daemon's limits) or the memfd's failure.
+  absl::Status EnsureAreas(absl::Span<const GroupStep> groups, const StepOptions& options);
+
  private:
   // Where one group's gradient and params lie in the region.
   struct Area {
@@ -71,9 +76,6 @@ class SharedMemoryPlane {
   absl::Status RegisterRegion();
   // Whether the region socket connection has been closed by the daemon.
   bool ConnectionLost() const;
-  // Lays out every group of the step (a new, larger region when needed).
-  absl::Status EnsureAreas(absl::Span<const GroupStep> groups, const StepOptions& options);
-
   int socket_ = -1;
   std::string session_key_;
   int memfd_ = -1;
@@ -90,7 +92,9 @@ class DataPlaneChoice {
  public:
   // Steps through shared memory when that is the choice; std::nullopt when
   // the wire should carry this step (kWire, or kAuto without a usable
-  // region socket). kSharedMemory without one: FAILED_PRECONDITION.
+  // region socket or when the step's groups do not fit a region the daemon
+  // accepts). kSharedMemory without one: FAILED_PRECONDITION; when the
+  // region is refused: its status (RESOURCE_EXHAUSTED).
   std::optional<absl::Status> MaybeStep(grpc::Channel* channel,
                                         const grpc::internal::RpcMethod& method,
                                         const ClientOptions& client_options,

@@ -422,6 +422,30 @@ TEST(SharedMemoryChoiceTest, AutoFallsBackToTheWireAndSharedMemoryFailsWithoutAS
   }
 }
 
+TEST(SharedMemoryChoiceTest, AutoTakesTheWireForGroupsPastTheDaemonsRegionLimit) {
+  auto daemon = DaemonProcess::Start({"--max_region_bytes=1048576"});
+  ASSERT_TRUE(daemon.ok());
+  std::mt19937 rng(FreshSeed());
+  const size_t n = 1 << 18;  // 2 MiB of gradient and params: past the limit.
+  std::vector<float> initial = RandomNormal(rng, n, 1.0f);
+  std::vector<float> grad = RandomNormal(rng, n, 1e-2f), params(n);
+  GroupModel model(initial, Hyperparameters{});
+  model.Step(1, grad);
+  ClientOptions shared;
+  shared.data_plane = DataPlane::kSharedMemory;
+  auto strict = Client::Connect((*daemon)->target(), shared);
+  ASSERT_TRUE(strict.ok());
+  ASSERT_TRUE((*strict)->RegisterGroup("g", initial).ok());
+  absl::Status refused = (*strict)->Step("g", 1, grad, absl::MakeSpan(params));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("--max_region_bytes"), std::string::npos) << refused;
+  auto automatic = Client::Connect((*daemon)->target());
+  ASSERT_TRUE(automatic.ok());
+  absl::Status status = (*automatic)->Step("g", 1, grad, absl::MakeSpan(params));
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(params, model.params_fp32());
+}
+
 TEST(SharedMemoryRestartTest, AClientRegistersItsRegionAgainWithARestartedDaemon) {
   auto first = DaemonProcess::Start();
   ASSERT_TRUE(first.ok());
