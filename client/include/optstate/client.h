@@ -55,7 +55,11 @@ struct ClientOptions {
   // copies the caller's gradient into it once (narrowed to the wire type)
   // and the params out of it once (widened into params_out); Step's
   // contract is the same on both planes, and the daemon's results are
-  // bit-identical. Shared-memory steps of one Client run one at a time.
+  // bit-identical. Shared-memory steps of one Client run one at a time. The
+  // region holds every group the client stepped, gradient and params in
+  // their wire types, for the client's life (and grows by replacement, to at
+  // least twice its size, when a new group does not fit); a step then
+  // holds no other copy of the gradient.
   DataPlane data_plane = DataPlane::kAuto;
 };
 
