@@ -18,6 +18,9 @@ ABSL_FLAG(std::string, socket_mode, "0660",
 ABSL_FLAG(uint32_t, max_regions_per_client, 16,
           "Regions one region-socket connection may have registered at once; more get "
           "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(uint32_t, max_regions, 4096,
+          "Regions all clients together may have registered (each is one mapping in the "
+          "daemon); more get RESOURCE_EXHAUSTED.");
 ABSL_FLAG(uint64_t, max_region_bytes, 64ull << 30,
           "Bytes of shared-memory regions the daemon maps, all clients together; a "
           "registration past it gets RESOURCE_EXHAUSTED.");
@@ -37,6 +40,7 @@ absl::Status DataPlaneOptionsFromFlags(ServerOptions* options) {
   options->listen_socket_mode = static_cast<unsigned>(bits);
   options->data_plane.limits.max_regions_per_client = absl::GetFlag(FLAGS_max_regions_per_client);
   options->data_plane.limits.max_region_bytes = absl::GetFlag(FLAGS_max_region_bytes);
+  options->data_plane.limits.max_regions = absl::GetFlag(FLAGS_max_regions);
   return absl::OkStatus();
 }
 

@@ -72,6 +72,7 @@ void RegionRegistry::CloseSession(const std::string& key) {
     auto it = sessions_.find(key);
     if (it == sessions_.end()) return;
     gone = std::move(it->second);
+    regions_ -= gone.regions.size();
     sessions_.erase(it);
   }
   // `gone` unmaps its regions here, outside the lock (unless a step still uses one).
@@ -110,6 +111,11 @@ absl::StatusOr<std::shared_ptr<const MappedRegion>> RegionRegistry::Register(con
         "this client has ", session.regions.size(), " regions, the most --max_regions_per_client=",
         limits_.max_regions_per_client, " allows; unregister one first"));
   }
+  if (regions_ >= limits_.max_regions) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the daemon holds ", regions_, " regions, the most --max_regions=", limits_.max_regions,
+        " allows; use the wire or try again later"));
+  }
   const uint64_t mapped = mapped_bytes_->load();
   if (bytes > limits_.max_region_bytes || mapped > limits_.max_region_bytes - bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -127,6 +133,7 @@ absl::StatusOr<std::shared_ptr<const MappedRegion>> RegionRegistry::Register(con
   auto region = std::make_shared<const MappedRegion>(id, session.tenant, static_cast<char*>(base),
                                                      bytes, mapped_bytes_);
   session.regions[id] = region;
+  ++regions_;
   return region;
 }
 
@@ -139,6 +146,7 @@ absl::Status RegionRegistry::Unregister(const std::string& key, uint64_t id) {
     if (region != it->second.regions.end()) {
       gone = std::move(region->second);
       it->second.regions.erase(region);
+      --regions_;
       return absl::OkStatus();
     }
   }

@@ -21,6 +21,10 @@ namespace optstate {
 struct RegionLimits {
   uint32_t max_regions_per_client = 16;
   uint64_t max_region_bytes = 64ull << 30;  // All regions mapped, together.
+  // Regions of all clients together: each is a mapping, and the kernel's
+  // per-process limit on mappings (vm.max_map_count, 65530 by default) is
+  // shared with the daemon's own allocations.
+  uint32_t max_regions = 4096;
 };
 
 // One mapped region. Unmapped when the last reference goes: the registry's
@@ -76,8 +80,8 @@ class RegionRegistry {
   // Maps memfd `fd` (always closed, whatever the outcome) as a region of the
   // session `key`. INVALID_ARGUMENT when the fd is not a sealable memfd or
   // lacks F_SEAL_SHRINK, is empty, or cannot be mapped read-write (a write
-  // seal); RESOURCE_EXHAUSTED past --max_regions_per_client or
-  // --max_region_bytes; NOT_FOUND for an unknown session.
+  // seal); RESOURCE_EXHAUSTED past --max_regions_per_client, --max_regions
+  // or --max_region_bytes; NOT_FOUND for an unknown session.
   absl::StatusOr<std::shared_ptr<const MappedRegion>> Register(const std::string& key, int fd)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Forgets region `id` of session `key`; NOT_FOUND when it has none such.
@@ -107,6 +111,7 @@ class RegionRegistry {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  size_t regions_ ABSL_GUARDED_BY(mu_) = 0;  // Registered, all sessions.
 };
 
 }  // namespace optstate

@@ -133,6 +133,27 @@ TEST(RegionRegistry, LimitsRegionsPerClientAndBytesMapped) {
   EXPECT_EQ(registry.mapped_bytes(), 3u * 4096);
 }
 
+TEST(RegionRegistry, LimitsRegionsOfAllClientsTogether) {
+  RegionRegistry registry(RegionLimits{16, 1 << 30, 3});
+  const std::string a = registry.OpenSession("");
+  const std::string b = registry.OpenSession("");
+  auto first = registry.Register(a, Memfd(4096, F_SEAL_SHRINK));
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(registry.Register(a, Memfd(4096, F_SEAL_SHRINK)).ok());
+  ASSERT_TRUE(registry.Register(b, Memfd(4096, F_SEAL_SHRINK)).ok());
+  absl::Status fourth = registry.Register(b, Memfd(4096, F_SEAL_SHRINK)).status();
+  EXPECT_EQ(fourth.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(fourth.message().find("--max_regions=3"), std::string::npos) << fourth;
+  // Room again once one is unregistered, and once a session closes.
+  ASSERT_TRUE(registry.Unregister(a, (*first)->id()).ok());
+  EXPECT_TRUE(registry.Register(b, Memfd(4096, F_SEAL_SHRINK)).ok());
+  registry.CloseSession(b);
+  EXPECT_TRUE(registry.Register(a, Memfd(4096, F_SEAL_SHRINK)).ok());
+  EXPECT_TRUE(registry.Register(a, Memfd(4096, F_SEAL_SHRINK)).ok());
+  EXPECT_EQ(registry.Register(a, Memfd(4096, F_SEAL_SHRINK)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
 TEST(RegionRegistry, AnUnregisteredRegionStaysMappedForTheStepUsingIt) {
   RegionRegistry registry(RegionLimits{});
   const std::string key = registry.OpenSession("");
