@@ -52,6 +52,9 @@ ABSL_FLAG(std::vector<std::string>, wire, {"fp32"},
           "params_out made by Of16Bit).");
 ABSL_FLAG(std::vector<std::string>, clients, {"1"},
           "Concurrent clients, each with its own Client and its own groups.");
+ABSL_FLAG(std::vector<std::string>, data_plane, {"wire"},
+          "Data planes to measure optstate's step on (ClientOptions::data_plane): wire, "
+          "shared_memory; several are measured interleaved, and shared_memory/wire printed.");
 ABSL_FLAG(uint64_t, chunk_bytes, 1 << 20, "Client chunk size (ClientOptions::chunk_bytes).");
 ABSL_FLAG(int, window, 8, "Chunks in flight per stream (ClientOptions::max_chunks_in_flight).");
 ABSL_FLAG(double, seconds, 2.0, "Seconds per measurement (at least --min_steps steps).");
@@ -145,6 +148,8 @@ struct Config {
   WireType wire;
   bool native16;  // The client's buffers are bf16 (Of16Bit views).
   int clients;
+  std::string plane_name;  // --data_plane's word.
+  DataPlane plane;
   std::vector<std::unique_ptr<ClientState>> states;
 };
 
@@ -158,8 +163,9 @@ struct Measurement {
   std::vector<double> latencies_ms;
 };
 
-ClientOptions MakeClientOptions() {
+ClientOptions MakeClientOptions(DataPlane plane = DataPlane::kWire) {
   ClientOptions options;
+  options.data_plane = plane;
   options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   options.max_chunks_in_flight = absl::GetFlag(FLAGS_window);
   return options;
@@ -208,7 +214,7 @@ void VerifyRawAdamW(const Config& config, const ClientState& state, uint64_t id,
 
 void Setup(Config& config, int index, const std::string& target, const std::string& echo_target,
            const std::string& raw_adamw_target) {
-  const ClientOptions options = MakeClientOptions();
+  const ClientOptions options = MakeClientOptions(config.plane);
   for (int c = 0; c < config.clients; ++c) {
     auto state = std::make_unique<ClientState>();
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(target, options);
@@ -476,8 +482,20 @@ int Main() {
           std::fprintf(stderr, "optstate-bench: bad --clients '%s'\n", clients.c_str());
           return 2;
         }
-        configs.push_back(
-            Config{ParseShape(shape), wire, ParseWire(wire), wire == "bf16-native", n, {}});
+        for (const std::string& plane : absl::GetFlag(FLAGS_data_plane)) {
+          if (plane != "wire" && plane != "shared_memory") {
+            std::fprintf(stderr, "optstate-bench: bad --data_plane '%s'\n", plane.c_str());
+            return 2;
+          }
+          configs.push_back(Config{ParseShape(shape),
+                                   wire,
+                                   ParseWire(wire),
+                                   wire == "bf16-native",
+                                   n,
+                                   plane,
+                                   plane == "wire" ? DataPlane::kWire : DataPlane::kSharedMemory,
+                                   {}});
+        }
       }
     }
   }
@@ -501,9 +519,10 @@ int Main() {
       Config& config = configs[i];
       const Measurement m = MeasureOptstate(config, daemon_pid);
       optstate[i].Add(m);
-      std::fprintf(stderr, "rep %d %s %s x%d: optstate %.1f M elem/s, %.2f GB/s wire", rep,
+      std::fprintf(stderr, "rep %d %s %s x%d %s: optstate %.1f M elem/s, %.2f GB/s wire", rep,
                    config.shape.name.c_str(), config.wire_name.c_str(), config.clients,
-                   m.elements / m.seconds / 1e6, m.wire_bytes / m.seconds / 1e9);
+                   config.plane_name.c_str(), m.elements / m.seconds / 1e6,
+                   m.wire_bytes / m.seconds / 1e9);
       if (config.states.front()->echo) {
         const Measurement e = MeasureEcho(config, echo_pid);
         echo[i].Add(e);
@@ -549,17 +568,18 @@ int Main() {
     const double cpu_ms = m.server_cpu_seconds / static_cast<double>(m.steps) * 1e3;
     const double client_cpu_ms = m.client_cpu_seconds / static_cast<double>(m.steps) * 1e3;
     std::printf(
-        "%s %s clients=%d: %.2f steps/s, %.1f M elem/s, wire %.2f GB/s, step p50 %.1f "
-        "ms p99 %.1f ms, CPU ms/step: server %.1f, client %.1f",
-        config.shape.name.c_str(), config.wire_name.c_str(), config.clients, m.steps / m.seconds,
-        eps / 1e6, wire / 1e9, Percentile(all_latencies, 0.5), Percentile(all_latencies, 0.99),
-        cpu_ms, client_cpu_ms);
+        "%s %s clients=%d data_plane=%s: %.2f steps/s, %.1f M elem/s, wire %.2f GB/s, step p50 "
+        "%.1f ms p99 %.1f ms, CPU ms/step: server %.1f, client %.1f",
+        config.shape.name.c_str(), config.wire_name.c_str(), config.clients,
+        config.plane_name.c_str(), m.steps / m.seconds, eps / 1e6, wire / 1e9,
+        Percentile(all_latencies, 0.5), Percentile(all_latencies, 0.99), cpu_ms, client_cpu_ms);
     std::vector<std::pair<std::string, std::string>> fields = {
         {"kind", Q("e2e")},
         {"shape", Q(config.shape.name)},
         {"elements_per_step", N(static_cast<double>(config.shape.elements()))},
         {"wire", Q(config.wire_name)},
         {"clients", N(config.clients)},
+        {"data_plane", Q(config.plane_name)},
         {"chunk_bytes", N(chunk)},
         {"steps_per_s", N(m.steps / m.seconds)},
         {"elem_per_s", N(eps)},
@@ -619,6 +639,35 @@ int Main() {
       fields.push_back({"tcp_one_way_Bps", N(tcp1)});
     }
     std::printf("\nRESULT %s\n", Json(fields).c_str());
+  }
+  // Shared memory against the wire, same shape, dtype and clients, measured
+  // interleaved in the same reps.
+  for (size_t i = 0; i < configs.size(); ++i) {
+    if (configs[i].plane != DataPlane::kSharedMemory) continue;
+    for (size_t j = 0; j < configs.size(); ++j) {
+      const Config& a = configs[i];
+      const Config& b = configs[j];
+      if (b.plane != DataPlane::kWire || a.shape.name != b.shape.name ||
+          a.wire_name != b.wire_name || a.clients != b.clients) {
+        continue;
+      }
+      const Measurement& s = optstate[i].best;
+      const Measurement& w = optstate[j].best;
+      const double ratio = (s.elements / s.seconds) / (w.elements / w.seconds);
+      const double steps_s = static_cast<double>(s.steps), steps_w = static_cast<double>(w.steps);
+      std::printf(
+          "%s %s clients=%d: shared_memory/wire %.2f (CPU ms/step shared_memory: server %.1f, "
+          "client %.1f; wire: server %.1f, client %.1f)\n",
+          a.shape.name.c_str(), a.wire_name.c_str(), a.clients, ratio,
+          s.server_cpu_seconds / steps_s * 1e3, s.client_cpu_seconds / steps_s * 1e3,
+          w.server_cpu_seconds / steps_w * 1e3, w.client_cpu_seconds / steps_w * 1e3);
+      std::printf("RESULT %s\n", Json({{"kind", Q("data_plane_ratio")},
+                                       {"shape", Q(a.shape.name)},
+                                       {"wire", Q(a.wire_name)},
+                                       {"clients", N(a.clients)},
+                                       {"shared_memory_over_wire", N(ratio)}})
+                                     .c_str());
+    }
   }
   std::fflush(stdout);
   return 0;

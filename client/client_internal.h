@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/plan_chunks.h"
 #include "client/proto_convert.h"
+#include "client/shared_memory_plane.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/client.h"
 #include "optstate/v1/optstate.grpc.pb.h"
@@ -26,6 +27,8 @@ struct Client::Impl {
   std::unique_ptr<v1::OptimizerState::Stub> stub;
   // Step as a raw method (client/step_wire.h), registered on `channel`.
   std::unique_ptr<grpc::internal::RpcMethod> raw_step;
+  // Wire or shared memory (ClientOptions::data_plane); holds the region.
+  client_internal::DataPlaneChoice data_plane;
 
   // Layouts of groups this client has seen (page size, element count).
   absl::Mutex mu;

@@ -456,6 +456,16 @@ absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
   absl::StatusOr<std::vector<ChunkGroup>> layouts =
       impl_->StepLayouts(*this, groups, options, limits);
   if (!layouts.ok()) return layouts.status();
+  if (std::optional<absl::Status> shared =
+          impl_->data_plane.MaybeStep(impl_->channel.get(), *impl_->raw_step, impl_->options,
+                                      groups, *layouts, step, options)) {
+    // As below: a group deleted or registered anew elsewhere is looked up again next time.
+    if (shared->code() == absl::StatusCode::kNotFound ||
+        shared->code() == absl::StatusCode::kInvalidArgument) {
+      for (const GroupStep& group : groups) impl_->Forget(group.group);
+    }
+    return *shared;
+  }
   absl::StatusOr<std::vector<PlannedPieces>> plan = PlanChunks(*layouts, limits);
   if (!plan.ok()) return plan.status();
   std::vector<PlannedChunk> pending;

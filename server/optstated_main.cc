@@ -13,11 +13,12 @@
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
 #include "server/base/log.h"
+#include "server/data_plane_flags.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
-          "Address to serve on, host:port. Use 0.0.0.0:50051 to accept remote trainers; "
-          "port 0 picks a free port.");
+          "Address to serve on, host:port or unix:/path (a Unix socket; --socket_mode says who "
+          "may connect). Use 0.0.0.0:50051 to accept remote trainers; port 0 picks a free port.");
 ABSL_FLAG(std::string, backend, "auto",
           "Where steps run: auto (cuda when built in and a device is usable, else cpu), cpu, "
           "or cuda (exit with an error when no device is usable).");
@@ -139,6 +140,10 @@ int main(int argc, char** argv) {
   options.backend.cuda.staging_slots = absl::GetFlag(FLAGS_staging_slots);
   options.backend.cuda.staging_slot_bytes = absl::GetFlag(FLAGS_staging_slot_bytes);
   options.backend.cuda.device = absl::GetFlag(FLAGS_cuda_device);
+  if (absl::Status s = optstate::DataPlaneOptionsFromFlags(&options); !s.ok()) {
+    std::fprintf(stderr, "optstated: %s\n", s.ToString().c_str());
+    return 2;
+  }
 
   absl::StatusOr<std::unique_ptr<optstate::Server>> server = optstate::Server::Start(options);
   if (!server.ok()) {

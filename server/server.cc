@@ -2,10 +2,14 @@
 // pool (finish the ones in flight), then backend and store.
 #include "server/server.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -26,6 +30,7 @@ struct Server::Parts {
   std::unique_ptr<StateStore> store;
   std::unique_ptr<StepEngine> engine;
   std::unique_ptr<Checkpointer> checkpointer;  // Null without a state_dir.
+  std::unique_ptr<DataPlaneAssembly> data_plane;
   std::unique_ptr<OptimizerStateService> service;
   std::unique_ptr<grpc::Server> grpc_server;
   std::string backend_name;
@@ -39,6 +44,7 @@ struct Server::Parts {
     pool.reset();
     service.reset();
     checkpointer.reset();
+    data_plane.reset();
     engine.reset();
     store.reset();
     backend.reset();
@@ -53,6 +59,21 @@ uint64_t DefaultMaxHostBytes() {
   const long page_size = sysconf(_SC_PAGE_SIZE);
   if (pages <= 0 || page_size <= 0) return 8ull << 30;
   return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) / 10 * 8;
+}
+
+// A unix: listen socket gets the permission bits asked for (gRPC creates it
+// with the umask's).
+absl::Status ApplyListenSocketMode(const ServerOptions& options) {
+  if (!absl::StartsWith(options.listen, "unix:") || options.listen_socket_mode == 0) {
+    return absl::OkStatus();
+  }
+  std::string path = options.listen.substr(5);
+  if (absl::StartsWith(path, "//")) path = path.substr(2);
+  if (chmod(path.c_str(), options.listen_socket_mode) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot set the mode of listen socket ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -116,9 +137,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   } else if (options.require_state) {
     return absl::InvalidArgumentError("--require_state needs --state_dir");
   }
+  parts->data_plane = std::make_unique<DataPlaneAssembly>(options.data_plane);
   parts->service = std::make_unique<OptimizerStateService>(
       parts->engine.get(), static_cast<size_t>(options.max_message_bytes),
-      options.stream_idle_timeout, parts->checkpointer.get());
+      options.stream_idle_timeout, parts->checkpointer.get(), parts->data_plane->registry());
 
   // Referencing the compiled health.proto keeps it linked in, which puts its
   // descriptors in the pool: reflection can then describe grpc.health.v1 and
@@ -136,11 +158,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.RegisterService(parts->service.get());
+  builder.RegisterService(parts->data_plane->service());
   parts->grpc_server = builder.BuildAndStart();
   if (parts->grpc_server == nullptr || port == 0) {
     return absl::UnavailableError(
         absl::StrCat("could not listen on ", options.listen, " (address in use or not valid?)"));
   }
+  if (absl::Status s = ApplyListenSocketMode(options); !s.ok()) return s;
+  if (absl::Status s = parts->data_plane->StartSocket(options.listen, port); !s.ok()) return s;
   // Health answers for the service by name too, as load balancers and
   // probes that name it expect (gRPC sets it NOT_SERVING at shutdown).
   if (grpc::HealthCheckServiceInterface* health = parts->grpc_server->GetHealthCheckService()) {
@@ -190,6 +215,7 @@ void Server::Shutdown(absl::Duration grace) {
   constexpr absl::Duration kUnaryGrace = absl::Milliseconds(250);
   parts_->grpc_server->Shutdown(absl::ToChronoTime(std::min(deadline, absl::Now() + kUnaryGrace)));
   parts_->grpc_server->Wait();
+  parts_->data_plane->StopSocket();
   parts_->pool.reset();  // Runs what is queued, then joins.
   if (parts_->checkpointer != nullptr) {
     // Nothing steps any more: the final checkpoint holds the last state.

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/backend_factory.h"
+#include "server/data_plane_assembly.h"
 #include "server/engine/step_engine.h"
 
 namespace optstate {
@@ -34,6 +35,11 @@ struct ServerOptions {
   int checkpoints_to_keep = 2;
   bool require_state = false;                  // Refuse to start without a usable checkpoint.
   uint64_t checkpoint_buffer_bytes = 8 << 20;  // The writer's memory bound (at least a page).
+  // The same-host shared-memory data plane (region socket, limits).
+  DataPlaneOptions data_plane;
+  // Permission bits of a unix: listen socket (who may connect); 0 leaves
+  // them as the umask made them.
+  unsigned listen_socket_mode = 0660;
 };
 
 // Thread-safe.

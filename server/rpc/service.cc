@@ -36,7 +36,7 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* OptimizerStateService::RegisterGroup(
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* OptimizerStateService::Step(
     grpc::CallbackServerContext* context) {
-  return new StepReactor(engine_, TenantOf(context), max_reply_bytes_, &streams_);
+  return new StepReactor(engine_, TenantOf(context), max_reply_bytes_, &streams_, regions_);
 }
 
 grpc::ServerUnaryReactor* OptimizerStateService::GetStats(grpc::CallbackServerContext* context,

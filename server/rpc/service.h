@@ -7,6 +7,7 @@
 #include "server/durability/checkpointer.h"
 #include "server/engine/step_engine.h"
 #include "server/rpc/stream_registry.h"
+#include "server/regions/region_registry.h"
 
 namespace optstate {
 
@@ -35,14 +36,17 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   // `stream_idle_timeout`: a Step or RegisterGroup stream idle this long is
   // ended with UNAVAILABLE; zero or infinite: never. `checkpointer`: null
   // without --state_dir (Checkpoint then answers FAILED_PRECONDITION); else it
-  // must outlive the service.
+  // must outlive the service. `regions`: the same-host data plane's regions,
+  // or null when the daemon offers none.
   OptimizerStateService(StepEngine* engine, size_t max_reply_bytes,
                         absl::Duration stream_idle_timeout = absl::InfiniteDuration(),
-                        Checkpointer* checkpointer = nullptr)
+                        Checkpointer* checkpointer = nullptr,
+                        const RegionRegistry* regions = nullptr)
       : engine_(engine),
         max_reply_bytes_(max_reply_bytes),
         streams_(stream_idle_timeout),
-        checkpointer_(checkpointer) {}
+        checkpointer_(checkpointer),
+        regions_(regions) {}
 
   // Refuses new streams and ends the open ones with UNAVAILABLE (the daemon
   // is shutting down), each once the work it has under way is answered.
@@ -90,6 +94,7 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   const size_t max_reply_bytes_;
   StreamRegistry streams_;
   Checkpointer* const checkpointer_;
+  const RegionRegistry* const regions_;
 };
 
 }  // namespace optstate

@@ -55,15 +55,75 @@ absl::Status ToChunk(const v1::StepRequest& request, const SegmentedBytes& gradi
   return absl::OkStatus();
 }
 
+// Where a chunk's region slices lie, once looked up.
+struct RegionUse {
+  SegmentedBytes gradient;  // Over the gradient's slice, when it names one.
+  char* params = nullptr;   // The params' slice, when it names one.
+};
+
+// Looks up the regions `request` names, if any: its gradient (replacing
+// `*gradient`, which must be empty) and its params. `held` keeps the
+// mappings alive while the message is applied.
+absl::Status ResolveRegions(const v1::StepRequest& request, const std::string& tenant,
+                            const RegionRegistry* regions, const SegmentedBytes& wire_gradient,
+                            RegionUse* use,
+                            std::vector<std::shared_ptr<const MappedRegion>>* held) {
+  if (!request.has_gradient_region() && !request.has_params_region()) return absl::OkStatus();
+  if (regions == nullptr) {
+    return absl::FailedPreconditionError(
+        "this daemon offers no shared-memory regions (started with --region_socket=none); send "
+        "the gradient in StepRequest.gradient");
+  }
+  auto find = [&](const v1::RegionSlice& slice, absl::string_view what) -> absl::StatusOr<char*> {
+    absl::StatusOr<std::shared_ptr<const MappedRegion>> region =
+        regions->Find(tenant, request.region_session(), slice.region());
+    if (!region.ok()) return region.status();
+    absl::StatusOr<char*> at = (*region)->Slice(slice.offset(), slice.bytes(), what);
+    if (at.ok()) held->push_back(std::move(*region));
+    return at;
+  };
+  if (request.has_gradient_region()) {
+    if (wire_gradient.size() != 0) {
+      return absl::InvalidArgumentError(
+          "the chunk carries a gradient and names a gradient_region; send one of them");
+    }
+    absl::StatusOr<char*> at = find(request.gradient_region(), "gradient_region");
+    if (!at.ok()) return at.status();
+    use->gradient = SegmentedBytes(absl::string_view(*at, request.gradient_region().bytes()));
+  }
+  if (request.has_params_region()) {
+    absl::StatusOr<char*> at = find(request.params_region(), "params_region");
+    if (!at.ok()) return at.status();
+    use->params = *at;
+  }
+  if (request.has_gradient_region() && request.has_params_region()) {
+    const v1::RegionSlice& g = request.gradient_region();
+    const v1::RegionSlice& p = request.params_region();
+    // The update writes params while it reads the gradient: refuse slices
+    // that share a byte (both in bounds, so the sums cannot wrap).
+    if (g.region() == p.region() && g.bytes() != 0 && p.bytes() != 0 &&
+        g.offset() < p.offset() + p.bytes() && p.offset() < g.offset() + g.bytes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient_region bytes [", g.offset(), ", ", g.offset() + g.bytes(),
+                       ") and params_region bytes [", p.offset(), ", ", p.offset() + p.bytes(),
+                       ") of region ", g.region(), " overlap; give the params their own bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // INVALID_ARGUMENT when the reply to a message (its chunks validated) could
 // be larger than gRPC will send: it is refused before anything is applied,
-// rather than applied and then not answered.
+// rather than applied and then not answered. Params written into a region
+// take no room in the reply.
 absl::Status CheckReplyFits(const v1::StepRequest& request, absl::Span<const StepChunk> chunks,
-                            absl::Span<const ValidatedChunk> validated, size_t max_reply_bytes) {
+                            absl::Span<const ValidatedChunk> validated,
+                            absl::Span<const RegionUse> uses, size_t max_reply_bytes) {
   uint64_t bytes = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
-    bytes += validated[i].count * WireTypeSize(chunks[i].param_type) +
-             PieceOf(request, i).group().size() + kReplyFieldsBytes;
+    const uint64_t params =
+        uses[i].params != nullptr ? 0 : validated[i].count * WireTypeSize(chunks[i].param_type);
+    bytes += params + PieceOf(request, i).group().size() + kReplyFieldsBytes;
   }
   if (bytes <= max_reply_bytes) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
@@ -77,7 +137,8 @@ absl::Status CheckReplyFits(const v1::StepRequest& request, absl::Span<const Ste
 }  // namespace
 
 absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, size_t max_reply_bytes,
-                              const StepMessage& message, std::vector<grpc::Slice>* reply) {
+                              const StepMessage& message, std::vector<grpc::Slice>* reply,
+                              const RegionRegistry* regions) {
   const v1::StepRequest& request = message.request;
   const size_t pieces = 1 + static_cast<size_t>(request.more_size());
   if (message.gradients.size() != pieces) {
@@ -86,9 +147,16 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
   }
   std::vector<StepChunk> chunks(pieces);
   std::vector<ValidatedChunk> validated(pieces);
+  std::vector<RegionUse> uses(pieces);
+  std::vector<std::shared_ptr<const MappedRegion>> held;
   for (size_t i = 0; i < pieces; ++i) {
+    const v1::StepRequest& piece = PieceOf(request, i);
     absl::Status status =
-        ToChunk(PieceOf(request, i), message.gradients[i], tenant, i > 0, &chunks[i]);
+        ResolveRegions(piece, tenant, regions, message.gradients[i], &uses[i], &held);
+    if (status.ok()) {
+      status = ToChunk(piece, piece.has_gradient_region() ? uses[i].gradient : message.gradients[i],
+                       tenant, i > 0, &chunks[i]);
+    }
     if (status.ok()) {
       absl::StatusOr<ValidatedChunk> checked = engine->Validate(chunks[i]);
       if (checked.ok()) {
@@ -97,18 +165,28 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
         status = checked.status();
       }
     }
+    if (status.ok() && uses[i].params != nullptr &&
+        piece.params_region().bytes() != validated[i].count * WireTypeSize(chunks[i].param_type)) {
+      status = absl::InvalidArgumentError(absl::StrCat(
+          "params_region holds ", piece.params_region().bytes(), " bytes; the chunk's ",
+          validated[i].count, " params in ", WireTypeName(chunks[i].param_type), " take ",
+          validated[i].count * WireTypeSize(chunks[i].param_type)));
+    }
     if (!status.ok()) {
       return AboutPacked(status, request, i, "nothing in its message was applied");
     }
   }
-  if (absl::Status s = CheckReplyFits(request, chunks, validated, max_reply_bytes); !s.ok()) {
+  if (absl::Status s = CheckReplyFits(request, chunks, validated, uses, max_reply_bytes); !s.ok()) {
     return s;
   }
   for (size_t i = 0; i < pieces; ++i) {
     const v1::StepRequest& piece = PieceOf(request, i);
     StepReplyBuilder builder(piece.group().size(), /*packed=*/i > 0);
-    absl::StatusOr<StepChunkResult> result = engine->Apply(
-        chunks[i], validated[i], [&builder](size_t bytes) { return builder.ReserveParams(bytes); });
+    char* const region_params = uses[i].params;
+    absl::StatusOr<StepChunkResult> result =
+        engine->Apply(chunks[i], validated[i], [&builder, region_params](size_t bytes) {
+          return region_params != nullptr ? region_params : builder.ReserveParams(bytes);
+        });
     if (!result.ok()) {
       return AboutPacked(result.status(), request, i,
                          "the chunks before it in its message were applied");
@@ -121,6 +199,7 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
     response.set_param_dtype(WireTypeToProto(chunks[i].param_type));
     response.set_pages_applied(result->pages_applied);
     response.set_pages_replayed(result->pages_replayed);
+    response.set_params_in_region(region_params != nullptr);
     reply->push_back(builder.Finish(response));
   }
   return absl::OkStatus();

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "grpcpp/support/slice.h"
 #include "server/engine/step_engine.h"
+#include "server/regions/region_registry.h"
 #include "server/rpc/step_request_reader.h"
 
 namespace optstate {
@@ -23,8 +24,20 @@ namespace optstate {
 // serialized by StepReplyBuilder); a chunk refused there (page state:
 // FAILED_PRECONDITION, NOT_FOUND once deleted, DATA_LOSS) leaves the chunks
 // before it applied. A refusal of a packed chunk names it.
+// A chunk may name a RegionSlice of `regions` (the same-host data plane) for
+// its gradient and for its params instead of carrying them: such a chunk is
+// checked like the others, and before anything is applied its regions are
+// looked up for `tenant` and its session (NOT_FOUND: not this client's,
+// unregistered, or its client gone) and its slices bounds-checked
+// (OUT_OF_RANGE); INVALID_ARGUMENT for a chunk carrying both a gradient and
+// a gradient_region, a params_region of another size than the params, or
+// gradient and params slices that overlap; FAILED_PRECONDITION when
+// `regions` is null (no region socket). The kernel then reads the gradient
+// from the region and writes the params into it; the mappings stay alive
+// until the message is done, even if unregistered meanwhile.
 absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, size_t max_reply_bytes,
-                              const StepMessage& message, std::vector<grpc::Slice>* reply);
+                              const StepMessage& message, std::vector<grpc::Slice>* reply,
+                              const RegionRegistry* regions = nullptr);
 
 }  // namespace optstate
 

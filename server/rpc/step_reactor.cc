@@ -11,10 +11,11 @@
 namespace optstate {
 
 StepReactor::StepReactor(StepEngine* engine, std::string tenant, size_t max_reply_bytes,
-                         StreamRegistry* streams)
+                         StreamRegistry* streams, const RegionRegistry* regions)
     : engine_(engine),
       tenant_(std::move(tenant)),
       max_reply_bytes_(max_reply_bytes),
+      regions_(regions),
       max_in_flight_(std::max(1, engine->pool()->size())),
       streams_(streams) {
   {
@@ -135,7 +136,8 @@ void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
   absl::Status status = task->chunk.parse_status;
   std::vector<grpc::Slice> slices;
   if (status.ok()) {
-    status = ApplyStepMessage(engine_, tenant_, max_reply_bytes_, task->chunk.message, &slices);
+    status = ApplyStepMessage(engine_, tenant_, max_reply_bytes_, task->chunk.message, &slices,
+                              regions_);
   }
   grpc::ByteBuffer reply;
   if (status.ok()) reply = grpc::ByteBuffer(slices.data(), slices.size());

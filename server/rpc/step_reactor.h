@@ -17,6 +17,7 @@
 #include "grpcpp/grpcpp.h"
 #include "optstate/v1/optstate.pb.h"
 #include "server/engine/step_engine.h"
+#include "server/regions/region_registry.h"
 #include "server/rpc/step_request_reader.h"
 #include "server/rpc/stream_registry.h"
 
@@ -50,9 +51,10 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
                     public ManagedStream {
  public:
   // `max_reply_bytes`: the largest reply gRPC will send on this server.
-  // `streams` must outlive the reactor.
+  // `streams` must outlive the reactor. `regions`: what chunks naming a
+  // RegionSlice refer to (null: none).
   StepReactor(StepEngine* engine, std::string tenant, size_t max_reply_bytes,
-              StreamRegistry* streams);
+              StreamRegistry* streams, const RegionRegistry* regions = nullptr);
 
   void OnReadDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_);
   void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_);
@@ -105,6 +107,7 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   StepEngine* const engine_;
   const std::string tenant_;
   const size_t max_reply_bytes_;
+  const RegionRegistry* const regions_;
   const int max_in_flight_;  // Chunks applied at once: the pool's size.
   StreamRegistry* const streams_;
   bool registered_ = false;  // streams_->Add took it.

@@ -32,6 +32,14 @@ constexpr uint32_t kLrFloat32Tag = WireTag(v1::StepRequest::kLrFloat32FieldNumbe
 constexpr uint32_t kGradScaleTag = WireTag(v1::StepRequest::kGradScaleFieldNumber, kFixed32);
 constexpr uint32_t kParamDtypeTag = WireTag(v1::StepRequest::kParamDtypeFieldNumber, kVarint);
 constexpr uint32_t kGroupElementsTag = WireTag(v1::StepRequest::kGroupElementsFieldNumber, kVarint);
+constexpr uint32_t kGradientRegionTag =
+    LengthDelimitedTag(v1::StepRequest::kGradientRegionFieldNumber);
+constexpr uint32_t kParamsRegionTag = LengthDelimitedTag(v1::StepRequest::kParamsRegionFieldNumber);
+constexpr uint32_t kRegionSessionTag =
+    LengthDelimitedTag(v1::StepRequest::kRegionSessionFieldNumber);
+constexpr uint32_t kSliceRegionTag = WireTag(v1::RegionSlice::kRegionFieldNumber, kVarint);
+constexpr uint32_t kSliceOffsetTag = WireTag(v1::RegionSlice::kOffsetFieldNumber, kVarint);
+constexpr uint32_t kSliceBytesTag = WireTag(v1::RegionSlice::kBytesFieldNumber, kVarint);
 
 // The slices of a message, one after another, as protobuf's input stream.
 class SlicesInputStream : public google::protobuf::io::ZeroCopyInputStream {
@@ -215,6 +223,32 @@ class RequestScanner {
     return status;
   }
 
+  // A RegionSlice field's message (after its tag), in a StepRequest nested
+  // `depth` deep, merged into `slice` as protobuf merges a repeated message
+  // field; false when malformed.
+  static bool ParseRegionSlice(CodedInputStream* input, int depth, v1::RegionSlice* slice) {
+    uint64_t length = 0;
+    if (!ReadLength(input, &length) || depth + 1 > kMaxDepth) return false;
+    const CodedInputStream::Limit outer = input->PushLimit(static_cast<int>(length));
+    bool ok = true;
+    while (ok && input->BytesUntilLimit() != 0) {
+      uint32_t tag = 0;
+      uint64_t varint = 0;
+      if (!ReadTag(input, &tag)) {
+        ok = false;
+      } else if (tag == kSliceRegionTag || tag == kSliceOffsetTag || tag == kSliceBytesTag) {
+        ok = input->ReadVarint64(&varint);
+        if (tag == kSliceRegionTag) slice->set_region(varint);
+        if (tag == kSliceOffsetTag) slice->set_offset(varint);
+        if (tag == kSliceBytesTag) slice->set_bytes(varint);
+      } else {
+        ok = SkipField(input, tag, depth + 1);
+      }
+    }
+    input->PopLimit(outer);
+    return ok;
+  }
+
   // Any other field of a message nested `depth` deep, as protobuf parses it
   // into `fields`; false when malformed.
   static bool ParseField(CodedInputStream* input, uint32_t tag, int depth,
@@ -262,6 +296,13 @@ class RequestScanner {
         if (!input->ReadLittleEndian32(&fixed)) return false;
         fields->set_grad_scale(absl::bit_cast<float>(fixed));
         return true;
+      case kGradientRegionTag:
+        return ParseRegionSlice(input, depth, fields->mutable_gradient_region());
+      case kParamsRegionTag:
+        return ParseRegionSlice(input, depth, fields->mutable_params_region());
+      case kRegionSessionTag:
+        return ReadLength(input, &varint) &&
+               input->ReadString(fields->mutable_region_session(), static_cast<int>(varint));
       default:  // Unknown fields, and known ones of another wire type: skipped, as protobuf does.
         return SkipField(input, tag, depth);
     }

@@ -63,6 +63,32 @@ std::vector<std::string> StepInputSeeds() {
                         std::string("\xa0\x01\x2a\xaa\x01\x03xyz\xb1\x01", 11) +
                             std::string(8, 'q') + std::string("\x12\x02hi", 4)));
   seeds.push_back(Input(0xff, Chunk("a", 3, 0, 3000)));  // Skips ahead.
+  // The same-host data plane: chunks naming StepInputTarget's region (id 1;
+  // the target fills in its session key) for the gradient and the params,
+  // for the gradient only, and past the region's end.
+  auto in_region = [](v1::StepRequest chunk, uint64_t gradient_at, uint64_t params_at) {
+    v1::RegionSlice* g = chunk.mutable_gradient_region();
+    g->set_region(1);
+    g->set_offset(gradient_at);
+    g->set_bytes(chunk.gradient().size());
+    if (params_at != UINT64_MAX) {
+      const uint64_t elements =
+          chunk.gradient().size() / (chunk.gradient_dtype() == v1::DTYPE_FLOAT32 ? 4 : 2);
+      v1::RegionSlice* p = chunk.mutable_params_region();
+      p->set_region(1);
+      p->set_offset(params_at);
+      p->set_bytes(elements * (chunk.param_dtype() == v1::DTYPE_FLOAT32 ||
+                                       chunk.param_dtype() == v1::DTYPE_UNSPECIFIED
+                                   ? 4
+                                   : 2));
+    }
+    chunk.clear_gradient();
+    return chunk;
+  };
+  seeds.push_back(Input(0x00, in_region(Chunk("b", 3, 0, 1024), 0, 8192)));
+  seeds.push_back(
+      Input(0x21, in_region(Chunk("a", 2, 1024, 1024, v1::DTYPE_BFLOAT16), 4096, UINT64_MAX)));
+  seeds.push_back(Input(0x00, in_region(Chunk("b", 4, 0, 1024), 65536 - 100, 8192)));
   return seeds;
 }
 

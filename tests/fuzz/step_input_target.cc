@@ -2,11 +2,14 @@
 // must hold whatever the bytes.
 #include "tests/fuzz/step_input_target.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/region_protocol.h"
 #include "google/protobuf/stubs/logging.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
@@ -58,6 +61,17 @@ StepInputTarget::StepInputTarget()
     config.has_initial_values = values;
     if (!store_.Register(GroupKey{"", name}, config).ok()) std::abort();
   }
+  // One region of small finite gradients (and room for params).
+  session_ = regions_.OpenSession("");
+  absl::StatusOr<int> memfd = region_protocol::CreateSealedMemfd("fuzz-region", kRegionBytes);
+  if (!memfd.ok()) std::abort();
+  std::vector<float> values(kRegionBytes / sizeof(float));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 0.01f * std::cos(0.3f * i);
+  if (pwrite(*memfd, values.data(), kRegionBytes, 0) != static_cast<ssize_t>(kRegionBytes)) {
+    std::abort();
+  }
+  absl::StatusOr<std::shared_ptr<const MappedRegion>> region = regions_.Register(session_, *memfd);
+  if (!region.ok() || (*region)->id() != 1) std::abort();
 }
 
 std::string StepInputTarget::Snapshot() const {
@@ -120,12 +134,22 @@ std::string StepInputTarget::Run(const uint8_t* data, size_t size) {
     return "";
   }
 
+  // Chunks that name regions name ours (a real client's key).
+  for (int i = 0; i <= message.request.more_size(); ++i) {
+    v1::StepRequest* chunk = i == 0 ? &message.request : message.request.mutable_more(i - 1);
+    if (chunk->has_gradient_region() || chunk->has_params_region()) {
+      chunk->set_region_session(session_);
+    }
+  }
+
   // Apply as the reactor does.
   const std::string before = Snapshot();
   std::vector<grpc::Slice> slices;
-  const absl::Status applied = ApplyStepMessage(&engine_, "", kMaxReplyBytes, message, &slices);
+  const absl::Status applied =
+      ApplyStepMessage(&engine_, "", kMaxReplyBytes, message, &slices, &regions_);
   ++outcomes_[applied.ok() ? "applied" : absl::StatusCodeToString(applied.code())];
-  if (applied.code() == absl::StatusCode::kInvalidArgument) {
+  if (applied.code() == absl::StatusCode::kInvalidArgument ||
+      applied.code() == absl::StatusCode::kOutOfRange) {
     if (Snapshot() != before) {
       return absl::StrCat("a message refused with ", applied.ToString(), " changed state");
     }
@@ -143,16 +167,28 @@ std::string StepInputTarget::Run(const uint8_t* data, size_t size) {
   for (int i = 0; i <= request.more_size(); ++i) {
     const v1::StepRequest& chunk = i == 0 ? request : request.more(i - 1);
     const v1::StepResponse& answer = i == 0 ? reply : reply.more(i - 1);
+    // The gradient as the chunk gave it: from its region slice, or its bytes.
+    std::string gradient = Gather(message.gradients[i]);
+    if (chunk.has_gradient_region()) {
+      auto region = regions_.Find("", session_, chunk.gradient_region().region());
+      if (!region.ok()) return absl::StrCat("chunk ", i, " was applied from a missing region");
+      absl::StatusOr<char*> at =
+          (*region)->Slice(chunk.gradient_region().offset(), chunk.gradient_region().bytes(), "");
+      if (!at.ok()) return absl::StrCat("chunk ", i, " was applied from past its region's end");
+      gradient.assign(*at, chunk.gradient_region().bytes());
+    }
     const uint64_t elements =
-        message.gradients[i].size() / WireTypeSize(*WireTypeFromProto(chunk.gradient_dtype(), ""));
+        gradient.size() / WireTypeSize(*WireTypeFromProto(chunk.gradient_dtype(), ""));
     const size_t param_bytes = WireTypeSize(*WireTypeFromProto(chunk.param_dtype(), ""));
+    const size_t reply_params = chunk.has_params_region() ? 0 : elements * param_bytes;
     if (answer.group() != chunk.group() || answer.offset() != chunk.offset() ||
         answer.step() != chunk.step() || answer.num_elements() != elements ||
-        answer.params().size() != elements * param_bytes) {
+        answer.params().size() != reply_params ||
+        answer.params_in_region() != chunk.has_params_region() ||
+        (chunk.has_params_region() && chunk.params_region().bytes() != elements * param_bytes)) {
       return absl::StrCat("reply ", i, " does not answer its chunk");
     }
     // Only finite gradients (as widened, times grad_scale) are applied.
-    const std::string gradient = Gather(message.gradients[i]);
     std::vector<float> widened(elements);
     DecodeToFloat(*WireTypeFromProto(chunk.gradient_dtype(), ""), gradient.data(), widened.data(),
                   elements);

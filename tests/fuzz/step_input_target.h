@@ -14,6 +14,7 @@
 #include "server/base/thread_pool.h"
 #include "server/engine/state_store.h"
 #include "server/engine/step_engine.h"
+#include "server/regions/region_registry.h"
 
 namespace optstate::fuzz {
 
@@ -25,6 +26,7 @@ class StepInputTarget {
   // at most kMaxReplyBytes.
   static constexpr uint64_t kPage = 1024;
   static constexpr size_t kMaxReplyBytes = 1 << 20;
+  static constexpr uint64_t kRegionBytes = 65536;
 
   StepInputTarget();
 
@@ -33,10 +35,14 @@ class StepInputTarget {
   // what broke:
   //  - ReadStepRequest accepts exactly what protobuf's parser accepts, and
   //    reads the same fields and gradients;
-  //  - a message refused with INVALID_ARGUMENT changed no byte of state;
+  //  - a message refused with INVALID_ARGUMENT (or OUT_OF_RANGE: a region
+  //    slice past the region's end) changed no byte of state;
   //  - an applied message's reply parses as a StepResponse with one reply
   //    per chunk, each echoing its chunk and carrying its params, and left
   //    every page of its chunks at the message's step.
+  // Chunks naming region slices are given the session key of the target's
+  // one region (id 1, kRegionBytes), so the input chooses ids, offsets and
+  // sizes; their params are checked to be in the region, not the reply.
   std::string Run(const uint8_t* data, size_t size);
 
   // How the inputs run so far ended: read or not, then applied or the
@@ -50,6 +56,8 @@ class StepInputTarget {
   CpuBackend backend_;
   StateStore store_;
   StepEngine engine_;
+  RegionRegistry regions_{RegionLimits{}};
+  std::string session_;
   std::map<std::string, int> outcomes_;
 };
 

@@ -155,6 +155,30 @@ std::vector<BadInput> StepBadInputs() {
        [&](T& t) { return t.StepOne(Chunk("victim", 4, 0, good(kPage))); }},
       {"stale step behind the page", grpc::StatusCode::FAILED_PRECONDITION,
        [&](T& t) { return t.StepOne(Chunk("victim", 1, 0, good(kPage))); }},
+      // The same-host data plane (shared_memory_hostile_test.cc has the rows
+      // that need a registered region).
+      {"gradient_region naming no registered region", grpc::StatusCode::NOT_FOUND,
+       [&](T& t) {
+         v1::StepRequest r = Chunk("victim", 3, 0, {});
+         r.set_region_session(std::string(16, 'k'));
+         v1::RegionSlice* g = r.mutable_gradient_region();
+         g->set_region(1);
+         g->set_bytes(kPage * 4);
+         return t.StepOne(r);
+       }},
+      {"a gradient and a gradient_region both", grpc::StatusCode::INVALID_ARGUMENT,
+       [&](T& t) {
+         v1::StepRequest r = Chunk("victim", 3, 0, good(kPage));
+         r.mutable_gradient_region()->set_bytes(kPage * 4);
+         return t.StepOne(r);
+       }},
+      {"params_region naming no registered region", grpc::StatusCode::NOT_FOUND,
+       [&](T& t) {
+         v1::StepRequest r = Chunk("victim", 3, 0, good(kPage));
+         r.mutable_params_region()->set_region(7);
+         r.mutable_params_region()->set_bytes(kPage * 4);
+         return t.StepOne(r);
+       }},
   };
 }
 

@@ -24,7 +24,11 @@ class EndToEndTest : public ::testing::Test {
     auto daemon = DaemonProcess::Start({"--threads=2"});
     ASSERT_TRUE(daemon.ok()) << daemon.status();
     daemon_ = std::move(*daemon);
-    auto client = Client::Connect(daemon_->target());
+    // The wire data plane: these tests count its chunks and bytes
+    // (shared_memory_test.cc steps the same through shared memory).
+    ClientOptions options;
+    options.data_plane = DataPlane::kWire;
+    auto client = Client::Connect(daemon_->target(), options);
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = std::move(*client);
   }

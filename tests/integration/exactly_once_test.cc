@@ -23,6 +23,9 @@ class ExactlyOnceTest : public ::testing::Test {
     daemon_ = std::move(*daemon);
     ClientOptions options;
     options.initial_backoff = absl::Milliseconds(1);
+    // The wire data plane: these tests cut its bytes (shared_memory_test.cc
+    // has the shared-memory ones).
+    options.data_plane = DataPlane::kWire;
     auto client = Client::Connect(daemon_->target(), options);
     ASSERT_TRUE(client.ok());
     client_ = std::move(*client);
@@ -135,6 +138,7 @@ TEST_F(ExactlyOnceTest, ClientRetriesAStepWhoseConnectionBreaksAndAppliesEachEle
   options.initial_backoff = absl::Milliseconds(5);
   options.chunk_bytes = kPage * sizeof(float);  // One page per chunk.
   options.max_chunks_in_flight = 2;
+  options.data_plane = DataPlane::kWire;  // The proxy cuts wire bytes.
   auto through_proxy = Client::Connect("127.0.0.1:" + std::to_string(proxy.port()), options);
   ASSERT_TRUE(through_proxy.ok());
   ASSERT_TRUE((*through_proxy)->DescribeGroup("w").ok());  // Connects before the cut is armed.
@@ -168,6 +172,7 @@ TEST_F(ExactlyOnceTest, PackedSmallGroupsCutMidStepAreRetriedAndAppliedOnce) {
   options.initial_backoff = absl::Milliseconds(5);
   options.chunk_bytes = 5 * kSmall * sizeof(float);  // Five groups per message.
   options.max_chunks_in_flight = 2;
+  options.data_plane = DataPlane::kWire;  // The proxy cuts wire bytes.
   auto through_proxy = Client::Connect("127.0.0.1:" + std::to_string(proxy.port()), options);
   ASSERT_TRUE(through_proxy.ok());
   ASSERT_TRUE((*through_proxy)->DescribeGroup(names[0]).ok());  // Connects before the cut.
@@ -196,6 +201,7 @@ TEST_F(ExactlyOnceTest, AStepWhoseLayoutLookupLosesItsConnectionIsRetried) {
   CuttingProxy proxy(daemon_->port());
   ClientOptions options;
   options.initial_backoff = absl::Milliseconds(5);
+  options.data_plane = DataPlane::kWire;  // The proxy cuts wire bytes.
   auto through_proxy = Client::Connect("127.0.0.1:" + std::to_string(proxy.port()), options);
   ASSERT_TRUE(through_proxy.ok());
   ASSERT_TRUE((*through_proxy)->GetStats().ok());  // Connects before the cut is armed.

@@ -4,6 +4,8 @@
 Each folder of server/ is a layer; a file may include its own layer and the
 layers below it, never one above:
   server (assembly) -> rpc -> engine -> backends -> state -> kernels -> base
+regions/ (shared-memory regions) sits beside state/: it sees state, kernels
+and base, and engine, rpc and the assembly may see it.
 Inside backends/, cpu/ and cuda/ sit on the StepBackend interface beside them,
 and cuda/paging/ (pure bookkeeping) sees no other part of the CUDA backend.
 Only rpc/ and the assembly see gRPC or protobuf. client/ and common/ see no
@@ -29,12 +31,15 @@ BELOW = {
     "server/backends/cuda/paging": ["server/state", "server/kernels", "server/base"],
     "server/backends/cuda": ["server/backends/cuda/paging", "server/backends", "server/state",
                              "server/kernels", "server/base"],
-    "server/engine": ["server/backends", "server/state", "server/kernels", "server/base"],
-    "server/durability": ["server/engine", "server/backends", "server/state", "server/kernels",
-                          "server/base"],
-    "server/rpc": ["server/durability", "server/engine", "server/backends", "server/state",
-                   "server/kernels", "server/base"],
-    "server": ["server/rpc", "server/durability", "server/engine", "server/backends", "server/backends/cpu",
+    "server/regions": ["server/state", "server/kernels", "server/base"],
+    "server/engine": ["server/regions", "server/backends", "server/state", "server/kernels",
+                      "server/base"],
+    "server/durability": ["server/engine", "server/regions", "server/backends", "server/state",
+                          "server/kernels", "server/base"],
+    "server/rpc": ["server/durability", "server/regions", "server/engine", "server/backends",
+                   "server/state", "server/kernels", "server/base"],
+    "server": ["server/rpc", "server/durability", "server/regions", "server/engine",
+               "server/backends", "server/backends/cpu",
                "server/backends/cuda", "server/backends/cuda/paging", "server/state",
                "server/kernels", "server/base"],
     "client": [],

@@ -77,6 +77,8 @@ DaemonProcess::~DaemonProcess() {
   if (pid_ > 0) {
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
+    // Killed, it could not remove its default region socket file.
+    unlink(("/tmp/optstated-" + std::to_string(port_) + ".regions").c_str());
     close(stdout_fd_);
   }
 }

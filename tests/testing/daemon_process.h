@@ -23,7 +23,7 @@ class DaemonProcess {
   ~DaemonProcess();
 
   int port() const { return port_; }
-  pid_t pid() const { return pid_; }  // -1 once stopped.
+  pid_t pid() const { return pid_; }  // Of the optstated process (-1 once stopped).
   std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
 
   // Sends SIGTERM and waits; returns the exit code (128+signal if killed by

@@ -20,6 +20,18 @@
 
 namespace optstate {
 
+// How Step moves gradients and params (docs/architecture.md, "The
+// same-host data plane").
+enum class DataPlane {
+  // Shared memory when the daemon offers a region socket that this process
+  // can reach and that is the same daemon's (so: on its host), else the wire.
+  kAuto,
+  kWire,  // Every byte through gRPC.
+  // Shared memory or nothing: Step fails with FAILED_PRECONDITION, saying
+  // why, when the daemon offers no region socket or it cannot be used.
+  kSharedMemory,
+};
+
 struct ClientOptions {
   // Attempts per call, the first included (DeleteGroup: one); only
   // transient failures (UNAVAILABLE, broken or cancelled streams,
@@ -37,6 +49,18 @@ struct ClientOptions {
   // Messages written but not yet answered, per Step call (a message carries
   // one chunk, or several small ones packed up to chunk_bytes).
   int max_chunks_in_flight = 8;
+  // Chosen at the first Step and kept. With shared memory the client holds
+  // one region (a sealed memfd shared with the daemon), lays each group's
+  // gradient and params out in it once, when first stepped, and per step
+  // copies the caller's gradient into it once (narrowed to the wire type)
+  // and the params out of it once (widened into params_out); Step's
+  // contract is the same on both planes, and the daemon's results are
+  // bit-identical. Shared-memory steps of one Client run one at a time. The
+  // region holds every group the client stepped, gradient and params in
+  // their wire types, for the client's life (and grows by replacement, to at
+  // least twice its size, when a new group does not fit); a step then
+  // holds no other copy of the gradient.
+  DataPlane data_plane = DataPlane::kAuto;
 };
 
 // One group's part of a step: its whole gradient, and where the updated
@@ -66,8 +90,9 @@ struct StepOptions {
 // Thread-safe: one Client may serve many threads; each call is independent.
 class Client {
  public:
-  // Creates a channel to `target` ("host:port"); does not wait for the
-  // server. INVALID_ARGUMENT for bad options.
+  // Creates a channel to `target` ("host:port", or "unix:/path" for a daemon
+  // listening on a Unix socket); does not wait for the server.
+  // INVALID_ARGUMENT for bad options.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& target,
                                                          const ClientOptions& options = {});
   ~Client();

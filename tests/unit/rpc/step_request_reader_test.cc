@@ -49,6 +49,19 @@ v1::StepRequest RandomChunk(std::mt19937_64& rng) {
   if (rng() % 2 == 0) chunk.set_lr(std::uniform_real_distribution<double>(-1, 1)(rng));
   if (rng() % 8 == 0) chunk.set_lr_float32(std::uniform_real_distribution<float>(-1, 1)(rng));
   if (rng() % 2 == 0) chunk.set_grad_scale(std::uniform_real_distribution<float>(0, 9)(rng));
+  // The same-host data plane's fields: region slices (some partly set) and a
+  // session key.
+  for (v1::RegionSlice* slice : {chunk.mutable_gradient_region(), chunk.mutable_params_region()}) {
+    if (rng() % 3 == 0) continue;
+    if (rng() % 2 == 0) slice->set_region(rng() % 5 == 0 ? rng() : rng() % 10);
+    if (rng() % 2 == 0) slice->set_offset(rng() % 5 == 0 ? rng() : rng() % 100000);
+    if (rng() % 2 == 0) slice->set_bytes(rng() % 5 == 0 ? rng() : rng() % 100000);
+  }
+  if (rng() % 2 == 0) {
+    std::string key(16, '\0');
+    for (char& c : key) c = static_cast<char>(rng());
+    chunk.set_region_session(key);
+  }
   return chunk;
 }
 
@@ -149,6 +162,11 @@ TEST(ReadStepRequest, LimitsOfVarintsAndNestingAreProtobufs) {
            std::string(1, static_cast<char>(0x80 | (body.size() & 0x7f))) +
            std::string(1, static_cast<char>(body.size() >> 7)) + body;
   };
+  // A StepRequest.gradient_region (field 12) holding `body`.
+  auto region = [](const std::string& body) {
+    return "\x62" + std::string(1, static_cast<char>(0x80 | (body.size() & 0x7f))) +
+           std::string(1, static_cast<char>(body.size() >> 7)) + body;
+  };
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"a 6-byte group length", std::string("\x0a\x81\x80\x80\x80\x10\x61", 7)},
       {"a 6-byte tag", std::string("\x90\x80\x80\x80\x80\x00\x01", 7)},
@@ -163,6 +181,13 @@ TEST(ReadStepRequest, LimitsOfVarintsAndNestingAreProtobufs) {
       {"101 nested groups", groups(101)},
       {"99 nested groups in a packed chunk", packed(groups(99))},
       {"100 nested groups in a packed chunk", packed(groups(100))},
+      {"99 nested groups in a gradient_region", region(groups(99))},
+      {"100 nested groups in a gradient_region", region(groups(100))},
+      {"a gradient_region whose bytes field is length-delimited",
+       region(std::string("\x1a\x01\x01", 3))},
+      {"a gradient_region that runs past its length", region(std::string("\x08\xff", 2))},
+      {"a gradient_region twice (merged)",
+       region(std::string("\x08\x07\x10\x09", 4)) + region(std::string("\x18\x05", 2))},
       {"a group that does not close", std::string("\xa3\x01\x10\x01", 4)},
       {"a group closed by another field's end", std::string("\xa3\x01\xac\x01", 4)},
       {"an end group with no start", std::string("\xa4\x01", 2)},

@@ -1,0 +1,417 @@
+// The shared-memory data plane's client side: region life cycle, layout,
+// copies in and out, and the Step stream of region chunks with resends.
+#include "client/shared_memory_plane.h"
+
+#include <poll.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/client_internal.h"
+#include "common/region_protocol.h"
+#include "optstate/v1/dtype_proto.h"
+#include "optstate/v1/optstate.grpc.pb.h"
+
+namespace optstate::client_internal {
+namespace {
+
+namespace rp = region_protocol;
+
+// Region chunks carry no payload, so messages may cover more of a step
+// than the wire's chunk_bytes: fewer messages, less gRPC cost per step.
+constexpr uint64_t kMinRegionChunkBytes = 4 << 20;
+constexpr uint64_t kAlignment = 64;
+
+uint64_t AlignUp(uint64_t value, uint64_t to) { return (value + to - 1) / to * to; }
+
+bool Is16Bit(const ConstBufferView& view) { return view.element_bytes() == 2; }
+bool Is16Bit(const BufferView& view) { return view.element_bytes() == 2; }
+
+// INVALID_ARGUMENT naming the first element of `wire` (`count` of `type`)
+// that is not finite after `scale`, as Client::Step words it; OK when all are.
+absl::Status CheckFinite(const GroupStep& group, WireType type, const char* wire, size_t count,
+                         float scale) {
+  if (std::fabs(scale) <= 1.0f && AllWireFinite(type, wire, count)) return absl::OkStatus();
+  constexpr size_t kBlock = 4096;
+  float widened[kBlock];
+  const size_t size = WireTypeSize(type);
+  for (size_t begin = 0; begin < count; begin += kBlock) {
+    const size_t n = std::min(kBlock, count - begin);
+    DecodeToFloat(type, wire + begin * size, widened, n);
+    for (size_t i = 0; i < n; ++i) {
+      if (std::fabs(widened[i] * scale) <= FLT_MAX) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradient of group '", group.group, "' at element ", begin + i, " is ", widened[i],
+          " as ", WireTypeName(type), ", which is not finite after grad_scale ", scale,
+          "; the whole step was refused and nothing was sent"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The bytes of a reply, gathered (region replies carry no payload).
+bool Gather(grpc::ByteBuffer* buffer, std::string* out) {
+  std::vector<grpc::Slice> slices;
+  if (!buffer->Dump(&slices).ok()) return false;
+  out->clear();
+  for (const grpc::Slice& s : slices)
+    out->append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SharedMemoryPlane>> SharedMemoryPlane::Open(
+    grpc::Channel* channel, const ClientOptions& options) {
+  std::unique_ptr<SharedMemoryPlane> plane(new SharedMemoryPlane());
+  if (absl::Status s = plane->Connect(channel, options); !s.ok()) return s;
+  return plane;
+}
+
+absl::Status SharedMemoryPlane::Connect(grpc::Channel* channel, const ClientOptions& options) {
+  std::unique_ptr<v1::DataPlane::Stub> stub =
+      v1::DataPlane::NewStub(std::shared_ptr<grpc::Channel>(channel, [](grpc::Channel*) {}));
+  grpc::ClientContext context;
+  SetDeadline(&context, options);
+  v1::GetDataPlaneRequest request;
+  v1::GetDataPlaneResponse response;
+  absl::Status status = FromGrpcStatus(stub->GetDataPlane(&context, request, &response));
+  if (status.code() == absl::StatusCode::kUnimplemented) {
+    return absl::FailedPreconditionError(
+        "the daemon has no shared-memory data plane (it predates DataPlane.GetDataPlane); use "
+        "DataPlane::kWire or kAuto");
+  }
+  if (!status.ok()) return status;
+  if (response.region_socket().empty()) {
+    return absl::FailedPreconditionError(
+        "the daemon offers no region socket (it listens on a non-loopback address without "
+        "--region_socket, or runs with --region_socket=none); use DataPlane::kWire or kAuto");
+  }
+  rp::Reply hello;
+  absl::StatusOr<int> socket = rp::Connect(response.region_socket(), &hello);
+  if (!socket.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the daemon's region socket ", response.region_socket(), " cannot be reached from here (",
+        socket.status().message(),
+        "): the daemon runs on another host, or in a container whose socket volume this one "
+        "does not mount; use DataPlane::kWire or kAuto"));
+  }
+  if (std::string(reinterpret_cast<const char*>(hello.daemon_id), rp::kKeyBytes) !=
+      response.daemon_id()) {
+    close(*socket);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the region socket ", response.region_socket(),
+        " here belongs to another daemon than the one at the target (a daemon on another host "
+        "with the same path?); use DataPlane::kWire or kAuto"));
+  }
+  if (socket_ >= 0) close(socket_);
+  socket_ = *socket;
+  session_key_.assign(reinterpret_cast<const char*>(hello.session_key), rp::kKeyBytes);
+  return absl::OkStatus();
+}
+
+SharedMemoryPlane::~SharedMemoryPlane() {
+  if (socket_ >= 0) close(socket_);
+  if (base_ != nullptr) munmap(base_, size_);
+  if (memfd_ >= 0) close(memfd_);
+}
+
+bool SharedMemoryPlane::ConnectionLost() const {
+  pollfd p{socket_, POLLIN, 0};
+  // The daemon never writes unasked: anything readable is its end closing.
+  return poll(&p, 1, 0) != 0;
+}
+
+absl::Status SharedMemoryPlane::RegisterRegion() {
+  rp::Request request;
+  request.op = static_cast<uint32_t>(rp::Op::kRegister);
+  absl::StatusOr<rp::Reply> reply = rp::Call(socket_, request, memfd_);
+  if (!reply.ok()) return reply.status();
+  if (absl::Status s = rp::StatusOf(*reply); !s.ok()) return s;
+  region_id_ = reply->region;
+  return absl::OkStatus();
+}
+
+absl::Status SharedMemoryPlane::EnsureAreas(absl::Span<const GroupStep> groups,
+                                            const StepOptions& options) {
+  auto fits = [&](const GroupStep& group) {
+    auto it = areas_.find(group.group);
+    return it != areas_.end() && it->second.elements == group.gradient.size() &&
+           it->second.gradient_type == options.gradient_dtype &&
+           it->second.param_type == options.param_dtype;
+  };
+  auto area_bytes = [](uint64_t elements, WireType g, WireType p) {
+    return AlignUp(elements * WireTypeSize(g), kAlignment) +
+           AlignUp(elements * WireTypeSize(p), kAlignment);
+  };
+  uint64_t needed = 0;
+  for (const GroupStep& group : groups) {
+    if (!fits(group)) {
+      needed += area_bytes(group.gradient.size(), options.gradient_dtype, options.param_dtype);
+    }
+  }
+  if (needed == 0) return absl::OkStatus();
+  auto place = [&](const std::string& name, uint64_t elements, WireType g, WireType p) {
+    Area area{elements, g, p, used_, 0};
+    used_ += AlignUp(elements * WireTypeSize(g), kAlignment);
+    area.params_offset = used_;
+    used_ += AlignUp(elements * WireTypeSize(p), kAlignment);
+    areas_[name] = area;
+  };
+  if (used_ + needed > size_) {
+    // A new, larger region; every group is laid out in it anew (its old
+    // contents need not move: gradients are copied in and params written
+    // by every step).
+    absl::flat_hash_map<std::string, Area> kept;
+    uint64_t total = needed;
+    for (const auto& [name, area] : areas_) {
+      const bool replaced = std::any_of(groups.begin(), groups.end(), [&](const GroupStep& g) {
+        return g.group == name && !fits(g);
+      });
+      if (replaced) continue;
+      kept[name] = area;
+      total += area_bytes(area.elements, area.gradient_type, area.param_type);
+    }
+    const uint64_t size = AlignUp(std::max({total, 2 * size_, uint64_t{1} << 20}), 4096);
+    absl::StatusOr<int> memfd = rp::CreateSealedMemfd("optstate-region", size);
+    if (!memfd.ok()) return memfd.status();
+    void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, *memfd, 0);
+    if (base == MAP_FAILED) {
+      close(*memfd);
+      return absl::ResourceExhaustedError(absl::StrCat("cannot map a region of ", size, " bytes"));
+    }
+    const int old_memfd = memfd_;
+    char* const old_base = base_;
+    const uint64_t old_size = size_, old_id = region_id_;
+    memfd_ = *memfd;
+    base_ = static_cast<char*>(base);
+    size_ = size;
+    if (absl::Status s = RegisterRegion(); !s.ok()) {
+      munmap(base_, size_);
+      close(memfd_);
+      memfd_ = old_memfd;
+      base_ = old_base;
+      size_ = old_size;
+      region_id_ = old_id;
+      return s;
+    }
+    if (old_base != nullptr) {
+      rp::Request unregister;
+      unregister.op = static_cast<uint32_t>(rp::Op::kUnregister);
+      unregister.region = old_id;
+      (void)rp::Call(socket_, unregister);  // The daemon drops it with the session otherwise.
+      munmap(old_base, old_size);
+      close(old_memfd);
+    }
+    areas_.clear();
+    used_ = 0;
+    for (const auto& [name, area] : kept) {
+      place(name, area.elements, area.gradient_type, area.param_type);
+    }
+  }
+  for (const GroupStep& group : groups) {
+    if (!fits(group)) {
+      place(group.group, group.gradient.size(), options.gradient_dtype, options.param_dtype);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SharedMemoryPlane::Step(grpc::Channel* channel,
+                                     const grpc::internal::RpcMethod& method,
+                                     const ClientOptions& client_options,
+                                     absl::Span<const GroupStep> groups,
+                                     absl::Span<const ChunkGroup> layouts, uint64_t step,
+                                     const StepOptions& options) {
+  if (absl::Status s = EnsureAreas(groups, options); !s.ok()) return s;
+  // 1. The gradients into the region (the one copy), checked there.
+  const size_t grad_size = WireTypeSize(options.gradient_dtype);
+  const size_t param_size = WireTypeSize(options.param_dtype);
+  const float scale = options.grad_scale.value_or(1.0f);
+  for (const GroupStep& group : groups) {
+    char* dst = base_ + areas_[group.group].gradient_offset;
+    const size_t n = group.gradient.size();
+    if (Is16Bit(group.gradient)) {
+      std::memcpy(dst, group.gradient.data(), n * 2);
+    } else {
+      EncodeFromFloat(options.gradient_dtype, static_cast<const float*>(group.gradient.data()), dst,
+                      n);
+    }
+    if (absl::Status s = CheckFinite(group, options.gradient_dtype, dst, n, scale); !s.ok()) {
+      return s;
+    }
+  }
+  // 2. The messages, planned as on the wire but larger.
+  const ChunkLimits limits{std::max(client_options.chunk_bytes, kMinRegionChunkBytes),
+                           static_cast<uint64_t>(client_options.max_message_bytes),
+                           options.gradient_dtype, options.param_dtype};
+  absl::StatusOr<std::vector<PlannedPieces>> plan = PlanChunks(layouts, limits);
+  if (!plan.ok()) return plan.status();
+  std::vector<size_t> pending(plan->size());
+  for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
+
+  auto build = [&](const PlannedPieces& pieces) {
+    v1::StepRequest outer;
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      const ChunkPiece& piece = pieces[k];
+      const GroupStep& group = groups[piece.group];
+      const Area& area = areas_[group.group];
+      v1::StepRequest* fields = k == 0 ? &outer : outer.add_more();
+      fields->set_group(group.group);
+      fields->set_step(step);
+      fields->set_offset(piece.offset);
+      fields->set_group_elements(group.gradient.size());
+      fields->set_gradient_dtype(WireTypeToProto(options.gradient_dtype));
+      fields->set_param_dtype(WireTypeToProto(options.param_dtype));
+      if (options.lr) fields->set_lr(*options.lr);
+      if (options.grad_scale) fields->set_grad_scale(*options.grad_scale);
+      fields->set_region_session(session_key_);
+      v1::RegionSlice* g = fields->mutable_gradient_region();
+      g->set_region(region_id_);
+      g->set_offset(area.gradient_offset + piece.offset * grad_size);
+      g->set_bytes(piece.count * grad_size);
+      v1::RegionSlice* p = fields->mutable_params_region();
+      p->set_region(region_id_);
+      p->set_offset(area.params_offset + piece.offset * param_size);
+      p->set_bytes(piece.count * param_size);
+    }
+    const std::string bytes = outer.SerializeAsString();
+    grpc::Slice slice(bytes);
+    return grpc::ByteBuffer(&slice, 1);
+  };
+  // The reply to message `i`, checked against what it answers; then its
+  // params copied out of the region.
+  auto take_reply = [&](size_t i, grpc::ByteBuffer* buffer) -> absl::Status {
+    const PlannedPieces& pieces = (*plan)[i];
+    std::string bytes;
+    v1::StepResponse reply;
+    if (!Gather(buffer, &bytes) || !reply.ParseFromString(bytes) ||
+        static_cast<size_t>(reply.more_size()) + 1 != pieces.size()) {
+      return absl::InternalError(absl::StrCat("reply to message ", i, " is not its StepResponse"));
+    }
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      const v1::StepResponse& r = k == 0 ? reply : reply.more(static_cast<int>(k - 1));
+      const ChunkPiece& piece = pieces[k];
+      const GroupStep& group = groups[piece.group];
+      if (r.group() != group.group || r.offset() != piece.offset || !r.params_in_region()) {
+        return absl::InternalError(absl::StrCat("reply to message ", i, " is for group '",
+                                                r.group(), "' offset ", r.offset(), "; expected '",
+                                                group.group, "' offset ", piece.offset,
+                                                " with its params in the region"));
+      }
+    }
+    for (const ChunkPiece& piece : pieces) {
+      const GroupStep& group = groups[piece.group];
+      if (group.params_out.empty()) continue;
+      const char* src = base_ + areas_[group.group].params_offset + piece.offset * param_size;
+      if (Is16Bit(group.params_out)) {
+        std::memcpy(static_cast<uint16_t*>(group.params_out.data()) + piece.offset, src,
+                    piece.count * 2);
+      } else {
+        DecodeToFloat(options.param_dtype, src,
+                      static_cast<float*>(group.params_out.data()) + piece.offset, piece.count);
+      }
+    }
+    return absl::OkStatus();
+  };
+
+  absl::Status last;
+  for (int attempt = 0; attempt < client_options.max_attempts && !pending.empty(); ++attempt) {
+    if (attempt > 0) absl::SleepFor(Backoff(client_options, attempt));
+    if (ConnectionLost()) {
+      // The daemon restarted (or closed our session) since the last step or
+      // attempt: the same memfd, gradients in it, is registered anew.
+      absl::Status s = Connect(channel, client_options);
+      if (s.ok()) s = RegisterRegion();
+      if (!s.ok()) {
+        last = absl::UnavailableError(
+            absl::StrCat("the region socket connection was lost: ", s.message()));
+        continue;
+      }
+    }
+    grpc::ClientContext context;
+    SetDeadline(&context, client_options);
+    std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+        grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+            channel, method, &context));
+    // Region messages are small: the writer sends them all (gRPC's flow
+    // control and the daemon's read-ahead bound what is in flight).
+    std::vector<grpc::ByteBuffer> requests;
+    requests.reserve(pending.size());
+    for (size_t i : pending) requests.push_back(build((*plan)[i]));
+    std::thread writer([&] {
+      for (grpc::ByteBuffer& request : requests) {
+        if (!stream->Write(request)) break;
+      }
+      stream->WritesDone();
+    });
+    absl::Status mismatch;
+    size_t answered = 0;
+    grpc::ByteBuffer reply;
+    while (answered < pending.size() && stream->Read(&reply)) {
+      mismatch = take_reply(pending[answered], &reply);
+      if (!mismatch.ok()) break;
+      ++answered;
+    }
+    if (!mismatch.ok()) context.TryCancel();
+    writer.join();
+    absl::Status status = FromGrpcStatus(stream->Finish());
+    pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(answered));
+    if (!mismatch.ok()) return mismatch;
+    if (pending.empty()) return absl::OkStatus();
+    if (status.ok() || status.code() == absl::StatusCode::kCancelled) {
+      status = absl::UnavailableError(
+          absl::StrCat("the stream ended after ", answered, " replies: ", status.message()));
+    }
+    last = status;
+    if (!IsRetryable(last)) return last;
+  }
+  if (pending.empty()) return absl::OkStatus();
+  return absl::Status(last.code(),
+                      absl::StrCat("step ", step, " failed after ", client_options.max_attempts,
+                                   " attempts (shared memory): ", last.message()));
+}
+
+std::optional<absl::Status> DataPlaneChoice::MaybeStep(grpc::Channel* channel,
+                                                       const grpc::internal::RpcMethod& method,
+                                                       const ClientOptions& client_options,
+                                                       absl::Span<const GroupStep> groups,
+                                                       absl::Span<const ChunkGroup> layouts,
+                                                       uint64_t step, const StepOptions& options) {
+  if (client_options.data_plane == DataPlane::kWire) return std::nullopt;
+  absl::MutexLock lock(&mu_);
+  if (!decided_) {
+    absl::StatusOr<std::unique_ptr<SharedMemoryPlane>> plane =
+        SharedMemoryPlane::Open(channel, client_options);
+    if (plane.ok()) {
+      plane_ = std::move(*plane);
+      decided_ = true;
+    } else if (plane.status().code() == absl::StatusCode::kFailedPrecondition) {
+      why_not_ = plane.status();
+      decided_ = true;
+    } else if (client_options.data_plane == DataPlane::kSharedMemory) {
+      return plane.status();  // The daemon did not answer: decide next time.
+    } else {
+      return std::nullopt;  // The wire step retries, or reports, the same trouble.
+    }
+  }
+  if (plane_ != nullptr) {
+    if (absl::Status s = plane_->EnsureAreas(groups, options); !s.ok()) {
+      if (client_options.data_plane == DataPlane::kSharedMemory) return s;
+      return std::nullopt;  // kAuto: this step takes the wire.
+    }
+    return plane_->Step(channel, method, client_options, groups, layouts, step, options);
+  }
+  if (client_options.data_plane == DataPlane::kSharedMemory) return why_not_;
+  return std::nullopt;
+}
+
+}  // namespace optstate::client_internal

@@ -1,0 +1,47 @@
+// The flags, and their translation into ServerOptions.
+#include "server/data_plane_flags.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+
+ABSL_FLAG(std::string, region_socket, "",
+          "Unix socket on which trainers on this host register shared-memory regions (sealed "
+          "memfds) so Step moves no gradient or param bytes through gRPC. Empty: on next to a "
+          "loopback or unix: --listen (unix:/p gives /p.regions, 127.0.0.1:PORT gives "
+          "/tmp/optstated-PORT.regions), off otherwise; 'none': off.");
+ABSL_FLAG(std::string, socket_mode, "0660",
+          "Permission bits (octal) of the region socket and of a unix: --listen socket: who "
+          "may connect.");
+ABSL_FLAG(uint32_t, max_regions_per_client, 16,
+          "Regions one region-socket connection may have registered at once; more get "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(uint32_t, max_regions, 4096,
+          "Regions all clients together may have registered (each is one mapping in the "
+          "daemon); more get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(uint64_t, max_region_bytes, 64ull << 30,
+          "Bytes of shared-memory regions the daemon maps, all clients together; a "
+          "registration past it gets RESOURCE_EXHAUSTED.");
+
+namespace optstate {
+
+absl::Status DataPlaneOptionsFromFlags(ServerOptions* options) {
+  const std::string mode = absl::GetFlag(FLAGS_socket_mode);
+  char* end = nullptr;
+  const unsigned long bits = std::strtoul(mode.c_str(), &end, 8);
+  if (mode.empty() || *end != '\0' || bits > 0777) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--socket_mode must be octal permission bits such as 0660, got '", mode, "'"));
+  }
+  options->data_plane.region_socket = absl::GetFlag(FLAGS_region_socket);
+  options->data_plane.socket_mode = static_cast<unsigned>(bits);
+  options->listen_socket_mode = static_cast<unsigned>(bits);
+  options->data_plane.limits.max_regions_per_client = absl::GetFlag(FLAGS_max_regions_per_client);
+  options->data_plane.limits.max_region_bytes = absl::GetFlag(FLAGS_max_region_bytes);
+  options->data_plane.limits.max_regions = absl::GetFlag(FLAGS_max_regions);
+  return absl::OkStatus();
+}
+
+}  // namespace optstate

@@ -1,0 +1,183 @@
+// Region registration: the checks that make a mapping safe to read and write
+// for as long as it is mapped.
+//
+// 1. Only a file that carries F_SEAL_SHRINK is mapped. The seal can never be
+//    removed, so the file never becomes shorter than the size read after the
+//    check: no page of the mapping can lose its backing, which is what turns
+//    an access into SIGBUS (a file in /dev/shm could be truncated by anyone
+//    who can open it; a memfd reached us only through the fd its owner sent).
+// 2. The size is read once, after the seal check, and every reference is
+//    checked against it (MappedRegion::Slice): growth (if not sealed) is
+//    harmless and ignored.
+// 3. A region belongs to the session that registered it (a random key given
+//    only over that socket connection) and its tenant; lookups from anyone
+//    else get NOT_FOUND, the same answer as for an id that never existed.
+// 4. The bytes mapped are reserved against the limit before mmap and given
+//    back by munmap, which runs when the last reference goes (a step in
+//    flight keeps the region mapped until it is done).
+#include "server/regions/region_registry.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/region_protocol.h"
+
+namespace optstate {
+
+MappedRegion::~MappedRegion() {
+  munmap(base_, bytes_);
+  mapped_bytes_->fetch_sub(bytes_);
+}
+
+absl::StatusOr<char*> MappedRegion::Slice(uint64_t offset, uint64_t length,
+                                          absl::string_view what) const {
+  if (offset > bytes_ || length > bytes_ - offset) {
+    return absl::OutOfRangeError(absl::StrCat(what, " names bytes [", offset, ", ", offset + length,
+                                              ") of region ", id_, ", which has ", bytes_,
+                                              " bytes"));
+  }
+  return base_ + offset;
+}
+
+RegionRegistry::RegionRegistry(const RegionLimits& limits)
+    : limits_(limits), mapped_bytes_(std::make_shared<std::atomic<uint64_t>>(0)) {}
+
+RegionRegistry::~RegionRegistry() = default;
+
+std::string RegionRegistry::OpenSession(const std::string& tenant) {
+  std::string key(region_protocol::kKeyBytes, '\0');
+  absl::MutexLock lock(&mu_);
+  do {
+    size_t got = 0;
+    while (got < key.size()) {
+      const ssize_t n = getrandom(key.data() + got, key.size() - got, 0);
+      if (n > 0) got += static_cast<size_t>(n);
+    }
+  } while (sessions_.contains(key));
+  sessions_[key].tenant = tenant;
+  return key;
+}
+
+void RegionRegistry::CloseSession(const std::string& key) {
+  Session gone;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(key);
+    if (it == sessions_.end()) return;
+    gone = std::move(it->second);
+    regions_ -= gone.regions.size();
+    sessions_.erase(it);
+  }
+  // `gone` unmaps its regions here, outside the lock (unless a step still uses one).
+}
+
+absl::StatusOr<std::shared_ptr<const MappedRegion>> RegionRegistry::Register(const std::string& key,
+                                                                             int fd) {
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{fd};
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0) {
+    return absl::InvalidArgumentError(
+        "the fd is not a memfd that allows sealing; create the region with "
+        "memfd_create(MFD_ALLOW_SEALING) and seal it with F_SEAL_SHRINK");
+  }
+  if ((seals & F_SEAL_SHRINK) == 0) {
+    return absl::InvalidArgumentError(
+        "the memfd lacks F_SEAL_SHRINK; seal it (fcntl F_ADD_SEALS) before registering it, so "
+        "it cannot be truncated while the daemon maps it");
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError("the fd is not a regular memory file");
+  }
+  const uint64_t bytes = static_cast<uint64_t>(st.st_size);
+  if (bytes == 0) return absl::InvalidArgumentError("the region is empty; size it before sealing");
+
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(key);
+  if (it == sessions_.end()) return absl::NotFoundError("unknown region session");
+  Session& session = it->second;
+  if (session.regions.size() >= limits_.max_regions_per_client) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this client has ", session.regions.size(), " regions, the most --max_regions_per_client=",
+        limits_.max_regions_per_client, " allows; unregister one first"));
+  }
+  if (regions_ >= limits_.max_regions) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the daemon holds ", regions_, " regions, the most --max_regions=", limits_.max_regions,
+        " allows; use the wire or try again later"));
+  }
+  const uint64_t mapped = mapped_bytes_->load();
+  if (bytes > limits_.max_region_bytes || mapped > limits_.max_region_bytes - bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a region of ", bytes, " bytes does not fit: ", mapped, " of --max_region_bytes=",
+        limits_.max_region_bytes, " are mapped already; use a smaller region or the wire"));
+  }
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the memfd cannot be mapped read-write (", std::strerror(errno),
+                     "); a region may not carry F_SEAL_WRITE or F_SEAL_FUTURE_WRITE"));
+  }
+  mapped_bytes_->fetch_add(bytes);
+  const uint64_t id = next_id_++;
+  auto region = std::make_shared<const MappedRegion>(id, session.tenant, static_cast<char*>(base),
+                                                     bytes, mapped_bytes_);
+  session.regions[id] = region;
+  ++regions_;
+  return region;
+}
+
+absl::Status RegionRegistry::Unregister(const std::string& key, uint64_t id) {
+  std::shared_ptr<const MappedRegion> gone;
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(key);
+  if (it != sessions_.end()) {
+    auto region = it->second.regions.find(id);
+    if (region != it->second.regions.end()) {
+      gone = std::move(region->second);
+      it->second.regions.erase(region);
+      --regions_;
+      return absl::OkStatus();
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("this client has no region ", id));
+}
+
+absl::StatusOr<std::shared_ptr<const MappedRegion>> RegionRegistry::Find(const std::string& tenant,
+                                                                         absl::string_view key,
+                                                                         uint64_t id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(key);
+  if (it != sessions_.end() && it->second.tenant == tenant) {
+    auto region = it->second.regions.find(id);
+    if (region != it->second.regions.end()) return region->second;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "region ", id,
+      " is not registered by this client (unknown, unregistered, its client gone, or another "
+      "client's); register it on the region socket and name its session key"));
+}
+
+size_t RegionRegistry::num_sessions() const {
+  absl::MutexLock lock(&mu_);
+  return sessions_.size();
+}
+
+size_t RegionRegistry::num_regions() const {
+  absl::MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& [key, session] : sessions_) n += session.regions.size();
+  return n;
+}
+
+}  // namespace optstate

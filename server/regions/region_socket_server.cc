@@ -1,0 +1,201 @@
+// The region socket's serving loop: poll over the listening socket and every
+// connection; each record is answered at once (registration maps a file,
+// which takes microseconds), so one thread serves all clients.
+#include "server/regions/region_socket_server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/region_protocol.h"
+#include "server/base/log.h"
+
+namespace optstate {
+namespace {
+
+namespace rp = region_protocol;
+
+// Connections beyond this are closed as they come.
+constexpr size_t kMaxConnections = 4096;
+
+absl::StatusOr<sockaddr_un> AddressOf(const std::string& path) {
+  sockaddr_un address;
+  std::memset(&address, 0, sizeof(address));
+  address.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(address.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--region_socket path '", path, "' must be 1 to ", sizeof(address.sun_path) - 1, " bytes"));
+  }
+  std::memcpy(address.sun_path, path.data(), path.size());
+  return address;
+}
+
+// Removes a socket file nothing listens on any more.
+absl::Status ClearStale(const std::string& path, const sockaddr_un& address) {
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) return absl::OkStatus();
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--region_socket path '", path, "' exists and is not a socket"));
+  }
+  const int probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  const bool live = probe >= 0 && connect(probe, reinterpret_cast<const sockaddr*>(&address),
+                                          sizeof(address)) == 0;
+  if (probe >= 0) close(probe);
+  if (live) {
+    return absl::UnavailableError(
+        absl::StrCat("--region_socket '", path, "' is served by another process"));
+  }
+  unlink(path.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RegionSocketServer>> RegionSocketServer::Start(
+    const std::string& path, unsigned mode, RegionRegistry* registry,
+    const std::string& daemon_id) {
+  absl::StatusOr<sockaddr_un> address = AddressOf(path);
+  if (!address.ok()) return address.status();
+  if (absl::Status s = ClearStale(path, *address); !s.ok()) return s;
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&*address), sizeof(*address)) != 0 ||
+      chmod(path.c_str(), mode) != 0 || listen(fd, 128) != 0) {
+    absl::Status status = absl::UnavailableError(
+        absl::StrCat("cannot serve --region_socket '", path, "': ", std::strerror(errno)));
+    close(fd);
+    unlink(path.c_str());
+    return status;
+  }
+  const int wake = eventfd(0, EFD_CLOEXEC);
+  if (wake < 0) {
+    close(fd);
+    unlink(path.c_str());
+    return absl::UnavailableError(absl::StrCat("eventfd: ", std::strerror(errno)));
+  }
+  std::unique_ptr<RegionSocketServer> server(
+      new RegionSocketServer(path, fd, wake, registry, daemon_id));
+  server->thread_ = std::thread([s = server.get()] { s->Serve(); });
+  return server;
+}
+
+RegionSocketServer::RegionSocketServer(std::string path, int listen_fd, int wake_fd,
+                                       RegionRegistry* registry, std::string daemon_id)
+    : path_(std::move(path)),
+      listen_fd_(listen_fd),
+      wake_fd_(wake_fd),
+      registry_(registry),
+      daemon_id_(std::move(daemon_id)) {}
+
+RegionSocketServer::~RegionSocketServer() {
+  const uint64_t one = 1;
+  if (write(wake_fd_, &one, sizeof(one)) < 0) Log(LogLevel::kError, "region socket: wake failed");
+  thread_.join();
+  close(listen_fd_);
+  close(wake_fd_);
+  unlink(path_.c_str());
+}
+
+void RegionSocketServer::Serve() {
+  struct Connection {
+    int fd;
+    std::string key;
+  };
+  std::vector<Connection> connections;
+  std::vector<pollfd> polled;
+  auto end_connection = [&](size_t i) {
+    registry_->CloseSession(connections[i].key);
+    close(connections[i].fd);
+    connections[i] = std::move(connections.back());
+    connections.pop_back();
+  };
+  for (;;) {
+    polled.clear();
+    polled.push_back({wake_fd_, POLLIN, 0});
+    polled.push_back({listen_fd_, POLLIN, 0});
+    for (const Connection& c : connections) polled.push_back({c.fd, POLLIN, 0});
+    if (poll(polled.data(), polled.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      Log(LogLevel::kError, "region socket: poll: ", std::strerror(errno));
+      break;
+    }
+    if (polled[0].revents != 0) break;
+    // Connections first (their indices shift as ones end), newest last.
+    for (size_t p = polled.size(); p-- > 2;) {
+      if (polled[p].revents == 0) continue;
+      const size_t i = p - 2;
+      rp::Request request;
+      int fd = -1;
+      absl::Status received = rp::Receive(connections[i].fd, &request, sizeof(request), &fd);
+      if (!received.ok() && received.code() == absl::StatusCode::kUnavailable) {
+        end_connection(i);  // Closed: its regions go.
+        continue;
+      }
+      rp::Reply reply;
+      reply.op = request.op;
+      std::memcpy(reply.daemon_id, daemon_id_.data(),
+                  std::min(daemon_id_.size(), sizeof(reply.daemon_id)));
+      std::memcpy(reply.session_key, connections[i].key.data(), sizeof(reply.session_key));
+      absl::Status status = received;
+      if (status.ok() && request.magic != rp::kMagic) {
+        status = absl::InvalidArgumentError("not a region socket record (bad magic)");
+      } else if (status.ok() && request.op == static_cast<uint32_t>(rp::Op::kRegister)) {
+        if (fd < 0) {
+          status = absl::InvalidArgumentError("kRegister needs a memfd attached (SCM_RIGHTS)");
+        } else {
+          absl::StatusOr<std::shared_ptr<const MappedRegion>> region =
+              registry_->Register(connections[i].key, fd);
+          fd = -1;  // Register closed it.
+          status = region.status();
+          if (region.ok()) {
+            reply.region = (*region)->id();
+            reply.bytes = (*region)->bytes();
+          }
+        }
+      } else if (status.ok() && request.op == static_cast<uint32_t>(rp::Op::kUnregister)) {
+        status = registry_->Unregister(connections[i].key, request.region);
+      } else if (status.ok()) {
+        status = absl::InvalidArgumentError(absl::StrCat("unknown region socket op ", request.op));
+      }
+      if (fd >= 0) close(fd);
+      rp::SetStatus(status, &reply);
+      if (!rp::Send(connections[i].fd, &reply, sizeof(reply)).ok()) end_connection(i);
+    }
+    if (polled[1].revents != 0) {
+      const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0 && connections.size() >= kMaxConnections) {
+        close(fd);
+      } else if (fd >= 0) {
+        // Replies are small and clients wait for each; a client that stops
+        // reading fills its buffer and is dropped rather than block us.
+        const int flags = fcntl(fd, F_GETFL);
+        fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+        Connection c{fd, registry_->OpenSession("")};
+        rp::Reply hello;
+        hello.op = static_cast<uint32_t>(rp::Op::kHello);
+        std::memcpy(hello.daemon_id, daemon_id_.data(),
+                    std::min(daemon_id_.size(), sizeof(hello.daemon_id)));
+        std::memcpy(hello.session_key, c.key.data(), sizeof(hello.session_key));
+        if (rp::Send(fd, &hello, sizeof(hello)).ok()) {
+          connections.push_back(std::move(c));
+        } else {
+          registry_->CloseSession(c.key);
+          close(fd);
+        }
+      }
+    }
+  }
+  for (size_t i = connections.size(); i-- > 0;) end_connection(i);
+}
+
+}  // namespace optstate

@@ -1,0 +1,39 @@
+// The gRPC service optstate.v1.DataPlane: tells a client where this daemon's
+// region socket is (same-host data plane), so it can choose shared memory.
+#ifndef OPTSTATE_SERVER_RPC_DATA_PLANE_SERVICE_H_
+#define OPTSTATE_SERVER_RPC_DATA_PLANE_SERVICE_H_
+
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "optstate/v1/optstate.grpc.pb.h"
+#include "server/regions/region_registry.h"
+
+namespace optstate {
+
+// Thread-safe. Answers "no region socket" until SetRegionSocket (the path
+// may depend on the port gRPC bound).
+class DataPlaneService : public v1::DataPlane::CallbackService {
+ public:
+  DataPlaneService(std::string daemon_id, RegionLimits limits)
+      : daemon_id_(std::move(daemon_id)), limits_(limits) {}
+
+  void SetRegionSocket(std::string path) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    region_socket_ = std::move(path);
+  }
+
+  grpc::ServerUnaryReactor* GetDataPlane(grpc::CallbackServerContext* context,
+                                         const v1::GetDataPlaneRequest* request,
+                                         v1::GetDataPlaneResponse* response) override;
+
+ private:
+  const std::string daemon_id_;
+  const RegionLimits limits_;
+  absl::Mutex mu_;
+  std::string region_socket_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace optstate
+
+#endif  // OPTSTATE_SERVER_RPC_DATA_PLANE_SERVICE_H_

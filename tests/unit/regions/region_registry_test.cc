@@ -1,0 +1,291 @@
+// RegionRegistry and RegionSocketServer: what is mapped, who sees it, the
+// limits, and when a region's memory goes.
+#include "server/regions/region_registry.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "common/region_protocol.h"
+#include "server/regions/region_socket_server.h"
+
+namespace optstate {
+namespace {
+
+namespace rp = region_protocol;
+
+// A memfd of `bytes` with `seals` added (no F_SEAL_SEAL, so tests can
+// choose); filled with a pattern.
+int Memfd(uint64_t bytes, int seals) {
+  const int fd = memfd_create("test-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+  std::vector<char> pattern(bytes);
+  for (size_t i = 0; i < bytes; ++i) pattern[i] = static_cast<char>(i * 7 + 1);
+  EXPECT_EQ(pwrite(fd, pattern.data(), bytes, 0), static_cast<ssize_t>(bytes));
+  if (seals != 0) {
+    EXPECT_EQ(fcntl(fd, F_ADD_SEALS, seals), 0);
+  }
+  return fd;
+}
+
+TEST(RegionRegistry, MapsASealedMemfdAndSharesItsBytes) {
+  RegionRegistry registry(RegionLimits{});
+  const std::string key = registry.OpenSession("");
+  const int fd = Memfd(8192, F_SEAL_SHRINK);
+  const int mine = dup(fd);
+  absl::StatusOr<std::shared_ptr<const MappedRegion>> region = registry.Register(key, fd);
+  ASSERT_TRUE(region.ok()) << region.status();
+  EXPECT_EQ((*region)->bytes(), 8192u);
+  EXPECT_EQ(registry.mapped_bytes(), 8192u);
+  absl::StatusOr<std::shared_ptr<const MappedRegion>> found =
+      registry.Find("", key, (*region)->id());
+  ASSERT_TRUE(found.ok());
+  absl::StatusOr<char*> at = (*found)->Slice(100, 50, "test");
+  ASSERT_TRUE(at.ok());
+  for (int i = 0; i < 50; ++i) EXPECT_EQ((*at)[i], static_cast<char>((100 + i) * 7 + 1));
+  // What the daemon writes, the client's own view of the file sees.
+  (*at)[0] = 42;
+  char read_back = 0;
+  ASSERT_EQ(pread(mine, &read_back, 1, 100), 1);
+  EXPECT_EQ(read_back, 42);
+  close(mine);
+}
+
+TEST(RegionRegistry, RefusesAFileThatCanShrink) {
+  RegionRegistry registry(RegionLimits{});
+  const std::string key = registry.OpenSession("");
+  // No seal, only F_SEAL_GROW, and a plain file that cannot be sealed.
+  for (int seals : {0, F_SEAL_GROW}) {
+    const int fd = Memfd(4096, seals);
+    absl::StatusOr<std::shared_ptr<const MappedRegion>> region = registry.Register(key, fd);
+    EXPECT_EQ(region.status().code(), absl::StatusCode::kInvalidArgument) << seals;
+    EXPECT_NE(region.status().message().find("F_SEAL_SHRINK"), std::string::npos);
+    EXPECT_EQ(fcntl(fd, F_GETFD), -1) << "the fd is closed whatever the outcome";
+  }
+  FILE* plain = tmpfile();
+  ASSERT_NE(plain, nullptr);
+  const int plain_fd = dup(fileno(plain));
+  fclose(plain);
+  EXPECT_EQ(registry.Register(key, plain_fd).status().code(), absl::StatusCode::kInvalidArgument);
+  // Write-sealed: the daemon could not write params into it.
+  const int sealed = Memfd(4096, F_SEAL_SHRINK | F_SEAL_WRITE);
+  EXPECT_EQ(registry.Register(key, sealed).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.num_regions(), 0u);
+  EXPECT_EQ(registry.mapped_bytes(), 0u);
+}
+
+TEST(RegionRegistry, EveryReferenceIsBoundsChecked) {
+  RegionRegistry registry(RegionLimits{});
+  const std::string key = registry.OpenSession("");
+  auto region = registry.Register(key, Memfd(4096, F_SEAL_SHRINK));
+  ASSERT_TRUE(region.ok());
+  EXPECT_TRUE((*region)->Slice(0, 4096, "x").ok());
+  EXPECT_TRUE((*region)->Slice(4096, 0, "x").ok());
+  EXPECT_EQ((*region)->Slice(1, 4096, "x").status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ((*region)->Slice(4097, 0, "x").status().code(), absl::StatusCode::kOutOfRange);
+  // Offsets and lengths whose sum wraps around.
+  EXPECT_EQ((*region)->Slice(UINT64_MAX - 1, 4, "x").status().code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ((*region)->Slice(8, UINT64_MAX - 4, "x").status().code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_NE((*region)->Slice(1, 4096, "gradient_region").status().message().find("4096 bytes"),
+            std::string::npos);
+}
+
+TEST(RegionRegistry, ARegionIsInvisibleToOtherSessionsAndTenants) {
+  RegionRegistry registry(RegionLimits{});
+  const std::string a = registry.OpenSession("");
+  const std::string b = registry.OpenSession("");
+  const std::string other_tenant = registry.OpenSession("t2");
+  auto region = registry.Register(a, Memfd(4096, F_SEAL_SHRINK));
+  ASSERT_TRUE(region.ok());
+  const uint64_t id = (*region)->id();
+  EXPECT_TRUE(registry.Find("", a, id).ok());
+  EXPECT_EQ(registry.Find("", b, id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.Find("t2", a, id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.Find("t2", other_tenant, id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.Find("", "", id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.Unregister(b, id).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(registry.Find("", a, id).ok()) << "another session cannot unregister it";
+}
+
+TEST(RegionRegistry, LimitsRegionsPerClientAndBytesMapped) {
+  RegionRegistry registry(RegionLimits{2, 3 * 4096});
+  const std::string a = registry.OpenSession("");
+  const std::string b = registry.OpenSession("");
+  ASSERT_TRUE(registry.Register(a, Memfd(4096, F_SEAL_SHRINK)).ok());
+  ASSERT_TRUE(registry.Register(a, Memfd(4096, F_SEAL_SHRINK)).ok());
+  absl::Status third = registry.Register(a, Memfd(4096, F_SEAL_SHRINK)).status();
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(third.message().find("--max_regions_per_client=2"), std::string::npos) << third;
+  absl::Status big = registry.Register(b, Memfd(2 * 4096, F_SEAL_SHRINK)).status();
+  EXPECT_EQ(big.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(big.message().find("--max_region_bytes"), std::string::npos) << big;
+  EXPECT_TRUE(registry.Register(b, Memfd(4096, F_SEAL_SHRINK)).ok());
+  EXPECT_EQ(registry.mapped_bytes(), 3u * 4096);
+}
+
+TEST(RegionRegistry, LimitsRegionsOfAllClientsTogether) {
+  RegionRegistry registry(RegionLimits{16, 1 << 30, 3});
+  const std::string a = registry.OpenSession("");
+  const std::string b = registry.OpenSession("");
+  auto first = registry.Register(a, Memfd(4096, F_SEAL_SHRINK));
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(registry.Register(a, Memfd(4096, F_SEAL_SHRINK)).ok());
+  ASSERT_TRUE(registry.Register(b, Memfd(4096, F_SEAL_SHRINK)).ok());
+  absl::Status fourth = registry.Register(b, Memfd(4096, F_SEAL_SHRINK)).status();
+  EXPECT_EQ(fourth.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(fourth.message().find("--max_regions=3"), std::string::npos) << fourth;
+  // Room again once one is unregistered, and once a session closes.
+  ASSERT_TRUE(registry.Unregister(a, (*first)->id()).ok());
+  EXPECT_TRUE(registry.Register(b, Memfd(4096, F_SEAL_SHRINK)).ok());
+  registry.CloseSession(b);
+  EXPECT_TRUE(registry.Register(a, Memfd(4096, F_SEAL_SHRINK)).ok());
+  EXPECT_TRUE(registry.Register(a, Memfd(4096, F_SEAL_SHRINK)).ok());
+  EXPECT_EQ(registry.Register(a, Memfd(4096, F_SEAL_SHRINK)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST(RegionRegistry, AnUnregisteredRegionStaysMappedForTheStepUsingIt) {
+  RegionRegistry registry(RegionLimits{});
+  const std::string key = registry.OpenSession("");
+  auto registered = registry.Register(key, Memfd(4096, F_SEAL_SHRINK));
+  ASSERT_TRUE(registered.ok());
+  const uint64_t id = (*registered)->id();
+  registered = absl::StatusOr<std::shared_ptr<const MappedRegion>>();
+  std::shared_ptr<const MappedRegion> in_use = *registry.Find("", key, id);  // A step holds it.
+  ASSERT_TRUE(registry.Unregister(key, id).ok());
+  EXPECT_EQ(registry.Find("", key, id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.mapped_bytes(), 4096u) << "still mapped while used";
+  absl::StatusOr<char*> at = in_use->Slice(0, 4096, "x");
+  ASSERT_TRUE(at.ok());
+  EXPECT_EQ((*at)[10], static_cast<char>(10 * 7 + 1));
+  in_use.reset();
+  EXPECT_EQ(registry.mapped_bytes(), 0u) << "unmapped when the step lets go";
+}
+
+TEST(RegionRegistry, ClosingASessionUnmapsItsRegions) {
+  RegionRegistry registry(RegionLimits{});
+  const std::string key = registry.OpenSession("");
+  ASSERT_TRUE(registry.Register(key, Memfd(4096, F_SEAL_SHRINK)).ok());
+  ASSERT_TRUE(registry.Register(key, Memfd(8192, F_SEAL_SHRINK)).ok());
+  EXPECT_EQ(registry.mapped_bytes(), 12288u);
+  registry.CloseSession(key);
+  EXPECT_EQ(registry.mapped_bytes(), 0u);
+  EXPECT_EQ(registry.num_sessions(), 0u);
+  EXPECT_EQ(registry.Register(key, Memfd(4096, F_SEAL_SHRINK)).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// Waits up to 5 s for `done`.
+template <typename F>
+bool Eventually(F done) {
+  for (int i = 0; i < 500; ++i) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return done();
+}
+
+class RegionSocketTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = "/tmp/optstate-region-test-" + std::to_string(getpid()) + ".sock";
+    auto server = RegionSocketServer::Start(path_, 0600, &registry_, std::string(16, 'D'));
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+  }
+  RegionRegistry registry_{RegionLimits{}};
+  std::string path_;
+  std::unique_ptr<RegionSocketServer> server_;
+};
+
+TEST_F(RegionSocketTest, RegistersOverTheSocketAndForgetsWhenTheClientGoes) {
+  rp::Reply hello;
+  absl::StatusOr<int> socket = rp::Connect(path_, &hello);
+  ASSERT_TRUE(socket.ok()) << socket.status();
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(hello.daemon_id), 16), std::string(16, 'D'));
+  const std::string key(reinterpret_cast<char*>(hello.session_key), 16);
+  absl::StatusOr<int> fd = rp::CreateSealedMemfd("r", 1 << 20);
+  ASSERT_TRUE(fd.ok());
+  rp::Request request;
+  request.op = static_cast<uint32_t>(rp::Op::kRegister);
+  absl::StatusOr<rp::Reply> reply = rp::Call(*socket, request, *fd);
+  close(*fd);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_TRUE(rp::StatusOf(*reply).ok()) << rp::StatusOf(*reply);
+  EXPECT_EQ(reply->bytes, 1u << 20);
+  EXPECT_TRUE(registry_.Find("", key, reply->region).ok());
+  EXPECT_EQ(registry_.mapped_bytes(), 1u << 20);
+
+  // Register without an fd; an unknown op; unregister.
+  reply = rp::Call(*socket, request);
+  ASSERT_TRUE(reply.ok());
+  EXPECT_EQ(rp::StatusOf(*reply).code(), absl::StatusCode::kInvalidArgument);
+  rp::Request unknown;
+  unknown.op = 99;
+  reply = rp::Call(*socket, unknown);
+  ASSERT_TRUE(reply.ok());
+  EXPECT_EQ(rp::StatusOf(*reply).code(), absl::StatusCode::kInvalidArgument);
+
+  close(*socket);
+  EXPECT_TRUE(Eventually([&] { return registry_.num_sessions() == 0; }));
+  EXPECT_EQ(registry_.mapped_bytes(), 0u);
+}
+
+TEST_F(RegionSocketTest, RefusesAMemfdWithoutTheShrinkSealAndExtraFds) {
+  rp::Reply hello;
+  absl::StatusOr<int> socket = rp::Connect(path_, &hello);
+  ASSERT_TRUE(socket.ok());
+  const int unsealed = Memfd(4096, 0);
+  rp::Request request;
+  request.op = static_cast<uint32_t>(rp::Op::kRegister);
+  absl::StatusOr<rp::Reply> reply = rp::Call(*socket, request, unsealed);
+  ASSERT_TRUE(reply.ok());
+  EXPECT_EQ(rp::StatusOf(*reply).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(rp::StatusOf(*reply).message().find("F_SEAL_SHRINK"), std::string::npos);
+  close(unsealed);
+
+  // Two fds in one record: refused, both closed on the daemon's side.
+  const int a = Memfd(4096, F_SEAL_SHRINK), b = Memfd(4096, F_SEAL_SHRINK);
+  struct iovec iov {
+    &request, sizeof(request)
+  };
+  alignas(struct cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  struct msghdr msg = {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  struct cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+  cmsg->cmsg_level = SOL_SOCKET;
+  cmsg->cmsg_type = SCM_RIGHTS;
+  cmsg->cmsg_len = CMSG_LEN(2 * sizeof(int));
+  int fds[2] = {a, b};
+  std::memcpy(CMSG_DATA(cmsg), fds, sizeof(fds));
+  ASSERT_EQ(sendmsg(*socket, &msg, 0), static_cast<ssize_t>(sizeof(request)));
+  rp::Reply refused;
+  ASSERT_TRUE(rp::Receive(*socket, &refused, sizeof(refused), nullptr).ok());
+  EXPECT_EQ(rp::StatusOf(refused).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry_.num_regions(), 0u);
+  close(a);
+  close(b);
+  close(*socket);
+}
+
+TEST_F(RegionSocketTest, ASecondServerOnALiveSocketIsRefused) {
+  RegionRegistry other{RegionLimits{}};
+  auto second = RegionSocketServer::Start(path_, 0600, &other, std::string(16, 'E'));
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace optstate
