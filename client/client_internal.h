@@ -59,6 +59,11 @@ bool IsRetryable(const absl::Status& status);
 // Sleep before attempt `attempt` (1 for the first retry).
 absl::Duration Backoff(const ClientOptions& options, int attempt);
 void SetDeadline(grpc::ClientContext* context, const ClientOptions& options);
+// A chunk's StepRequest fields but its gradient (or region slices): group,
+// step, offset, size, dtypes, the group's or the call's lr, grad_scale. The
+// one place both data planes set them.
+void ChunkFields(const GroupStep& group, const ChunkPiece& piece, uint64_t step,
+                 const StepOptions& options, v1::StepRequest* fields);
 
 }  // namespace client_internal
 }  // namespace optstate

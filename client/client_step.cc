@@ -21,7 +21,29 @@
 
 namespace optstate {
 
+namespace client_internal {
+
+void ChunkFields(const GroupStep& group, const ChunkPiece& piece, uint64_t step,
+                 const StepOptions& options, v1::StepRequest* fields) {
+  fields->Clear();
+  fields->set_group(group.group);
+  fields->set_step(step);
+  fields->set_offset(piece.offset);
+  fields->set_group_elements(group.gradient.size());
+  fields->set_gradient_dtype(WireTypeToProto(options.gradient_dtype));
+  fields->set_param_dtype(WireTypeToProto(options.param_dtype));
+  if (group.lr) {
+    fields->set_lr(*group.lr);
+  } else if (options.lr) {
+    fields->set_lr(*options.lr);
+  }
+  if (options.grad_scale) fields->set_grad_scale(*options.grad_scale);
+}
+
+}  // namespace client_internal
+
 using client_internal::Backoff;
+using client_internal::ChunkFields;
 using client_internal::ChunkGroup;
 using client_internal::ChunkLimits;
 using client_internal::ChunkPiece;
@@ -173,24 +195,6 @@ absl::Status CheckBufferForms(const GroupStep& group, const StepOptions& options
         "); set it, or give a float32 params_out to have them widened"));
   }
   return absl::OkStatus();
-}
-
-// StepRequest fields of a chunk, all but the gradient.
-void ChunkFields(const GroupStep& group, const ChunkPiece& piece, uint64_t step,
-                 const StepOptions& options, v1::StepRequest* fields) {
-  fields->Clear();
-  fields->set_group(group.group);
-  fields->set_step(step);
-  fields->set_offset(piece.offset);
-  fields->set_group_elements(group.gradient.size());
-  fields->set_gradient_dtype(WireTypeToProto(options.gradient_dtype));
-  fields->set_param_dtype(WireTypeToProto(options.param_dtype));
-  if (group.lr) {
-    fields->set_lr(*group.lr);
-  } else if (options.lr) {
-    fields->set_lr(*options.lr);
-  }
-  if (options.grad_scale) fields->set_grad_scale(*options.grad_scale);
 }
 
 // The request for `chunk`, its gradients narrowed into it; `payloads` gets

@@ -265,14 +265,7 @@ absl::Status SharedMemoryPlane::Step(grpc::Channel* channel,
       const GroupStep& group = groups[piece.group];
       const Area& area = areas_[group.group];
       v1::StepRequest* fields = k == 0 ? &outer : outer.add_more();
-      fields->set_group(group.group);
-      fields->set_step(step);
-      fields->set_offset(piece.offset);
-      fields->set_group_elements(group.gradient.size());
-      fields->set_gradient_dtype(WireTypeToProto(options.gradient_dtype));
-      fields->set_param_dtype(WireTypeToProto(options.param_dtype));
-      if (options.lr) fields->set_lr(*options.lr);
-      if (options.grad_scale) fields->set_grad_scale(*options.grad_scale);
+      client_internal::ChunkFields(group, piece, step, options, fields);
       fields->set_region_session(session_key_);
       v1::RegionSlice* g = fields->mutable_gradient_region();
       g->set_region(region_id_);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -51,6 +52,14 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::OpenAndRestore(
     checkpointer->stats_.restored_id = restored->restored_id;
     checkpointer->stats_.restore_refusals = restored->refusals;
   }
+  if (restored->restored_id.empty() && !restored->refusals.empty()) {
+    checkpointer->writes_refused_ = absl::StrCat(
+        "no checkpoint is written: every checkpoint in ", options.state_dir,
+        " was refused at start (", absl::StrJoin(restored->refusals, "; "),
+        "), and a new one would replace them; fix what the refusals name and restart, or move "
+        "them out of --state_dir to start afresh");
+    Log(LogLevel::kError, checkpointer->writes_refused_);
+  }
   if (options.interval > absl::ZeroDuration()) {
     Checkpointer* raw = checkpointer.get();
     checkpointer->timer_ = std::thread([raw] { raw->RunTimer(); });
@@ -93,6 +102,7 @@ void Checkpointer::RunTimer() {
 void Checkpointer::CheckpointAsync(CheckpointCall call,
                                    std::function<void(absl::StatusOr<CheckpointOutcome>)> done) {
   std::vector<CallThread> finished;
+  absl::Status refused;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) {
@@ -103,15 +113,25 @@ void Checkpointer::CheckpointAsync(CheckpointCall call,
                                   [](const CallThread& c) { return !c.finished->load(); });
     std::move(running, calls_.end(), std::back_inserter(finished));
     calls_.erase(running, calls_.end());
-    auto flag = std::make_shared<std::atomic<bool>>(false);
-    calls_.push_back(
-        CallThread{std::thread([this, flag, call = std::move(call), done = std::move(done)] {
-                     done(Checkpoint(call));
-                     flag->store(true);
-                   }),
-                   flag});
+    if (calls_.size() >= kMaxCallsInFlight) {
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          kMaxCallsInFlight, " Checkpoint calls are already waiting; wait for one to return"));
+    } else {
+      auto flag = std::make_shared<std::atomic<bool>>(false);
+      try {
+        calls_.push_back(CallThread{std::thread([this, flag, call = std::move(call), done = done] {
+                                      done(Checkpoint(call));
+                                      flag->store(true);
+                                    }),
+                                    flag});
+      } catch (const std::system_error& e) {
+        refused = absl::UnavailableError(
+            absl::StrCat("no thread could be started for the Checkpoint call: ", e.what()));
+      }
+    }
   }
   for (CallThread& c : finished) c.thread.join();
+  if (!refused.ok()) done(refused);
 }
 
 absl::Status Checkpointer::WaitForStep(const std::vector<std::shared_ptr<Group>>& groups,
@@ -120,6 +140,11 @@ absl::Status Checkpointer::WaitForStep(const std::vector<std::shared_ptr<Group>>
     const Group* behind = nullptr;
     uint64_t behind_page = 0;
     for (const auto& group : groups) {
+      if (group->deleted()) {
+        return absl::NotFoundError(absl::StrCat("group '", group->key().name,
+                                                "' was deleted while Checkpoint waited for step ",
+                                                step, "; nothing was written"));
+      }
       for (uint64_t p = 0; p < group->num_pages(); ++p) {
         const uint64_t at = group->page_step(p);
         if (at > step) {
@@ -152,6 +177,7 @@ absl::Status Checkpointer::WaitForStep(const std::vector<std::shared_ptr<Group>>
 }
 
 absl::StatusOr<CheckpointOutcome> Checkpointer::Checkpoint(const CheckpointCall& call) {
+  if (!writes_refused_.empty()) return absl::FailedPreconditionError(writes_refused_);
   std::vector<std::shared_ptr<Group>> named;
   for (const GroupKey& key : call.groups) {
     absl::StatusOr<std::shared_ptr<Group>> group = store_->Find(key);
@@ -166,8 +192,9 @@ absl::StatusOr<CheckpointOutcome> Checkpointer::Checkpoint(const CheckpointCall&
   const absl::Time started = absl::Now();
   std::vector<CheckpointTarget> targets;
   for (auto& group : store_->ListAll()) {
-    const bool is_named =
-        call.groups.empty() || std::find(named.begin(), named.end(), group) != named.end();
+    // A group registered after the wait (it was not among those waited for)
+    // is written as it is, not held to wait_for_step.
+    const bool is_named = std::find(named.begin(), named.end(), group) != named.end();
     CheckpointTarget target{group, std::nullopt};
     if (is_named && call.wait_for_step) target.exact_step = *call.wait_for_step;
     targets.push_back(std::move(target));

@@ -73,9 +73,14 @@ class Checkpointer {
   // it is durable. NOT_FOUND for an unknown group; FAILED_PRECONDITION naming
   // the step held when a page is past wait_for_step (nothing written);
   // DEADLINE_EXCEEDED when it is not reached by call.deadline; CANCELLED when
-  // call.cancelled() or Stop(); the writer's errors.
+  // call.cancelled() or Stop(); NOT_FOUND when a named group is deleted
+  // while it waits; FAILED_PRECONDITION, writing nothing, while the
+  // checkpoints found at start were all refused (writes_refused()); the
+  // writer's errors.
   absl::StatusOr<CheckpointOutcome> Checkpoint(const CheckpointCall& call);
-  // Checkpoint on a thread of its own; `done` runs on that thread.
+  // Checkpoint on a thread of its own; `done` runs on that thread, or at
+  // once with RESOURCE_EXHAUSTED when kMaxCallsInFlight calls are waiting.
+  static constexpr size_t kMaxCallsInFlight = 64;
   void CheckpointAsync(CheckpointCall call,
                        std::function<void(absl::StatusOr<CheckpointOutcome>)> done);
 
@@ -85,6 +90,12 @@ class Checkpointer {
   void Stop();
 
   CheckpointStats Stats() const;
+
+  // Why no checkpoint is written ("" when they are): when checkpoints were
+  // found at start and every one was refused, a new checkpoint would soon
+  // become the newest (and prune them), so the state they hold, which may
+  // only need the right flags to load, would be lost. Set once, at start.
+  const std::string& writes_refused() const { return writes_refused_; }
 
  private:
   Checkpointer(const CheckpointerOptions& options, StateStore* store, StepBackend* backend);
@@ -109,6 +120,7 @@ class Checkpointer {
   };
   std::vector<CallThread> calls_ ABSL_GUARDED_BY(mu_);
   CheckpointStats stats_ ABSL_GUARDED_BY(mu_);
+  std::string writes_refused_;  // Written before the checkpointer is shared.
   std::thread timer_;
 };
 

@@ -9,7 +9,7 @@
 namespace optstate {
 
 uint64_t PagesPerCapture(const Group& group, uint64_t max_bytes) {
-  const uint64_t page_bytes = group.page_elements() * 3 * sizeof(float);
+  const uint64_t page_bytes = group.page_elements() * kStateBytesPerElement;
   return std::max<uint64_t>(1, max_bytes / page_bytes);
 }
 
@@ -29,6 +29,14 @@ absl::Status CapturePages(StepBackend& backend, Group& group, uint64_t first_pag
     absl::MutexLock lock(&group.page_mutex(p));
     if (group.deleted()) {
       return absl::NotFoundError(absl::StrCat("group '", group.key().name, "' was deleted"));
+    }
+    if (group.broken()) {
+      // Its pages may hold a step their step numbers do not say: a copy
+      // would let a retry apply that step twice after a restore or import.
+      return absl::DataLossError(absl::StrCat(
+          "group '", group.key().name,
+          "' failed part-way through an update, so its state cannot be saved or exported; "
+          "delete it and register it again"));
     }
     const uint64_t begin = group.PageBegin(p);
     const uint64_t end = group.PageEnd(p);

@@ -6,16 +6,19 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/region_protocol.h"
 #include "server/base/log.h"
 
@@ -24,8 +27,22 @@ namespace {
 
 namespace rp = region_protocol;
 
-// Connections beyond this are closed as they come.
-constexpr size_t kMaxConnections = 4096;
+// Connections beyond this are closed as they come: at most 4096, and at most
+// a quarter of the process's descriptor limit, so region clients cannot take
+// the descriptors gRPC and checkpoints need.
+size_t MaxConnections() {
+  static const size_t limit = [] {
+    rlimit fds;
+    size_t quarter = 256;
+    if (getrlimit(RLIMIT_NOFILE, &fds) == 0 && fds.rlim_cur != RLIM_INFINITY) {
+      quarter = static_cast<size_t>(fds.rlim_cur / 4);
+    } else if (getrlimit(RLIMIT_NOFILE, &fds) == 0) {
+      quarter = 4096;
+    }
+    return std::max<size_t>(1, std::min<size_t>(4096, quarter));
+  }();
+  return limit;
+}
 
 absl::StatusOr<sockaddr_un> AddressOf(const std::string& path) {
   sockaddr_un address;
@@ -173,7 +190,13 @@ void RegionSocketServer::Serve() {
     }
     if (polled[1].revents != 0) {
       const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd >= 0 && connections.size() >= kMaxConnections) {
+      if (fd < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        // Out of descriptors (EMFILE, ENFILE) or memory: the listening socket
+        // stays readable, so without a pause this loop would spin.
+        Log(LogLevel::kWarning, "region socket: accept failed: ", std::strerror(errno),
+            "; refusing connections for 100 ms");
+        absl::SleepFor(absl::Milliseconds(100));
+      } else if (fd >= 0 && connections.size() >= MaxConnections()) {
         close(fd);
       } else if (fd >= 0) {
         // Replies are small and clients wait for each; a client that stops

@@ -236,9 +236,11 @@ TEST_F(DamagedCheckpointTest, AFutureFormatVersionIsRefused) {
   ExpectFallback("MANIFEST", "format version 2 is newer than this daemon reads (1)");
 }
 
-TEST_F(DamagedCheckpointTest, AnotherPageSizeIsRefusedAndTheOlderCheckpointOfThatSizeIsUsed) {
-  // A third daemon on the same directory with pages of 2048 elements: it
-  // refuses both (written with 1024) and writes ckpt 3 with 2048.
+TEST_F(DamagedCheckpointTest, AnotherPageSizeIsRefusedAndNothingIsWrittenOverTheCheckpoints) {
+  // A daemon on the same directory with pages of 2048 elements refuses both
+  // (written with 1024) and, since nothing could be restored, writes no
+  // checkpoint that would become the newest and prune them: neither when
+  // asked nor at shutdown.
   const CkptWorkload other(99);
   {
     auto daemon = DaemonProcess::Start(CkptFlags(dir_, {"--page_elements=2048"}));
@@ -247,25 +249,26 @@ TEST_F(DamagedCheckpointTest, AnotherPageSizeIsRefusedAndTheOlderCheckpointOfTha
     absl::StatusOr<Stats> stats = client->GetStats();
     ASSERT_TRUE(stats.ok());
     EXPECT_EQ(stats->restored_checkpoint_id, "");
-    ASSERT_EQ(stats->restore_refusals.size(), 2);
+    ASSERT_EQ(stats->restore_refusals.size(), 2u);
     EXPECT_THAT(stats->restore_refusals[0],
                 HasSubstr("written with pages of 1024 elements, but this daemon runs with "
                           "--page_elements=2048"));
     absl::StatusOr<GroupInfo> none = client->DescribeGroup("model.w");
     EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
     other.Register(*client);
-    ASSERT_TRUE(client->Checkpoint({}).ok());
+    absl::StatusOr<Client::CheckpointResult> refused = client->Checkpoint({});
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+    EXPECT_THAT(std::string(refused.status().message()),
+                HasSubstr("restart with --page_elements=1024"));
   }
-  // Back to 1024: ckpt 3 is refused for its page size, ckpt 2 is used.
+  // Back to 1024: the newest checkpoint, ckpt 2, is restored whole.
   auto daemon = DaemonProcess::Start(CkptFlags(dir_, {"--checkpoints_to_keep=5"}));
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   auto client = ConnectTo(**daemon);
   absl::StatusOr<Stats> stats = client->GetStats();
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->restored_checkpoint_id, kSecond);
-  ASSERT_EQ(stats->restore_refusals.size(), 1);
-  EXPECT_THAT(stats->restore_refusals[0], HasSubstr("ckpt-0000000000000003/MANIFEST"));
-  EXPECT_THAT(stats->restore_refusals[0], HasSubstr("written with pages of 2048 elements"));
+  EXPECT_TRUE(stats->restore_refusals.empty());
   EXPECT_TRUE(SameState(ExportAll(*client), References().at(5)));
 }
 
@@ -301,6 +304,20 @@ TEST_F(DamagedCheckpointTest, RequireStateExitsNonZeroWhenNoCheckpointIsUsable) 
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->num_groups, 0u);
   EXPECT_EQ(stats->restore_refusals.size(), 2u);
+  // Nothing is written over the refused checkpoints: a new, empty one would
+  // become the newest and prune them, losing what they hold.
+  absl::StatusOr<Client::CheckpointResult> written = client->Checkpoint();
+  EXPECT_EQ(written.status().code(), absl::StatusCode::kFailedPrecondition) << written.status();
+  EXPECT_THAT(std::string(written.status().message()), HasSubstr("was refused at start"));
+  client.reset();
+  absl::StatusOr<int> exit_code = (*daemon)->Stop();  // No final checkpoint either.
+  ASSERT_TRUE(exit_code.ok());
+  EXPECT_EQ(*exit_code, 0);
+  int checkpoints = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+    checkpoints += entry.path().filename().string().rfind("ckpt-", 0) == 0;
+  }
+  EXPECT_EQ(checkpoints, 2);
 }
 
 }  // namespace

@@ -15,8 +15,10 @@ def test_training_continues_after_the_stream_is_cut_mid_step(daemon, client, pre
     try:
         gen = torch.Generator().manual_seed(9)
         params = [torch.nn.Parameter(torch.randn(n, generator=gen)) for n in SIZES]
+        # Over the wire: the proxy cuts the gRPC connection that carries the
+        # gradients (on the shared-memory plane they would not pass it).
         opt = RemoteAdamW(params, target=proxy.target, name_prefix=prefix, lr=1e-2,
-                          initial_backoff=0.01)
+                          initial_backoff=0.01, data_plane="wire")
         chain = [[p.detach().clone(), torch.zeros(p.shape), torch.zeros(p.shape)] for p in params]
         gradient_bytes = 4 * sum(SIZES)
         for step in range(1, 7):

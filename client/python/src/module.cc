@@ -83,8 +83,19 @@ NB_MODULE(_optstate, m) {
           "__init__",
           [](PyClient* self, const std::string& target, int max_attempts, double initial_backoff,
              double max_backoff, double attempt_timeout, int max_message_bytes,
-             uint64_t chunk_bytes, int max_chunks_in_flight) {
+             uint64_t chunk_bytes, int max_chunks_in_flight, const std::string& data_plane) {
             ClientOptions options;
+            if (data_plane == "auto") {
+              options.data_plane = DataPlane::kAuto;
+            } else if (data_plane == "wire") {
+              options.data_plane = DataPlane::kWire;
+            } else if (data_plane == "shared_memory") {
+              options.data_plane = DataPlane::kSharedMemory;
+            } else {
+              throw nb::value_error(
+                  ("data_plane must be 'auto', 'wire' or 'shared_memory', got '" + data_plane + "'")
+                      .c_str());
+            }
             options.max_attempts = max_attempts;
             options.initial_backoff = Seconds(initial_backoff, "initial_backoff");
             options.max_backoff = Seconds(max_backoff, "max_backoff");
@@ -98,13 +109,15 @@ NB_MODULE(_optstate, m) {
           },
           "target"_a, nb::kw_only(), "max_attempts"_a = 5, "initial_backoff"_a = 0.05,
           "max_backoff"_a = 2.0, "attempt_timeout"_a = 300.0, "max_message_bytes"_a = 64 << 20,
-          "chunk_bytes"_a = 1 << 20, "max_chunks_in_flight"_a = 8,
+          "chunk_bytes"_a = 1 << 20, "max_chunks_in_flight"_a = 8, "data_plane"_a = "auto",
           "Creates a channel to `target` (\"host:port\"); does not wait for the daemon.\n\n"
           "Transient failures (UNAVAILABLE, broken streams, deadlines) are retried up to\n"
           "`max_attempts` times with backoff doubling from `initial_backoff` to `max_backoff`\n"
           "seconds; `attempt_timeout` (seconds, float('inf') for none) bounds one attempt.\n"
           "`chunk_bytes` is the gradient bytes per Step message, `max_chunks_in_flight` the\n"
-          "messages sent ahead of their replies. InvalidArgument for bad options.")
+          "messages sent ahead of their replies. `data_plane`: 'auto' (shared memory with a\n"
+          "daemon on this host that offers it, else the wire), 'wire', or 'shared_memory'\n"
+          "(FailedPrecondition when it cannot be had). InvalidArgument for bad options.")
       .def_prop_ro(
           "target", [](const PyClient& c) { return c.target; }, "The daemon's address.")
       .def(
