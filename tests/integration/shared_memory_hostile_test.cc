@@ -395,6 +395,7 @@ TEST(SharedMemoryChoiceTest, AutoFallsBackToTheWireAndSharedMemoryFailsWithoutAS
       ASSERT_EQ(unlink(path.c_str()), 0);
     }
     ClientOptions automatic;
+    automatic.data_plane = DataPlane::kAuto;
     auto client = Client::Connect((*daemon)->target(), automatic);
     ASSERT_TRUE(client.ok());
     std::mt19937 rng(FreshSeed());
@@ -439,7 +440,9 @@ TEST(SharedMemoryChoiceTest, AutoTakesTheWireForGroupsPastTheDaemonsRegionLimit)
   absl::Status refused = (*strict)->Step("g", 1, grad, absl::MakeSpan(params));
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
   EXPECT_NE(refused.message().find("--max_region_bytes"), std::string::npos) << refused;
-  auto automatic = Client::Connect((*daemon)->target());
+  ClientOptions auto_options;
+  auto_options.data_plane = DataPlane::kAuto;
+  auto automatic = Client::Connect((*daemon)->target(), auto_options);
   ASSERT_TRUE(automatic.ok());
   absl::Status status = (*automatic)->Step("g", 1, grad, absl::MakeSpan(params));
   ASSERT_TRUE(status.ok()) << status;

@@ -60,7 +60,11 @@ struct ClientOptions {
   // their wire types, for the client's life (and grows by replacement, to at
   // least twice its size, when a new group does not fit); a step then
   // holds no other copy of the gradient.
-  DataPlane data_plane = DataPlane::kAuto;
+  // The wire by default: shared memory (kAuto, kSharedMemory) is opt-in
+  // until the daemon's mapped region memory is bounded; a 16-client soak
+  // whose steps alternate fp32 and bf16 gradients grew it past 20 GiB
+  // (BENCHMARKS.md, "Shared memory against the wire").
+  DataPlane data_plane = DataPlane::kWire;
 };
 
 // One group's part of a step: its whole gradient, and where the updated
