@@ -108,7 +108,10 @@ void SetStatus(const absl::Status& status, Reply* reply) {
   reply->code = static_cast<uint32_t>(status.code());
   std::memset(reply->message, 0, sizeof(reply->message));
   const absl::string_view text = status.message();
-  std::memcpy(reply->message, text.data(), std::min(text.size(), sizeof(reply->message) - 1));
+  // An OK status has no text (and may give a null data pointer).
+  if (!text.empty()) {
+    std::memcpy(reply->message, text.data(), std::min(text.size(), sizeof(reply->message) - 1));
+  }
 }
 
 absl::Status StatusOf(const Reply& reply) {

@@ -376,7 +376,11 @@ TEST_F(SharedMemoryHostileTest, SigkilledClientsLeaveNoRegionAndOthersStayExact)
   const uint64_t after = ResidentBytes(daemon_->pid());
   std::printf("daemon RSS after the warm-up child %llu bytes, after 100 SIGKILLed clients %llu\n",
               static_cast<unsigned long long>(baseline), static_cast<unsigned long long>(after));
+#ifndef __SANITIZE_ADDRESS__
+  // Under AddressSanitizer the daemon's allocator keeps freed memory in its
+  // quarantine, so RSS says nothing there; `make test` checks it.
   EXPECT_LE(after, baseline + baseline / 20) << "RSS " << baseline << " -> " << after;
+#endif
   absl::StatusOr<GroupInfo> kill_group = client_->DescribeGroup("kill");
   ASSERT_TRUE(kill_group.ok()) << "the daemon is up";
   EXPECT_GE(kill_group->min_step, 100u) << "every child stepped";
