@@ -11,19 +11,10 @@
 #include "absl/time/clock.h"
 #include "optstate/client.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/resident_memory.h"
 
 namespace optstate::testing {
 namespace {
-
-// VmRSS of `pid` in bytes, or 0 if it cannot be read.
-uint64_t ResidentBytes(pid_t pid) {
-  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  }
-  return 0;
-}
 
 constexpr uint64_t kMiB = 1 << 20;
 

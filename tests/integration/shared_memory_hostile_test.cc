@@ -27,6 +27,7 @@
 #include "optstate/client.h"
 #include "optstate/v1/optstate.grpc.pb.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/resident_memory.h"
 #include "tests/testing/random_tensors.h"
 
 extern char** environ;
@@ -35,6 +36,7 @@ namespace optstate {
 namespace {
 
 namespace rp = region_protocol;
+using ::optstate::testing::ResidentBytes;
 using ::optstate::testing::DaemonProcess;
 using ::optstate::testing::FreshSeed;
 using ::optstate::testing::GroupModel;
@@ -116,16 +118,6 @@ v1::StepRequest RegionChunk(const std::string& group, uint64_t step, uint64_t pa
   p->set_offset(params_offset);
   p->set_bytes(kPage * 4);
   return request;
-}
-
-// Bytes of the daemon's resident memory (VmRSS).
-uint64_t ResidentBytes(pid_t pid) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  }
-  return 0;
 }
 
 // Mappings of client regions in the daemon (memfds the clients named).
