@@ -27,8 +27,8 @@
 #include "optstate/client.h"
 #include "optstate/v1/optstate.grpc.pb.h"
 #include "tests/testing/daemon_process.h"
-#include "tests/testing/resident_memory.h"
 #include "tests/testing/random_tensors.h"
+#include "tests/testing/resident_memory.h"
 
 extern char** environ;
 
@@ -36,11 +36,11 @@ namespace optstate {
 namespace {
 
 namespace rp = region_protocol;
-using ::optstate::testing::ResidentBytes;
 using ::optstate::testing::DaemonProcess;
 using ::optstate::testing::FreshSeed;
 using ::optstate::testing::GroupModel;
 using ::optstate::testing::RandomNormal;
+using ::optstate::testing::ResidentBytes;
 
 constexpr uint64_t kPage = 256 * 1024;  // The daemon's default.
 constexpr uint64_t kElements = 4 * kPage;
