@@ -45,20 +45,20 @@ PageGeometry GeometryOf(const Group& group) {
 // steps arrive on any pool thread.
 absl::Status UseDevice(int ordinal) { return CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice"); }
 
-// Copies the element ranges of `plan` from each array of `from` to the array
-// of `to` at the same index (`kind` says which way) on one staging slot's
-// stream and waits for them; adds the wait and, when every copy succeeded,
-// the plan's traffic to the group's paging counters. `what` names the copy
-// in an error. The one copy loop of ParamsWritten and SyncToHost.
-absl::Status CopyPlannedRanges(StagingPool& pool, Group& group, const ParamsUploadPlan& plan,
-                               absl::Span<float* const> from, absl::Span<float* const> to,
-                               cudaMemcpyKind kind, const char* what) {
-  if (plan.uploads.empty()) return absl::OkStatus();
+// Copies the element `ranges` from each array of `from` to the array of `to`
+// at the same index (`kind` says which way) on one staging slot's stream and
+// waits for them; adds the wait and, when every copy succeeded, `traffic` to
+// the group's paging counters. `what` names the copy in an error. The one
+// copy loop of ParamsWritten, ReadStateToHost and StateWritten.
+absl::Status CopyRanges(StagingPool& pool, Group& group, absl::Span<const ElementRange> ranges,
+                        const StepTraffic& traffic, absl::Span<float* const> from,
+                        absl::Span<float* const> to, cudaMemcpyKind kind, const char* what) {
+  if (ranges.empty()) return absl::OkStatus();
   uint64_t wait_us = 0;
   absl::Status s = RunCopiesOnSlot(
       pool,
       [&](cudaStream_t stream) {
-        for (const ElementRange& r : plan.uploads) {
+        for (const ElementRange& r : ranges) {
           for (size_t k = 0; k < from.size(); ++k) {
             if (absl::Status c =
                     CudaStatus(cudaMemcpyAsync(to[k] + r.begin, from[k] + r.begin,
@@ -75,8 +75,13 @@ absl::Status CopyPlannedRanges(StagingPool& pool, Group& group, const ParamsUplo
   PagingCounters& counters = group.counters().paging;
   counters.copy_wait_us.fetch_add(wait_us, std::memory_order_relaxed);
   if (!s.ok()) return s;
-  AddTraffic(plan.traffic, &counters);
+  AddTraffic(traffic, &counters);
   return absl::OkStatus();
+}
+
+// "group 'x' elements [b, e)": where a copy outside a step failed.
+std::string RangeName(const Group& group, uint64_t begin, uint64_t end) {
+  return absl::StrCat("group '", group.key().name, "' elements [", begin, ", ", end, ")");
 }
 
 }  // namespace
@@ -306,13 +311,13 @@ absl::Status CudaBackend::ParamsWritten(Group& group, uint64_t begin, uint64_t e
   const ParamsUploadPlan plan =
       PlanParamsUpload(placement, state.residency, GeometryOf(group), begin, end);
   float* const host_p = group.params();
-  return CopyPlannedRanges(*pool_, group, plan, absl::MakeConstSpan(&host_p, 1),
-                           absl::MakeConstSpan(&device_p, 1), cudaMemcpyHostToDevice,
-                           "cudaMemcpyAsync params to device");
+  return CopyRanges(*pool_, group, plan.uploads, plan.traffic, absl::MakeConstSpan(&host_p, 1),
+                    absl::MakeConstSpan(&device_p, 1), cudaMemcpyHostToDevice,
+                    "cudaMemcpyAsync params to device");
 }
 
-absl::Status CudaBackend::SyncToHost(Group& group) {
-  if (absl::Status s = UseDevice(device_.ordinal); !s.ok()) return s;
+absl::Status CudaBackend::ReadStateToHost(Group& group, uint64_t begin, uint64_t end) {
+  if (group.backend_state == nullptr) return absl::OkStatus();  // Never attached: host only.
   GroupState& state = StateOf(group);
   Placement placement;
   float* device[3];
@@ -323,10 +328,50 @@ absl::Status CudaBackend::SyncToHost(Group& group) {
     device[1] = state.device_m;
     device[2] = state.device_v;
   }
-  const ParamsUploadPlan plan = PlanSyncToHost(placement, state.residency, GeometryOf(group));
+  const ParamsUploadPlan plan =
+      PlanStateToHost(placement, state.residency, GeometryOf(group), begin, end);
+  if (plan.uploads.empty()) return absl::OkStatus();
   float* const host[3] = {group.params(), group.exp_avg(), group.exp_avg_sq()};
-  return CopyPlannedRanges(*pool_, group, plan, device, host, cudaMemcpyDeviceToHost,
-                           "cudaMemcpyAsync state to host");
+  absl::Status s = UseDevice(device_.ordinal);
+  if (s.ok()) {
+    s = CopyRanges(*pool_, group, plan.uploads, plan.traffic, device, host, cudaMemcpyDeviceToHost,
+                   "cudaMemcpyAsync state to host");
+  }
+  if (s.ok()) return s;
+  return absl::InternalError(absl::StrCat("copying the state of ", RangeName(group, begin, end),
+                                          " from the device failed: ", s.message()));
+}
+
+absl::Status CudaBackend::StateWritten(Group& group, uint64_t begin, uint64_t end) {
+  if (group.backend_state == nullptr) return absl::OkStatus();
+  GroupState& state = StateOf(group);
+  Placement placement;
+  float* device[3];
+  {
+    absl::MutexLock lock(&state.mu);
+    placement = group.placement();
+    device[0] = state.device_p;
+    device[1] = state.device_m;
+    device[2] = state.device_v;
+  }
+  const StateWrittenPlan plan =
+      PlanStateWritten(placement, state.residency, GeometryOf(group), begin, end);
+  state.residency.MarkOffDevice(plan.first_stale_page, plan.end_stale_page);
+  if (plan.uploads.empty()) return absl::OkStatus();
+  float* const host[3] = {group.params(), group.exp_avg(), group.exp_avg_sq()};
+  absl::Status s = UseDevice(device_.ordinal);
+  if (s.ok()) {
+    s = CopyRanges(*pool_, group, plan.uploads, plan.traffic, host, device, cudaMemcpyHostToDevice,
+                   "cudaMemcpyAsync state to device");
+  }
+  if (s.ok()) return s;
+  group.mark_broken();
+  return absl::InternalError(absl::StrCat("copying the new state of ", RangeName(group, begin, end),
+                                          " to the device failed: ", s.message()));
+}
+
+absl::Status CudaBackend::SyncToHost(Group& group) {
+  return ReadStateToHost(group, 0, group.num_elements());
 }
 
 BackendStats CudaBackend::Stats() const {

@@ -45,12 +45,28 @@ class CudaBackend : public StepBackend {
   absl::Status Apply(Group& group, uint64_t begin, uint64_t end, const void* grad,
                      WireType grad_type, const AdamWConstants& constants) override;
   absl::Status ParamsWritten(Group& group, uint64_t begin, uint64_t end) override;
+
+  // For a resident group, copies params, m and v of the pages of [begin,
+  // end) that are on the device to the host arrays (clipped to the range),
+  // on one staging slot's stream, and returns once they landed: straight
+  // into the group's pinned arrays, so no memory beyond the pool is used. A
+  // paged group's host arrays hold its state after every step, so for it
+  // (and for pages not on the device) nothing is copied. INTERNAL naming the
+  // CUDA call that failed; the device copy is unchanged then.
+  absl::Status ReadStateToHost(Group& group, uint64_t begin, uint64_t end) override;
+  // Marks the pages wholly inside [begin, end) off the device, so the next
+  // step copies their new state in (a page-in); copies nothing for them. The
+  // written part of a page only partly inside the range (callers write whole
+  // pages; this is for completeness) is copied to the device of a resident
+  // group at once. INTERNAL naming the CUDA call when that copy fails; the
+  // group is then marked broken, since such a page's device copy may hold
+  // part of the new state.
+  absl::Status StateWritten(Group& group, uint64_t begin, uint64_t end) override;
   BackendStats Stats() const override;
 
-  // Copies the device copy of a resident group's state (pages on the
-  // device) to its host arrays, so that readers of exp_avg()/exp_avg_sq()
-  // (tests, checkpoints) see current values; a no-op for paged groups. The
-  // caller holds the page mutexes of every page of the group.
+  // ReadStateToHost of the whole group, so that readers of
+  // exp_avg()/exp_avg_sq() (tests) see current values. The caller holds the
+  // page mutexes of every page of the group.
   absl::Status SyncToHost(Group& group);
 
   // "device 0 'NVIDIA H200' (...), paging=adaptive, budget total=... , staging

@@ -1,6 +1,8 @@
 // Step and upload planning: page runs to bring in, bytes each way.
 #include "server/backends/cuda/paging/step_plan.h"
 
+#include <algorithm>
+
 namespace optstate {
 
 void AddTraffic(const StepTraffic& t, PagingCounters* c) {
@@ -16,6 +18,10 @@ void AddTraffic(const StepTraffic& t, PagingCounters* c) {
 
 void PageResidency::MarkOnDevice(uint64_t first, uint64_t end) {
   for (uint64_t p = first; p < end; ++p) on_device_[p] = true;
+}
+
+void PageResidency::MarkOffDevice(uint64_t first, uint64_t end) {
+  for (uint64_t p = first; p < end; ++p) on_device_[p] = false;
 }
 
 uint64_t PageResidency::CountOnDevice() const {
@@ -98,12 +104,47 @@ namespace optstate {
 
 ParamsUploadPlan PlanSyncToHost(Placement placement, const PageResidency& residency,
                                 const PageGeometry& geometry) {
+  return PlanStateToHost(placement, residency, geometry, 0, geometry.num_elements);
+}
+
+ParamsUploadPlan PlanStateToHost(Placement placement, const PageResidency& residency,
+                                 const PageGeometry& geometry, uint64_t begin, uint64_t end) {
   ParamsUploadPlan plan;
-  if (placement != Placement::kDeviceResident) return plan;
-  plan.uploads = PageRuns(residency, geometry, 0, residency.num_pages(), true);
-  for (const ElementRange& r : plan.uploads) {
+  if (placement != Placement::kDeviceResident || begin >= end) return plan;
+  plan.uploads =
+      PageRuns(residency, geometry, geometry.FirstPage(begin), geometry.EndPage(end), true);
+  for (ElementRange& r : plan.uploads) {
+    if (r.begin < begin) r.begin = begin;
+    if (r.end > end) r.end = end;
     plan.traffic.page_outs += geometry.EndPage(r.end) - geometry.FirstPage(r.begin);
     plan.traffic.bytes_device_to_host += (r.end - r.begin) * kStateBytesPerElement;
+  }
+  return plan;
+}
+
+StateWrittenPlan PlanStateWritten(Placement placement, const PageResidency& residency,
+                                  const PageGeometry& geometry, uint64_t begin, uint64_t end) {
+  StateWrittenPlan plan;
+  if (begin >= end) return plan;
+  const uint64_t first = geometry.FirstPage(begin);
+  const uint64_t last = geometry.EndPage(end) - 1;
+  // A page is wholly inside when the range starts at or before its start
+  // and ends at or after its end (the last page ends at num_elements).
+  const bool first_whole = begin == geometry.PageBegin(first) && end >= geometry.PageEnd(first);
+  const bool last_whole = end == geometry.PageEnd(last);
+  plan.first_stale_page = first_whole ? first : first + 1;
+  plan.end_stale_page = last_whole ? last + 1 : last;
+  if (plan.end_stale_page < plan.first_stale_page) plan.end_stale_page = plan.first_stale_page;
+  if (placement != Placement::kDeviceResident) return plan;
+  const uint64_t ends[2] = {first, last};  // Only these can be partly inside.
+  for (int i = 0; i < (first == last ? 1 : 2); ++i) {
+    const uint64_t p = ends[i];
+    const bool whole = p >= plan.first_stale_page && p < plan.end_stale_page;
+    if (whole || !residency.on_device(p)) continue;
+    const ElementRange r{std::max(begin, geometry.PageBegin(p)),
+                         std::min(end, geometry.PageEnd(p))};
+    plan.uploads.push_back(r);
+    plan.traffic.bytes_host_to_device += (r.end - r.begin) * kStateBytesPerElement;
   }
   return plan;
 }

@@ -52,6 +52,9 @@ class PageResidency {
   bool on_device(uint64_t page) const { return on_device_[page]; }
   // Pages [first, end).
   void MarkOnDevice(uint64_t first, uint64_t end);
+  // Pages [first, end): their current state is on the host now (the host
+  // arrays were overwritten), so a resident step copies them in again.
+  void MarkOffDevice(uint64_t first, uint64_t end);
   uint64_t CountOnDevice() const;
 
  private:
@@ -115,6 +118,35 @@ ParamsUploadPlan PlanParamsUpload(Placement placement, const PageResidency& resi
 // runs on the device, each a page-out of params, m and v.
 ParamsUploadPlan PlanSyncToHost(Placement placement, const PageResidency& residency,
                                 const PageGeometry& geometry);
+
+// Plans bringing the state of elements [begin, end) to the host arrays (a
+// checkpoint or an export, StepBackend::ReadStateToHost): the runs of pages
+// of the range on the device of a resident group, clipped to the range, each
+// a page-out of params, m and v. Empty for other placements: a paged step
+// copies p, m and v back before it returns, so the host arrays of a paged
+// group hold its state whenever no step runs on the page. `residency` is
+// read for the pages of the range only.
+ParamsUploadPlan PlanStateToHost(Placement placement, const PageResidency& residency,
+                                 const PageGeometry& geometry, uint64_t begin, uint64_t end);
+
+// What follows an overwrite of the host params, m and v of [begin, end) (an
+// import or a restore, StepBackend::StateWritten).
+struct StateWrittenPlan {
+  // Pages wholly inside the range, for any placement: marked off the device
+  // (PageResidency::MarkOffDevice), so a resident step copies the new state
+  // in with its page-in. No copy now.
+  uint64_t first_stale_page = 0;
+  uint64_t end_stale_page = 0;
+  // Resident only: the written parts of the (at most two) pages only partly
+  // inside the range that are on the device, copied host to device (p, m,
+  // v), since the rest of such a page is current only on the device.
+  std::vector<ElementRange> uploads;
+  StepTraffic traffic;
+};
+
+// Plans the above; `residency` is read for the pages of the range only.
+StateWrittenPlan PlanStateWritten(Placement placement, const PageResidency& residency,
+                                  const PageGeometry& geometry, uint64_t begin, uint64_t end);
 
 // Bytes of VRAM a resident group of `num_elements` takes (params, m, v).
 inline uint64_t ResidentBytesFor(uint64_t num_elements) {

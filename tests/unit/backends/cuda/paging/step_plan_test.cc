@@ -1,5 +1,7 @@
 // Step plans: what a paged and a resident step copy, which page runs move in
-// lazily, and what uploads of initial params and syncs back to host copy.
+// lazily, what uploads of initial params and syncs back to host copy, and
+// what reading state to the host and overwriting it (checkpoints, imports)
+// copy and mark stale.
 #include "server/backends/cuda/paging/step_plan.h"
 
 #include "gmock/gmock.h"
@@ -81,6 +83,87 @@ TEST(StepPlanTest, SyncToHostCopiesEveryPageOnTheDeviceBack) {
   EXPECT_THAT(plan.uploads, ElementsAre(ElementRange{200, 400}, ElementRange{900, 950}));
   EXPECT_EQ(plan.traffic, Traffic(0, 3, 0, 250 * 12));
   EXPECT_THAT(PlanSyncToHost(Placement::kDevicePaged, residency, kGeometry).uploads, IsEmpty());
+}
+
+TEST(StepPlanTest, MarkOffDeviceClearsOnlyItsPages) {
+  PageResidency residency(10);
+  residency.MarkOnDevice(0, 10);
+  residency.MarkOffDevice(3, 6);
+  EXPECT_EQ(residency.CountOnDevice(), 7u);
+  EXPECT_TRUE(residency.on_device(2));
+  EXPECT_FALSE(residency.on_device(3));
+  EXPECT_FALSE(residency.on_device(5));
+  EXPECT_TRUE(residency.on_device(6));
+}
+
+TEST(StepPlanTest, StateToHostCopiesThePagesOfTheRangeOnTheDeviceClipped) {
+  PageResidency residency(10);
+  residency.MarkOnDevice(1, 4);  // Pages 1, 2, 3.
+  residency.MarkOnDevice(9, 10);
+  ParamsUploadPlan plan =
+      PlanStateToHost(Placement::kDeviceResident, residency, kGeometry, 250, 950);
+  EXPECT_THAT(plan.uploads, ElementsAre(ElementRange{250, 400}, ElementRange{900, 950}));
+  // Pages 2, 3 and 9: 200 elements of p, m and v back.
+  EXPECT_EQ(plan.traffic, Traffic(0, 3, 0, 200 * 12));
+  EXPECT_THAT(PlanStateToHost(Placement::kDeviceResident, residency, kGeometry, 400, 900).uploads,
+              IsEmpty());
+  EXPECT_THAT(PlanStateToHost(Placement::kDevicePaged, residency, kGeometry, 0, 950).uploads,
+              IsEmpty());
+  EXPECT_THAT(PlanStateToHost(Placement::kHost, residency, kGeometry, 0, 950).uploads, IsEmpty());
+  EXPECT_THAT(PlanStateToHost(Placement::kDeviceResident, residency, kGeometry, 300, 300).uploads,
+              IsEmpty());
+}
+
+TEST(StepPlanTest, StateWrittenOverWholePagesMarksThemStaleAndCopiesNothing) {
+  PageResidency residency(10);
+  residency.MarkOnDevice(0, 10);
+  StateWrittenPlan plan =
+      PlanStateWritten(Placement::kDeviceResident, residency, kGeometry, 0, 950);
+  EXPECT_EQ(plan.first_stale_page, 0u);
+  EXPECT_EQ(plan.end_stale_page, 10u);
+  EXPECT_THAT(plan.uploads, IsEmpty());
+  EXPECT_EQ(plan.traffic, Traffic(0, 0, 0, 0));
+  plan = PlanStateWritten(Placement::kDeviceResident, residency, kGeometry, 200, 500);
+  EXPECT_EQ(plan.first_stale_page, 2u);
+  EXPECT_EQ(plan.end_stale_page, 5u);
+  EXPECT_THAT(plan.uploads, IsEmpty());
+}
+
+TEST(StepPlanTest, StateWrittenCopiesTheWrittenPartsOfPartlyCoveredPagesOnTheDevice) {
+  PageResidency residency(10);
+  residency.MarkOnDevice(0, 10);
+  // Pages 1 (from 150) and 6 (to 620) are partly inside; 2..5 wholly.
+  StateWrittenPlan plan =
+      PlanStateWritten(Placement::kDeviceResident, residency, kGeometry, 150, 620);
+  EXPECT_EQ(plan.first_stale_page, 2u);
+  EXPECT_EQ(plan.end_stale_page, 6u);
+  EXPECT_THAT(plan.uploads, ElementsAre(ElementRange{150, 200}, ElementRange{600, 620}));
+  EXPECT_EQ(plan.traffic, Traffic(0, 0, 70 * 12, 0));
+  // Inside one page: nothing wholly covered, one upload.
+  plan = PlanStateWritten(Placement::kDeviceResident, residency, kGeometry, 310, 330);
+  EXPECT_EQ(plan.first_stale_page, plan.end_stale_page);
+  EXPECT_THAT(plan.uploads, ElementsAre(ElementRange{310, 330}));
+  // The short last page from its start to num_elements is whole.
+  plan = PlanStateWritten(Placement::kDeviceResident, residency, kGeometry, 900, 950);
+  EXPECT_EQ(plan.first_stale_page, 9u);
+  EXPECT_EQ(plan.end_stale_page, 10u);
+  EXPECT_THAT(plan.uploads, IsEmpty());
+}
+
+TEST(StepPlanTest, StateWrittenCopiesNothingForPagesOffTheDeviceOrPagedGroups) {
+  PageResidency residency(10);
+  residency.MarkOnDevice(6, 7);  // Only page 6.
+  StateWrittenPlan plan =
+      PlanStateWritten(Placement::kDeviceResident, residency, kGeometry, 150, 620);
+  EXPECT_THAT(plan.uploads, ElementsAre(ElementRange{600, 620}));
+  residency.MarkOnDevice(0, 10);
+  plan = PlanStateWritten(Placement::kDevicePaged, residency, kGeometry, 150, 620);
+  EXPECT_EQ(plan.first_stale_page, 2u);
+  EXPECT_EQ(plan.end_stale_page, 6u);
+  EXPECT_THAT(plan.uploads, IsEmpty());
+  plan = PlanStateWritten(Placement::kDeviceResident, residency, kGeometry, 500, 500);
+  EXPECT_EQ(plan.first_stale_page, plan.end_stale_page);
+  EXPECT_THAT(plan.uploads, IsEmpty());
 }
 
 TEST(StepPlanTest, AddTrafficAccumulatesIntoCounters) {
