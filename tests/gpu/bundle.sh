@@ -8,8 +8,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${BUILD:-$ROOT/build-gpu}
 BUNDLE=${BUNDLE:-$ROOT/.gpu-bundle}
-TARGETS=(optstated cuda_kernel_test cuda_backend_test cuda_large_paged_test gpu_step_bench
-         vram_budget_test paging_policy_test)
+TARGETS=(optstated cuda_kernel_test cuda_backend_test cuda_durability_test cuda_large_paged_test
+         gpu_step_bench vram_budget_test paging_policy_test)
 
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DOPTSTATE_WITH_CUDA=ON -DOPTSTATE_BUILD_BENCH=ON > "$BUILD.configure.log"
