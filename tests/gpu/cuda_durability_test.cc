@@ -1,13 +1,16 @@
 // Checkpoints, exports, imports and restores of groups the CUDA backend keeps
 // on the device (resident, or paged through the staging pool), against the
 // same groups on the CPU backend: what is saved equals the host group's state
-// bit for bit, and state brought back in steps on like the uninterrupted run.
+// bit for bit (also page by page while steps run), and state brought back in
+// steps on like the uninterrupted run.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -344,6 +347,49 @@ TEST_P(CudaDurabilityTest, ImportOverASteppedDeviceGroupReplacesWhatTheDeviceHel
   ExpectSameState(CaptureAll(gpu), CaptureAll(ref));
   for (uint64_t step = 6; step <= 10; ++step) EXPECT_EQ(Step(gpu, step), Step(ref, step));
   ExpectSameState(CaptureAll(gpu), CaptureAll(ref));
+}
+
+// A checkpoint does not stop steps: pages captured while another thread steps
+// the group each equal the CPU group's page at the step captured with them.
+TEST_P(CudaDurabilityTest, PagesCapturedWhileStepsRunAreEachConsistentWithTheirStep) {
+  auto cuda = NewCuda();
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  CpuBackend cpu(&pool_);
+  Daemon gpu(cuda->get(), &pool_), ref(&cpu, &pool_);
+  RegisterWithInitialValues(gpu);
+  RegisterWithInitialValues(ref);
+  constexpr uint64_t kSteps = 20;
+  std::vector<CapturedPages> at_step;  // The CPU group after each step.
+  at_step.push_back(CaptureAll(ref));
+  for (uint64_t step = 1; step <= kSteps; ++step) {
+    Step(ref, step);
+    at_step.push_back(CaptureAll(ref));
+  }
+  std::atomic<bool> done{false};
+  std::thread stepper([&] {
+    for (uint64_t step = 1; step <= kSteps; ++step) Step(gpu, step);
+    done.store(true);
+  });
+  std::shared_ptr<Group> g = gpu.group();
+  uint64_t captured = 0, mismatched = 0;
+  CapturedPages page;
+  while (!done.load()) {
+    for (uint64_t p = 0; p < g->num_pages(); ++p) {
+      absl::Status s = CapturePages(*gpu.backend, *g, p, p + 1, &page);
+      ASSERT_TRUE(s.ok()) << s;
+      const CapturedPages& want = at_step[page.steps[0]];
+      const uint64_t n = page.end - page.begin;
+      mismatched +=
+          CountBitDifferences(page.params.data(), want.params.data() + page.begin, n) +
+          CountBitDifferences(page.exp_avg.data(), want.exp_avg.data() + page.begin, n) +
+          CountBitDifferences(page.exp_avg_sq.data(), want.exp_avg_sq.data() + page.begin, n);
+      ++captured;
+    }
+  }
+  stepper.join();
+  EXPECT_GT(captured, 0u);
+  EXPECT_EQ(mismatched, 0u) << "over " << captured << " pages captured";
+  ExpectSameState(CaptureAll(gpu), at_step[kSteps]);
 }
 
 // Callers write whole pages; a range that cuts pages is copied to the device
