@@ -60,26 +60,28 @@ struct Daemon {
   Daemon(StepBackend* backend, ThreadPool* pool)
       : backend(backend), store(backend, 1ull << 30, kPage), engine(&store, backend, pool) {}
 
-  std::shared_ptr<Group> group() { return *store.Find(kKey); }
+  std::shared_ptr<Group> group(const GroupKey& key = kKey) { return *store.Find(key); }
 
   StepBackend* backend;
   StateStore store;
   StepEngine engine;
 };
 
-void RegisterWithInitialValues(Daemon& d) {
-  ASSERT_TRUE(d.store.Register(kKey, Config()).ok());
+void RegisterWithInitialValues(Daemon& d, const GroupKey& key = kKey) {
+  ASSERT_TRUE(d.store.Register(key, Config()).ok());
   std::vector<float> init(kElements);
   for (uint64_t i = 0; i < kElements; ++i) init[i] = UniformSigned(77, i);
   ASSERT_TRUE(testing::WriteInitialValues(
-                  d.engine, kKey, 0, WireType::kFloat32,
+                  d.engine, key, 0, WireType::kFloat32,
                   absl::string_view(reinterpret_cast<const char*>(init.data()), kElements * 4))
                   .ok());
 }
 
-// Step `step` of the group in two chunks (pages 0-5, then the rest), bf16
-// gradients on even steps and fp32 on odd ones; returns the replies.
-std::string Step(Daemon& d, uint64_t step, uint64_t seed = 0) {
+// Chunks [first_chunk, end_chunk) of step `step` of group `key`, cut in two
+// chunks (pages 0-5, then the rest), with bf16 gradients on even steps and
+// fp32 on odd ones; returns the replies.
+std::string StepChunks(Daemon& d, const GroupKey& key, uint64_t step, uint64_t seed,
+                       int first_chunk, int end_chunk) {
   const WireType type = step % 2 == 0 ? WireType::kBFloat16 : WireType::kFloat32;
   const size_t size = WireTypeSize(type);
   std::vector<unsigned char> grad(kElements * size);
@@ -94,10 +96,11 @@ std::string Step(Daemon& d, uint64_t step, uint64_t seed = 0) {
   }
   std::string replies;
   const uint64_t split = 6 * kPage;
-  for (const auto& [offset, count] :
-       {std::pair<uint64_t, uint64_t>{0, split}, {split, kElements - split}}) {
+  const std::pair<uint64_t, uint64_t> chunks[2] = {{0, split}, {split, kElements - split}};
+  for (int c = first_chunk; c < end_chunk; ++c) {
+    const auto [offset, count] = chunks[c];
     StepChunk chunk;
-    chunk.group = kKey;
+    chunk.group = key;
     chunk.step = step;
     chunk.offset = offset;
     chunk.gradient_type = type;
@@ -111,10 +114,15 @@ std::string Step(Daemon& d, uint64_t step, uint64_t seed = 0) {
   return replies;
 }
 
+// The whole step `step` of the test's group.
+std::string Step(Daemon& d, uint64_t step, uint64_t seed = 0) {
+  return StepChunks(d, kKey, step, seed, 0, 2);
+}
+
 // The group's state as ExportState and a checkpoint read it: CapturePages,
 // three pages at a time.
-CapturedPages CaptureAll(Daemon& d) {
-  std::shared_ptr<Group> g = d.group();
+CapturedPages CaptureAll(Daemon& d, const GroupKey& key = kKey) {
+  std::shared_ptr<Group> g = d.group(key);
   CapturedPages all;
   for (uint64_t first = 0; first < g->num_pages(); first += 3) {
     CapturedPages run;
@@ -418,6 +426,44 @@ TEST_P(CudaDurabilityTest, StateWrittenOverARangeThatCutsPagesIsSteppedOn) {
   ExpectSameState(CaptureAll(gpu), CaptureAll(ref));
   for (uint64_t step = 4; step <= 6; ++step) EXPECT_EQ(Step(gpu, step), Step(ref, step));
   ExpectSameState(CaptureAll(gpu), CaptureAll(ref));
+}
+
+// adaptive: a paged group promoted after a delete holds some pages in VRAM
+// (those stepped since) and the rest on the host; a capture reads each from
+// where it is.
+TEST(CudaDurabilityPromotionTest, APromotedGroupIsCapturedFromWhereEachPageIs) {
+  OPTSTATE_REQUIRE_DEVICE();
+  CudaOptions options = Options("adaptive");
+  // Room in VRAM for one group of kElements (12 bytes each), not two.
+  options.vram_total_bytes =
+      2 * (options.staging_slots * options.staging_slot_bytes + kElements * 12 * 3 / 2);
+  ThreadPool pool(2);
+  auto cuda = CudaBackend::Create(options, &pool);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  CpuBackend cpu(&pool);
+  Daemon gpu(cuda->get(), &pool), ref(&cpu, &pool);
+  const GroupKey a{"", "a"}, b{"", "b"};
+  RegisterWithInitialValues(gpu, a);
+  RegisterWithInitialValues(gpu, b);
+  RegisterWithInitialValues(ref, b);
+  ASSERT_EQ(gpu.group(a)->placement(), Placement::kDeviceResident);
+  ASSERT_EQ(gpu.group(b)->placement(), Placement::kDevicePaged);
+  for (uint64_t step = 1; step <= 2; ++step) {
+    StepChunks(gpu, a, step, 0, 0, 2);
+    EXPECT_EQ(StepChunks(gpu, b, step, 0, 0, 2), StepChunks(ref, b, step, 0, 0, 2));
+  }
+  ASSERT_TRUE(gpu.store.Delete(a).ok());
+  std::shared_ptr<Group> promoted = gpu.group(b);
+  ASSERT_EQ(promoted->placement(), Placement::kDeviceResident);
+  // Step 3 of pages 0-5 only: they move into VRAM; pages 6-10 stay at step 2
+  // on the host.
+  EXPECT_EQ(StepChunks(gpu, b, 3, 0, 0, 1), StepChunks(ref, b, 3, 0, 0, 1));
+  const uint64_t outs = promoted->counters().paging.page_outs.load();
+  ExpectSameState(CaptureAll(gpu, b), CaptureAll(ref, b));
+  EXPECT_EQ(promoted->counters().paging.page_outs.load() - outs, 6u);
+  EXPECT_EQ(StepChunks(gpu, b, 3, 0, 1, 2), StepChunks(ref, b, 3, 0, 1, 2));
+  EXPECT_EQ(StepChunks(gpu, b, 4, 0, 0, 2), StepChunks(ref, b, 4, 0, 0, 2));
+  ExpectSameState(CaptureAll(gpu, b), CaptureAll(ref, b));
 }
 
 INSTANTIATE_TEST_SUITE_P(Placements, CudaDurabilityTest, ::testing::Values("none", "fully_paged"),
