@@ -115,3 +115,39 @@ def test_unsupported_options_and_dtypes_are_refused(daemon, prefix):
         RemoteAdamW([torch.nn.Parameter(torch.ones(2))])
     with pytest.raises(ValueError, match="torch.distributed"):
         RemoteAdamW([torch.nn.Parameter(torch.ones(2))], target=daemon.target, shard=True)
+
+
+def test_a_parameter_not_on_the_cpu_is_refused_naming_it_and_nothing_is_sent(daemon, client,
+                                                                             prefix):
+    """A parameter (and so its gradient) on another device than the CPU: refused by name at
+    construction, before any parameter is registered, and at step(), before anything is
+    sent. meta is the device a CPU-only torch can make; CUDA takes the same check."""
+    cpu, off = torch.nn.Parameter(torch.ones(8)), torch.nn.Parameter(torch.ones(8, device="meta"))
+    with pytest.raises(ValueError, match=f"parameter '{prefix}off'.* on meta"):
+        RemoteAdamW([("cpu", cpu), ("off", off)], target=daemon.target, name_prefix=prefix)
+    assert not [g for g in client.list_groups() if g.name.startswith(prefix)]
+
+    # After registration: a module moved with torch's swap-on-conversion keeps its
+    # Parameter objects (as model.cuda() does with the default set_data path), so the
+    # optimizer's parameter itself is on the other device.
+    a, moved = torch.nn.Parameter(torch.ones(6)), torch.nn.Linear(2, 5, bias=False)
+    opt = RemoteAdamW([("a", a), ("b", moved.weight)], target=daemon.target, name_prefix=prefix)
+    b = moved.weight
+    a.grad, b.grad = torch.ones(6), torch.ones(5, 2)
+    opt.step()
+    before = _snapshot(client, [prefix + "a", prefix + "b"])
+    a_before = a.detach().clone()
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        moved.to("meta")
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swap)
+    assert moved.weight is b and b.device.type == "meta"
+    a.grad, b.grad = torch.ones(6), torch.ones(5, 2, device="meta")
+    with pytest.raises(ValueError, match=f"parameter '{prefix}b': RemoteAdamW steps CPU tensors, "
+                                         "and this parameter is on device 'meta'"):
+        opt.step()
+    _assert_unchanged(client, before)
+    assert bits_equal(a.detach(), a_before)
+    assert opt.state[a]["step"].item() == 1.0
