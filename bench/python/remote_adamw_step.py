@@ -86,6 +86,42 @@ class CppClient:
         self.process.wait()
 
 
+class TimedClient:
+    """An optstate.Client that adds up the wall time and the calling thread's CPU time spent
+    inside its step() calls, so the Python work of RemoteAdamW.step around them can be told
+    apart."""
+
+    def __init__(self, target):
+        self.client = optstate.Client(target)
+        self.inside = 0.0
+        self.inside_cpu = 0.0
+
+    def step(self, *args, **kwargs):
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        try:
+            return self.client.step(*args, **kwargs)
+        finally:
+            self.inside += time.perf_counter() - start
+            self.inside_cpu += time.thread_time() - start_cpu
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+def binding_seconds(client, model, prefix, wire, calls=200):
+    """Wall time of one Client.step call that views and checks every buffer of the model's
+    step, as RemoteAdamW passes them, and that the C++ client then refuses at once (step 0,
+    before anything is sent): the binding's own work per call, an exception included."""
+    entries = [(prefix + n, p.grad, p.data, 1e-3) for n, p in model.named_parameters()]
+    start = time.perf_counter()
+    for _ in range(calls):
+        try:
+            client.step(entries, 0, wire_dtype=wire)
+        except optstate.InvalidArgument:
+            pass
+    return (time.perf_counter() - start) / calls
+
+
 def cpu_seconds_of(pid):
     """CPU time of all threads of process `pid` (schedstat, nanoseconds), in seconds."""
     total = 0
@@ -135,12 +171,15 @@ def main():
         for model in models.values():  # the same gradients for every optimizer
             for p, g in zip(model.parameters(), grads):
                 p.grad = g.clone()
+        timed = {name: TimedClient(target) for name in names if name.startswith("Remote")}
         optimizers = {
             "RemoteAdamW fp32": RemoteAdamW(models["RemoteAdamW fp32"].named_parameters(),
-                                            target=target, name_prefix="bench/py/fp32/"),
+                                            client=timed["RemoteAdamW fp32"],
+                                            name_prefix="bench/py/fp32/"),
             "RemoteAdamW bf16 wire": RemoteAdamW(
-                models["RemoteAdamW bf16 wire"].named_parameters(), target=target,
-                name_prefix="bench/py/bf16/", wire_dtype=torch.bfloat16),
+                models["RemoteAdamW bf16 wire"].named_parameters(),
+                client=timed["RemoteAdamW bf16 wire"], name_prefix="bench/py/bf16/",
+                wire_dtype=torch.bfloat16),
         }
         if not args.skip_torch:
             optimizers["torch foreach"] = torch.optim.AdamW(
@@ -154,6 +193,8 @@ def main():
         steps["C++ client fp32"] = lambda: cpp.step("fp32")
         steps["C++ client bf16 wire"] = lambda: cpp.step("bf16")
         times = {name: [] for name in steps}
+        outside = {name: [] for name in timed}  # RemoteAdamW.step's time around Client.step
+        outside_cpu = {name: [] for name in timed}  # the same in the thread's CPU time
         client_cpu = {name: [] for name in steps}
         daemon_cpu = {name: [] for name in steps}
         order = random.Random(0)
@@ -167,7 +208,11 @@ def main():
                 d0 = cpu_seconds_of(daemon.pid) if daemon is not None else 0.0
                 c0 = time.process_time()
                 start = time.perf_counter()
+                if name in timed:
+                    timed[name].inside = timed[name].inside_cpu = 0.0
+                thread0 = time.thread_time()
                 reported = steps[name]()
+                thread_cpu = time.thread_time() - thread0
                 elapsed = time.perf_counter() - start
                 cpu = time.process_time() - c0
                 d1 = cpu_seconds_of(daemon.pid) if daemon is not None else 0.0
@@ -175,9 +220,18 @@ def main():
                     elapsed, cpu = reported  # the C++ client's own clocks, around Client::Step
                 if rep:
                     times[name].append(elapsed)
+                    if name in timed:
+                        outside[name].append(elapsed - timed[name].inside)
+                        outside_cpu[name].append(thread_cpu - timed[name].inside_cpu)
                     client_cpu[name].append(cpu)
                     daemon_cpu[name].append(d1 - d0)
         cpp.close()
+        binding = {"RemoteAdamW fp32": binding_seconds(
+                       timed["RemoteAdamW fp32"].client, models["RemoteAdamW fp32"],
+                       "bench/py/fp32/", "float32"),
+                   "RemoteAdamW bf16 wire": binding_seconds(
+                       timed["RemoteAdamW bf16 wire"].client, models["RemoteAdamW bf16 wire"],
+                       "bench/py/bf16/", "bfloat16")}
 
         best = {name: min(t) for name, t in times.items()}
         median = {name: statistics.median(t) for name, t in times.items()}
@@ -197,11 +251,21 @@ def main():
             by_median = (median[remote] - median[native]) / median[remote]
             by_cpu = (statistics.median(client_cpu[remote]) -
                       statistics.median(client_cpu[native])) / best[remote]
+            paired = statistics.median((r - n) / r for r, n in zip(times[remote], times[native]))
             ok &= overhead <= 0.05
             print(f"Python overhead, {remote} over {native}: {overhead:+.2%} of the step best "
                   f"against best ({'within' if overhead <= 0.05 else 'OVER'} the 5% budget), "
-                  f"{by_median:+.2%} median against median; client CPU time "
+                  f"{by_median:+.2%} median against median, {paired:+.2%} the median of "
+                  f"the repetitions' (interleaved pairs'); client CPU time "
                   f"{by_cpu:+.2%} of the step")
+            python = statistics.median(outside[remote])
+            python_cpu = statistics.median(outside_cpu[remote])
+            print(f"  {remote}: Python work around Client.step {python * 1e3:.3f} ms wall per "
+                  f"step (median; best {min(outside[remote]) * 1e3:.3f}, worst "
+                  f"{max(outside[remote]) * 1e3:.3f}), {python_cpu * 1e3:.3f} ms of the "
+                  f"thread's CPU time (median); the binding's own {binding[remote] * 1e3:.3f} ms "
+                  f"per call; wall and binding together "
+                  f"{(python + binding[remote]) / best[remote]:.3%} of the best step")
         return 0 if ok else 1
     finally:
         if daemon is not None:

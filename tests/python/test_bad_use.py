@@ -87,9 +87,26 @@ def test_a_non_finite_gradient_applies_nothing_to_any_parameter(daemon, client, 
     _assert_unchanged(client, before)
     for p, v in zip(params, values):
         assert bits_equal(p.detach(), v)
+    # the optimizer's step counts are those of the daemon, as before the refused step
+    assert [opt.state[p].get("step", torch.tensor(0.0)).item() for p in params] == (
+        [1.0, 1.0, 0.0] if two_calls else [1.0, 1.0, 1.0])
     params[2].grad[17] = 0.0  # fixed: the step goes through
     opt.step()
     assert [client.describe(n).min_step for n in names] == ([2, 2, 1] if two_calls else [2, 2, 2])
+
+
+def test_a_parameter_whose_dtype_changed_is_refused_naming_it(daemon, client, prefix):
+    p = torch.nn.Parameter(torch.ones(16))
+    opt = RemoteAdamW([("w", p)], target=daemon.target, name_prefix=prefix)
+    p.grad = torch.ones(16)
+    opt.step()
+    before = _snapshot(client, [prefix + "w"])
+    p.data = p.data.bfloat16()  # as model.bfloat16() does
+    p.grad = torch.ones(16, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match=f"parameter '{prefix}w' is torch.bfloat16 but was "
+                                        "registered as torch.float32"):
+        opt.step()
+    _assert_unchanged(client, before)
 
 
 def test_changing_betas_after_registration_is_refused(daemon, prefix):

@@ -37,6 +37,7 @@ class _Registration:
     step: int  # The step the daemon's pages have reached (as far as this rank knows).
     # How its gradient and values travel: None for float32, else "bfloat16" / "float16".
     wire: Optional[str]
+    dtype: torch.dtype  # The parameter's, at registration.
 
     @property
     def fixed(self) -> tuple:
@@ -224,7 +225,8 @@ class RemoteAdamW(torch.optim.Optimizer):
 
     def _remember(self, p: torch.Tensor, name: str, hyperparameters: tuple, step: int) -> None:
         wire = _WIRE_NAMES[p.dtype] if p.dtype in _SIXTEEN_BIT else self._wire
-        self._registered[id(p)] = _Registration(p, name, p.shape, hyperparameters, step, wire)
+        self._registered[id(p)] = _Registration(p, name, p.shape, hyperparameters, step, wire,
+                                                p.dtype)
 
     @staticmethod
     def _check_step(p: torch.Tensor, grad: torch.Tensor, reg: _Registration,
@@ -235,6 +237,9 @@ class RemoteAdamW(torch.optim.Optimizer):
             raise ValueError(
                 f"parameter '{reg.name}' has shape {tuple(p.shape)} but was registered with "
                 f"{tuple(reg.shape)}; a resized parameter needs a new optimizer (or name)")
+        if p.dtype != reg.dtype:
+            raise TypeError(f"parameter '{reg.name}' is {p.dtype} but was registered as "
+                            f"{reg.dtype}; a parameter of another dtype needs a new optimizer")
         if fixed != reg.fixed:
             raise ValueError(
                 f"parameter '{reg.name}': betas, eps or weight_decay of its param group changed "
@@ -244,8 +249,9 @@ class RemoteAdamW(torch.optim.Optimizer):
             raise ValueError(
                 f"parameter '{reg.name}': RemoteAdamW steps CPU tensors, and this parameter is "
                 f"on device '{p.device}' with its gradient on '{grad.device}'; nothing was sent")
-        if grad.is_sparse:
-            raise ValueError(f"parameter '{reg.name}': sparse gradients are not supported")
+        if grad.layout != torch.strided:
+            raise ValueError(f"parameter '{reg.name}': sparse gradients are not supported "
+                             f"(this one is {grad.layout})")
         if grad.dtype != p.dtype or grad.shape != p.shape:
             raise TypeError(f"parameter '{reg.name}': gradient {grad.dtype} "
                             f"{tuple(grad.shape)} does not match the parameter's "
@@ -270,6 +276,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         calls: dict[tuple, list] = {}
         stepped: dict[tuple, list] = {}
         registered = self._registered
+        strided = torch.strided
         rank, _ = self._rank_and_world()
         for index, group in enumerate(self.param_groups):
             lr = _as_float(group["lr"])
@@ -284,7 +291,12 @@ class RemoteAdamW(torch.optim.Optimizer):
                         continue  # another rank steps it
                     raise ValueError(f"a parameter of param group {index} was never "
                                      "registered; add parameters with add_param_group()")
-                self._check_step(p, grad, reg, fixed)
+                # All _check_step checks in one expression; it names what is wrong.
+                if not (p.is_cpu and grad.is_cpu and grad.layout is strided
+                        and p.dtype is reg.dtype and grad.dtype is reg.dtype
+                        and p.shape == reg.shape and grad.shape == reg.shape
+                        and fixed == reg.fixed and grad.is_contiguous()):
+                    self._check_step(p, grad, reg, fixed)
                 key = (reg.step + 1, reg.wire)
                 if grad.requires_grad:  # backward(create_graph=True)
                     grad = grad.detach()
@@ -299,17 +311,31 @@ class RemoteAdamW(torch.optim.Optimizer):
             # One call checks its own gradients before it sends anything; with several,
             # a later call's refusal would come after earlier ones were applied.
             self._check_finite(calls)
-        # 2. The calls; each writes the updated values into the parameters in place.
+        # 2. The calls; each writes the updated values into the parameters in place. The
+        #    bookkeeping of a call is done before it, while this code's data is still in
+        #    the caches (the call moves every byte of the model through them), and undone
+        #    when the call fails, so the next step() repeats step k (the daemon replays
+        #    what it applied). One step tensor per call, shared by its parameters' state
+        #    (nothing here changes a step tensor in place; each step puts a new one).
+        state = self.state
         for key, groups in calls.items():
             k, wire = key
-            self._client.step(groups, k, wire_dtype=wire)
-            # One step tensor per call, shared by its parameters' state (nothing here
-            # changes a step tensor in place; each step puts a new one).
+            regs = stepped[key]
             step = torch.tensor(float(k))
-            state = self.state
-            for reg in stepped[key]:
+            for reg in regs:
                 reg.step = k
                 state[reg.param]["step"] = step
+            try:
+                self._client.step(groups, k, wire_dtype=wire)
+            except BaseException:
+                before = torch.tensor(float(k - 1))
+                for reg in regs:  # key == (reg.step + 1, ...): each was at step k - 1
+                    reg.step = k - 1
+                    if k > 1:
+                        state[reg.param]["step"] = before
+                    else:
+                        state[reg.param].pop("step", None)
+                raise
         if self._shard:
             self._broadcast()
         return loss
