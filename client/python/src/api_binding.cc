@@ -265,7 +265,8 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
       "(float32 unless set to 'bfloat16' or 'float16'); 16-bit buffers travel as they are.\n"
       "`lr` overrides the groups' lr for this step (unless a tuple gives its own),\n"
       "`grad_scale` multiplies every gradient.\n\n"
-      "Nothing is sent when a buffer is of the wrong kind (TypeError/ValueError naming it)\n"
+      "Nothing is sent when a buffer is of the wrong kind or on another device than the CPU\n"
+      "(TypeError/ValueError naming its group and buffer)\n"
       "or a gradient is not finite or has the wrong length (InvalidArgument). Transient\n"
       "failures resend what got no reply; the daemon applies every page exactly once, so\n"
       "repeating a step replays it (nothing applied twice, current params returned).");
