@@ -2,25 +2,32 @@
 """One optimizer step of a stack of Linear layers (100M parameters by default):
 optstate.torch.RemoteAdamW (fp32 wire and bf16 wire) against torch.optim.AdamW with
 foreach=True and fused=True on the same machine in the same run, and against the C++
-client stepping the same bytes (optstate-client-step, bench/python/client_step_timing.cc).
+client stepping the same bytes (optstate-client-step, bench/python/client_step_timing.cc:
+groups of the same sizes registered with the same initial values, stepped with the same
+gradients, each group with its own lr, float32 buffers narrowed/widened by the client).
 
 Every measurement is repeated --reps times, interleaved in a shuffled order with a pause
-before each (torch's OpenMP workers spin after a step); the best repetition is reported
-(the machine is shared: noise only makes a step slower), with the median beside it. The
-Python layer's overhead is RemoteAdamW's step time over the C++ client's for the same
-groups and wire, as a fraction of RemoteAdamW's; the budget is 5%.
+before each (torch's OpenMP workers spin after a step); best, median and worst are
+reported (the machine is shared: noise only makes a step slower). Beside the wall time,
+each step's CPU time of the client process (RemoteAdamW's: this Python process; the C++
+client's: its own) and of the daemon (its threads' schedstat). The Python layer's
+overhead is RemoteAdamW's step time over the C++ client's for the same groups and wire,
+as a fraction of RemoteAdamW's (best against best, and median against median); the
+budget is 5%. The client CPU time shows the same without the daemon's share of the noise.
 
   .torch-venv/bin/python3 bench/python/remote_adamw_step.py            # 100M parameters
   .torch-venv/bin/python3 bench/python/remote_adamw_step.py --params 4000000 --width 1024
 """
 import argparse
 import copy
+import glob
 import os
 import random
 import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -48,22 +55,83 @@ def linear_stack(params, width, seed=0):
 
 
 class CppClient:
-    """optstate-client-step: one C++ Client::Step of the same group sizes per request."""
+    """optstate-client-step: one C++ Client::Step of the same groups per request."""
 
-    def __init__(self, binary, target, sizes):
-        self.process = subprocess.Popen(
-            [binary, f"--target={target}", f"--sizes={','.join(map(str, sizes))}",
-             "--prefix=bench/cpp/"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        assert self.process.stdout.readline().strip() == "ready", "optstate-client-step failed"
+    def __init__(self, binary, target, params, grads):
+        sizes = [p.numel() for p in params]
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+            files = {}
+            for what, tensors in (("values", params), ("grads", grads)):
+                files[what] = os.path.join(tmp, what)
+                with open(files[what], "wb") as f:
+                    for t in tensors:
+                        f.write(t.detach().contiguous().numpy().tobytes())
+            self.process = subprocess.Popen(
+                [binary, f"--target={target}", f"--sizes={','.join(map(str, sizes))}",
+                 "--prefix=bench/cpp/", f"--values={files['values']}",
+                 f"--grads={files['grads']}"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert self.process.stdout.readline().strip() == "ready", "optstate-client-step failed"
 
     def step(self, wire):
+        """(wall seconds, CPU seconds of the client process), by the tool's own clocks."""
         self.process.stdin.write(wire + "\n")
         self.process.stdin.flush()
-        return float(self.process.stdout.readline())
+        wall, cpu = self.process.stdout.readline().split()
+        return float(wall), float(cpu)
 
     def close(self):
         self.process.stdin.close()
         self.process.wait()
+
+
+class TimedClient:
+    """An optstate.Client that adds up the wall time and the calling thread's CPU time spent
+    inside its step() calls, so the Python work of RemoteAdamW.step around them can be told
+    apart."""
+
+    def __init__(self, target):
+        self.client = optstate.Client(target)
+        self.inside = 0.0
+        self.inside_cpu = 0.0
+
+    def step(self, *args, **kwargs):
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        try:
+            return self.client.step(*args, **kwargs)
+        finally:
+            self.inside += time.perf_counter() - start
+            self.inside_cpu += time.thread_time() - start_cpu
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+def binding_seconds(client, model, prefix, wire, calls=200):
+    """Wall time of one Client.step call that views and checks every buffer of the model's
+    step, as RemoteAdamW passes them, and that the C++ client then refuses at once (step 0,
+    before anything is sent): the binding's own work per call, an exception included."""
+    entries = [(prefix + n, p.grad, p.data, 1e-3) for n, p in model.named_parameters()]
+    start = time.perf_counter()
+    for _ in range(calls):
+        try:
+            client.step(entries, 0, wire_dtype=wire)
+        except optstate.InvalidArgument:
+            pass
+    return (time.perf_counter() - start) / calls
+
+
+def cpu_seconds_of(pid):
+    """CPU time of all threads of process `pid` (schedstat, nanoseconds), in seconds."""
+    total = 0
+    for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+        try:
+            with open(path) as f:
+                total += int(f.read().split()[0])
+        except (OSError, IndexError, ValueError):
+            pass  # a thread that ended
+    return total * 1e-9
 
 
 def main():
@@ -74,6 +142,8 @@ def main():
     parser.add_argument("--threads", type=int, default=0, help="optstated --threads (0: all)")
     parser.add_argument("--pause", type=float, default=0.3,
                         help="seconds of rest before each measurement")
+    parser.add_argument("--skip-torch", action="store_true",
+                        help="only RemoteAdamW and the C++ client (no local torch.optim.AdamW)")
     parser.add_argument("--target", help="an optstated to use instead of starting one")
     parser.add_argument("--optstated", default=os.path.join(ROOT, "build/server/optstated"))
     parser.add_argument("--client-step",
@@ -90,59 +160,112 @@ def main():
         total = sum(sizes)
         print(f"model: {len(base)} x Linear({args.width}, {args.width}), {total:,} parameters "
               f"in {len(sizes)} tensors; torch {torch.__version__}, "
-              f"{torch.get_num_threads()} torch threads")
-        models = {name: copy.deepcopy(base) for name in
-                  ("torch foreach", "torch fused", "RemoteAdamW fp32", "RemoteAdamW bf16 wire")}
+              f"{torch.get_num_threads()} torch threads; load average "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        names = ["RemoteAdamW fp32", "RemoteAdamW bf16 wire"]
+        if not args.skip_torch:
+            names = ["torch foreach", "torch fused"] + names
+        models = {name: copy.deepcopy(base) for name in names}
         gen = torch.Generator().manual_seed(1)
         grads = [torch.randn(p.shape, generator=gen) * 1e-2 for p in base.parameters()]
         for model in models.values():  # the same gradients for every optimizer
             for p, g in zip(model.parameters(), grads):
                 p.grad = g.clone()
+        timed = {name: TimedClient(target) for name in names if name.startswith("Remote")}
         optimizers = {
-            "torch foreach": torch.optim.AdamW(models["torch foreach"].parameters(), foreach=True),
-            "torch fused": torch.optim.AdamW(models["torch fused"].parameters(), fused=True),
             "RemoteAdamW fp32": RemoteAdamW(models["RemoteAdamW fp32"].named_parameters(),
-                                            target=target, name_prefix="bench/py/fp32/"),
+                                            client=timed["RemoteAdamW fp32"],
+                                            name_prefix="bench/py/fp32/"),
             "RemoteAdamW bf16 wire": RemoteAdamW(
-                models["RemoteAdamW bf16 wire"].named_parameters(), target=target,
-                name_prefix="bench/py/bf16/", wire_dtype=torch.bfloat16),
+                models["RemoteAdamW bf16 wire"].named_parameters(),
+                client=timed["RemoteAdamW bf16 wire"], name_prefix="bench/py/bf16/",
+                wire_dtype=torch.bfloat16),
         }
-        cpp = CppClient(args.client_step, target, sizes)
-        steps = {name: opt.step for name, opt in optimizers.items()}
+        if not args.skip_torch:
+            optimizers["torch foreach"] = torch.optim.AdamW(
+                models["torch foreach"].parameters(), foreach=True)
+            optimizers["torch fused"] = torch.optim.AdamW(
+                models["torch fused"].parameters(), fused=True)
+        # The same bytes: the model's initial values and the same gradients.
+        cpp = CppClient(args.client_step, target, list(base.parameters()), grads)
+        del base, grads
+        steps = {name: optimizers[name].step for name in names}
         steps["C++ client fp32"] = lambda: cpp.step("fp32")
         steps["C++ client bf16 wire"] = lambda: cpp.step("bf16")
         times = {name: [] for name in steps}
+        outside = {name: [] for name in timed}  # RemoteAdamW.step's time around Client.step
+        outside_cpu = {name: [] for name in timed}  # the same in the thread's CPU time
+        client_cpu = {name: [] for name in steps}
+        daemon_cpu = {name: [] for name in steps}
         order = random.Random(0)
         for rep in range(args.reps + 1):  # the first round warms up and is not counted
-            names = list(steps)
-            order.shuffle(names)  # no configuration always follows the same one
-            for name in names:
+            names_now = list(steps)
+            order.shuffle(names_now)  # no configuration always follows the same one
+            for name in names_now:
                 # torch's OpenMP workers spin for a while after a parallel region; on a
                 # small machine they would take the daemon's cores from whatever came next.
                 time.sleep(args.pause)
+                d0 = cpu_seconds_of(daemon.pid) if daemon is not None else 0.0
+                c0 = time.process_time()
                 start = time.perf_counter()
+                if name in timed:
+                    timed[name].inside = timed[name].inside_cpu = 0.0
+                thread0 = time.thread_time()
                 reported = steps[name]()
+                thread_cpu = time.thread_time() - thread0
                 elapsed = time.perf_counter() - start
+                cpu = time.process_time() - c0
+                d1 = cpu_seconds_of(daemon.pid) if daemon is not None else 0.0
                 if name.startswith("C++"):
-                    elapsed = reported  # the C++ client's own clock, around Client::Step
+                    elapsed, cpu = reported  # the C++ client's own clocks, around Client::Step
                 if rep:
                     times[name].append(elapsed)
+                    if name in timed:
+                        outside[name].append(elapsed - timed[name].inside)
+                        outside_cpu[name].append(thread_cpu - timed[name].inside_cpu)
+                    client_cpu[name].append(cpu)
+                    daemon_cpu[name].append(d1 - d0)
         cpp.close()
+        binding = {"RemoteAdamW fp32": binding_seconds(
+                       timed["RemoteAdamW fp32"].client, models["RemoteAdamW fp32"],
+                       "bench/py/fp32/", "float32"),
+                   "RemoteAdamW bf16 wire": binding_seconds(
+                       timed["RemoteAdamW bf16 wire"].client, models["RemoteAdamW bf16 wire"],
+                       "bench/py/bf16/", "bfloat16")}
 
         best = {name: min(t) for name, t in times.items()}
-        fused = best["torch fused"]
-        print(f"{'configuration':<24}{'best s':>10}{'median s':>10}{'G elem/s':>10}"
-              f"{'vs fused':>10}")
+        median = {name: statistics.median(t) for name, t in times.items()}
+        fused = best.get("torch fused")
+        print(f"{'configuration':<24}{'best s':>9}{'median s':>10}{'worst s':>9}{'G elem/s':>10}"
+              f"{'vs fused':>9}{'client CPU s':>14}{'daemon CPU s':>14}")
         for name, t in times.items():
-            print(f"{name:<24}{best[name]:>10.4f}{statistics.median(t):>10.4f}"
-                  f"{total / best[name] / 1e9:>10.3f}{fused / best[name]:>10.3f}")
+            ratio = f"{fused / best[name]:>9.3f}" if fused else f"{'-':>9}"
+            print(f"{name:<24}{best[name]:>9.4f}{median[name]:>10.4f}{max(t):>9.4f}"
+                  f"{total / best[name] / 1e9:>10.3f}{ratio}"
+                  f"{statistics.median(client_cpu[name]):>14.4f}"
+                  f"{statistics.median(daemon_cpu[name]):>14.4f}")
         ok = True
         for remote, native in (("RemoteAdamW fp32", "C++ client fp32"),
                                ("RemoteAdamW bf16 wire", "C++ client bf16 wire")):
             overhead = (best[remote] - best[native]) / best[remote]
+            by_median = (median[remote] - median[native]) / median[remote]
+            by_cpu = (statistics.median(client_cpu[remote]) -
+                      statistics.median(client_cpu[native])) / best[remote]
+            paired = statistics.median((r - n) / r for r, n in zip(times[remote], times[native]))
             ok &= overhead <= 0.05
-            print(f"Python overhead, {remote} over {native}: {overhead:+.2%} of the step "
-                  f"({'within' if overhead <= 0.05 else 'OVER'} the 5% budget)")
+            print(f"Python overhead, {remote} over {native}: {overhead:+.2%} of the step best "
+                  f"against best ({'within' if overhead <= 0.05 else 'OVER'} the 5% budget), "
+                  f"{by_median:+.2%} median against median, {paired:+.2%} the median of "
+                  f"the repetitions' (interleaved pairs'); client CPU time "
+                  f"{by_cpu:+.2%} of the step")
+            python = statistics.median(outside[remote])
+            python_cpu = statistics.median(outside_cpu[remote])
+            print(f"  {remote}: Python work around Client.step {python * 1e3:.3f} ms wall per "
+                  f"step (median; best {min(outside[remote]) * 1e3:.3f}, worst "
+                  f"{max(outside[remote]) * 1e3:.3f}), {python_cpu * 1e3:.3f} ms of the "
+                  f"thread's CPU time (median); the binding's own {binding[remote] * 1e3:.3f} ms "
+                  f"per call; wall and binding together "
+                  f"{(python + binding[remote]) / best[remote]:.3%} of the best step")
         return 0 if ok else 1
     finally:
         if daemon is not None:

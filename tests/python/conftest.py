@@ -48,6 +48,22 @@ def daemon():
 
 
 @pytest.fixture
+def fresh_daemons():
+    """Starts daemons of this test's own (fresh_daemons() -> Daemon); each is stopped at
+    the end (if the test has not stopped it) and must exit cleanly."""
+    started = []
+
+    def start(*flags):
+        started.append(Daemon(*flags))
+        return started[-1]
+
+    yield start
+    for d in started:
+        if d.process.poll() is None:
+            assert d.stop() == 0, "optstated did not shut down cleanly"
+
+
+@pytest.fixture
 def client(daemon):
     return optstate.Client(daemon.target)
 

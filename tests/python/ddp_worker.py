@@ -17,7 +17,7 @@ def run(rank, world, init_file, target, prefix, out_path, steps):
     opt = RemoteAdamW(model.named_parameters(), target=target, name_prefix=prefix, lr=1e-2,
                       shard=True)
     names = [n for n, _ in model.named_parameters()]
-    record = {"owned": [n for n, p in model.named_parameters() if opt._owner[p] == rank],
+    record = {"owned": [n for n, p in model.named_parameters() if opt._owner[id(p)] == rank],
               "before": [], "grads": []}
     for step in range(1, steps + 1):
         gen = torch.Generator().manual_seed(100 * step + rank)  # each rank its own batch

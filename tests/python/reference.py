@@ -10,8 +10,15 @@ or v) by at most an ulp or so of p per step.
 import torch
 
 
-def ieee_adamw_(p, g, m, v, step, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
-    """One AdamW step in place on float32 tensors p, m, v for gradient g at `step` (1, 2, ...)."""
+def correctly_rounded_sqrt(v):
+    """sqrt of float32 v, rounded once (float64's sqrt is exact enough to round correctly)."""
+    return v.double().sqrt().float()
+
+
+def ieee_adamw_(p, g, m, v, step, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                sqrt=correctly_rounded_sqrt):
+    """One AdamW step in place on float32 tensors p, m, v for gradient g at `step` (1, 2, ...).
+    `sqrt=torch.sqrt` makes it torch.optim.AdamW's step itself, sqrt included."""
     beta1, beta2 = betas
     p.mul_(1 - lr * weight_decay)
     m.lerp_(g, 1 - beta1)
@@ -19,7 +26,7 @@ def ieee_adamw_(p, g, m, v, step, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay
     bias_correction1 = 1 - beta1 ** step
     bias_correction2 = 1 - beta2 ** step
     step_size = lr / bias_correction1
-    denom = (v.double().sqrt().float() / bias_correction2 ** 0.5).add_(eps)
+    denom = (sqrt(v) / bias_correction2 ** 0.5).add_(eps)
     p.addcdiv_(m, denom, value=-step_size)
 
 

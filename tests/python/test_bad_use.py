@@ -87,9 +87,26 @@ def test_a_non_finite_gradient_applies_nothing_to_any_parameter(daemon, client, 
     _assert_unchanged(client, before)
     for p, v in zip(params, values):
         assert bits_equal(p.detach(), v)
+    # the optimizer's step counts are those of the daemon, as before the refused step
+    assert [opt.state[p].get("step", torch.tensor(0.0)).item() for p in params] == (
+        [1.0, 1.0, 0.0] if two_calls else [1.0, 1.0, 1.0])
     params[2].grad[17] = 0.0  # fixed: the step goes through
     opt.step()
     assert [client.describe(n).min_step for n in names] == ([2, 2, 1] if two_calls else [2, 2, 2])
+
+
+def test_a_parameter_whose_dtype_changed_is_refused_naming_it(daemon, client, prefix):
+    p = torch.nn.Parameter(torch.ones(16))
+    opt = RemoteAdamW([("w", p)], target=daemon.target, name_prefix=prefix)
+    p.grad = torch.ones(16)
+    opt.step()
+    before = _snapshot(client, [prefix + "w"])
+    p.data = p.data.bfloat16()  # as model.bfloat16() does
+    p.grad = torch.ones(16, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match=f"parameter '{prefix}w' is torch.bfloat16 but was "
+                                        "registered as torch.float32"):
+        opt.step()
+    _assert_unchanged(client, before)
 
 
 def test_changing_betas_after_registration_is_refused(daemon, prefix):
@@ -115,3 +132,39 @@ def test_unsupported_options_and_dtypes_are_refused(daemon, prefix):
         RemoteAdamW([torch.nn.Parameter(torch.ones(2))])
     with pytest.raises(ValueError, match="torch.distributed"):
         RemoteAdamW([torch.nn.Parameter(torch.ones(2))], target=daemon.target, shard=True)
+
+
+def test_a_parameter_not_on_the_cpu_is_refused_naming_it_and_nothing_is_sent(daemon, client,
+                                                                             prefix):
+    """A parameter (and so its gradient) on another device than the CPU: refused by name at
+    construction, before any parameter is registered, and at step(), before anything is
+    sent. meta is the device a CPU-only torch can make; CUDA takes the same check."""
+    cpu, off = torch.nn.Parameter(torch.ones(8)), torch.nn.Parameter(torch.ones(8, device="meta"))
+    with pytest.raises(ValueError, match=f"parameter '{prefix}off'.* on meta"):
+        RemoteAdamW([("cpu", cpu), ("off", off)], target=daemon.target, name_prefix=prefix)
+    assert not [g for g in client.list_groups() if g.name.startswith(prefix)]
+
+    # After registration: a module moved with torch's swap-on-conversion keeps its
+    # Parameter objects (as model.cuda() does with the default set_data path), so the
+    # optimizer's parameter itself is on the other device.
+    a, moved = torch.nn.Parameter(torch.ones(6)), torch.nn.Linear(2, 5, bias=False)
+    opt = RemoteAdamW([("a", a), ("b", moved.weight)], target=daemon.target, name_prefix=prefix)
+    b = moved.weight
+    a.grad, b.grad = torch.ones(6), torch.ones(5, 2)
+    opt.step()
+    before = _snapshot(client, [prefix + "a", prefix + "b"])
+    a_before = a.detach().clone()
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        moved.to("meta")
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swap)
+    assert moved.weight is b and b.device.type == "meta"
+    a.grad, b.grad = torch.ones(6), torch.ones(5, 2, device="meta")
+    with pytest.raises(ValueError, match=f"parameter '{prefix}b': RemoteAdamW steps CPU tensors, "
+                                         "and this parameter is on device 'meta'"):
+        opt.step()
+    _assert_unchanged(client, before)
+    assert bits_equal(a.detach(), a_before)
+    assert opt.state[a]["step"].item() == 1.0

@@ -231,3 +231,27 @@ def test_each_group_of_a_call_may_carry_its_own_lr(client, prefix):
     with pytest.raises(optstate.InvalidArgument, match="lr"):
         client.step([(prefix + "a", ga, a, -1.0)], 2)
     assert client.describe(prefix + "a").min_step == 1
+
+
+@pytest.mark.parametrize("where", ["gradient", "params_out"])
+def test_a_tensor_not_on_the_cpu_is_refused_naming_its_group_and_sends_nothing(client, prefix,
+                                                                              where):
+    """Any device but the CPU is refused the same way (a CPU-only torch makes meta
+    tensors; a CUDA tensor takes the same check), before anything is sent: also the other
+    groups of the same call are not stepped."""
+    good, bad = prefix + "good", prefix + "bad"
+    client.register(good, np.arange(64, dtype=np.float32))
+    client.register(bad, np.arange(64, dtype=np.float32))
+    applied = client.stats()["chunks_applied"]
+    meta = torch.zeros(64, device="meta")
+    buffers = (meta, torch.zeros(64)) if where == "gradient" else (torch.ones(64), meta)
+    single = f"group '{bad}' {where}: the tensor is on device 'meta', not the CPU"
+    with pytest.raises(ValueError, match=single):
+        client.step(bad, 1, *buffers)
+    listed = f"group '{bad}', groups\\[1\\].{where}: the tensor is on device 'meta', not the CPU"
+    with pytest.raises(ValueError, match=listed):
+        client.step([(good, torch.ones(64), torch.zeros(64)), (bad, *buffers)], 1)
+    for name in (good, bad):
+        assert _unchanged(client, name) == (0, 0)
+        assert np.array_equal(client.export_state(name).params, np.arange(64, dtype=np.float32))
+    assert client.stats()["chunks_applied"] == applied

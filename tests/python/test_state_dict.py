@@ -7,9 +7,10 @@ for bit against the same switch made by the references: `ieee_adamw_` (the daemo
 arithmetic) for the daemon's steps and torch.optim.AdamW for torch's."""
 import copy
 
+import pytest
 import torch
 
-from optstate.torch import RemoteAdamW
+from optstate.torch import MASTER_PARAM, RemoteAdamW
 from reference import bits_equal, ieee_adamw_, ulp_distance
 
 SHAPES = {"w1": (40, 30), "b1": (40,), "w2": (7, 40), "frozen": (5,)}
@@ -168,3 +169,131 @@ def test_loading_an_earlier_state_rewinds_the_daemon_group(daemon, prefix):
         assert again[n]["step"].item() == 10.0
         assert bits_equal(again[n]["exp_avg"], state_10[n]["exp_avg"])
         assert bits_equal(again[n]["exp_avg_sq"], state_10[n]["exp_avg_sq"])
+
+
+def _sixteen_bit_model(dtype, seed=3):
+    gen = torch.Generator().manual_seed(seed)
+    return {"w": torch.nn.Parameter(torch.randn(300, 40, generator=gen).to(dtype)),
+            "b": torch.nn.Parameter(torch.randn(300, generator=gen).to(dtype))}
+
+
+def _sixteen_bit_grads(model, step):
+    gen = torch.Generator().manual_seed(900 + step)
+    for p in model.values():
+        p.grad = (torch.randn(p.shape, generator=gen) * 0.1).to(p.dtype)
+
+
+def _daemon_state(client, prefix, model):
+    """name -> (master params, exp_avg, exp_avg_sq, page steps) as the daemon holds them."""
+    out = {}
+    for n, p in model.items():
+        s = client.export_state(prefix + n)
+        out[n] = (torch.from_numpy(s.params.copy()), torch.from_numpy(s.exp_avg.copy()),
+                  torch.from_numpy(s.exp_avg_sq.copy()), sorted(set(s.page_steps)))
+    return out
+
+
+@pytest.mark.parametrize("dtype, wire", [(torch.bfloat16, torch.float32),
+                                         (torch.float16, torch.float32),
+                                         (torch.float32, torch.bfloat16)],
+                         ids=["bfloat16 params", "float16 params", "float32 params, bf16 wire"])
+def test_16_bit_values_resume_on_a_fresh_daemon_bit_for_bit(fresh_daemons, prefix, dtype, wire):
+    """10 steps, state_dict(), a new daemon and a new RemoteAdamW, load_state_dict(), 10 more
+    steps: the params and the daemon's fp32 master weights, m and v equal 20 steps without
+    the interruption, bit for bit. The master weights travel in the state dict's
+    master_param entry; without it (as from torch.optim.AdamW) the resumed master starts
+    from the 16-bit values and the runs part."""
+    kwargs = dict(name_prefix=prefix, lr=1e-2, wire_dtype=wire)
+    alone = _sixteen_bit_model(dtype)
+    daemon = fresh_daemons()
+    alone_opt = RemoteAdamW(list(alone.items()), target=daemon.target, **kwargs)
+    for step in range(1, 21):
+        _sixteen_bit_grads(alone, step)
+        alone_opt.step()
+    expected = _daemon_state(alone_opt.client, prefix, alone)
+
+    first = fresh_daemons()
+    model = _sixteen_bit_model(dtype)
+    opt = RemoteAdamW(list(model.items()), target=first.target, **kwargs)
+    for step in range(1, 11):
+        _sixteen_bit_grads(model, step)
+        opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    at_10 = _daemon_state(opt.client, prefix, model)
+    for i, n in enumerate(model):
+        entry = saved["state"][i]
+        assert sorted(entry) == ["exp_avg", "exp_avg_sq", MASTER_PARAM, "step"]
+        assert entry[MASTER_PARAM].dtype == torch.float32
+        assert entry[MASTER_PARAM].shape == model[n].shape
+        assert bits_equal(entry[MASTER_PARAM].reshape(-1), at_10[n][0]), n
+        # the master holds more than the values the model got
+        assert not bits_equal(entry[MASTER_PARAM], model[n].detach().float()), n
+    del opt
+    assert first.stop() == 0
+
+    def resume(state_dict):
+        second = fresh_daemons()
+        resumed = {n: torch.nn.Parameter(p.detach().clone()) for n, p in model.items()}
+        ropt = RemoteAdamW(list(resumed.items()), target=second.target, **kwargs)
+        ropt.load_state_dict(copy.deepcopy(state_dict))
+        assert [ropt.state[p]["step"].item() for p in resumed.values()] == [10.0, 10.0]
+        for step in range(11, 21):
+            _sixteen_bit_grads(resumed, step)
+            ropt.step()
+        return resumed, _daemon_state(ropt.client, prefix, resumed)
+
+    resumed, state = resume(saved)
+    for n in model:
+        assert resumed[n].dtype == dtype and bits_equal(resumed[n].detach(), alone[n].detach()), n
+        for what, got, want in zip(("master", "exp_avg", "exp_avg_sq", "steps"), state[n],
+                                   expected[n]):
+            if what == "steps":
+                assert got == want == [20], n
+            else:
+                assert bits_equal(got, want), f"{n} {what}"
+
+    # The same state dict without master_param: the daemon's master restarts from the
+    # 16-bit values, and 10 steps later differs from the uninterrupted one.
+    stripped = copy.deepcopy(saved)
+    for entry in stripped["state"].values():
+        del entry[MASTER_PARAM]
+    _, state = resume(stripped)
+    assert not bits_equal(state["w"][0], expected["w"][0])
+    assert bits_equal(state["w"][1], expected["w"][1])  # m depends on the gradients only
+
+
+def test_a_stale_master_param_is_not_imported(daemon, client, prefix):
+    """RemoteAdamW (bf16) -> torch.optim.AdamW, which keeps master_param cast to bf16 and
+    steps the bf16 values -> RemoteAdamW again: the old master no longer belongs to the
+    values, so the daemon's master becomes the values widened. The same for a float32
+    master_param whose 16-bit rounding is not the parameter's values."""
+    model = _sixteen_bit_model(torch.bfloat16)
+    opt = RemoteAdamW(list(model.items()), target=daemon.target, name_prefix=prefix, lr=1e-2)
+    for step in range(1, 4):
+        _sixteen_bit_grads(model, step)
+        opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    torch_opt = torch.optim.AdamW(list(model.values()), lr=1e-2)
+    torch_opt.load_state_dict(copy.deepcopy(saved))
+    _sixteen_bit_grads(model, 4)
+    torch_opt.step()
+    from_torch = torch_opt.state_dict()
+    assert from_torch["state"][0][MASTER_PARAM].dtype == torch.bfloat16  # torch cast it
+    opt.load_state_dict(from_torch)
+    for n, p in model.items():
+        master = torch.from_numpy(client.export_state(prefix + n).params)
+        assert bits_equal(master, p.detach().reshape(-1).float()), n
+    # a float32 master that is not the values' master (the values moved on)
+    stale = copy.deepcopy(saved)
+    opt.load_state_dict(stale)
+    for n, p in model.items():
+        master = torch.from_numpy(client.export_state(prefix + n).params)
+        assert bits_equal(master, p.detach().reshape(-1).float()), n
+    # and the valid one is imported as it is
+    with torch.no_grad():
+        for i, p in enumerate(model.values()):
+            p.copy_(saved["state"][i][MASTER_PARAM].to(torch.bfloat16))
+    opt.load_state_dict(copy.deepcopy(saved))
+    for i, n in enumerate(model):
+        master = torch.from_numpy(client.export_state(prefix + n).params)
+        assert bits_equal(master, saved["state"][i][MASTER_PARAM].reshape(-1)), n

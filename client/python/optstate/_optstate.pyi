@@ -120,7 +120,8 @@ class Client:
         (float32 unless set to 'bfloat16' or 'float16'); 16-bit buffers travel as they are.
         `lr` overrides the groups' lr for this step, `grad_scale` multiplies every gradient.
 
-        Nothing is sent when a buffer is of the wrong kind (TypeError/ValueError naming it)
+        Nothing is sent when a buffer is of the wrong kind or on another device than the CPU
+        (TypeError/ValueError naming its group and buffer)
         or a gradient is not finite or has the wrong length (InvalidArgument). Transient
         failures resend what got no reply; the daemon applies every page exactly once, so
         repeating a step replays it (nothing applied twice, current params returned).

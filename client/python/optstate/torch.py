@@ -17,20 +17,32 @@ import torch.distributed as dist
 from . import errors
 from ._optstate import Client
 
-__all__ = ["RemoteAdamW"]
+__all__ = ["RemoteAdamW", "MASTER_PARAM"]
 
 _SIXTEEN_BIT = (torch.bfloat16, torch.float16)
 _WIRE_NAMES = {torch.float32: None, torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_WIRE_DTYPES = {name: dtype for dtype, name in _WIRE_NAMES.items() if name is not None}
+# The state dict entry of a parameter's float32 master weights (RemoteAdamW.state_dict).
+MASTER_PARAM = "master_param"
 
 
-@dataclass
+@dataclass(eq=False)
 class _Registration:
-    """What this optimizer registered for one parameter."""
+    """What this optimizer registered for one parameter, and what its steps reuse."""
 
+    param: torch.Tensor
     name: str
     shape: torch.Size
     hyperparameters: tuple  # (lr, (beta1, beta2), eps, weight_decay) as registered
     step: int  # The step the daemon's pages have reached (as far as this rank knows).
+    # How its gradient and values travel: None for float32, else "bfloat16" / "float16".
+    wire: Optional[str]
+    dtype: torch.dtype  # The parameter's, at registration.
+
+    @property
+    def fixed(self) -> tuple:
+        """The hyperparameters that may not change: ((beta1, beta2), eps, weight_decay)."""
+        return self.hyperparameters[1:]
 
 
 def _hyperparameters(group: dict) -> tuple:
@@ -41,6 +53,12 @@ def _hyperparameters(group: dict) -> tuple:
     beta1, beta2 = group["betas"]
     return (float(lr), (float(beta1), float(beta2)), float(group["eps"]),
             float(group["weight_decay"]))
+
+
+def _fixed_hyperparameters(group: dict) -> tuple:
+    """_hyperparameters(group)[1:], what may not change after registration."""
+    beta1, beta2 = group["betas"]
+    return ((float(beta1), float(beta2)), float(group["eps"]), float(group["weight_decay"]))
 
 
 def _as_float(value) -> float:
@@ -111,8 +129,10 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._wire = _WIRE_NAMES[wire_dtype]
         self._shard = shard
         self._process_group = process_group
-        self._registered: dict[torch.Tensor, _Registration] = {}
-        self._owner: dict[torch.Tensor, int] = {}
+        # Both by id(parameter) (torch.Tensor's __hash__ is Python code); the registration
+        # holds the parameter, so its id stays its own.
+        self._registered: dict[int, _Registration] = {}
+        self._owner: dict[int, int] = {}
         self._constructed = False
         # The keys of torch.optim.AdamW's param groups, so state dicts move both ways.
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=False,
@@ -169,40 +189,75 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._owner = {}
         for p, _, _ in entries:
             middle = before + p.numel() / 2
-            self._owner[p] = min(world - 1, int(middle * world // total))
+            self._owner[id(p)] = min(world - 1, int(middle * world // total))
             before += p.numel()
-        for p, name, group in entries:
-            if self._owner[p] == rank and p not in self._registered:
-                self._register(p, name, group)
+        new = [(p, name, group) for p, name, group in entries
+               if self._owner[id(p)] == rank and id(p) not in self._registered]
+        for p, name, _ in new:  # all checked before the first is registered
+            self._check_registrable(p, name)
+        for p, name, group in new:
+            self._register(p, name, group)
 
-    def _register(self, p: torch.Tensor, name: str, group: dict) -> None:
-        if p.is_sparse or p.device.type != "cpu":
+    @staticmethod
+    def _check_registrable(p: torch.Tensor, name: str) -> None:
+        if p.is_sparse or not p.is_cpu:
             raise ValueError(f"parameter '{name}': RemoteAdamW steps dense CPU tensors "
                              f"(this one is {p.layout} on {p.device})")
         if p.dtype not in _WIRE_NAMES:
             raise TypeError(f"parameter '{name}': dtype {p.dtype} is not supported "
                             "(float32, bfloat16 or float16)")
+
+    def _travels_narrowed(self, p: torch.Tensor) -> bool:
+        """Whether p's values travel in 16 bits (so the daemon's fp32 master weights are
+        more than p holds)."""
+        return p.dtype in _SIXTEEN_BIT or self._wire is not None
+
+    def _register(self, p: torch.Tensor, name: str, group: dict) -> None:
+        self._check_registrable(p, name)
         h = _hyperparameters(group)
         lr, betas, eps, weight_decay = h
         values = p.detach().reshape(-1).float().contiguous()
         info = self._client.register(name, values, lr=lr, betas=betas, eps=eps,
                                      weight_decay=weight_decay)
-        self._registered[p] = _Registration(name, p.shape, h, info.min_step)
+        self._remember(p, name, h, info.min_step)
         if info.min_step > 0:
             self.state[p]["step"] = torch.tensor(float(info.min_step))
 
-    def _registration(self, p: torch.Tensor, hyperparameters: tuple) -> _Registration:
-        reg = self._registered[p]
+    def _remember(self, p: torch.Tensor, name: str, hyperparameters: tuple, step: int) -> None:
+        wire = _WIRE_NAMES[p.dtype] if p.dtype in _SIXTEEN_BIT else self._wire
+        self._registered[id(p)] = _Registration(p, name, p.shape, hyperparameters, step, wire,
+                                                p.dtype)
+
+    @staticmethod
+    def _check_step(p: torch.Tensor, grad: torch.Tensor, reg: _Registration,
+                    fixed: tuple) -> None:
+        """Refuses (before anything is sent) a parameter or gradient this step cannot take;
+        `fixed` is its param group's _fixed_hyperparameters now."""
         if p.shape != reg.shape:
             raise ValueError(
                 f"parameter '{reg.name}' has shape {tuple(p.shape)} but was registered with "
                 f"{tuple(reg.shape)}; a resized parameter needs a new optimizer (or name)")
-        if hyperparameters[1:] != reg.hyperparameters[1:]:
+        if p.dtype != reg.dtype:
+            raise TypeError(f"parameter '{reg.name}' is {p.dtype} but was registered as "
+                            f"{reg.dtype}; a parameter of another dtype needs a new optimizer")
+        if fixed != reg.fixed:
             raise ValueError(
                 f"parameter '{reg.name}': betas, eps or weight_decay of its param group changed "
-                f"since registration (daemon: {reg.hyperparameters[1:]}, now: "
-                f"{hyperparameters[1:]}); only lr may change between steps")
-        return reg
+                f"since registration (daemon: {reg.fixed}, now: {fixed}); only lr may change "
+                "between steps")
+        if not (p.is_cpu and grad.is_cpu):
+            raise ValueError(
+                f"parameter '{reg.name}': RemoteAdamW steps CPU tensors, and this parameter is "
+                f"on device '{p.device}' with its gradient on '{grad.device}'; nothing was sent")
+        if grad.layout != torch.strided:
+            raise ValueError(f"parameter '{reg.name}': sparse gradients are not supported "
+                             f"(this one is {grad.layout})")
+        if grad.dtype != p.dtype or grad.shape != p.shape:
+            raise TypeError(f"parameter '{reg.name}': gradient {grad.dtype} "
+                            f"{tuple(grad.shape)} does not match the parameter's "
+                            f"{p.dtype} {tuple(p.shape)}")
+        if not grad.is_contiguous():
+            raise ValueError(f"parameter '{reg.name}': the gradient is not contiguous")
 
     # -- stepping -------------------------------------------------------------------------
 
@@ -214,46 +269,73 @@ class RemoteAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        rank, _ = self._rank_and_world()
         # 1. Every parameter with a gradient checked before anything is sent; the calls
         #    grouped by what one Client.step call shares: the step number and the wire
-        #    type (each group carries its own lr).
+        #    type (each group carries its own lr). The work per parameter is kept to
+        #    attribute reads: what registration fixed is in its _Registration.
         calls: dict[tuple, list] = {}
         stepped: dict[tuple, list] = {}
-        for group in self.param_groups:
+        registered = self._registered
+        strided = torch.strided
+        rank, _ = self._rank_and_world()
+        for index, group in enumerate(self.param_groups):
             lr = _as_float(group["lr"])
-            hyperparameters = _hyperparameters(group)
+            fixed = _fixed_hyperparameters(group)
             for p in group["params"]:
-                if p.grad is None or self._owner.get(p, rank) != rank:
-                    continue
-                reg = self._registration(p, hyperparameters)
                 grad = p.grad
-                if grad.is_sparse:
-                    raise ValueError(f"parameter '{reg.name}': sparse gradients are not supported")
-                if grad.dtype != p.dtype or grad.shape != p.shape:
-                    raise TypeError(f"parameter '{reg.name}': gradient {grad.dtype} "
-                                    f"{tuple(grad.shape)} does not match the parameter's "
-                                    f"{p.dtype} {tuple(p.shape)}")
-                if not grad.is_contiguous():
-                    raise ValueError(f"parameter '{reg.name}': the gradient is not contiguous")
-                wire = _WIRE_NAMES[p.dtype] if p.dtype in _SIXTEEN_BIT else self._wire
-                key = (reg.step + 1, wire)
+                if grad is None:
+                    continue
+                reg = registered.get(id(p))
+                if reg is None:
+                    if self._owner.get(id(p), rank) != rank:
+                        continue  # another rank steps it
+                    raise ValueError(f"a parameter of param group {index} was never "
+                                     "registered; add parameters with add_param_group()")
+                # All _check_step checks in one expression; it names what is wrong.
+                if not (p.is_cpu and grad.is_cpu and grad.layout is strided
+                        and p.dtype is reg.dtype and grad.dtype is reg.dtype
+                        and p.shape == reg.shape and grad.shape == reg.shape
+                        and fixed == reg.fixed and grad.is_contiguous()):
+                    self._check_step(p, grad, reg, fixed)
+                key = (reg.step + 1, reg.wire)
                 if grad.requires_grad:  # backward(create_graph=True)
                     grad = grad.detach()
                 # p.data: the parameter's memory without autograd (cheaper than detach()).
-                calls.setdefault(key, []).append((reg.name, grad, p.data, lr))
-                stepped.setdefault(key, []).append((p, reg))
+                entry = (reg.name, grad, p.data, lr)
+                if key in calls:
+                    calls[key].append(entry)
+                    stepped[key].append(reg)
+                else:
+                    calls[key], stepped[key] = [entry], [reg]
         if len(calls) > 1:
             # One call checks its own gradients before it sends anything; with several,
             # a later call's refusal would come after earlier ones were applied.
             self._check_finite(calls)
-        # 2. The calls; each writes the updated values into the parameters in place.
+        # 2. The calls; each writes the updated values into the parameters in place. The
+        #    bookkeeping of a call is done before it, while this code's data is still in
+        #    the caches (the call moves every byte of the model through them), and undone
+        #    when the call fails, so the next step() repeats step k (the daemon replays
+        #    what it applied). One step tensor per call, shared by its parameters' state
+        #    (nothing here changes a step tensor in place; each step puts a new one).
+        state = self.state
         for key, groups in calls.items():
             k, wire = key
-            self._client.step(groups, k, wire_dtype=wire)
-            for p, reg in stepped[key]:
+            regs = stepped[key]
+            step = torch.tensor(float(k))
+            for reg in regs:
                 reg.step = k
-                self.state[p]["step"] = torch.tensor(float(k))
+                state[reg.param]["step"] = step
+            try:
+                self._client.step(groups, k, wire_dtype=wire)
+            except BaseException:
+                before = torch.tensor(float(k - 1))
+                for reg in regs:  # key == (reg.step + 1, ...): each was at step k - 1
+                    reg.step = k - 1
+                    if k > 1:
+                        state[reg.param]["step"] = before
+                    else:
+                        state[reg.param].pop("step", None)
+                raise
         if self._shard:
             self._broadcast()
         return loss
@@ -272,15 +354,16 @@ class RemoteAdamW(torch.optim.Optimizer):
     def _broadcast(self) -> None:
         """Every parameter from the rank that stepped it."""
         for p, _, _ in self._names():
-            src = self._owner[p]
+            src = self._owner[id(p)]
             if self._process_group is not None:
                 src = dist.get_global_rank(self._process_group, src)
             dist.broadcast(p.data, src=src, group=self._process_group)
 
     # -- state dict ------------------------------------------------------------------------
 
-    def _export(self, name: str, shape: torch.Size) -> Optional[dict]:
-        """A group's state in torch.optim.AdamW's form, or None before its first step."""
+    def _export(self, p: torch.Tensor, name: str) -> Optional[dict]:
+        """A group's state in torch.optim.AdamW's form (plus ``master_param`` for a parameter
+        whose values travel in 16 bits), or None before its first step."""
         state = self._client.export_state(name)
         steps = set(int(s) for s in state.page_steps)
         if len(steps) != 1:
@@ -290,23 +373,30 @@ class RemoteAdamW(torch.optim.Optimizer):
         step = steps.pop()
         if step == 0:
             return None
-        return {"step": torch.tensor(float(step)),
-                "exp_avg": torch.from_numpy(state.exp_avg).reshape(shape),
-                "exp_avg_sq": torch.from_numpy(state.exp_avg_sq).reshape(shape)}
+        out = {"step": torch.tensor(float(step)),
+               "exp_avg": torch.from_numpy(state.exp_avg).reshape(p.shape),
+               "exp_avg_sq": torch.from_numpy(state.exp_avg_sq).reshape(p.shape)}
+        if self._travels_narrowed(p):
+            out[MASTER_PARAM] = torch.from_numpy(state.params).reshape(p.shape)
+        return out
 
     def state_dict(self) -> dict:
         """The state in torch.optim.AdamW's layout: ``{"state": {i: {"step", "exp_avg",
         "exp_avg_sq"}}, "param_groups": [...]}``, read from the daemon (every rank gets all
         of it, sharded or not). exp_avg and exp_avg_sq are float32 (the daemon's), also for
-        16-bit parameters, whose fp32 master weights the layout has no place for."""
+        16-bit parameters. A parameter whose values travel in 16 bits (a bfloat16 or
+        float16 parameter, or any with ``wire_dtype`` 16-bit) has one entry more,
+        ``"master_param"``: the daemon's float32 master weights, shaped like the parameter,
+        which :meth:`load_state_dict` imports (torch.optim.AdamW keeps the entry, cast to
+        the parameter's dtype, and never reads it)."""
         state, groups = {}, []
         index = 0
-        names = {p: name for p, name, _ in self._names()}
+        names = {id(p): name for p, name, _ in self._names()}
         for group in self.param_groups:
             packed = {k: v for k, v in group.items() if k != "params"}
             packed["params"] = list(range(index, index + len(group["params"])))
             for p in group["params"]:
-                exported = self._export(names[p], p.shape)
+                exported = self._export(p, names[id(p)])
                 if exported is not None:
                     state[index] = exported
                 index += 1
@@ -316,9 +406,13 @@ class RemoteAdamW(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         """Loads a state dict of torch.optim.AdamW's layout (from torch.optim.AdamW or from
         RemoteAdamW): the param groups' hyperparameters, and per parameter its step,
-        exp_avg and exp_avg_sq, imported into the daemon together with the parameter's
-        current values as master weights (load the model's state first). A parameter
-        without state starts afresh (step 0, zero moments)."""
+        exp_avg and exp_avg_sq, imported into the daemon together with master weights
+        (load the model's state first): the entry's ``"master_param"`` where it is the
+        master of the parameter's current values (float32, and narrowed as the parameter's
+        values travel it equals them bit for bit: RemoteAdamW's own state dict of this
+        model), else the parameter's current values (a state dict of torch.optim.AdamW,
+        or one whose parameters have moved on since). A parameter without state starts
+        afresh (step 0, zero moments)."""
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
             raise ValueError("loaded state dict has a different number of parameter groups")
@@ -328,31 +422,46 @@ class RemoteAdamW(torch.optim.Optimizer):
                                  "match the size of optimizer's group")
         saved_state = state_dict["state"]
         rank, _ = self._rank_and_world()
-        names = {p: name for p, name, _ in self._names()}
+        names = {id(p): name for p, name, _ in self._names()}
         for group, saved in zip(self.param_groups, saved_groups):
             for key, value in saved.items():
                 if key not in ("params", "param_names"):
                     group[key] = value
             for index, p in zip(saved["params"], group["params"]):
-                if self._owner.get(p, rank) != rank:
+                if self._owner.get(id(p), rank) != rank:
                     continue
                 entry = saved_state.get(index, saved_state.get(str(index)))
-                self._import(p, names[p], group, entry)
+                self._import(p, names[id(p)], group, entry)
+
+    def _master_weights(self, p: torch.Tensor, entry: dict) -> torch.Tensor:
+        """The float32 master weights to import for p: the entry's master_param when it is
+        the master of p's current values, else p's values widened."""
+        widened = p.detach().reshape(-1).float().contiguous()
+        master = entry.get(MASTER_PARAM)
+        if (not isinstance(master, torch.Tensor) or master.dtype != torch.float32
+                or master.numel() != p.numel() or not self._travels_narrowed(p)):
+            return widened
+        master = master.detach().reshape(-1).contiguous()
+        narrowed = master.to(p.dtype if p.dtype in _SIXTEEN_BIT else _WIRE_DTYPES[self._wire])
+        current = p.detach().reshape(-1).contiguous()
+        if not torch.equal(narrowed.to(current.dtype).view(torch.uint8), current.view(torch.uint8)):
+            return widened  # stale: the parameter moved on (e.g. steps of another optimizer)
+        return master
 
     def _import(self, p: torch.Tensor, name: str, group: dict, entry: Optional[dict]) -> None:
         h = _hyperparameters(group)
         lr, betas, eps, weight_decay = h
-        params = p.detach().reshape(-1).float().contiguous()
-        reg = self._registered.get(p)
+        reg = self._registered.get(id(p))
         if entry is None:
             # No state: the parameter starts afresh. The daemon has no step 0 to import,
             # so this job's group is registered anew from the parameter's values.
             if reg is not None:
                 self._client.delete(name)
-                del self._registered[p]
+                del self._registered[id(p)]
             self.state.pop(p, None)
             self._register(p, name, group)
             return
+        params = self._master_weights(p, entry)
         exp_avg = entry["exp_avg"].detach().reshape(-1).float().contiguous()
         exp_avg_sq = entry["exp_avg_sq"].detach().reshape(-1).float().contiguous()
         step = int(_as_float(entry["step"]))
@@ -366,5 +475,5 @@ class RemoteAdamW(torch.optim.Optimizer):
             self._client.delete(name)
         self._client.import_state(name, params, exp_avg, exp_avg_sq, [step], lr=lr, betas=betas,
                                   eps=eps, weight_decay=weight_decay)
-        self._registered[p] = _Registration(name, p.shape, h, step)
+        self._remember(p, name, h, step)
         self.state[p] = {"step": torch.tensor(float(step))}

@@ -198,7 +198,9 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
         std::vector<StepEntry> entries;
         if (nb::isinstance<nb::str>(groups)) {
           if (gradient.is_none()) throw nb::type_error("step: gradient is required with one group");
-          entries.push_back(MakeEntry(nb::cast<std::string>(groups), gradient, params_out, ""));
+          const std::string name = nb::cast<std::string>(groups);
+          entries.push_back(
+              MakeEntry(name, gradient, params_out, absl::StrCat("group '", name, "' ")));
         } else {
           if (!gradient.is_none() || !params_out.is_none()) {
             throw nb::type_error(
@@ -215,12 +217,15 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
                                ": expected a tuple (name, gradient[, params_out[, lr]])")
                       .c_str());
             }
-            entries.push_back(MakeEntry(nb::cast<std::string>(t[0]), t[1],
-                                        t.size() >= 3 ? nb::handle(t[2]) : nb::none(), where));
+            const std::string name = nb::cast<std::string>(t[0]);
+            entries.push_back(MakeEntry(name, t[1], t.size() >= 3 ? nb::handle(t[2]) : nb::none(),
+                                        absl::StrCat("group '", name, "', ", where)));
             if (t.size() == 4 && !t[3].is_none()) {
               double group_lr;
               if (!nb::try_cast<double>(t[3], group_lr)) {
-                throw nb::type_error(absl::StrCat(where, "lr: expected a float or None").c_str());
+                throw nb::type_error(
+                    absl::StrCat("group '", name, "', ", where, "lr: expected a float or None")
+                        .c_str());
               }
               entries.back().lr = group_lr;
             }
@@ -260,7 +265,8 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
       "(float32 unless set to 'bfloat16' or 'float16'); 16-bit buffers travel as they are.\n"
       "`lr` overrides the groups' lr for this step (unless a tuple gives its own),\n"
       "`grad_scale` multiplies every gradient.\n\n"
-      "Nothing is sent when a buffer is of the wrong kind (TypeError/ValueError naming it)\n"
+      "Nothing is sent when a buffer is of the wrong kind or on another device than the CPU\n"
+      "(TypeError/ValueError naming its group and buffer)\n"
       "or a gradient is not finite or has the wrong length (InvalidArgument). Transient\n"
       "failures resend what got no reply; the daemon applies every page exactly once, so\n"
       "repeating a step replays it (nothing applied twice, current params returned).");

@@ -129,6 +129,15 @@ HostBuffer ViewHostBuffer(nb::handle object, const std::string& what, bool writa
                        "(it shares the memory)")
               .c_str());
     }
+    // Any device but the CPU (cuda, meta, ...) is refused by name before
+    // DLPack is asked (it cannot export some devices, e.g. meta).
+    if (!nb::cast<bool>(object.attr("is_cpu"))) {
+      const nb::object device = object.attr("device");
+      throw nb::value_error(absl::StrCat(what, ": the tensor is on device '",
+                                         nb::cast<std::string>(nb::str(nb::handle(device.ptr()))),
+                                         "', not the CPU; move it with .cpu() first")
+                                .c_str());
+    }
     source = nb::steal(PyObject_CallOneArg(torch.to_dlpack, object.ptr()));
     if (!source.is_valid()) {  // A sparse or otherwise unexportable tensor.
       nb::python_error error;
