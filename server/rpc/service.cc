@@ -177,7 +177,7 @@ grpc::ServerWriteReactor<v1::ExportStateResponse>* OptimizerStateService::Export
 
 grpc::ServerReadReactor<v1::ImportStateRequest>* OptimizerStateService::ImportState(
     grpc::CallbackServerContext* context, v1::ImportStateResponse* response) {
-  return new ImportReactor(engine_, context, TenantOf(context), response);
+  return new ImportReactor(engine_, context, TenantOf(context), response, &streams_);
 }
 
 grpc::ServerUnaryReactor* OptimizerStateService::Checkpoint(grpc::CallbackServerContext* context,
