@@ -49,6 +49,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <system_error>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -152,13 +153,28 @@ absl::Status CheckpointWriter::WriteGroup(uint64_t sequence, size_t index,
       }
     }
   };
-  std::thread writer(write_loop);
+  // A group of one run (most small groups) has nothing to overlap: its run
+  // is written on this thread by stop_writer, and no thread is started.
+  std::thread writer;
+  if (group.num_pages() > per_run) {
+    try {
+      writer = std::thread(write_loop);
+    } catch (const std::system_error& e) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "no thread could be started to write checkpoint file ", path, ": ", e.what()));
+    }
+  }
+  // Lets the writer write what was handed over, then stops it.
   auto stop_writer = [&] {
     {
       absl::MutexLock lock(&mu);
       no_more = true;
     }
-    writer.join();
+    if (writer.joinable()) {
+      writer.join();
+    } else {
+      write_loop();
+    }
     times->write += write_time;
     return write_error;
   };
