@@ -3,9 +3,9 @@
 // store's lock briefly), except DeleteGroup, which waits on a worker.
 #include "server/rpc/service.h"
 
-#include "server/rpc/group_pager.h"
 #include "server/rpc/checkpoint_reactor.h"
 #include "server/rpc/export_reactor.h"
+#include "server/rpc/group_pager.h"
 #include "server/rpc/import_reactor.h"
 #include "server/rpc/proto_convert.h"
 #include "server/rpc/raw_message.h"
