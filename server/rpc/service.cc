@@ -172,7 +172,7 @@ grpc::ServerUnaryReactor* OptimizerStateService::DeleteGroup(grpc::CallbackServe
 
 grpc::ServerWriteReactor<v1::ExportStateResponse>* OptimizerStateService::ExportState(
     grpc::CallbackServerContext* context, const v1::ExportStateRequest* request) {
-  return new ExportReactor(engine_, GroupKey{TenantOf(context), request->name()});
+  return new ExportReactor(engine_, GroupKey{TenantOf(context), request->name()}, &streams_);
 }
 
 grpc::ServerReadReactor<v1::ImportStateRequest>* OptimizerStateService::ImportState(

@@ -138,6 +138,32 @@ TEST_F(IdleStreamTest, AnImportStateStreamInUseIsNotEnded) {
   EXPECT_EQ(response.group().min_step(), step);
 }
 
+// An ExportState stream whose client stops reading is ended once a message
+// has waited for the client for the idle timeout: reading on, the client
+// gets what was already on its way, then UNAVAILABLE saying the stream was
+// idle, never the whole group (96 MiB, far more than the connection buffers).
+TEST_F(IdleStreamTest, AnExportStateStreamWhoseClientStopsReadingIsEnded) {
+  auto client = Client::Connect(daemon_->target());
+  ASSERT_TRUE(client.ok());
+  const uint64_t n = 8 << 20;
+  ASSERT_TRUE((*client)->RegisterGroup("exported", n).ok());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::ExportStateRequest request;
+  request.set_name("exported");
+  auto reader = stub_->ExportState(&context, request);
+  v1::ExportStateResponse response;
+  ASSERT_TRUE(reader->Read(&response));
+  ASSERT_TRUE(response.has_header());
+  absl::SleepFor(absl::Seconds(3));  // Not reading, past the 1 s timeout.
+  uint64_t bytes = 0;
+  while (reader->Read(&response)) bytes += response.chunk().data().size();
+  grpc::Status status = reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_NE(status.error_message().find("idle"), std::string::npos) << status.error_message();
+  EXPECT_LT(bytes, 3 * n * sizeof(float));
+}
+
 TEST_F(IdleStreamTest, AStreamInUseIsNotEnded) {
   {
     grpc::ClientContext context;

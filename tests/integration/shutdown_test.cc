@@ -3,6 +3,7 @@
 // not hold it for the grace period.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -173,6 +174,66 @@ TEST(ShutdownTest, AnOpenImportStateStreamIsEndedAndDoesNotHoldTheExit) {
   ASSERT_TRUE(restarted_exit.ok()) << restarted_exit.status();
   EXPECT_EQ(*restarted_exit, 0);
   std::filesystem::remove_all(state_dir);
+}
+
+// An ExportState stream mid-way at SIGTERM: its client, reading on, gets
+// the messages already on their way, then UNAVAILABLE "shutting down", and
+// the daemon exits promptly; one whose client has stopped reading does not
+// hold the exit either.
+TEST(ShutdownTest, AnExportStateStreamIsEndedAndDoesNotHoldTheExit) {
+  auto daemon = DaemonProcess::Start({"--threads=2"});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto stub = v1::OptimizerState::NewStub(OwnChannel((*daemon)->target()));
+  const uint64_t n = 8 << 20;  // 96 MiB of state: 129 messages.
+  {
+    grpc::ClientContext context;
+    v1::RegisterGroupResponse response;
+    auto writer = stub->RegisterGroup(&context, &response);
+    v1::RegisterGroupRequest request;
+    request.mutable_spec()->set_name("exported");
+    request.mutable_spec()->set_num_elements(n);
+    ASSERT_TRUE(writer->Write(request));
+    writer->WritesDone();
+    ASSERT_TRUE(writer->Finish().ok());
+  }
+  v1::ExportStateRequest request;
+  request.set_name("exported");
+  // One client that has stopped reading after the header...
+  grpc::ClientContext stalled_context;
+  auto stalled = stub->ExportState(&stalled_context, request);
+  v1::ExportStateResponse stalled_response;
+  ASSERT_TRUE(stalled->Read(&stalled_response));
+  // ...and one reading 10 ms apart, until the signal, then as fast as it can.
+  std::atomic<bool> signalled{false};
+  std::atomic<int> messages{0};
+  grpc::ClientContext context;
+  auto reader = stub->ExportState(&context, request);
+  grpc::Status status;
+  std::thread reading([&] {
+    v1::ExportStateResponse response;
+    while (reader->Read(&response)) {
+      ++messages;
+      if (!signalled) absl::SleepFor(absl::Milliseconds(10));
+    }
+    status = reader->Finish();
+  });
+  while (messages < 10) absl::SleepFor(absl::Milliseconds(1));
+
+  signalled = true;
+  const absl::Time signalled_at = absl::Now();
+  absl::StatusOr<int> exit_code = (*daemon)->Stop(/*timeout_seconds=*/10);
+  const absl::Duration took = absl::Now() - signalled_at;
+  reading.join();
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status() << " after " << took;
+  EXPECT_EQ(*exit_code, 0);
+  EXPECT_LT(took, absl::Seconds(2)) << "exit took " << took << " with two exports open";
+  EXPECT_LT(messages, 129) << "the export ended whole: SIGTERM came too late to test anything";
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_NE(status.error_message().find("shutting down"), std::string::npos)
+      << status.error_message();
+  while (stalled->Read(&stalled_response)) {
+  }
+  EXPECT_FALSE(stalled->Finish().ok());
 }
 
 // A trainer mid-stream when SIGTERM comes: every reply it gets is a whole,
