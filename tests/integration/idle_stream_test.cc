@@ -1,7 +1,8 @@
 // --stream_idle_timeout ends a Step stream on which nothing has happened for
-// that long with UNAVAILABLE saying it was idle; a stream in use is never
-// ended, and optstate::Client steps on across such an end as if it had not
-// happened.
+// that long with UNAVAILABLE saying it was idle (and RegisterGroup,
+// ImportState and ExportState streams the same way); a stream in use is
+// never ended, and optstate::Client steps on across such an end as if it had
+// not happened.
 #include <gtest/gtest.h>
 
 #include <random>

@@ -1,6 +1,7 @@
-// SIGTERM ends every open stream (Step and RegisterGroup) at once with
-// UNAVAILABLE saying the daemon is shutting down, and the daemon exits promptly: idle streams do
-// not hold it for the grace period.
+// SIGTERM ends every open stream (Step, RegisterGroup, ImportState,
+// ExportState) at once with UNAVAILABLE saying the daemon is shutting down,
+// and the daemon exits promptly: idle streams do not hold it for the grace
+// period.
 #include <gtest/gtest.h>
 
 #include <atomic>
