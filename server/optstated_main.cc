@@ -52,8 +52,8 @@ ABSL_FLAG(int, checkpoints_to_keep, 2,
 ABSL_FLAG(bool, require_state, false,
           "With --state_dir: exit non-zero when no usable checkpoint can be restored.");
 ABSL_FLAG(uint64_t, checkpoint_buffer_bytes, 8 << 20,
-          "With --state_dir: state copied per write while checkpointing (the writer's memory "
-          "bound; at least one page is always taken).");
+          "With --state_dir: state copied per write while checkpointing; the writer holds two "
+          "such runs (one being copied, one being written), at least one page each.");
 ABSL_FLAG(absl::Duration, heap_trim_interval, absl::Seconds(10),
           "Return the heap's free memory (receive buffers of past messages) to the system this "
           "often, and soon after a group is deleted; 0 means only after deletes.");

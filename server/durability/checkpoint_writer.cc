@@ -6,10 +6,13 @@
 //    temporary directory of an earlier crash is removed first.
 // 2. Each group's data file is written page by page: a run of pages is
 //    copied under their page mutexes, one page at a time (CapturePages), into
-//    one bounded buffer (max(buffer_bytes, one page)), then written with
-//    writev while steps go on. The CRC32C is computed over the bytes as they
-//    are written. A page's record holds the step it was copied at, so the
-//    file is consistent per page.
+//    a bounded buffer (max(buffer_bytes, one page)), checksummed (CRC32C over
+//    the bytes in file order), then written with writev while steps go on.
+//    Two such buffers make a pipeline: run k is captured and checksummed on
+//    the calling thread while a writer thread writes run k - 1, and asks the
+//    kernel to start putting it on disk (sync_file_range, advice only). A
+//    page's record holds the step it was copied at, so the file is
+//    consistent per page.
 // 3. Each data file is fsynced before the manifest is written: the manifest
 //    never names bytes that are not yet on disk.
 // 4. The manifest (every file's name, size and CRC32C, the format version,
@@ -41,10 +44,12 @@
 #include "server/durability/checkpoint_writer.h"
 
 #include <fcntl.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <system_error>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -80,34 +85,131 @@ CheckpointWriter::CheckpointWriter(std::string state_dir, uint64_t page_elements
       backend_(backend),
       buffer_bytes_(buffer_bytes) {}
 
+namespace {
+
+// One run of captured pages and the iovecs that write its records.
+struct Run {
+  CapturedPages pages;
+  std::vector<uint64_t> headers;
+  std::vector<iovec> pieces;
+  uint64_t offset = 0, bytes = 0;
+};
+
+// Starts the disk writing [offset, offset + bytes) of `fd` now, without
+// waiting, so that the fsync at the end finds little left to do. Advice
+// only: durability still comes from that fsync, which reports any error.
+void StartWriteback(int fd, uint64_t offset, uint64_t bytes) {
+#if defined(__linux__)
+  (void)sync_file_range(fd, static_cast<off64_t>(offset), static_cast<off64_t>(bytes),
+                        SYNC_FILE_RANGE_WRITE);
+#else
+  (void)fd;
+  (void)offset;
+  (void)bytes;
+#endif
+}
+
+}  // namespace
+
 absl::Status CheckpointWriter::WriteGroup(uint64_t sequence, size_t index,
                                           const CheckpointTarget& target, const std::string& path,
-                                          ManifestGroup* entry) {
+                                          ManifestGroup* entry, WriteTimes* times) {
   Group& group = *target.group;
   absl::StatusOr<ScopedFd> fd = CreateFile(path);
   if (!fd.ok()) return fd.status();
   const uint64_t per_run = PagesPerCapture(group, buffer_bytes_);
-  CapturedPages pages;
-  uint32_t crc = 0;
-  uint64_t bytes = 0;
   entry->min_step = UINT64_MAX;
   entry->max_step = 0;
-  std::vector<uint64_t> headers;
-  std::vector<iovec> pieces;
-  uint64_t run = 0;
-  for (uint64_t first = 0; first < group.num_pages(); first += per_run, ++run) {
+
+  // Step 2's pipeline: this thread captures and checksums run k into buffer
+  // k % 2 while a writer thread writes run k - 1 from the other buffer; a
+  // buffer is refilled only after the run in it has been written.
+  Run buffers[2];
+  absl::Mutex mu;
+  bool busy[2] = {false, false};  // Handed to the writer, not yet written.
+  uint64_t handed = 0;            // Runs handed to the writer so far.
+  bool no_more = false;           // Nothing more will be handed over.
+  absl::Status write_error;       // The writer's first error; it then stops.
+  absl::Duration write_time;
+  auto write_loop = [&] {
+    for (uint64_t k = 0;; ++k) {
+      {
+        absl::MutexLock lock(&mu);
+        auto due = [&] { return handed > k || no_more; };
+        mu.Await(absl::Condition(&due));
+        if (handed <= k) return;
+      }
+      Run& run = buffers[k % 2];
+      const absl::Time started = absl::Now();
+      absl::Status s = WriteAll(fd->get(), run.pieces, path);
+      if (s.ok()) StartWriteback(fd->get(), run.offset, run.bytes);
+      write_time += absl::Now() - started;
+      if (s.ok()) TestPause(sequence, absl::StrCat("run:", index, ":", k));
+      absl::MutexLock lock(&mu);
+      busy[k % 2] = false;
+      if (!s.ok()) {
+        write_error = s;
+        return;
+      }
+    }
+  };
+  // A group of one run (most small groups) has nothing to overlap: its run
+  // is written on this thread by stop_writer, and no thread is started.
+  std::thread writer;
+  if (group.num_pages() > per_run) {
+    try {
+      writer = std::thread(write_loop);
+    } catch (const std::system_error& e) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "no thread could be started to write checkpoint file ", path, ": ", e.what()));
+    }
+  }
+  // Lets the writer write what was handed over, then stops it.
+  auto stop_writer = [&] {
+    {
+      absl::MutexLock lock(&mu);
+      no_more = true;
+    }
+    if (writer.joinable()) {
+      writer.join();
+    } else {
+      write_loop();
+    }
+    times->write += write_time;
+    return write_error;
+  };
+
+  uint32_t crc = 0;
+  uint64_t bytes = 0;
+  uint64_t k = 0;
+  for (uint64_t first = 0; first < group.num_pages(); first += per_run, ++k) {
+    Run& run = buffers[k % 2];
+    {
+      absl::MutexLock lock(&mu);
+      auto free = [&] { return !busy[k % 2] || !write_error.ok(); };
+      mu.Await(absl::Condition(&free));
+      if (!write_error.ok()) break;
+    }
     const uint64_t end = std::min(group.num_pages(), first + per_run);
-    absl::Status captured = CapturePages(*backend_, group, first, end, &pages);
+    absl::Time started = absl::Now();
+    absl::Status captured = CapturePages(*backend_, group, first, end, &run.pages);
+    times->capture += absl::Now() - started;
     if (absl::IsNotFound(captured)) {
+      (void)stop_writer();
       return absl::AbortedError(absl::StrCat("group '", group.key().name,
                                              "' was deleted while it was checkpointed; retry"));
     }
-    if (!captured.ok()) return captured;
-    headers.assign(2 * (end - first), 0);
-    pieces.clear();
+    if (!captured.ok()) {
+      (void)stop_writer();
+      return captured;
+    }
+    CapturedPages& pages = run.pages;
+    run.headers.assign(2 * (end - first), 0);
+    run.pieces.clear();
     for (uint64_t p = first; p < end; ++p) {
       const uint64_t step = pages.steps[p - first];
       if (target.exact_step && step != *target.exact_step) {
+        (void)stop_writer();
         return absl::FailedPreconditionError(absl::StrCat(
             "group '", group.key().name, "' page ", p, " was at step ", step,
             " when the checkpoint copied it, not ", *target.exact_step, "; send step ",
@@ -116,23 +218,31 @@ absl::Status CheckpointWriter::WriteGroup(uint64_t sequence, size_t index,
       }
       entry->min_step = std::min(entry->min_step, step);
       entry->max_step = std::max(entry->max_step, step);
-      headers[2 * (p - first)] = step;
-      headers[2 * (p - first) + 1] = pages.has_values[p - first] ? kPageHasValues : 0;
+      run.headers[2 * (p - first)] = step;
+      run.headers[2 * (p - first) + 1] = pages.has_values[p - first] ? kPageHasValues : 0;
       const uint64_t at = group.PageBegin(p) - pages.begin;
       const size_t n = (group.PageEnd(p) - group.PageBegin(p)) * sizeof(float);
-      pieces.push_back({&headers[2 * (p - first)], kPageRecordHeaderBytes});
-      pieces.push_back({pages.params.data() + at, n});
-      pieces.push_back({pages.exp_avg.data() + at, n});
-      pieces.push_back({pages.exp_avg_sq.data() + at, n});
+      run.pieces.push_back({&run.headers[2 * (p - first)], kPageRecordHeaderBytes});
+      run.pieces.push_back({pages.params.data() + at, n});
+      run.pieces.push_back({pages.exp_avg.data() + at, n});
+      run.pieces.push_back({pages.exp_avg_sq.data() + at, n});
     }
-    for (const iovec& piece : pieces) {
+    started = absl::Now();
+    run.offset = bytes;
+    for (const iovec& piece : run.pieces) {
       crc = Crc32cExtend(crc, piece.iov_base, piece.iov_len);
       bytes += piece.iov_len;
     }
-    if (absl::Status s = WriteAll(fd->get(), pieces, path); !s.ok()) return s;
-    TestPause(sequence, absl::StrCat("run:", index, ":", run));
+    run.bytes = bytes - run.offset;
+    times->checksum += absl::Now() - started;
+    absl::MutexLock lock(&mu);
+    busy[k % 2] = true;
+    ++handed;
   }
+  if (absl::Status s = stop_writer(); !s.ok()) return s;
+  const absl::Time started = absl::Now();
   if (absl::Status s = SyncFile(fd->get(), path); !s.ok()) return s;
+  times->sync += absl::Now() - started;
   TestPause(sequence, absl::StrCat("data_synced:", index));
   entry->key = group.key();
   entry->config = group.config();
@@ -164,7 +274,8 @@ absl::StatusOr<WrittenCheckpoint> CheckpointWriter::Write(
     ManifestGroup entry;
     entry.file = absl::StrCat("group-", i, ".data");
     if (absl::Status s =
-            WriteGroup(sequence, i, targets[i], absl::StrCat(temporary, "/", entry.file), &entry);
+            WriteGroup(sequence, i, targets[i], absl::StrCat(temporary, "/", entry.file), &entry,
+                       &written.times);
         !s.ok()) {
       return fail(s);
     }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "server/backends/step_backend.h"
 #include "server/durability/checkpoint_format.h"
 #include "server/state/group.h"
@@ -23,17 +24,29 @@ struct CheckpointTarget {
   std::optional<uint64_t> exact_step;
 };
 
+// Where a checkpoint's time went, summed over its groups. Capture and
+// checksum run on the calling thread, the writes on a second one at the same
+// time, so the parts add up to more than the whole.
+struct WriteTimes {
+  absl::Duration capture;   // Copying pages under their locks.
+  absl::Duration checksum;  // CRC32C of the copies.
+  absl::Duration write;     // writev into the file (and starting writeback).
+  absl::Duration sync;      // fsync of the data files.
+};
+
 struct WrittenCheckpoint {
   std::string id;
   uint64_t bytes = 0;  // Data files and manifest.
   Manifest manifest;
+  WriteTimes times;
 };
 
 // Not thread-safe: one checkpoint is written at a time.
 class CheckpointWriter {
  public:
-  // `backend` must outlive the writer. A checkpoint holds at most
-  // max(buffer_bytes, one page of params, m and v) of copied state at a time.
+  // `backend` must outlive the writer. A checkpoint holds at most two runs
+  // of copied pages at a time, each max(buffer_bytes, one page of params, m
+  // and v): one being captured, one being written.
   CheckpointWriter(std::string state_dir, uint64_t page_elements, StepBackend* backend,
                    uint64_t buffer_bytes);
 
@@ -52,7 +65,7 @@ class CheckpointWriter {
 
  private:
   absl::Status WriteGroup(uint64_t sequence, size_t index, const CheckpointTarget& target,
-                          const std::string& path, ManifestGroup* entry);
+                          const std::string& path, ManifestGroup* entry, WriteTimes* times);
 
   const std::string state_dir_;
   const uint64_t page_elements_;

@@ -225,8 +225,12 @@ absl::StatusOr<CheckpointOutcome> Checkpointer::Checkpoint(const CheckpointCall&
       Log(LogLevel::kWarning, "checkpoint ", written->id,
           " is durable, but removing old ones failed: ", pruned.ToString());
     }
+    const WriteTimes& t = written->times;
     Log(LogLevel::kInfo, "checkpoint ", written->id, " durable: step ", step, ", ", written->bytes,
-        " bytes, ", targets.size(), " groups, ", absl::FormatDuration(absl::Now() - started));
+        " bytes, ", targets.size(), " groups, ", absl::FormatDuration(absl::Now() - started),
+        " (capture ", absl::FormatDuration(t.capture), ", checksum ",
+        absl::FormatDuration(t.checksum), ", write ", absl::FormatDuration(t.write),
+        " alongside, fsync ", absl::FormatDuration(t.sync), ")");
   } else {
     outcome = written.status();
     Log(LogLevel::kError, "checkpoint ", CheckpointDirName(sequence),

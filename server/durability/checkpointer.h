@@ -26,7 +26,7 @@ struct CheckpointerOptions {
   std::string state_dir;                           // Required.
   absl::Duration interval = absl::ZeroDuration();  // Zero: no timer.
   int keep = 2;                                    // Complete checkpoints kept, >= 1.
-  uint64_t buffer_bytes = 8 << 20;                 // The writer's bound (at least a page).
+  uint64_t buffer_bytes = 8 << 20;                 // Each of the writer's 2 runs (>= a page).
 };
 
 struct CheckpointCall {

@@ -14,10 +14,19 @@ constexpr uint64_t kChunkBytes = 1 << 20;
 
 }  // namespace
 
-ExportReactor::ExportReactor(StepEngine* engine, const GroupKey& key) : engine_(engine) {
+ExportReactor::ExportReactor(StepEngine* engine, const GroupKey& key, StreamRegistry* streams)
+    : engine_(engine), streams_(streams) {
+  if (!streams_->Add(this)) {
+    FinishOnce(StreamRegistry::ShuttingDownError());
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    in_registry_ = true;
+  }
   absl::StatusOr<std::shared_ptr<Group>> group = engine_->store()->Find(key);
   if (!group.ok()) {
-    Finish(ToGrpcStatus(group.status()));
+    FinishOnce(group.status());
     return;
   }
   group_ = std::move(*group);
@@ -27,27 +36,120 @@ ExportReactor::ExportReactor(StepEngine* engine, const GroupKey& key) : engine_(
   header->set_num_elements(group_->num_elements());
   HyperparametersToProto(group_->config().hyperparameters, header->mutable_hyperparameters());
   header->set_page_elements(group_->page_elements());
-  StartWrite(&response_);
+  Write();
+}
+
+bool ExportReactor::HoldIfIdleSince(absl::Time idle_since) {
+  absl::MutexLock lock(&mu_);
+  if (finish_called_ || ending_) return false;
+  if (idle_since != absl::InfiniteFuture() &&
+      (on_worker_ || !writing_ || write_started_ > idle_since)) {
+    return false;
+  }
+  ending_ = true;
+  ++holds_;
+  return true;
+}
+
+void ExportReactor::EndHeld(absl::Status status) {
+  bool finish_now;
+  {
+    absl::MutexLock lock(&mu_);
+    --holds_;
+    if (!final_.has_value()) final_ = status;
+    // A capture on a worker finishes first and then sees ending_ (Write).
+    finish_now = !on_worker_;
+  }
+  if (finish_now) FinishOnce(std::move(status));
+}
+
+void ExportReactor::Write() {
+  bool ending;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    on_worker_ = false;
+    ending = ending_;
+    if (ending) {
+      // Held: EndHeld has set final_, or will, and finishes it then (this
+      // FinishOnce returns while the hold lasts).
+      status = final_.value_or(StreamRegistry::ShuttingDownError());
+    } else {
+      writing_ = true;
+      write_started_ = absl::Now();
+    }
+  }
+  if (ending) {
+    FinishOnce(std::move(status));
+  } else {
+    StartWrite(&response_);
+  }
 }
 
 void ExportReactor::OnWriteDone(bool ok) {
-  if (!ok) {
-    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the export stream broke"));
-    return;
+  bool schedule = false;
+  {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (finish_called_) return;  // Ended behind this message.
+    if (ok && !ending_) on_worker_ = schedule = true;
   }
-  engine_->pool()->Schedule([this] { WriteNext(); });
+  if (!ok) {
+    FinishOnce(absl::CancelledError("the export stream broke"));
+  } else if (schedule) {
+    engine_->pool()->Schedule([this] { WriteNext(); });
+  }
+  // Otherwise held: EndHeld finishes it (it sees no capture on a worker).
+}
+
+void ExportReactor::FinishOnce(absl::Status status) {
+  bool leave;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finish_called_ || holds_ > 0) return;
+    finish_called_ = true;
+    leave = in_registry_;
+    in_registry_ = false;
+  }
+  // The registry has nothing more to do with it, though OnDone may wait for
+  // a client that does not read; removed before Finish, after which `this`
+  // may be deleted.
+  if (leave) streams_->Remove(this);
+  // Nothing captures any more: let go of the group and the copies (the
+  // message in flight was serialized when it was started).
+  group_.reset();
+  pages_ = CapturedPages();
+  Finish(ToGrpcStatus(status));
+}
+
+void ExportReactor::OnDone() {
+  bool leave;
+  {
+    absl::MutexLock lock(&mu_);
+    leave = in_registry_;
+  }
+  if (leave) streams_->Remove(this);
+  delete this;
 }
 
 void ExportReactor::WriteNext() {
   if (next_tensor_ == 0) {
     if (next_page_ == group_->num_pages()) {
-      Finish(grpc::Status::OK);
+      {
+        absl::MutexLock lock(&mu_);
+        on_worker_ = false;
+      }
+      FinishOnce(absl::OkStatus());
       return;
     }
     const uint64_t end = std::min(group_->num_pages(), next_page_ + pages_per_run_);
     absl::Status captured = CapturePages(*engine_->backend(), *group_, next_page_, end, &pages_);
     if (!captured.ok()) {
-      Finish(ToGrpcStatus(captured));
+      {
+        absl::MutexLock lock(&mu_);
+        on_worker_ = false;
+      }
+      FinishOnce(captured);
       return;
     }
     next_page_ = end;
@@ -79,7 +181,7 @@ void ExportReactor::WriteNext() {
       break;
   }
   next_tensor_ = next_tensor_ == 4 ? 0 : next_tensor_ + 1;
-  StartWrite(&response_);
+  Write();
 }
 
 }  // namespace optstate

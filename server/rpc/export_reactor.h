@@ -5,11 +5,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/v1/optstate.pb.h"
 #include "server/durability/page_capture.h"
 #include "server/engine/step_engine.h"
+#include "server/rpc/stream_registry.h"
 
 namespace optstate {
 
@@ -20,24 +23,54 @@ namespace optstate {
 // run of pages (copies of at most max(3 MiB, one page of params, m and v))
 // however large the group. Each chunk holds whole pages of one tensor and
 // fits the message limit.
-class ExportReactor : public grpc::ServerWriteReactor<v1::ExportStateResponse> {
+// Ended from outside (StreamRegistry): at shutdown, and when one message
+// has waited to be taken by the client for --stream_idle_timeout (the
+// client stopped reading). It then finishes with the registry's status
+// right away, behind the message in flight (a capture on a worker finishes
+// first, and nothing more is written), lets go of the group and its copies,
+// and leaves the registry at once: a client that does not read cannot hold
+// the daemon's exit.
+class ExportReactor : public grpc::ServerWriteReactor<v1::ExportStateResponse>,
+                      public ManagedStream {
  public:
-  ExportReactor(StepEngine* engine, const GroupKey& key);
+  // `streams` must outlive the reactor.
+  ExportReactor(StepEngine* engine, const GroupKey& key, StreamRegistry* streams);
 
   void OnWriteDone(bool ok) override;
-  void OnDone() override { delete this; }
+  void OnDone() override;
+
+  // ManagedStream. Idle: a message written before `idle_since` is still
+  // not taken, and no capture is on a worker.
+  bool HoldIfIdleSince(absl::Time idle_since) override;
+  void EndHeld(absl::Status status) override;
 
  private:
   // Runs on a worker; ends with StartWrite or Finish, touching nothing after.
   void WriteNext();
+  // Starts writing response_ (which the caller has filled), unless the
+  // stream is being ended: then finishes it.
+  void Write();
+  // Finishes with `status` unless finished already; leaves the registry.
+  void FinishOnce(absl::Status status);
 
   StepEngine* const engine_;
+  StreamRegistry* const streams_;
   std::shared_ptr<Group> group_;
   uint64_t pages_per_run_ = 1;
   uint64_t next_page_ = 0;  // First page not yet captured.
   int next_tensor_ = 0;     // Of pages_: 0 (capture anew), 1 steps, 2 params, 3 m, 4 v.
   CapturedPages pages_;
   v1::ExportStateResponse response_;
+
+  absl::Mutex mu_;
+  bool in_registry_ ABSL_GUARDED_BY(mu_) = false;  // Added and not yet removed.
+  bool on_worker_ ABSL_GUARDED_BY(mu_) = false;    // WriteNext is scheduled or running.
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;      // A write is in flight.
+  absl::Time write_started_ ABSL_GUARDED_BY(mu_);
+  bool ending_ ABSL_GUARDED_BY(mu_) = false;  // Held to be ended: write nothing more.
+  int holds_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<absl::Status> final_ ABSL_GUARDED_BY(mu_);  // Set by EndHeld.
+  bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace optstate

@@ -28,29 +28,85 @@ absl::StatusOr<StateTensor> TensorFromProto(v1::StateTensor tensor) {
 }  // namespace
 
 ImportReactor::ImportReactor(StepEngine* engine, grpc::CallbackServerContext* context,
-                             std::string tenant, v1::ImportStateResponse* response)
-    : engine_(engine), context_(context), tenant_(std::move(tenant)), response_(response) {
+                             std::string tenant, v1::ImportStateResponse* response,
+                             StreamRegistry* streams)
+    : engine_(engine),
+      context_(context),
+      tenant_(std::move(tenant)),
+      response_(response),
+      streams_(streams) {
+  {
+    absl::MutexLock lock(&mu_);
+    last_activity_ = absl::Now();
+  }
+  if (!streams_->Add(this)) {
+    End(StreamRegistry::ShuttingDownError());
+    return;
+  }
+  in_registry_ = true;
   StartRead(&request_);
 }
 
-void ImportReactor::OnReadDone(bool ok) {
-  if (!ok) {
-    if (context_->IsCancelled()) {
-      // A broken stream: drop what arrived (Finish is a no-op for the peer).
-      import_.reset();
-      Finish(
-          grpc::Status(grpc::StatusCode::CANCELLED, "the import stream broke; nothing imported"));
-      return;
-    }
-    if (import_ == nullptr) {
-      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "ImportState needs a first message with a header"));
-      return;
-    }
-    engine_->pool()->Schedule([this] { CommitAndFinish(); });
-    return;
+bool ImportReactor::HoldIfIdleSince(absl::Time idle_since) {
+  absl::MutexLock lock(&mu_);
+  if (finish_called_ || final_.has_value() || ending_ || committing_) return false;
+  if (idle_since != absl::InfiniteFuture() && (handling_ || last_activity_ > idle_since)) {
+    return false;
   }
-  engine_->pool()->Schedule([this] { HandleMessage(); });
+  ending_ = true;
+  ++holds_;
+  return true;
+}
+
+void ImportReactor::EndHeld(absl::Status status) {
+  bool handling;
+  {
+    absl::MutexLock lock(&mu_);
+    --holds_;
+    if (!final_.has_value()) final_ = status;
+    handling = handling_;
+  }
+  // A message on a worker ends the call when it is done (HandleMessage).
+  if (!handling) End(std::move(status));
+}
+
+void ImportReactor::OnReadDone(bool ok) {
+  enum class Next { kFinishIfDue, kEnd, kHandle, kCommit } next;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    last_activity_ = absl::Now();
+    if (final_.has_value() || ending_) {
+      next = Next::kFinishIfDue;  // Being ended: the message or half-close is dropped.
+    } else if (ok) {
+      handling_ = true;
+      next = Next::kHandle;
+    } else if (context_->IsCancelled()) {
+      // A broken stream: drop what arrived (Finish is a no-op for the peer).
+      status = absl::CancelledError("the import stream broke; nothing imported");
+      next = Next::kEnd;
+    } else if (!has_header_) {
+      status = absl::InvalidArgumentError("ImportState needs a first message with a header");
+      next = Next::kEnd;
+    } else {
+      handling_ = committing_ = true;
+      next = Next::kCommit;
+    }
+  }
+  switch (next) {
+    case Next::kFinishIfDue:
+      FinishIfDue();
+      break;
+    case Next::kEnd:
+      End(std::move(status));
+      break;
+    case Next::kHandle:
+      engine_->pool()->Schedule([this] { HandleMessage(); });
+      break;
+    case Next::kCommit:
+      engine_->pool()->Schedule([this] { CommitAndFinish(); });
+      break;
+  }
 }
 
 void ImportReactor::HandleMessage() {
@@ -86,25 +142,69 @@ void ImportReactor::HandleMessage() {
     status =
         tensor.ok() ? import_->AddChunk(*tensor, chunk.offset(), chunk.data()) : tensor.status();
   }
-  if (!status.ok()) {
-    import_.reset();
-    Finish(ToGrpcStatus(status));
-    return;
-  }
   request_.Clear();
-  StartRead(&request_);
+  bool read_on, held;
+  {
+    absl::MutexLock lock(&mu_);
+    handling_ = false;
+    has_header_ = import_ != nullptr;
+    last_activity_ = absl::Now();
+    read_on = status.ok() && !final_.has_value() && !ending_;
+    // Held by the registry, which has not set its status yet: EndHeld ends
+    // the call (it sees handling_ cleared).
+    held = status.ok() && !final_.has_value() && ending_;
+  }
+  if (read_on) {
+    StartRead(&request_);
+  } else if (!held) {
+    End(status);  // A refusal, or (status OK) the registry's status, already set.
+  }
 }
 
 void ImportReactor::CommitAndFinish() {
   absl::StatusOr<StateImport::Result> result = import_->Commit();
   import_.reset();
-  if (!result.ok()) {
-    Finish(ToGrpcStatus(result.status()));
-    return;
+  absl::Status status = result.status();
+  if (result.ok()) {
+    GroupInfoToProto(*result->group, response_->mutable_group());
+    response_->set_replaced(result->replaced);
   }
-  GroupInfoToProto(*result->group, response_->mutable_group());
-  response_->set_replaced(result->replaced);
-  Finish(grpc::Status::OK);
+  {
+    absl::MutexLock lock(&mu_);
+    handling_ = false;
+    // Not held while committing (HoldIfIdleSince), so this is the call's
+    // outcome.
+    if (!final_.has_value()) final_ = status;
+  }
+  FinishIfDue();
+}
+
+void ImportReactor::End(absl::Status status) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!final_.has_value()) final_ = std::move(status);
+  }
+  FinishIfDue();
+}
+
+void ImportReactor::FinishIfDue() {
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finish_called_ || !final_.has_value() || handling_ || holds_ > 0) return;
+    finish_called_ = true;
+    status = *final_;
+  }
+  // Nothing handles a message any more: the import gathered so far (none
+  // after a commit) is dropped, its staged memory given back, before the
+  // client hears the status.
+  import_.reset();
+  Finish(ToGrpcStatus(status));  // OnDone may delete `this` from here on.
+}
+
+void ImportReactor::OnDone() {
+  if (in_registry_) streams_->Remove(this);
+  delete this;
 }
 
 }  // namespace optstate

@@ -3,9 +3,9 @@
 // store's lock briefly), except DeleteGroup, which waits on a worker.
 #include "server/rpc/service.h"
 
-#include "server/rpc/group_pager.h"
 #include "server/rpc/checkpoint_reactor.h"
 #include "server/rpc/export_reactor.h"
+#include "server/rpc/group_pager.h"
 #include "server/rpc/import_reactor.h"
 #include "server/rpc/proto_convert.h"
 #include "server/rpc/raw_message.h"
@@ -172,12 +172,12 @@ grpc::ServerUnaryReactor* OptimizerStateService::DeleteGroup(grpc::CallbackServe
 
 grpc::ServerWriteReactor<v1::ExportStateResponse>* OptimizerStateService::ExportState(
     grpc::CallbackServerContext* context, const v1::ExportStateRequest* request) {
-  return new ExportReactor(engine_, GroupKey{TenantOf(context), request->name()});
+  return new ExportReactor(engine_, GroupKey{TenantOf(context), request->name()}, &streams_);
 }
 
 grpc::ServerReadReactor<v1::ImportStateRequest>* OptimizerStateService::ImportState(
     grpc::CallbackServerContext* context, v1::ImportStateResponse* response) {
-  return new ImportReactor(engine_, context, TenantOf(context), response);
+  return new ImportReactor(engine_, context, TenantOf(context), response, &streams_);
 }
 
 grpc::ServerUnaryReactor* OptimizerStateService::Checkpoint(grpc::CallbackServerContext* context,

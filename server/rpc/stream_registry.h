@@ -1,5 +1,6 @@
-// The open Step and RegisterGroup streams: ended all at once when the daemon
-// shuts down, and one by one when left idle past --stream_idle_timeout.
+// The open Step, RegisterGroup, ImportState and ExportState streams: ended all
+// at once when the daemon shuts down, one by one when idle past
+// --stream_idle_timeout.
 #ifndef OPTSTATE_SERVER_RPC_STREAM_REGISTRY_H_
 #define OPTSTATE_SERVER_RPC_STREAM_REGISTRY_H_
 

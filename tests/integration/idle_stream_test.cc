@@ -1,7 +1,8 @@
 // --stream_idle_timeout ends a Step stream on which nothing has happened for
-// that long with UNAVAILABLE saying it was idle; a stream in use is never
-// ended, and optstate::Client steps on across such an end as if it had not
-// happened.
+// that long with UNAVAILABLE saying it was idle (and RegisterGroup,
+// ImportState and ExportState streams the same way); a stream in use is
+// never ended, and optstate::Client steps on across such an end as if it had
+// not happened.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -70,6 +71,98 @@ TEST_F(IdleStreamTest, AnIdleRegisterGroupStreamIsEndedAndItsGroupRemoved) {
   v1::DescribeGroupResponse described;
   EXPECT_EQ(stub_->DescribeGroup(&describe, name, &described).error_code(),
             grpc::StatusCode::NOT_FOUND);
+}
+
+// An ImportState stream left open after its header and some chunks is ended
+// the same way, and the import it gathered is dropped: no group of that name
+// is visible, and the memory set aside for it is given back.
+TEST_F(IdleStreamTest, AnIdleImportStateStreamIsEndedAndLeavesNoGroup) {
+  auto client = Client::Connect(daemon_->target());
+  ASSERT_TRUE(client.ok());
+  absl::StatusOr<Stats> before = (*client)->GetStats();
+  ASSERT_TRUE(before.ok());
+  const uint64_t n = 64;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  v1::ImportStateResponse response;
+  auto writer = stub_->ImportState(&context, &response);
+  v1::ImportStateRequest header;
+  header.mutable_header()->set_name("half.imported");
+  header.mutable_header()->set_num_elements(n);
+  ASSERT_TRUE(writer->Write(header));
+  v1::ImportStateRequest params;
+  params.mutable_chunk()->set_tensor(v1::STATE_TENSOR_PARAMS);
+  params.mutable_chunk()->set_offset(0);
+  params.mutable_chunk()->set_data(std::string(n * sizeof(float), '\0'));
+  ASSERT_TRUE(writer->Write(params));
+  const absl::Time opened = absl::Now();
+  grpc::Status status = writer->Finish();
+  const absl::Duration took = absl::Now() - opened;
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_NE(status.error_message().find("idle"), std::string::npos) << status.error_message();
+  EXPECT_GE(took, absl::Milliseconds(800));
+  EXPECT_LT(took, absl::Seconds(5));
+  absl::StatusOr<GroupInfo> info = (*client)->DescribeGroup("half.imported");
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kNotFound) << info.status();
+  absl::StatusOr<Stats> after = (*client)->GetStats();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->host_bytes, before->host_bytes);
+}
+
+// An import whose messages keep coming, each within the idle timeout, is
+// not ended, and installs its group when it ends whole.
+TEST_F(IdleStreamTest, AnImportStateStreamInUseIsNotEnded) {
+  const uint64_t n = 64;
+  grpc::ClientContext context;
+  v1::ImportStateResponse response;
+  auto writer = stub_->ImportState(&context, &response);
+  std::vector<v1::ImportStateRequest> requests(5);
+  requests[0].mutable_header()->set_name("slow.import");
+  requests[0].mutable_header()->set_num_elements(n);
+  const uint64_t step = 2;
+  requests[1].mutable_chunk()->set_tensor(v1::STATE_TENSOR_PAGE_STEPS);
+  requests[1].mutable_chunk()->set_data(std::string(reinterpret_cast<const char*>(&step), 8));
+  const v1::StateTensor tensors[] = {v1::STATE_TENSOR_PARAMS, v1::STATE_TENSOR_EXP_AVG,
+                                     v1::STATE_TENSOR_EXP_AVG_SQ};
+  for (int i = 0; i < 3; ++i) {
+    requests[2 + i].mutable_chunk()->set_tensor(tensors[i]);
+    requests[2 + i].mutable_chunk()->set_data(std::string(n * sizeof(float), '\0'));
+  }
+  // Five messages 400 ms apart: 2 s on one stream, never 1 s without one.
+  for (const auto& request : requests) {
+    ASSERT_TRUE(writer->Write(request));
+    absl::SleepFor(absl::Milliseconds(400));
+  }
+  writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.group().min_step(), step);
+}
+
+// An ExportState stream whose client stops reading is ended once a message
+// has waited for the client for the idle timeout: reading on, the client
+// gets what was already on its way, then UNAVAILABLE saying the stream was
+// idle, never the whole group (96 MiB, far more than the connection buffers).
+TEST_F(IdleStreamTest, AnExportStateStreamWhoseClientStopsReadingIsEnded) {
+  auto client = Client::Connect(daemon_->target());
+  ASSERT_TRUE(client.ok());
+  const uint64_t n = 8 << 20;
+  ASSERT_TRUE((*client)->RegisterGroup("exported", n).ok());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::ExportStateRequest request;
+  request.set_name("exported");
+  auto reader = stub_->ExportState(&context, request);
+  v1::ExportStateResponse response;
+  ASSERT_TRUE(reader->Read(&response));
+  ASSERT_TRUE(response.has_header());
+  absl::SleepFor(absl::Seconds(3));  // Not reading, past the 1 s timeout.
+  uint64_t bytes = 0;
+  while (reader->Read(&response)) bytes += response.chunk().data().size();
+  grpc::Status status = reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_NE(status.error_message().find("idle"), std::string::npos) << status.error_message();
+  EXPECT_LT(bytes, 3 * n * sizeof(float));
 }
 
 TEST_F(IdleStreamTest, AStreamInUseIsNotEnded) {

@@ -1,9 +1,12 @@
-// SIGTERM ends every open stream (Step and RegisterGroup) at once with
-// UNAVAILABLE saying the daemon is shutting down, and the daemon exits promptly: idle streams do
-// not hold it for the grace period.
+// SIGTERM ends every open stream (Step, RegisterGroup, ImportState,
+// ExportState) at once with UNAVAILABLE saying the daemon is shutting down,
+// and the daemon exits promptly: idle streams do not hold it for the grace
+// period.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <thread>
 
@@ -116,6 +119,122 @@ TEST(ShutdownTest, AThousandIdleStreamsDoNotHoldTheExit) {
   bool ok;
   while (cq.Next(&tag, &ok)) {
   }
+}
+
+// An ImportState stream open at SIGTERM (header and a chunk sent, not ended)
+// is told the daemon is shutting down, the daemon exits promptly, and the
+// final checkpoint holds no trace of the half-finished import: the restarted
+// daemon does not know the group.
+TEST(ShutdownTest, AnOpenImportStateStreamIsEndedAndDoesNotHoldTheExit) {
+  const std::string state_dir = ::testing::TempDir() + "/shutdown-import-state";
+  std::filesystem::remove_all(state_dir);
+  auto daemon = DaemonProcess::Start({"--threads=2", "--state_dir=" + state_dir});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto stub = v1::OptimizerState::NewStub(OwnChannel((*daemon)->target()));
+  const uint64_t n = 64;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::ImportStateResponse response;
+  auto writer = stub->ImportState(&context, &response);
+  v1::ImportStateRequest header;
+  header.mutable_header()->set_name("importing");
+  header.mutable_header()->set_num_elements(n);
+  ASSERT_TRUE(writer->Write(header));
+  v1::ImportStateRequest params;
+  params.mutable_chunk()->set_tensor(v1::STATE_TENSOR_PARAMS);
+  params.mutable_chunk()->set_data(std::string(n * sizeof(float), '\0'));
+  ASSERT_TRUE(writer->Write(params));
+  // The daemon has the stream once it answers a call made after it.
+  {
+    grpc::ClientContext stats_context;
+    v1::GetStatsResponse stats;
+    ASSERT_TRUE(stub->GetStats(&stats_context, v1::GetStatsRequest(), &stats).ok());
+  }
+
+  const absl::Time signalled = absl::Now();
+  absl::StatusOr<int> exit_code = (*daemon)->Stop(/*timeout_seconds=*/10);
+  const absl::Duration took = absl::Now() - signalled;
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status() << " after " << took;
+  EXPECT_EQ(*exit_code, 0);
+  EXPECT_LT(took, absl::Seconds(2)) << "exit took " << took << " with an open import";
+  grpc::Status status = writer->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_NE(status.error_message().find("shutting down"), std::string::npos)
+      << status.error_message();
+
+  auto restarted = DaemonProcess::Start({"--threads=2", "--state_dir=" + state_dir});
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  auto restarted_stub = v1::OptimizerState::NewStub(OwnChannel((*restarted)->target()));
+  grpc::ClientContext describe;
+  v1::DescribeGroupRequest name;
+  name.set_name("importing");
+  v1::DescribeGroupResponse described;
+  EXPECT_EQ(restarted_stub->DescribeGroup(&describe, name, &described).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  absl::StatusOr<int> restarted_exit = (*restarted)->Stop();
+  ASSERT_TRUE(restarted_exit.ok()) << restarted_exit.status();
+  EXPECT_EQ(*restarted_exit, 0);
+  std::filesystem::remove_all(state_dir);
+}
+
+// An ExportState stream mid-way at SIGTERM: its client, reading on, gets
+// the messages already on their way, then UNAVAILABLE "shutting down", and
+// the daemon exits promptly; one whose client has stopped reading does not
+// hold the exit either.
+TEST(ShutdownTest, AnExportStateStreamIsEndedAndDoesNotHoldTheExit) {
+  auto daemon = DaemonProcess::Start({"--threads=2"});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto stub = v1::OptimizerState::NewStub(OwnChannel((*daemon)->target()));
+  const uint64_t n = 8 << 20;  // 96 MiB of state: 129 messages.
+  {
+    grpc::ClientContext context;
+    v1::RegisterGroupResponse response;
+    auto writer = stub->RegisterGroup(&context, &response);
+    v1::RegisterGroupRequest request;
+    request.mutable_spec()->set_name("exported");
+    request.mutable_spec()->set_num_elements(n);
+    ASSERT_TRUE(writer->Write(request));
+    writer->WritesDone();
+    ASSERT_TRUE(writer->Finish().ok());
+  }
+  v1::ExportStateRequest request;
+  request.set_name("exported");
+  // One client that has stopped reading after the header...
+  grpc::ClientContext stalled_context;
+  auto stalled = stub->ExportState(&stalled_context, request);
+  v1::ExportStateResponse stalled_response;
+  ASSERT_TRUE(stalled->Read(&stalled_response));
+  // ...and one reading 10 ms apart, until the signal, then as fast as it can.
+  std::atomic<bool> signalled{false};
+  std::atomic<int> messages{0};
+  grpc::ClientContext context;
+  auto reader = stub->ExportState(&context, request);
+  grpc::Status status;
+  std::thread reading([&] {
+    v1::ExportStateResponse response;
+    while (reader->Read(&response)) {
+      ++messages;
+      if (!signalled) absl::SleepFor(absl::Milliseconds(10));
+    }
+    status = reader->Finish();
+  });
+  while (messages < 10) absl::SleepFor(absl::Milliseconds(1));
+
+  signalled = true;
+  const absl::Time signalled_at = absl::Now();
+  absl::StatusOr<int> exit_code = (*daemon)->Stop(/*timeout_seconds=*/10);
+  const absl::Duration took = absl::Now() - signalled_at;
+  reading.join();
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status() << " after " << took;
+  EXPECT_EQ(*exit_code, 0);
+  EXPECT_LT(took, absl::Seconds(2)) << "exit took " << took << " with two exports open";
+  EXPECT_LT(messages, 129) << "the export ended whole: SIGTERM came too late to test anything";
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_NE(status.error_message().find("shutting down"), std::string::npos)
+      << status.error_message();
+  while (stalled->Read(&stalled_response)) {
+  }
+  EXPECT_FALSE(stalled->Finish().ok());
 }
 
 // A trainer mid-stream when SIGTERM comes: every reply it gets is a whole,

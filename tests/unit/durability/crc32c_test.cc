@@ -60,5 +60,22 @@ TEST(Crc32cTest, CombiningTheCrcsOfTwoPiecesEqualsTheCrcOfBoth) {
   EXPECT_EQ(Crc32cCombine(Crc32cExtend(0, "1234", 4), Crc32cExtend(0, "56789", 5), 5), 0xE3069283u);
 }
 
+// Lengths around the three-stream rounds of the hardware path (3 x 8 KiB):
+// below one, exactly one, one and a byte, several, with an unaligned start
+// and a running CRC carried in.
+TEST(Crc32cTest, InterleavedStreamsAgreeWithTheTablePath) {
+  std::mt19937 rng(17);
+  std::string data(4 * 24576 + 64, '\0');
+  for (char& c : data) c = static_cast<char>(rng());
+  for (size_t n : {size_t{24575}, size_t{24576}, size_t{24577}, size_t{24576 + 8},
+                   size_t{2 * 24576 - 1}, size_t{3 * 24576 + 13}, size_t{4 * 24576}}) {
+    for (size_t offset : {size_t{0}, size_t{3}}) {
+      EXPECT_EQ(Crc32cExtend(0x1234567u, data.data() + offset, n),
+                Crc32cExtendPortable(0x1234567u, data.data() + offset, n))
+          << n << " from " << offset;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace optstate

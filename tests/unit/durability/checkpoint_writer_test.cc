@@ -1,0 +1,95 @@
+// CheckpointWriter's pipeline (run k captured and checksummed while run k-1
+// is written): a group of many runs reads back bit for bit through
+// LoadCheckpoint, and a refusal at a later run (a page at another step than
+// exact_step) stops the writer thread and leaves no directory behind.
+#include "server/durability/checkpoint_writer.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+#include <vector>
+
+#include "server/backends/cpu/cpu_backend.h"
+#include "server/base/thread_pool.h"
+#include "server/durability/checkpoint_reader.h"
+#include "server/engine/state_store.h"
+
+namespace optstate {
+namespace {
+
+constexpr uint64_t kPage = 64;
+// 12 bytes per element: one run holds 2 pages, so a group of 37 pages is
+// 19 runs, its last one a single short page.
+constexpr uint64_t kBufferBytes = 2 * kPage * 12;
+constexpr uint64_t kElements = 36 * kPage + 5;
+
+class CheckpointWriterTest : public ::testing::Test {
+ public:
+  CheckpointWriterTest()
+      : pool_(2), backend_(&pool_), store_(&backend_, uint64_t{1} << 30, kPage) {}
+
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/checkpoint-writer-test";
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    GroupConfig config;
+    config.num_elements = kElements;
+    auto registered = store_.Register({"", "g"}, config);
+    ASSERT_TRUE(registered.ok()) << registered.status();
+    group_ = registered->group;
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+    for (uint64_t i = 0; i < kElements; ++i) {
+      group_->params()[i] = value(rng);
+      group_->exp_avg()[i] = value(rng);
+      group_->exp_avg_sq()[i] = value(rng) * value(rng);
+    }
+    for (uint64_t p = 0; p < group_->num_pages(); ++p) {
+      group_->set_page_step(p, 9);
+      group_->mark_page_has_values(p);
+    }
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  ThreadPool pool_;
+  CpuBackend backend_;
+  StateStore store_;
+  std::string dir_;
+  std::shared_ptr<Group> group_;
+};
+
+TEST_F(CheckpointWriterTest, AGroupOfManyRunsReadsBackBitForBit) {
+  CheckpointWriter writer(dir_, kPage, &backend_, kBufferBytes);
+  absl::StatusOr<WrittenCheckpoint> written = writer.Write(1, 9, {{group_, 9}});
+  ASSERT_TRUE(written.ok()) << written.status();
+  ASSERT_EQ(written->manifest.groups.size(), 1u);
+  EXPECT_EQ(written->manifest.groups[0].bytes, DataFileBytes(kElements, kPage));
+
+  StateStore restored(&backend_, uint64_t{1} << 30, kPage);
+  Manifest manifest;
+  absl::StatusOr<std::vector<StagedGroup>> staged =
+      LoadCheckpoint(&restored, dir_ + "/" + written->id, &manifest, &pool_);
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  ASSERT_EQ(staged->size(), 1u);
+  const Group& copy = (*staged)[0].group();
+  for (uint64_t i = 0; i < kElements; ++i) {
+    ASSERT_EQ(copy.params()[i], group_->params()[i]) << i;
+    ASSERT_EQ(copy.exp_avg()[i], group_->exp_avg()[i]) << i;
+    ASSERT_EQ(copy.exp_avg_sq()[i], group_->exp_avg_sq()[i]) << i;
+  }
+  for (uint64_t p = 0; p < copy.num_pages(); ++p) EXPECT_EQ(copy.page_step(p), 9u) << p;
+}
+
+TEST_F(CheckpointWriterTest, ARefusalAtALaterRunStopsTheWriterAndLeavesNothing) {
+  group_->set_page_step(30, 10);  // Run 15 of 19: earlier runs are written by then.
+  CheckpointWriter writer(dir_, kPage, &backend_, kBufferBytes);
+  absl::StatusOr<WrittenCheckpoint> written = writer.Write(1, 9, {{group_, 9}});
+  EXPECT_EQ(written.status().code(), absl::StatusCode::kFailedPrecondition) << written.status();
+  EXPECT_THAT(std::string(written.status().message()), ::testing::HasSubstr("page 30"));
+  EXPECT_TRUE(std::filesystem::is_empty(dir_));
+}
+
+}  // namespace
+}  // namespace optstate
