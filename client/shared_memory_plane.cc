@@ -142,45 +142,64 @@ absl::Status SharedMemoryPlane::RegisterRegion() {
 
 absl::Status SharedMemoryPlane::EnsureAreas(absl::Span<const GroupStep> groups,
                                             const StepOptions& options) {
+  ++steps_;
+  const size_t grad_size = WireTypeSize(options.gradient_dtype);
+  const size_t param_size = WireTypeSize(options.param_dtype);
+  // The bytes a group's area must reserve: what this step needs, and at
+  // least what it reserved before (same element count), so that steps
+  // alternating dtypes settle on one area instead of laying out new ones.
+  struct Need {
+    uint64_t gradient = 0;
+    uint64_t params = 0;
+  };
+  auto need_of = [&](const GroupStep& group) {
+    const uint64_t n = group.gradient.size();
+    Need need{AlignUp(n * grad_size, kAlignment), AlignUp(n * param_size, kAlignment)};
+    auto it = areas_.find(group.group);
+    if (it != areas_.end() && it->second.elements == n) {
+      need.gradient = std::max(need.gradient, it->second.gradient_capacity);
+      need.params = std::max(need.params, it->second.params_capacity);
+    }
+    return need;
+  };
   auto fits = [&](const GroupStep& group) {
     auto it = areas_.find(group.group);
-    return it != areas_.end() && it->second.elements == group.gradient.size() &&
-           it->second.gradient_type == options.gradient_dtype &&
-           it->second.param_type == options.param_dtype;
+    if (it == areas_.end() || it->second.elements != group.gradient.size()) return false;
+    const uint64_t n = group.gradient.size();
+    return n * grad_size <= it->second.gradient_capacity &&
+           n * param_size <= it->second.params_capacity;
   };
-  auto area_bytes = [](uint64_t elements, WireType g, WireType p) {
-    return AlignUp(elements * WireTypeSize(g), kAlignment) +
-           AlignUp(elements * WireTypeSize(p), kAlignment);
-  };
-  uint64_t needed = 0;
+  absl::flat_hash_map<std::string, Need> misfits;
   for (const GroupStep& group : groups) {
-    if (!fits(group)) {
-      needed += area_bytes(group.gradient.size(), options.gradient_dtype, options.param_dtype);
+    if (fits(group)) {
+      areas_[group.group].last_used = steps_;
+    } else {
+      misfits[group.group] = need_of(group);
     }
   }
-  if (needed == 0) return absl::OkStatus();
-  auto place = [&](const std::string& name, uint64_t elements, WireType g, WireType p) {
-    Area area{elements, g, p, used_, 0};
-    used_ += AlignUp(elements * WireTypeSize(g), kAlignment);
-    area.params_offset = used_;
-    used_ += AlignUp(elements * WireTypeSize(p), kAlignment);
+  if (misfits.empty()) return absl::OkStatus();
+  uint64_t needed = 0;
+  for (const auto& [name, need] : misfits) needed += need.gradient + need.params;
+  auto place = [&](const std::string& name, uint64_t elements, const Need& need,
+                   uint64_t last_used) {
+    Area area{elements, used_, need.gradient, used_ + need.gradient, need.params, last_used};
+    used_ += need.gradient + need.params;
     areas_[name] = area;
   };
   if (used_ + needed > size_) {
-    // A new, larger region; every group is laid out in it anew (its old
-    // contents need not move: gradients are copied in and params written
-    // by every step).
+    // A new region, sized from what is live (never from the old size: space
+    // left behind by areas laid out again, or by groups no longer stepped,
+    // is not carried over). Live: the areas of this step and those a step
+    // used in the last kAreaLifetimeSteps. Their contents need not move:
+    // gradients are copied in and params written by every step.
     absl::flat_hash_map<std::string, Area> kept;
     uint64_t total = needed;
     for (const auto& [name, area] : areas_) {
-      const bool replaced = std::any_of(groups.begin(), groups.end(), [&](const GroupStep& g) {
-        return g.group == name && !fits(g);
-      });
-      if (replaced) continue;
+      if (misfits.contains(name) || area.last_used + kAreaLifetimeSteps < steps_) continue;
       kept[name] = area;
-      total += area_bytes(area.elements, area.gradient_type, area.param_type);
+      total += area.gradient_capacity + area.params_capacity;
     }
-    const uint64_t size = AlignUp(std::max({total, 2 * size_, uint64_t{1} << 20}), 4096);
+    const uint64_t size = AlignUp(std::max(2 * total, uint64_t{1} << 20), 4096);
     absl::StatusOr<int> memfd = rp::CreateSealedMemfd("optstate-region", size);
     if (!memfd.ok()) return memfd.status();
     void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, *memfd, 0);
@@ -214,13 +233,15 @@ absl::Status SharedMemoryPlane::EnsureAreas(absl::Span<const GroupStep> groups,
     areas_.clear();
     used_ = 0;
     for (const auto& [name, area] : kept) {
-      place(name, area.elements, area.gradient_type, area.param_type);
+      place(name, area.elements, Need{area.gradient_capacity, area.params_capacity},
+            area.last_used);
     }
   }
   for (const GroupStep& group : groups) {
-    if (!fits(group)) {
-      place(group.group, group.gradient.size(), options.gradient_dtype, options.param_dtype);
-    }
+    auto it = misfits.find(group.group);
+    if (it == misfits.end()) continue;
+    place(group.group, group.gradient.size(), it->second, steps_);
+    misfits.erase(it);  // A name given twice is laid out once.
   }
   return absl::OkStatus();
 }
@@ -231,7 +252,6 @@ absl::Status SharedMemoryPlane::Step(grpc::Channel* channel,
                                      absl::Span<const GroupStep> groups,
                                      absl::Span<const ChunkGroup> layouts, uint64_t step,
                                      const StepOptions& options) {
-  if (absl::Status s = EnsureAreas(groups, options); !s.ok()) return s;
   // 1. The gradients into the region (the one copy), checked there.
   const size_t grad_size = WireTypeSize(options.gradient_dtype);
   const size_t param_size = WireTypeSize(options.param_dtype);

@@ -22,8 +22,8 @@ namespace optstate::client_internal {
 // On the client side:
 // 1. Open asks the daemon (DataPlane.GetDataPlane) for its region socket,
 //    connects, and checks the socket's greeting names the same daemon.
-// 2. A step lays out any group not yet in the region (a larger region
-//    replaces the old one when it does not fit), copies each gradient into
+// 2. A step lays out any group not yet in the region (a region sized from
+//    the live layout replaces the old one when it does not fit), copies each gradient into
 //    it (narrowed to the wire type), checks it finite there, and streams
 //    messages of chunks that name (region, offset, bytes) for gradient and
 //    params.
@@ -45,28 +45,38 @@ class SharedMemoryPlane {
   SharedMemoryPlane& operator=(const SharedMemoryPlane&) = delete;
 
   // Client::Step through the region, for groups whose layouts the caller
-  // checked (`layouts`, one per group). Same contract and codes as
-  // Client::Step.
+  // checked (`layouts`, one per group), after EnsureAreas(groups, options)
+  // succeeded. Same contract and codes as Client::Step.
   absl::Status Step(grpc::Channel* channel, const grpc::internal::RpcMethod& method,
                     const ClientOptions& client_options, absl::Span<const GroupStep> groups,
                     absl::Span<const ChunkGroup> layouts, uint64_t step,
                     const StepOptions& options);
 
+  // The region's size. Bounded by the live layout whatever sequence of
+  // steps (dtypes, 16-bit or float buffers, groups) it sees: at most
+  // max(1 MiB, 2 x the bytes of the areas live when it was last replaced),
+  // rounded up to a page. An area is live while its group was stepped in
+  // the last kAreaLifetimeSteps steps, and takes at most
+  // AlignUp(4 n, 64) + AlignUp(4 n, 64) bytes for n elements.
   uint64_t region_bytes() const { return size_; }
+  static constexpr uint64_t kAreaLifetimeSteps = 64;
 
-  // Lays out every group of the step (a new, larger region when needed);
-  // Step calls it too. The region socket's refusal (RESOURCE_EXHAUSTED past
+  // Lays out every group of the step (a new region when they do not fit),
+  // once before each Step. The region socket's refusal (RESOURCE_EXHAUSTED past
   // the daemon's limits) or the memfd's failure.
   absl::Status EnsureAreas(absl::Span<const GroupStep> groups, const StepOptions& options);
 
  private:
-  // Where one group's gradient and params lie in the region.
+  // Where one group's gradient and params lie in the region. The capacities
+  // are the bytes reserved for each (the largest a step has needed), so a
+  // group whose dtypes change from step to step keeps its place.
   struct Area {
     uint64_t elements = 0;
-    WireType gradient_type = WireType::kFloat32;
-    WireType param_type = WireType::kFloat32;
     uint64_t gradient_offset = 0;
+    uint64_t gradient_capacity = 0;
     uint64_t params_offset = 0;
+    uint64_t params_capacity = 0;
+    uint64_t last_used = 0;  // The value of steps_ when a step last used it.
   };
 
   SharedMemoryPlane() = default;
@@ -82,7 +92,8 @@ class SharedMemoryPlane {
   char* base_ = nullptr;
   uint64_t size_ = 0;
   uint64_t region_id_ = 0;
-  uint64_t used_ = 0;
+  uint64_t used_ = 0;   // Bytes laid out, from the region's start.
+  uint64_t steps_ = 0;  // EnsureAreas calls so far.
   absl::flat_hash_map<std::string, Area> areas_;
 };
 
