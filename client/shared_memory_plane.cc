@@ -377,21 +377,34 @@ absl::Status SharedMemoryPlane::Step(grpc::Channel* channel,
   for (size_t i = 0; i < groups.size(); ++i) {
     const GroupStep& group = groups[i];
     const size_t n = group.gradient.size();
-    const char* checked;
     if (grad_at[i].region != SIZE_MAX) {
-      checked = static_cast<const char*>(group.gradient.data());
-    } else {
-      char* dst = base_ + areas_[group.group].gradient_offset;
-      if (Is16Bit(group.gradient)) {
-        std::memcpy(dst, group.gradient.data(), n * 2);
-      } else {
-        EncodeFromFloat(options.gradient_dtype, static_cast<const float*>(group.gradient.data()),
-                        dst, n);
+      const char* in_place = static_cast<const char*>(group.gradient.data());
+      if (absl::Status s = CheckFinite(group, options.gradient_dtype, in_place, n, scale);
+          !s.ok()) {
+        return s;
       }
-      checked = dst;
+      continue;
     }
-    if (absl::Status s = CheckFinite(group, options.gradient_dtype, checked, n, scale); !s.ok()) {
-      return s;
+    // Copied block by block, each checked while it is still in cache (one
+    // pass over memory); CheckFinite names the first bad element if any.
+    char* dst = base_ + areas_[group.group].gradient_offset;
+    bool finite = std::fabs(scale) <= 1.0f;
+    constexpr size_t kBlock = 16384;
+    for (size_t begin = 0; begin < n; begin += kBlock) {
+      const size_t count = std::min(kBlock, n - begin);
+      char* block = dst + begin * grad_size;
+      if (Is16Bit(group.gradient)) {
+        std::memcpy(block, static_cast<const uint16_t*>(group.gradient.data()) + begin, count * 2);
+      } else {
+        EncodeFromFloat(options.gradient_dtype,
+                        static_cast<const float*>(group.gradient.data()) + begin, block, count);
+      }
+      if (finite) finite = AllWireFinite(options.gradient_dtype, block, count);
+    }
+    if (!finite) {
+      if (absl::Status s = CheckFinite(group, options.gradient_dtype, dst, n, scale); !s.ok()) {
+        return s;
+      }
     }
   }
   // 3. The messages, planned as on the wire but larger.

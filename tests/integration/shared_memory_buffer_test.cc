@@ -1,7 +1,8 @@
 // Client::AllocateSharedBuffer: gradients and params kept in a SharedBuffer
 // are named to the daemon where they are (no region of the client's own is
 // needed for them), the results are bit-identical to the wire's, a buffer
-// the caller destroys is unregistered, and a wire client gets none.
+// the caller destroys is unregistered, and a wire client gets none. And the
+// finite check on both paths: in a buffer, and copied through the region.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -214,6 +215,36 @@ TEST_F(SharedMemoryBufferTest, ANonFiniteGradientInABufferRefusesTheStep) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   EXPECT_NE(status.message().find("not finite"), std::string::npos) << status;
   EXPECT_EQ(daemon_->StateBits("nan.shm.0"), before) << "nothing was sent";
+}
+
+// The copy into the region checks block by block: a bad value past the
+// first block, or one that only overflows when narrowed, is still found and
+// named, and nothing is sent.
+TEST_F(SharedMemoryBufferTest, ANonFiniteGradientCopiedThroughTheRegionRefusesTheStep) {
+  const uint64_t n = 5 * kPage + 3;
+  std::vector<float> initial(n, 0.25f);
+  ASSERT_TRUE(shm_->RegisterGroup("copied", initial).ok());
+  const std::vector<uint32_t> before = daemon_->StateBits("copied");
+  std::vector<float> params(n);
+  for (WireType wire : {WireType::kFloat32, WireType::kBFloat16}) {
+    for (uint64_t at : {uint64_t{16384 + 5}, n - 1}) {
+      SCOPED_TRACE(::testing::Message() << WireTypeName(wire) << " at " << at);
+      std::vector<float> grad(n, 1e-3f);
+      // Finite as a float, infinite once narrowed to bf16.
+      grad[at] = wire == WireType::kFloat32 ? std::numeric_limits<float>::quiet_NaN() : 3.4e38f;
+      StepOptions options;
+      options.gradient_dtype = wire;
+      absl::Status status = shm_->Step("copied", 1, grad, absl::MakeSpan(params), options);
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+      EXPECT_NE(status.message().find(absl::StrCat("at element ", at, " ")), std::string::npos)
+          << status;
+    }
+  }
+  EXPECT_EQ(daemon_->StateBits("copied"), before) << "nothing was sent";
+  // A finite gradient then steps normally.
+  std::vector<float> grad(n, 1e-3f);
+  ASSERT_TRUE(shm_->Step("copied", 1, grad, absl::MakeSpan(params)).ok());
+  EXPECT_NE(daemon_->StateBits("copied"), before);
 }
 
 TEST_F(SharedMemoryBufferTest, ADestroyedBufferIsUnregisteredAtTheNextStep) {
