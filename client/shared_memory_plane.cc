@@ -327,17 +327,15 @@ absl::Status SharedMemoryPlane::Step(grpc::Channel* channel,
   };
   std::vector<std::shared_ptr<SharedMapping>> held;
   auto find = [&](const void* data, uint64_t bytes) {
-    const char* p = static_cast<const char*>(data);
+    const uintptr_t p = reinterpret_cast<uintptr_t>(data);
     for (size_t r = 0; r < shared_.size(); ++r) {
       const SharedRegion& region = shared_[r];
-      if (p < region.base || bytes > region.bytes ||
-          static_cast<uint64_t>(p - region.base) > region.bytes - bytes) {
-        continue;
-      }
+      const uintptr_t base = reinterpret_cast<uintptr_t>(region.base);
+      if (p < base || bytes > region.bytes || p - base > region.bytes - bytes) continue;
       std::shared_ptr<SharedMapping> mapping = region.mapping.lock();
-      if (mapping == nullptr) continue;
+      if (mapping == nullptr) continue;  // Destroyed: its address range may be reused.
       held.push_back(std::move(mapping));
-      return InPlace{r, static_cast<uint64_t>(p - region.base)};
+      return InPlace{r, static_cast<uint64_t>(p - base)};
     }
     return InPlace{};
   };
