@@ -384,7 +384,9 @@ absl::Status SharedMemoryPlane::Step(grpc::Channel* channel,
       continue;
     }
     // Copied block by block, each checked while it is still in cache (one
-    // pass over memory); CheckFinite names the first bad element if any.
+    // pass over memory: bench/copy-check-bench measured blocks of 16-256 Ki
+    // elements alike, and 1.5-2x faster than a 64 MiB group copied, then
+    // checked); CheckFinite names the first bad element if any.
     char* dst = base_ + areas_[group.group].gradient_offset;
     bool finite = std::fabs(scale) <= 1.0f;
     constexpr size_t kBlock = 16384;
