@@ -9,6 +9,7 @@
 // times, interleaved with its baselines, and the best repetition is reported:
 // the machine is shared, so noise only ever makes a run slower.
 // Each result is printed as a line "RESULT {json}" for bench/run.sh.
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,7 +17,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,7 +57,16 @@ ABSL_FLAG(std::vector<std::string>, clients, {"1"},
           "Concurrent clients, each with its own Client and its own groups.");
 ABSL_FLAG(std::vector<std::string>, data_plane, {"wire"},
           "Data planes to measure optstate's step on (ClientOptions::data_plane): wire, "
-          "shared_memory; several are measured interleaved, and shared_memory/wire printed.");
+          "shared_memory (the caller's buffers copied through the client's region), "
+          "shared_buffer (shared memory with gradients and params kept in a SharedBuffer: "
+          "nothing copied); several are measured interleaved, and each shared one over the "
+          "wire printed, with the kernel alone and torch's fused AdamW on the same elements.");
+ABSL_FLAG(int, kernel_threads, 0,
+          "Threads of the kernel-alone and torch fused baselines (measured when a shared "
+          "data plane is): 0 means one per CPU, as optstated's --threads.");
+ABSL_FLAG(std::string, torch_python, "",
+          "Python with torch for the torch fused AdamW baseline; empty: .torch-venv/bin/python3 "
+          "under the current directory or the source tree when it exists, else skipped.");
 ABSL_FLAG(uint64_t, chunk_bytes, 1 << 20, "Client chunk size (ClientOptions::chunk_bytes).");
 ABSL_FLAG(int, window, 8, "Chunks in flight per stream (ClientOptions::max_chunks_in_flight).");
 ABSL_FLAG(double, seconds, 2.0, "Seconds per measurement (at least --min_steps steps).");
@@ -137,6 +149,13 @@ struct ClientState {
   std::vector<float> gradient;  // All tensors back to back.
   std::vector<float> params;
   std::vector<uint16_t> gradient16, params16;  // The same, for bf16-native.
+  // shared_buffer: the gradient and params live in it instead (the same
+  // values), and these point there, else at the vectors above.
+  std::unique_ptr<SharedBuffer> shared;
+  const float* gradient_at = nullptr;
+  float* params_at = nullptr;
+  const uint16_t* gradient16_at = nullptr;
+  uint16_t* params16_at = nullptr;
   std::vector<size_t> chunk_bytes;  // The messages Client::Step sends, in order, in wire bytes.
   std::vector<char> echo_in, echo_out;
   uint64_t next_step = 1;
@@ -150,6 +169,7 @@ struct Config {
   int clients;
   std::string plane_name;  // --data_plane's word.
   DataPlane plane;
+  bool shared_buffer;  // Buffers in a SharedBuffer (--data_plane=shared_buffer).
   std::vector<std::unique_ptr<ClientState>> states;
 };
 
@@ -234,6 +254,29 @@ void Setup(Config& config, int index, const std::string& target, const std::stri
       state->gradient16.resize(n);
       state->params16.resize(n);
       EncodeFromFloat(WireType::kBFloat16, state->gradient.data(), state->gradient16.data(), n);
+    }
+    state->gradient_at = state->gradient.data();
+    state->params_at = state->params.data();
+    state->gradient16_at = state->gradient16.data();
+    state->params16_at = state->params16.data();
+    if (config.shared_buffer) {
+      const size_t element = config.native16 ? 2 : 4;
+      absl::StatusOr<std::unique_ptr<SharedBuffer>> buffer =
+          state->client->AllocateSharedBuffer(2 * n * element);
+      Check(buffer.status(), "allocate the shared buffer");
+      state->shared = std::move(*buffer);
+      char* base = static_cast<char*>(state->shared->data());
+      if (config.native16) {
+        uint16_t* g = reinterpret_cast<uint16_t*>(base);
+        std::copy(state->gradient16.begin(), state->gradient16.end(), g);
+        state->gradient16_at = g;
+        state->params16_at = g + n;
+      } else {
+        float* g = reinterpret_cast<float*>(base);
+        std::copy(state->gradient.begin(), state->gradient.end(), g);
+        state->gradient_at = g;
+        state->params_at = g + n;
+      }
     }
     const size_t wire_size = WireTypeSize(config.wire);
     for (size_t t = 0; t < config.shape.tensors.size(); ++t) {
@@ -339,13 +382,12 @@ Measurement MeasureOptstate(Config& config, pid_t server_pid) {
       if (config.native16) {
         groups.push_back(
             {state.names[t],
-             ConstBufferView::Of16Bit(absl::MakeConstSpan(state.gradient16.data() + at, n),
+             ConstBufferView::Of16Bit(absl::MakeConstSpan(state.gradient16_at + at, n),
                                       WireType::kBFloat16),
-             BufferView::Of16Bit(absl::MakeSpan(state.params16.data() + at, n),
-                                 WireType::kBFloat16)});
+             BufferView::Of16Bit(absl::MakeSpan(state.params16_at + at, n), WireType::kBFloat16)});
       } else {
-        groups.push_back({state.names[t], absl::MakeConstSpan(state.gradient.data() + at, n),
-                          absl::MakeSpan(state.params.data() + at, n)});
+        groups.push_back({state.names[t], absl::MakeConstSpan(state.gradient_at + at, n),
+                          absl::MakeSpan(state.params_at + at, n)});
       }
       at += n;
     }
@@ -373,6 +415,109 @@ Measurement MeasureRawAdamW(Config& config, pid_t raw_adamw_pid, bool guarded) {
     RawAdamWClient& client = guarded ? *state.raw_adamw_guarded : *state.raw_adamw;
     Check(client.Step(state.raw_adamw_step++, params_out), "raw adamw");
   });
+}
+
+int BaselineThreads() {
+  const int flag = absl::GetFlag(FLAGS_kernel_threads);
+  if (flag > 0) return flag;
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+// `n` floats in their own mapping with transparent huge pages advised, as
+// the daemon's host allocator gives group state.
+struct HugeFloats {
+  explicit HugeFloats(uint64_t n, float value) : bytes(std::max<uint64_t>(n * 4, 4096)) {
+    void* at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (at == MAP_FAILED) {
+      std::fprintf(stderr, "optstate-bench: cannot map %llu bytes\n",
+                   static_cast<unsigned long long>(bytes));
+      std::exit(1);
+    }
+    madvise(at, bytes, MADV_HUGEPAGE);  // Advice only.
+    data = static_cast<float*>(at);
+    std::fill(data, data + n, value);
+  }
+  ~HugeFloats() { munmap(data, bytes); }
+  HugeFloats(const HugeFloats&) = delete;
+  HugeFloats& operator=(const HugeFloats&) = delete;
+  const uint64_t bytes;
+  float* data;
+};
+
+// The AdamW kernel alone on `n` elements, gradient and params in `wire`, split
+// into `threads` contiguous shards as the daemon's ParallelFor splits a run of
+// pages: no gRPC, no checks, no copies. The state in huge pages (as the
+// daemon's), gradient and params in plain pages (as a region's). Elements per
+// second over --seconds.
+double MeasureKernel(uint64_t n, WireType wire, int threads) {
+  HugeFloats p_array(n, 0.5f), m_array(n, 0.0f), v_array(n, 0.0f);
+  float* const p = p_array.data;
+  float* const m = m_array.data;
+  float* const v = v_array.data;
+  std::vector<float> g(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    g[i] = static_cast<float>(static_cast<int>((i * 7919) % 2001) - 1000) * 1e-4f;
+  }
+  const size_t size = WireTypeSize(wire);
+  std::vector<char> grad(n * size), out(n * size);
+  EncodeFromFloat(wire, g.data(), grad.data(), n);
+  uint64_t step = 1;
+  auto one_step = [&] {
+    AdamWStepInputs inputs;
+    inputs.step = step++;
+    const AdamWConstants c = ComputeAdamWConstants(inputs);
+    std::vector<std::thread> workers;
+    const uint64_t shard = (n + static_cast<uint64_t>(threads) - 1) / threads;
+    for (int t = 0; t < threads; ++t) {
+      const uint64_t begin = std::min(n, shard * t), count = std::min(n, begin + shard) - begin;
+      workers.emplace_back([&, begin, count] {
+        AdamWUpdateAndEncode(c, p + begin, m + begin, v + begin, grad.data() + begin * size, wire,
+                             count, out.data() + begin * size, wire);
+      });
+    }
+    for (std::thread& w : workers) w.join();
+  };
+  one_step();  // First touch, not timed.
+  const double seconds = absl::GetFlag(FLAGS_seconds);
+  const Clock::time_point start = Clock::now();
+  uint64_t steps = 0;
+  while (steps < 3 || Since(start) < seconds) {
+    one_step();
+    ++steps;
+  }
+  return static_cast<double>(steps * n) / Since(start);
+}
+
+// The Python with torch for the fused baseline, or "" when there is none.
+std::string TorchPython() {
+  const std::string flag = absl::GetFlag(FLAGS_torch_python);
+  if (!flag.empty()) return flag;
+  for (const std::string& candidate :
+       {std::string(".torch-venv/bin/python3"),
+        std::string(OPTSTATE_SOURCE_DIR) + "/.torch-venv/bin/python3"}) {
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+// A local torch.optim.AdamW(fused=True) step on the shape's tensors (fp32,
+// BaselineThreads() threads), bench/torch_fused_step.py in a child process:
+// elements per second of its best step, or 0 when it cannot run.
+double MeasureTorchFused(const Shape& shape, int threads, const std::string& python) {
+  const std::string command =
+      absl::StrCat(python, " ", OPTSTATE_SOURCE_DIR,
+                   "/bench/torch_fused_step.py --tensors=", shape.tensors.size(),
+                   " --elements=", shape.tensors.front(), " --threads=", threads,
+                   " --seconds=", absl::GetFlag(FLAGS_seconds));
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return 0;
+  char line[256];
+  double rate = 0;
+  while (std::fgets(line, sizeof(line), pipe) != nullptr) {
+    std::sscanf(line, "elem_per_s %lf", &rate);
+  }
+  if (pclose(pipe) != 0) return 0;
+  return rate;
 }
 
 struct Best {
@@ -483,7 +628,7 @@ int Main() {
           return 2;
         }
         for (const std::string& plane : absl::GetFlag(FLAGS_data_plane)) {
-          if (plane != "wire" && plane != "shared_memory") {
+          if (plane != "wire" && plane != "shared_memory" && plane != "shared_buffer") {
             std::fprintf(stderr, "optstate-bench: bad --data_plane '%s'\n", plane.c_str());
             return 2;
           }
@@ -494,6 +639,7 @@ int Main() {
                                    n,
                                    plane,
                                    plane == "wire" ? DataPlane::kWire : DataPlane::kSharedMemory,
+                                   plane == "shared_buffer",
                                    {}});
         }
       }
@@ -508,7 +654,34 @@ int Main() {
   std::vector<Best> optstate(configs.size()), echo(configs.size()), raw_echo(configs.size()),
       raw_adamw(configs.size()), raw_adamw_guarded(configs.size());
   std::vector<double> tcp_one_way, tcp_echo;
+  // Same-run baselines of the shared data planes: the kernel alone per
+  // (shape, wire) and torch's fused AdamW per shape, best of the reps.
+  const bool any_shared = std::any_of(configs.begin(), configs.end(),
+                                      [](const Config& c) { return c.plane != DataPlane::kWire; });
+  const int baseline_threads = BaselineThreads();
+  const std::string torch_python = any_shared ? TorchPython() : "";
+  std::map<std::string, double> kernel_rate, torch_rate;  // Best elem/s.
   for (int rep = 0; rep < absl::GetFlag(FLAGS_reps); ++rep) {
+    std::set<std::string> measured;  // This rep's kernel keys.
+    for (const Config& config : configs) {
+      if (!any_shared) break;
+      const std::string key = absl::StrCat(config.shape.name, " ", config.wire_name);
+      if (!measured.insert(key).second) continue;
+      const double rate = MeasureKernel(config.shape.elements(), config.wire, baseline_threads);
+      std::fprintf(stderr, "rep %d kernel alone %s, %d threads: %.1f M elem/s\n", rep, key.c_str(),
+                   baseline_threads, rate / 1e6);
+      kernel_rate[key] = std::max(rate, kernel_rate[key]);
+      if (!torch_python.empty()) torch_rate.emplace(config.shape.name, 0.0);
+    }
+    for (auto& [shape_name, rate] : torch_rate) {
+      const Config& any = *std::find_if(configs.begin(), configs.end(), [&](const Config& c) {
+        return c.shape.name == shape_name;
+      });
+      const double r = MeasureTorchFused(any.shape, baseline_threads, torch_python);
+      std::fprintf(stderr, "rep %d torch fused AdamW %s, %d threads: %.1f M elem/s\n", rep,
+                   shape_name.c_str(), baseline_threads, r / 1e6);
+      rate = std::max(rate, r);
+    }
     if (absl::GetFlag(FLAGS_tcp)) {
       tcp_one_way.push_back(MeasureTcpOneWay(chunk, tcp_time).bytes_per_second);
       tcp_echo.push_back(MeasureTcpEcho(chunk, tcp_time).bytes_per_second);
@@ -640,10 +813,52 @@ int Main() {
     }
     std::printf("\nRESULT %s\n", Json(fields).c_str());
   }
-  // Shared memory against the wire, same shape, dtype and clients, measured
-  // interleaved in the same reps.
+  for (const auto& [key, rate] : kernel_rate) {
+    std::printf("kernel alone %s, %d threads: %.1f M elem/s\n", key.c_str(), baseline_threads,
+                rate / 1e6);
+    std::printf("RESULT %s\n", Json({{"kind", Q("kernel_alone")},
+                                     {"key", Q(key)},
+                                     {"threads", N(baseline_threads)},
+                                     {"elem_per_s", N(rate)}})
+                                   .c_str());
+  }
+  for (const auto& [shape_name, rate] : torch_rate) {
+    std::printf("torch fused AdamW %s, %d threads: %.1f M elem/s\n", shape_name.c_str(),
+                baseline_threads, rate / 1e6);
+    std::printf("RESULT %s\n", Json({{"kind", Q("torch_fused")},
+                                     {"shape", Q(shape_name)},
+                                     {"threads", N(baseline_threads)},
+                                     {"elem_per_s", N(rate)}})
+                                   .c_str());
+  }
+  // Each shared data plane against the wire (same shape, dtype and clients,
+  // measured interleaved in the same reps), the kernel alone and torch.
   for (size_t i = 0; i < configs.size(); ++i) {
     if (configs[i].plane != DataPlane::kSharedMemory) continue;
+    {
+      const Config& a = configs[i];
+      const Measurement& s = optstate[i].best;
+      const double rate = s.elements / s.seconds;
+      const double kernel = kernel_rate[absl::StrCat(a.shape.name, " ", a.wire_name)];
+      const double torch = torch_rate.count(a.shape.name) ? torch_rate[a.shape.name] : 0;
+      std::printf(
+          "%s %s clients=%d %s: %.1f M elem/s = %.2f x the kernel alone (%.1f), %.2f x torch "
+          "fused (%.1f M elem/s, %d threads; 0 = not measured); CPU ms/step daemon %.1f + client "
+          "%.1f\n",
+          a.shape.name.c_str(), a.wire_name.c_str(), a.clients, a.plane_name.c_str(), rate / 1e6,
+          kernel > 0 ? rate / kernel : 0, kernel / 1e6, torch > 0 ? rate / torch : 0, torch / 1e6,
+          baseline_threads, s.server_cpu_seconds / static_cast<double>(s.steps) * 1e3,
+          s.client_cpu_seconds / static_cast<double>(s.steps) * 1e3);
+      std::printf("RESULT %s\n", Json({{"kind", Q("shared_vs_local")},
+                                       {"shape", Q(a.shape.name)},
+                                       {"wire", Q(a.wire_name)},
+                                       {"clients", N(a.clients)},
+                                       {"data_plane", Q(a.plane_name)},
+                                       {"elem_per_s", N(rate)},
+                                       {"over_kernel_alone", N(kernel > 0 ? rate / kernel : 0)},
+                                       {"over_torch_fused", N(torch > 0 ? rate / torch : 0)}})
+                                     .c_str());
+    }
     for (size_t j = 0; j < configs.size(); ++j) {
       const Config& a = configs[i];
       const Config& b = configs[j];
@@ -656,15 +871,17 @@ int Main() {
       const double ratio = (s.elements / s.seconds) / (w.elements / w.seconds);
       const double steps_s = static_cast<double>(s.steps), steps_w = static_cast<double>(w.steps);
       std::printf(
-          "%s %s clients=%d: shared_memory/wire %.2f (CPU ms/step shared_memory: server %.1f, "
+          "%s %s clients=%d: %s/wire %.2f (CPU ms/step %s: server %.1f, "
           "client %.1f; wire: server %.1f, client %.1f)\n",
-          a.shape.name.c_str(), a.wire_name.c_str(), a.clients, ratio,
-          s.server_cpu_seconds / steps_s * 1e3, s.client_cpu_seconds / steps_s * 1e3,
-          w.server_cpu_seconds / steps_w * 1e3, w.client_cpu_seconds / steps_w * 1e3);
+          a.shape.name.c_str(), a.wire_name.c_str(), a.clients, a.plane_name.c_str(), ratio,
+          a.plane_name.c_str(), s.server_cpu_seconds / steps_s * 1e3,
+          s.client_cpu_seconds / steps_s * 1e3, w.server_cpu_seconds / steps_w * 1e3,
+          w.client_cpu_seconds / steps_w * 1e3);
       std::printf("RESULT %s\n", Json({{"kind", Q("data_plane_ratio")},
                                        {"shape", Q(a.shape.name)},
                                        {"wire", Q(a.wire_name)},
                                        {"clients", N(a.clients)},
+                                       {"data_plane", Q(a.plane_name)},
                                        {"shared_memory_over_wire", N(ratio)}})
                                      .c_str());
     }

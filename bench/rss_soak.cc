@@ -6,9 +6,11 @@
 // minute). Then deletes every group and reports RSS once the heap is trimmed.
 //   rss-soak                                  # the 10-minute measurement
 //   rss-soak --seconds=30 --warmup=6          # a short check
+//   rss-soak --data_plane=auto                # the same through shared memory
 // Each client steps its own groups of varied sizes (so messages and their
 // receive buffers vary in size, as a mixed model's do), fp32 and bf16 wire.
 #include <cstdio>
+#include <fstream>
 #include <random>
 #include <thread>
 
@@ -29,6 +31,8 @@ ABSL_FLAG(uint64_t, max_group_elements, 200000, "Largest group (sizes vary from 
 ABSL_FLAG(int, seconds, 600, "Length of the run.");
 ABSL_FLAG(int, warmup, 60, "RSS after this many seconds is the reference.");
 ABSL_FLAG(double, tolerance, 0.10, "Allowed drift of RSS from the reference after warmup.");
+ABSL_FLAG(std::string, data_plane, "wire",
+          "The clients' ClientOptions::data_plane: wire, auto or shared_memory.");
 ABSL_FLAG(std::string, daemon_flags, "--threads=2",
           "Extra optstated flags, comma-separated (e.g. --heap_trim_interval=0 to compare).");
 
@@ -36,6 +40,17 @@ namespace optstate::bench {
 namespace {
 
 constexpr double kMiB = 1 << 20;
+
+// The daemon's RssShmem (its resident pages of shared memory: the regions'),
+// from /proc/PID/status; 0 when not there.
+uint64_t ShmemResidentBytes(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("RssShmem:", 0) == 0) return std::stoull(line.substr(9)) * 1024;
+  }
+  return 0;
+}
 
 void Check(const absl::Status& status, const char* what) {
   if (!status.ok()) {
@@ -59,6 +74,18 @@ int Run() {
   const int per_client = absl::GetFlag(FLAGS_groups_per_client);
   const uint64_t max_elements = absl::GetFlag(FLAGS_max_group_elements);
   const uint64_t idle_rss = ProcessResidentBytes(pid);
+  ClientOptions client_options;
+  const std::string plane = absl::GetFlag(FLAGS_data_plane);
+  if (plane == "wire") {
+    client_options.data_plane = DataPlane::kWire;
+  } else if (plane == "auto") {
+    client_options.data_plane = DataPlane::kAuto;
+  } else if (plane == "shared_memory") {
+    client_options.data_plane = DataPlane::kSharedMemory;
+  } else {
+    std::fprintf(stderr, "rss-soak: --data_plane must be wire, auto or shared_memory\n");
+    return 2;
+  }
 
   // Groups: sizes spread over [max/64, max], fixed by a seed.
   std::mt19937_64 rng(14);
@@ -76,7 +103,7 @@ int Run() {
   std::vector<std::thread> threads;
   for (int c = 0; c < clients; ++c) {
     threads.emplace_back([&, c] {
-      absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(target);
+      absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(target, client_options);
       Check(client.status(), "connect");
       std::vector<std::vector<float>> grads, params;
       std::vector<std::string> names;
@@ -111,7 +138,10 @@ int Run() {
   std::printf("clients %d, groups %d, state %.1f MiB (%llu elements), idle RSS %.1f MiB\n", clients,
               clients * per_client, total_elements * 12 / kMiB,
               static_cast<unsigned long long>(total_elements), idle_rss / kMiB);
-  std::printf("  second  RSS MiB  steps\n");
+  // Reads the daemon's region figures (GetStats, over the wire).
+  absl::StatusOr<std::unique_ptr<Client>> monitor = Client::Connect(target);
+  Check(monitor.status(), "connect the monitor");
+  std::printf("  second  RSS MiB  shmem MiB  regions  mapped MiB  registrations  steps\n");
   uint64_t reference = 0, low = UINT64_MAX, high = 0;
   const absl::Time start = absl::Now();
   for (int s = 1; s <= seconds; ++s) {
@@ -123,7 +153,14 @@ int Run() {
       done = steps;
     }
     if (s % 10 == 0 || s == warmup || s == seconds) {
-      std::printf("  %6d  %7.1f  %llu\n", s, rss / kMiB, static_cast<unsigned long long>(done));
+      absl::StatusOr<Stats> stats = (*monitor)->GetStats();
+      Check(stats.status(), "GetStats");
+      std::printf("  %6d  %7.1f  %9.1f  %7llu  %10.1f  %13llu  %llu\n", s, rss / kMiB,
+                  ShmemResidentBytes(pid) / kMiB,
+                  static_cast<unsigned long long>(stats->regions.regions),
+                  stats->regions.mapped_bytes / kMiB,
+                  static_cast<unsigned long long>(stats->regions.registrations),
+                  static_cast<unsigned long long>(done));
       std::fflush(stdout);
     }
     if (s == warmup) reference = rss;

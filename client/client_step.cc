@@ -504,4 +504,17 @@ absl::Status Client::Step(const std::string& group, uint64_t step, ConstBufferVi
   return Step(absl::MakeConstSpan(&one, 1), step, options);
 }
 
+SharedBuffer::SharedBuffer(std::shared_ptr<client_internal::SharedMapping> mapping)
+    : mapping_(std::move(mapping)) {}
+SharedBuffer::~SharedBuffer() = default;
+void* SharedBuffer::data() const { return mapping_->base; }
+uint64_t SharedBuffer::bytes() const { return mapping_->bytes; }
+
+absl::StatusOr<std::unique_ptr<SharedBuffer>> Client::AllocateSharedBuffer(uint64_t bytes) {
+  absl::StatusOr<std::shared_ptr<client_internal::SharedMapping>> mapping =
+      impl_->data_plane.AllocateShared(impl_->channel.get(), impl_->options, bytes);
+  if (!mapping.ok()) return mapping.status();
+  return std::unique_ptr<SharedBuffer>(new SharedBuffer(*std::move(mapping)));
+}
+
 }  // namespace optstate

@@ -100,6 +100,9 @@ absl::StatusOr<Stats> StatsFromProto(const v1::GetStatsResponse& proto) {
   out.last_checkpoint_error = proto.last_checkpoint_error();
   out.restored_checkpoint_id = proto.restored_checkpoint_id();
   out.restore_refusals.assign(proto.restore_refusals().begin(), proto.restore_refusals().end());
+  const v1::RegionStats& regions = proto.regions();
+  out.regions = RegionStats{regions.sessions(), regions.regions(), regions.registered_bytes(),
+                            regions.mapped_bytes(), regions.registrations()};
   out.groups.reserve(proto.groups_size());
   for (const v1::GroupStats& g : proto.groups()) {
     absl::StatusOr<GroupInfo> info = GroupInfoFromProto(g.info());

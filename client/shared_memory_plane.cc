@@ -118,6 +118,11 @@ absl::Status SharedMemoryPlane::Connect(grpc::Channel* channel, const ClientOpti
   return absl::OkStatus();
 }
 
+SharedMapping::~SharedMapping() {
+  munmap(base, bytes);
+  close(memfd);
+}
+
 SharedMemoryPlane::~SharedMemoryPlane() {
   if (socket_ >= 0) close(socket_);
   if (base_ != nullptr) munmap(base_, size_);
@@ -130,57 +135,132 @@ bool SharedMemoryPlane::ConnectionLost() const {
   return poll(&p, 1, 0) != 0;
 }
 
-absl::Status SharedMemoryPlane::RegisterRegion() {
+absl::StatusOr<uint64_t> SharedMemoryPlane::RegisterFd(int fd) {
   rp::Request request;
   request.op = static_cast<uint32_t>(rp::Op::kRegister);
-  absl::StatusOr<rp::Reply> reply = rp::Call(socket_, request, memfd_);
+  absl::StatusOr<rp::Reply> reply = rp::Call(socket_, request, fd);
   if (!reply.ok()) return reply.status();
   if (absl::Status s = rp::StatusOf(*reply); !s.ok()) return s;
-  region_id_ = reply->region;
+  return reply->region;
+}
+
+absl::Status SharedMemoryPlane::RegisterRegion() {
+  absl::StatusOr<uint64_t> id = RegisterFd(memfd_);
+  if (!id.ok()) return id.status();
+  region_id_ = *id;
   return absl::OkStatus();
+}
+
+absl::Status SharedMemoryPlane::Reconnect(grpc::Channel* channel, const ClientOptions& options) {
+  if (absl::Status s = Connect(channel, options); !s.ok()) return s;
+  if (memfd_ >= 0) {
+    if (absl::Status s = RegisterRegion(); !s.ok()) return s;
+  }
+  for (SharedRegion& region : shared_) {
+    std::shared_ptr<SharedMapping> mapping = region.mapping.lock();
+    if (mapping == nullptr) continue;  // ForgetDestroyed drops it.
+    absl::StatusOr<uint64_t> id = RegisterFd(mapping->memfd);
+    if (!id.ok()) return id.status();
+    region.id = *id;
+  }
+  return absl::OkStatus();
+}
+
+void SharedMemoryPlane::ForgetDestroyed() {
+  for (size_t i = shared_.size(); i-- > 0;) {
+    if (!shared_[i].mapping.expired()) continue;
+    rp::Request unregister;
+    unregister.op = static_cast<uint32_t>(rp::Op::kUnregister);
+    unregister.region = shared_[i].id;
+    (void)rp::Call(socket_, unregister);  // The daemon drops it with the session otherwise.
+    shared_.erase(shared_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+}
+
+absl::StatusOr<std::shared_ptr<SharedMapping>> SharedMemoryPlane::AllocateShared(
+    grpc::Channel* channel, const ClientOptions& options, uint64_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("a SharedBuffer needs at least one byte");
+  if (ConnectionLost()) {
+    if (absl::Status s = Reconnect(channel, options); !s.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("the region socket connection was lost: ", s.message()));
+    }
+  }
+  ForgetDestroyed();
+  const uint64_t size = AlignUp(bytes, 4096);
+  absl::StatusOr<int> memfd = rp::CreateSealedMemfd("optstate-shared-buffer", size);
+  if (!memfd.ok()) return memfd.status();
+  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, *memfd, 0);
+  if (base == MAP_FAILED) {
+    close(*memfd);
+    return absl::ResourceExhaustedError(absl::StrCat("cannot map a buffer of ", size, " bytes"));
+  }
+  auto mapping = std::make_shared<SharedMapping>(*memfd, static_cast<char*>(base), size);
+  absl::StatusOr<uint64_t> id = RegisterFd(mapping->memfd);
+  if (!id.ok()) return id.status();
+  shared_.push_back({mapping, mapping->base, size, *id});
+  return mapping;
 }
 
 absl::Status SharedMemoryPlane::EnsureAreas(absl::Span<const GroupStep> groups,
                                             const StepOptions& options) {
+  const size_t grad_size = WireTypeSize(options.gradient_dtype);
+  const size_t param_size = WireTypeSize(options.param_dtype);
+  // The bytes a group's area must reserve: what this step needs, and at
+  // least what it reserved before (same element count), so that steps
+  // alternating dtypes settle on one area instead of laying out new ones.
+  struct Need {
+    uint64_t gradient = 0;
+    uint64_t params = 0;
+  };
+  auto need_of = [&](const GroupStep& group) {
+    const uint64_t n = group.gradient.size();
+    Need need{AlignUp(n * grad_size, kAlignment), AlignUp(n * param_size, kAlignment)};
+    auto it = areas_.find(group.group);
+    if (it != areas_.end() && it->second.elements == n) {
+      need.gradient = std::max(need.gradient, it->second.gradient_capacity);
+      need.params = std::max(need.params, it->second.params_capacity);
+    }
+    return need;
+  };
   auto fits = [&](const GroupStep& group) {
     auto it = areas_.find(group.group);
-    return it != areas_.end() && it->second.elements == group.gradient.size() &&
-           it->second.gradient_type == options.gradient_dtype &&
-           it->second.param_type == options.param_dtype;
+    if (it == areas_.end() || it->second.elements != group.gradient.size()) return false;
+    const uint64_t n = group.gradient.size();
+    return n * grad_size <= it->second.gradient_capacity &&
+           n * param_size <= it->second.params_capacity;
   };
-  auto area_bytes = [](uint64_t elements, WireType g, WireType p) {
-    return AlignUp(elements * WireTypeSize(g), kAlignment) +
-           AlignUp(elements * WireTypeSize(p), kAlignment);
-  };
-  uint64_t needed = 0;
+  absl::flat_hash_map<std::string, Need> misfits;
   for (const GroupStep& group : groups) {
-    if (!fits(group)) {
-      needed += area_bytes(group.gradient.size(), options.gradient_dtype, options.param_dtype);
+    if (fits(group)) {
+      areas_[group.group].last_used = steps_;
+    } else {
+      misfits[group.group] = need_of(group);
     }
   }
-  if (needed == 0) return absl::OkStatus();
-  auto place = [&](const std::string& name, uint64_t elements, WireType g, WireType p) {
-    Area area{elements, g, p, used_, 0};
-    used_ += AlignUp(elements * WireTypeSize(g), kAlignment);
-    area.params_offset = used_;
-    used_ += AlignUp(elements * WireTypeSize(p), kAlignment);
+  if (misfits.empty()) return absl::OkStatus();
+  uint64_t needed = 0;
+  for (const auto& [name, need] : misfits) needed += need.gradient + need.params;
+  auto place = [&](const std::string& name, uint64_t elements, const Need& need,
+                   uint64_t last_used) {
+    Area area{elements, used_, need.gradient, used_ + need.gradient, need.params, last_used};
+    used_ += need.gradient + need.params;
     areas_[name] = area;
   };
   if (used_ + needed > size_) {
-    // A new, larger region; every group is laid out in it anew (its old
-    // contents need not move: gradients are copied in and params written
-    // by every step).
+    // A new region, sized from what is live (never from the old size: space
+    // left behind by areas laid out again, or by groups no longer stepped,
+    // is not carried over). Live: the areas of this step and those a step
+    // used in the last kAreaLifetimeSteps. Their contents need not move:
+    // gradients are copied in and params written by every step.
     absl::flat_hash_map<std::string, Area> kept;
     uint64_t total = needed;
     for (const auto& [name, area] : areas_) {
-      const bool replaced = std::any_of(groups.begin(), groups.end(), [&](const GroupStep& g) {
-        return g.group == name && !fits(g);
-      });
-      if (replaced) continue;
+      if (misfits.contains(name) || area.last_used + kAreaLifetimeSteps < steps_) continue;
       kept[name] = area;
-      total += area_bytes(area.elements, area.gradient_type, area.param_type);
+      total += area.gradient_capacity + area.params_capacity;
     }
-    const uint64_t size = AlignUp(std::max({total, 2 * size_, uint64_t{1} << 20}), 4096);
+    const uint64_t size = AlignUp(std::max(2 * total, uint64_t{1} << 20), 4096);
     absl::StatusOr<int> memfd = rp::CreateSealedMemfd("optstate-region", size);
     if (!memfd.ok()) return memfd.status();
     void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, *memfd, 0);
@@ -214,13 +294,15 @@ absl::Status SharedMemoryPlane::EnsureAreas(absl::Span<const GroupStep> groups,
     areas_.clear();
     used_ = 0;
     for (const auto& [name, area] : kept) {
-      place(name, area.elements, area.gradient_type, area.param_type);
+      place(name, area.elements, Need{area.gradient_capacity, area.params_capacity},
+            area.last_used);
     }
   }
   for (const GroupStep& group : groups) {
-    if (!fits(group)) {
-      place(group.group, group.gradient.size(), options.gradient_dtype, options.param_dtype);
-    }
+    auto it = misfits.find(group.group);
+    if (it == misfits.end()) continue;
+    place(group.group, group.gradient.size(), it->second, steps_);
+    misfits.erase(it);  // A name given twice is laid out once.
   }
   return absl::OkStatus();
 }
@@ -230,26 +312,102 @@ absl::Status SharedMemoryPlane::Step(grpc::Channel* channel,
                                      const ClientOptions& client_options,
                                      absl::Span<const GroupStep> groups,
                                      absl::Span<const ChunkGroup> layouts, uint64_t step,
-                                     const StepOptions& options) {
-  if (absl::Status s = EnsureAreas(groups, options); !s.ok()) return s;
-  // 1. The gradients into the region (the one copy), checked there.
+                                     const StepOptions& options, bool* layout_failed) {
+  *layout_failed = false;
+  ++steps_;
+  ForgetDestroyed();
   const size_t grad_size = WireTypeSize(options.gradient_dtype);
   const size_t param_size = WireTypeSize(options.param_dtype);
-  const float scale = options.grad_scale.value_or(1.0f);
-  for (const GroupStep& group : groups) {
-    char* dst = base_ + areas_[group.group].gradient_offset;
-    const size_t n = group.gradient.size();
-    if (Is16Bit(group.gradient)) {
-      std::memcpy(dst, group.gradient.data(), n * 2);
-    } else {
-      EncodeFromFloat(options.gradient_dtype, static_cast<const float*>(group.gradient.data()), dst,
-                      n);
+  // 1. Which gradients and params_outs lie in a SharedBuffer, in the wire
+  //    type: those are named where they are (their mappings held for the
+  //    step); the others go through the groups' areas.
+  struct InPlace {
+    size_t region = SIZE_MAX;  // Index into shared_; SIZE_MAX: not in place.
+    uint64_t offset = 0;
+  };
+  std::vector<std::shared_ptr<SharedMapping>> held;
+  auto find = [&](const void* data, uint64_t bytes) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(data);
+    for (size_t r = 0; r < shared_.size(); ++r) {
+      const SharedRegion& region = shared_[r];
+      const uintptr_t base = reinterpret_cast<uintptr_t>(region.base);
+      if (p < base || bytes > region.bytes || p - base > region.bytes - bytes) continue;
+      std::shared_ptr<SharedMapping> mapping = region.mapping.lock();
+      if (mapping == nullptr) continue;  // Destroyed: its address range may be reused.
+      held.push_back(std::move(mapping));
+      return InPlace{r, static_cast<uint64_t>(p - base)};
     }
-    if (absl::Status s = CheckFinite(group, options.gradient_dtype, dst, n, scale); !s.ok()) {
+    return InPlace{};
+  };
+  std::vector<InPlace> grad_at(groups.size()), params_at(groups.size());
+  std::vector<GroupStep> through_areas;
+  for (size_t i = 0; i < groups.size() && !shared_.empty(); ++i) {
+    const GroupStep& group = groups[i];
+    const uint64_t n = group.gradient.size();
+    if (Is16Bit(group.gradient) || options.gradient_dtype == WireType::kFloat32) {
+      grad_at[i] = find(group.gradient.data(), n * grad_size);
+    }
+    if (!group.params_out.empty() &&
+        (Is16Bit(group.params_out) || options.param_dtype == WireType::kFloat32)) {
+      params_at[i] = find(group.params_out.data(), n * param_size);
+    }
+    const InPlace& g = grad_at[i];
+    const InPlace& p = params_at[i];
+    if (g.region != SIZE_MAX && g.region == p.region && g.offset < p.offset + n * param_size &&
+        p.offset < g.offset + n * grad_size) {
+      params_at[i] = InPlace{};  // The daemon refuses overlapping slices: copy these out.
+    }
+  }
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (grad_at[i].region == SIZE_MAX || params_at[i].region == SIZE_MAX) {
+      through_areas.push_back(groups[i]);
+    }
+  }
+  if (!through_areas.empty()) {
+    if (absl::Status s = EnsureAreas(through_areas, options); !s.ok()) {
+      *layout_failed = true;
       return s;
     }
   }
-  // 2. The messages, planned as on the wire but larger.
+  // 2. The gradients not in place into their areas (the one copy), every
+  //    gradient checked finite where the daemon will read it.
+  const float scale = options.grad_scale.value_or(1.0f);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const GroupStep& group = groups[i];
+    const size_t n = group.gradient.size();
+    if (grad_at[i].region != SIZE_MAX) {
+      const char* in_place = static_cast<const char*>(group.gradient.data());
+      if (absl::Status s = CheckFinite(group, options.gradient_dtype, in_place, n, scale);
+          !s.ok()) {
+        return s;
+      }
+      continue;
+    }
+    // Copied block by block, each checked while it is still in cache (one
+    // pass over memory: bench/copy-check-bench measured blocks of 16-256 Ki
+    // elements alike, and 1.5-2x faster than a 64 MiB group copied, then
+    // checked); CheckFinite names the first bad element if any.
+    char* dst = base_ + areas_[group.group].gradient_offset;
+    bool finite = std::fabs(scale) <= 1.0f;
+    constexpr size_t kBlock = 16384;
+    for (size_t begin = 0; begin < n; begin += kBlock) {
+      const size_t count = std::min(kBlock, n - begin);
+      char* block = dst + begin * grad_size;
+      if (Is16Bit(group.gradient)) {
+        std::memcpy(block, static_cast<const uint16_t*>(group.gradient.data()) + begin, count * 2);
+      } else {
+        EncodeFromFloat(options.gradient_dtype,
+                        static_cast<const float*>(group.gradient.data()) + begin, block, count);
+      }
+      if (finite) finite = AllWireFinite(options.gradient_dtype, block, count);
+    }
+    if (!finite) {
+      if (absl::Status s = CheckFinite(group, options.gradient_dtype, dst, n, scale); !s.ok()) {
+        return s;
+      }
+    }
+  }
+  // 3. The messages, planned as on the wire but larger.
   const ChunkLimits limits{std::max(client_options.chunk_bytes, kMinRegionChunkBytes),
                            static_cast<uint64_t>(client_options.max_message_bytes),
                            options.gradient_dtype, options.param_dtype};
@@ -263,17 +421,22 @@ absl::Status SharedMemoryPlane::Step(grpc::Channel* channel,
     for (size_t k = 0; k < pieces.size(); ++k) {
       const ChunkPiece& piece = pieces[k];
       const GroupStep& group = groups[piece.group];
-      const Area& area = areas_[group.group];
       v1::StepRequest* fields = k == 0 ? &outer : outer.add_more();
       client_internal::ChunkFields(group, piece, step, options, fields);
       fields->set_region_session(session_key_);
+      const InPlace& gi = grad_at[piece.group];
+      const InPlace& pi = params_at[piece.group];
+      const Area* area =
+          gi.region == SIZE_MAX || pi.region == SIZE_MAX ? &areas_[group.group] : nullptr;
       v1::RegionSlice* g = fields->mutable_gradient_region();
-      g->set_region(region_id_);
-      g->set_offset(area.gradient_offset + piece.offset * grad_size);
+      g->set_region(gi.region != SIZE_MAX ? shared_[gi.region].id : region_id_);
+      g->set_offset((gi.region != SIZE_MAX ? gi.offset : area->gradient_offset) +
+                    piece.offset * grad_size);
       g->set_bytes(piece.count * grad_size);
       v1::RegionSlice* p = fields->mutable_params_region();
-      p->set_region(region_id_);
-      p->set_offset(area.params_offset + piece.offset * param_size);
+      p->set_region(pi.region != SIZE_MAX ? shared_[pi.region].id : region_id_);
+      p->set_offset((pi.region != SIZE_MAX ? pi.offset : area->params_offset) +
+                    piece.offset * param_size);
       p->set_bytes(piece.count * param_size);
     }
     const std::string bytes = outer.SerializeAsString();
@@ -303,7 +466,7 @@ absl::Status SharedMemoryPlane::Step(grpc::Channel* channel,
     }
     for (const ChunkPiece& piece : pieces) {
       const GroupStep& group = groups[piece.group];
-      if (group.params_out.empty()) continue;
+      if (group.params_out.empty() || params_at[piece.group].region != SIZE_MAX) continue;
       const char* src = base_ + areas_[group.group].params_offset + piece.offset * param_size;
       if (Is16Bit(group.params_out)) {
         std::memcpy(static_cast<uint16_t*>(group.params_out.data()) + piece.offset, src,
@@ -321,9 +484,8 @@ absl::Status SharedMemoryPlane::Step(grpc::Channel* channel,
     if (attempt > 0) absl::SleepFor(Backoff(client_options, attempt));
     if (ConnectionLost()) {
       // The daemon restarted (or closed our session) since the last step or
-      // attempt: the same memfd, gradients in it, is registered anew.
-      absl::Status s = Connect(channel, client_options);
-      if (s.ok()) s = RegisterRegion();
+      // attempt: the same memfds, gradients in them, are registered anew.
+      absl::Status s = Reconnect(channel, client_options);
       if (!s.ok()) {
         last = absl::UnavailableError(
             absl::StrCat("the region socket connection was lost: ", s.message()));
@@ -373,6 +535,23 @@ absl::Status SharedMemoryPlane::Step(grpc::Channel* channel,
                                    " attempts (shared memory): ", last.message()));
 }
 
+std::optional<absl::Status> DataPlaneChoice::Decide(grpc::Channel* channel,
+                                                    const ClientOptions& client_options) {
+  if (decided_) return std::nullopt;
+  absl::StatusOr<std::unique_ptr<SharedMemoryPlane>> plane =
+      SharedMemoryPlane::Open(channel, client_options);
+  if (plane.ok()) {
+    plane_ = std::move(*plane);
+    decided_ = true;
+  } else if (plane.status().code() == absl::StatusCode::kFailedPrecondition) {
+    why_not_ = plane.status();
+    decided_ = true;
+  } else {
+    return plane.status();  // The daemon did not answer: decide next time.
+  }
+  return std::nullopt;
+}
+
 std::optional<absl::Status> DataPlaneChoice::MaybeStep(grpc::Channel* channel,
                                                        const grpc::internal::RpcMethod& method,
                                                        const ClientOptions& client_options,
@@ -381,30 +560,36 @@ std::optional<absl::Status> DataPlaneChoice::MaybeStep(grpc::Channel* channel,
                                                        uint64_t step, const StepOptions& options) {
   if (client_options.data_plane == DataPlane::kWire) return std::nullopt;
   absl::MutexLock lock(&mu_);
-  if (!decided_) {
-    absl::StatusOr<std::unique_ptr<SharedMemoryPlane>> plane =
-        SharedMemoryPlane::Open(channel, client_options);
-    if (plane.ok()) {
-      plane_ = std::move(*plane);
-      decided_ = true;
-    } else if (plane.status().code() == absl::StatusCode::kFailedPrecondition) {
-      why_not_ = plane.status();
-      decided_ = true;
-    } else if (client_options.data_plane == DataPlane::kSharedMemory) {
-      return plane.status();  // The daemon did not answer: decide next time.
-    } else {
-      return std::nullopt;  // The wire step retries, or reports, the same trouble.
-    }
+  if (std::optional<absl::Status> unanswered = Decide(channel, client_options)) {
+    if (client_options.data_plane == DataPlane::kSharedMemory) return unanswered;
+    return std::nullopt;  // The wire step retries, or reports, the same trouble.
   }
   if (plane_ != nullptr) {
-    if (absl::Status s = plane_->EnsureAreas(groups, options); !s.ok()) {
-      if (client_options.data_plane == DataPlane::kSharedMemory) return s;
+    bool layout_failed = false;
+    absl::Status s = plane_->Step(channel, method, client_options, groups, layouts, step, options,
+                                  &layout_failed);
+    if (layout_failed && client_options.data_plane != DataPlane::kSharedMemory) {
       return std::nullopt;  // kAuto: this step takes the wire.
     }
-    return plane_->Step(channel, method, client_options, groups, layouts, step, options);
+    return s;
   }
   if (client_options.data_plane == DataPlane::kSharedMemory) return why_not_;
   return std::nullopt;
+}
+
+absl::StatusOr<std::shared_ptr<SharedMapping>> DataPlaneChoice::AllocateShared(
+    grpc::Channel* channel, const ClientOptions& client_options, uint64_t bytes) {
+  if (client_options.data_plane == DataPlane::kWire) {
+    return absl::FailedPreconditionError(
+        "this client's data plane is the wire (ClientOptions::data_plane kWire): shared buffers "
+        "need kAuto or kSharedMemory");
+  }
+  absl::MutexLock lock(&mu_);
+  if (std::optional<absl::Status> unanswered = Decide(channel, client_options)) {
+    return *unanswered;
+  }
+  if (plane_ == nullptr) return why_not_;
+  return plane_->AllocateShared(channel, client_options, bytes);
 }
 
 }  // namespace optstate::client_internal

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -19,11 +20,23 @@
 
 namespace optstate::client_internal {
 
+// A SharedBuffer's memory: a sealed memfd mapped here. Unmapped and closed
+// when the last reference goes (the buffer's, or a step's using it).
+struct SharedMapping {
+  SharedMapping(int memfd, char* base, uint64_t bytes) : memfd(memfd), base(base), bytes(bytes) {}
+  ~SharedMapping();
+  SharedMapping(const SharedMapping&) = delete;
+  SharedMapping& operator=(const SharedMapping&) = delete;
+  const int memfd;
+  char* const base;
+  const uint64_t bytes;
+};
+
 // On the client side:
 // 1. Open asks the daemon (DataPlane.GetDataPlane) for its region socket,
 //    connects, and checks the socket's greeting names the same daemon.
-// 2. A step lays out any group not yet in the region (a larger region
-//    replaces the old one when it does not fit), copies each gradient into
+// 2. A step lays out any group not yet in the region (a region sized from
+//    the live layout replaces the old one when it does not fit), copies each gradient into
 //    it (narrowed to the wire type), checks it finite there, and streams
 //    messages of chunks that name (region, offset, bytes) for gradient and
 //    params.
@@ -46,27 +59,44 @@ class SharedMemoryPlane {
 
   // Client::Step through the region, for groups whose layouts the caller
   // checked (`layouts`, one per group). Same contract and codes as
-  // Client::Step.
+  // Client::Step; `*layout_failed` says the status is EnsureAreas' (nothing
+  // was sent: kAuto takes the wire then).
   absl::Status Step(grpc::Channel* channel, const grpc::internal::RpcMethod& method,
                     const ClientOptions& client_options, absl::Span<const GroupStep> groups,
-                    absl::Span<const ChunkGroup> layouts, uint64_t step,
-                    const StepOptions& options);
+                    absl::Span<const ChunkGroup> layouts, uint64_t step, const StepOptions& options,
+                    bool* layout_failed);
 
+  // A SharedBuffer's mapping of `bytes` (rounded up to 4096), registered
+  // with the daemon; its refusal (RESOURCE_EXHAUSTED) or UNAVAILABLE.
+  absl::StatusOr<std::shared_ptr<SharedMapping>> AllocateShared(grpc::Channel* channel,
+                                                                const ClientOptions& options,
+                                                                uint64_t bytes);
+
+  // The region's size. Bounded by the live layout whatever sequence of
+  // steps (dtypes, 16-bit or float buffers, groups) it sees: at most
+  // max(1 MiB, 2 x the bytes of the areas live when it was last replaced),
+  // rounded up to a page. An area is live while its group was stepped in
+  // the last kAreaLifetimeSteps steps, and takes at most
+  // AlignUp(4 n, 64) + AlignUp(4 n, 64) bytes for n elements.
   uint64_t region_bytes() const { return size_; }
+  static constexpr uint64_t kAreaLifetimeSteps = 64;
 
-  // Lays out every group of the step (a new, larger region when needed);
-  // Step calls it too. The region socket's refusal (RESOURCE_EXHAUSTED past
-  // the daemon's limits) or the memfd's failure.
+  // Lays out every group given (a new region when they do not fit); Step
+  // calls it for the groups not wholly in SharedBuffers. The region socket's refusal
+  // (RESOURCE_EXHAUSTED past the daemon's limits) or the memfd's failure.
   absl::Status EnsureAreas(absl::Span<const GroupStep> groups, const StepOptions& options);
 
  private:
-  // Where one group's gradient and params lie in the region.
+  // Where one group's gradient and params lie in the region. The capacities
+  // are the bytes reserved for each (the largest a step has needed), so a
+  // group whose dtypes change from step to step keeps its place.
   struct Area {
     uint64_t elements = 0;
-    WireType gradient_type = WireType::kFloat32;
-    WireType param_type = WireType::kFloat32;
     uint64_t gradient_offset = 0;
+    uint64_t gradient_capacity = 0;
     uint64_t params_offset = 0;
+    uint64_t params_capacity = 0;
+    uint64_t last_used = 0;  // The value of steps_ when a step last used it.
   };
 
   SharedMemoryPlane() = default;
@@ -74,6 +104,13 @@ class SharedMemoryPlane {
   absl::Status Connect(grpc::Channel* channel, const ClientOptions& options);
   // Registers memfd_ on the current connection.
   absl::Status RegisterRegion();
+  // Registers `fd` on the current connection: its region id.
+  absl::StatusOr<uint64_t> RegisterFd(int fd);
+  // After a lost connection: connects again and registers memfd_ (if any)
+  // and every live SharedBuffer anew.
+  absl::Status Reconnect(grpc::Channel* channel, const ClientOptions& options);
+  // Unregisters the SharedBuffers the caller destroyed.
+  void ForgetDestroyed();
   // Whether the region socket connection has been closed by the daemon.
   bool ConnectionLost() const;
   int socket_ = -1;
@@ -82,8 +119,17 @@ class SharedMemoryPlane {
   char* base_ = nullptr;
   uint64_t size_ = 0;
   uint64_t region_id_ = 0;
-  uint64_t used_ = 0;
+  uint64_t used_ = 0;   // Bytes laid out, from the region's start.
+  uint64_t steps_ = 0;  // Step calls so far.
   absl::flat_hash_map<std::string, Area> areas_;
+  // The SharedBuffers made here (the caller owns them), and their ids.
+  struct SharedRegion {
+    std::weak_ptr<SharedMapping> mapping;
+    const char* base;
+    uint64_t bytes;
+    uint64_t id;
+  };
+  std::vector<SharedRegion> shared_;
 };
 
 // Which data plane a Client's steps take (ClientOptions::data_plane),
@@ -101,8 +147,17 @@ class DataPlaneChoice {
                                         absl::Span<const GroupStep> groups,
                                         absl::Span<const ChunkGroup> layouts, uint64_t step,
                                         const StepOptions& options) ABSL_LOCKS_EXCLUDED(mu_);
+  // Client::AllocateSharedBuffer: FAILED_PRECONDITION without a plane.
+  absl::StatusOr<std::shared_ptr<SharedMapping>> AllocateShared(grpc::Channel* channel,
+                                                                const ClientOptions& options,
+                                                                uint64_t bytes)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // Opens the plane the first time it can be decided. A status when the
+  // caller should return it (the daemon did not answer, for kSharedMemory).
+  std::optional<absl::Status> Decide(grpc::Channel* channel, const ClientOptions& options)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Mutex mu_;
   bool decided_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status why_not_ ABSL_GUARDED_BY(mu_);  // When decided without a plane.

@@ -73,6 +73,7 @@ void RegionRegistry::CloseSession(const std::string& key) {
     if (it == sessions_.end()) return;
     gone = std::move(it->second);
     regions_ -= gone.regions.size();
+    for (const auto& [id, region] : gone.regions) registered_bytes_ -= region->bytes();
     sessions_.erase(it);
   }
   // `gone` unmaps its regions here, outside the lock (unless a step still uses one).
@@ -134,6 +135,8 @@ absl::StatusOr<std::shared_ptr<const MappedRegion>> RegionRegistry::Register(con
                                                      bytes, mapped_bytes_);
   session.regions[id] = region;
   ++regions_;
+  ++registrations_;
+  registered_bytes_ += bytes;
   return region;
 }
 
@@ -147,6 +150,7 @@ absl::Status RegionRegistry::Unregister(const std::string& key, uint64_t id) {
       gone = std::move(region->second);
       it->second.regions.erase(region);
       --regions_;
+      registered_bytes_ -= gone->bytes();
       return absl::OkStatus();
     }
   }
@@ -178,6 +182,17 @@ size_t RegionRegistry::num_regions() const {
   size_t n = 0;
   for (const auto& [key, session] : sessions_) n += session.regions.size();
   return n;
+}
+
+RegionRegistryStats RegionRegistry::Stats() const {
+  absl::MutexLock lock(&mu_);
+  RegionRegistryStats stats;
+  stats.sessions = sessions_.size();
+  stats.regions = regions_;
+  stats.registered_bytes = registered_bytes_;
+  stats.mapped_bytes = mapped_bytes_->load();
+  stats.registrations = registrations_;
+  return stats;
 }
 
 }  // namespace optstate

@@ -60,6 +60,15 @@ class MappedRegion {
   const std::shared_ptr<std::atomic<uint64_t>> mapped_bytes_;
 };
 
+// What GetStats reports of the registry.
+struct RegionRegistryStats {
+  uint64_t sessions = 0;
+  uint64_t regions = 0;           // Registered now.
+  uint64_t registered_bytes = 0;  // Of the registered regions.
+  uint64_t mapped_bytes = 0;      // Registered, or unregistered and still used by a step.
+  uint64_t registrations = 0;     // Since the registry was made.
+};
+
 // Thread-safe.
 class RegionRegistry {
  public:
@@ -99,6 +108,7 @@ class RegionRegistry {
   uint64_t mapped_bytes() const { return mapped_bytes_->load(); }
   size_t num_sessions() const ABSL_LOCKS_EXCLUDED(mu_);
   size_t num_regions() const ABSL_LOCKS_EXCLUDED(mu_);
+  RegionRegistryStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Session {
@@ -112,6 +122,8 @@ class RegionRegistry {
   absl::flat_hash_map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   size_t regions_ ABSL_GUARDED_BY(mu_) = 0;  // Registered, all sessions.
+  uint64_t registered_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace optstate

@@ -66,6 +66,15 @@ absl::Status OptimizerStateService::GetStats(const std::string& tenant,
   BackendStatsToProto(engine_->backend()->Stats(), response->mutable_device());
   // Totals over every group, on every page.
   if (checkpointer_ != nullptr) CheckpointStatsToProto(checkpointer_->Stats(), response);
+  if (regions_ != nullptr) {
+    const RegionRegistryStats r = regions_->Stats();
+    v1::RegionStats* proto = response->mutable_regions();
+    proto->set_sessions(r.sessions);
+    proto->set_regions(r.regions);
+    proto->set_registered_bytes(r.registered_bytes);
+    proto->set_mapped_bytes(r.mapped_bytes);
+    proto->set_registrations(r.registrations);
+  }
   v1::PagingCounters* paging = response->mutable_paging();
   for (const auto& group : groups) {
     const GroupCounters& c = group->counters();

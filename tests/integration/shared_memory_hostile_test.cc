@@ -471,6 +471,42 @@ TEST(SharedMemoryRestartTest, AClientRegistersItsRegionAgainWithARestartedDaemon
   EXPECT_EQ(params, model.params_fp32());
 }
 
+TEST(SharedMemoryRestartTest, AClientRegistersItsSharedBufferAgainWithARestartedDaemon) {
+  auto first = DaemonProcess::Start();
+  ASSERT_TRUE(first.ok());
+  const int port = (*first)->port();
+  ClientOptions options;
+  options.data_plane = DataPlane::kSharedMemory;
+  options.initial_backoff = absl::Milliseconds(5);
+  auto client = Client::Connect((*first)->target(), options);
+  ASSERT_TRUE(client.ok());
+  constexpr uint64_t kN = 3000;
+  auto buffer = (*client)->AllocateSharedBuffer(2 * kN * sizeof(float));
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  float* grad = static_cast<float*>((*buffer)->data());
+  float* params = grad + kN;
+  std::mt19937 rng(FreshSeed());
+  std::vector<float> initial = RandomNormal(rng, kN, 1.0f);
+  std::vector<float> g = RandomNormal(rng, kN, 1e-2f);
+  std::copy(g.begin(), g.end(), grad);
+  ASSERT_TRUE((*client)->RegisterGroup("g", initial).ok());
+  ASSERT_TRUE(
+      (*client)->Step("g", 1, absl::MakeConstSpan(grad, kN), absl::MakeSpan(params, kN)).ok());
+  ASSERT_EQ(*(*first)->Stop(), 0);
+  // A new daemon on the same port knows neither the group nor the buffer's region.
+  auto second = DaemonProcess::Start({absl::StrCat("--listen=127.0.0.1:", port)});
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE((*client)->RegisterGroup("g", initial).ok());
+  GroupModel model(initial, Hyperparameters{});
+  model.Step(1, g);
+  std::fill(params, params + kN, 0.0f);
+  absl::Status status =
+      (*client)->Step("g", 1, absl::MakeConstSpan(grad, kN), absl::MakeSpan(params, kN));
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(std::vector<float>(params, params + kN), model.params_fp32())
+      << "written by the new daemon into the buffer, registered anew";
+}
+
 TEST(UnixListenTest, ClientsReachAUnixSocketDaemonOnBothDataPlanes) {
   const std::string path = absl::StrCat("/tmp/optstate-unix-test-", getpid(), ".sock");
   for (const char* mode : {"0660", "0600"}) {

@@ -16,6 +16,7 @@
 #include "optstate/buffer_view.h"
 #include "optstate/dtype.h"
 #include "optstate/group_info.h"
+#include "optstate/shared_buffer.h"
 #include "optstate/stats.h"
 
 namespace optstate {
@@ -53,17 +54,15 @@ struct ClientOptions {
   // one region (a sealed memfd shared with the daemon), lays each group's
   // gradient and params out in it once, when first stepped, and per step
   // copies the caller's gradient into it once (narrowed to the wire type)
-  // and the params out of it once (widened into params_out); Step's
-  // contract is the same on both planes, and the daemon's results are
-  // bit-identical. Shared-memory steps of one Client run one at a time. The
-  // region holds every group the client stepped, gradient and params in
-  // their wire types, for the client's life (and grows by replacement, to at
-  // least twice its size, when a new group does not fit); a step then
-  // holds no other copy of the gradient.
-  // The wire by default: shared memory (kAuto, kSharedMemory) is opt-in
-  // until the daemon's mapped region memory is bounded; a 16-client soak
-  // whose steps alternate fp32 and bf16 gradients grew it past 20 GiB
-  // (BENCHMARKS.md, "Shared memory against the wire").
+  // and the params out of it once (widened into params_out), unless they
+  // lie in a SharedBuffer (AllocateSharedBuffer): then nothing is copied.
+  // Step's contract is the same on both planes, and the daemon's results
+  // are bit-identical. Shared-memory steps of one Client run one at a time.
+  // The region holds the groups the client stepped recently, gradient and
+  // params at up to 4 bytes per element each; it is replaced by one of
+  // max(1 MiB, 2 x that) when a new group does not fit
+  // (docs/architecture.md, "How big a client's region gets").
+  // The wire by default: shared memory (kAuto, kSharedMemory) is opt-in.
   DataPlane data_plane = DataPlane::kWire;
 };
 
@@ -128,6 +127,17 @@ class Client {
   // The same for one group.
   absl::Status Step(const std::string& group, uint64_t step, ConstBufferView gradient,
                     BufferView params_out, const StepOptions& options = {});
+
+  // `bytes` (> 0) of memory shared with the daemon, registered as a region
+  // of this client's (SharedBuffer says how Step uses it). Allocate one
+  // buffer for many tensors: the daemon limits regions per client
+  // (--max_regions_per_client, 16 by default; the client's own region takes
+  // up to two) and bytes mapped (RESOURCE_EXHAUSTED past either).
+  // FAILED_PRECONDITION when the client's data plane is the wire (kWire, or
+  // kAuto without a usable region socket); the daemon's status (UNAVAILABLE)
+  // when it cannot be asked. The buffer may outlive the Client (it is then
+  // plain memory).
+  absl::StatusOr<std::unique_ptr<SharedBuffer>> AllocateSharedBuffer(uint64_t bytes);
 
   // Read-only calls, retried like the others.
   absl::StatusOr<GroupInfo> DescribeGroup(const std::string& name);

@@ -61,6 +61,16 @@ struct CheckpointInfo {
   int64_t finished_unix_micros = 0;  // When it became durable.
 };
 
+// The daemon's shared-memory regions (same-host data plane), daemon-wide: all
+// clients and tenants. Zero when it offers no region socket.
+struct RegionStats {
+  uint64_t sessions = 0;          // Region socket connections open now.
+  uint64_t regions = 0;           // Regions registered now.
+  uint64_t registered_bytes = 0;  // Their bytes.
+  uint64_t mapped_bytes = 0;      // Mapped now: registered, or unregistered but used by a step.
+  uint64_t registrations = 0;     // Regions registered since the daemon started.
+};
+
 struct Stats {
   std::string backend;      // "cpu" or "cuda".
   uint64_t num_groups = 0;  // The caller's groups; the counters below sum over them...
@@ -82,6 +92,7 @@ struct Stats {
   std::string last_checkpoint_error;          // Why the last failed one failed.
   std::string restored_checkpoint_id;         // Restored at start; "" if none.
   std::vector<std::string> restore_refusals;  // Refused at start, each naming file and fault.
+  RegionStats regions;                        // Shared-memory regions, daemon-wide.
 };
 
 }  // namespace optstate

@@ -65,6 +65,12 @@ v1::GetStatsResponse Response() {
   d->set_resident_bytes(204);
   d->set_staging_pool_bytes(205);
   d->set_staging_slots(206);
+  v1::RegionStats* regions = r.mutable_regions();
+  regions->set_sessions(301);
+  regions->set_regions(302);
+  regions->set_registered_bytes(303);
+  regions->set_mapped_bytes(304);
+  regions->set_registrations(305);
   for (int i = 0; i < 2; ++i) {
     const uint64_t base = 1000 * (i + 1);
     v1::GroupStats* g = r.add_groups();
@@ -107,6 +113,11 @@ TEST(StatsFromProto, CarriesEveryFieldFromItsOwnProtoField) {
   EXPECT_EQ(stats->device.resident_bytes, 204u);
   EXPECT_EQ(stats->device.staging_pool_bytes, 205u);
   EXPECT_EQ(stats->device.staging_slots, 206u);
+  EXPECT_EQ(stats->regions.sessions, 301u);
+  EXPECT_EQ(stats->regions.regions, 302u);
+  EXPECT_EQ(stats->regions.registered_bytes, 303u);
+  EXPECT_EQ(stats->regions.mapped_bytes, 304u);
+  EXPECT_EQ(stats->regions.registrations, 305u);
   ASSERT_EQ(stats->groups.size(), 2u);
   for (int i = 0; i < 2; ++i) {
     SCOPED_TRACE(i);

@@ -172,6 +172,45 @@ TEST(RegionRegistry, AnUnregisteredRegionStaysMappedForTheStepUsingIt) {
   EXPECT_EQ(registry.mapped_bytes(), 0u) << "unmapped when the step lets go";
 }
 
+TEST(RegionRegistry, StatsCountSessionsRegionsAndBytesThroughTheirLifetimes) {
+  RegionRegistry registry(RegionLimits{});
+  const std::string a = registry.OpenSession("");
+  const std::string b = registry.OpenSession("");
+  auto first = registry.Register(a, Memfd(4096, F_SEAL_SHRINK));
+  auto second = registry.Register(a, Memfd(8192, F_SEAL_SHRINK));
+  auto third = registry.Register(b, Memfd(16384, F_SEAL_SHRINK));
+  ASSERT_TRUE(first.ok() && second.ok() && third.ok());
+  const uint64_t first_id = (*first)->id();
+  std::shared_ptr<const MappedRegion> in_use = *first;  // A step holds it.
+  first = second = third = absl::StatusOr<std::shared_ptr<const MappedRegion>>();
+  RegionRegistryStats stats = registry.Stats();
+  EXPECT_EQ(stats.sessions, 2u);
+  EXPECT_EQ(stats.regions, 3u);
+  EXPECT_EQ(stats.registered_bytes, 28672u);
+  EXPECT_EQ(stats.mapped_bytes, 28672u);
+  EXPECT_EQ(stats.registrations, 3u);
+  ASSERT_TRUE(registry.Unregister(a, first_id).ok());
+  stats = registry.Stats();
+  EXPECT_EQ(stats.regions, 2u);
+  EXPECT_EQ(stats.registered_bytes, 24576u);
+  EXPECT_EQ(stats.mapped_bytes, 28672u) << "the unregistered one is still in use";
+  in_use.reset();
+  EXPECT_EQ(registry.Stats().mapped_bytes, 24576u);
+  registry.CloseSession(a);
+  stats = registry.Stats();
+  EXPECT_EQ(stats.sessions, 1u);
+  EXPECT_EQ(stats.regions, 1u);
+  EXPECT_EQ(stats.registered_bytes, 16384u);
+  EXPECT_EQ(stats.mapped_bytes, 16384u);
+  registry.CloseSession(b);
+  stats = registry.Stats();
+  EXPECT_EQ(stats.sessions, 0u);
+  EXPECT_EQ(stats.regions, 0u);
+  EXPECT_EQ(stats.registered_bytes, 0u);
+  EXPECT_EQ(stats.mapped_bytes, 0u);
+  EXPECT_EQ(stats.registrations, 3u) << "counted since the start";
+}
+
 TEST(RegionRegistry, ClosingASessionUnmapsItsRegions) {
   RegionRegistry registry(RegionLimits{});
   const std::string key = registry.OpenSession("");
