@@ -55,8 +55,12 @@ ABSL_FLAG(uint64_t, checkpoint_buffer_bytes, 8 << 20,
           "With --state_dir: state copied per write while checkpointing; the writer holds two "
           "such runs (one being copied, one being written), at least one page each.");
 ABSL_FLAG(absl::Duration, heap_trim_interval, absl::Seconds(10),
-          "Return the heap's free memory (receive buffers of past messages) to the system this "
-          "often, and soon after a group is deleted; 0 means only after deletes.");
+          "Look at the heap this often and return its free memory (receive buffers of past "
+          "messages) to the system when it grew by more than --heap_trim_slack or its use fell "
+          "(not under steady load); always soon after a group is deleted; 0 means only after "
+          "deletes.");
+ABSL_FLAG(uint64_t, heap_trim_slack, 64ull << 20,
+          "Bytes the heap may grow by, or its use fall by, before a periodic look trims it.");
 ABSL_FLAG(int, malloc_arenas, 1,
           "glibc malloc arenas (M_ARENA_MAX). Each thread that allocates may get its own, and "
           "receive buffers freed into many arenas stayed resident (RSS grew under steady load "
@@ -96,7 +100,8 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   // What the heap keeps is then bounded by trimming (HeapTrimmer: after
-  // deletes and every --heap_trim_interval) and by the number of arenas:
+  // deletes, and when a look every --heap_trim_interval finds it grew or its
+  // use fell) and by the number of arenas:
   // malloc_trim did not give back what gRPC's threads freed into their own
   // arenas (bench/rss-soak: +15% in 24 s with the default 8 per core).
   if (absl::GetFlag(FLAGS_malloc_arenas) < 1) {
@@ -132,6 +137,7 @@ int main(int argc, char** argv) {
   options.require_state = absl::GetFlag(FLAGS_require_state);
   options.checkpoint_buffer_bytes = absl::GetFlag(FLAGS_checkpoint_buffer_bytes);
   options.heap_trim_interval = absl::GetFlag(FLAGS_heap_trim_interval);
+  options.heap_trim_slack_bytes = absl::GetFlag(FLAGS_heap_trim_slack);
   options.backend.kind = absl::GetFlag(FLAGS_backend);
   options.backend.cuda.paging = absl::GetFlag(FLAGS_paging);
   options.backend.cuda.vram_reserved_bytes = absl::GetFlag(FLAGS_vram_reserved_bytes);

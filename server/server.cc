@@ -117,7 +117,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   parts->backend_name = std::string(parts->backend->name());
   const uint64_t max_host_bytes =
       options.max_host_bytes != 0 ? options.max_host_bytes : DefaultMaxHostBytes();
-  parts->trimmer = std::make_unique<HeapTrimmer>(options.heap_trim_interval);
+  parts->trimmer =
+      std::make_unique<HeapTrimmer>(options.heap_trim_interval, options.heap_trim_slack_bytes);
   parts->store = std::make_unique<StateStore>(parts->backend.get(), max_host_bytes,
                                               options.page_elements, parts->trimmer.get());
   parts->engine =

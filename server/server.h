@@ -25,9 +25,11 @@ struct ServerOptions {
   // A Step or RegisterGroup stream with nothing read, applied or written for
   // this long is ended with UNAVAILABLE; zero or infinite: never.
   absl::Duration stream_idle_timeout = absl::Minutes(10);
-  // The heap's free memory goes back to the system this often, and soon
-  // after a group is deleted (HeapTrimmer); zero or infinite: only then.
+  // The heap is looked at this often and its free memory given back when it
+  // grew by more than heap_trim_slack_bytes or its use fell (HeapTrimPolicy),
+  // and always soon after a group is deleted; zero or infinite: only then.
   absl::Duration heap_trim_interval = absl::Seconds(10);
+  uint64_t heap_trim_slack_bytes = 64ull << 20;
   BackendOptions backend;
   // Durability (docs/durability.md). Empty state_dir: no checkpoints.
   std::string state_dir;
