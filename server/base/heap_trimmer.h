@@ -30,9 +30,10 @@ struct HeapReading {
 // - its use fell by more than max(slack, a quarter of its highest reading
 //   since the last trim) from that reading (load fell: the memory freed is
 //   not about to be reused).
-// So the heap's resident free memory stays below what it took at the last
-// trim + slack + a quarter of the peak use, and steady load is never
-// trimmed. Not thread-safe: one trimmer thread owns it.
+// So the heap grows past its size at the last trim + slack for at most one
+// period before it is trimmed, memory freed by such a fall in use goes back
+// within one period, and steady load is never trimmed. Not thread-safe: one
+// trimmer thread owns it.
 class HeapTrimPolicy {
  public:
   explicit HeapTrimPolicy(uint64_t slack_bytes) : slack_(slack_bytes) {}
