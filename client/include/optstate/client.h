@@ -62,8 +62,9 @@ struct ClientOptions {
   // params at up to 4 bytes per element each; it is replaced by one of
   // max(1 MiB, 2 x that) when a new group does not fit
   // (docs/architecture.md, "How big a client's region gets").
-  // The wire by default: shared memory (kAuto, kSharedMemory) is opt-in.
-  DataPlane data_plane = DataPlane::kWire;
+  // kAuto by default: shared memory with a daemon on this host that offers
+  // it, else the wire.
+  DataPlane data_plane = DataPlane::kAuto;
 };
 
 // One group's part of a step: its whole gradient, and where the updated

@@ -109,14 +109,14 @@ NB_MODULE(_optstate, m) {
           },
           "target"_a, nb::kw_only(), "max_attempts"_a = 5, "initial_backoff"_a = 0.05,
           "max_backoff"_a = 2.0, "attempt_timeout"_a = 300.0, "max_message_bytes"_a = 64 << 20,
-          "chunk_bytes"_a = 1 << 20, "max_chunks_in_flight"_a = 8, "data_plane"_a = "wire",
+          "chunk_bytes"_a = 1 << 20, "max_chunks_in_flight"_a = 8, "data_plane"_a = "auto",
           "Creates a channel to `target` (\"host:port\"); does not wait for the daemon.\n\n"
           "Transient failures (UNAVAILABLE, broken streams, deadlines) are retried up to\n"
           "`max_attempts` times with backoff doubling from `initial_backoff` to `max_backoff`\n"
           "seconds; `attempt_timeout` (seconds, float('inf') for none) bounds one attempt.\n"
           "`chunk_bytes` is the gradient bytes per Step message, `max_chunks_in_flight` the\n"
-          "messages sent ahead of their replies. `data_plane`: 'wire' (the default), 'auto'\n"
-          "(shared memory with a daemon on this host that offers it, else the wire), or\n"
+          "messages sent ahead of their replies. `data_plane`: 'auto' (the default: shared memory\n"
+          "with a daemon on this host that offers it, else the wire), 'wire', or\n"
           "'shared_memory' (FailedPrecondition when it cannot be had). InvalidArgument for\n"
           "bad options.")
       .def_prop_ro(
