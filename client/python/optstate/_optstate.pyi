@@ -67,7 +67,7 @@ class Client:
     carrying the gRPC code, the daemon's message and the target.
     """
 
-    def __init__(self, target: str, *, max_attempts: int = 5, initial_backoff: float = 0.05, max_backoff: float = 2.0, attempt_timeout: float = 300.0, max_message_bytes: int = 67108864, chunk_bytes: int = 1048576, max_chunks_in_flight: int = 8, data_plane: str = 'wire') -> None:
+    def __init__(self, target: str, *, max_attempts: int = 5, initial_backoff: float = 0.05, max_backoff: float = 2.0, attempt_timeout: float = 300.0, max_message_bytes: int = 67108864, chunk_bytes: int = 1048576, max_chunks_in_flight: int = 8, data_plane: str = 'auto') -> None:
         """
         Creates a channel to `target` ("host:port"); does not wait for the daemon.
 
@@ -75,8 +75,8 @@ class Client:
         `max_attempts` times with backoff doubling from `initial_backoff` to `max_backoff`
         seconds; `attempt_timeout` (seconds, float('inf') for none) bounds one attempt.
         `chunk_bytes` is the gradient bytes per Step message, `max_chunks_in_flight` the
-        messages sent ahead of their replies. `data_plane`: 'wire' (the default), 'auto'
-        (shared memory with a daemon on this host that offers it, else the wire), or
+        messages sent ahead of their replies. `data_plane`: 'auto' (the default: shared memory
+        with a daemon on this host that offers it, else the wire), 'wire', or
         'shared_memory' (FailedPrecondition when it cannot be had). InvalidArgument for
         bad options.
         """
