@@ -21,7 +21,8 @@ using ::testing::HasSubstr;
 constexpr uint64_t kPage = 64;
 
 // Places groups "on the device": the default ReadStateToHost and
-// StateWritten then refuse them, as for the CUDA backend today.
+// StateWritten then refuse them, as for any backend that keeps state
+// elsewhere and does not override them (the CUDA backend does).
 class DevicePlacingBackend : public CpuBackend {
  public:
   explicit DevicePlacingBackend(ThreadPool* pool) : CpuBackend(pool) {}
