@@ -255,3 +255,51 @@ def test_a_tensor_not_on_the_cpu_is_refused_naming_its_group_and_sends_nothing(c
         assert _unchanged(client, name) == (0, 0)
         assert np.array_equal(client.export_state(name).params, np.arange(64, dtype=np.float32))
     assert client.stats()["chunks_applied"] == applied
+
+
+def test_stats_report_regions_and_checkpoints(fresh_daemons, prefix, tmp_path):
+    daemon = fresh_daemons(f"--state_dir={tmp_path}")
+    wire = optstate.Client(daemon.target, data_plane="wire")
+    wire.register(prefix + "w", 4096)
+    wire.step(prefix + "w", 1, torch.ones(4096), torch.empty(4096))
+    stats = wire.stats()
+    assert stats["regions"] == {"sessions": 0, "regions": 0, "registered_bytes": 0,
+                                "mapped_bytes": 0, "registrations": 0}
+    assert stats["last_checkpoint"] is None
+    assert stats["checkpoints_written"] == 0 and stats["checkpoint_failures"] == 0
+    assert stats["restored_checkpoint_id"] == "" and stats["restore_refusals"] == []
+
+    local = optstate.Client(daemon.target)  # data_plane="auto": the daemon is on this host
+    local.step(prefix + "w", 2, torch.ones(4096), torch.empty(4096))
+    regions = local.stats()["regions"]
+    assert regions["sessions"] == 1 and regions["regions"] == 1 and regions["registrations"] == 1
+    assert regions["registered_bytes"] >= 4096 * 8
+    assert regions["mapped_bytes"] == regions["registered_bytes"]
+
+    checkpoint = wire.checkpoint([prefix + "w"], wait_for_step=2)
+    assert checkpoint["step"] == 2 and checkpoint["bytes"] > 4096 * 12
+    stats = wire.stats()
+    assert stats["checkpoints_written"] == 1
+    assert stats["last_checkpoint"]["id"] == checkpoint["id"]
+    assert stats["last_checkpoint"]["step"] == 2
+    assert stats["last_checkpoint"]["bytes"] > 4096 * 12
+    assert stats["last_checkpoint"]["finished_unix_micros"] > 0
+
+
+def test_checkpoint_refusals_raise_their_codes(fresh_daemons, prefix, tmp_path):
+    plain = optstate.Client(fresh_daemons().target)
+    with pytest.raises(optstate.FailedPrecondition, match="state_dir"):
+        plain.checkpoint()
+    daemon = fresh_daemons(f"--state_dir={tmp_path}")
+    client = optstate.Client(daemon.target, attempt_timeout=1.0)
+    client.register(prefix + "g", 1000)
+    client.step(prefix + "g", 1, torch.ones(1000), torch.empty(1000))
+    client.step(prefix + "g", 2, torch.ones(1000), torch.empty(1000))
+    with pytest.raises(optstate.NotFound):
+        client.checkpoint([prefix + "absent"], wait_for_step=2)
+    with pytest.raises(optstate.FailedPrecondition, match="2"):
+        client.checkpoint([prefix + "g"], wait_for_step=1)
+    with pytest.raises(optstate.DeadlineExceeded):
+        client.checkpoint([prefix + "g"], wait_for_step=3)
+    assert client.stats()["checkpoints_written"] == 0
+    assert client.describe(prefix + "g").min_step == 2

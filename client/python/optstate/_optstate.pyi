@@ -131,8 +131,12 @@ class Client:
         """
         The daemon's counters as a dict (optstate::Stats' fields): backend, num_groups,
         total_elements, host_bytes, max_host_bytes, chunks_applied, chunks_replayed,
-        bytes_received, bytes_sent, paging, device, threads, and groups: one dict per group
-        (info, steps_completed, chunks_applied, chunks_replayed, latencies, ...).
+        bytes_received, bytes_sent, paging, device, threads, groups: one dict per group
+        (info, steps_completed, chunks_applied, chunks_replayed, latencies, ...); durability:
+        last_checkpoint (a dict of id, step, bytes, duration_seconds, finished_unix_micros, or
+        None), checkpoints_written, checkpoint_failures, last_checkpoint_error,
+        restored_checkpoint_id, restore_refusals; and regions (the daemon's shared-memory
+        regions: sessions, regions, registered_bytes, mapped_bytes, registrations).
         """
 
     def export_state(self, name: str) -> GroupState:
@@ -149,6 +153,17 @@ class Client:
         one step per daemon page, or exactly one for every page (torch's 'step'); steps are
         >= 1. Nothing is visible to Step until all of it arrived and passed the daemon's
         checks (InvalidArgument for non-finite values or a negative exp_avg_sq).
+        """
+
+    def checkpoint(self, groups: Sequence[str] | None = None, *, wait_for_step: int | None = None) -> dict[str, Any]:
+        """
+        Asks the daemon (started with --state_dir) for a durable checkpoint of every group
+        and returns {'id', 'step', 'bytes'} once it is on disk (docs/durability.md). With
+        `wait_for_step` s it first waits until every page of `groups` (names; None: all) is
+        at s: FailedPrecondition, naming the step held, when a page is past s (nothing
+        written); DeadlineExceeded when s is not reached within the client's
+        attempt_timeout; NotFound for an unknown group; FailedPrecondition without
+        --state_dir. Made once, never retried.
         """
 
 class GroupState:

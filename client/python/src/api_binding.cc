@@ -166,6 +166,26 @@ nb::dict ToDict(const DeviceStats& s) {
   return d;
 }
 
+nb::dict ToDict(const CheckpointInfo& c) {
+  nb::dict d;
+  d["id"] = c.id;
+  d["step"] = c.step;
+  d["bytes"] = c.bytes;
+  d["duration_seconds"] = c.duration_seconds;
+  d["finished_unix_micros"] = c.finished_unix_micros;
+  return d;
+}
+
+nb::dict ToDict(const RegionStats& r) {
+  nb::dict d;
+  d["sessions"] = r.sessions;
+  d["regions"] = r.regions;
+  d["registered_bytes"] = r.registered_bytes;
+  d["mapped_bytes"] = r.mapped_bytes;
+  d["registrations"] = r.registrations;
+  return d;
+}
+
 nb::dict ToDict(const Stats& s) {
   nb::dict d;
   d["backend"] = s.backend;
@@ -183,6 +203,19 @@ nb::dict ToDict(const Stats& s) {
   for (const GroupStats& g : s.groups) groups.append(ToDict(g));
   d["groups"] = groups;
   d["threads"] = s.threads;
+  if (s.last_checkpoint.has_value()) {
+    d["last_checkpoint"] = ToDict(*s.last_checkpoint);
+  } else {
+    d["last_checkpoint"] = nb::none();
+  }
+  d["checkpoints_written"] = s.checkpoints_written;
+  d["checkpoint_failures"] = s.checkpoint_failures;
+  d["last_checkpoint_error"] = s.last_checkpoint_error;
+  d["restored_checkpoint_id"] = s.restored_checkpoint_id;
+  nb::list refusals;
+  for (const std::string& r : s.restore_refusals) refusals.append(r);
+  d["restore_refusals"] = refusals;
+  d["regions"] = ToDict(s.regions);
   return d;
 }
 
@@ -284,8 +317,12 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
       },
       "The daemon's counters as a dict (optstate::Stats' fields): backend, num_groups,\n"
       "total_elements, host_bytes, max_host_bytes, chunks_applied, chunks_replayed,\n"
-      "bytes_received, bytes_sent, paging, device, threads, and groups: one dict per group\n"
-      "(info, steps_completed, chunks_applied, chunks_replayed, latencies, ...).");
+      "bytes_received, bytes_sent, paging, device, threads, groups: one dict per group\n"
+      "(info, steps_completed, chunks_applied, chunks_replayed, latencies, ...); durability:\n"
+      "last_checkpoint (a dict of id, step, bytes, duration_seconds, finished_unix_micros, or\n"
+      "None), checkpoints_written, checkpoint_failures, last_checkpoint_error,\n"
+      "restored_checkpoint_id, restore_refusals; and regions (the daemon's shared-memory\n"
+      "regions: sessions, regions, registered_bytes, mapped_bytes, registrations).");
 }
 
 }  // namespace optstate::python

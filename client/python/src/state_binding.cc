@@ -1,7 +1,9 @@
 // Client.export_state / import_state: a group's whole state (params, exp_avg,
-// exp_avg_sq, page steps) out of and into the daemon, as numpy arrays.
+// exp_avg_sq, page steps) out of and into the daemon, as numpy arrays; and
+// Client.checkpoint, the daemon's own durable copy of it.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -110,6 +112,34 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
       "one step per daemon page, or exactly one for every page (torch's 'step'); steps are\n"
       ">= 1. Nothing is visible to Step until all of it arrived and passed the daemon's\n"
       "checks (InvalidArgument for non-finite values or a negative exp_avg_sq).");
+
+  cls.def(
+      "checkpoint",
+      [](PyClient& self, std::optional<std::vector<std::string>> groups,
+         std::optional<uint64_t> wait_for_step) {
+        Client::CheckpointRequestOptions options;
+        if (groups.has_value()) options.groups = *std::move(groups);
+        options.wait_for_step = wait_for_step;
+        absl::StatusOr<Client::CheckpointResult> result;
+        {
+          nb::gil_scoped_release release;
+          result = self.client->Checkpoint(options);
+        }
+        ThrowIfError(result.status(), self.target);
+        nb::dict d;
+        d["id"] = result->id;
+        d["step"] = result->step;
+        d["bytes"] = result->bytes;
+        return d;
+      },
+      "groups"_a = nb::none(), nb::kw_only(), "wait_for_step"_a = nb::none(),
+      "Asks the daemon (started with --state_dir) for a durable checkpoint of every group\n"
+      "and returns {'id', 'step', 'bytes'} once it is on disk (docs/durability.md). With\n"
+      "`wait_for_step` s it first waits until every page of `groups` (names; None: all) is\n"
+      "at s: FailedPrecondition, naming the step held, when a page is past s (nothing\n"
+      "written); DeadlineExceeded when s is not reached within the client's\n"
+      "attempt_timeout; NotFound for an unknown group; FailedPrecondition without\n"
+      "--state_dir. Made once, never retried.");
 }
 
 }  // namespace optstate::python
