@@ -3,6 +3,7 @@
 // and the daemon exits promptly: idle streams do not hold it for the grace
 // period.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
@@ -126,7 +127,8 @@ TEST(ShutdownTest, AThousandIdleStreamsDoNotHoldTheExit) {
 // final checkpoint holds no trace of the half-finished import: the restarted
 // daemon does not know the group.
 TEST(ShutdownTest, AnOpenImportStateStreamIsEndedAndDoesNotHoldTheExit) {
-  const std::string state_dir = ::testing::TempDir() + "/shutdown-import-state";
+  const std::string state_dir =
+      ::testing::TempDir() + "/shutdown-import-state-" + std::to_string(getpid());
   std::filesystem::remove_all(state_dir);
   auto daemon = DaemonProcess::Start({"--threads=2", "--state_dir=" + state_dir});
   ASSERT_TRUE(daemon.ok()) << daemon.status();

@@ -6,9 +6,11 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "server/backends/cpu/cpu_backend.h"
@@ -31,7 +33,9 @@ class CheckpointWriterTest : public ::testing::Test {
       : pool_(2), backend_(&pool_), store_(&backend_, uint64_t{1} << 30, kPage) {}
 
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "/checkpoint-writer-test";
+    // ctest runs each test in a process of its own, in parallel: one
+    // directory per process.
+    dir_ = ::testing::TempDir() + "/checkpoint-writer-test-" + std::to_string(getpid());
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     GroupConfig config;
