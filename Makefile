@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 LISTEN ?= 127.0.0.1:50051
 ARGS ?=
 
-.PHONY: deps torch-deps python configure build run test sanitize fuzz bench demo gpu-test clean
+.PHONY: deps torch-deps python configure build run test sanitize fuzz bench bench-deepspeed demo gpu-test clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -67,6 +67,15 @@ fuzz:
 
 bench: build
 	@bash bench/run.sh
+
+# DeepSpeed's CPU Adam (DeepSpeedCPUAdam, JIT-built on first use) against the
+# CPU kernel and the memory pass, same run: 64M fp32 elements, 2 threads,
+# interleaved repetitions (ARGS go to the script, e.g. ARGS=--repetitions=9).
+# Installs deepspeed into .torch-venv when missing.
+bench-deepspeed: configure
+	@bash scripts/install-deepspeed.sh
+	@cmake --build $(BUILD_DIR) -j $(JOBS) --target kernel_bench
+	.torch-venv/bin/python3 bench/python/deepspeed_cpu_adam.py --kernel=$(BUILD_DIR)/bench/kernel $(ARGS)
 
 # A small model trained through the remote optimizer, daemon started alongside.
 demo: build
