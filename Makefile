@@ -40,7 +40,8 @@ test: build torch-deps python
 # The CPU tests again under AddressSanitizer, LeakSanitizer and UBSan (the
 # daemon processes the tests start are instrumented too; a leak makes the
 # daemon exit non-zero, which the tests check). Tests labelled `rss` measure
-# the daemon's resident memory, which ASan's allocator keeps: `make test` runs them.
+# the daemon's resident memory, which ASan's allocator keeps, or read glibc's
+# heap, which ASan replaces: `make test` runs them.
 sanitize: deps torch-deps
 	@cmake -S . -B $(BUILD_DIR)-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOPTSTATE_WITH_CUDA=OFF \
 	  -DOPTSTATE_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \

@@ -49,7 +49,9 @@ class HeapTrimPolicy {
   uint64_t peak_in_use_ = 0;
 };
 
-// The heap of this process as glibc reports it.
+// The heap of this process as glibc reports it (all zero under
+// AddressSanitizer, whose allocator replaces glibc's: only requested trims
+// happen there).
 HeapReading ReadHeap();
 
 // Thread-safe. glibc keeps freed memory in its arenas (optstated raises the
