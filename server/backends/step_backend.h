@@ -59,7 +59,9 @@ class StepBackend {
                              WireType grad_type, const AdamWConstants& constants) = 0;
 
   // Apply, then writes the range's updated params, narrowed to `params_type`,
-  // to `params_out` (end-begin elements, any alignment): a reply's buffer.
+  // to `params_out` (end-begin elements, any alignment): a reply's buffer, or
+  // a shared-memory region (`store` kStreaming: another process reads them,
+  // so the CPU may write past its cache; see ParamsStore).
   // The gradient is end-begin elements of `grad_type` from byte
   // `grad_offset` of `gradient`, in the pieces it arrived in. This default
   // gathers a gradient split across pieces into one buffer, calls Apply, and
@@ -68,7 +70,8 @@ class StepBackend {
   virtual absl::Status ApplyAndEncode(Group& group, uint64_t begin, uint64_t end,
                                       const SegmentedBytes& gradient, size_t grad_offset,
                                       WireType grad_type, const AdamWConstants& constants,
-                                      void* params_out, WireType params_type);
+                                      void* params_out, WireType params_type,
+                                      ParamsStore store);
 
   // The host params of [begin, end) were overwritten (initial values); the
   // caller holds the page mutexes of the range.

@@ -184,7 +184,7 @@ absl::StatusOr<StepChunkResult> StepEngine::Apply(const StepChunk& chunk,
       absl::Status applied = backend_->ApplyAndEncode(
           group, begin, end, chunk.gradient, (begin - chunk.offset) * grad_size,
           chunk.gradient_type, constants, params + (begin - chunk.offset) * param_size,
-          chunk.param_type);
+          chunk.param_type, chunk.params_store);
       if (!applied.ok()) {
         // Part of the range may already hold the new state.
         group.mark_broken();

@@ -35,6 +35,9 @@ struct StepChunk {
   std::optional<double> lr;
   std::optional<float> grad_scale;
   WireType param_type = WireType::kFloat32;
+  // kStreaming when the params go to another process's memory (a
+  // shared-memory region) rather than into a reply this process sends.
+  ParamsStore params_store = ParamsStore::kCached;
 };
 
 struct StepChunkResult {

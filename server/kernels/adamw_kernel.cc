@@ -65,14 +65,15 @@ void AdamWUpdate(const AdamWConstants& c, float* p, float* m, float* v, const vo
 }
 
 void AdamWUpdateAndEncode(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
-                          WireType grad_type, size_t count, void* params_out,
-                          WireType params_type) {
+                          WireType grad_type, size_t count, void* params_out, WireType params_type,
+                          ParamsStore store) {
 #if defined(__x86_64__)
   if (AdamWUsesAvx2() && kernel_internal::AdamWUpdateAndEncodeAvx2(
-                             c, p, m, v, grad, grad_type, count, params_out, params_type)) {
+                             c, p, m, v, grad, grad_type, count, params_out, params_type, store)) {
     return;
   }
 #endif
+  (void)store;  // The scalar path has plain stores only.
   AdamWUpdate(c, p, m, v, grad, grad_type, count);
   EncodeFromFloat(params_type, p, params_out, count);
 }

@@ -57,12 +57,30 @@ AdamWConstants ComputeAdamWConstants(const AdamWStepInputs& inputs);
 void AdamWUpdate(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
                  WireType grad_type, size_t count);
 
+// How AdamWUpdateAndEncode stores the params it writes. The bytes are the
+// same either way.
+enum class ParamsStore {
+  // Plain stores: for a destination this process reads next, while it is
+  // still in cache (a reply gRPC sends from).
+  kCached,
+  // Non-temporal stores where the CPU has them (AVX2 path, float32 and
+  // bfloat16 params at their natural alignment; others fall back to plain
+  // stores): the destination's lines are not read before they are written
+  // and do not push the state out of cache; for a destination another
+  // process reads later (a shared-memory region; BENCHMARKS.md has the
+  // figures). The call ends with a store fence, so whoever synchronizes
+  // with the caller afterwards (a mutex, a reply over a socket) sees every
+  // byte.
+  kStreaming,
+};
+
 // AdamWUpdate that also writes every updated param, narrowed to
 // `params_type`, to `params_out` (`count` elements, any alignment): the bytes
 // EncodeFromFloat would write from the updated params, without reading them
 // again.
 void AdamWUpdateAndEncode(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
-                          WireType grad_type, size_t count, void* params_out, WireType params_type);
+                          WireType grad_type, size_t count, void* params_out, WireType params_type,
+                          ParamsStore store = ParamsStore::kCached);
 
 // The portable path: the same formula, one element at a time.
 void AdamWUpdateScalar(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,

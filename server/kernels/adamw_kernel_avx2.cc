@@ -2,6 +2,9 @@
 // operations as AdamWElement (FMAs where it has them), and the tail through it.
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "common/bfloat16_avx2.h"
 #include "server/kernels/adamw_kernel_scalar.h"
 
@@ -31,7 +34,7 @@ OPTSTATE_AVX2 inline __m256 LoadGradient8(const unsigned char* grad, WireType ty
 // Where UpdateLoop also writes each updated param: nowhere, or narrowed.
 enum class ParamsOut { kNone, kFloat32, kBFloat16 };
 
-template <WireType kType, ParamsOut kOut = ParamsOut::kNone>
+template <WireType kType, ParamsOut kOut = ParamsOut::kNone, bool kStream = false>
 OPTSTATE_AVX2 void UpdateLoop(const AdamWConstants& c, float* p, float* m, float* v,
                               const unsigned char* grad, size_t vector_end,
                               unsigned char* params_out = nullptr) {
@@ -59,8 +62,15 @@ OPTSTATE_AVX2 void UpdateLoop(const AdamWConstants& c, float* p, float* m, float
     _mm256_storeu_ps(m + i, mv);
     _mm256_storeu_ps(v + i, vv);
     _mm256_storeu_ps(p + i, pv);
-    if constexpr (kOut == ParamsOut::kFloat32) {
+    // Streaming stores need params_out + 4i (float32) or + 2i (bfloat16)
+    // aligned to the store's width; the caller sees to it.
+    if constexpr (kOut == ParamsOut::kFloat32 && kStream) {
+      _mm256_stream_ps(reinterpret_cast<float*>(params_out + 4 * i), pv);
+    } else if constexpr (kOut == ParamsOut::kFloat32) {
       _mm256_storeu_ps(reinterpret_cast<float*>(params_out + 4 * i), pv);
+    } else if constexpr (kOut == ParamsOut::kBFloat16 && kStream) {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(params_out + 2 * i),
+                       dtype_internal::FloatToBFloat16x8(pv));
     } else if constexpr (kOut == ParamsOut::kBFloat16) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(params_out + 2 * i),
                        dtype_internal::FloatToBFloat16x8(pv));
@@ -68,19 +78,19 @@ OPTSTATE_AVX2 void UpdateLoop(const AdamWConstants& c, float* p, float* m, float
   }
 }
 
-template <ParamsOut kOut>
+template <ParamsOut kOut, bool kStream = false>
 OPTSTATE_AVX2 void UpdateLoopFor(WireType grad_type, const AdamWConstants& c, float* p, float* m,
                                  float* v, const unsigned char* grad, size_t vector_end,
                                  unsigned char* params_out) {
   switch (grad_type) {
     case WireType::kFloat32:
-      UpdateLoop<WireType::kFloat32, kOut>(c, p, m, v, grad, vector_end, params_out);
+      UpdateLoop<WireType::kFloat32, kOut, kStream>(c, p, m, v, grad, vector_end, params_out);
       break;
     case WireType::kBFloat16:
-      UpdateLoop<WireType::kBFloat16, kOut>(c, p, m, v, grad, vector_end, params_out);
+      UpdateLoop<WireType::kBFloat16, kOut, kStream>(c, p, m, v, grad, vector_end, params_out);
       break;
     case WireType::kFloat16:
-      UpdateLoop<WireType::kFloat16, kOut>(c, p, m, v, grad, vector_end, params_out);
+      UpdateLoop<WireType::kFloat16, kOut, kStream>(c, p, m, v, grad, vector_end, params_out);
       break;
   }
 }
@@ -147,11 +157,55 @@ OPTSTATE_AVX2 void AdamWUpdateAvx2(const AdamWConstants& c, float* p, float* m, 
   AdamWRangeScalar(c, p, m, v, grad, grad_type, vector_end, count);
 }
 
+namespace {
+
+// AdamWUpdateAndEncodeAvx2 with streaming stores: the elements before
+// params_out's first 32-byte (float32) or 16-byte (bfloat16) boundary, and
+// the tail, take the scalar path (the same bits), the rest the vector loop.
+// False when params_out is not aligned to its element.
+template <ParamsOut kOut>
+OPTSTATE_AVX2 bool StreamingUpdateAndEncode(const AdamWConstants& c, float* p, float* m, float* v,
+                                            const unsigned char* grad, WireType grad_type,
+                                            size_t count, unsigned char* out,
+                                            WireType params_type) {
+  const size_t size = WireTypeSize(params_type);
+  const size_t width = 8 * size;  // The bytes one vector store writes.
+  const uintptr_t address = reinterpret_cast<uintptr_t>(out);
+  if (address % size != 0) return false;
+  const size_t head = std::min(count, (width - address % width) % width / size);
+  const size_t grad_size = WireTypeSize(grad_type);
+  AdamWRangeScalar(c, p, m, v, grad, grad_type, 0, head);
+  EncodeFromFloat(params_type, p, out, head);
+  const size_t vector_end = head + (count - head) / 8 * 8;
+  UpdateLoopFor<kOut, /*kStream=*/true>(grad_type, c, p + head, m + head, v + head,
+                                        grad + head * grad_size, vector_end - head,
+                                        out + head * size);
+  _mm_sfence();
+  AdamWRangeScalar(c, p, m, v, grad, grad_type, vector_end, count);
+  EncodeFromFloat(params_type, p + vector_end, out + vector_end * size, count - vector_end);
+  return true;
+}
+
+}  // namespace
+
 OPTSTATE_AVX2 bool AdamWUpdateAndEncodeAvx2(const AdamWConstants& c, float* p, float* m, float* v,
                                             const void* grad, WireType grad_type, size_t count,
-                                            void* params_out, WireType params_type) {
+                                            void* params_out, WireType params_type,
+                                            ParamsStore store) {
   const auto* bytes = static_cast<const unsigned char*>(grad);
   auto* out = static_cast<unsigned char*>(params_out);
+  if (store == ParamsStore::kStreaming) {
+    if (params_type == WireType::kFloat32 &&
+        StreamingUpdateAndEncode<ParamsOut::kFloat32>(c, p, m, v, bytes, grad_type, count, out,
+                                                      params_type)) {
+      return true;
+    }
+    if (params_type == WireType::kBFloat16 &&
+        StreamingUpdateAndEncode<ParamsOut::kBFloat16>(c, p, m, v, bytes, grad_type, count, out,
+                                                       params_type)) {
+      return true;
+    }
+  }
   const size_t vector_end = count - count % 8;
   switch (params_type) {
     case WireType::kFloat32:

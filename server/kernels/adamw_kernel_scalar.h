@@ -46,7 +46,7 @@ void AdamWUpdateAvx2(const AdamWConstants& c, float* p, float* m, float* v, cons
 // it does not narrow itself (float16).
 bool AdamWUpdateAndEncodeAvx2(const AdamWConstants& c, float* p, float* m, float* v,
                               const void* grad, WireType grad_type, size_t count, void* params_out,
-                              WireType params_type);
+                              WireType params_type, ParamsStore store);
 
 // FindNonFiniteGradient's AVX2 path, with the same answer for every input.
 size_t FindNonFiniteGradientAvx2(const void* grad, WireType grad_type, size_t count,

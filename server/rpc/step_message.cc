@@ -157,6 +157,9 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
       status = ToChunk(piece, piece.has_gradient_region() ? uses[i].gradient : message.gradients[i],
                        tenant, i > 0, &chunks[i]);
     }
+    if (status.ok() && uses[i].params != nullptr) {
+      chunks[i].params_store = ParamsStore::kStreaming;  // The client reads them, not us.
+    }
     if (status.ok()) {
       absl::StatusOr<ValidatedChunk> checked = engine->Validate(chunks[i]);
       if (checked.ok()) {

@@ -14,21 +14,24 @@ absl::Status CpuBackend::Apply(Group& group, uint64_t begin, uint64_t end, const
                                WireType grad_type, const AdamWConstants& constants) {
   const SegmentedBytes whole(
       absl::string_view(static_cast<const char*>(grad), (end - begin) * WireTypeSize(grad_type)));
-  Run(group, begin, end, whole, 0, grad_type, constants, nullptr, WireType::kFloat32);
+  Run(group, begin, end, whole, 0, grad_type, constants, nullptr, WireType::kFloat32,
+      ParamsStore::kCached);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::ApplyAndEncode(Group& group, uint64_t begin, uint64_t end,
                                         const SegmentedBytes& gradient, size_t grad_offset,
                                         WireType grad_type, const AdamWConstants& constants,
-                                        void* params_out, WireType params_type) {
-  Run(group, begin, end, gradient, grad_offset, grad_type, constants, params_out, params_type);
+                                        void* params_out, WireType params_type,
+                                        ParamsStore store) {
+  Run(group, begin, end, gradient, grad_offset, grad_type, constants, params_out, params_type,
+      store);
   return absl::OkStatus();
 }
 
 void CpuBackend::Run(Group& group, uint64_t begin, uint64_t end, const SegmentedBytes& gradient,
                      size_t grad_offset, WireType grad_type, const AdamWConstants& constants,
-                     void* params_out, WireType params_type) {
+                     void* params_out, WireType params_type, ParamsStore store) {
   // Shards are multiples of 64 elements so every shard but the last keeps
   // the kernel on its vector path; small ranges stay on one thread. Within a
   // shard, the kernel runs once per piece of the gradient (an element split
@@ -55,7 +58,8 @@ void CpuBackend::Run(Group& group, uint64_t begin, uint64_t end, const Segmented
                                    AdamWUpdateAndEncode(
                                        constants, group.params() + at, group.exp_avg() + at,
                                        group.exp_avg_sq() + at, grad, grad_type, n,
-                                       out_bytes + (first + run_first) * params_size, params_type);
+                                       out_bytes + (first + run_first) * params_size, params_type,
+                                       store);
                                  }
                                  return true;
                                });

@@ -20,12 +20,12 @@ class CpuBackend : public StepBackend {
   absl::Status Apply(Group& group, uint64_t begin, uint64_t end, const void* grad,
                      WireType grad_type, const AdamWConstants& constants) override;
   // Reads the gradient from its pieces in place and narrows the params into
-  // `params_out` in the kernel's own pass (AdamWUpdateAndEncode), each shard
-  // its part.
+  // `params_out` in the kernel's own pass (AdamWUpdateAndEncode, with
+  // `store`), each shard its part.
   absl::Status ApplyAndEncode(Group& group, uint64_t begin, uint64_t end,
                               const SegmentedBytes& gradient, size_t grad_offset,
                               WireType grad_type, const AdamWConstants& constants, void* params_out,
-                              WireType params_type) override;
+                              WireType params_type, ParamsStore store) override;
   absl::Status ParamsWritten(Group& group, uint64_t begin, uint64_t end) override {
     return absl::OkStatus();
   }
@@ -35,7 +35,7 @@ class CpuBackend : public StepBackend {
   // Both: `params_out` null for Apply.
   void Run(Group& group, uint64_t begin, uint64_t end, const SegmentedBytes& gradient,
            size_t grad_offset, WireType grad_type, const AdamWConstants& constants,
-           void* params_out, WireType params_type);
+           void* params_out, WireType params_type, ParamsStore store);
 
   ThreadPool* const pool_;
 };

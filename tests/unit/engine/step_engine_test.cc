@@ -37,10 +37,10 @@ class FailingBackend : public CpuBackend {
   absl::Status ApplyAndEncode(Group& group, uint64_t begin, uint64_t end,
                               const SegmentedBytes& gradient, size_t grad_offset,
                               WireType grad_type, const AdamWConstants& constants, void* params_out,
-                              WireType params_type) override {
+                              WireType params_type, ParamsStore store) override {
     if (begin >= fail_from.load()) return absl::InternalError("device fault (injected)");
     return CpuBackend::ApplyAndEncode(group, begin, end, gradient, grad_offset, grad_type,
-                                      constants, params_out, params_type);
+                                      constants, params_out, params_type, store);
   }
   std::atomic<uint64_t> fail_from{UINT64_MAX};
 };
@@ -145,9 +145,9 @@ class GatheringBackend : public CpuBackend {
   absl::Status ApplyAndEncode(Group& group, uint64_t begin, uint64_t end,
                               const SegmentedBytes& gradient, size_t grad_offset,
                               WireType grad_type, const AdamWConstants& constants, void* params_out,
-                              WireType params_type) override {
+                              WireType params_type, ParamsStore store) override {
     return StepBackend::ApplyAndEncode(group, begin, end, gradient, grad_offset, grad_type,
-                                       constants, params_out, params_type);
+                                       constants, params_out, params_type, store);
   }
 };
 

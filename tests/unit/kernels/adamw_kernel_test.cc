@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "optstate/dtype.h"
 #include "tests/testing/reference_adamw.h"
 #include "tests/testing/test_seed.h"
@@ -638,23 +639,34 @@ TEST_P(AdamWKernelEncode, EqualsTheScalarUpdateThenEncodeFromFloatBitwise) {
   std::vector<unsigned char> want_bytes(n * size);
   EncodeFromFloat(params_type, want.p().data(), want_bytes.data(), n);
 
-  // The output starts one byte into a guarded buffer: any alignment.
-  constexpr size_t kGuard = 37;
-  std::vector<unsigned char> out(n * size + 2 * kGuard + 1, 0xA5);
-  GuardedFloats p(before.p), m(before.m), v(before.v);
-  GuardedGradient guarded(grad);
-  AdamWUpdateAndEncode(c, p.data(), m.data(), v.data(), guarded.data(), grad_type, n,
-                       out.data() + kGuard + 1, params_type);
+  // Both stores, the output at every offset from a 64-byte boundary that
+  // matters to them: aligned to the element or not, before the streaming
+  // stores' boundary (a scalar head), on it, past it.
+  constexpr size_t kGuard = 64;
+  for (ParamsStore store : {ParamsStore::kCached, ParamsStore::kStreaming}) {
+    for (size_t shift : {0, 1, 2, 4, 6, 12, 16, 28, 31}) {
+      SCOPED_TRACE(absl::StrCat(store == ParamsStore::kCached ? "cached" : "streaming",
+                                " stores, output ", shift, " bytes past a 64-byte boundary"));
+      std::vector<unsigned char> buffer(n * size + 3 * kGuard, 0xA5);
+      const uintptr_t base = reinterpret_cast<uintptr_t>(buffer.data()) + kGuard;
+      unsigned char* const out = buffer.data() + (kGuard - base % 64) + shift;
+      GuardedFloats p(before.p), m(before.m), v(before.v);
+      GuardedGradient guarded(grad);
+      AdamWUpdateAndEncode(c, p.data(), m.data(), v.data(), guarded.data(), grad_type, n, out,
+                           params_type, store);
 
-  EXPECT_TRUE(BitwiseEqual(p.ToVector(), want.p()));
-  EXPECT_TRUE(BitwiseEqual(m.ToVector(), want.m()));
-  EXPECT_TRUE(BitwiseEqual(v.ToVector(), want.v()));
-  EXPECT_EQ(std::memcmp(out.data() + kGuard + 1, want_bytes.data(), want_bytes.size()), 0);
-  for (size_t i = 0; i < kGuard + 1; ++i) ASSERT_EQ(out[i], 0xA5) << "before the output";
-  for (size_t i = kGuard + 1 + n * size; i < out.size(); ++i) {
-    ASSERT_EQ(out[i], 0xA5) << "after the output";
+      EXPECT_TRUE(BitwiseEqual(p.ToVector(), want.p()));
+      EXPECT_TRUE(BitwiseEqual(m.ToVector(), want.m()));
+      EXPECT_TRUE(BitwiseEqual(v.ToVector(), want.v()));
+      EXPECT_EQ(std::memcmp(out, want_bytes.data(), want_bytes.size()), 0);
+      for (unsigned char* b = buffer.data(); b < out; ++b) ASSERT_EQ(*b, 0xA5) << "before";
+      for (unsigned char* b = out + n * size; b < buffer.data() + buffer.size(); ++b) {
+        ASSERT_EQ(*b, 0xA5) << "after the output";
+      }
+      EXPECT_TRUE(p.GuardsIntact() && m.GuardsIntact() && v.GuardsIntact() &&
+                  guarded.GuardsIntact());
+    }
   }
-  EXPECT_TRUE(p.GuardsIntact() && m.GuardsIntact() && v.GuardsIntact() && guarded.GuardsIntact());
 }
 
 INSTANTIATE_TEST_SUITE_P(
