@@ -670,7 +670,7 @@ int Main() {
   const int baseline_threads = BaselineThreads();
   const std::string torch_python = any_shared ? TorchPython() : "";
   std::map<std::string, double> kernel_rate, torch_rate;  // Best rep's elem/s.
-  std::map<std::string, double> torch_best_step;         // Torch's fastest step.
+  std::map<std::string, double> torch_best_step;          // Torch's fastest step.
   for (int rep = 0; rep < absl::GetFlag(FLAGS_reps); ++rep) {
     std::set<std::string> measured;  // This rep's kernel keys.
     for (const Config& config : configs) {

@@ -10,6 +10,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -53,6 +54,54 @@ absl::Status CheckFinite(const GroupStep& group, WireType type, const char* wire
           " as ", WireTypeName(type), ", which is not finite after grad_scale ", scale,
           "; the whole step was refused and nothing was sent"));
     }
+  }
+  return absl::OkStatus();
+}
+
+// Calls prepare(i) for every group, in order within each of up to
+// kMaxPrepareThreads contiguous ranges of about equal gradient bytes, the
+// first range on this thread and the others on threads of their own (one
+// range for a step under kBytesPerPrepareThread a thread). The status of
+// the lowest index that failed, so the error names the step's first bad
+// element; OK when none did. `prepare` must be safe to call concurrently
+// for different groups.
+constexpr size_t kMaxPrepareThreads = 4;
+constexpr uint64_t kBytesPerPrepareThread = 8 << 20;
+
+absl::Status ForEachGroupSplit(absl::Span<const GroupStep> groups,
+                               const std::function<absl::Status(size_t)>& prepare) {
+  uint64_t total = 0;
+  for (const GroupStep& group : groups) {
+    total += group.gradient.size() * group.gradient.element_bytes();
+  }
+  const size_t cpus = std::max(1u, std::thread::hardware_concurrency());
+  const size_t ranges = std::min<uint64_t>(
+      {kMaxPrepareThreads, cpus, std::max<uint64_t>(1, total / kBytesPerPrepareThread)});
+  // Range r covers groups [bounds[r], bounds[r + 1]).
+  std::vector<size_t> bounds = {0};
+  uint64_t seen = 0;
+  for (size_t i = 0; i < groups.size() && bounds.size() < ranges; ++i) {
+    seen += groups[i].gradient.size() * groups[i].gradient.element_bytes();
+    if (seen * ranges >= total * bounds.size()) bounds.push_back(i + 1);
+  }
+  bounds.push_back(groups.size());
+  std::vector<absl::Status> first_error(bounds.size() - 1);
+  std::vector<size_t> failed_at(bounds.size() - 1, SIZE_MAX);
+  auto run = [&](size_t r) {
+    for (size_t i = bounds[r]; i < bounds[r + 1]; ++i) {
+      absl::Status s = prepare(i);
+      if (s.ok()) continue;
+      first_error[r] = std::move(s);
+      failed_at[r] = i;
+      return;
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (size_t r = 1; r + 1 < bounds.size(); ++r) helpers.emplace_back(run, r);
+  run(0);
+  for (std::thread& helper : helpers) helper.join();
+  for (size_t r = 0; r < failed_at.size(); ++r) {
+    if (failed_at[r] != SIZE_MAX) return first_error[r];  // Ranges are in order.
   }
   return absl::OkStatus();
 }
@@ -370,24 +419,21 @@ absl::Status SharedMemoryPlane::Step(grpc::Channel* channel,
     }
   }
   // 2. The gradients not in place into their areas (the one copy), every
-  //    gradient checked finite where the daemon will read it.
+  //    gradient checked finite where the daemon will read it; a large step
+  //    on several threads (the daemon has nothing to do meanwhile).
   const float scale = options.grad_scale.value_or(1.0f);
-  for (size_t i = 0; i < groups.size(); ++i) {
+  auto prepare = [&](size_t i) -> absl::Status {
     const GroupStep& group = groups[i];
     const size_t n = group.gradient.size();
     if (grad_at[i].region != SIZE_MAX) {
       const char* in_place = static_cast<const char*>(group.gradient.data());
-      if (absl::Status s = CheckFinite(group, options.gradient_dtype, in_place, n, scale);
-          !s.ok()) {
-        return s;
-      }
-      continue;
+      return CheckFinite(group, options.gradient_dtype, in_place, n, scale);
     }
     // Copied block by block, each checked while it is still in cache (one
     // pass over memory: bench/copy-check-bench measured blocks of 16-256 Ki
     // elements alike, and 1.5-2x faster than a 64 MiB group copied, then
     // checked); CheckFinite names the first bad element if any.
-    char* dst = base_ + areas_[group.group].gradient_offset;
+    char* dst = base_ + areas_.at(group.group).gradient_offset;
     bool finite = std::fabs(scale) <= 1.0f;
     constexpr size_t kBlock = 16384;
     for (size_t begin = 0; begin < n; begin += kBlock) {
@@ -401,12 +447,10 @@ absl::Status SharedMemoryPlane::Step(grpc::Channel* channel,
       }
       if (finite) finite = AllWireFinite(options.gradient_dtype, block, count);
     }
-    if (!finite) {
-      if (absl::Status s = CheckFinite(group, options.gradient_dtype, dst, n, scale); !s.ok()) {
-        return s;
-      }
-    }
-  }
+    if (finite) return absl::OkStatus();
+    return CheckFinite(group, options.gradient_dtype, dst, n, scale);
+  };
+  if (absl::Status s = ForEachGroupSplit(groups, prepare); !s.ok()) return s;
   // 3. The messages, planned as on the wire but larger.
   const ChunkLimits limits{std::max(client_options.chunk_bytes, kMinRegionChunkBytes),
                            static_cast<uint64_t>(client_options.max_message_bytes),

@@ -11,8 +11,7 @@ namespace optstate {
 absl::Status StepBackend::ApplyAndEncode(Group& group, uint64_t begin, uint64_t end,
                                          const SegmentedBytes& gradient, size_t grad_offset,
                                          WireType grad_type, const AdamWConstants& constants,
-                                         void* params_out, WireType params_type,
-                                         ParamsStore) {
+                                         void* params_out, WireType params_type, ParamsStore) {
   const size_t grad_bytes = (end - begin) * WireTypeSize(grad_type);
   const char* grad = gradient.Contiguous(grad_offset, grad_bytes);
   std::vector<char> gathered;

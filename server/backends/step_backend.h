@@ -70,8 +70,7 @@ class StepBackend {
   virtual absl::Status ApplyAndEncode(Group& group, uint64_t begin, uint64_t end,
                                       const SegmentedBytes& gradient, size_t grad_offset,
                                       WireType grad_type, const AdamWConstants& constants,
-                                      void* params_out, WireType params_type,
-                                      ParamsStore store);
+                                      void* params_out, WireType params_type, ParamsStore store);
 
   // The host params of [begin, end) were overwritten (initial values); the
   // caller holds the page mutexes of the range.

@@ -5,6 +5,7 @@
 // finite check on both paths: in a buffer, and copied through the region.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -245,6 +246,51 @@ TEST_F(SharedMemoryBufferTest, ANonFiniteGradientCopiedThroughTheRegionRefusesTh
   std::vector<float> grad(n, 1e-3f);
   ASSERT_TRUE(shm_->Step("copied", 1, grad, absl::MakeSpan(params)).ok());
   EXPECT_NE(daemon_->StateBits("copied"), before);
+}
+
+// A step of more than 16 MiB of gradients is copied and checked on several
+// threads, each over its own range of groups: the error still names the
+// step's first bad element (group 1 here, though the range holding group 3
+// may finish first), a bad value in the last range alone is found too, and
+// nothing is sent either way. Both paths: gradients in a buffer (checked
+// where they are) and copied through the client's region.
+TEST_F(SharedMemoryBufferTest, ALargeStepCheckedOnSeveralThreadsNamesItsFirstBadElement) {
+  constexpr uint64_t kGroups = 4, kElements = 3 << 20;  // 48 MiB of float32 gradients.
+  std::vector<float> initial(kElements, 0.5f);
+  for (uint64_t g = 0; g < kGroups; ++g) {
+    ASSERT_TRUE(shm_->RegisterGroup(absl::StrCat("large.", g), initial).ok());
+  }
+  std::vector<std::vector<uint32_t>> before;
+  for (uint64_t g = 0; g < kGroups; ++g) {
+    before.push_back(daemon_->StateBits(absl::StrCat("large.", g)));
+  }
+  absl::StatusOr<std::unique_ptr<SharedBuffer>> buffer =
+      shm_->AllocateSharedBuffer(kGroups * kElements * 4);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  float* const in_buffer = static_cast<float*>((*buffer)->data());
+  std::vector<float> in_memory(kGroups * kElements);
+  std::vector<float> params(kGroups * kElements);
+  for (float* grads : {in_buffer, in_memory.data()}) {
+    SCOPED_TRACE(grads == in_buffer ? "in a buffer" : "copied through the region");
+    std::fill(grads, grads + kGroups * kElements, 1e-3f);
+    std::vector<GroupStep> groups;
+    for (uint64_t g = 0; g < kGroups; ++g) {
+      groups.push_back({absl::StrCat("large.", g),
+                        absl::MakeConstSpan(grads + g * kElements, kElements),
+                        absl::MakeSpan(params.data() + g * kElements, kElements)});
+    }
+    grads[3 * kElements + 5] = std::numeric_limits<float>::quiet_NaN();
+    absl::Status status = shm_->Step(groups, 1);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find("group 'large.3' at element 5 "), std::string::npos) << status;
+    grads[1 * kElements + 7] = std::numeric_limits<float>::infinity();
+    status = shm_->Step(groups, 1);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find("group 'large.1' at element 7 "), std::string::npos) << status;
+    for (uint64_t g = 0; g < kGroups; ++g) {
+      EXPECT_EQ(daemon_->StateBits(absl::StrCat("large.", g)), before[g]) << "nothing was sent";
+    }
+  }
 }
 
 TEST_F(SharedMemoryBufferTest, ADestroyedBufferIsUnregisteredAtTheNextStep) {

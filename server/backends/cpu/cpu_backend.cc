@@ -22,8 +22,7 @@ absl::Status CpuBackend::Apply(Group& group, uint64_t begin, uint64_t end, const
 absl::Status CpuBackend::ApplyAndEncode(Group& group, uint64_t begin, uint64_t end,
                                         const SegmentedBytes& gradient, size_t grad_offset,
                                         WireType grad_type, const AdamWConstants& constants,
-                                        void* params_out, WireType params_type,
-                                        ParamsStore store) {
+                                        void* params_out, WireType params_type, ParamsStore store) {
   Run(group, begin, end, gradient, grad_offset, grad_type, constants, params_out, params_type,
       store);
   return absl::OkStatus();
@@ -48,21 +47,20 @@ void CpuBackend::Run(Group& group, uint64_t begin, uint64_t end, const Segmented
   pool_->ParallelFor(shards, [&](size_t i) {
     const uint64_t first = i * shard;
     const uint64_t last = std::min(count, first + shard);
-    gradient.ForEachElementRun(grad_offset + first * grad_size, grad_size, last - first,
-                               [&](size_t run_first, size_t n, const char* grad) {
-                                 const uint64_t at = begin + first + run_first;
-                                 if (out_bytes == nullptr) {
-                                   AdamWUpdate(constants, group.params() + at, group.exp_avg() + at,
-                                               group.exp_avg_sq() + at, grad, grad_type, n);
-                                 } else {
-                                   AdamWUpdateAndEncode(
-                                       constants, group.params() + at, group.exp_avg() + at,
-                                       group.exp_avg_sq() + at, grad, grad_type, n,
-                                       out_bytes + (first + run_first) * params_size, params_type,
-                                       store);
-                                 }
-                                 return true;
-                               });
+    gradient.ForEachElementRun(
+        grad_offset + first * grad_size, grad_size, last - first,
+        [&](size_t run_first, size_t n, const char* grad) {
+          const uint64_t at = begin + first + run_first;
+          if (out_bytes == nullptr) {
+            AdamWUpdate(constants, group.params() + at, group.exp_avg() + at,
+                        group.exp_avg_sq() + at, grad, grad_type, n);
+          } else {
+            AdamWUpdateAndEncode(constants, group.params() + at, group.exp_avg() + at,
+                                 group.exp_avg_sq() + at, grad, grad_type, n,
+                                 out_bytes + (first + run_first) * params_size, params_type, store);
+          }
+          return true;
+        });
   });
 }
 
