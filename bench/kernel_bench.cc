@@ -1,8 +1,12 @@
 // bench/kernel: the CPU AdamW step (CpuBackend::Apply, so sharding is
 // included) against two same-run baselines: a memory pass with AdamW's
-// traffic (the practical limit) and the textbook AdamW loop.
+// traffic (the practical limit) and the textbook AdamW loop; and the step
+// that also writes the params out (CpuBackend::ApplyAndEncode, float32),
+// with plain and with streaming stores, as into a reply and into a
+// shared-memory region.
 // Arguments of every benchmark: {elements, threads}. Counters: elem/s and
-// GB/s at 28 bytes per element (read p, g, m, v; write p, m, v).
+// GB/s at 28 bytes per element (read p, g, m, v; write p, m, v), 32 for the
+// step that writes the params out too.
 #include <benchmark/benchmark.h>
 
 #include <cstring>
@@ -10,8 +14,10 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "bench/kernel_baselines.h"
 #include "server/backends/cpu/cpu_backend.h"
+#include "server/base/segmented_bytes.h"
 #include "server/base/thread_pool.h"
 #include "server/kernels/adamw_kernel.h"
 #include "server/state/group.h"
@@ -70,11 +76,11 @@ ThreadPool& PoolFor(int threads) {
   return *pool;
 }
 
-void SetCounters(benchmark::State& bench, size_t n) {
+void SetCounters(benchmark::State& bench, size_t n, double bytes_per_element = kBytesPerElement) {
   const double elements = static_cast<double>(n) * static_cast<double>(bench.iterations());
   bench.counters["elem_per_s"] = benchmark::Counter(elements, benchmark::Counter::kIsRate);
   bench.counters["GB_per_s"] =
-      benchmark::Counter(elements * kBytesPerElement / 1e9, benchmark::Counter::kIsRate);
+      benchmark::Counter(elements * bytes_per_element / 1e9, benchmark::Counter::kIsRate);
 }
 
 // The baselines split the range into one equal shard per thread, as the
@@ -111,6 +117,37 @@ void BM_AdamWKernel(benchmark::State& bench, WireType grad_type) {
 }
 
 void BM_AdamWKernel_fp32(benchmark::State& bench) { BM_AdamWKernel(bench, WireType::kFloat32); }
+
+// The step with its params written out, float32, to memory in plain pages
+// (as a reply's buffer or a client's region is).
+void BM_AdamWKernelWithParamsOut(benchmark::State& bench, ParamsStore store) {
+  const size_t n = static_cast<size_t>(bench.range(0));
+  const int threads = static_cast<int>(bench.range(1));
+  State& state = StateFor(n, Kind::kKernel);
+  ThreadPool& pool = PoolFor(threads);
+  CpuBackend backend(&pool);
+  std::vector<float> params_out(n);
+  const SegmentedBytes gradient(
+      absl::string_view(reinterpret_cast<const char*>(state.grad.data()), n * sizeof(float)));
+  AdamWStepInputs inputs;
+  uint64_t step = 1;
+  for (auto _ : bench) {
+    inputs.step = step++;
+    const AdamWConstants constants = ComputeAdamWConstants(inputs);
+    benchmark::DoNotOptimize(backend.ApplyAndEncode(*state.group, 0, n, gradient, 0,
+                                                    WireType::kFloat32, constants,
+                                                    params_out.data(), WireType::kFloat32, store));
+    benchmark::ClobberMemory();
+  }
+  SetCounters(bench, n, kBytesPerElement + 4);
+}
+
+void BM_AdamWKernelParamsOut_cached(benchmark::State& bench) {
+  BM_AdamWKernelWithParamsOut(bench, ParamsStore::kCached);
+}
+void BM_AdamWKernelParamsOut_streaming(benchmark::State& bench) {
+  BM_AdamWKernelWithParamsOut(bench, ParamsStore::kStreaming);
+}
 void BM_AdamWKernel_bf16(benchmark::State& bench) { BM_AdamWKernel(bench, WireType::kBFloat16); }
 
 void BM_MemoryPass(benchmark::State& bench) {
@@ -157,6 +194,8 @@ void Sizes(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_AdamWKernel_fp32)->Apply(Sizes);
 BENCHMARK(BM_MemoryPass)->Apply(Sizes);
 BENCHMARK(BM_PlainAdamWLoop)->Apply(Sizes);
+BENCHMARK(BM_AdamWKernelParamsOut_cached)->Apply(Sizes);
+BENCHMARK(BM_AdamWKernelParamsOut_streaming)->Apply(Sizes);
 BENCHMARK(BM_AdamWKernel_bf16)
     ->Args({int64_t{64} << 20, 2})
     ->ArgNames({"elems", "threads"})
