@@ -61,7 +61,7 @@ absl::Status BrokenGroup(const Group& group) {
 
 }  // namespace
 
-absl::StatusOr<ValidatedChunk> StepEngine::Validate(const StepChunk& chunk) {
+absl::StatusOr<ValidatedChunk> StepEngine::Validate(const StepChunk& chunk, ValueCheck values) {
   ValidatedChunk validated;
   validated.started = absl::Now();
   absl::StatusOr<std::shared_ptr<Group>> found = store_->Find(chunk.group);
@@ -104,27 +104,38 @@ absl::StatusOr<ValidatedChunk> StepEngine::Validate(const StepChunk& chunk) {
         " gives a step size or decay beyond float32's range (the step runs in fp32); use a "
         "smaller lr"));
   }
-  size_t bad = range->count;
-  chunk.gradient.ForEachElementRun(0, WireTypeSize(chunk.gradient_type), range->count,
-                                   [&](size_t first, size_t n, const char* data) {
-                                     const size_t found = FindNonFiniteGradient(
-                                         data, chunk.gradient_type, n, inputs.grad_scale);
-                                     if (found == n) return true;
-                                     bad = first + found;
-                                     return false;
-                                   });
-  if (bad != range->count) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gradient of group '", group.key().name, "' at element ", chunk.offset + bad,
-                     " is not finite (after grad_scale ", inputs.grad_scale,
-                     "); nothing in this chunk was applied. Skip the step or fix the loss scale"));
-  }
   validated.group = std::move(*found);
   validated.count = range->count;
   validated.first_page = range->first_page;
   validated.end_page = range->end_page;
   validated.constants = constants;
+  if (values == ValueCheck::kNow) {
+    if (absl::Status s = CheckGradientValues(chunk, validated, 0, validated.count); !s.ok()) {
+      return s;
+    }
+  }
   return validated;
+}
+
+absl::Status StepEngine::CheckGradientValues(const StepChunk& chunk,
+                                             const ValidatedChunk& validated, uint64_t begin,
+                                             uint64_t end) const {
+  const size_t element_size = WireTypeSize(chunk.gradient_type);
+  const float grad_scale = validated.constants.grad_scale;
+  uint64_t bad = end;
+  chunk.gradient.ForEachElementRun(begin * element_size, element_size, end - begin,
+                                   [&](size_t first, size_t n, const char* data) {
+                                     const size_t found = FindNonFiniteGradient(
+                                         data, chunk.gradient_type, n, grad_scale);
+                                     if (found == n) return true;
+                                     bad = begin + first + found;
+                                     return false;
+                                   });
+  if (bad == end) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("gradient of group '", validated.group->key().name, "' at element ",
+                   chunk.offset + bad, " is not finite (after grad_scale ", grad_scale,
+                   "); nothing in this chunk was applied. Skip the step or fix the loss scale"));
 }
 
 absl::StatusOr<StepChunkResult> StepEngine::Apply(const StepChunk& chunk,

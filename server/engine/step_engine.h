@@ -48,6 +48,11 @@ struct StepChunkResult {
 
 // A chunk that passed every check that does not depend on its pages' state
 // (StepEngine::Validate), ready for StepEngine::Apply.
+// Whether Validate checks the gradient's values (finite after grad_scale)
+// itself, or leaves that to CheckGradientValues (which a caller may run on
+// several threads, over parts of the chunk).
+enum class ValueCheck { kNow, kDeferred };
+
 struct ValidatedChunk {
   std::shared_ptr<Group> group;
   uint64_t count = 0;       // Elements.
@@ -84,7 +89,15 @@ class StepEngine {
   // of the group (it is then refused for good). `reserve_params(bytes)` is
   // called once, after the page checks, and returns where the params go
   // (writable for `bytes`): the reply's own buffer, so they are written once.
-  absl::StatusOr<ValidatedChunk> Validate(const StepChunk& chunk);
+  absl::StatusOr<ValidatedChunk> Validate(const StepChunk& chunk,
+                                          ValueCheck values = ValueCheck::kNow);
+
+  // The value check Validate(chunk, kDeferred) left out, for elements
+  // [begin, end) of the chunk (relative to its offset): INVALID_ARGUMENT,
+  // naming the first element there whose scaled gradient is not finite, with
+  // the message Validate would give. Thread-safe; reads only the gradient.
+  absl::Status CheckGradientValues(const StepChunk& chunk, const ValidatedChunk& validated,
+                                   uint64_t begin, uint64_t end) const;
   absl::StatusOr<StepChunkResult> Apply(const StepChunk& chunk, const ValidatedChunk& validated,
                                         absl::FunctionRef<char*(size_t)> reserve_params);
 

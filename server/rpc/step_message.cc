@@ -1,6 +1,11 @@
-// Validation of a whole message first, then its chunks in order.
+// Validation of a whole message first, then its chunks: in order, or, for a
+// large message of distinct groups, at once on the pool.
 #include "server/rpc/step_message.h"
 
+#include <algorithm>
+#include <memory>
+
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "optstate/v1/step_wire_format.h"
@@ -134,6 +139,53 @@ absl::Status CheckReplyFits(const v1::StepRequest& request, absl::Span<const Ste
       "; send fewer elements per message or ask for 16-bit params; nothing was applied"));
 }
 
+// A message with at least this many gradient bytes is spread over the pool.
+constexpr uint64_t kSpreadMessageBytes = 4 << 20;
+// The value check of a spread message runs in parts of at most this many
+// elements.
+constexpr uint64_t kValuePartElements = 1 << 18;
+
+// Whether no two chunks of `request` name the same group.
+bool DistinctGroups(const v1::StepRequest& request) {
+  absl::flat_hash_set<absl::string_view> seen;
+  seen.reserve(1 + request.more_size());
+  seen.insert(request.group());
+  for (const v1::StepRequest& packed : request.more()) {
+    if (!seen.insert(packed.group()).second) return false;
+  }
+  return true;
+}
+
+// The deferred value checks of `chunks` (validated), in parts on the
+// engine's pool. On a bad value: *first_bad = the index of the first chunk
+// holding one and its status (naming the chunk's first bad element);
+// otherwise OK and *first_bad unchanged.
+absl::Status CheckValuesSpread(const StepEngine& engine, absl::Span<const StepChunk> chunks,
+                               absl::Span<const ValidatedChunk> validated, size_t* first_bad) {
+  struct Part {
+    size_t chunk;
+    uint64_t begin, end;
+  };
+  std::vector<Part> parts;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    for (uint64_t begin = 0; begin < validated[i].count; begin += kValuePartElements) {
+      parts.push_back({i, begin, std::min(validated[i].count, begin + kValuePartElements)});
+    }
+  }
+  std::vector<absl::Status> statuses(parts.size());
+  engine.pool()->ParallelFor(parts.size(), [&](size_t k) {
+    const Part& part = parts[k];
+    statuses[k] =
+        engine.CheckGradientValues(chunks[part.chunk], validated[part.chunk], part.begin, part.end);
+  });
+  for (size_t k = 0; k < parts.size(); ++k) {  // Parts are in element order.
+    if (statuses[k].ok()) continue;
+    *first_bad = parts[k].chunk;
+    return statuses[k];
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, size_t max_reply_bytes,
@@ -149,6 +201,19 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
   std::vector<ValidatedChunk> validated(pieces);
   std::vector<RegionUse> uses(pieces);
   std::vector<std::shared_ptr<const MappedRegion>> held;
+  // A large message has its values checked, and its chunks applied, on the
+  // pool's threads: the same answers as one thread gives, in order.
+  uint64_t gradient_bytes = 0;
+  for (size_t i = 0; i < pieces; ++i) {
+    const v1::StepRequest& piece = PieceOf(request, i);
+    gradient_bytes +=
+        piece.has_gradient_region() ? piece.gradient_region().bytes() : message.gradients[i].size();
+  }
+  const bool spread = engine->pool()->size() > 1 && gradient_bytes >= kSpreadMessageBytes;
+  const ValueCheck values = spread ? ValueCheck::kDeferred : ValueCheck::kNow;
+  // 1. Every chunk checked, in order, up to the first refusal (`refused`).
+  size_t refused = pieces;
+  absl::Status refusal;
   for (size_t i = 0; i < pieces; ++i) {
     const v1::StepRequest& piece = PieceOf(request, i);
     absl::Status status =
@@ -161,7 +226,7 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
       chunks[i].params_store = ParamsStore::kStreaming;  // The client reads them, not us.
     }
     if (status.ok()) {
-      absl::StatusOr<ValidatedChunk> checked = engine->Validate(chunks[i]);
+      absl::StatusOr<ValidatedChunk> checked = engine->Validate(chunks[i], values);
       if (checked.ok()) {
         validated[i] = std::move(*checked);
       } else {
@@ -176,34 +241,66 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
           validated[i].count * WireTypeSize(chunks[i].param_type)));
     }
     if (!status.ok()) {
-      return AboutPacked(status, request, i, "nothing in its message was applied");
+      refused = i;
+      refusal = status;
+      break;
     }
+  }
+  // 2. The values of the chunks before it, when deferred: the first bad one
+  //    comes before the refusal, as one thread checking in order finds it.
+  if (values == ValueCheck::kDeferred) {
+    absl::Status bad = CheckValuesSpread(*engine, absl::MakeConstSpan(chunks).first(refused),
+                                         absl::MakeConstSpan(validated).first(refused), &refused);
+    if (!bad.ok()) refusal = bad;
+  }
+  if (refused != pieces) {
+    return AboutPacked(refusal, request, refused, "nothing in its message was applied");
   }
   if (absl::Status s = CheckReplyFits(request, chunks, validated, uses, max_reply_bytes); !s.ok()) {
     return s;
   }
+  // 3. The chunks applied: in order, or at once on the pool when the message
+  //    is large and its chunks are of distinct groups (so no two touch one
+  //    page and their order cannot matter).
+  std::vector<std::unique_ptr<StepReplyBuilder>> builders(pieces);
+  std::vector<absl::StatusOr<StepChunkResult>> results(pieces, absl::UnknownError("not applied"));
+  auto apply = [&](size_t i) {
+    const v1::StepRequest& piece = PieceOf(request, i);
+    builders[i] = std::make_unique<StepReplyBuilder>(piece.group().size(), /*packed=*/i > 0);
+    StepReplyBuilder* builder = builders[i].get();
+    char* const region_params = uses[i].params;
+    results[i] = engine->Apply(chunks[i], validated[i], [builder, region_params](size_t bytes) {
+      return region_params != nullptr ? region_params : builder->ReserveParams(bytes);
+    });
+    return results[i].ok();
+  };
+  const bool at_once = spread && pieces > 1 && DistinctGroups(request);
+  if (at_once) {
+    engine->pool()->ParallelFor(pieces, [&](size_t i) { apply(i); });
+  } else {
+    for (size_t i = 0; i < pieces && apply(i); ++i) {
+    }
+  }
+  for (size_t i = 0; i < pieces; ++i) {
+    if (!results[i].ok()) {
+      return AboutPacked(results[i].status(), request, i,
+                         at_once
+                             ? "the other chunks of its message were applied where they could be"
+                             : "the chunks before it in its message were applied");
+    }
+  }
   for (size_t i = 0; i < pieces; ++i) {
     const v1::StepRequest& piece = PieceOf(request, i);
-    StepReplyBuilder builder(piece.group().size(), /*packed=*/i > 0);
-    char* const region_params = uses[i].params;
-    absl::StatusOr<StepChunkResult> result =
-        engine->Apply(chunks[i], validated[i], [&builder, region_params](size_t bytes) {
-          return region_params != nullptr ? region_params : builder.ReserveParams(bytes);
-        });
-    if (!result.ok()) {
-      return AboutPacked(result.status(), request, i,
-                         "the chunks before it in its message were applied");
-    }
     v1::StepResponse response;
     response.set_group(piece.group());
     response.set_step(piece.step());
     response.set_offset(piece.offset());
-    response.set_num_elements(result->num_elements);
+    response.set_num_elements(results[i]->num_elements);
     response.set_param_dtype(WireTypeToProto(chunks[i].param_type));
-    response.set_pages_applied(result->pages_applied);
-    response.set_pages_replayed(result->pages_replayed);
-    response.set_params_in_region(region_params != nullptr);
-    reply->push_back(builder.Finish(response));
+    response.set_pages_applied(results[i]->pages_applied);
+    response.set_pages_replayed(results[i]->pages_replayed);
+    response.set_params_in_region(uses[i].params != nullptr);
+    reply->push_back(builders[i]->Finish(response));
   }
   return absl::OkStatus();
 }

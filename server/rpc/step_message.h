@@ -1,6 +1,6 @@
 // One Step message applied as a unit: every chunk checked and the reply
-// bounded before any is applied, then the chunks applied in order and the
-// reply built. The Step reactor's work on a worker thread; no gRPC calls.
+// bounded before any is applied, then the chunks applied and the reply
+// built. The Step reactor's work on a worker thread; no gRPC calls.
 #ifndef OPTSTATE_SERVER_RPC_STEP_MESSAGE_H_
 #define OPTSTATE_SERVER_RPC_STEP_MESSAGE_H_
 
@@ -23,7 +23,15 @@ namespace optstate {
 // in order and their replies appended to `reply` (one slice per chunk,
 // serialized by StepReplyBuilder); a chunk refused there (page state:
 // FAILED_PRECONDITION, NOT_FOUND once deleted, DATA_LOSS) leaves the chunks
-// before it applied. A refusal of a packed chunk names it.
+// before it applied. A refusal of a packed chunk names it (the first such
+// chunk, as a check in order would find it).
+// A message of at least 4 MiB of gradients is spread over the engine's
+// pool: the gradients' values are checked in parts on its threads (the
+// refusal is the one a check in order gives), and when no two chunks name
+// one group they are applied at once; a chunk refused for its pages' state
+// then leaves all the others applied. Any other message is applied in order
+// on the calling thread (each chunk's update still split over the pool by
+// the CPU backend).
 // A chunk may name a RegionSlice of `regions` (the same-host data plane) for
 // its gradient and for its params instead of carrying them: such a chunk is
 // checked like the others, and before anything is applied its regions are
