@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "common/region_protocol.h"
 #include "optstate/v1/dtype_proto.h"
 #include "optstate/v1/optstate.grpc.pb.h"
+#include "optstate/v1/step_wire_format.h"
 
 namespace optstate::client_internal {
 namespace {
@@ -104,6 +106,28 @@ absl::Status ForEachGroupSplit(absl::Span<const GroupStep> groups,
     if (failed_at[r] != SIZE_MAX) return first_error[r];  // Ranges are in order.
   }
   return absl::OkStatus();
+}
+
+// The step as one message of whole-group chunks, when every gradient and
+// params_out lies in a SharedBuffer (`in_place`), the step has at most
+// kMaxOneMessageGroups groups, and the message takes at most half of
+// max_message_bytes; std::nullopt otherwise.
+constexpr size_t kMaxOneMessageGroups = 1024;
+static_assert(kMaxOneMessageGroups <= kMaxPackedChunks);
+// A chunk's fields beside its group name, generously: ids, offsets, sizes,
+// dtypes, lr, grad_scale, the session key and their framing.
+constexpr uint64_t kRegionChunkFieldsBytes = 160;
+
+std::optional<std::vector<PlannedPieces>> OneMessagePlan(absl::Span<const ChunkGroup> layouts,
+                                                         bool in_place,
+                                                         const ClientOptions& options) {
+  if (!in_place || layouts.empty() || layouts.size() > kMaxOneMessageGroups) return std::nullopt;
+  uint64_t bytes = 0;
+  for (const ChunkGroup& group : layouts) bytes += group.name.size() + kRegionChunkFieldsBytes;
+  if (bytes > static_cast<uint64_t>(options.max_message_bytes) / 2) return std::nullopt;
+  PlannedPieces message;
+  for (size_t g = 0; g < layouts.size(); ++g) message.push_back({g, 0, layouts[g].num_elements});
+  return std::vector<PlannedPieces>{std::move(message)};
 }
 
 // The bytes of a reply, gathered (region replies carry no payload).
@@ -418,9 +442,16 @@ absl::Status SharedMemoryPlane::Step(grpc::Channel* channel,
       return s;
     }
   }
-  // 2. The gradients not in place into their areas (the one copy), every
-  //    gradient checked finite where the daemon will read it; a large step
-  //    on several threads (the daemon has nothing to do meanwhile).
+  // 2. A step whose gradients and params all lie in SharedBuffers goes as
+  //    one message of whole-group chunks: the daemon checks every chunk's
+  //    gradient before it applies any (on its threads), which is the
+  //    whole-step refusal, so the client reads none of them. Otherwise the
+  //    gradients not in place are copied into their areas (the one copy),
+  //    every gradient checked finite where the daemon will read it, a large
+  //    step on several threads (the daemon has nothing to do meanwhile), and
+  //    the step planned as on the wire but in larger messages.
+  std::optional<std::vector<PlannedPieces>> one_message =
+      OneMessagePlan(layouts, through_areas.empty(), client_options);
   const float scale = options.grad_scale.value_or(1.0f);
   auto prepare = [&](size_t i) -> absl::Status {
     const GroupStep& group = groups[i];
@@ -450,13 +481,18 @@ absl::Status SharedMemoryPlane::Step(grpc::Channel* channel,
     if (finite) return absl::OkStatus();
     return CheckFinite(group, options.gradient_dtype, dst, n, scale);
   };
-  if (absl::Status s = ForEachGroupSplit(groups, prepare); !s.ok()) return s;
-  // 3. The messages, planned as on the wire but larger.
-  const ChunkLimits limits{std::max(client_options.chunk_bytes, kMinRegionChunkBytes),
-                           static_cast<uint64_t>(client_options.max_message_bytes),
-                           options.gradient_dtype, options.param_dtype};
-  absl::StatusOr<std::vector<PlannedPieces>> plan = PlanChunks(layouts, limits);
-  if (!plan.ok()) return plan.status();
+  absl::StatusOr<std::vector<PlannedPieces>> plan;
+  if (one_message.has_value()) {
+    plan = *std::move(one_message);
+  } else {
+    if (absl::Status s = ForEachGroupSplit(groups, prepare); !s.ok()) return s;
+    const ChunkLimits limits{std::max(client_options.chunk_bytes, kMinRegionChunkBytes),
+                             static_cast<uint64_t>(client_options.max_message_bytes),
+                             options.gradient_dtype, options.param_dtype};
+    plan = PlanChunks(layouts, limits);
+    if (!plan.ok()) return plan.status();
+  }
+  // 3. The messages.
   std::vector<size_t> pending(plan->size());
   for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
 

@@ -248,12 +248,14 @@ TEST_F(SharedMemoryBufferTest, ANonFiniteGradientCopiedThroughTheRegionRefusesTh
   EXPECT_NE(daemon_->StateBits("copied"), before);
 }
 
-// A step of more than 16 MiB of gradients is copied and checked on several
-// threads, each over its own range of groups: the error still names the
-// step's first bad element (group 1 here, though the range holding group 3
-// may finish first), a bad value in the last range alone is found too, and
-// nothing is sent either way. Both paths: gradients in a buffer (checked
-// where they are) and copied through the client's region.
+// A large step is checked on several threads, and the error still names the
+// step's first bad element (group 1 here, though the part holding group 3
+// may be checked first); a bad value in the last group alone is found too,
+// and nothing is applied either way. Both paths: gradients and params in a
+// buffer (the step goes as one message, which the daemon checks whole, in
+// parts on its threads, before applying any of it) and gradients copied
+// through the client's region (the client copies and checks more than 16
+// MiB on several threads, one range of groups each, and sends nothing).
 TEST_F(SharedMemoryBufferTest, ALargeStepCheckedOnSeveralThreadsNamesItsFirstBadElement) {
   constexpr uint64_t kGroups = 4, kElements = 3 << 20;  // 48 MiB of float32 gradients.
   std::vector<float> initial(kElements, 0.5f);
@@ -288,7 +290,7 @@ TEST_F(SharedMemoryBufferTest, ALargeStepCheckedOnSeveralThreadsNamesItsFirstBad
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_NE(status.message().find("group 'large.1' at element 7 "), std::string::npos) << status;
     for (uint64_t g = 0; g < kGroups; ++g) {
-      EXPECT_EQ(daemon_->StateBits(absl::StrCat("large.", g)), before[g]) << "nothing was sent";
+      EXPECT_EQ(daemon_->StateBits(absl::StrCat("large.", g)), before[g]) << "nothing applied";
     }
   }
 }
