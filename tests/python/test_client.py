@@ -303,3 +303,46 @@ def test_checkpoint_refusals_raise_their_codes(fresh_daemons, prefix, tmp_path):
         client.checkpoint([prefix + "g"], wait_for_step=3)
     assert client.stats()["checkpoints_written"] == 0
     assert client.describe(prefix + "g").min_step == 2
+
+
+def test_a_shared_buffer_steps_in_place_bit_identically_to_the_wire(fresh_daemons, prefix):
+    # Gradients and params of three groups in one buffer, as float32 views: the step copies
+    # nothing (the client needs no region of its own: the buffer is its only one), gives the
+    # wire's params bit for bit, and a bad value in the last group refuses the whole step.
+    daemon = fresh_daemons()
+    shared = optstate.Client(daemon.target, data_plane="shared_memory")
+    wire = optstate.Client(daemon.target, data_plane="wire")
+    sizes = [70_000, 4096, 77]
+    total = sum(sizes)
+    raw = shared.allocate_shared_buffer(8 * total)
+    assert raw.dtype == np.uint8 and raw.size >= 8 * total and raw.size % 4096 == 0
+    assert raw.ctypes.data % 4096 == 0 and not raw.any()
+    floats = torch.from_numpy(raw).view(torch.float32)
+    grads, params = floats[:total], floats[total:2 * total]
+    gen = torch.Generator().manual_seed(3)
+    at, views = 0, []
+    for i, n in enumerate(sizes):
+        initial = torch.randn(n, generator=gen)
+        shared.register(f"{prefix}s{i}", initial)
+        wire.register(f"{prefix}w{i}", initial)
+        views.append((grads[at:at + n], params[at:at + n]))
+        at += n
+    wire_params = [torch.empty(n) for n in sizes]
+    for step in (1, 2, 3):
+        for (g, _), n in zip(views, sizes):
+            g.copy_(torch.randn(n, generator=gen))
+        shared.step([(f"{prefix}s{i}", g, p) for i, (g, p) in enumerate(views)], step)
+        wire.step([(f"{prefix}w{i}", g.clone(), out)
+                   for i, ((g, _), out) in enumerate(zip(views, wire_params))], step)
+        for (_, p), out in zip(views, wire_params):
+            assert bits_equal(p, out), f"step {step}"
+    assert shared.stats()["regions"]["regions"] == 1, "the buffer, and no region of the client's"
+    before = shared.export_state(f"{prefix}s0").params.copy()
+    views[2][0][5] = float("nan")
+    with pytest.raises(optstate.InvalidArgument) as e:
+        shared.step([(f"{prefix}s{i}", g, p) for i, (g, p) in enumerate(views)], 4)
+    assert f"{prefix}s2" in str(e.value) and "at element 5 " in str(e.value)
+    assert np.array_equal(shared.export_state(f"{prefix}s0").params, before), "nothing applied"
+    assert shared.describe(f"{prefix}s0").max_step == 3
+    with pytest.raises(optstate.FailedPrecondition):
+        wire.allocate_shared_buffer(4096)

@@ -26,7 +26,7 @@ def test_stub_matches_the_extension():
 
 def test_public_calls_have_docstrings():
     for name in ("register", "step", "describe", "list_groups", "stats", "delete",
-                 "export_state", "import_state"):
+                 "export_state", "import_state", "allocate_shared_buffer"):
         doc = getattr(optstate.Client, name).__doc__
         assert doc and len(doc) > 40, name
     assert "Thread-safe" in optstate.Client.__doc__

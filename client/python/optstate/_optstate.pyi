@@ -139,6 +139,23 @@ class Client:
         regions: sessions, regions, registered_bytes, mapped_bytes, registrations).
         """
 
+    def allocate_shared_buffer(self, nbytes: int) -> NDArray[numpy.uint8]:
+        """
+        Memory shared with the daemon (the same-host data plane), as a writable numpy
+        uint8 array of `nbytes` rounded up to 4096, zeroed and 4096-byte aligned.
+
+        A step whose gradients and params lie in such buffers, in the wire dtype (float32
+        views for float32, bfloat16 views with wire_dtype='bfloat16'), copies nothing: the
+        daemon reads the gradients and writes the params where they are, and a step wholly
+        in buffers goes as one message the daemon checks before applying any of it. Views
+        (numpy's .view(np.float32)[a:b], torch.from_numpy(array).view(torch.float32)) work
+        the same; anything else steps as before, copied through the client's own region.
+        Do not change a gradient or read its params while a step using them runs. The
+        buffer is unmapped when the array and every view of it are gone; the daemon forgets
+        it at this client's next step. FailedPrecondition on a data_plane='wire' client or
+        without a usable region socket; ResourceExhausted past the daemon's region limits.
+        """
+
     def export_state(self, name: str) -> GroupState:
         """
         Reads group `name`'s whole state (GroupState). Each page is read under its lock with

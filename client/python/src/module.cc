@@ -194,5 +194,6 @@ NB_MODULE(_optstate, m) {
            [](const PyClient& c) { return absl::StrCat("optstate.Client('", c.target, "')"); });
 
   BindStepAndStats(client);
+  BindSharedBuffer(client);
   BindState(m, client);
 }

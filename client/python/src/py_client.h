@@ -20,6 +20,8 @@ struct PyClient {
 // Client.step and Client.stats (api_binding.cc): the calls whose C++
 // signatures change with the client's buffer and stats types.
 void BindStepAndStats(nanobind::class_<PyClient>& cls);
+// Client.allocate_shared_buffer (shared_buffer_binding.cc).
+void BindSharedBuffer(nanobind::class_<PyClient>& cls);
 // Client.export_state / import_state and the GroupState class (state_binding.cc).
 void BindState(nanobind::module_& m, nanobind::class_<PyClient>& cls);
 
