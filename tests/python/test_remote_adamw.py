@@ -11,6 +11,7 @@ state (torch's model gets the daemon's params before every step, so both models 
 the same forward/backward and the same gradients), and torch's step against the reference's
 ops fed torch's own sqrt, bit for bit everywhere. Within 1 ulp of torch's p where the sqrt
 differs cannot hold for params that end far below their update (docs/exactness.md)."""
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -246,3 +247,49 @@ def test_a_restarted_job_resumes_at_the_daemons_step(daemon, client, prefix):
     ieee_adamw_(p_ref, p.grad, m_ref, v_ref, 4, 1e-3)
     resumed.step()
     assert bits_equal(p.detach(), p_ref) and client.describe(prefix + "w").min_step == 4
+
+
+def test_shared_buffers_step_in_place_and_match_the_copying_optimizer(fresh_daemons, prefix):
+    # shared_buffers=True moves the parameters (and, at the first step, the gradients) into
+    # one buffer shared with the daemon: the steps copy nothing, and every value, m and v is
+    # bit for bit that of the same model stepped through the client's copying region. Both
+    # ways of zeroing: set_to_none=False keeps the gradients in the buffer (backward
+    # accumulates into it), set_to_none=True has them copied in at the next step.
+    daemon = fresh_daemons()
+    shared_model, plain_model = MLP(), MLP()
+    shared = RemoteAdamW(two_groups(shared_model), target=daemon.target,
+                         name_prefix=prefix + "shared/", shared_buffers=True)
+    plain = RemoteAdamW(two_groups(plain_model), target=daemon.target,
+                        name_prefix=prefix + "plain/")
+    (buffer,) = shared._buffers
+    low, high = buffer.data_ptr(), buffer.data_ptr() + buffer.numel()
+
+    def in_buffer(t):
+        return low <= t.data_ptr() < high
+
+    assert all(in_buffer(p) for p in shared_model.parameters())
+    assert all(bits_equal(a.detach(), b.detach())
+               for a, b in zip(shared_model.parameters(), plain_model.parameters()))
+    for step in range(1, 7):
+        x, y = _batch(step)
+        set_to_none = step % 3 == 0
+        for model, opt in ((shared_model, shared), (plain_model, plain)):
+            opt.zero_grad(set_to_none=set_to_none)
+            F.mse_loss(model(x), y).backward()
+            if opt is shared and step > 1 and not set_to_none:
+                assert all(in_buffer(p.grad) for p in model.parameters() if p.grad is not None)
+            opt.step()
+        for (name, a), b in zip(shared_model.named_parameters(), plain_model.parameters()):
+            assert in_buffer(a), name
+            assert bits_equal(a.detach(), b.detach()), f"{name} after step {step}"
+    regions = shared.client.stats()["regions"]  # the daemon's: both clients'
+    assert regions["sessions"] == 2 and regions["regions"] == 2, regions
+    mine, theirs = shared.state_dict()["state"], plain.state_dict()["state"]
+    assert sorted(mine) == sorted(theirs)
+    for i in mine:
+        assert mine[i]["step"].item() == theirs[i]["step"].item() == 6.0
+        assert bits_equal(mine[i]["exp_avg"], theirs[i]["exp_avg"])
+        assert bits_equal(mine[i]["exp_avg_sq"], theirs[i]["exp_avg_sq"])
+    with pytest.raises(optstate.FailedPrecondition):
+        RemoteAdamW(MLP().parameters(), target=daemon.target, name_prefix=prefix + "wire/",
+                    shared_buffers=True, data_plane="wire")

@@ -87,6 +87,18 @@ class RemoteAdamW(torch.optim.Optimizer):
             slice of the parameters (ZeRO stage 1) and broadcast the updated values from
             their owners, so N ranks send 1/N of the gradient bytes each.
         process_group: the group to shard over (default: the world).
+        shared_buffers: on a daemon on this host, move the values and gradients of the
+            parameters this rank steps into one buffer shared with the daemon
+            (:meth:`optstate.Client.allocate_shared_buffer`), so ``step()`` copies
+            nothing: the daemon reads the gradients and writes the updated values where
+            they are. Each parameter's ``.data`` is replaced by a view of the buffer
+            (values kept), so do it before anything else keeps a reference to the old
+            storage. ``zero_grad(set_to_none=False)`` keeps the gradients in the buffer
+            (backward then accumulates into it); a gradient autograd made anew (after
+            ``set_to_none=True``, the default) is copied into the buffer at the next
+            ``step()``, once. Float32 parameters over a 16-bit ``wire_dtype`` stay where
+            they are (the client narrows them). Needs the shared-memory data plane:
+            ``optstate.FailedPrecondition`` at construction otherwise.
         **client_options: passed to :class:`optstate.Client` (``max_attempts``, ...).
 
     ``step()`` sends every gradient in one ``Client.step`` call (one stream), each with its
@@ -108,7 +120,7 @@ class RemoteAdamW(torch.optim.Optimizer):
                  betas: tuple = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
                  *, client: Optional[Client] = None, name_prefix: str = "",
                  wire_dtype: torch.dtype = torch.float32, shard: bool = False,
-                 process_group=None, **client_options):
+                 process_group=None, shared_buffers: bool = False, **client_options):
         if client is None and target is None:
             raise ValueError("RemoteAdamW needs target='host:port' of an optstated daemon, or client=")
         if not 0.0 <= lr:
@@ -133,6 +145,11 @@ class RemoteAdamW(torch.optim.Optimizer):
         # holds the parameter, so its id stays its own.
         self._registered: dict[int, _Registration] = {}
         self._owner: dict[int, int] = {}
+        # shared_buffers: the buffers (kept alive here) and, by id(parameter), the view of
+        # one where its gradient goes.
+        self._shared_buffers = shared_buffers
+        self._buffers: list[torch.Tensor] = []
+        self._shared_grads: dict[int, torch.Tensor] = {}
         self._constructed = False
         # The keys of torch.optim.AdamW's param groups, so state dicts move both ways.
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=False,
@@ -197,6 +214,33 @@ class RemoteAdamW(torch.optim.Optimizer):
             self._check_registrable(p, name)
         for p, name, group in new:
             self._register(p, name, group)
+        if self._shared_buffers:
+            self._share([p for p, _, _ in new])
+
+    def _share(self, params: list[torch.Tensor]) -> None:
+        """Moves the values and gradients of `params` whose values travel as they are into
+        one new shared buffer (64-byte aligned slices), values and gradients kept."""
+        placed, total = [], 0
+        for p in params:
+            if p.dtype is torch.float32 and self._wire is not None:
+                continue  # narrowed by the client: it cannot be stepped in place
+            nbytes = p.numel() * p.element_size()
+            placed.append((p, total, total + (nbytes + 63) // 64 * 64, nbytes))
+            total += 2 * ((nbytes + 63) // 64 * 64)
+        if not placed:
+            return
+        buffer = torch.from_numpy(self._client.allocate_shared_buffer(total))
+        self._buffers.append(buffer)
+        with torch.no_grad():
+            for p, values_at, grad_at, nbytes in placed:
+                values = buffer[values_at:values_at + nbytes].view(p.dtype).view(p.shape)
+                values.copy_(p.detach())
+                p.data = values
+                grad = buffer[grad_at:grad_at + nbytes].view(p.dtype).view(p.shape)
+                if p.grad is not None:
+                    grad.copy_(p.grad)
+                    p.grad = grad
+                self._shared_grads[id(p)] = grad
 
     @staticmethod
     def _check_registrable(p: torch.Tensor, name: str) -> None:
@@ -300,6 +344,8 @@ class RemoteAdamW(torch.optim.Optimizer):
                 key = (reg.step + 1, reg.wire)
                 if grad.requires_grad:  # backward(create_graph=True)
                     grad = grad.detach()
+                if self._shared_grads:
+                    grad = self._into_shared(p, grad)
                 # p.data: the parameter's memory without autograd (cheaper than detach()).
                 entry = (reg.name, grad, p.data, lr)
                 if key in calls:
@@ -339,6 +385,17 @@ class RemoteAdamW(torch.optim.Optimizer):
         if self._shard:
             self._broadcast()
         return loss
+
+    def _into_shared(self, p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        """p's gradient where the daemon reads it in place: its slice of a shared buffer,
+        the gradient copied there first (and made p's .grad) when autograd put it
+        elsewhere; `grad` itself for a parameter without a slice."""
+        slot = self._shared_grads.get(id(p))
+        if slot is None or grad.data_ptr() == slot.data_ptr():
+            return grad
+        slot.copy_(grad)
+        p.grad = slot
+        return slot
 
     @staticmethod
     def _check_finite(calls: dict) -> None:
