@@ -162,7 +162,7 @@ def main():
               f"in {len(sizes)} tensors; torch {torch.__version__}, "
               f"{torch.get_num_threads()} torch threads; load average "
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-        names = ["RemoteAdamW fp32", "RemoteAdamW bf16 wire"]
+        names = ["RemoteAdamW fp32", "RemoteAdamW bf16 wire", "RemoteAdamW fp32 shared"]
         if not args.skip_torch:
             names = ["torch foreach", "torch fused"] + names
         models = {name: copy.deepcopy(base) for name in names}
@@ -180,6 +180,11 @@ def main():
                 models["RemoteAdamW bf16 wire"].named_parameters(),
                 client=timed["RemoteAdamW bf16 wire"], name_prefix="bench/py/bf16/",
                 wire_dtype=torch.bfloat16),
+            # Parameters and gradients in a buffer shared with the daemon: nothing copied.
+            "RemoteAdamW fp32 shared": RemoteAdamW(
+                models["RemoteAdamW fp32 shared"].named_parameters(),
+                client=timed["RemoteAdamW fp32 shared"], name_prefix="bench/py/shared/",
+                shared_buffers=True),
         }
         if not args.skip_torch:
             optimizers["torch foreach"] = torch.optim.AdamW(
