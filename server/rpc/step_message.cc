@@ -145,6 +145,45 @@ constexpr uint64_t kSpreadMessageBytes = 4 << 20;
 // elements.
 constexpr uint64_t kValuePartElements = 1 << 18;
 
+// Whether no chunk's params_region shares a byte with another chunk's
+// gradient_region or params_region (applied at once, one chunk would write
+// what another reads or writes at the same time; in order, each sees the
+// params of the chunks before it, as the client asked). A chunk's own two
+// slices were checked apart by ResolveRegions.
+bool NoParamsOverlapAcrossChunks(const v1::StepRequest& request) {
+  struct Slice {
+    uint64_t region, begin, end;  // Bounds-checked by ResolveRegions: no wrap.
+    bool operator<(const Slice& other) const {
+      return region != other.region ? region < other.region : begin < other.begin;
+    }
+  };
+  std::vector<Slice> params, gradients;
+  auto add = [](const v1::RegionSlice& slice, std::vector<Slice>* to) {
+    if (slice.bytes() != 0)
+      to->push_back({slice.region(), slice.offset(), slice.offset() + slice.bytes()});
+  };
+  for (int i = -1; i < request.more_size(); ++i) {
+    const v1::StepRequest& piece = i < 0 ? request : request.more(i);
+    if (piece.has_params_region()) add(piece.params_region(), &params);
+    if (piece.has_gradient_region()) add(piece.gradient_region(), &gradients);
+  }
+  std::sort(params.begin(), params.end());
+  for (size_t i = 1; i < params.size(); ++i) {  // Sorted and apart: each ends before the next.
+    if (params[i].region == params[i - 1].region && params[i].begin < params[i - 1].end) {
+      return false;
+    }
+  }
+  for (const Slice& g : gradients) {
+    // The first params slice of g's region that ends after g begins, if any,
+    // is the only one that can overlap it.
+    auto it = std::partition_point(params.begin(), params.end(), [&g](const Slice& p) {
+      return p.region < g.region || (p.region == g.region && p.end <= g.begin);
+    });
+    if (it != params.end() && it->region == g.region && it->begin < g.end) return false;
+  }
+  return true;
+}
+
 // Whether no two chunks of `request` name the same group.
 bool DistinctGroups(const v1::StepRequest& request) {
   absl::flat_hash_set<absl::string_view> seen;
@@ -260,8 +299,9 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
     return s;
   }
   // 3. The chunks applied: in order, or at once on the pool when the message
-  //    is large and its chunks are of distinct groups (so no two touch one
-  //    page and their order cannot matter).
+  //    is large, its chunks are of distinct groups (so no two touch one page)
+  //    and none writes params where another chunk reads or writes (so their
+  //    order cannot matter).
   std::vector<std::unique_ptr<StepReplyBuilder>> builders(pieces);
   std::vector<absl::StatusOr<StepChunkResult>> results(pieces, absl::UnknownError("not applied"));
   auto apply = [&](size_t i) {
@@ -274,7 +314,8 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
     });
     return results[i].ok();
   };
-  const bool at_once = spread && pieces > 1 && DistinctGroups(request);
+  const bool at_once =
+      spread && pieces > 1 && DistinctGroups(request) && NoParamsOverlapAcrossChunks(request);
   if (at_once) {
     engine->pool()->ParallelFor(pieces, [&](size_t i) { apply(i); });
   } else {

@@ -28,8 +28,9 @@ namespace optstate {
 // A message of at least 4 MiB of gradients is spread over the engine's
 // pool: the gradients' values are checked in parts on its threads (the
 // refusal is the one a check in order gives), and when no two chunks name
-// one group they are applied at once; a chunk refused for its pages' state
-// then leaves all the others applied. Any other message is applied in order
+// one group and no chunk's params_region shares a byte with another chunk's
+// region slices they are applied at once; a chunk refused for its pages'
+// state then leaves all the others applied. Any other message is applied in order
 // on the calling thread (each chunk's update still split over the pool by
 // the CPU backend).
 // A chunk may name a RegionSlice of `regions` (the same-host data plane) for

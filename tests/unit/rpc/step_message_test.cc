@@ -9,7 +9,10 @@
 // order.
 #include "server/rpc/step_message.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -23,6 +26,7 @@
 #include "server/backends/cpu/cpu_backend.h"
 #include "server/base/thread_pool.h"
 #include "server/engine/state_store.h"
+#include "server/regions/region_registry.h"
 #include "tests/testing/test_seed.h"
 
 namespace optstate {
@@ -239,6 +243,59 @@ TEST_F(StepMessageTest, ALargeMessageNamingAGroupSeveralTimesIsAppliedInOrder) {
   }
   EXPECT_EQ(GroupOf("repeated.0").page_step(0), kSteps);
   EXPECT_EQ(StateBits("repeated.0"), StateBits("once.0"));
+}
+
+// Region chunks whose params go where the next chunk reads its gradient
+// (chunk g writes slice g + 1): applied in order even when large, so each
+// chunk reads the params the one before it wrote, as when every chunk comes
+// in a message of its own.
+TEST_F(StepMessageTest, ALargeMessageWhoseParamsFeedTheNextChunkIsAppliedInOrder) {
+  Register("chained.");
+  Register("apart.");
+  RegionRegistry registry(RegionLimits{});
+  const std::string session = registry.OpenSession("");
+  constexpr uint64_t kSlice = kElements * sizeof(float);
+  auto region = [&](const char* name) {
+    const int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    EXPECT_EQ(ftruncate(fd, static_cast<off_t>((kGroups + 1) * kSlice)), 0);
+    EXPECT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    absl::StatusOr<std::shared_ptr<const MappedRegion>> mapped = registry.Register(session, fd);
+    EXPECT_TRUE(mapped.ok()) << mapped.status();
+    std::memcpy(*(*mapped)->Slice(0, kSlice, "test"), grads_[0].data(), kSlice);
+    return *mapped;
+  };
+  const std::shared_ptr<const MappedRegion> chained = region("chained");
+  const std::shared_ptr<const MappedRegion> apart = region("apart");
+  auto add = [&](StepMessage* message, const std::string& name, uint64_t id, uint64_t g) {
+    v1::StepRequest* fields =
+        message->gradients.empty() ? &message->request : message->request.add_more();
+    fields->set_group(name);
+    fields->set_step(1);
+    fields->set_gradient_dtype(v1::DTYPE_FLOAT32);
+    fields->set_param_dtype(v1::DTYPE_FLOAT32);
+    fields->set_region_session(session);
+    fields->mutable_gradient_region()->set_region(id);
+    fields->mutable_gradient_region()->set_offset(g * kSlice);
+    fields->mutable_gradient_region()->set_bytes(kSlice);
+    fields->mutable_params_region()->set_region(id);
+    fields->mutable_params_region()->set_offset((g + 1) * kSlice);
+    fields->mutable_params_region()->set_bytes(kSlice);
+    message->gradients.emplace_back();
+  };
+  StepMessage message;
+  for (uint64_t g = 0; g < kGroups; ++g)
+    add(&message, absl::StrCat("chained.", g), chained->id(), g);
+  std::vector<grpc::Slice> reply;
+  ASSERT_TRUE(ApplyStepMessage(&engine_, "", uint64_t{1} << 30, message, &reply, &registry).ok());
+  for (uint64_t g = 0; g < kGroups; ++g) {
+    StepMessage one;
+    add(&one, absl::StrCat("apart.", g), apart->id(), g);
+    ASSERT_TRUE(ApplyStepMessage(&engine_, "", uint64_t{1} << 30, one, &reply, &registry).ok());
+  }
+  for (uint64_t g = 0; g < kGroups; ++g) {
+    ASSERT_EQ(StateBits(absl::StrCat("chained.", g)), StateBits(absl::StrCat("apart.", g)))
+        << "group " << g;
+  }
 }
 
 }  // namespace
