@@ -46,13 +46,14 @@ struct StepChunkResult {
   uint64_t pages_replayed = 0;
 };
 
-// A chunk that passed every check that does not depend on its pages' state
-// (StepEngine::Validate), ready for StepEngine::Apply.
 // Whether Validate checks the gradient's values (finite after grad_scale)
 // itself, or leaves that to CheckGradientValues (which a caller may run on
 // several threads, over parts of the chunk).
 enum class ValueCheck { kNow, kDeferred };
 
+// A chunk that passed every check that does not depend on its pages' state
+// (StepEngine::Validate), ready for StepEngine::Apply once its values are
+// checked too (by Validate itself, or by CheckGradientValues).
 struct ValidatedChunk {
   std::shared_ptr<Group> group;
   uint64_t count = 0;       // Elements.
@@ -79,8 +80,8 @@ class StepEngine {
   //
   // Validate refuses what does not depend on page state: NOT_FOUND (no such
   // group), INVALID_ARGUMENT (bad range, alignment, length or values; a
-  // group_elements other than the group's size; a non-finite gradient; bad
-  // lr or grad_scale).
+  // group_elements other than the group's size; bad lr or grad_scale; and,
+  // last, unless `values` is kDeferred, a non-finite gradient).
   //
   // Apply, given the same chunk (its gradient still alive), takes the page
   // locks and refuses the rest: FAILED_PRECONDITION (a page lacks initial

@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "optstate/v1/step_wire_format.h"
 #include "server/rpc/proto_convert.h"
@@ -251,8 +252,11 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
   const bool spread = engine->pool()->size() > 1 && gradient_bytes >= kSpreadMessageBytes;
   const ValueCheck values = spread ? ValueCheck::kDeferred : ValueCheck::kNow;
   // 1. Every chunk checked, in order, up to the first refusal (`refused`).
+  //    `values_checkable`: the refused chunk passed Validate, so a deferred
+  //    value check of it still comes first (as Validate's own would have).
   size_t refused = pieces;
   absl::Status refusal;
+  bool values_checkable = false;
   for (size_t i = 0; i < pieces; ++i) {
     const v1::StepRequest& piece = PieceOf(request, i);
     absl::Status status =
@@ -274,6 +278,7 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
     }
     if (status.ok() && uses[i].params != nullptr &&
         piece.params_region().bytes() != validated[i].count * WireTypeSize(chunks[i].param_type)) {
+      values_checkable = true;
       status = absl::InvalidArgumentError(absl::StrCat(
           "params_region holds ", piece.params_region().bytes(), " bytes; the chunk's ",
           validated[i].count, " params in ", WireTypeName(chunks[i].param_type), " take ",
@@ -285,11 +290,13 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
       break;
     }
   }
-  // 2. The values of the chunks before it, when deferred: the first bad one
-  //    comes before the refusal, as one thread checking in order finds it.
+  // 2. The values of the chunks before it (and of it, when it passed
+  //    Validate), when deferred: the first bad one comes before the refusal,
+  //    as one thread checking in order finds it.
   if (values == ValueCheck::kDeferred) {
-    absl::Status bad = CheckValuesSpread(*engine, absl::MakeConstSpan(chunks).first(refused),
-                                         absl::MakeConstSpan(validated).first(refused), &refused);
+    const size_t checked = refused == pieces ? pieces : refused + (values_checkable ? 1 : 0);
+    absl::Status bad = CheckValuesSpread(*engine, absl::MakeConstSpan(chunks).first(checked),
+                                         absl::MakeConstSpan(validated).first(checked), &refused);
     if (!bad.ok()) refusal = bad;
   }
   if (refused != pieces) {
@@ -323,12 +330,17 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
     }
   }
   for (size_t i = 0; i < pieces; ++i) {
-    if (!results[i].ok()) {
+    if (results[i].ok()) continue;
+    if (!at_once) {
       return AboutPacked(results[i].status(), request, i,
-                         at_once
-                             ? "the other chunks of its message were applied where they could be"
-                             : "the chunks before it in its message were applied");
+                         "the chunks before it in its message were applied");
     }
+    constexpr absl::string_view kOthers =
+        "the other chunks of its message were applied where they could be";
+    if (i > 0) return AboutPacked(results[i].status(), request, i, kOthers);
+    // The message's own chunk, which AboutPacked leaves unnamed.
+    const absl::Status& status = results[i].status();
+    return absl::Status(status.code(), absl::StrCat(status.message(), " (", kOthers, ")"));
   }
   for (size_t i = 0; i < pieces; ++i) {
     const v1::StepRequest& piece = PieceOf(request, i);

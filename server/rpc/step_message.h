@@ -29,8 +29,10 @@ namespace optstate {
 // pool: the gradients' values are checked in parts on its threads (the
 // refusal is the one a check in order gives), and when no two chunks name
 // one group and no chunk's params_region shares a byte with another chunk's
-// region slices they are applied at once; a chunk refused for its pages'
-// state then leaves all the others applied. Any other message is applied in order
+// region slices they are applied at once, one ParallelFor over the chunks
+// (the CPU backend may still split a chunk's update over idle threads); a
+// chunk refused for its pages' state then leaves the others applied where
+// they could be, and the refusal says so. Any other message is applied in order
 // on the calling thread (each chunk's update still split over the pool by
 // the CPU backend).
 // A chunk may name a RegionSlice of `regions` (the same-host data plane) for

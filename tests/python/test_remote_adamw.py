@@ -293,3 +293,5 @@ def test_shared_buffers_step_in_place_and_match_the_copying_optimizer(fresh_daem
     with pytest.raises(optstate.FailedPrecondition):
         RemoteAdamW(MLP().parameters(), target=daemon.target, name_prefix=prefix + "wire/",
                     shared_buffers=True, data_plane="wire")
+    assert not [g for g in shared.client.list_groups() if g.name.startswith(prefix + "wire/")], \
+        "refused before anything was registered"

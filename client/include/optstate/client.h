@@ -113,14 +113,18 @@ class Client {
                                           const Hyperparameters& hyperparameters = {});
 
   // Applies step `step` (1, 2, ...) to every listed group in one stream and
-  // fills their params_out. Refuses the whole step, sending nothing, with
+  // fills their params_out. Refuses the whole step, applying nothing, with
   // INVALID_ARGUMENT when a gradient is not finite (after grad_scale and
   // narrowing) or has the wrong length, a params_out has the wrong length, a
   // group is listed twice, or a 16-bit buffer's dtype is not the wire type
-  // StepOptions gives it (GroupStep). On a transient failure it resends the
-  // chunks not yet answered; the server applies each page exactly once, so a
-  // retried or repeated step never applies an element twice. When the step
-  // fails, params_out may hold the new params of the chunks answered so far.
+  // StepOptions gives it (GroupStep); nothing is sent then, except for a step
+  // wholly in SharedBuffers, which goes as one message that the daemon
+  // checks whole, and refuses, before applying any of it. On a transient
+  // failure it resends the chunks not yet answered; the server applies each
+  // page exactly once, so a retried or repeated step never applies an
+  // element twice. When the step fails, params_out may hold the new params
+  // of the chunks applied so far (a params_out in a SharedBuffer is written
+  // by the daemon as it applies).
   // While it runs, a step holds up to 64 MiB of its gradient narrowed to the
   // wire type (ready to send, and to resend), beyond the caller's buffers.
   absl::Status Step(absl::Span<const GroupStep> groups, uint64_t step,

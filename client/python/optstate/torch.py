@@ -98,7 +98,8 @@ class RemoteAdamW(torch.optim.Optimizer):
             ``set_to_none=True``, the default) is copied into the buffer at the next
             ``step()``, once. Float32 parameters over a 16-bit ``wire_dtype`` stay where
             they are (the client narrows them). Needs the shared-memory data plane:
-            ``optstate.FailedPrecondition`` at construction otherwise.
+            ``optstate.FailedPrecondition`` at construction otherwise (before anything is
+            registered, on a rank with parameters to place).
         **client_options: passed to :class:`optstate.Client` (``max_attempts``, ...).
 
     ``step()`` sends every gradient in one ``Client.step`` call (one stream), each with its
@@ -212,14 +213,18 @@ class RemoteAdamW(torch.optim.Optimizer):
                if self._owner[id(p)] == rank and id(p) not in self._registered]
         for p, name, _ in new:  # all checked before the first is registered
             self._check_registrable(p, name)
+        # The shared buffer first: a client that cannot have one registers nothing.
+        shared = self._allocate_shared([p for p, _, _ in new]) if self._shared_buffers else None
         for p, name, group in new:
             self._register(p, name, group)
-        if self._shared_buffers:
-            self._share([p for p, _, _ in new])
+        if shared is not None:
+            self._move_into_shared(*shared)
 
-    def _share(self, params: list[torch.Tensor]) -> None:
-        """Moves the values and gradients of `params` whose values travel as they are into
-        one new shared buffer (64-byte aligned slices), values and gradients kept."""
+    def _allocate_shared(self, params: list[torch.Tensor]) -> Optional[tuple]:
+        """A new shared buffer with a 64-byte aligned slice for the values and one for the
+        gradient of each of `params` whose values travel as they are, and where those lie:
+        (buffer, [(parameter, values offset, gradient offset, bytes)]); None when no
+        parameter is to be placed."""
         placed, total = [], 0
         for p in params:
             if p.dtype is torch.float32 and self._wire is not None:
@@ -228,8 +233,12 @@ class RemoteAdamW(torch.optim.Optimizer):
             placed.append((p, total, total + (nbytes + 63) // 64 * 64, nbytes))
             total += 2 * ((nbytes + 63) // 64 * 64)
         if not placed:
-            return
-        buffer = torch.from_numpy(self._client.allocate_shared_buffer(total))
+            return None
+        return torch.from_numpy(self._client.allocate_shared_buffer(total)), placed
+
+    def _move_into_shared(self, buffer: torch.Tensor, placed: list) -> None:
+        """Makes each placed parameter's values (and gradient, if any) its slices of
+        `buffer`, values kept."""
         self._buffers.append(buffer)
         with torch.no_grad():
             for p, values_at, grad_at, nbytes in placed:

@@ -102,11 +102,58 @@ class StepMessageTest : public ::testing::Test {
     return ApplyStepMessage(&engine_, "", uint64_t{1} << 30, message, reply);
   }
 
+  // Region tests: a sealed memfd region of `slices` slices of one group's
+  // float32 elements, registered in session_, slice 0 holding grads_[0] and
+  // every other slice grads_[g] for g = slice % kGroups.
+  static constexpr uint64_t kSlice = kElements * sizeof(float);
+
+  std::shared_ptr<const MappedRegion> NewRegion(uint64_t slices) {
+    const int fd = memfd_create("step-message-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(slices * kSlice)), 0);
+    EXPECT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    absl::StatusOr<std::shared_ptr<const MappedRegion>> mapped = registry_.Register(session_, fd);
+    EXPECT_TRUE(mapped.ok()) << mapped.status();
+    for (uint64_t i = 0; i < slices; ++i) {
+      std::memcpy(SliceOf(**mapped, i), grads_[i % kGroups].data(), kSlice);
+    }
+    return *mapped;
+  }
+
+  static char* SliceOf(const MappedRegion& region, uint64_t slice) {
+    return *region.Slice(slice * kSlice, kSlice, "test");
+  }
+
+  // Appends a chunk of `name` reading its gradient from slice `gradient` of
+  // region `id` and writing its params into slice `params`.
+  void AddRegionChunk(StepMessage* message, const std::string& name, uint64_t id, uint64_t gradient,
+                      uint64_t params, uint64_t step = 1) {
+    v1::StepRequest* fields =
+        message->gradients.empty() ? &message->request : message->request.add_more();
+    fields->set_group(name);
+    fields->set_step(step);
+    fields->set_gradient_dtype(v1::DTYPE_FLOAT32);
+    fields->set_param_dtype(v1::DTYPE_FLOAT32);
+    fields->set_region_session(session_);
+    fields->mutable_gradient_region()->set_region(id);
+    fields->mutable_gradient_region()->set_offset(gradient * kSlice);
+    fields->mutable_gradient_region()->set_bytes(kSlice);
+    fields->mutable_params_region()->set_region(id);
+    fields->mutable_params_region()->set_offset(params * kSlice);
+    fields->mutable_params_region()->set_bytes(kSlice);
+    message->gradients.emplace_back();
+  }
+
+  absl::Status ApplyWithRegions(const StepMessage& message, std::vector<grpc::Slice>* reply) {
+    return ApplyStepMessage(&engine_, "", uint64_t{1} << 30, message, reply, &registry_);
+  }
+
   ThreadPool pool_;
   CpuBackend backend_;
   StateStore store_;
   StepEngine engine_;
   std::vector<std::vector<float>> grads_;
+  RegionRegistry registry_{RegionLimits{}};
+  const std::string session_ = registry_.OpenSession("");
 };
 
 // Three steps of one 32 MiB message against the same steps in messages of
@@ -222,6 +269,18 @@ TEST_F(StepMessageTest, APageRefusalInASpreadMessageLeavesTheOtherChunksApplied)
   for (uint64_t g = 0; g < kGroups; ++g) {
     EXPECT_EQ(GroupOf(absl::StrCat("g.", g)).page_step(0), g == 4 ? 1u : 2u) << "group " << g;
   }
+  // The message's own chunk refused: the error says the same.
+  reply.clear();
+  StepMessage first_refused = WholeStep("g.", 3, grads_);
+  first_refused.request.set_step(5);  // g.0, at step 2.
+  status = Apply(first_refused, &reply);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_NE(status.message().find("group 'g.0'"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("the other chunks of its message were applied"),
+            std::string::npos)
+      << status;
+  EXPECT_EQ(GroupOf("g.0").page_step(0), 2u);
+  EXPECT_EQ(GroupOf("g.1").page_step(0), 3u);
 }
 
 // A message that names one group several times (steps 1 to 6 of it) is
@@ -252,49 +311,84 @@ TEST_F(StepMessageTest, ALargeMessageNamingAGroupSeveralTimesIsAppliedInOrder) {
 TEST_F(StepMessageTest, ALargeMessageWhoseParamsFeedTheNextChunkIsAppliedInOrder) {
   Register("chained.");
   Register("apart.");
-  RegionRegistry registry(RegionLimits{});
-  const std::string session = registry.OpenSession("");
-  constexpr uint64_t kSlice = kElements * sizeof(float);
-  auto region = [&](const char* name) {
-    const int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    EXPECT_EQ(ftruncate(fd, static_cast<off_t>((kGroups + 1) * kSlice)), 0);
-    EXPECT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
-    absl::StatusOr<std::shared_ptr<const MappedRegion>> mapped = registry.Register(session, fd);
-    EXPECT_TRUE(mapped.ok()) << mapped.status();
-    std::memcpy(*(*mapped)->Slice(0, kSlice, "test"), grads_[0].data(), kSlice);
-    return *mapped;
-  };
-  const std::shared_ptr<const MappedRegion> chained = region("chained");
-  const std::shared_ptr<const MappedRegion> apart = region("apart");
-  auto add = [&](StepMessage* message, const std::string& name, uint64_t id, uint64_t g) {
-    v1::StepRequest* fields =
-        message->gradients.empty() ? &message->request : message->request.add_more();
-    fields->set_group(name);
-    fields->set_step(1);
-    fields->set_gradient_dtype(v1::DTYPE_FLOAT32);
-    fields->set_param_dtype(v1::DTYPE_FLOAT32);
-    fields->set_region_session(session);
-    fields->mutable_gradient_region()->set_region(id);
-    fields->mutable_gradient_region()->set_offset(g * kSlice);
-    fields->mutable_gradient_region()->set_bytes(kSlice);
-    fields->mutable_params_region()->set_region(id);
-    fields->mutable_params_region()->set_offset((g + 1) * kSlice);
-    fields->mutable_params_region()->set_bytes(kSlice);
-    message->gradients.emplace_back();
-  };
+  const std::shared_ptr<const MappedRegion> chained = NewRegion(kGroups + 1);
+  const std::shared_ptr<const MappedRegion> apart = NewRegion(kGroups + 1);
   StepMessage message;
-  for (uint64_t g = 0; g < kGroups; ++g)
-    add(&message, absl::StrCat("chained.", g), chained->id(), g);
+  for (uint64_t g = 0; g < kGroups; ++g) {
+    AddRegionChunk(&message, absl::StrCat("chained.", g), chained->id(), g, g + 1);
+  }
   std::vector<grpc::Slice> reply;
-  ASSERT_TRUE(ApplyStepMessage(&engine_, "", uint64_t{1} << 30, message, &reply, &registry).ok());
+  ASSERT_TRUE(ApplyWithRegions(message, &reply).ok());
   for (uint64_t g = 0; g < kGroups; ++g) {
     StepMessage one;
-    add(&one, absl::StrCat("apart.", g), apart->id(), g);
-    ASSERT_TRUE(ApplyStepMessage(&engine_, "", uint64_t{1} << 30, one, &reply, &registry).ok());
+    AddRegionChunk(&one, absl::StrCat("apart.", g), apart->id(), g, g + 1);
+    ASSERT_TRUE(ApplyWithRegions(one, &reply).ok());
   }
   for (uint64_t g = 0; g < kGroups; ++g) {
     ASSERT_EQ(StateBits(absl::StrCat("chained.", g)), StateBits(absl::StrCat("apart.", g)))
         << "group " << g;
+  }
+}
+
+// Region chunks of their own slices (gradients in slices 0..7, params in
+// 8..15) are applied at once: the same state and the same params in the
+// region as chunk by chunk.
+TEST_F(StepMessageTest, ALargeMessageOfDisjointRegionChunksStepsAsChunkByChunk) {
+  Register("together.");
+  Register("apart.");
+  const std::shared_ptr<const MappedRegion> together = NewRegion(2 * kGroups);
+  const std::shared_ptr<const MappedRegion> apart = NewRegion(2 * kGroups);
+  for (uint64_t step = 1; step <= 2; ++step) {
+    StepMessage message;
+    for (uint64_t g = 0; g < kGroups; ++g) {
+      AddRegionChunk(&message, absl::StrCat("together.", g), together->id(), g, kGroups + g, step);
+    }
+    std::vector<grpc::Slice> reply;
+    ASSERT_TRUE(ApplyWithRegions(message, &reply).ok());
+    for (uint64_t g = 0; g < kGroups; ++g) {
+      StepMessage one;
+      AddRegionChunk(&one, absl::StrCat("apart.", g), apart->id(), g, kGroups + g, step);
+      ASSERT_TRUE(ApplyWithRegions(one, &reply).ok());
+    }
+    for (uint64_t g = 0; g < kGroups; ++g) {
+      ASSERT_EQ(StateBits(absl::StrCat("together.", g)), StateBits(absl::StrCat("apart.", g)))
+          << "group " << g << " after step " << step;
+      EXPECT_EQ(std::memcmp(SliceOf(*together, kGroups + g), SliceOf(*apart, kGroups + g), kSlice),
+                0)
+          << "params of group " << g;
+      EXPECT_EQ(std::memcmp(SliceOf(*together, kGroups + g),
+                            GroupOf(absl::StrCat("together.", g)).params(), kSlice),
+                0);
+    }
+  }
+}
+
+// A chunk refused for its params_region's size after passing Validate with
+// its value check deferred (both messages here are spread: one chunk of 4
+// MiB and more, and eight): a bad value in that same chunk is still the
+// refusal, as with ValueCheck::kNow, where Validate checks values first.
+TEST_F(StepMessageTest, ABadValueComesBeforeTheSameChunksParamsRegionSize) {
+  Register("g.");
+  const std::shared_ptr<const MappedRegion> region = NewRegion(2 * kGroups);
+  float* bad = reinterpret_cast<float*>(SliceOf(*region, 2));
+  bad[7] = std::nanf("");
+  for (uint64_t chunks : {uint64_t{1}, kGroups}) {
+    SCOPED_TRACE(absl::StrCat(chunks, " chunks"));
+    StepMessage message;
+    for (uint64_t g = 2; g < 2 + chunks; ++g) {
+      AddRegionChunk(&message, absl::StrCat("g.", g % kGroups), region->id(), g % kGroups,
+                     kGroups + g % kGroups);
+    }
+    message.request.mutable_params_region()->set_bytes(kSlice - 4);  // Chunk 0: group g.2.
+    std::vector<grpc::Slice> reply;
+    absl::Status status = ApplyWithRegions(message, &reply);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find("gradient of group 'g.2' at element 7 is not finite"),
+              std::string::npos)
+        << status;
+    for (uint64_t g = 0; g < kGroups; ++g) {
+      EXPECT_EQ(GroupOf(absl::StrCat("g.", g)).page_step(0), 0u) << "group " << g;
+    }
   }
 }
 
