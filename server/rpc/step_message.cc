@@ -310,7 +310,8 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
   //    and none writes params where another chunk reads or writes (so their
   //    order cannot matter).
   std::vector<std::unique_ptr<StepReplyBuilder>> builders(pieces);
-  std::vector<absl::StatusOr<StepChunkResult>> results(pieces, absl::UnknownError("not applied"));
+  // Default-constructed: UNKNOWN (not applied), with no message to allocate.
+  std::vector<absl::StatusOr<StepChunkResult>> results(pieces);
   auto apply = [&](size_t i) {
     const v1::StepRequest& piece = PieceOf(request, i);
     builders[i] = std::make_unique<StepReplyBuilder>(piece.group().size(), /*packed=*/i > 0);
