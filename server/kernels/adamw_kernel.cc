@@ -1,4 +1,4 @@
-// AdamW constants, the scalar path, the finite check and path dispatch.
+// AdamW constants, the scalar path, the finite check and the choice of path.
 #include "server/kernels/adamw_kernel.h"
 
 #include <cmath>
@@ -45,49 +45,24 @@ void AdamWUpdateScalar(const AdamWConstants& c, float* p, float* m, float* v, co
   kernel_internal::AdamWRangeScalar(c, p, m, v, grad, grad_type, 0, count);
 }
 
-bool AdamWUsesAvx2() {
+namespace {
+
+KernelIsa WidestKernelIsa() {
 #if defined(__x86_64__)
-  return CpuHasAvx2F16c() && CpuHasFma();
+  if (!CpuHasAvx2F16c() || !CpuHasFma()) return KernelIsa::kScalar;
+  return CpuHasAvx512f() ? KernelIsa::kAvx512 : KernelIsa::kAvx2;
 #else
-  return false;
+  return KernelIsa::kScalar;
 #endif
 }
 
-void AdamWUpdate(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
-                 WireType grad_type, size_t count) {
-#if defined(__x86_64__)
-  if (AdamWUsesAvx2()) {
-    kernel_internal::AdamWUpdateAvx2(c, p, m, v, grad, grad_type, count);
-    return;
-  }
-#endif
-  AdamWUpdateScalar(c, p, m, v, grad, grad_type, count);
-}
-
-void AdamWUpdateAndEncode(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
-                          WireType grad_type, size_t count, void* params_out, WireType params_type,
-                          ParamsStore store) {
-#if defined(__x86_64__)
-  if (AdamWUsesAvx2() && kernel_internal::AdamWUpdateAndEncodeAvx2(
-                             c, p, m, v, grad, grad_type, count, params_out, params_type, store)) {
-    return;
-  }
-#endif
-  (void)store;  // The scalar path has plain stores only.
-  AdamWUpdate(c, p, m, v, grad, grad_type, count);
-  EncodeFromFloat(params_type, p, params_out, count);
-}
-
-size_t FindNonFiniteGradient(const void* grad, WireType grad_type, size_t count, float grad_scale) {
-#if defined(__x86_64__)
-  if (AdamWUsesAvx2()) {
-    return kernel_internal::FindNonFiniteGradientAvx2(grad, grad_type, count, grad_scale);
-  }
-#endif
-  // Branch-free accumulation per block keeps this a pure streaming read; the
-  // exact index is only searched for in a block that holds a bad value.
+// FindNonFiniteGradient's scalar path. Branch-free accumulation per block
+// keeps it a pure streaming read; the exact index is only searched for in a
+// block that holds a bad value.
+size_t FindNonFiniteScalar(const void* grad, WireType grad_type, size_t begin, size_t count,
+                           float grad_scale) {
   constexpr size_t kBlock = 1024;
-  for (size_t begin = 0; begin < count; begin += kBlock) {
+  for (; begin < count; begin += kBlock) {
     const size_t end = begin + kBlock < count ? begin + kBlock : count;
     bool all_finite = true;
     for (size_t i = begin; i < end; ++i) {
@@ -100,6 +75,127 @@ size_t FindNonFiniteGradient(const void* grad, WireType grad_type, size_t count,
     }
   }
   return count;
+}
+
+#if defined(__x86_64__)
+// The AVX-512 path: its vector span, the rest (and their params) scalar.
+void AdamWUpdateAndEncodeAvx512(const AdamWConstants& c, float* p, float* m, float* v,
+                                const void* grad, WireType grad_type, size_t count,
+                                void* params_out, WireType params_type, ParamsStore store) {
+  const kernel_internal::VectorSpan span = kernel_internal::AdamWUpdateVectorsAvx512(
+      c, p, m, v, grad, grad_type, count, params_out, params_type, store);
+  kernel_internal::AdamWRangeScalar(c, p, m, v, grad, grad_type, 0, span.begin);
+  kernel_internal::AdamWRangeScalar(c, p, m, v, grad, grad_type, span.end, count);
+  if (params_out == nullptr) return;
+  auto* out = static_cast<unsigned char*>(params_out);
+  const size_t size = WireTypeSize(params_type);
+  EncodeFromFloat(params_type, p, out, span.begin);
+  EncodeFromFloat(params_type, p + span.end, out + span.end * size, count - span.end);
+}
+#endif
+
+}  // namespace
+
+KernelIsa AdamWKernelIsa() {
+  static const KernelIsa isa = WidestKernelIsa();
+  return isa;
+}
+
+std::vector<KernelIsa> SupportedKernelIsas() {
+  std::vector<KernelIsa> isas;
+  for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (isa <= AdamWKernelIsa()) isas.push_back(isa);
+  }
+  return isas;
+}
+
+const char* KernelIsaName(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kScalar:
+      return "scalar";
+    case KernelIsa::kAvx2:
+      return "avx2";
+    case KernelIsa::kAvx512:
+      return "avx512";
+  }
+  return "unknown";
+}
+
+void AdamWUpdateOn(KernelIsa isa, const AdamWConstants& c, float* p, float* m, float* v,
+                   const void* grad, WireType grad_type, size_t count) {
+  switch (isa) {
+#if defined(__x86_64__)
+    case KernelIsa::kAvx512:
+      AdamWUpdateAndEncodeAvx512(c, p, m, v, grad, grad_type, count, nullptr, WireType::kFloat32,
+                                 ParamsStore::kCached);
+      return;
+    case KernelIsa::kAvx2:
+      kernel_internal::AdamWUpdateAvx2(c, p, m, v, grad, grad_type, count);
+      return;
+#endif
+    default:
+      AdamWUpdateScalar(c, p, m, v, grad, grad_type, count);
+      return;
+  }
+}
+
+void AdamWUpdateAndEncodeOn(KernelIsa isa, const AdamWConstants& c, float* p, float* m, float* v,
+                            const void* grad, WireType grad_type, size_t count, void* params_out,
+                            WireType params_type, ParamsStore store) {
+  // Float16 params are narrowed by EncodeFromFloat (its NaN rule is not
+  // F16C's), after the update, on every path.
+#if defined(__x86_64__)
+  if (params_type != WireType::kFloat16) {
+    if (isa == KernelIsa::kAvx512) {
+      AdamWUpdateAndEncodeAvx512(c, p, m, v, grad, grad_type, count, params_out, params_type,
+                                 store);
+      return;
+    }
+    if (isa == KernelIsa::kAvx2 &&
+        kernel_internal::AdamWUpdateAndEncodeAvx2(c, p, m, v, grad, grad_type, count, params_out,
+                                                  params_type, store)) {
+      return;
+    }
+  }
+#endif
+  (void)store;  // The scalar path has plain stores only.
+  AdamWUpdateOn(isa, c, p, m, v, grad, grad_type, count);
+  EncodeFromFloat(params_type, p, params_out, count);
+}
+
+size_t FindNonFiniteGradientOn(KernelIsa isa, const void* grad, WireType grad_type, size_t count,
+                               float grad_scale) {
+  switch (isa) {
+#if defined(__x86_64__)
+    case KernelIsa::kAvx512: {
+      const size_t vector_count = count - count % 16;
+      const size_t bad =
+          kernel_internal::FindNonFiniteVectorsAvx512(grad, grad_type, vector_count, grad_scale);
+      if (bad != vector_count) return bad;
+      return FindNonFiniteScalar(grad, grad_type, vector_count, count, grad_scale);
+    }
+    case KernelIsa::kAvx2:
+      return kernel_internal::FindNonFiniteGradientAvx2(grad, grad_type, count, grad_scale);
+#endif
+    default:
+      return FindNonFiniteScalar(grad, grad_type, 0, count, grad_scale);
+  }
+}
+
+void AdamWUpdate(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
+                 WireType grad_type, size_t count) {
+  AdamWUpdateOn(AdamWKernelIsa(), c, p, m, v, grad, grad_type, count);
+}
+
+void AdamWUpdateAndEncode(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
+                          WireType grad_type, size_t count, void* params_out, WireType params_type,
+                          ParamsStore store) {
+  AdamWUpdateAndEncodeOn(AdamWKernelIsa(), c, p, m, v, grad, grad_type, count, params_out,
+                         params_type, store);
+}
+
+size_t FindNonFiniteGradient(const void* grad, WireType grad_type, size_t count, float grad_scale) {
+  return FindNonFiniteGradientOn(AdamWKernelIsa(), grad, grad_type, count, grad_scale);
 }
 
 }  // namespace optstate

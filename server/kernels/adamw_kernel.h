@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "optstate/dtype.h"
 #include "server/kernels/adamw_hyperparameters.h"
@@ -50,10 +51,25 @@ struct AdamWConstants {
 
 AdamWConstants ComputeAdamWConstants(const AdamWStepInputs& inputs);
 
+// The instruction sets the kernel has a path for, narrowest first. Every path
+// gives the same bits for every input.
+enum class KernelIsa { kScalar, kAvx2, kAvx512 };
+
+// The widest path this CPU and its OS run, asked once (CPUID, and XGETBV for
+// AVX-512): AVX-512F (with AVX2, FMA and F16C), else AVX2 + FMA + F16C, else
+// scalar. AdamWUpdate, AdamWUpdateAndEncode and FindNonFiniteGradient take it.
+KernelIsa AdamWKernelIsa();
+
+// Every path this CPU runs, narrowest first: the exactness tests run each.
+std::vector<KernelIsa> SupportedKernelIsas();
+
+// "scalar", "avx2" or "avx512".
+const char* KernelIsaName(KernelIsa isa);
+
 // Applies one AdamW step to `count` elements. `grad` points at `count`
 // elements of `grad_type`, at any alignment. p, m and v are updated in place.
-// Uses the widest vector path the CPU supports; the result is bit-identical to
-// AdamWUpdateScalar for every input.
+// Uses AdamWKernelIsa(); the result is bit-identical to AdamWUpdateScalar for
+// every input.
 void AdamWUpdate(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
                  WireType grad_type, size_t count);
 
@@ -63,9 +79,9 @@ enum class ParamsStore {
   // Plain stores: for a destination this process reads next, while it is
   // still in cache (a reply gRPC sends from).
   kCached,
-  // Non-temporal stores where the CPU has them (AVX2 path, float32 and
-  // bfloat16 params at their natural alignment; others fall back to plain
-  // stores): the destination's lines are not read before they are written
+  // Non-temporal stores where the CPU has them (the AVX2 and AVX-512 paths,
+  // float32 and bfloat16 params at their natural alignment; others fall back
+  // to plain stores): the destination's lines are not read before they are written
   // and do not push the state out of cache; for a destination another
   // process reads later (a shared-memory region; BENCHMARKS.md has the
   // figures). The call ends with a store fence, so whoever synchronizes
@@ -90,8 +106,15 @@ void AdamWUpdateScalar(const AdamWConstants& c, float* p, float* m, float* v, co
 // not finite, or `count` when all are finite.
 size_t FindNonFiniteGradient(const void* grad, WireType grad_type, size_t count, float grad_scale);
 
-// True when AdamWUpdate takes the AVX2 path on this CPU.
-bool AdamWUsesAvx2();
+// The three calls above on a path the caller names, which must be one of
+// SupportedKernelIsas(): for the tests and benchmarks that compare paths.
+void AdamWUpdateOn(KernelIsa isa, const AdamWConstants& c, float* p, float* m, float* v,
+                   const void* grad, WireType grad_type, size_t count);
+void AdamWUpdateAndEncodeOn(KernelIsa isa, const AdamWConstants& c, float* p, float* m, float* v,
+                            const void* grad, WireType grad_type, size_t count, void* params_out,
+                            WireType params_type, ParamsStore store);
+size_t FindNonFiniteGradientOn(KernelIsa isa, const void* grad, WireType grad_type, size_t count,
+                               float grad_scale);
 
 }  // namespace optstate
 

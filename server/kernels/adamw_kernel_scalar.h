@@ -52,6 +52,29 @@ bool AdamWUpdateAndEncodeAvx2(const AdamWConstants& c, float* p, float* m, float
 size_t FindNonFiniteGradientAvx2(const void* grad, WireType grad_type, size_t count,
                                  float grad_scale);
 
+// The elements [begin, end) a vector path updated (and narrowed into
+// params_out); the caller does the others with the scalar path.
+struct VectorSpan {
+  size_t begin = 0;
+  size_t end = 0;
+};
+
+// The AVX-512F path: AdamWUpdateAndEncode's vector part, on whole 16-element
+// vectors from `begin` (0, or with streaming stores the first element whose
+// params go to a 64-byte (float32) or 32-byte (bfloat16) boundary of
+// params_out). params_out null: no params written. Float16 params: nothing
+// done ({0, 0}), as AVX2's path. Ends with a store fence after streaming
+// stores. Defined only on x86-64; a leaf function (it calls nothing).
+VectorSpan AdamWUpdateVectorsAvx512(const AdamWConstants& c, float* p, float* m, float* v,
+                                    const void* grad, WireType grad_type, size_t count,
+                                    void* params_out, WireType params_type, ParamsStore store);
+
+// FindNonFiniteGradient's AVX-512F path over `vector_count` elements, a
+// multiple of 16: the index of the first whose scaled gradient is not finite,
+// or vector_count. A leaf function.
+size_t FindNonFiniteVectorsAvx512(const void* grad, WireType grad_type, size_t vector_count,
+                                  float grad_scale);
+
 }  // namespace optstate::kernel_internal
 
 #endif  // OPTSTATE_SERVER_KERNELS_ADAMW_KERNEL_SCALAR_H_

@@ -30,7 +30,7 @@ int Fail(const char* what) {
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "--path") {
-    std::printf("%s\n", optstate::AdamWUsesAvx2() ? "avx2+fma" : "scalar");
+    std::printf("%s\n", optstate::KernelIsaName(optstate::AdamWKernelIsa()));
     return 0;
   }
   if (argc != 3) return Fail("usage: adamw_step_driver IN OUT, or adamw_step_driver --path");

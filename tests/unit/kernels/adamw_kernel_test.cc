@@ -296,6 +296,13 @@ class KernelState {
     gradient_guards_intact_ &= guarded.GuardsIntact();
   }
 
+  void StepOn(KernelIsa isa, const AdamWConstants& c, const std::vector<unsigned char>& grad,
+              WireType type) {
+    GuardedGradient guarded(grad);
+    AdamWUpdateOn(isa, c, p_.data(), m_.data(), v_.data(), guarded.data(), type, count_);
+    gradient_guards_intact_ &= guarded.GuardsIntact();
+  }
+
   std::vector<float> p() const { return p_.ToVector(); }
   std::vector<float> m() const { return m_.ToVector(); }
   std::vector<float> v() const { return v_.ToVector(); }
@@ -572,8 +579,9 @@ INSTANTIATE_TEST_SUITE_P(Sizes, AdamWKernelGradScale, ::testing::ValuesIn(kSizes
 
 class AdamWKernelPaths : public ::testing::TestWithParam<std::tuple<size_t, WireType, float>> {};
 
+// Every vector path this CPU runs (AVX2, AVX-512), each against the scalar one.
 TEST_P(AdamWKernelPaths, VectorPathEqualsScalarPathBitwise) {
-  if (!AdamWUsesAvx2()) {
+  if (AdamWKernelIsa() == KernelIsa::kScalar) {
     GTEST_SKIP() << "no AVX2+F16C+FMA here: AdamWUpdate is the scalar path";
   }
   const auto [n, type, grad_scale] = GetParam();
@@ -586,13 +594,17 @@ TEST_P(AdamWKernelPaths, VectorPathEqualsScalarPathBitwise) {
     const std::vector<unsigned char> grad = EncodeGradient(RandomGradient(n, rng), type);
     const AdamWConstants c = ComputeAdamWConstants(Inputs(h, RandomStep(rng), grad_scale));
 
-    KernelState vector_path(before), scalar_path(before);
-    vector_path.Step(Path::kDispatch, c, grad, type);
+    KernelState scalar_path(before);
     scalar_path.Step(Path::kScalar, c, grad, type);
-
-    ExpectBitwiseEqualState(vector_path, scalar_path);
-    EXPECT_TRUE(vector_path.GuardsIntact()) << "the vector path wrote outside its arrays";
     EXPECT_TRUE(scalar_path.GuardsIntact()) << "the scalar path wrote outside its arrays";
+    for (KernelIsa isa : SupportedKernelIsas()) {
+      if (isa == KernelIsa::kScalar) continue;
+      SCOPED_TRACE(KernelIsaName(isa));
+      KernelState vector_path(before);
+      vector_path.StepOn(isa, c, grad, type);
+      ExpectBitwiseEqualState(vector_path, scalar_path);
+      EXPECT_TRUE(vector_path.GuardsIntact()) << "the vector path wrote outside its arrays";
+    }
   }
 }
 
@@ -643,28 +655,31 @@ TEST_P(AdamWKernelEncode, EqualsTheScalarUpdateThenEncodeFromFloatBitwise) {
   // matters to them: aligned to the element or not, before the streaming
   // stores' boundary (a scalar head), on it, past it.
   constexpr size_t kGuard = 64;
-  for (ParamsStore store : {ParamsStore::kCached, ParamsStore::kStreaming}) {
-    for (size_t shift : {0, 1, 2, 4, 6, 12, 16, 28, 31}) {
-      SCOPED_TRACE(absl::StrCat(store == ParamsStore::kCached ? "cached" : "streaming",
-                                " stores, output ", shift, " bytes past a 64-byte boundary"));
-      std::vector<unsigned char> buffer(n * size + 3 * kGuard, 0xA5);
-      const uintptr_t base = reinterpret_cast<uintptr_t>(buffer.data()) + kGuard;
-      unsigned char* const out = buffer.data() + (kGuard - base % 64) + shift;
-      GuardedFloats p(before.p), m(before.m), v(before.v);
-      GuardedGradient guarded(grad);
-      AdamWUpdateAndEncode(c, p.data(), m.data(), v.data(), guarded.data(), grad_type, n, out,
-                           params_type, store);
+  for (KernelIsa isa : SupportedKernelIsas()) {
+    for (ParamsStore store : {ParamsStore::kCached, ParamsStore::kStreaming}) {
+      for (size_t shift : {0, 1, 2, 4, 6, 12, 16, 28, 31, 32, 36, 60}) {
+        SCOPED_TRACE(absl::StrCat(KernelIsaName(isa), " path, ",
+                                  store == ParamsStore::kCached ? "cached" : "streaming",
+                                  " stores, output ", shift, " bytes past a 64-byte boundary"));
+        std::vector<unsigned char> buffer(n * size + 3 * kGuard, 0xA5);
+        const uintptr_t base = reinterpret_cast<uintptr_t>(buffer.data()) + kGuard;
+        unsigned char* const out = buffer.data() + (kGuard - base % 64) + shift;
+        GuardedFloats p(before.p), m(before.m), v(before.v);
+        GuardedGradient guarded(grad);
+        AdamWUpdateAndEncodeOn(isa, c, p.data(), m.data(), v.data(), guarded.data(), grad_type, n,
+                               out, params_type, store);
 
-      EXPECT_TRUE(BitwiseEqual(p.ToVector(), want.p()));
-      EXPECT_TRUE(BitwiseEqual(m.ToVector(), want.m()));
-      EXPECT_TRUE(BitwiseEqual(v.ToVector(), want.v()));
-      EXPECT_EQ(std::memcmp(out, want_bytes.data(), want_bytes.size()), 0);
-      for (unsigned char* b = buffer.data(); b < out; ++b) ASSERT_EQ(*b, 0xA5) << "before";
-      for (unsigned char* b = out + n * size; b < buffer.data() + buffer.size(); ++b) {
-        ASSERT_EQ(*b, 0xA5) << "after the output";
+        EXPECT_TRUE(BitwiseEqual(p.ToVector(), want.p()));
+        EXPECT_TRUE(BitwiseEqual(m.ToVector(), want.m()));
+        EXPECT_TRUE(BitwiseEqual(v.ToVector(), want.v()));
+        EXPECT_EQ(std::memcmp(out, want_bytes.data(), want_bytes.size()), 0);
+        for (unsigned char* b = buffer.data(); b < out; ++b) ASSERT_EQ(*b, 0xA5) << "before";
+        for (unsigned char* b = out + n * size; b < buffer.data() + buffer.size(); ++b) {
+          ASSERT_EQ(*b, 0xA5) << "after the output";
+        }
+        EXPECT_TRUE(p.GuardsIntact() && m.GuardsIntact() && v.GuardsIntact() &&
+                    guarded.GuardsIntact());
       }
-      EXPECT_TRUE(p.GuardsIntact() && m.GuardsIntact() && v.GuardsIntact() &&
-                  guarded.GuardsIntact());
     }
   }
 }
@@ -779,11 +794,23 @@ SpecialValues Specials(WireType type) {
 }
 
 // Element indices worth poisoning in a 3003-element gradient: the ends, both
-// sides of 8-, 256- and 1024-element boundaries, and the 3-element tail
-// behind the last whole vector.
+// sides of 8-, 16-, 256- and 1024-element boundaries, and the tails behind
+// the last whole vector of 8 (3 elements) and of 16 (11 elements).
 constexpr size_t kCheckCount = 3003;
-constexpr size_t kCheckPositions[] = {0,    1,    7,    8,    255,  256,  1023, 1024,
-                                      1025, 2047, 2048, 2999, 3000, 3001, 3002};
+constexpr size_t kCheckPositions[] = {0,    1,    7,    8,    15,   16,   255,  256,  1023, 1024,
+                                      1025, 2047, 2048, 2991, 2992, 2999, 3000, 3001, 3002};
+
+// FindNonFiniteGradient's answer, the same on every path this CPU runs (a
+// path that disagrees with the scalar one fails the test).
+size_t FirstNonFiniteOnEveryPath(const void* grad, WireType type, size_t count, float grad_scale) {
+  const size_t scalar = FindNonFiniteGradientOn(KernelIsa::kScalar, grad, type, count, grad_scale);
+  for (KernelIsa isa : SupportedKernelIsas()) {
+    EXPECT_EQ(FindNonFiniteGradientOn(isa, grad, type, count, grad_scale), scalar)
+        << KernelIsaName(isa) << " path, " << count << " elements";
+  }
+  EXPECT_EQ(FindNonFiniteGradient(grad, type, count, grad_scale), scalar) << "the chosen path";
+  return scalar;
+}
 
 class FindNonFiniteGradientTest : public ::testing::TestWithParam<WireType> {
  protected:
@@ -800,8 +827,8 @@ TEST_P(FindNonFiniteGradientTest, ReturnsCountWhenEveryElementIsFinite) {
   std::vector<unsigned char> grad = FiniteGradient(rng);
   PutRaw(grad, type, 5, Specials(type).largest_finite);  // Finite at scale 1.
   GuardedGradient guarded(grad);
-  EXPECT_EQ(FindNonFiniteGradient(guarded.data(), type, kCheckCount, 1.0f), kCheckCount);
-  EXPECT_EQ(FindNonFiniteGradient(guarded.data(), type, 0, 1.0f), 0u);
+  EXPECT_EQ(FirstNonFiniteOnEveryPath(guarded.data(), type, kCheckCount, 1.0f), kCheckCount);
+  EXPECT_EQ(FirstNonFiniteOnEveryPath(guarded.data(), type, 0, 1.0f), 0u);
 }
 
 TEST_P(FindNonFiniteGradientTest, FindsTheFirstNaN) {
@@ -816,7 +843,7 @@ TEST_P(FindNonFiniteGradientTest, FindsTheFirstNaN) {
       PutRaw(grad, type, first, nan);
       if (first + 1 < kCheckCount) PutRaw(grad, type, kCheckCount - 1, specials.plus_infinity);
       GuardedGradient guarded(grad);
-      EXPECT_EQ(FindNonFiniteGradient(guarded.data(), type, kCheckCount, 1.0f), first)
+      EXPECT_EQ(FirstNonFiniteOnEveryPath(guarded.data(), type, kCheckCount, 1.0f), first)
           << "NaN bits 0x" << std::hex << nan;
     }
   }
@@ -834,7 +861,7 @@ TEST_P(FindNonFiniteGradientTest, FindsTheFirstInfinityOfEitherSign) {
       PutRaw(grad, type, first, infinity);
       if (first + 1 < kCheckCount) PutRaw(grad, type, kCheckCount - 1, specials.nans[0]);
       GuardedGradient guarded(grad);
-      EXPECT_EQ(FindNonFiniteGradient(guarded.data(), type, kCheckCount, 1.0f), first)
+      EXPECT_EQ(FirstNonFiniteOnEveryPath(guarded.data(), type, kCheckCount, 1.0f), first)
           << "infinity bits 0x" << std::hex << infinity;
     }
   }
@@ -850,9 +877,9 @@ TEST_P(FindNonFiniteGradientTest, CatchesAFiniteGradientThatOverflowsAfterGradSc
     std::vector<unsigned char> grad = FiniteGradient(rng);
     PutRaw(grad, type, first, specials.largest_finite);
     GuardedGradient guarded(grad);
-    EXPECT_EQ(FindNonFiniteGradient(guarded.data(), type, kCheckCount, 1.0f), kCheckCount)
+    EXPECT_EQ(FirstNonFiniteOnEveryPath(guarded.data(), type, kCheckCount, 1.0f), kCheckCount)
         << "finite before scaling";
-    EXPECT_EQ(FindNonFiniteGradient(guarded.data(), type, kCheckCount, specials.overflow_scale),
+    EXPECT_EQ(FirstNonFiniteOnEveryPath(guarded.data(), type, kCheckCount, specials.overflow_scale),
               first)
         << "largest finite value times " << specials.overflow_scale;
   }
@@ -878,7 +905,8 @@ TEST_P(FindNonFiniteGradientTest, MatchesTheElementwiseDefinitionOnRandomGradien
   const SpecialValues specials = Specials(type);
   const std::vector<uint32_t> bad = {specials.nans[0], specials.nans[1], specials.plus_infinity,
                                      specials.minus_infinity, specials.largest_finite};
-  for (size_t n : {size_t{1}, size_t{7}, size_t{8}, size_t{1031}, size_t{4099}}) {
+  for (size_t n :
+       {size_t{1}, size_t{7}, size_t{8}, size_t{16}, size_t{23}, size_t{1031}, size_t{4099}}) {
     for (int trial = 0; trial < 50; ++trial) {
       std::vector<unsigned char> grad = EncodeGradient(RandomGradient(n, rng, 1.0f), type);
       const int planted = std::uniform_int_distribution<int>(0, 3)(rng);
@@ -888,7 +916,7 @@ TEST_P(FindNonFiniteGradientTest, MatchesTheElementwiseDefinitionOnRandomGradien
       }
       const float grad_scale = trial % 2 ? specials.overflow_scale : 1.0f;
       GuardedGradient guarded(grad);
-      ASSERT_EQ(FindNonFiniteGradient(guarded.data(), type, n, grad_scale),
+      ASSERT_EQ(FirstNonFiniteOnEveryPath(guarded.data(), type, n, grad_scale),
                 FirstNonFiniteByDefinition(grad, type, grad_scale))
           << n << " elements, trial " << trial << ", grad_scale " << grad_scale;
     }

@@ -1,0 +1,225 @@
+// AVX-512F path of the AdamW kernel: sixteen elements per iteration, the same
+// operations as AdamWElement (FMAs where it has them). Every function here is
+// a leaf (it calls nothing, not even the scalar path: its callers in
+// adamw_kernel.cc do the elements outside the span it returns), so the
+// emulator test (tests/emulated) can run this file's machine code on a CPU
+// without AVX-512.
+// GCC 12's AVX-512 intrinsics initialise their "undefined" vectors from
+// themselves, which -Wmaybe-uninitialized reports where they are inlined (GCC
+// bug 105593, fixed in 13).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "server/kernels/adamw_kernel_scalar.h"
+
+#if defined(__x86_64__)
+
+namespace optstate::kernel_internal {
+namespace {
+
+#define OPTSTATE_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+
+OPTSTATE_AVX512 inline __m512 LoadGradient16(const unsigned char* grad, WireType type, size_t i) {
+  switch (type) {
+    case WireType::kFloat32:
+      return _mm512_loadu_ps(reinterpret_cast<const float*>(grad + 4 * i));
+    case WireType::kBFloat16: {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(grad + 2 * i));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    case WireType::kFloat16: {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(grad + 2 * i));
+      return _mm512_cvtph_ps(h);
+    }
+  }
+  return _mm512_setzero_ps();
+}
+
+// float32 to bfloat16 for sixteen lanes, exactly as FloatToBFloat16 rounds
+// each one (round-to-nearest-even; NaN stays NaN, quiet), as
+// dtype_internal::FloatToBFloat16x8 does for eight.
+OPTSTATE_AVX512 inline __m256i FloatToBFloat16x16(__m512 values) {
+  const __m512i bits = _mm512_castps_si512(values);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(
+      _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+  const __m512i nan = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x0040));
+  const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(
+      _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  // Both candidates are below 2^16, so the truncating narrowing keeps them whole.
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, nan));
+}
+
+// Where UpdateLoop also writes each updated param: nowhere, or narrowed.
+enum class ParamsOut { kNone, kFloat32, kBFloat16 };
+
+template <WireType kType, ParamsOut kOut, bool kStream>
+OPTSTATE_AVX512 void UpdateLoop(const AdamWConstants& c, float* p, float* m, float* v,
+                                const unsigned char* grad, size_t vector_end,
+                                unsigned char* params_out) {
+  const __m512 grad_scale = _mm512_set1_ps(c.grad_scale);
+  const __m512 decay = _mm512_set1_ps(c.decay);
+  const __m512 lerp_coefficient = _mm512_set1_ps(c.lerp_coefficient);
+  const __mmask16 lerp_from_gradient = c.lerp_from_gradient ? 0xffff : 0;
+  const __m512 beta2 = _mm512_set1_ps(c.beta2);
+  const __m512 one_minus_beta2 = _mm512_set1_ps(c.one_minus_beta2);
+  const __m512 neg_step_size = _mm512_set1_ps(c.neg_step_size);
+  const __m512 bias_correction2_sqrt = _mm512_set1_ps(c.bias_correction2_sqrt);
+  const __m512 eps = _mm512_set1_ps(c.eps);
+  for (size_t i = 0; i < vector_end; i += 16) {
+    const __m512 g = _mm512_mul_ps(LoadGradient16(grad, kType, i), grad_scale);
+    __m512 pv = _mm512_mul_ps(_mm512_loadu_ps(p + i), decay);
+    const __m512 m_old = _mm512_loadu_ps(m + i);
+    const __m512 mv = _mm512_fmadd_ps(lerp_coefficient, _mm512_sub_ps(g, m_old),
+                                      _mm512_mask_blend_ps(lerp_from_gradient, m_old, g));
+    const __m512 vv = _mm512_fmadd_ps(_mm512_mul_ps(one_minus_beta2, g), g,
+                                      _mm512_mul_ps(_mm512_loadu_ps(v + i), beta2));
+    const __m512 denom =
+        _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), bias_correction2_sqrt), eps);
+    pv = _mm512_add_ps(pv, _mm512_div_ps(_mm512_mul_ps(neg_step_size, mv), denom));
+    _mm512_storeu_ps(m + i, mv);
+    _mm512_storeu_ps(v + i, vv);
+    _mm512_storeu_ps(p + i, pv);
+    // Streaming stores need params_out + 4i (float32) aligned to 64 bytes,
+    // or + 2i (bfloat16) to 32; the caller sees to it.
+    if constexpr (kOut == ParamsOut::kFloat32 && kStream) {
+      _mm512_stream_ps(reinterpret_cast<float*>(params_out + 4 * i), pv);
+    } else if constexpr (kOut == ParamsOut::kFloat32) {
+      _mm512_storeu_ps(reinterpret_cast<float*>(params_out + 4 * i), pv);
+    } else if constexpr (kOut == ParamsOut::kBFloat16 && kStream) {
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(params_out + 2 * i), FloatToBFloat16x16(pv));
+    } else if constexpr (kOut == ParamsOut::kBFloat16) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(params_out + 2 * i), FloatToBFloat16x16(pv));
+    }
+  }
+}
+
+template <ParamsOut kOut, bool kStream>
+OPTSTATE_AVX512 void UpdateLoopFor(WireType grad_type, const AdamWConstants& c, float* p, float* m,
+                                   float* v, const unsigned char* grad, size_t vector_end,
+                                   unsigned char* params_out) {
+  switch (grad_type) {
+    case WireType::kFloat32:
+      UpdateLoop<WireType::kFloat32, kOut, kStream>(c, p, m, v, grad, vector_end, params_out);
+      break;
+    case WireType::kBFloat16:
+      UpdateLoop<WireType::kBFloat16, kOut, kStream>(c, p, m, v, grad, vector_end, params_out);
+      break;
+    case WireType::kFloat16:
+      UpdateLoop<WireType::kFloat16, kOut, kStream>(c, p, m, v, grad, vector_end, params_out);
+      break;
+  }
+}
+
+// The lanes whose value is infinite or NaN (exponent bits all set).
+OPTSTATE_AVX512 inline __mmask16 NonFiniteLanes(__m512 x) {
+  const __m512i exponent = _mm512_set1_epi32(0x7f800000);
+  return _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(x), exponent), exponent);
+}
+
+template <WireType kType>
+OPTSTATE_AVX512 size_t FindNonFiniteLoop(const unsigned char* grad, size_t vector_end,
+                                         float grad_scale) {
+  constexpr size_t kBlock = 256;
+  const __m512 scale = _mm512_set1_ps(grad_scale);
+  for (size_t begin = 0; begin < vector_end; begin += kBlock) {
+    const size_t end = begin + kBlock < vector_end ? begin + kBlock : vector_end;
+    __mmask16 bad = 0;
+    for (size_t i = begin; i < end; i += 16) {
+      bad |= NonFiniteLanes(_mm512_mul_ps(LoadGradient16(grad, kType, i), scale));
+    }
+    if (bad == 0) continue;
+    // The lanes are the scalar path's own values (an exact widening and the
+    // same rounded product), so the first bad lane is its answer.
+    for (size_t i = begin; i < end; i += 16) {
+      const unsigned lanes = NonFiniteLanes(_mm512_mul_ps(LoadGradient16(grad, kType, i), scale));
+      if (lanes != 0) return i + static_cast<size_t>(__builtin_ctz(lanes));
+    }
+  }
+  return vector_end;
+}
+
+// The elements before the first address of `out` a streaming store of
+// `width` bytes may write, for elements of `size` bytes; `out` is aligned to
+// its element.
+inline size_t StreamingHead(uintptr_t out, size_t size, size_t width, size_t count) {
+  const size_t head = (width - out % width) % width / size;
+  return head < count ? head : count;
+}
+
+template <ParamsOut kOut>
+OPTSTATE_AVX512 VectorSpan UpdateSpan(const AdamWConstants& c, float* p, float* m, float* v,
+                                      const unsigned char* grad, WireType grad_type, size_t count,
+                                      unsigned char* out, size_t out_size, bool stream) {
+  size_t begin = 0;
+  if (stream) {
+    // A 16-lane store writes 64 bytes of float32 or 32 of bfloat16.
+    begin = StreamingHead(reinterpret_cast<uintptr_t>(out), out_size, 16 * out_size, count);
+  }
+  const size_t end = begin + (count - begin) / 16 * 16;
+  const size_t grad_size = WireTypeSize(grad_type);
+  float* const ps = p + begin;
+  float* const ms = m + begin;
+  float* const vs = v + begin;
+  const unsigned char* const gs = grad + begin * grad_size;
+  unsigned char* const os = out == nullptr ? nullptr : out + begin * out_size;
+  if (stream) {
+    UpdateLoopFor<kOut, true>(grad_type, c, ps, ms, vs, gs, end - begin, os);
+    _mm_sfence();
+  } else {
+    UpdateLoopFor<kOut, false>(grad_type, c, ps, ms, vs, gs, end - begin, os);
+  }
+  return {begin, end};
+}
+
+}  // namespace
+
+OPTSTATE_AVX512 VectorSpan AdamWUpdateVectorsAvx512(const AdamWConstants& c, float* p, float* m,
+                                                    float* v, const void* grad, WireType grad_type,
+                                                    size_t count, void* params_out,
+                                                    WireType params_type, ParamsStore store) {
+  const auto* bytes = static_cast<const unsigned char*>(grad);
+  auto* out = static_cast<unsigned char*>(params_out);
+  if (out == nullptr) {
+    return UpdateSpan<ParamsOut::kNone>(c, p, m, v, bytes, grad_type, count, nullptr, 0, false);
+  }
+  const size_t size = WireTypeSize(params_type);
+  // Streaming stores only where `out` is aligned to its element (else no
+  // offset of it reaches a store boundary).
+  const bool stream =
+      store == ParamsStore::kStreaming && reinterpret_cast<uintptr_t>(out) % size == 0;
+  switch (params_type) {
+    case WireType::kFloat32:
+      return UpdateSpan<ParamsOut::kFloat32>(c, p, m, v, bytes, grad_type, count, out, size,
+                                             stream);
+    case WireType::kBFloat16:
+      return UpdateSpan<ParamsOut::kBFloat16>(c, p, m, v, bytes, grad_type, count, out, size,
+                                              stream);
+    case WireType::kFloat16:
+      break;  // Narrowed by EncodeFromFloat (its NaN rule is not F16C's).
+  }
+  return {0, 0};
+}
+
+OPTSTATE_AVX512 size_t FindNonFiniteVectorsAvx512(const void* grad, WireType grad_type,
+                                                  size_t vector_count, float grad_scale) {
+  const auto* bytes = static_cast<const unsigned char*>(grad);
+  switch (grad_type) {
+    case WireType::kFloat32:
+      return FindNonFiniteLoop<WireType::kFloat32>(bytes, vector_count, grad_scale);
+    case WireType::kBFloat16:
+      return FindNonFiniteLoop<WireType::kBFloat16>(bytes, vector_count, grad_scale);
+    case WireType::kFloat16:
+      return FindNonFiniteLoop<WireType::kFloat16>(bytes, vector_count, grad_scale);
+  }
+  return vector_count;
+}
+
+}  // namespace optstate::kernel_internal
+
+#endif  // defined(__x86_64__)
