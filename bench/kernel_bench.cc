@@ -3,7 +3,7 @@
 // traffic (the practical limit) and the textbook AdamW loop; and the step
 // that also writes the params out (CpuBackend::ApplyAndEncode, float32),
 // with plain and with streaming stores, as into a reply and into a
-// shared-memory region.
+// shared-memory region; and the step on each vector path the CPU runs.
 // Arguments of every benchmark: {elements, threads}. Counters: elem/s and
 // GB/s at 28 bytes per element (read p, g, m, v; write p, m, v), 32 for the
 // step that writes the params out too.
@@ -12,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -150,6 +151,28 @@ void BM_AdamWKernelParamsOut_streaming(benchmark::State& bench) {
 }
 void BM_AdamWKernel_bf16(benchmark::State& bench) { BM_AdamWKernel(bench, WireType::kBFloat16); }
 
+// The step on one named path (scalar, AVX2, AVX-512: each this CPU runs),
+// sharded as the baselines are: the paths side by side in one run.
+void BM_AdamWKernelOnPath(benchmark::State& bench, KernelIsa isa) {
+  const size_t n = static_cast<size_t>(bench.range(0));
+  const int threads = static_cast<int>(bench.range(1));
+  State& state = StateFor(n, Kind::kKernel);
+  ThreadPool& pool = PoolFor(threads);
+  Group& g = *state.group;
+  AdamWStepInputs inputs;
+  uint64_t step = 1;
+  for (auto _ : bench) {
+    inputs.step = step++;
+    const AdamWConstants c = ComputeAdamWConstants(inputs);
+    Sharded(pool, n, threads, [&](size_t at, size_t count) {
+      AdamWUpdateOn(isa, c, g.params() + at, g.exp_avg() + at, g.exp_avg_sq() + at,
+                    state.grad.data() + at, WireType::kFloat32, count);
+    });
+    benchmark::ClobberMemory();
+  }
+  SetCounters(bench, n);
+}
+
 void BM_MemoryPass(benchmark::State& bench) {
   const size_t n = static_cast<size_t>(bench.range(0));
   const int threads = static_cast<int>(bench.range(1));
@@ -196,6 +219,15 @@ BENCHMARK(BM_MemoryPass)->Apply(Sizes);
 BENCHMARK(BM_PlainAdamWLoop)->Apply(Sizes);
 BENCHMARK(BM_AdamWKernelParamsOut_cached)->Apply(Sizes);
 BENCHMARK(BM_AdamWKernelParamsOut_streaming)->Apply(Sizes);
+// BM_AdamWKernelOnPath_avx2, _avx512, ...: the vector paths this CPU runs.
+const bool kPathBenchmarksRegistered = [] {
+  for (KernelIsa isa : SupportedKernelIsas()) {
+    if (isa == KernelIsa::kScalar) continue;
+    const std::string name = std::string("BM_AdamWKernelOnPath_") + KernelIsaName(isa);
+    benchmark::RegisterBenchmark(name.c_str(), BM_AdamWKernelOnPath, isa)->Apply(Sizes);
+  }
+  return true;
+}();
 BENCHMARK(BM_AdamWKernel_bf16)
     ->Args({int64_t{64} << 20, 2})
     ->ArgNames({"elems", "threads"})
