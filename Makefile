@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 LISTEN ?= 127.0.0.1:50051
 ARGS ?=
 
-.PHONY: deps torch-deps python configure build run test sanitize fuzz bench bench-deepspeed demo gpu-test clean
+.PHONY: deps torch-deps emulator-deps python configure build run test sanitize fuzz bench bench-deepspeed demo gpu-test clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -13,6 +13,11 @@ deps:
 # torch, for the test that holds the AdamW step against torch.optim.AdamW.
 torch-deps: deps
 	@bash scripts/install-torch.sh
+
+# The Bochs CPU emulator's Python binding, for the test that runs the kernel's
+# AVX-512 machine code on CPUs without AVX-512 (tests/emulated).
+emulator-deps: torch-deps
+	@bash scripts/install-emulator.sh
 
 # The optstate Python package (client/python), built and installed into the
 # test venv (.torch-venv) with its build tools and pytest.
@@ -34,7 +39,7 @@ run: configure
 
 # Every test that needs no GPU (tests labelled gpu run via tests/gpu/run.sh),
 # the Python package's pytest suite included (it runs the installed package).
-test: build torch-deps python
+test: build torch-deps emulator-deps python
 	@cd $(BUILD_DIR) && ctest --output-on-failure -LE gpu -j 2
 
 # The CPU tests again under AddressSanitizer, LeakSanitizer and UBSan (the
@@ -42,7 +47,7 @@ test: build torch-deps python
 # daemon exit non-zero, which the tests check). Tests labelled `rss` measure
 # the daemon's resident memory, which ASan's allocator keeps, or read glibc's
 # heap, which ASan replaces: `make test` runs them.
-sanitize: deps torch-deps
+sanitize: deps torch-deps emulator-deps
 	@cmake -S . -B $(BUILD_DIR)-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOPTSTATE_WITH_CUDA=OFF \
 	  -DOPTSTATE_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
 	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > $(BUILD_DIR)-asan.configure.log
