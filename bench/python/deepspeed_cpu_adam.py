@@ -7,8 +7,11 @@ repetition):
   - DeepSpeedCPUAdam.step (adamw_mode=True, lr 1e-3, betas (0.9, 0.999),
     eps 1e-8, weight_decay 1e-2: torch.optim.AdamW's defaults) on one fp32
     tensor of --elements with its gradient set, --threads OpenMP threads;
-  - bench/kernel's BM_AdamWKernel_fp32 and BM_MemoryPass (28 bytes/element)
-    at the same elements and threads, each a subprocess per repetition.
+  - bench/kernel's step on the kernel's path of DeepSpeed's SIMD width
+    (BM_AdamWKernelOnPath_avx512 for an AVX-512 build, _avx2 for AVX2, else
+    BM_AdamWKernel_fp32, the widest path) and BM_MemoryPass (28
+    bytes/element) at the same elements and threads, each a subprocess per
+    repetition.
 Every figure is the mean time of one step within its repetition (Google
 Benchmark's real_time; DeepSpeed: the mean over the steps of --seconds).
 Prints best/median of each and the ratios kernel/DeepSpeed and
@@ -86,6 +89,12 @@ SIMD_NAMES = {"-D__AVX512__": "AVX-512 (16 fp32 lanes)", "-D__AVX256__": "AVX2 (
               "-D__SCALAR__": "scalar", "-D__NEON__": "NEON", "-D__SVE__": "SVE"}
 
 
+# bench/kernel's step on the path of DeepSpeed's SIMD width: the issue's
+# comparison is at the same width.
+SAME_WIDTH_KERNEL = {"-D__AVX512__": "BM_AdamWKernelOnPath_avx512",
+                     "-D__AVX256__": "BM_AdamWKernelOnPath_avx2"}
+
+
 class DeepSpeedStep:
     def __init__(self, n):
         from deepspeed.ops.adam import DeepSpeedCPUAdam
@@ -154,9 +163,11 @@ def main():
     print(f"elements {n} fp32 (one tensor), threads {threads}, repetitions {ARGS.repetitions}, "
           f"{ARGS.seconds} s each")
 
+    kernel_name = SAME_WIDTH_KERNEL.get(simd, "BM_AdamWKernel_fp32")
+    print(f"kernel: bench/kernel {kernel_name} (the kernel's path of DeepSpeed's SIMD width)")
     names = ["kernel", "memory pass", "deepspeed"]
     runners = {
-        "kernel": lambda: kernel_bench(ARGS.kernel, "BM_AdamWKernel_fp32", n, threads, ARGS.seconds),
+        "kernel": lambda: kernel_bench(ARGS.kernel, kernel_name, n, threads, ARGS.seconds),
         "memory pass": lambda: kernel_bench(ARGS.kernel, "BM_MemoryPass", n, threads, ARGS.seconds),
         "deepspeed": lambda: ds.measure(ARGS.seconds),
     }
