@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <set>
@@ -39,6 +40,7 @@
 #include "bench/tcp_loopback.h"
 #include "optstate/client.h"
 #include "server/kernels/adamw_kernel.h"
+#include "server/state/host_allocator.h"
 
 ABSL_FLAG(std::string, target, "",
           "host:port of a running optstated (127.0.0.1 only); empty starts one. Server CPU "
@@ -423,35 +425,54 @@ int BaselineThreads() {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
-// `n` floats in their own mapping with transparent huge pages advised, as
-// the daemon's host allocator gives group state.
-struct HugeFloats {
-  explicit HugeFloats(uint64_t n, float value) : bytes(std::max<uint64_t>(n * 4, 4096)) {
-    void* at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+// `n` floats of group state from the daemon's own allocator
+// (AlignedHostAllocator: a 2 MiB-aligned mapping advised for huge pages),
+// laid out as the daemon lays out a group's arrays. Not adjacent mappings of
+// exactly n floats: arrays a power of two apart in memory ran the kernel at
+// a third of its speed here (BENCHMARKS.md), a layout the daemon never has.
+struct StateArray {
+  StateArray(uint64_t n, float value) : bytes(n * sizeof(float)) {
+    data = static_cast<float*>(AlignedHostAllocator()->Allocate(bytes));
+    if (data == nullptr) {
+      std::fprintf(stderr, "optstate-bench: cannot allocate %llu bytes\n",
+                   static_cast<unsigned long long>(bytes));
+      std::exit(1);
+    }
+    std::fill(data, data + n, value);
+  }
+  ~StateArray() { AlignedHostAllocator()->Free(data, bytes); }
+  StateArray(const StateArray&) = delete;
+  StateArray& operator=(const StateArray&) = delete;
+  const uint64_t bytes;
+  float* data;
+};
+
+// `bytes` of shared memory, as a client's region is (shmem pages).
+struct SharedBytes {
+  explicit SharedBytes(uint64_t size) : bytes(std::max<uint64_t>(size, 4096)) {
+    void* at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (at == MAP_FAILED) {
       std::fprintf(stderr, "optstate-bench: cannot map %llu bytes\n",
                    static_cast<unsigned long long>(bytes));
       std::exit(1);
     }
-    madvise(at, bytes, MADV_HUGEPAGE);  // Advice only.
-    data = static_cast<float*>(at);
-    std::fill(data, data + n, value);
+    data = static_cast<char*>(at);
   }
-  ~HugeFloats() { munmap(data, bytes); }
-  HugeFloats(const HugeFloats&) = delete;
-  HugeFloats& operator=(const HugeFloats&) = delete;
+  ~SharedBytes() { munmap(data, bytes); }
+  SharedBytes(const SharedBytes&) = delete;
+  SharedBytes& operator=(const SharedBytes&) = delete;
   const uint64_t bytes;
-  float* data;
+  char* data;
 };
 
 // The AdamW kernel alone on `n` elements, gradient and params in `wire`, split
 // into `threads` contiguous shards as the daemon's ParallelFor splits a run of
-// pages: no gRPC, no checks, no copies. The state in huge pages (as the
-// daemon's), gradient and params in plain pages (as a region's), the params
-// written with streaming stores (as the daemon writes a region's). Elements
-// per second over --seconds.
+// pages: no gRPC, no checks, no copies. The state from the daemon's
+// allocator, gradient and params in shared memory (as a region's), the
+// params written with streaming stores (as the daemon writes a region's).
+// Elements per second over --seconds.
 double MeasureKernel(uint64_t n, WireType wire, int threads) {
-  HugeFloats p_array(n, 0.5f), m_array(n, 0.0f), v_array(n, 0.0f);
+  StateArray p_array(n, 0.5f), m_array(n, 0.0f), v_array(n, 0.0f);
   float* const p = p_array.data;
   float* const m = m_array.data;
   float* const v = v_array.data;
@@ -460,8 +481,9 @@ double MeasureKernel(uint64_t n, WireType wire, int threads) {
     g[i] = static_cast<float>(static_cast<int>((i * 7919) % 2001) - 1000) * 1e-4f;
   }
   const size_t size = WireTypeSize(wire);
-  std::vector<char> grad(n * size), out(n * size);
-  EncodeFromFloat(wire, g.data(), grad.data(), n);
+  SharedBytes grad(n * size), out(n * size);
+  EncodeFromFloat(wire, g.data(), grad.data, n);
+  std::memset(out.data, 0, n * size);
   uint64_t step = 1;
   auto one_step = [&] {
     AdamWStepInputs inputs;
@@ -472,8 +494,8 @@ double MeasureKernel(uint64_t n, WireType wire, int threads) {
     for (int t = 0; t < threads; ++t) {
       const uint64_t begin = std::min(n, shard * t), count = std::min(n, begin + shard) - begin;
       workers.emplace_back([&, begin, count] {
-        AdamWUpdateAndEncode(c, p + begin, m + begin, v + begin, grad.data() + begin * size, wire,
-                             count, out.data() + begin * size, wire, ParamsStore::kStreaming);
+        AdamWUpdateAndEncode(c, p + begin, m + begin, v + begin, grad.data + begin * size, wire,
+                             count, out.data + begin * size, wire, ParamsStore::kStreaming);
       });
     }
     for (std::thread& w : workers) w.join();
