@@ -99,6 +99,7 @@ absl::StatusOr<Stats> StatsFromProto(const v1::GetStatsResponse& proto) {
   out.checkpoint_failures = proto.checkpoint_failures();
   out.last_checkpoint_error = proto.last_checkpoint_error();
   out.restored_checkpoint_id = proto.restored_checkpoint_id();
+  out.cpu_kernel = proto.cpu_kernel();
   out.restore_refusals.assign(proto.restore_refusals().begin(), proto.restore_refusals().end());
   const v1::RegionStats& regions = proto.regions();
   out.regions = RegionStats{regions.sessions(), regions.regions(), regions.registered_bytes(),

@@ -22,6 +22,10 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
 ABSL_FLAG(std::string, backend, "auto",
           "Where steps run: auto (cuda when built in and a device is usable, else cpu), cpu, "
           "or cuda (exit with an error when no device is usable).");
+ABSL_FLAG(std::string, cpu_kernel, "auto",
+          "The CPU AdamW kernel's path: auto (the widest this CPU runs), avx512, avx2 or "
+          "scalar. Every path gives the same bits; a narrower one where the wide one runs "
+          "slower, or to compare them. GetStats reports the one in use.");
 ABSL_FLAG(int, threads, 0, "Worker threads for the step engine; 0 means one per CPU.");
 ABSL_FLAG(uint64_t, max_host_bytes, 0,
           "Host memory all groups may take together (12 bytes per element); registrations "
@@ -139,6 +143,7 @@ int main(int argc, char** argv) {
   options.heap_trim_interval = absl::GetFlag(FLAGS_heap_trim_interval);
   options.heap_trim_slack_bytes = absl::GetFlag(FLAGS_heap_trim_slack);
   options.backend.kind = absl::GetFlag(FLAGS_backend);
+  options.cpu_kernel = absl::GetFlag(FLAGS_cpu_kernel);
   options.backend.cuda.paging = absl::GetFlag(FLAGS_paging);
   options.backend.cuda.vram_reserved_bytes = absl::GetFlag(FLAGS_vram_reserved_bytes);
   options.backend.cuda.vram_target_utilization = absl::GetFlag(FLAGS_vram_target_utilization);

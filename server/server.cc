@@ -19,6 +19,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "server/base/log.h"
 #include "server/durability/checkpointer.h"
+#include "server/kernels/adamw_kernel.h"
 #include "server/rpc/service.h"
 
 namespace optstate {
@@ -92,6 +93,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (options.stream_idle_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--stream_idle_timeout must not be negative");
   }
+  KernelIsa cpu_kernel = CpuKernelIsa();
+  if (options.cpu_kernel != "auto") {
+    if (!ParseKernelIsa(options.cpu_kernel, &cpu_kernel)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--cpu_kernel must be auto, avx512, avx2 or scalar, got '", options.cpu_kernel, "'"));
+    }
+    if (cpu_kernel > CpuKernelIsa()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--cpu_kernel=", options.cpu_kernel, ": this CPU runs at most ",
+                       KernelIsaName(CpuKernelIsa()), " (auto takes the widest path it runs)"));
+    }
+  }
   // A message must carry one page of float32 and the other fields: the
   // least a client can send, and the reply to it.
   const uint64_t min_message_bytes =
@@ -106,6 +119,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // (a graph lookup per lock: 1.3% of daemon CPU while stepping). Our lock
   // order is fixed by construction (pages ascending), so skip the check.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  UseKernelIsa(cpu_kernel);  // Within CpuKernelIsa(): checked above.
   auto parts = std::make_unique<Parts>();
   int threads = options.threads;
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
@@ -173,7 +187,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     health->SetServingStatus(v1::OptimizerState::service_full_name(), true);
   }
   Log(LogLevel::kInfo, "listening on ", options.listen, " (port ", port, "), backend ",
-      parts->backend_name, ", ", threads, " threads, max_host_bytes ", max_host_bytes);
+      parts->backend_name, ", CPU kernel ", KernelIsaName(AdamWKernelIsa()), ", ", threads,
+      " threads, max_host_bytes ", max_host_bytes);
   return std::unique_ptr<Server>(new Server(std::move(parts), port));
 }
 

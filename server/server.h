@@ -31,6 +31,10 @@ struct ServerOptions {
   absl::Duration heap_trim_interval = absl::Seconds(10);
   uint64_t heap_trim_slack_bytes = 64ull << 20;
   BackendOptions backend;
+  // The CPU AdamW kernel's path: "auto" (the widest this CPU runs), or
+  // "avx512", "avx2" or "scalar", which this CPU must run. Every path gives
+  // the same bits. Process-wide: the last server started sets it.
+  std::string cpu_kernel = "auto";
   // Durability (docs/durability.md). Empty state_dir: no checkpoints.
   std::string state_dir;
   absl::Duration checkpoint_interval = absl::ZeroDuration();  // Zero: no timer.

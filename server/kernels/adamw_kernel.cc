@@ -1,6 +1,7 @@
 // AdamW constants, the scalar path, the finite check and the choice of path.
 #include "server/kernels/adamw_kernel.h"
 
+#include <atomic>
 #include <cmath>
 
 #include "common/cpu_features.h"
@@ -96,17 +97,45 @@ void AdamWUpdateAndEncodeAvx512(const AdamWConstants& c, float* p, float* m, flo
 
 }  // namespace
 
-KernelIsa AdamWKernelIsa() {
+KernelIsa CpuKernelIsa() {
   static const KernelIsa isa = WidestKernelIsa();
   return isa;
+}
+
+namespace {
+
+// The path in use, once UseKernelIsa named one; -1 until then.
+std::atomic<int> chosen_isa{-1};
+
+}  // namespace
+
+KernelIsa AdamWKernelIsa() {
+  const int chosen = chosen_isa.load(std::memory_order_relaxed);
+  return chosen < 0 ? CpuKernelIsa() : static_cast<KernelIsa>(chosen);
+}
+
+bool UseKernelIsa(KernelIsa isa) {
+  if (isa > CpuKernelIsa()) return false;
+  chosen_isa.store(static_cast<int>(isa), std::memory_order_relaxed);
+  return true;
 }
 
 std::vector<KernelIsa> SupportedKernelIsas() {
   std::vector<KernelIsa> isas;
   for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
-    if (isa <= AdamWKernelIsa()) isas.push_back(isa);
+    if (isa <= CpuKernelIsa()) isas.push_back(isa);
   }
   return isas;
+}
+
+bool ParseKernelIsa(absl::string_view name, KernelIsa* isa) {
+  for (KernelIsa candidate : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (name == KernelIsaName(candidate)) {
+      *isa = candidate;
+      return true;
+    }
+  }
+  return false;
 }
 
 const char* KernelIsaName(KernelIsa isa) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "optstate/dtype.h"
 #include "server/kernels/adamw_hyperparameters.h"
 
@@ -57,14 +58,28 @@ enum class KernelIsa { kScalar, kAvx2, kAvx512 };
 
 // The widest path this CPU and its OS run, asked once (CPUID, and XGETBV for
 // AVX-512): AVX-512F (with AVX2, FMA and F16C), else AVX2 + FMA + F16C, else
-// scalar. AdamWUpdate, AdamWUpdateAndEncode and FindNonFiniteGradient take it.
+// scalar.
+KernelIsa CpuKernelIsa();
+
+// The path AdamWUpdate, AdamWUpdateAndEncode and FindNonFiniteGradient take:
+// CpuKernelIsa(), unless UseKernelIsa named another.
 KernelIsa AdamWKernelIsa();
+
+// Makes those calls take `isa` from now on (optstated's --cpu_kernel: a
+// narrower path where the wide one runs slower, or to compare them). False,
+// and nothing changed, when this CPU does not run `isa`. Meant for start-up;
+// a call already running keeps the path it took (every path gives the same
+// bits).
+bool UseKernelIsa(KernelIsa isa);
 
 // Every path this CPU runs, narrowest first: the exactness tests run each.
 std::vector<KernelIsa> SupportedKernelIsas();
 
 // "scalar", "avx2" or "avx512".
 const char* KernelIsaName(KernelIsa isa);
+
+// The KernelIsa KernelIsaName names; false for any other text.
+bool ParseKernelIsa(absl::string_view name, KernelIsa* isa);
 
 // Applies one AdamW step to `count` elements. `grad` points at `count`
 // elements of `grad_type`, at any alignment. p, m and v are updated in place.

@@ -3,6 +3,7 @@
 // store's lock briefly), except DeleteGroup, which waits on a worker.
 #include "server/rpc/service.h"
 
+#include "server/kernels/adamw_kernel.h"
 #include "server/rpc/checkpoint_reactor.h"
 #include "server/rpc/export_reactor.h"
 #include "server/rpc/group_pager.h"
@@ -61,6 +62,7 @@ absl::Status OptimizerStateService::GetStats(const std::string& tenant,
   if (!start.ok()) return start.status();
   response->set_backend(std::string(engine_->backend()->name()));
   response->set_threads(engine_->pool()->size());
+  response->set_cpu_kernel(KernelIsaName(AdamWKernelIsa()));
   response->set_host_bytes(store->host_bytes());
   response->set_max_host_bytes(store->max_host_bytes());
   BackendStatsToProto(engine_->backend()->Stats(), response->mutable_device());

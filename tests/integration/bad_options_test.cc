@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "server/kernels/adamw_kernel.h"
 #include "server/server.h"
 
 namespace optstate::testing {
@@ -34,6 +35,29 @@ TEST(ServerOptionsTest, AMessageLimitThatCannotHoldOnePageIsRefused) {
   EXPECT_NE(server.status().message().find("--max_message_bytes must be at least 4198400"),
             std::string::npos)
       << server.status();
+}
+
+// A path the CPU lacks would fault on the first step, and an unknown name
+// says nothing; both are refused before anything starts.
+TEST(ServerOptionsTest, ACpuKernelThatIsUnknownOrWiderThanTheCpusIsRefused) {
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.backend.kind = "cpu";
+  options.cpu_kernel = "avx";
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument) << server.status();
+  EXPECT_NE(server.status().message().find("--cpu_kernel must be auto, avx512, avx2 or scalar"),
+            std::string::npos)
+      << server.status();
+  for (KernelIsa wider : {KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (wider <= CpuKernelIsa()) continue;
+    options.cpu_kernel = KernelIsaName(wider);
+    server = Server::Start(options);
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument) << server.status();
+    EXPECT_NE(server.status().message().find("this CPU runs at most"), std::string::npos)
+        << server.status();
+  }
+  EXPECT_EQ(AdamWKernelIsa(), CpuKernelIsa()) << "a refused start changed the path";
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "optstate/client.h"
+#include "server/kernels/adamw_kernel.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/random_tensors.h"
 
@@ -528,12 +529,49 @@ TEST(DaemonFlagsTest, UnknownBackendAndLogLevelAreRefused) {
   EXPECT_NE(output.find("--log_level must be"), std::string::npos) << output;
 }
 
+// --cpu_kernel names a path this CPU runs, and GetStats reports the one in
+// use; a path it lacks, or another word, keeps the daemon from starting.
+TEST(DaemonFlagsTest, CpuKernelIsChosenByFlagAndReportedByGetStats) {
+  for (KernelIsa isa : SupportedKernelIsas()) {
+    SCOPED_TRACE(KernelIsaName(isa));
+    auto daemon = DaemonProcess::Start({std::string("--cpu_kernel=") + KernelIsaName(isa)});
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    auto client = Client::Connect((*daemon)->target());
+    ASSERT_TRUE(client.ok()) << client.status();
+    absl::StatusOr<Stats> stats = (*client)->GetStats();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_EQ(stats->cpu_kernel, KernelIsaName(isa));
+  }
+  auto daemon = DaemonProcess::Start({"--cpu_kernel=auto"});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto client = Client::Connect((*daemon)->target());
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Stats> stats = (*client)->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->cpu_kernel, KernelIsaName(CpuKernelIsa()));
+
+  auto [code, output] =
+      RunCommand(std::string(OPTSTATED_PATH) + " --cpu_kernel=sse --listen=127.0.0.1:0");
+  EXPECT_EQ(code, 1) << output;
+  EXPECT_NE(output.find("--cpu_kernel must be auto, avx512, avx2 or scalar, got 'sse'"),
+            std::string::npos)
+      << output;
+  if (CpuKernelIsa() < KernelIsa::kAvx512) {
+    std::tie(code, output) =
+        RunCommand(std::string(OPTSTATED_PATH) + " --cpu_kernel=avx512 --listen=127.0.0.1:0");
+    EXPECT_EQ(code, 1) << output;
+    EXPECT_NE(output.find(std::string("this CPU runs at most ") + KernelIsaName(CpuKernelIsa())),
+              std::string::npos)
+        << output;
+  }
+}
+
 TEST(DaemonFlagsTest, HelpDocumentsEveryFlag) {
   auto [code, output] = RunCommand(std::string(OPTSTATED_PATH) + " --help");
-  for (const char* flag :
-       {"--listen", "--backend", "--threads", "--max_host_bytes", "--max_message_bytes",
-        "--log_level", "--paging", "--vram_reserved_bytes", "--vram_target_utilization",
-        "--vram_total_bytes", "--staging_slots", "--staging_slot_bytes"}) {
+  for (const char* flag : {"--listen", "--backend", "--cpu_kernel", "--threads", "--max_host_bytes",
+                           "--max_message_bytes", "--log_level", "--paging",
+                           "--vram_reserved_bytes", "--vram_target_utilization",
+                           "--vram_total_bytes", "--staging_slots", "--staging_slot_bytes"}) {
     EXPECT_NE(output.find(flag), std::string::npos) << flag;
   }
 }

@@ -257,6 +257,26 @@ def test_a_tensor_not_on_the_cpu_is_refused_naming_its_group_and_sends_nothing(c
     assert client.stats()["chunks_applied"] == applied
 
 
+def _widest_kernel_by_cpuinfo():
+    """The CPU kernel's widest path by the flags the kernel lists (not asking the daemon)."""
+    flags = set()
+    with open("/proc/cpuinfo") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    if not {"avx2", "fma", "f16c"} <= flags:
+        return "scalar"
+    return "avx512" if "avx512f" in flags else "avx2"
+
+
+def test_stats_report_the_cpu_kernel_path_and_cpu_kernel_chooses_it(fresh_daemons):
+    widest = _widest_kernel_by_cpuinfo()
+    assert optstate.Client(fresh_daemons().target).stats()["cpu_kernel"] == widest
+    scalar = fresh_daemons("--cpu_kernel=scalar")
+    assert optstate.Client(scalar.target).stats()["cpu_kernel"] == "scalar"
+
+
 def test_stats_report_regions_and_checkpoints(fresh_daemons, prefix, tmp_path):
     daemon = fresh_daemons(f"--state_dir={tmp_path}")
     wire = optstate.Client(daemon.target, data_plane="wire")

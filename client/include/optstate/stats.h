@@ -84,7 +84,8 @@ struct Stats {
   PagingCounters paging;
   DeviceStats device;
   std::vector<GroupStats> groups;
-  uint32_t threads = 0;  // Of the daemon's step thread pool.
+  uint32_t threads = 0;    // Of the daemon's step thread pool.
+  std::string cpu_kernel;  // The CPU kernel's path: "avx512", "avx2" or "scalar".
   // Durability: unset, zero or empty without --state_dir.
   std::optional<CheckpointInfo> last_checkpoint;  // The newest this daemon wrote.
   uint64_t checkpoints_written = 0;

@@ -131,7 +131,8 @@ class Client:
         """
         The daemon's counters as a dict (optstate::Stats' fields): backend, num_groups,
         total_elements, host_bytes, max_host_bytes, chunks_applied, chunks_replayed,
-        bytes_received, bytes_sent, paging, device, threads, groups: one dict per group
+        bytes_received, bytes_sent, paging, device, threads, cpu_kernel (the CPU kernel's
+        path: avx512, avx2 or scalar), groups: one dict per group
         (info, steps_completed, chunks_applied, chunks_replayed, latencies, ...); durability:
         last_checkpoint (a dict of id, step, bytes, duration_seconds, finished_unix_micros, or
         None), checkpoints_written, checkpoint_failures, last_checkpoint_error,

@@ -203,6 +203,7 @@ nb::dict ToDict(const Stats& s) {
   for (const GroupStats& g : s.groups) groups.append(ToDict(g));
   d["groups"] = groups;
   d["threads"] = s.threads;
+  d["cpu_kernel"] = s.cpu_kernel;
   if (s.last_checkpoint.has_value()) {
     d["last_checkpoint"] = ToDict(*s.last_checkpoint);
   } else {
@@ -317,7 +318,8 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
       },
       "The daemon's counters as a dict (optstate::Stats' fields): backend, num_groups,\n"
       "total_elements, host_bytes, max_host_bytes, chunks_applied, chunks_replayed,\n"
-      "bytes_received, bytes_sent, paging, device, threads, groups: one dict per group\n"
+      "bytes_received, bytes_sent, paging, device, threads, cpu_kernel (the CPU kernel's\n"
+      "path: avx512, avx2 or scalar), groups: one dict per group\n"
       "(info, steps_completed, chunks_applied, chunks_replayed, latencies, ...); durability:\n"
       "last_checkpoint (a dict of id, step, bytes, duration_seconds, finished_unix_micros, or\n"
       "None), checkpoints_written, checkpoint_failures, last_checkpoint_error,\n"

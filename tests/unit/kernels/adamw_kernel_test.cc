@@ -581,7 +581,7 @@ class AdamWKernelPaths : public ::testing::TestWithParam<std::tuple<size_t, Wire
 
 // Every vector path this CPU runs (AVX2, AVX-512), each against the scalar one.
 TEST_P(AdamWKernelPaths, VectorPathEqualsScalarPathBitwise) {
-  if (AdamWKernelIsa() == KernelIsa::kScalar) {
+  if (CpuKernelIsa() == KernelIsa::kScalar) {
     GTEST_SKIP() << "no AVX2+F16C+FMA here: AdamWUpdate is the scalar path";
   }
   const auto [n, type, grad_scale] = GetParam();
@@ -930,6 +930,52 @@ INSTANTIATE_TEST_SUITE_P(Types, FindNonFiniteGradientTest,
 
 // ---------------------------------------------------------------------------
 // ComputeAdamWConstants and hyperparameter edge cases.
+
+// ---------------------------------------------------------------------------
+// Choosing the path.
+
+TEST(KernelIsaChoice, EveryNameParsesBackAndOtherTextIsRefused) {
+  for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    KernelIsa parsed = KernelIsa::kScalar;
+    ASSERT_TRUE(ParseKernelIsa(KernelIsaName(isa), &parsed)) << KernelIsaName(isa);
+    EXPECT_EQ(parsed, isa);
+  }
+  KernelIsa untouched = KernelIsa::kAvx2;
+  for (const char* text : {"", "auto", "AVX2", "avx", "avx512f", "sse"}) {
+    EXPECT_FALSE(ParseKernelIsa(text, &untouched)) << text;
+  }
+  EXPECT_EQ(untouched, KernelIsa::kAvx2);
+}
+
+// Each path the CPU runs can be chosen, and the chosen one gives the scalar
+// path's bits; a path wider than the CPU's is refused and changes nothing.
+TEST(KernelIsaChoice, UseKernelIsaTakesThePathsTheCpuRunsAndRefusesWiderOnes) {
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  const FloatState before = RandomState(1031, rng);
+  const std::vector<unsigned char> grad =
+      EncodeGradient(RandomGradient(1031, rng), WireType::kFloat32);
+  const AdamWConstants c = ComputeAdamWConstants(Inputs(kNonDefault, RandomStep(rng)));
+  KernelState scalar_path(before);
+  scalar_path.Step(Path::kScalar, c, grad, WireType::kFloat32);
+  ASSERT_EQ(AdamWKernelIsa(), CpuKernelIsa());
+  for (KernelIsa isa : SupportedKernelIsas()) {
+    SCOPED_TRACE(KernelIsaName(isa));
+    ASSERT_TRUE(UseKernelIsa(isa));
+    EXPECT_EQ(AdamWKernelIsa(), isa);
+    KernelState chosen(before);
+    chosen.Step(Path::kDispatch, c, grad, WireType::kFloat32);
+    ExpectBitwiseEqualState(chosen, scalar_path);
+  }
+  ASSERT_TRUE(UseKernelIsa(KernelIsa::kScalar));
+  for (KernelIsa wider : {KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (wider <= CpuKernelIsa()) continue;
+    EXPECT_FALSE(UseKernelIsa(wider)) << KernelIsaName(wider);
+    EXPECT_EQ(AdamWKernelIsa(), KernelIsa::kScalar);
+  }
+  ASSERT_TRUE(UseKernelIsa(CpuKernelIsa()));  // As the other tests expect.
+}
 
 TEST(AdamWConstants, AreTheDoubleFormulasRoundedOnceToFloat) {
   const AdamWStepInputs in = Inputs(kNonDefault, 37, 0.25f);
