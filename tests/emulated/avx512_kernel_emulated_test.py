@@ -16,7 +16,9 @@ leaf function in the emulator, and checks:
     bit for bit; outside it nothing was written; every guard is intact.
 FindNonFiniteVectorsAvx512 is held against the definition (widen, scale in
 float32, test) with NaN, infinities and overflowing values planted around
-vector and block boundaries.
+vector and block boundaries. CpuHasAvx512f, which picks the path, must say
+yes where the guest's OS saves the ZMM state and no where it does not (where
+the path's first instruction faults).
 
 Prints one line per failure and ends with "N passed, N failed"; exits 1 on
 any failure, and when the emulated CPU lacks AVX-512F.
@@ -307,6 +309,34 @@ def run_find(guest, grad_type: int, raw: np.ndarray, grad_scale: float) -> list[
     return errors
 
 
+def cpu_choice_cases(guest):
+    """(name, errors): CpuHasAvx512f in the guest as it is (its OS saves the ZMM state),
+    then with an OS that does not (XCR0 without opmask and ZMM, the program's statics
+    reloaded): CPUID still lists AVX-512F, but the path's first instruction faults, which
+    is why the check reads XGETBV too."""
+    def ask() -> int:
+        guest.reset_arena()
+        answer = guest.alloc(8)
+        guest.call("probe_cpu_has_avx512f", answer)
+        return struct.unpack("<Q", guest.get(answer, 8))[0]
+
+    guest.reload_image()
+    got = ask()
+    yield "CpuHasAvx512f, OS saves ZMM state", [] if got == 1 else [f"answered {got}, want 1"]
+    guest.xcr0 = bochs_guest.XCR0_AVX
+    guest.reload_image()
+    got = ask()
+    yield ("CpuHasAvx512f, OS without ZMM state (CPUID still lists AVX-512F)",
+           [] if got == 0 else [f"answered {got}, want 0"])
+    case = UpdateCase(16, FLOAT32, NO_PARAMS, CACHED, 0, HYPERPARAMETERS[0],
+                      np.random.default_rng(0))
+    errors = case.run(guest)
+    faulted = len(errors) == 1 and "#UD" in errors[0]
+    yield ("the AVX-512 path without ZMM state faults (#UD)",
+           [] if faulted else [f"expected a #UD, got {errors or 'no fault'}"])
+    guest.xcr0 = bochs_guest.XCR0_AVX512
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--probe", required=True, help="the freestanding probe ELF")
@@ -361,6 +391,8 @@ def main() -> int:
         record(case.name, case.run(guest))
     for name, grad_type, raw, grad_scale in find_cases(rng):
         record(name, run_find(guest, grad_type, raw, grad_scale))
+    for name, errors in cpu_choice_cases(guest):
+        record(name, errors)
     guest.close()
     print(f"{passed} passed, {failed} failed")
     return 0 if failed == 0 else 1

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/cpu_features.h"
 #include "server/kernels/adamw_kernel_scalar.h"
 
 namespace {
@@ -77,4 +78,10 @@ extern "C" void probe_find_non_finite(FindCall* call) {
   call->result = optstate::kernel_internal::FindNonFiniteVectorsAvx512(
       Pointer<const void>(call->grad), static_cast<WireType>(call->grad_type), call->count,
       call->grad_scale);
+}
+
+// optstate::CpuHasAvx512f (CPUID and XGETBV) as the guest's CPU and OS
+// answer it: what makes the kernel choose its AVX-512 path.
+extern "C" void probe_cpu_has_avx512f(uint64_t* result) {
+  *result = optstate::CpuHasAvx512f() ? 1 : 0;
 }

@@ -67,6 +67,7 @@ CR0_PE, CR0_MP, CR0_ET, CR0_NE, CR0_WP, CR0_PG = 1 << 0, 1 << 1, 1 << 4, 1 << 5,
 CR4_PAE, CR4_OSFXSR, CR4_OSXMMEXCPT, CR4_OSXSAVE = 1 << 5, 1 << 9, 1 << 10, 1 << 18
 EFER_LME, EFER_LMA = 1 << 8, 1 << 10
 XCR0_AVX512 = 0xE7  # x87 | SSE | AVX | opmask | ZMM_Hi256 | Hi16_ZMM
+XCR0_AVX = 0x07  # x87 | SSE | AVX
 MXCSR_DEFAULT = 0x1F80
 
 EXC_NAMES = {0: "#DE", 1: "#DB", 3: "#BP", 4: "#OF", 5: "#BR", 6: "#UD", 7: "#NM", 8: "#DF",
@@ -176,11 +177,17 @@ _ACTIVE_GUEST = None  # bochscpu has one global physical memory map per process
 class Guest:
     """One emulated CPU + guest memory holding one freestanding ELF."""
 
-    def __init__(self, elf_path: str, arena_size: int = 256 << 20, stack_size: int = 2 << 20):
+    def __init__(self, elf_path: str, arena_size: int = 256 << 20, stack_size: int = 2 << 20,
+                 xcr0: int = XCR0_AVX512):
+        """xcr0: the state components the guest's OS enables, for every call from now on
+        (an attribute; XCR0_AVX512: all of them; XCR0_AVX: no opmask or ZMM state, as an
+        OS that does not save them). One Guest per process: a second bochscpu session
+        in the same process aborts it."""
         global _ACTIVE_GUEST
         if _ACTIVE_GUEST is not None:
             _ACTIVE_GUEST.close()
         self.elf = read_elf(elf_path)
+        self.xcr0 = xcr0
         self.regions: list[_Region] = []
         self.sess = bochscpu.Session()
         self.sess.missing_page_handler = self._missing_page
@@ -191,8 +198,7 @@ class Guest:
         if hi > ARENA_BASE:
             raise BochsError(f"ELF image {lo:#x}-{hi:#x} overlaps the arena at {ARENA_BASE:#x}")
         self.image = self._add_region(lo, hi - lo, "image")
-        for vaddr, fbytes, _ in self.elf.segments:
-            self._raw_write(vaddr, fbytes)
+        self.reload_image()
         self.stack = self._add_region(STACK_TOP - _round(stack_size, LARGE), _round(stack_size, LARGE), "stack")
         arena_size = _round(arena_size, LARGE)
         if ARENA_BASE + arena_size > self.stack.gpa - LARGE:
@@ -284,6 +290,12 @@ class Guest:
         self._raw_write(IDT_BASE, idt)
         self._raw_write(STUB_BASE, b"".join(b"\xeb\xfe" + b"\xcc" * 6 for _ in range(256)))
 
+    def reload_image(self) -> None:
+        """Writes the ELF's segments again (their file bytes, zeros to their memory size):
+        the program's statics as before its first call."""
+        for vaddr, fbytes, memsz in self.elf.segments:
+            self._raw_write(vaddr, bytes(fbytes) + bytes(memsz - len(fbytes)))
+
     def alloc(self, n: int, align: int = 64) -> int:
         """Reserve n bytes in the arena (zero-filled); returns the guest address."""
         a = _round(self._arena_next, align)
@@ -325,7 +337,7 @@ class Guest:
         st.cr4 = CR4_PAE | CR4_OSFXSR | CR4_OSXMMEXCPT | CR4_OSXSAVE
         st.efer = EFER_LME | EFER_LMA
         st.cr3 = self.cr3
-        st.xcr0 = XCR0_AVX512
+        st.xcr0 = self.xcr0
         st.mxcsr = MXCSR_DEFAULT
         st.fpcw = 0x37F
         st.rflags = 0x2
