@@ -82,17 +82,9 @@ template <ParamsOut kOut, bool kStream = false>
 OPTSTATE_AVX2 void UpdateLoopFor(WireType grad_type, const AdamWConstants& c, float* p, float* m,
                                  float* v, const unsigned char* grad, size_t vector_end,
                                  unsigned char* params_out) {
-  switch (grad_type) {
-    case WireType::kFloat32:
-      UpdateLoop<WireType::kFloat32, kOut, kStream>(c, p, m, v, grad, vector_end, params_out);
-      break;
-    case WireType::kBFloat16:
-      UpdateLoop<WireType::kBFloat16, kOut, kStream>(c, p, m, v, grad, vector_end, params_out);
-      break;
-    case WireType::kFloat16:
-      UpdateLoop<WireType::kFloat16, kOut, kStream>(c, p, m, v, grad, vector_end, params_out);
-      break;
-  }
+  WithGradientType(grad_type, [&](auto type) {
+    UpdateLoop<decltype(type)::value, kOut, kStream>(c, p, m, v, grad, vector_end, params_out);
+  });
 }
 
 // All-ones where the lane is infinite or NaN (exponent bits all set).
@@ -130,18 +122,9 @@ OPTSTATE_AVX2 size_t FindNonFiniteGradientAvx2(const void* grad, WireType grad_t
                                                float grad_scale) {
   const auto* bytes = static_cast<const unsigned char*>(grad);
   const size_t vector_end = count - count % 8;
-  size_t bad = vector_end;
-  switch (grad_type) {
-    case WireType::kFloat32:
-      bad = FindNonFiniteLoop<WireType::kFloat32>(bytes, vector_end, grad_scale);
-      break;
-    case WireType::kBFloat16:
-      bad = FindNonFiniteLoop<WireType::kBFloat16>(bytes, vector_end, grad_scale);
-      break;
-    case WireType::kFloat16:
-      bad = FindNonFiniteLoop<WireType::kFloat16>(bytes, vector_end, grad_scale);
-      break;
-  }
+  const size_t bad = WithGradientType(grad_type, [&](auto type) {
+    return FindNonFiniteLoop<decltype(type)::value>(bytes, vector_end, grad_scale);
+  });
   if (bad != vector_end) return bad;
   for (size_t i = vector_end; i < count; ++i) {
     if (!std::isfinite(LoadGradient(grad, grad_type, i) * grad_scale)) return i;

@@ -103,17 +103,9 @@ template <ParamsOut kOut, bool kStream>
 OPTSTATE_AVX512 void UpdateLoopFor(WireType grad_type, const AdamWConstants& c, float* p, float* m,
                                    float* v, const unsigned char* grad, size_t vector_end,
                                    unsigned char* params_out) {
-  switch (grad_type) {
-    case WireType::kFloat32:
-      UpdateLoop<WireType::kFloat32, kOut, kStream>(c, p, m, v, grad, vector_end, params_out);
-      break;
-    case WireType::kBFloat16:
-      UpdateLoop<WireType::kBFloat16, kOut, kStream>(c, p, m, v, grad, vector_end, params_out);
-      break;
-    case WireType::kFloat16:
-      UpdateLoop<WireType::kFloat16, kOut, kStream>(c, p, m, v, grad, vector_end, params_out);
-      break;
-  }
+  WithGradientType(grad_type, [&](auto type) {
+    UpdateLoop<decltype(type)::value, kOut, kStream>(c, p, m, v, grad, vector_end, params_out);
+  });
 }
 
 // The lanes whose value is infinite or NaN (exponent bits all set).
@@ -209,15 +201,9 @@ OPTSTATE_AVX512 VectorSpan AdamWUpdateVectorsAvx512(const AdamWConstants& c, flo
 OPTSTATE_AVX512 size_t FindNonFiniteVectorsAvx512(const void* grad, WireType grad_type,
                                                   size_t vector_count, float grad_scale) {
   const auto* bytes = static_cast<const unsigned char*>(grad);
-  switch (grad_type) {
-    case WireType::kFloat32:
-      return FindNonFiniteLoop<WireType::kFloat32>(bytes, vector_count, grad_scale);
-    case WireType::kBFloat16:
-      return FindNonFiniteLoop<WireType::kBFloat16>(bytes, vector_count, grad_scale);
-    case WireType::kFloat16:
-      return FindNonFiniteLoop<WireType::kFloat16>(bytes, vector_count, grad_scale);
-  }
-  return vector_count;
+  return WithGradientType(grad_type, [&](auto type) {
+    return FindNonFiniteLoop<decltype(type)::value>(bytes, vector_count, grad_scale);
+  });
 }
 
 }  // namespace optstate::kernel_internal

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "optstate/dtype.h"
 #include "server/kernels/adamw_kernel.h"
@@ -37,6 +38,22 @@ inline void AdamWElement(const AdamWConstants& c, float& p, float& m, float& v, 
 
 void AdamWRangeScalar(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
                       WireType grad_type, size_t begin, size_t end);
+
+// Calls fn(std::integral_constant<WireType, type>()) for the run-time `type`
+// and returns what it returns: how a vector path turns a gradient's type
+// into its loop's template argument.
+template <typename Fn>
+inline auto WithGradientType(WireType type, Fn&& fn) {
+  switch (type) {
+    case WireType::kBFloat16:
+      return fn(std::integral_constant<WireType, WireType::kBFloat16>());
+    case WireType::kFloat16:
+      return fn(std::integral_constant<WireType, WireType::kFloat16>());
+    case WireType::kFloat32:
+      break;
+  }
+  return fn(std::integral_constant<WireType, WireType::kFloat32>());
+}
 
 // AVX2 + F16C + FMA path; defined only on x86-64.
 void AdamWUpdateAvx2(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
