@@ -1,7 +1,7 @@
 // What this CPU can run, asked once: AVX2 with F16C (the vector paths of the
-// kernels and conversions), FMA, and AVX-512F with the OS saving its state. F16C is read from
-// CPUID, since GCC's and clang's
-// __builtin_cpu_supports do not know the same names (clang 14 lacks "f16c").
+// kernels and conversions), FMA, and AVX-512F with the OS saving its state.
+// F16C is read from CPUID, since GCC's and clang's __builtin_cpu_supports do
+// not know the same names (clang 14 lacks "f16c").
 #ifndef OPTSTATE_COMMON_CPU_FEATURES_H_
 #define OPTSTATE_COMMON_CPU_FEATURES_H_
 

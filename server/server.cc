@@ -119,7 +119,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // (a graph lookup per lock: 1.3% of daemon CPU while stepping). Our lock
   // order is fixed by construction (pages ascending), so skip the check.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  UseKernelIsa(cpu_kernel);  // Within CpuKernelIsa(): checked above.
   auto parts = std::make_unique<Parts>();
   int threads = options.threads;
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
@@ -186,6 +185,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (grpc::HealthCheckServiceInterface* health = parts->grpc_server->GetHealthCheckService()) {
     health->SetServingStatus(v1::OptimizerState::service_full_name(), true);
   }
+  // Only once nothing can fail: a refused start leaves the process's path as
+  // it was. (A step that came in meanwhile took the other path: the same bits.)
+  UseKernelIsa(cpu_kernel);  // Within CpuKernelIsa(): checked above.
   Log(LogLevel::kInfo, "listening on ", options.listen, " (port ", port, "), backend ",
       parts->backend_name, ", CPU kernel ", KernelIsaName(AdamWKernelIsa()), ", ", threads,
       " threads, max_host_bytes ", max_host_bytes);

@@ -39,6 +39,38 @@ void AdamWRangeScalar(const AdamWConstants& c, float* p, float* m, float* v, con
   }
 }
 
+void UpdateAndEncodeOutside(const VectorSpan& span, const AdamWConstants& c, float* p, float* m,
+                            float* v, const void* grad, WireType grad_type, size_t count,
+                            void* params_out, WireType params_type) {
+  AdamWRangeScalar(c, p, m, v, grad, grad_type, 0, span.begin);
+  AdamWRangeScalar(c, p, m, v, grad, grad_type, span.end, count);
+  if (params_out == nullptr) return;
+  auto* out = static_cast<unsigned char*>(params_out);
+  const size_t size = WireTypeSize(params_type);
+  EncodeFromFloat(params_type, p, out, span.begin);
+  EncodeFromFloat(params_type, p + span.end, out + span.end * size, count - span.end);
+}
+
+// Branch-free accumulation per block keeps this a pure streaming read; the
+// exact index is only searched for in a block that holds a bad value.
+size_t FindNonFiniteScalarFrom(const void* grad, WireType grad_type, size_t begin, size_t count,
+                               float grad_scale) {
+  constexpr size_t kBlock = 1024;
+  for (; begin < count; begin += kBlock) {
+    const size_t end = begin + kBlock < count ? begin + kBlock : count;
+    bool all_finite = true;
+    for (size_t i = begin; i < end; ++i) {
+      float g = LoadGradient(grad, grad_type, i) * grad_scale;
+      all_finite &= std::isfinite(g);
+    }
+    if (all_finite) continue;
+    for (size_t i = begin; i < end; ++i) {
+      if (!std::isfinite(LoadGradient(grad, grad_type, i) * grad_scale)) return i;
+    }
+  }
+  return count;
+}
+
 }  // namespace kernel_internal
 
 void AdamWUpdateScalar(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
@@ -57,27 +89,6 @@ KernelIsa WidestKernelIsa() {
 #endif
 }
 
-// FindNonFiniteGradient's scalar path. Branch-free accumulation per block
-// keeps it a pure streaming read; the exact index is only searched for in a
-// block that holds a bad value.
-size_t FindNonFiniteScalar(const void* grad, WireType grad_type, size_t begin, size_t count,
-                           float grad_scale) {
-  constexpr size_t kBlock = 1024;
-  for (; begin < count; begin += kBlock) {
-    const size_t end = begin + kBlock < count ? begin + kBlock : count;
-    bool all_finite = true;
-    for (size_t i = begin; i < end; ++i) {
-      float g = kernel_internal::LoadGradient(grad, grad_type, i) * grad_scale;
-      all_finite &= std::isfinite(g);
-    }
-    if (all_finite) continue;
-    for (size_t i = begin; i < end; ++i) {
-      if (!std::isfinite(kernel_internal::LoadGradient(grad, grad_type, i) * grad_scale)) return i;
-    }
-  }
-  return count;
-}
-
 #if defined(__x86_64__)
 // The AVX-512 path: its vector span, the rest (and their params) scalar.
 void AdamWUpdateAndEncodeAvx512(const AdamWConstants& c, float* p, float* m, float* v,
@@ -85,13 +96,8 @@ void AdamWUpdateAndEncodeAvx512(const AdamWConstants& c, float* p, float* m, flo
                                 void* params_out, WireType params_type, ParamsStore store) {
   const kernel_internal::VectorSpan span = kernel_internal::AdamWUpdateVectorsAvx512(
       c, p, m, v, grad, grad_type, count, params_out, params_type, store);
-  kernel_internal::AdamWRangeScalar(c, p, m, v, grad, grad_type, 0, span.begin);
-  kernel_internal::AdamWRangeScalar(c, p, m, v, grad, grad_type, span.end, count);
-  if (params_out == nullptr) return;
-  auto* out = static_cast<unsigned char*>(params_out);
-  const size_t size = WireTypeSize(params_type);
-  EncodeFromFloat(params_type, p, out, span.begin);
-  EncodeFromFloat(params_type, p + span.end, out + span.end * size, count - span.end);
+  kernel_internal::UpdateAndEncodeOutside(span, c, p, m, v, grad, grad_type, count, params_out,
+                                          params_type);
 }
 #endif
 
@@ -201,13 +207,14 @@ size_t FindNonFiniteGradientOn(KernelIsa isa, const void* grad, WireType grad_ty
       const size_t bad =
           kernel_internal::FindNonFiniteVectorsAvx512(grad, grad_type, vector_count, grad_scale);
       if (bad != vector_count) return bad;
-      return FindNonFiniteScalar(grad, grad_type, vector_count, count, grad_scale);
+      return kernel_internal::FindNonFiniteScalarFrom(grad, grad_type, vector_count, count,
+                                                      grad_scale);
     }
     case KernelIsa::kAvx2:
       return kernel_internal::FindNonFiniteGradientAvx2(grad, grad_type, count, grad_scale);
 #endif
     default:
-      return FindNonFiniteScalar(grad, grad_type, 0, count, grad_scale);
+      return kernel_internal::FindNonFiniteScalarFrom(grad, grad_type, 0, count, grad_scale);
   }
 }
 

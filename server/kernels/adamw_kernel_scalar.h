@@ -76,6 +76,19 @@ struct VectorSpan {
   size_t end = 0;
 };
 
+// What a vector path leaves to the scalar one: the elements before and after
+// `span` updated (AdamWRangeScalar) and, unless params_out is null, their
+// params narrowed into params_out (EncodeFromFloat); the span's are not
+// touched.
+void UpdateAndEncodeOutside(const VectorSpan& span, const AdamWConstants& c, float* p, float* m,
+                            float* v, const void* grad, WireType grad_type, size_t count,
+                            void* params_out, WireType params_type);
+
+// FindNonFiniteGradient's scalar path over [begin, count): the index of the
+// first element there whose scaled gradient is not finite, or count.
+size_t FindNonFiniteScalarFrom(const void* grad, WireType grad_type, size_t begin, size_t count,
+                               float grad_scale);
+
 // The AVX-512F path: AdamWUpdateAndEncode's vector part, on whole 16-element
 // vectors from `begin` (0, or with streaming stores the first element whose
 // params go to a 64-byte (float32) or 32-byte (bfloat16) boundary of

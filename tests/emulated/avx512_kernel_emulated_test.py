@@ -13,7 +13,8 @@ leaf function in the emulator, and checks:
     float16 params);
   - inside the span p, m, v and the narrowed params equal the scalar path's
     (kernel_reference_driver: AdamWUpdateScalar and per-element narrowing)
-    bit for bit; outside it nothing was written; every guard is intact.
+    bit for bit; outside it nothing was written; every guard is intact; the
+    gradient ends at the arena's end, so a read past it faults.
 FindNonFiniteVectorsAvx512 is held against the definition (widen, scale in
 float32, test) with NaN, infinities and overflowing values planted around
 vector and block boundaries. CpuHasAvx512f, which picks the path, must say
@@ -109,7 +110,26 @@ def random_state(n: int, rng: np.random.Generator):
     m[11::83] = np.float32(1e-40)
     grad = rng.standard_normal(n) * 10.0 ** rng.integers(-6, 2, n)
     grad[5::61] = 0.0
+    # Non-finite gradients (the daemon refuses them before the kernel, but the
+    # paths must still agree on them, NaN payloads included).
+    grad[9::101] = np.nan
+    grad[30::103] = np.inf
+    grad[31::107] = -np.inf
     return p, m, v, grad
+
+
+class PlacedAtEnd:
+    """A read-only array in the arena's last bytes: a read past its end faults."""
+
+    def __init__(self, guest, data: bytes):
+        self.guest, self.size, self.data_bytes = guest, len(data), data
+        self.addr = guest.put_at_arena_end(data)
+
+    def data(self) -> bytes:
+        return self.guest.get(self.addr, self.size)
+
+    def intact(self) -> bool:
+        return self.data() == self.data_bytes
 
 
 class Placed:
@@ -178,12 +198,12 @@ class UpdateCase:
     def run(self, guest) -> list[str]:
         guest.reset_arena()
         n = self.n
-        # p, m, v 68 bytes (and the gradient 3 bytes) past a 64-byte
-        # boundary: the kernel's loads take any alignment.
+        # p, m, v 4, 36 and 12 bytes past a 64-byte boundary (the kernel's
+        # loads take any alignment), the gradient at the arena's end.
         p = Placed(guest, self.p.tobytes(), 4)
         m = Placed(guest, self.m.tobytes(), 36)
         v = Placed(guest, self.v.tobytes(), 12)
-        grad = Placed(guest, self.grad, 3)
+        grad = PlacedAtEnd(guest, self.grad)
         out_size = TYPE_SIZES.get(self.params_type, 0)
         out_base = guest.alloc(GUARD + 64 + n * out_size + GUARD, 64)
         out_total = GUARD + 64 + n * out_size + GUARD
@@ -216,8 +236,8 @@ class UpdateCase:
                     f"{got[4 * i:4 * i + 4].hex()}, want {expect[4 * i:4 * i + 4].hex()}")
             if not placed.guards_intact():
                 errors.append(f"a guard around {name} was written")
-        if not grad.guards_intact() or grad.data() != self.grad:
-            errors.append("the gradient or its guards were written")
+        if not grad.intact():
+            errors.append("the gradient was written")
         whole = guest.get(out_base, out_total)
         if self.params_type != NO_PARAMS:
             lead = out_addr - out_base
@@ -277,8 +297,11 @@ def find_cases(rng: np.random.Generator):
                 raw = finite(n)
                 raw[first] = bits
                 # A later bad value in the same 16-element vector, and at the end.
-                raw[first | 15] = minus_inf if bits != minus_inf else nans[0]
-                raw[n - 1] = plus_inf
+                later = first | 15
+                if later != first:
+                    raw[later] = minus_inf if bits != minus_inf else nans[0]
+                if n - 1 not in (first, later):
+                    raw[n - 1] = plus_inf
                 yield f"find {name} {bits:#x} at {first}", grad_type, raw, 1.0
             raw = finite(n)
             raw[first] = largest
@@ -295,7 +318,7 @@ def find_cases(rng: np.random.Generator):
 
 def run_find(guest, grad_type: int, raw: np.ndarray, grad_scale: float) -> list[str]:
     guest.reset_arena()
-    grad = Placed(guest, raw.tobytes(), 5)
+    grad = PlacedAtEnd(guest, raw.tobytes())
     call = guest.put(struct.pack("<2QIfQ", grad.addr, raw.size, grad_type, grad_scale, 1 << 63))
     try:
         guest.call("probe_find_non_finite", call)
@@ -304,8 +327,8 @@ def run_find(guest, grad_type: int, raw: np.ndarray, grad_scale: float) -> list[
     got = struct.unpack("<Q", guest.get(call + 24, 8))[0]
     want = first_non_finite(raw, grad_type, grad_scale)
     errors = [] if got == want else [f"answered {got}, want {want}"]
-    if not grad.guards_intact() or grad.data() != raw.tobytes():
-        errors.append("the gradient or its guards were written")
+    if not grad.intact():
+        errors.append("the gradient was written")
     return errors
 
 

@@ -162,15 +162,6 @@ class _Region:
             self.inserted.add(pg)
 
 
-@dataclass
-class CallStats:
-    func: str = ""
-    seconds: float = 0.0
-    branches: int = 0      # near branches seen (taken + not taken + unconditional)
-    insns: int = -1        # exact retired instructions (only when count_insns=True)
-    mxcsr: int = 0
-
-
 _ACTIVE_GUEST = None  # bochscpu has one global physical memory map per process
 
 
@@ -185,7 +176,7 @@ class Guest:
         in the same process aborts it."""
         global _ACTIVE_GUEST
         if _ACTIVE_GUEST is not None:
-            _ACTIVE_GUEST.close()
+            raise BochsError("one Guest per process: a second bochscpu session aborts it")
         self.elf = read_elf(elf_path)
         self.xcr0 = xcr0
         self.regions: list[_Region] = []
@@ -208,8 +199,7 @@ class Guest:
         self._raw_write(SENTINEL, b"\xcc" * PAGE)  # int3 sled at the return address
         self._build_page_tables()
         self._build_idt()
-        self._arena_next = ARENA_BASE
-        self.last = CallStats()
+        self.reset_arena()
         _ACTIVE_GUEST = self
 
     # ---------------- memory ----------------
@@ -299,7 +289,7 @@ class Guest:
     def alloc(self, n: int, align: int = 64) -> int:
         """Reserve n bytes in the arena (zero-filled); returns the guest address."""
         a = _round(self._arena_next, align)
-        if a + n > self.arena.gpa + self.arena.size:
+        if a + n > self._arena_limit:
             raise BochsError(f"arena exhausted ({n} bytes requested)")
         self._arena_next = a + max(n, 1)
         off = a - self.arena.gpa
@@ -321,8 +311,20 @@ class Guest:
         off = addr - r.gpa
         return bytes(r.mm[off:off + n])
 
+    def put_at_arena_end(self, data) -> int:
+        """Copies `data` into the arena's last bytes, so a read past its end faults (#PF:
+        nothing is mapped right after the arena); alloc stays below it until reset_arena."""
+        mv = memoryview(data).cast("B")
+        a = self.arena.gpa + self.arena.size - len(mv)
+        if a < self._arena_next:
+            raise BochsError(f"arena exhausted ({len(mv)} bytes requested at its end)")
+        self._arena_limit = a
+        self._raw_write(a, mv)
+        return a
+
     def reset_arena(self) -> None:
         self._arena_next = ARENA_BASE
+        self._arena_limit = self.arena.gpa + self.arena.size
 
     def sym(self, name: str) -> int:
         try:
@@ -370,23 +372,19 @@ class Guest:
         return st
 
     def call(self, func, arg: int = 0, *, max_branches: int = 50_000_000,
-             max_insns: int | None = None, timeout_s: float = 600.0,
-             count_insns: bool = False, unbounded: bool = False) -> int:
+             timeout_s: float = 600.0) -> int:
         """Call `func` (symbol name or address) with rdi=arg; returns rax.
 
         Budget: every near branch (loop back-edge, call, ret, jmp) is counted and the run
-        is stopped after max_branches or timeout_s of wall time; max_insns (or
-        count_insns=True) additionally counts every retired instruction exactly (slower:
-        one Python callback per instruction). unbounded=True drops the branch hooks
-        (fastest, but an endless guest loop then hangs: only for trusted, tested code).
-        Raises CpuException / BudgetExceeded / BochsError.
+        is stopped after max_branches or timeout_s of wall time (straight-line code is
+        bounded by its size). Raises CpuException / BudgetExceeded / BochsError.
         """
         name = func if isinstance(func, str) else f"{func:#x}"
         rip = self.sym(func) if isinstance(func, str) else int(func)
         sess = self.sess
         sess.cpu.state = self._initial_state(rip, arg)
 
-        res = {"exc": None, "budget": None, "done": False, "br": 0, "ins": 0,
+        res = {"exc": None, "budget": None, "done": False, "br": 0,
                "nexc": 0, "delivered": None, "hlt": None}
         deadline = time.monotonic() + timeout_s
         # check the wall clock only every 4096 branches
@@ -414,7 +412,7 @@ class Guest:
                 # "jmp $" is executing; the CPU pushed [err] rip cs rflags rsp ss
                 res["delivered"] = (new_ip - STUB_BASE) // 8
                 s.stop()
-            elif not unbounded:
+            else:
                 on_branch(s, cpu_id, branch_ip, new_ip)
 
         def on_exception(s, cpu_id, vector, error_code):
@@ -431,26 +429,13 @@ class Guest:
 
         hook = bochscpu.Hook()
         hook.exception = on_exception
-        if not unbounded:
-            hook.cnear_branch_taken = on_branch
-            hook.cnear_branch_not_taken = on_branch
+        hook.cnear_branch_taken = on_branch
+        hook.cnear_branch_not_taken = on_branch
         hook.ucnear_branch = on_ucnear
         hook.hlt = on_hlt
-        if count_insns or max_insns is not None:
-            lim = max_insns if max_insns is not None else 1 << 62
 
-            def on_after(s, cpu_id, insn):
-                res["ins"] += 1
-                if res["ins"] > lim:
-                    stop_budget("instruction", lim)
-            hook.after_execution = on_after
-
-        t0 = time.perf_counter()
         sess.run([hook])
-        dt = time.perf_counter() - t0
         st = sess.cpu.state
-        self.last = CallStats(name, dt, res["br"], res["ins"] if (count_insns or max_insns is not None) else -1,
-                              st.mxcsr)
         if res["done"] and res["exc"] is None:
             return st.rax
         if res["hlt"] is not None:

@@ -60,5 +60,21 @@ TEST(ServerOptionsTest, ACpuKernelThatIsUnknownOrWiderThanTheCpusIsRefused) {
   EXPECT_EQ(AdamWKernelIsa(), CpuKernelIsa()) << "a refused start changed the path";
 }
 
+// A start refused for another reason, after the path was checked, leaves the
+// process on the path it had.
+TEST(ServerOptionsTest, AStartRefusedLateLeavesTheCpuKernelAsItWas) {
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.backend.kind = "cpu";
+  absl::StatusOr<std::unique_ptr<Server>> first = Server::Start(options);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(AdamWKernelIsa(), CpuKernelIsa());
+  options.listen = "127.0.0.1:" + std::to_string((*first)->port());  // Taken.
+  options.cpu_kernel = "scalar";
+  absl::StatusOr<std::unique_ptr<Server>> second = Server::Start(options);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable) << second.status();
+  EXPECT_EQ(AdamWKernelIsa(), CpuKernelIsa()) << "the refused start took the scalar path";
+}
+
 }  // namespace
 }  // namespace optstate::testing

@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "optstate/dtype.h"
+#include "server/kernels/adamw_kernel_scalar.h"
 #include "tests/testing/reference_adamw.h"
 #include "tests/testing/test_seed.h"
 
@@ -929,7 +930,79 @@ INSTANTIATE_TEST_SUITE_P(Types, FindNonFiniteGradientTest,
                          [](const auto& info) { return TypeName(info.param); });
 
 // ---------------------------------------------------------------------------
-// ComputeAdamWConstants and hyperparameter edge cases.
+// The scalar edges around a vector span (the AVX-512 path's, which only an
+// AVX-512 CPU runs; here with spans of any placement).
+
+// With the span's elements already stepped (as the vector part leaves
+// them), the edges complete the update and its params exactly as the
+// scalar path does, and leave the span's elements alone.
+TEST(VectorSpanEdges, CompleteTheUpdateAndItsParamsAroundAnySpan) {
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  constexpr size_t n = 1031;
+  const FloatState before = RandomState(n, rng);
+  const std::vector<unsigned char> grad =
+      EncodeGradient(RandomGradient(n, rng), WireType::kBFloat16);
+  const AdamWConstants c = ComputeAdamWConstants(Inputs(kNonDefault, RandomStep(rng)));
+  KernelState want(before);
+  want.Step(Path::kScalar, c, grad, WireType::kBFloat16);
+  using kernel_internal::VectorSpan;
+  for (const VectorSpan span : {VectorSpan{0, 0}, VectorSpan{0, 1024}, VectorSpan{7, 1031},
+                                VectorSpan{15, 1023}, VectorSpan{1031, 1031}}) {
+    for (int params = -1; params <= 2; ++params) {
+      SCOPED_TRACE(absl::StrCat("span [", span.begin, ", ", span.end, "), params ", params));
+      const WireType params_type = static_cast<WireType>(params < 0 ? 0 : params);
+      const size_t size = WireTypeSize(params_type);
+      std::vector<unsigned char> want_bytes(n * size), out(n * size, 0xA5);
+      EncodeFromFloat(params_type, want.p().data(), want_bytes.data(), n);
+      GuardedFloats p(before.p), m(before.m), v(before.v);
+      // The vector part's work, done here by the scalar path.
+      kernel_internal::AdamWRangeScalar(c, p.data(), m.data(), v.data(), grad.data(),
+                                        WireType::kBFloat16, span.begin, span.end);
+      if (params >= 0) {
+        std::memcpy(out.data() + span.begin * size, want_bytes.data() + span.begin * size,
+                    (span.end - span.begin) * size);
+      }
+      kernel_internal::UpdateAndEncodeOutside(span, c, p.data(), m.data(), v.data(), grad.data(),
+                                              WireType::kBFloat16, n,
+                                              params < 0 ? nullptr : out.data(), params_type);
+      EXPECT_TRUE(BitwiseEqual(p.ToVector(), want.p()));
+      EXPECT_TRUE(BitwiseEqual(m.ToVector(), want.m()));
+      EXPECT_TRUE(BitwiseEqual(v.ToVector(), want.v()));
+      if (params >= 0) {
+        EXPECT_EQ(std::memcmp(out.data(), want_bytes.data(), out.size()), 0);
+      } else {
+        EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](unsigned char b) { return b == 0xA5; }))
+            << "params written with no params_out";
+      }
+      EXPECT_TRUE(p.GuardsIntact() && m.GuardsIntact() && v.GuardsIntact());
+    }
+  }
+}
+
+// The scalar finite check from `begin` (the AVX-512 path's tail) sees what
+// is at or after begin, and nothing before it.
+TEST(VectorSpanEdges, TheFiniteCheckFromBeginIgnoresWhatComesBefore) {
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  std::vector<unsigned char> grad =
+      EncodeGradient(RandomGradient(kCheckCount, rng, 1.0f), WireType::kFloat32);
+  const uint32_t nan = Specials(WireType::kFloat32).nans[0];
+  PutRaw(grad, WireType::kFloat32, 100, nan);
+  PutRaw(grad, WireType::kFloat32, 2995, nan);
+  using kernel_internal::FindNonFiniteScalarFrom;
+  EXPECT_EQ(FindNonFiniteScalarFrom(grad.data(), WireType::kFloat32, 0, kCheckCount, 1.0f), 100u);
+  EXPECT_EQ(FindNonFiniteScalarFrom(grad.data(), WireType::kFloat32, 100, kCheckCount, 1.0f), 100u);
+  EXPECT_EQ(FindNonFiniteScalarFrom(grad.data(), WireType::kFloat32, 101, kCheckCount, 1.0f),
+            2995u);
+  EXPECT_EQ(FindNonFiniteScalarFrom(grad.data(), WireType::kFloat32, 2996, kCheckCount, 1.0f),
+            kCheckCount);
+  EXPECT_EQ(
+      FindNonFiniteScalarFrom(grad.data(), WireType::kFloat32, kCheckCount, kCheckCount, 1.0f),
+      kCheckCount);
+}
 
 // ---------------------------------------------------------------------------
 // Choosing the path.
@@ -976,6 +1049,9 @@ TEST(KernelIsaChoice, UseKernelIsaTakesThePathsTheCpuRunsAndRefusesWiderOnes) {
   }
   ASSERT_TRUE(UseKernelIsa(CpuKernelIsa()));  // As the other tests expect.
 }
+
+// ---------------------------------------------------------------------------
+// ComputeAdamWConstants and hyperparameter edge cases.
 
 TEST(AdamWConstants, AreTheDoubleFormulasRoundedOnceToFloat) {
   const AdamWStepInputs in = Inputs(kNonDefault, 37, 0.25f);
