@@ -160,12 +160,14 @@ OPTSTATE_AVX512 VectorSpan UpdateSpan(const AdamWConstants& c, float* p, float* 
   float* const vs = v + begin;
   const unsigned char* const gs = grad + begin * grad_size;
   unsigned char* const os = out == nullptr ? nullptr : out + begin * out_size;
-  if (stream) {
-    UpdateLoopFor<kOut, true>(grad_type, c, ps, ms, vs, gs, end - begin, os);
-    _mm_sfence();
-  } else {
-    UpdateLoopFor<kOut, false>(grad_type, c, ps, ms, vs, gs, end - begin, os);
+  if constexpr (kOut != ParamsOut::kNone) {  // Without params out, nothing to stream.
+    if (stream) {
+      UpdateLoopFor<kOut, true>(grad_type, c, ps, ms, vs, gs, end - begin, os);
+      _mm_sfence();
+      return {begin, end};
+    }
   }
+  UpdateLoopFor<kOut, false>(grad_type, c, ps, ms, vs, gs, end - begin, os);
   return {begin, end};
 }
 
