@@ -11,11 +11,17 @@
 namespace optstate::testing {
 namespace {
 
-// Two daemons on one port would split the clients between two states.
-TEST(ServerOptionsTest, ASecondServerOnATakenPortDoesNotStart) {
+// A CPU server on a free loopback port.
+ServerOptions LocalCpuServer() {
   ServerOptions options;
   options.listen = "127.0.0.1:0";
   options.backend.kind = "cpu";
+  return options;
+}
+
+// Two daemons on one port would split the clients between two states.
+TEST(ServerOptionsTest, ASecondServerOnATakenPortDoesNotStart) {
+  ServerOptions options = LocalCpuServer();
   absl::StatusOr<std::unique_ptr<Server>> first = Server::Start(options);
   ASSERT_TRUE(first.ok()) << first.status();
   options.listen = "127.0.0.1:" + std::to_string((*first)->port());
@@ -25,9 +31,7 @@ TEST(ServerOptionsTest, ASecondServerOnATakenPortDoesNotStart) {
 }
 
 TEST(ServerOptionsTest, AMessageLimitThatCannotHoldOnePageIsRefused) {
-  ServerOptions options;
-  options.listen = "127.0.0.1:0";
-  options.backend.kind = "cpu";
+  ServerOptions options = LocalCpuServer();
   options.page_elements = 1 << 20;  // 4 MiB of float32.
   options.max_message_bytes = 4 << 20;
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
@@ -40,9 +44,7 @@ TEST(ServerOptionsTest, AMessageLimitThatCannotHoldOnePageIsRefused) {
 // A path the CPU lacks would fault on the first step, and an unknown name
 // says nothing; both are refused before anything starts.
 TEST(ServerOptionsTest, ACpuKernelThatIsUnknownOrWiderThanTheCpusIsRefused) {
-  ServerOptions options;
-  options.listen = "127.0.0.1:0";
-  options.backend.kind = "cpu";
+  ServerOptions options = LocalCpuServer();
   options.cpu_kernel = "avx";
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
   EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument) << server.status();
@@ -63,9 +65,7 @@ TEST(ServerOptionsTest, ACpuKernelThatIsUnknownOrWiderThanTheCpusIsRefused) {
 // A start refused for another reason, after the path was checked, leaves the
 // process on the path it had.
 TEST(ServerOptionsTest, AStartRefusedLateLeavesTheCpuKernelAsItWas) {
-  ServerOptions options;
-  options.listen = "127.0.0.1:0";
-  options.backend.kind = "cpu";
+  ServerOptions options = LocalCpuServer();
   absl::StatusOr<std::unique_ptr<Server>> first = Server::Start(options);
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_EQ(AdamWKernelIsa(), CpuKernelIsa());
