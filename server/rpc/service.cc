@@ -46,15 +46,15 @@ grpc::ServerUnaryReactor* OptimizerStateService::GetStats(grpc::CallbackServerCo
   v1::GetStatsRequest parsed;
   v1::GetStatsResponse reply;
   absl::Status status = ParseRawMessage(*request, &parsed);
-  if (status.ok()) status = GetStats(TenantOf(context), parsed, &reply);
+  if (status.ok()) status = FillStats(TenantOf(context), parsed, &reply);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   Reply(reactor, std::move(status), reply, response);
   return reactor;
 }
 
-absl::Status OptimizerStateService::GetStats(const std::string& tenant,
-                                             const v1::GetStatsRequest& request,
-                                             v1::GetStatsResponse* response) {
+absl::Status OptimizerStateService::FillStats(const std::string& tenant,
+                                              const v1::GetStatsRequest& request,
+                                              v1::GetStatsResponse* response) {
   StateStore* store = engine_->store();
   const std::vector<std::shared_ptr<Group>> groups = store->List(tenant);
   absl::StatusOr<GroupPageStart> start =
@@ -115,15 +115,15 @@ grpc::ServerUnaryReactor* OptimizerStateService::ListGroups(grpc::CallbackServer
   v1::ListGroupsRequest parsed;
   v1::ListGroupsResponse reply;
   absl::Status status = ParseRawMessage(*request, &parsed);
-  if (status.ok()) status = ListGroups(TenantOf(context), parsed, &reply);
+  if (status.ok()) status = FillGroupList(TenantOf(context), parsed, &reply);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   Reply(reactor, std::move(status), reply, response);
   return reactor;
 }
 
-absl::Status OptimizerStateService::ListGroups(const std::string& tenant,
-                                               const v1::ListGroupsRequest& request,
-                                               v1::ListGroupsResponse* response) {
+absl::Status OptimizerStateService::FillGroupList(const std::string& tenant,
+                                                  const v1::ListGroupsRequest& request,
+                                                  v1::ListGroupsResponse* response) {
   const std::vector<std::shared_ptr<Group>> groups = engine_->store()->List(tenant);
   absl::StatusOr<GroupPageStart> start =
       StartGroupPage(groups, tenant, request.page_size(), request.page_token());

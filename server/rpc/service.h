@@ -82,10 +82,10 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
 
  private:
   // The typed halves of the unary methods: OK fills `response`.
-  absl::Status GetStats(const std::string& tenant, const v1::GetStatsRequest& request,
-                        v1::GetStatsResponse* response);
-  absl::Status ListGroups(const std::string& tenant, const v1::ListGroupsRequest& request,
-                          v1::ListGroupsResponse* response);
+  absl::Status FillStats(const std::string& tenant, const v1::GetStatsRequest& request,
+                         v1::GetStatsResponse* response);
+  absl::Status FillGroupList(const std::string& tenant, const v1::ListGroupsRequest& request,
+                             v1::ListGroupsResponse* response);
 
   // The caller's tenant; "" until authentication maps callers to tenants.
   static std::string TenantOf(const grpc::CallbackServerContext* context) { return ""; }
