@@ -1,5 +1,6 @@
 // Facts of the Step messages' wire form that both ends rely on: the field
-// tags the raw readers and writers use, and the packing limits.
+// tags the raw readers and writers use (the packing limits are in
+// optstate/message_limits.h, which this includes).
 #ifndef OPTSTATE_PROTO_OPTSTATE_V1_STEP_WIRE_FORMAT_H_
 #define OPTSTATE_PROTO_OPTSTATE_V1_STEP_WIRE_FORMAT_H_
 
@@ -7,6 +8,7 @@
 #include <cstdint>
 
 #include "google/protobuf/wire_format_lite.h"
+#include "optstate/message_limits.h"
 #include "optstate/v1/optstate.pb.h"
 
 namespace optstate {
@@ -30,18 +32,7 @@ inline constexpr uint32_t kStepParamsTag = LengthDelimitedTag(v1::StepResponse::
 static_assert(int{v1::StepRequest::kMoreFieldNumber} == int{v1::StepResponse::kMoreFieldNumber});
 inline constexpr uint32_t kStepMoreTag = LengthDelimitedTag(v1::StepRequest::kMoreFieldNumber);
 
-// The most chunks one Step message may pack in StepRequest.more: the daemon
-// refuses a message with more (INVALID_ARGUMENT), so a client packs at most
-// this many.
-inline constexpr size_t kMaxPackedChunks = 4096;
-
-// Room a reply takes beyond its params, per chunk: the params' tag and
-// length, the other fields (group name aside) and a packed reply's framing;
-// at most 72 bytes, rounded up. The daemon refuses a message whose reply,
-// reckoned so, could pass its --max_message_bytes; a client that packs a
-// message up to the limit reserves at least this much per chunk, or the
-// daemon would refuse what it packed.
-inline constexpr uint64_t kReplyFieldsBytes = 96;
+// kMaxPackedChunks and kReplyFieldsBytes: optstate/message_limits.h.
 
 }  // namespace optstate
 
