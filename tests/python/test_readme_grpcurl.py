@@ -53,7 +53,7 @@ def floats(b64):
 def test_readme_grpcurl_commands_work_as_documented(fresh_daemons):
     daemon = fresh_daemons()
     commands = readme_grpcurl_commands()
-    assert len(commands) == 10, commands
+    assert len(commands) == 9, commands
     outputs = [run(c, daemon.target) for c in commands]
 
     services = outputs[0].split()
@@ -79,5 +79,5 @@ def test_readme_grpcurl_commands_work_as_documented(fresh_daemons):
     assert torch.equal(floats(step2["more"][0]["params"]), pb), step2
 
     stats = json.loads(outputs[8])
-    assert int(stats["numGroups"]) == 2, stats
-    assert int(stats["totalElements"]) == 6 and int(stats["chunksApplied"]) == 3, stats
+    assert int(stats["num_groups"]) == 2, stats
+    assert int(stats["total_elements"]) == 6 and int(stats["chunks_applied"]) == 3, stats
