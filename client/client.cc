@@ -6,8 +6,8 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "client/client_internal.h"
-#include "client/step_wire.h"
+#include "client/client_impl.h"
+#include "client/transport/wire/step_wire.h"
 
 namespace optstate {
 namespace {

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "client/client_internal.h"
+#include "client/client_impl.h"
 
 namespace optstate {
 namespace {

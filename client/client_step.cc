@@ -14,9 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "client/client_internal.h"
-#include "client/plan_chunks.h"
-#include "client/step_wire.h"
+#include "client/client_impl.h"
+#include "client/step/plan_chunks.h"
+#include "client/transport/wire/step_wire.h"
 #include "optstate/v1/dtype_proto.h"
 
 namespace optstate {

@@ -1,6 +1,6 @@
 // The shared-memory data plane's client side: region life cycle, layout,
 // copies in and out, and the Step stream of region chunks with resends.
-#include "client/shared_memory_plane.h"
+#include "client/transport/shared_memory/shared_memory_plane.h"
 
 #include <poll.h>
 #include <sys/mman.h>
@@ -17,7 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "client/client_internal.h"
+#include "client/client_impl.h"
 #include "common/region_protocol.h"
 #include "optstate/v1/dtype_proto.h"
 #include "optstate/v1/optstate.grpc.pb.h"

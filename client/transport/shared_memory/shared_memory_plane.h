@@ -2,8 +2,8 @@
 // shared with the daemon over its region socket) holding each group's
 // gradient and params, and Step streams whose chunks name slices of it.
 // Not API.
-#ifndef OPTSTATE_CLIENT_SHARED_MEMORY_PLANE_H_
-#define OPTSTATE_CLIENT_SHARED_MEMORY_PLANE_H_
+#ifndef OPTSTATE_CLIENT_TRANSPORT_SHARED_MEMORY_SHARED_MEMORY_PLANE_H_
+#define OPTSTATE_CLIENT_TRANSPORT_SHARED_MEMORY_SHARED_MEMORY_PLANE_H_
 
 #include <memory>
 #include <optional>
@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "client/plan_chunks.h"
+#include "client/step/plan_chunks.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/client.h"
 
@@ -166,4 +166,4 @@ class DataPlaneChoice {
 
 }  // namespace optstate::client_internal
 
-#endif  // OPTSTATE_CLIENT_SHARED_MEMORY_PLANE_H_
+#endif  // OPTSTATE_CLIENT_TRANSPORT_SHARED_MEMORY_SHARED_MEMORY_PLANE_H_

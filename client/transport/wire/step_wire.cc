@@ -1,6 +1,6 @@
 // Request serialization into one slice, and a StepResponse parser that reads
 // the params field in place from the reply's slices.
-#include "client/step_wire.h"
+#include "client/transport/wire/step_wire.h"
 
 #include <algorithm>
 #include <climits>

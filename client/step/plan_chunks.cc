@@ -1,5 +1,5 @@
 // PlanChunks: page-aligned chunks per group, packed greedily in order.
-#include "client/plan_chunks.h"
+#include "client/step/plan_chunks.h"
 
 #include <algorithm>
 

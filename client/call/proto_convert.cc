@@ -1,5 +1,5 @@
 // GroupInfo and Stats from their protos, field by field.
-#include "client/proto_convert.h"
+#include "client/call/proto_convert.h"
 
 #include "absl/strings/str_cat.h"
 

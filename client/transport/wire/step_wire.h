@@ -4,8 +4,8 @@
 // params are widened straight from the received slices into the caller's
 // params_out. A request may pack several chunks (StepRequest.more), and its
 // reply then packs theirs. Not API.
-#ifndef OPTSTATE_CLIENT_STEP_WIRE_H_
-#define OPTSTATE_CLIENT_STEP_WIRE_H_
+#ifndef OPTSTATE_CLIENT_TRANSPORT_WIRE_STEP_WIRE_H_
+#define OPTSTATE_CLIENT_TRANSPORT_WIRE_STEP_WIRE_H_
 
 #include <cstddef>
 #include <vector>
@@ -65,4 +65,4 @@ absl::Status ParseStepResponse(
 
 }  // namespace optstate::client_internal
 
-#endif  // OPTSTATE_CLIENT_STEP_WIRE_H_
+#endif  // OPTSTATE_CLIENT_TRANSPORT_WIRE_STEP_WIRE_H_

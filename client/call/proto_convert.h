@@ -1,7 +1,7 @@
 // The client's translation of the daemon's replies into optstate's own types
 // (GroupInfo, Stats), so no protobuf type reaches the public headers. Not API.
-#ifndef OPTSTATE_CLIENT_PROTO_CONVERT_H_
-#define OPTSTATE_CLIENT_PROTO_CONVERT_H_
+#ifndef OPTSTATE_CLIENT_CALL_PROTO_CONVERT_H_
+#define OPTSTATE_CLIENT_CALL_PROTO_CONVERT_H_
 
 #include "absl/status/statusor.h"
 #include "optstate/group_info.h"
@@ -20,4 +20,4 @@ absl::StatusOr<Stats> StatsFromProto(const v1::GetStatsResponse& proto);
 
 }  // namespace optstate::client_internal
 
-#endif  // OPTSTATE_CLIENT_PROTO_CONVERT_H_
+#endif  // OPTSTATE_CLIENT_CALL_PROTO_CONVERT_H_

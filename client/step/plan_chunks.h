@@ -1,7 +1,7 @@
 // Chunk planning for Client::Step: each group's gradient cut into page-aligned
 // chunks, and consecutive small chunks packed into shared messages. Not API.
-#ifndef OPTSTATE_CLIENT_PLAN_CHUNKS_H_
-#define OPTSTATE_CLIENT_PLAN_CHUNKS_H_
+#ifndef OPTSTATE_CLIENT_STEP_PLAN_CHUNKS_H_
+#define OPTSTATE_CLIENT_STEP_PLAN_CHUNKS_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -61,4 +61,4 @@ absl::StatusOr<std::vector<PlannedPieces>> PlanChunks(absl::Span<const ChunkGrou
 
 }  // namespace optstate::client_internal
 
-#endif  // OPTSTATE_CLIENT_PLAN_CHUNKS_H_
+#endif  // OPTSTATE_CLIENT_STEP_PLAN_CHUNKS_H_

@@ -1,8 +1,8 @@
 // What the client's translation units share: the channel and stub, the cache
 // of group layouts, registration, Step's group checks, status translation and
 // the retry schedule. Not API.
-#ifndef OPTSTATE_CLIENT_CLIENT_INTERNAL_H_
-#define OPTSTATE_CLIENT_CLIENT_INTERNAL_H_
+#ifndef OPTSTATE_CLIENT_CLIENT_IMPL_H_
+#define OPTSTATE_CLIENT_CLIENT_IMPL_H_
 
 #include <memory>
 #include <string>
@@ -10,9 +10,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
-#include "client/plan_chunks.h"
-#include "client/proto_convert.h"
-#include "client/shared_memory_plane.h"
+#include "client/step/plan_chunks.h"
+#include "client/call/proto_convert.h"
+#include "client/transport/shared_memory/shared_memory_plane.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/client.h"
 #include "optstate/v1/optstate.grpc.pb.h"
@@ -68,4 +68,4 @@ void ChunkFields(const GroupStep& group, const ChunkPiece& piece, uint64_t step,
 }  // namespace client_internal
 }  // namespace optstate
 
-#endif  // OPTSTATE_CLIENT_CLIENT_INTERNAL_H_
+#endif  // OPTSTATE_CLIENT_CLIENT_IMPL_H_
