@@ -1,6 +1,5 @@
-// What the client's translation units share: the channel and stub, the cache
-// of group layouts, registration, Step's group checks, status translation and
-// the retry schedule. Not API.
+// What the Client's translation units share: the channel and stub, the
+// data plane choice, the cache of group layouts and registration. Not API.
 #ifndef OPTSTATE_CLIENT_CLIENT_IMPL_H_
 #define OPTSTATE_CLIENT_CLIENT_IMPL_H_
 
@@ -10,9 +9,10 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "client/data_plane_choice.h"
 #include "client/step/plan_chunks.h"
-#include "client/call/proto_convert.h"
-#include "client/transport/shared_memory/shared_memory_plane.h"
+#include "client/step/step_input.h"
+#include "client/transport/step_transport.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/client.h"
 #include "optstate/v1/optstate.grpc.pb.h"
@@ -25,7 +25,7 @@ struct Client::Impl {
   ClientOptions options;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::OptimizerState::Stub> stub;
-  // Step as a raw method (client/step_wire.h), registered on `channel`.
+  // Step as a raw method (transport/step_stream.h), registered on `channel`.
   std::unique_ptr<grpc::internal::RpcMethod> raw_step;
   // Wire or shared memory (ClientOptions::data_plane); holds the region.
   client_internal::DataPlaneChoice data_plane;
@@ -45,27 +45,16 @@ struct Client::Impl {
   absl::StatusOr<std::vector<client_internal::ChunkGroup>> StepLayouts(
       Client& client, absl::Span<const GroupStep> groups, const StepOptions& options,
       const client_internal::ChunkLimits& limits);
+  // Sends `input`, prepared as `messages` messages, through `transport`:
+  // the retry loop over its streams, each resending only the messages not
+  // yet answered.
+  absl::Status Send(client_internal::StepTransport& transport, size_t messages,
+                    const client_internal::StepInput& input);
   // RegisterGroup with retries; `initial_values` empty when the spec has none.
   absl::StatusOr<GroupInfo> Register(const v1::GroupSpec& spec,
                                      absl::Span<const float> initial_values);
 };
 
-namespace client_internal {
-
-absl::Status FromGrpcStatus(const grpc::Status& status);
-// Transient failures a retry may cure; safe to retry because steps are
-// exactly-once and registration is idempotent.
-bool IsRetryable(const absl::Status& status);
-// Sleep before attempt `attempt` (1 for the first retry).
-absl::Duration Backoff(const ClientOptions& options, int attempt);
-void SetDeadline(grpc::ClientContext* context, const ClientOptions& options);
-// A chunk's StepRequest fields but its gradient (or region slices): group,
-// step, offset, size, dtypes, the group's or the call's lr, grad_scale. The
-// one place both data planes set them.
-void ChunkFields(const GroupStep& group, const ChunkPiece& piece, uint64_t step,
-                 const StepOptions& options, v1::StepRequest* fields);
-
-}  // namespace client_internal
 }  // namespace optstate
 
 #endif  // OPTSTATE_CLIENT_CLIENT_IMPL_H_

@@ -5,13 +5,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "optstate/v1/step_wire_format.h"
+#include "optstate/message_limits.h"
 
 namespace optstate::client_internal {
 namespace {
 
-// Room kept in every message for the fields beside the payloads.
-constexpr uint64_t kOtherFieldsBytes = 4096;
 // Room kept per packed chunk for its fields and framing, beyond the group
 // name: what the daemon reckons a chunk's reply takes beyond its params,
 // which it checks before applying a message.
@@ -32,7 +30,7 @@ absl::StatusOr<uint64_t> PagesPerChunk(const ChunkGroup& group, const ChunkLimit
     return absl::InternalError(
         absl::StrCat("the daemon describes group '", group.name, "' with pages of 0 elements"));
   }
-  const uint64_t max_pages = (limits.max_message_bytes - kOtherFieldsBytes) /
+  const uint64_t max_pages = (limits.max_message_bytes - kMessageFieldRoomBytes) /
                              (group.page_elements * WidestElementBytes(limits));
   if (max_pages == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -47,7 +45,7 @@ absl::StatusOr<uint64_t> PagesPerChunk(const ChunkGroup& group, const ChunkLimit
 absl::StatusOr<std::vector<PlannedPieces>> PlanChunks(absl::Span<const ChunkGroup> groups,
                                                       const ChunkLimits& limits) {
   const uint64_t widest = WidestElementBytes(limits);
-  const uint64_t message_limit = limits.max_message_bytes - kOtherFieldsBytes;
+  const uint64_t message_limit = limits.max_message_bytes - kMessageFieldRoomBytes;
   std::vector<PlannedPieces> messages;
   uint64_t packed_gradient_bytes = 0;  // Of messages.back().
   uint64_t packed_message_bytes = 0;

@@ -25,7 +25,7 @@ struct ChunkGroup {
 // The client's options and the step's wire types, as planning sees them.
 struct ChunkLimits {
   uint64_t chunk_bytes = 0;        // ClientOptions::chunk_bytes (> 0).
-  uint64_t max_message_bytes = 0;  // ClientOptions::max_message_bytes (> 4096).
+  uint64_t max_message_bytes = 0;  // ClientOptions::max_message_bytes (> kMessageFieldRoomBytes).
   WireType gradient_dtype = WireType::kFloat32;
   WireType param_dtype = WireType::kFloat32;
 };
@@ -44,15 +44,15 @@ using PlannedPieces = absl::InlinedVector<ChunkPiece, 1>;
 // Pages per chunk of `group`: chunk_bytes of gradient rounded down to whole
 // pages, at least one, and at most as many as keep the request and the reply
 // (params may be wider than the gradient) within max_message_bytes less
-// 4096 bytes for the other fields. INVALID_ARGUMENT, naming the group, when
-// not even one page fits; INTERNAL when the layout has pages of 0 elements.
+// kMessageFieldRoomBytes (optstate/message_limits.h) for the other fields. INVALID_ARGUMENT, naming
+// the group, when not even one page fits; INTERNAL when the layout has pages of 0 elements.
 absl::StatusOr<uint64_t> PagesPerChunk(const ChunkGroup& group, const ChunkLimits& limits);
 
 // The step's messages, in the order of `groups` and of their elements. Every
 // group is cut into chunks of PagesPerChunk pages (the last one to its end);
 // a chunk is packed into the message before it while that message keeps to
 // chunk_bytes of gradient, to at most 1024 chunks, and to max_message_bytes
-// less 4096, counting per chunk its widest payload, its group name and 96
+// less kMessageFieldRoomBytes, counting per chunk its widest payload, its group name and 96
 // bytes of fields and framing (no less than the daemon reckons a chunk's
 // reply takes beyond its params). Fails as PagesPerChunk for the first group
 // that fails it.

@@ -20,9 +20,10 @@ The floor plan:
    other.
 4. gRPC and protobuf headers (grpc/, grpcpp/, google/protobuf/, generated
    *.pb.h) are seen only by server/rpc, the server assembly, client/call,
-   client/transport with its two transports, and proto/. The client's public
-   headers, its step logic, its assembly and the Python binding see none of
-   them, and no proto helper either. nanobind is the Python binding's alone.
+   client/transport with its two transports, the client assembly and proto/.
+   The client's public headers, its step logic and the Python binding see
+   none of them, and no proto helper either. nanobind is the Python
+   binding's alone.
 5. No include cycle between files of the tree, inside a layer or across.
 
 Every include counts, quoted or in angle brackets. A quoted include is looked
@@ -103,9 +104,10 @@ LAYERS = {
     # that speaks the region protocol (common/region_protocol.h); not the wire.
     "client/transport/shared_memory": ["client/transport", "client/step", "client/call",
                                        "client/include", "proto"] + COMMON + RPC,
-    # client: Client itself, assembled from the folders above; no gRPC of its own.
+    # client: Client itself, assembled from the folders above; it holds the
+    # channel and stub and makes the unary calls, so it sees gRPC.
     "client": ["client/transport/wire", "client/transport/shared_memory", "client/transport",
-               "client/call", "client/step", "client/include"] + PUBLIC_COMMON,
+               "client/call", "client/step", "client/include", "proto"] + PUBLIC_COMMON + RPC,
     # python/src: the nanobind binding, on the public API only.
     "client/python/src": ["client/include", NANOBIND] + PUBLIC_COMMON,
 

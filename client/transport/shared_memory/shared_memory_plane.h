@@ -1,12 +1,12 @@
-// The client's side of the same-host data plane: one region (a sealed memfd
-// shared with the daemon over its region socket) holding each group's
-// gradient and params, and Step streams whose chunks name slices of it.
+// The client's session with the daemon's region socket (the same-host data
+// plane): its region (a sealed memfd) holding each group's gradient and
+// params, and the SharedBuffers the caller allocated. A step over it is a
+// SharedMemoryTransport (transport/shared_memory/shared_memory_transport.h).
 // Not API.
 #ifndef OPTSTATE_CLIENT_TRANSPORT_SHARED_MEMORY_SHARED_MEMORY_PLANE_H_
 #define OPTSTATE_CLIENT_TRANSPORT_SHARED_MEMORY_SHARED_MEMORY_PLANE_H_
 
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,7 +14,6 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "client/step/plan_chunks.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/client.h"
 
@@ -32,19 +31,15 @@ struct SharedMapping {
   const uint64_t bytes;
 };
 
-// On the client side:
 // 1. Open asks the daemon (DataPlane.GetDataPlane) for its region socket,
 //    connects, and checks the socket's greeting names the same daemon.
-// 2. A step lays out any group not yet in the region (a region sized from
-//    the live layout replaces the old one when it does not fit), copies each gradient into
-//    it (narrowed to the wire type), checks it finite there, and streams
-//    messages of chunks that name (region, offset, bytes) for gradient and
-//    params.
-// 3. Each reply says the daemon wrote the chunk's params into the region;
-//    they are copied into params_out then. Unanswered messages are resent
-//    after a transient failure, exactly as on the wire; a daemon that
-//    restarted meanwhile gets the same memfd registered again.
-// Not thread-safe: DataPlaneChoice runs one step at a time.
+// 2. A step lays out any group not yet in the region (EnsureAreas: a region
+//    sized from the live layout replaces the old one when it does not fit);
+//    its chunks name (region, offset, bytes) for gradient and params.
+// 3. A daemon that restarted meanwhile gets the same memfds registered
+//    again (ReconnectIfLost).
+// Not thread-safe: DataPlaneChoice (client/data_plane_choice.h) lets one
+// step at a time use it.
 class SharedMemoryPlane {
  public:
   // FAILED_PRECONDITION, saying why, when the daemon offers no region socket
@@ -57,14 +52,44 @@ class SharedMemoryPlane {
   SharedMemoryPlane(const SharedMemoryPlane&) = delete;
   SharedMemoryPlane& operator=(const SharedMemoryPlane&) = delete;
 
-  // Client::Step through the region, for groups whose layouts the caller
-  // checked (`layouts`, one per group). Same contract and codes as
-  // Client::Step; `*layout_failed` says the status is EnsureAreas' (nothing
-  // was sent: kAuto takes the wire then).
-  absl::Status Step(grpc::Channel* channel, const grpc::internal::RpcMethod& method,
-                    const ClientOptions& client_options, absl::Span<const GroupStep> groups,
-                    absl::Span<const ChunkGroup> layouts, uint64_t step, const StepOptions& options,
-                    bool* layout_failed);
+  // Where one group's gradient and params lie in the region. The capacities
+  // are the bytes reserved for each (the largest a step has needed), so a
+  // group whose dtypes change from step to step keeps its place.
+  struct Area {
+    uint64_t elements = 0;
+    uint64_t gradient_offset = 0;
+    uint64_t gradient_capacity = 0;
+    uint64_t params_offset = 0;
+    uint64_t params_capacity = 0;
+    uint64_t last_used = 0;  // The value of steps_ when a step last used it.
+  };
+  // Where a buffer lies in a SharedBuffer: the buffer's index (SIZE_MAX:
+  // in none) and the offset in it.
+  struct InPlace {
+    size_t region = SIZE_MAX;
+    uint64_t offset = 0;
+  };
+
+  // A step begins: counts it (areas unused for kAreaLifetimeSteps steps are
+  // not kept when the region is replaced) and unregisters the SharedBuffers
+  // the caller destroyed.
+  void BeginStep();
+  // The SharedBuffer holding all of [data, data + bytes), its mapping held
+  // in `held` for the step; InPlace{} when none does.
+  InPlace FindInPlace(const void* data, uint64_t bytes,
+                      std::vector<std::shared_ptr<SharedMapping>>* held) const;
+  bool has_shared_buffers() const { return !shared_.empty(); }
+  // The daemon's id of SharedBuffer `index` (from FindInPlace).
+  uint64_t shared_region_id(size_t index) const { return shared_[index].id; }
+  // A group's area; EnsureAreas laid it out.
+  const Area& area(const std::string& group) const { return areas_.at(group); }
+  char* base() const { return base_; }
+  uint64_t region_id() const { return region_id_; }
+  const std::string& session_key() const { return session_key_; }
+  // When the daemon closed the region socket (it restarted, or closed our
+  // session): connects again and registers the region and every live
+  // SharedBuffer anew. UNAVAILABLE when that fails.
+  absl::Status ReconnectIfLost(grpc::Channel* channel, const ClientOptions& options);
 
   // A SharedBuffer's mapping of `bytes` (rounded up to 4096), registered
   // with the daemon; its refusal (RESOURCE_EXHAUSTED) or UNAVAILABLE.
@@ -81,24 +106,12 @@ class SharedMemoryPlane {
   uint64_t region_bytes() const { return size_; }
   static constexpr uint64_t kAreaLifetimeSteps = 64;
 
-  // Lays out every group given (a new region when they do not fit); Step
+  // Lays out every group given (a new region when they do not fit); a step
   // calls it for the groups not wholly in SharedBuffers. The region socket's refusal
   // (RESOURCE_EXHAUSTED past the daemon's limits) or the memfd's failure.
   absl::Status EnsureAreas(absl::Span<const GroupStep> groups, const StepOptions& options);
 
  private:
-  // Where one group's gradient and params lie in the region. The capacities
-  // are the bytes reserved for each (the largest a step has needed), so a
-  // group whose dtypes change from step to step keeps its place.
-  struct Area {
-    uint64_t elements = 0;
-    uint64_t gradient_offset = 0;
-    uint64_t gradient_capacity = 0;
-    uint64_t params_offset = 0;
-    uint64_t params_capacity = 0;
-    uint64_t last_used = 0;  // The value of steps_ when a step last used it.
-  };
-
   SharedMemoryPlane() = default;
   // Connects to the daemon's region socket (after GetDataPlane).
   absl::Status Connect(grpc::Channel* channel, const ClientOptions& options);
@@ -130,38 +143,6 @@ class SharedMemoryPlane {
     uint64_t id;
   };
   std::vector<SharedRegion> shared_;
-};
-
-// Which data plane a Client's steps take (ClientOptions::data_plane),
-// chosen at the first step that can decide and kept. Thread-safe.
-class DataPlaneChoice {
- public:
-  // Steps through shared memory when that is the choice; std::nullopt when
-  // the wire should carry this step (kWire, or kAuto without a usable
-  // region socket or when the step's groups do not fit a region the daemon
-  // accepts). kSharedMemory without one: FAILED_PRECONDITION; when the
-  // region is refused: its status (RESOURCE_EXHAUSTED).
-  std::optional<absl::Status> MaybeStep(grpc::Channel* channel,
-                                        const grpc::internal::RpcMethod& method,
-                                        const ClientOptions& client_options,
-                                        absl::Span<const GroupStep> groups,
-                                        absl::Span<const ChunkGroup> layouts, uint64_t step,
-                                        const StepOptions& options) ABSL_LOCKS_EXCLUDED(mu_);
-  // Client::AllocateSharedBuffer: FAILED_PRECONDITION without a plane.
-  absl::StatusOr<std::shared_ptr<SharedMapping>> AllocateShared(grpc::Channel* channel,
-                                                                const ClientOptions& options,
-                                                                uint64_t bytes)
-      ABSL_LOCKS_EXCLUDED(mu_);
-
- private:
-  // Opens the plane the first time it can be decided. A status when the
-  // caller should return it (the daemon did not answer, for kSharedMemory).
-  std::optional<absl::Status> Decide(grpc::Channel* channel, const ClientOptions& options)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Mutex mu_;
-  bool decided_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status why_not_ ABSL_GUARDED_BY(mu_);  // When decided without a plane.
-  std::unique_ptr<SharedMemoryPlane> plane_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace optstate::client_internal

@@ -19,9 +19,6 @@
 
 namespace optstate::client_internal {
 
-// The full name of the Step method, for a raw call.
-inline constexpr char kStepMethod[] = "/optstate.v1.OptimizerState/Step";
-
 // One chunk of a request: its fields (gradient and `more` empty) and the
 // gradient to narrow into it, or, when `gradient16` is not empty, its
 // elements already in the wire type (copied as they are).
