@@ -3,61 +3,22 @@
 #include <algorithm>
 #include <cmath>
 
-#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
-#include "client/client_internal.h"
-#include "client/step_wire.h"
+#include "client/call/channel.h"
+#include "client/call/proto_convert.h"
+#include "client/call/retry.h"
+#include "client/call/status.h"
+#include "client/client_impl.h"
+#include "client/transport/step_stream.h"
+#include "optstate/message_limits.h"
 
 namespace optstate {
-namespace {
 
-// The least max_message_bytes: one float32 page of the daemon's default
-// size (262,144 elements) and room for the other fields.
-constexpr int kMinMessageBytes = (1 << 20) + 4096;
-
-}  // namespace
-
-namespace client_internal {
-
-absl::Status FromGrpcStatus(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
-
-bool IsRetryable(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kDeadlineExceeded:
-    case absl::StatusCode::kAborted:
-    case absl::StatusCode::kCancelled:
-    case absl::StatusCode::kUnknown:
-      return true;
-    default:
-      return false;
-  }
-}
-
-absl::Duration Backoff(const ClientOptions& options, int attempt) {
-  absl::Duration wait = options.initial_backoff;
-  for (int i = 1; i < attempt && wait < options.max_backoff; ++i) wait *= 2;
-  return std::min(wait, options.max_backoff);
-}
-
-void SetDeadline(grpc::ClientContext* context, const ClientOptions& options) {
-  // A timeout of a century or more (InfiniteDuration included) is no
-  // deadline; added to the clock it could overflow into one in the past.
-  if (options.attempt_timeout >= absl::Hours(24 * 365 * 100)) return;
-  context->set_deadline(absl::ToChronoTime(absl::Now() + options.attempt_timeout));
-}
-
-}  // namespace client_internal
-
-using client_internal::Backoff;
 using client_internal::FromGrpcStatus;
 using client_internal::GroupInfoFromProto;
-using client_internal::IsRetryable;
 using client_internal::SetDeadline;
+using client_internal::UnaryWithRetries;
+using client_internal::WithRetries;
 
 void Client::Impl::Remember(const GroupInfo& info) {
   absl::MutexLock lock(&mu);
@@ -84,30 +45,12 @@ Client::~Client() = default;
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target,
                                                         const ClientOptions& options) {
-  if (options.max_attempts < 1 || options.max_chunks_in_flight < 1 || options.chunk_bytes == 0 ||
-      options.max_message_bytes < kMinMessageBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ClientOptions: max_attempts and max_chunks_in_flight must be >= 1, chunk_bytes > 0, "
-        "max_message_bytes >= ",
-        kMinMessageBytes,
-        " (one float32 page of the daemon's default size and room for the other fields)"));
-  }
-  if (options.attempt_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        "ClientOptions.attempt_timeout must be positive (absl::InfiniteDuration() for none)");
-  }
+  if (absl::Status s = client_internal::CheckClientOptions(options); !s.ok()) return s;
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(options.max_message_bytes);
-  args.SetMaxSendMessageSize(options.max_message_bytes);
-  // Each Client gets its own connection: clients of one process (one per
-  // data-parallel rank, say) do not queue behind each other on one socket.
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  impl->channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  impl->channel = client_internal::MakeChannel(target, options);
   impl->stub = v1::OptimizerState::NewStub(impl->channel);
-  impl->raw_step = std::make_unique<grpc::internal::RpcMethod>(
-      client_internal::kStepMethod, grpc::internal::RpcMethod::BIDI_STREAMING, impl->channel);
+  impl->raw_step = client_internal::MakeStepMethod(impl->channel);
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
@@ -131,7 +74,8 @@ absl::StatusOr<v1::RegisterGroupResponse> RegisterOnce(v1::OptimizerState::Stub&
   if (ok && !values.empty()) {
     const uint64_t page_bytes = page_elements * sizeof(float);
     const uint64_t max_pages = std::max<uint64_t>(
-        1, (static_cast<uint64_t>(options.max_message_bytes) - 4096) / page_bytes);
+        1,
+        (static_cast<uint64_t>(options.max_message_bytes) - kMessageFieldRoomBytes) / page_bytes);
     const uint64_t pages_per_chunk =
         std::clamp<uint64_t>(options.chunk_bytes / page_bytes, 1, max_pages);
     const uint64_t chunk = pages_per_chunk * page_elements;
@@ -174,29 +118,24 @@ v1::GroupSpec MakeSpec(const std::string& name, uint64_t num_elements, const Hyp
 
 absl::StatusOr<GroupInfo> Client::Impl::Register(const v1::GroupSpec& spec,
                                                  absl::Span<const float> initial_values) {
-  absl::Status last;
   bool created = false;  // By any attempt: a retry finds the group existing.
-  for (int attempt = 0; attempt < options.max_attempts; ++attempt) {
-    if (attempt > 0) absl::SleepFor(Backoff(options, attempt));
+  absl::StatusOr<GroupInfo> info;
+  absl::Status status = WithRetries(options, [&](int) -> absl::Status {
     // The spec alone first: it tells the page size and whether values are due.
     absl::StatusOr<v1::RegisterGroupResponse> first = RegisterOnce(*stub, options, spec, {}, 0);
     if (first.ok()) created |= first->created();
     if (first.ok() && first->group().pages_awaiting_values() > 0) {
-      absl::StatusOr<v1::RegisterGroupResponse> filled =
-          RegisterOnce(*stub, options, spec, initial_values, first->group().page_elements());
-      first = std::move(filled);
+      first = RegisterOnce(*stub, options, spec, initial_values, first->group().page_elements());
     }
-    if (first.ok()) {
-      absl::StatusOr<GroupInfo> info = GroupInfoFromProto(first->group());
-      if (!info.ok()) return info.status();
-      info->created = created;
-      Remember(*info);
-      return info;
-    }
-    last = first.status();
-    if (!IsRetryable(last)) break;
-  }
-  return last;
+    if (!first.ok()) return first.status();
+    info = GroupInfoFromProto(first->group());
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  if (!info.ok()) return info.status();
+  info->created = created;
+  Remember(*info);
+  return info;
 }
 
 absl::StatusOr<GroupInfo> Client::RegisterGroup(const std::string& name,
@@ -219,31 +158,11 @@ absl::StatusOr<GroupInfo> Client::RegisterGroup(const std::string& name, uint64_
   return impl_->Register(MakeSpec(name, num_elements, h, false), {});
 }
 
-namespace {
-
-// A read-only unary call, attempted up to options.max_attempts times while
-// it fails transiently (safe: it changes nothing). `call(context)` makes one
-// attempt.
-absl::Status WithRetries(const ClientOptions& options,
-                         absl::FunctionRef<grpc::Status(grpc::ClientContext*)> call) {
-  absl::Status last;
-  for (int attempt = 0; attempt < options.max_attempts; ++attempt) {
-    if (attempt > 0) absl::SleepFor(Backoff(options, attempt));
-    grpc::ClientContext context;
-    SetDeadline(&context, options);
-    last = FromGrpcStatus(call(&context));
-    if (last.ok() || !IsRetryable(last)) return last;
-  }
-  return last;
-}
-
-}  // namespace
-
 absl::StatusOr<GroupInfo> Client::DescribeGroup(const std::string& name) {
   v1::DescribeGroupRequest request;
   request.set_name(name);
   v1::DescribeGroupResponse response;
-  absl::Status status = WithRetries(impl_->options, [&](grpc::ClientContext* context) {
+  absl::Status status = UnaryWithRetries(impl_->options, [&](grpc::ClientContext* context) {
     return impl_->stub->DescribeGroup(context, request, &response);
   });
   if (!status.ok()) return status;
@@ -256,7 +175,7 @@ absl::StatusOr<std::vector<GroupInfo>> Client::ListGroups() {
   v1::ListGroupsRequest request;
   do {
     v1::ListGroupsResponse response;
-    absl::Status status = WithRetries(impl_->options, [&](grpc::ClientContext* context) {
+    absl::Status status = UnaryWithRetries(impl_->options, [&](grpc::ClientContext* context) {
       return impl_->stub->ListGroups(context, request, &response);
     });
     if (!status.ok()) return status;
@@ -277,7 +196,7 @@ absl::StatusOr<Stats> Client::GetStats() {
   v1::GetStatsRequest request;
   do {
     v1::GetStatsResponse response;
-    absl::Status status = WithRetries(impl_->options, [&](grpc::ClientContext* context) {
+    absl::Status status = UnaryWithRetries(impl_->options, [&](grpc::ClientContext* context) {
       return impl_->stub->GetStats(context, request, &response);
     });
     if (!status.ok()) return status;

@@ -4,20 +4,21 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
-#include "client/client_internal.h"
+#include "client/call/retry.h"
+#include "client/call/status.h"
+#include "client/client_impl.h"
+#include "optstate/message_limits.h"
 
 namespace optstate {
 namespace {
 
-using client_internal::Backoff;
 using client_internal::FromGrpcStatus;
-using client_internal::IsRetryable;
 using client_internal::SetDeadline;
+using client_internal::WithRetries;
 
 // Bytes of payload per chunk: chunk_bytes, within the message limit.
 uint64_t ChunkBytes(const ClientOptions& options) {
-  const uint64_t limit = static_cast<uint64_t>(options.max_message_bytes) - 4096;
+  const uint64_t limit = static_cast<uint64_t>(options.max_message_bytes) - kMessageFieldRoomBytes;
   return std::max<uint64_t>(8, std::min<uint64_t>(options.chunk_bytes, limit)) / 8 * 8;
 }
 
@@ -138,14 +139,13 @@ absl::Status ImportOnce(v1::OptimizerState::Stub& stub, const ClientOptions& opt
 }  // namespace
 
 absl::StatusOr<Client::GroupState> Client::ExportState(const std::string& name) {
-  absl::Status last;
-  for (int attempt = 0; attempt < impl_->options.max_attempts; ++attempt) {
-    if (attempt > 0) absl::SleepFor(Backoff(impl_->options, attempt));
-    absl::StatusOr<GroupState> state = ExportOnce(*impl_->stub, impl_->options, name);
-    if (state.ok() || !IsRetryable(state.status())) return state;
-    last = state.status();
-  }
-  return last;
+  absl::StatusOr<GroupState> state;
+  absl::Status status = WithRetries(impl_->options, [&](int) {
+    state = ExportOnce(*impl_->stub, impl_->options, name);
+    return state.status();
+  });
+  if (!status.ok()) return status;
+  return state;
 }
 
 absl::Status Client::ImportState(const GroupState& state) {
@@ -162,13 +162,8 @@ absl::Status Client::ImportState(const GroupState& state) {
         "' has no page_steps; give one per daemon page, or exactly one for every page"));
   }
   impl_->Forget(state.name);
-  absl::Status last;
-  for (int attempt = 0; attempt < impl_->options.max_attempts; ++attempt) {
-    if (attempt > 0) absl::SleepFor(Backoff(impl_->options, attempt));
-    last = ImportOnce(*impl_->stub, impl_->options, state);
-    if (last.ok() || !IsRetryable(last)) return last;
-  }
-  return last;
+  return WithRetries(impl_->options,
+                     [&](int) { return ImportOnce(*impl_->stub, impl_->options, state); });
 }
 
 absl::StatusOr<Client::CheckpointResult> Client::Checkpoint(

@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "client/step_wire.h"
+#include "client/transport/wire/step_wire.h"
 
 namespace optstate::client_internal {
 

@@ -104,11 +104,16 @@ class Client {
   // Registers `name` with these initial values (all of it, any size) and
   // hyperparameters. Idempotent: an equal existing group is returned with
   // created=false and its trained pages are never rewound. ALREADY_EXISTS
-  // when a group of that name differs in size or hyperparameters.
+  // when a group of that name differs in size or hyperparameters;
+  // INVALID_ARGUMENT for a name that is not 1 to 512 printable ASCII
+  // characters without spaces, no values, a value that is not finite, or
+  // hyperparameters no AdamW takes; RESOURCE_EXHAUSTED when the group would
+  // pass the daemon's --max_host_bytes; UNAVAILABLE (after the retries) when
+  // the daemon cannot be reached.
   absl::StatusOr<GroupInfo> RegisterGroup(const std::string& name,
                                           absl::Span<const float> initial_values,
                                           const Hyperparameters& hyperparameters = {});
-  // The same with params starting at zero.
+  // The same with params starting at zero (INVALID_ARGUMENT for 0 elements).
   absl::StatusOr<GroupInfo> RegisterGroup(const std::string& name, uint64_t num_elements,
                                           const Hyperparameters& hyperparameters = {});
 
@@ -125,8 +130,15 @@ class Client {
   // element twice. When the step fails, params_out may hold the new params
   // of the chunks applied so far (a params_out in a SharedBuffer is written
   // by the daemon as it applies).
-  // While it runs, a step holds up to 64 MiB of its gradient narrowed to the
-  // wire type (ready to send, and to resend), beyond the caller's buffers.
+  // The daemon's refusals: NOT_FOUND for a group it does not hold (deleted,
+  // or never registered); FAILED_PRECONDITION for a page that is not at
+  // step - 1 or step (a step that skips ahead, or a replay of a step older
+  // than the page's), or a page still awaiting its initial values; the
+  // message names the group, page and steps. UNAVAILABLE (after the
+  // retries, saying how many) when the daemon cannot be reached.
+  // While it runs, a wire step holds up to 64 MiB of its gradient narrowed
+  // to the wire type (ready to send, and to resend), beyond the caller's
+  // buffers.
   absl::Status Step(absl::Span<const GroupStep> groups, uint64_t step,
                     const StepOptions& options = {});
   // The same for one group.
@@ -145,13 +157,15 @@ class Client {
   absl::StatusOr<std::unique_ptr<SharedBuffer>> AllocateSharedBuffer(uint64_t bytes);
 
   // Read-only calls, retried like the others.
+  // NOT_FOUND for a group the daemon does not hold.
   absl::StatusOr<GroupInfo> DescribeGroup(const std::string& name);
   // Every group, by name, read page by page (ListGroupsRequest.page_token).
   absl::StatusOr<std::vector<GroupInfo>> ListGroups();
   // The daemon's counters for the caller's groups (Stats).
   absl::StatusOr<Stats> GetStats();
-  // Made once, never retried: after a lost reply a retry could not tell
-  // "deleted now" from NOT_FOUND. Call it again to be sure.
+  // NOT_FOUND for a group the daemon does not hold. Made once, never
+  // retried: after a lost reply a retry could not tell "deleted now" from
+  // NOT_FOUND. Call it again to be sure.
   absl::Status DeleteGroup(const std::string& name);
 
   // ---- Durability (docs/durability.md) ----

@@ -24,8 +24,9 @@ struct SharedMapping;
 // Step using them runs (as for any buffer). Gradients and params_outs of one
 // step must not share bytes (a params_out overlapping its own gradient is
 // copied instead). Destroying the buffer unmaps it; the daemon forgets it at
-// its Client's next step, or when the Client goes. Move-only; not
-// thread-safe (the bytes are the caller's to synchronize).
+// its Client's next step, or when the Client goes. Neither copied nor
+// moved (Client hands it out as a unique_ptr); not thread-safe (the bytes
+// are the caller's to synchronize).
 class SharedBuffer {
  public:
   ~SharedBuffer();

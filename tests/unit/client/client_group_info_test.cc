@@ -4,7 +4,7 @@
 // fields) is refused rather than believed.
 #include <gtest/gtest.h>
 
-#include "client/proto_convert.h"
+#include "client/call/proto_convert.h"
 #include "optstate/v1/optstate.pb.h"
 
 namespace optstate {

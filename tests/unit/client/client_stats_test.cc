@@ -3,7 +3,7 @@
 // a group whose info lacks double hyperparameters fails the whole reply.
 #include <gtest/gtest.h>
 
-#include "client/proto_convert.h"
+#include "client/call/proto_convert.h"
 #include "optstate/v1/optstate.pb.h"
 
 namespace optstate {

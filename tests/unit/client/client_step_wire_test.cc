@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "client/step_wire.h"
+#include "client/transport/wire/step_wire.h"
 #include "optstate/v1/dtype_proto.h"
 #include "tests/testing/random_cuts.h"
 #include "tests/testing/step_wire_one_chunk.h"

@@ -3,7 +3,7 @@
 // message), small chunks packed up to chunk_bytes and 1024 a message, the
 // message limit counting the widest payload, the name and 96 bytes a chunk,
 // and a group's short tail page.
-#include "client/plan_chunks.h"
+#include "client/step/plan_chunks.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,0 +1,27 @@
+// The client's channel to a daemon, and the options it is made with. Not API.
+#ifndef OPTSTATE_CLIENT_CALL_CHANNEL_H_
+#define OPTSTATE_CLIENT_CALL_CHANNEL_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "grpcpp/grpcpp.h"
+#include "optstate/client.h"
+
+namespace optstate::client_internal {
+
+// INVALID_ARGUMENT, naming the bound, for options no client takes:
+// max_attempts or max_chunks_in_flight under 1, chunk_bytes 0,
+// max_message_bytes under kMinMessageBytes (optstate/message_limits.h), a
+// timeout that is not positive.
+absl::Status CheckClientOptions(const ClientOptions& options);
+
+// A channel of its own to `target` (its own connection, so clients of one
+// process do not queue behind each other on one socket), with the options'
+// message limits. Does not wait for the server.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const ClientOptions& options);
+
+}  // namespace optstate::client_internal
+
+#endif  // OPTSTATE_CLIENT_CALL_CHANNEL_H_

@@ -1,0 +1,41 @@
+// The client's one retry loop, its backoff and each attempt's deadline.
+// Every call of the client that may be retried goes through WithRetries.
+// Not API.
+#ifndef OPTSTATE_CLIENT_CALL_RETRY_H_
+#define OPTSTATE_CLIENT_CALL_RETRY_H_
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/support/status.h"
+#include "optstate/client.h"
+
+namespace optstate::client_internal {
+
+// The sleep before attempt `attempt` (1 for the first retry):
+// initial_backoff, doubled per retry, at most max_backoff.
+absl::Duration Backoff(const ClientOptions& options, int attempt);
+
+// Gives `context` the deadline of one attempt (ClientOptions::attempt_timeout;
+// none for a timeout of a century or more, InfiniteDuration included).
+void SetDeadline(grpc::ClientContext* context, const ClientOptions& options);
+
+// Runs attempt(0), then attempt(1), ... (up to options.max_attempts in all,
+// sleeping Backoff before each retry) while it fails transiently
+// (IsRetryable). Returns the first OK or non-transient status. When every
+// attempt failed transiently, the last status: with `what` empty as it is,
+// else with its message as "WHAT failed after N attempts: MESSAGE".
+absl::Status WithRetries(const ClientOptions& options,
+                         absl::FunctionRef<absl::Status(int attempt)> attempt,
+                         absl::string_view what = {});
+
+// WithRetries for a unary call: each attempt gets a fresh context with the
+// attempt's deadline. Only for calls that are safe to repeat.
+absl::Status UnaryWithRetries(const ClientOptions& options,
+                              absl::FunctionRef<grpc::Status(grpc::ClientContext*)> call);
+
+}  // namespace optstate::client_internal
+
+#endif  // OPTSTATE_CLIENT_CALL_RETRY_H_

@@ -1,0 +1,51 @@
+// The first step (or SharedBuffer) that reaches the daemon decides; a
+// daemon that does not answer leaves the choice open.
+#include "client/data_plane_choice.h"
+
+namespace optstate::client_internal {
+
+std::optional<absl::Status> DataPlaneChoice::Decide(grpc::Channel* channel,
+                                                    const ClientOptions& options) {
+  if (decided_) return std::nullopt;
+  absl::StatusOr<std::unique_ptr<SharedMemoryPlane>> plane =
+      SharedMemoryPlane::Open(channel, options);
+  if (plane.ok()) {
+    plane_ = std::move(*plane);
+    decided_ = true;
+  } else if (plane.status().code() == absl::StatusCode::kFailedPrecondition) {
+    why_not_ = plane.status();
+    decided_ = true;
+  } else {
+    return plane.status();  // The daemon did not answer: decide next time.
+  }
+  return std::nullopt;
+}
+
+std::optional<absl::Status> DataPlaneChoice::StepOnSharedMemory(
+    grpc::Channel* channel, const ClientOptions& options,
+    absl::FunctionRef<std::optional<absl::Status>(SharedMemoryPlane&)> step) {
+  if (options.data_plane == DataPlane::kWire) return std::nullopt;
+  absl::MutexLock lock(&mu_);
+  if (std::optional<absl::Status> unanswered = Decide(channel, options)) {
+    if (options.data_plane == DataPlane::kSharedMemory) return unanswered;
+    return std::nullopt;  // The wire step retries, or reports, the same trouble.
+  }
+  if (plane_ != nullptr) return step(*plane_);
+  if (options.data_plane == DataPlane::kSharedMemory) return why_not_;
+  return std::nullopt;
+}
+
+absl::StatusOr<std::shared_ptr<SharedMapping>> DataPlaneChoice::AllocateShared(
+    grpc::Channel* channel, const ClientOptions& options, uint64_t bytes) {
+  if (options.data_plane == DataPlane::kWire) {
+    return absl::FailedPreconditionError(
+        "this client's data plane is the wire (ClientOptions::data_plane kWire): shared buffers "
+        "need kAuto or kSharedMemory");
+  }
+  absl::MutexLock lock(&mu_);
+  if (std::optional<absl::Status> unanswered = Decide(channel, options)) return *unanswered;
+  if (plane_ == nullptr) return why_not_;
+  return plane_->AllocateShared(channel, options, bytes);
+}
+
+}  // namespace optstate::client_internal

@@ -1,0 +1,90 @@
+// The client's one retry loop: which failures it retries, how often, and
+// what it says when every attempt failed.
+#include "client/call/retry.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace optstate::client_internal {
+namespace {
+
+ClientOptions Quick(int attempts) {
+  ClientOptions options;
+  options.max_attempts = attempts;
+  options.initial_backoff = absl::Milliseconds(1);
+  options.max_backoff = absl::Milliseconds(2);
+  return options;
+}
+
+TEST(WithRetriesTest, RetriesTransientFailuresUntilOneSucceeds) {
+  std::vector<int> attempts;
+  absl::Status status = WithRetries(Quick(5), [&](int n) {
+    attempts.push_back(n);
+    return n < 2 ? absl::UnavailableError("down") : absl::OkStatus();
+  });
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_EQ(attempts, (std::vector<int>{0, 1, 2}));
+}
+
+TEST(WithRetriesTest, ReturnsAPermanentFailureAtOnce) {
+  int calls = 0;
+  absl::Status status = WithRetries(Quick(5), [&](int) {
+    ++calls;
+    return absl::NotFoundError("no such group");
+  });
+  EXPECT_EQ(status, absl::NotFoundError("no such group"));
+  EXPECT_EQ(calls, 1);
+}
+
+TEST(WithRetriesTest, AfterTheLastAttemptSaysHowManyWhenNamed) {
+  int calls = 0;
+  auto failing = [&](int) {
+    ++calls;
+    return absl::DeadlineExceededError("slow");
+  };
+  EXPECT_EQ(WithRetries(Quick(3), failing), absl::DeadlineExceededError("slow"));
+  EXPECT_EQ(calls, 3);
+  absl::Status named = WithRetries(Quick(3), failing, "step 7 (wire)");
+  EXPECT_EQ(named.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(named.message(), "step 7 (wire) failed after 3 attempts: slow");
+  EXPECT_EQ(calls, 6);
+}
+
+TEST(WithRetriesTest, EveryTransientCodeIsRetriedAndNoOther) {
+  for (absl::StatusCode code :
+       {absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded,
+        absl::StatusCode::kAborted, absl::StatusCode::kCancelled, absl::StatusCode::kUnknown}) {
+    int calls = 0;
+    (void)WithRetries(Quick(2), [&](int) {
+      ++calls;
+      return absl::Status(code, "x");
+    });
+    EXPECT_EQ(calls, 2) << absl::StatusCodeToString(code);
+  }
+  for (absl::StatusCode code :
+       {absl::StatusCode::kInvalidArgument, absl::StatusCode::kFailedPrecondition,
+        absl::StatusCode::kAlreadyExists, absl::StatusCode::kResourceExhausted,
+        absl::StatusCode::kInternal}) {
+    int calls = 0;
+    (void)WithRetries(Quick(2), [&](int) {
+      ++calls;
+      return absl::Status(code, "x");
+    });
+    EXPECT_EQ(calls, 1) << absl::StatusCodeToString(code);
+  }
+}
+
+TEST(BackoffTest, DoublesFromTheInitialUpToTheMaximum) {
+  ClientOptions options;
+  options.initial_backoff = absl::Milliseconds(50);
+  options.max_backoff = absl::Milliseconds(300);
+  EXPECT_EQ(Backoff(options, 1), absl::Milliseconds(50));
+  EXPECT_EQ(Backoff(options, 2), absl::Milliseconds(100));
+  EXPECT_EQ(Backoff(options, 3), absl::Milliseconds(200));
+  EXPECT_EQ(Backoff(options, 4), absl::Milliseconds(300));
+  EXPECT_EQ(Backoff(options, 40), absl::Milliseconds(300));
+}
+
+}  // namespace
+}  // namespace optstate::client_internal
