@@ -88,6 +88,18 @@ def test_float32_buffers_narrowed_to_wire_dtype(client, prefix):
     assert bits_equal(p, master.bfloat16().float())
 
 
+def test_wire_dtype_may_be_the_wire_type_enum(client, prefix):
+    assert [t.name for t in optstate.WireType] == ["float32", "bfloat16", "float16"]
+    p = torch.randn(4096)
+    by_name = p.clone()
+    client.register(prefix + "enum", p)
+    client.register(prefix + "name", by_name)
+    g = torch.randn(4096)
+    client.step(prefix + "enum", 1, g, p, wire_dtype=optstate.WireType.bfloat16)
+    client.step(prefix + "name", 1, g, by_name, wire_dtype="bfloat16")
+    assert bits_equal(p, by_name)
+
+
 def _unchanged(client, name):
     info = client.describe(name)
     return info.min_step, info.max_step

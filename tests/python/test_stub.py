@@ -12,8 +12,17 @@ def _stub_classes():
     path = pathlib.Path(optstate.__file__).parent / "_optstate.pyi"
     assert path.exists(), "the stub is installed with the package"
     tree = ast.parse(path.read_text())
-    return {node.name: {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+    return {node.name: {_member_name(f) for f in node.body} - {None}
             for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+def _member_name(node):
+    """A method's name, or an enum member's (`float32 = 0`); None for anything else."""
+    if isinstance(node, ast.FunctionDef):
+        return node.name
+    if isinstance(node, ast.Assign) and len(node.targets) == 1:
+        return getattr(node.targets[0], "id", None)
+    return None
 
 
 def test_stub_matches_the_extension():

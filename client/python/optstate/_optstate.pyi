@@ -5,6 +5,7 @@ Bindings of the optstate C++ client; use the optstate package, not this module.
 # Type hints of the extension (written from `python -m nanobind.stubgen -m
 # optstate._optstate`, buffer types made precise; tests/python/test_stub.py
 # checks that it names exactly what the extension defines).
+import enum
 from collections.abc import Sequence
 from typing import Any, Union
 
@@ -18,6 +19,17 @@ Buffer = Union[NDArray[Any], "torch.Tensor"]  # noqa: F821
 GroupBuffers = Union[tuple[str, Buffer], tuple[str, Buffer, Buffer | None],
                      tuple[str, Buffer, Buffer | None, float | None]]
 
+
+class WireType(enum.Enum):
+    """
+    An element type as it travels (optstate/dtype.h): a buffer's dtype, and Client.step's wire_dtype.
+    """
+
+    float32 = 0
+
+    bfloat16 = 1
+
+    float16 = 2
 
 class GroupInfo:
     """
@@ -109,7 +121,7 @@ class Client:
 
     def __repr__(self) -> str: ...
 
-    def step(self, groups: str | Sequence[GroupBuffers], step: int, gradient: Buffer | None = None, params_out: Buffer | None = None, *, lr: float | None = None, grad_scale: float | None = None, wire_dtype: str | Any | None = None) -> None:
+    def step(self, groups: str | Sequence[GroupBuffers], step: int, gradient: Buffer | None = None, params_out: Buffer | None = None, *, lr: float | None = None, grad_scale: float | None = None, wire_dtype: WireType | str | Any | None = None) -> None:
         """
         Applies step `step` (1, 2, ...) to one group or to many in one stream.
 

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <optional>
+#include <string>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -52,6 +53,11 @@ NB_MODULE(_optstate, m) {
   using namespace optstate;
   using namespace optstate::python;
   m.doc() = "Bindings of the optstate C++ client; use the optstate package, not this module.";
+
+  nb::enum_<WireType> wire_type(m, "WireType",
+                                "An element type as it travels (optstate/dtype.h): a buffer's "
+                                "dtype, and Client.step's wire_dtype.");
+  for (WireType type : kWireTypes) wire_type.value(std::string(WireTypeName(type)).c_str(), type);
 
   nb::class_<GroupInfo>(m, "GroupInfo",
                         "A group as the daemon describes it: size, hyperparameters, page size "
@@ -133,9 +139,9 @@ NB_MODULE(_optstate, m) {
               info = self.client->RegisterGroup(name, n, h);
             } else {
               HostBuffer values = ViewHostBuffer(initial_values, "initial_values", false);
-              if (values.type != ElementType::kFloat32) {
+              if (values.type != WireType::kFloat32) {
                 throw nb::type_error(
-                    absl::StrCat("initial_values: dtype ", ElementTypeName(values.type),
+                    absl::StrCat("initial_values: dtype ", WireTypeName(values.type),
                                  " is not supported; the daemon's master weights are float32, "
                                  "pass the float32 widening")
                         .c_str());

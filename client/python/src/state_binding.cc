@@ -35,8 +35,8 @@ nb::ndarray<nb::numpy, T, nb::ndim<1>> View(nb::handle self, std::vector<T> Grou
 
 std::vector<float> CopyFloats(nb::handle array, const char* what) {
   HostBuffer view = ViewHostBuffer(array, what, false);
-  if (view.type != ElementType::kFloat32) {
-    throw nb::type_error(absl::StrCat(what, ": dtype ", ElementTypeName(view.type),
+  if (view.type != WireType::kFloat32) {
+    throw nb::type_error(absl::StrCat(what, ": dtype ", WireTypeName(view.type),
                                       " is not supported; the daemon's state is float32")
                              .c_str());
   }
