@@ -14,6 +14,7 @@
 #include "errors.h"
 #include "optstate/stats.h"
 #include "py_client.h"
+#include "type_hints.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -48,10 +49,10 @@ WireType ResolveWire(const std::vector<const HostBuffer*>& buffers,
   for (const HostBuffer* b : buffers) {
     if (b->type == WireType::kFloat32) continue;
     if (sixteen && *sixteen != b->type) {
-      throw nb::value_error(
-          absl::StrCat("step: the ", what, " buffers mix ", WireTypeName(*sixteen), " and ",
-                       WireTypeName(b->type), "; one call carries one 16-bit type")
-              .c_str());
+      throw nb::value_error(absl::StrCat("step: the ", what, " buffers mix ",
+                                         WireTypeName(*sixteen), " and ", WireTypeName(b->type),
+                                         "; one call carries one 16-bit type")
+                                .c_str());
     }
     sixteen = b->type;
   }
@@ -225,9 +226,9 @@ nb::dict ToDict(const Stats& s) {
 void BindStepAndStats(nb::class_<PyClient>& cls) {
   cls.def(
       "step",
-      [](PyClient& self, nb::handle groups, uint64_t step, nb::handle gradient,
-         nb::handle params_out, std::optional<double> lr, std::optional<float> grad_scale,
-         nb::handle wire_dtype) {
+      [](PyClient& self, StepGroupsArg groups, uint64_t step, BufferArg gradient,
+         BufferArg params_out, std::optional<double> lr, std::optional<float> grad_scale,
+         WireDtypeArg wire_dtype) {
         // 1. Every buffer viewed and checked, with the GIL, before anything is sent.
         std::vector<StepEntry> entries;
         if (nb::isinstance<nb::str>(groups)) {
@@ -294,10 +295,9 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
       "`groups` is a group name (then give `gradient` and optionally `params_out`) or a list\n"
       "of tuples (name, gradient[, params_out[, lr]]), `lr` that group's own for this step.\n"
       "Buffers are numpy arrays or torch CPU tensors, C-contiguous float32, bfloat16 or\n"
-      "float16, read and written in place (a tensor that requires grad: pass .detach()). float32 "
-      "buffers travel as `wire_dtype`\n"
-      "(float32 unless set to 'bfloat16' or 'float16', or an optstate.WireType); 16-bit\n"
-      "buffers travel as they are.\n"
+      "float16, read and written in place (a tensor that requires grad: pass .detach()).\n"
+      "float32 buffers travel as `wire_dtype` (float32 unless set to 'bfloat16' or 'float16',\n"
+      "or an optstate.WireType); 16-bit buffers travel as they are.\n"
       "`lr` overrides the groups' lr for this step (unless a tuple gives its own),\n"
       "`grad_scale` multiplies every gradient.\n\n"
       "Nothing is sent when a buffer is of the wrong kind or on another device than the CPU\n"
@@ -315,7 +315,7 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
           stats = self.client->GetStats();
         }
         ThrowIfError(stats.status(), self.target);
-        return ToDict(*stats);
+        return StrDict(ToDict(*stats));
       },
       "The daemon's counters as a dict (optstate::Stats' fields): backend, num_groups,\n"
       "total_elements, host_bytes, max_host_bytes, chunks_applied, chunks_replayed,\n"

@@ -21,6 +21,7 @@
 #include "errors.h"
 #include "hyperparameters.h"
 #include "py_client.h"
+#include "type_hints.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -164,7 +165,7 @@ NB_MODULE(_optstate, m) {
           "target", [](const PyClient& c) { return c.target; }, "The daemon's address.")
       .def(
           "register",
-          [](PyClient& self, const std::string& name, nb::handle initial_values, double lr,
+          [](PyClient& self, const std::string& name, BufferOrCountArg initial_values, double lr,
              std::tuple<double, double> betas, double eps, double weight_decay) {
             const Hyperparameters h = MakeHyperparameters(lr, betas, eps, weight_decay);
             absl::StatusOr<GroupInfo> info;

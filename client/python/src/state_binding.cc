@@ -10,6 +10,7 @@
 
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,7 @@
 #include "errors.h"
 #include "hyperparameters.h"
 #include "py_client.h"
+#include "type_hints.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -81,8 +83,8 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
 
   cls.def(
       "import_state",
-      [](PyClient& self, const std::string& name, nb::handle params, nb::handle exp_avg,
-         nb::handle exp_avg_sq, std::vector<uint64_t> page_steps, double lr,
+      [](PyClient& self, const std::string& name, BufferArg params, BufferArg exp_avg,
+         BufferArg exp_avg_sq, std::vector<uint64_t> page_steps, double lr,
          std::tuple<double, double> betas, double eps, double weight_decay) {
         GroupState state;
         state.name = name;
@@ -126,7 +128,7 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
         d["id"] = result->id;
         d["step"] = result->step;
         d["bytes"] = result->bytes;
-        return d;
+        return StrDict(std::move(d));
       },
       "groups"_a = nb::none(), nb::kw_only(), "wait_for_step"_a = nb::none(),
       "Asks the daemon (started with --state_dir) for a durable checkpoint of every group\n"
