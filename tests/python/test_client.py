@@ -1,4 +1,5 @@
 """optstate.Client: the C++ client's calls from Python, buffers in place, errors by code."""
+import re
 import threading
 import time
 
@@ -88,6 +89,18 @@ def test_float32_buffers_narrowed_to_wire_dtype(client, prefix):
     assert bits_equal(p, master.bfloat16().float())
 
 
+def test_wire_dtype_may_be_the_wire_type_enum(client, prefix):
+    assert [t.name for t in optstate.WireType] == ["float32", "bfloat16", "float16"]
+    p = torch.randn(4096)
+    by_name = p.clone()
+    client.register(prefix + "enum", p)
+    client.register(prefix + "name", by_name)
+    g = torch.randn(4096)
+    client.step(prefix + "enum", 1, g, p, wire_dtype=optstate.WireType.bfloat16)
+    client.step(prefix + "name", 1, g, by_name, wire_dtype="bfloat16")
+    assert bits_equal(p, by_name)
+
+
 def _unchanged(client, name):
     info = client.describe(name)
     return info.min_step, info.max_step
@@ -162,6 +175,20 @@ def test_bad_options_are_invalid_argument():
         optstate.Client("127.0.0.1:1", max_attempts=0)
     with pytest.raises(ValueError, match="attempt_timeout"):
         optstate.Client("127.0.0.1:1", attempt_timeout=0)
+
+
+def test_client_keyword_defaults_are_the_cpp_client_options_defaults():
+    # _default_client_options(): a default-constructed optstate::ClientOptions, in Client()'s
+    # terms (seconds, the data plane's name). nanobind's __nb_signature__ holds the default
+    # values of Client()'s keywords as the objects Python passes.
+    cpp = optstate._optstate._default_client_options()
+    signature, _, defaults = optstate.Client.__init__.__nb_signature__[0]
+    keywords = {name: defaults[int(i)]
+                for name, i in re.findall(r"(\w+): [^,=]+ = \\(\d+)", signature)}
+    assert keywords == cpp
+    assert set(cpp) == {"max_attempts", "initial_backoff", "max_backoff", "attempt_timeout",
+                        "max_message_bytes", "chunk_bytes", "max_chunks_in_flight", "data_plane"}
+    optstate.Client("127.0.0.1:1", **cpp)  # valid options, as the C++ client takes them
 
 
 def test_calls_release_the_gil():

@@ -1,5 +1,6 @@
-"""The package's type hints (optstate/_optstate.pyi) name exactly what the extension
-defines, and every public call has a docstring."""
+"""The package's type hints (optstate/_optstate.pyi, generated from the extension at build
+time) name exactly what the extension defines with the C++ defaults, and every public call
+has a docstring."""
 import ast
 import pathlib
 
@@ -8,12 +9,25 @@ import optstate._optstate as ext
 import optstate.torch as optstate_torch
 
 
-def _stub_classes():
+def _stub():
     path = pathlib.Path(optstate.__file__).parent / "_optstate.pyi"
     assert path.exists(), "the stub is installed with the package"
-    tree = ast.parse(path.read_text())
-    return {node.name: {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+    return ast.parse(path.read_text())
+
+
+def _stub_classes():
+    tree = _stub()
+    return {node.name: {_member_name(f) for f in node.body} - {None}
             for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+def _member_name(node):
+    """A method's name, or an enum member's (`float32 = 0`); None for anything else."""
+    if isinstance(node, ast.FunctionDef):
+        return node.name
+    if isinstance(node, ast.Assign) and len(node.targets) == 1:
+        return getattr(node.targets[0], "id", None)
+    return None
 
 
 def test_stub_matches_the_extension():
@@ -22,6 +36,15 @@ def test_stub_matches_the_extension():
     for name, members in stub.items():
         defined = {m for m in dir(getattr(ext, name)) if not m.startswith("_")}
         assert members - {"__init__", "__repr__"} == defined, name
+
+
+def test_stub_client_defaults_are_the_cpp_client_options_defaults():
+    client = next(node for node in _stub().body
+                  if isinstance(node, ast.ClassDef) and node.name == "Client")
+    init = next(f for f in client.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+    defaults = {a.arg: ast.literal_eval(d) for a, d in zip(init.args.kwonlyargs,
+                                                           init.args.kw_defaults)}
+    assert defaults == ext._default_client_options()
 
 
 def test_public_calls_have_docstrings():

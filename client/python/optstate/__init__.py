@@ -5,9 +5,9 @@ steps); ``optstate.torch.RemoteAdamW`` is a ``torch.optim.Optimizer`` on top
 of it. Errors are :class:`optstate.Error` subclasses, one per gRPC code.
 """
 from . import errors
-from ._optstate import Client, GroupInfo, GroupState
+from ._optstate import Client, GroupInfo, GroupState, WireType
 from .errors import *  # noqa: F401,F403  (the exception classes)
 from .errors import Error
 
-__all__ = ["Client", "GroupInfo", "GroupState", "Error", "errors"] + errors.__all__[2:]
+__all__ = ["Client", "GroupInfo", "GroupState", "WireType", "Error", "errors"] + errors.__all__[2:]
 __version__ = "0.1.0"

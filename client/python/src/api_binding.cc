@@ -14,6 +14,7 @@
 #include "errors.h"
 #include "optstate/stats.h"
 #include "py_client.h"
+#include "type_hints.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -44,25 +45,25 @@ StepEntry MakeEntry(const std::string& name, nb::handle gradient, nb::handle par
 // `wire`); float32 buffers are narrowed to `wire` (float32 when unset).
 WireType ResolveWire(const std::vector<const HostBuffer*>& buffers,
                      const std::optional<WireType>& wire, const char* what) {
-  std::optional<ElementType> sixteen;
+  std::optional<WireType> sixteen;
   for (const HostBuffer* b : buffers) {
-    if (b->type == ElementType::kFloat32) continue;
+    if (b->type == WireType::kFloat32) continue;
     if (sixteen && *sixteen != b->type) {
-      throw nb::value_error(
-          absl::StrCat("step: the ", what, " buffers mix ", ElementTypeName(*sixteen), " and ",
-                       ElementTypeName(b->type), "; one call carries one 16-bit type")
-              .c_str());
+      throw nb::value_error(absl::StrCat("step: the ", what, " buffers mix ",
+                                         WireTypeName(*sixteen), " and ", WireTypeName(b->type),
+                                         "; one call carries one 16-bit type")
+                                .c_str());
     }
     sixteen = b->type;
   }
   if (!sixteen) return wire.value_or(WireType::kFloat32);
-  if (wire && *wire != ToWireType(*sixteen)) {
-    throw nb::value_error(absl::StrCat("step: ", what, " buffers of ", ElementTypeName(*sixteen),
+  if (wire && *wire != *sixteen) {
+    throw nb::value_error(absl::StrCat("step: ", what, " buffers of ", WireTypeName(*sixteen),
                                        " travel as they are; wire_dtype must be unset or ",
-                                       ElementTypeName(*sixteen))
+                                       WireTypeName(*sixteen))
                               .c_str());
   }
-  return ToWireType(*sixteen);
+  return *sixteen;
 }
 
 // The C++ client's view of one entry.
@@ -70,14 +71,14 @@ GroupStep ToGroupStep(const StepEntry& e) {
   GroupStep g;
   g.group = e.name;
   g.lr = e.lr;
-  g.gradient = e.gradient.type == ElementType::kFloat32
+  g.gradient = e.gradient.type == WireType::kFloat32
                    ? ConstBufferView(e.gradient.floats())
-                   : ConstBufferView::Of16Bit(e.gradient.halves(), ToWireType(e.gradient.type));
+                   : ConstBufferView::Of16Bit(e.gradient.halves(), e.gradient.type);
   if (e.params_out) {
     const HostBuffer& out = *e.params_out;
-    g.params_out = out.type == ElementType::kFloat32
+    g.params_out = out.type == WireType::kFloat32
                        ? BufferView(out.mutable_floats())
-                       : BufferView::Of16Bit(out.mutable_halves(), ToWireType(out.type));
+                       : BufferView::Of16Bit(out.mutable_halves(), out.type);
   }
   return g;
 }
@@ -225,9 +226,9 @@ nb::dict ToDict(const Stats& s) {
 void BindStepAndStats(nb::class_<PyClient>& cls) {
   cls.def(
       "step",
-      [](PyClient& self, nb::handle groups, uint64_t step, nb::handle gradient,
-         nb::handle params_out, std::optional<double> lr, std::optional<float> grad_scale,
-         nb::handle wire_dtype) {
+      [](PyClient& self, StepGroupsArg groups, uint64_t step, BufferArg gradient,
+         BufferArg params_out, std::optional<double> lr, std::optional<float> grad_scale,
+         WireDtypeArg wire_dtype) {
         // 1. Every buffer viewed and checked, with the GIL, before anything is sent.
         std::vector<StepEntry> entries;
         if (nb::isinstance<nb::str>(groups)) {
@@ -294,9 +295,9 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
       "`groups` is a group name (then give `gradient` and optionally `params_out`) or a list\n"
       "of tuples (name, gradient[, params_out[, lr]]), `lr` that group's own for this step.\n"
       "Buffers are numpy arrays or torch CPU tensors, C-contiguous float32, bfloat16 or\n"
-      "float16, read and written in place (a tensor that requires grad: pass .detach()). float32 "
-      "buffers travel as `wire_dtype`\n"
-      "(float32 unless set to 'bfloat16' or 'float16'); 16-bit buffers travel as they are.\n"
+      "float16, read and written in place (a tensor that requires grad: pass .detach()).\n"
+      "float32 buffers travel as `wire_dtype` (float32 unless set to 'bfloat16' or 'float16',\n"
+      "or an optstate.WireType); 16-bit buffers travel as they are.\n"
       "`lr` overrides the groups' lr for this step (unless a tuple gives its own),\n"
       "`grad_scale` multiplies every gradient.\n\n"
       "Nothing is sent when a buffer is of the wrong kind or on another device than the CPU\n"
@@ -314,7 +315,7 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
           stats = self.client->GetStats();
         }
         ThrowIfError(stats.status(), self.target);
-        return ToDict(*stats);
+        return StrDict(ToDict(*stats));
       },
       "The daemon's counters as a dict (optstate::Stats' fields): backend, num_groups,\n"
       "total_elements, host_bytes, max_host_bytes, chunks_applied, chunks_replayed,\n"

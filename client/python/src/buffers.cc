@@ -75,40 +75,22 @@ std::string DtypeName(const nb::dlpack::dtype& d) {
 
 }  // namespace
 
-const char* ElementTypeName(ElementType type) {
-  switch (type) {
-    case ElementType::kFloat32:
-      return "float32";
-    case ElementType::kBFloat16:
-      return "bfloat16";
-    case ElementType::kFloat16:
-      return "float16";
-  }
-  return "?";
-}
-
-WireType ToWireType(ElementType type) {
-  switch (type) {
-    case ElementType::kFloat32:
-      return WireType::kFloat32;
-    case ElementType::kBFloat16:
-      return WireType::kBFloat16;
-    case ElementType::kFloat16:
-      return WireType::kFloat16;
-  }
-  return WireType::kFloat32;
-}
-
 WireType ParseWireType(nb::handle dtype, const std::string& what) {
+  WireType type;
+  if (nb::try_cast<WireType>(dtype, type, /*convert=*/false)) return type;
   std::string name = absl::AsciiStrToLower(nb::cast<std::string>(nb::str(dtype)));
   for (const char* prefix : {"torch.", "<class 'numpy.", "numpy."}) {
     if (name.rfind(prefix, 0) == 0) name = name.substr(std::string(prefix).size());
   }
   if (!name.empty() && name.back() == '>') name.pop_back();
   if (!name.empty() && name.back() == '\'') name.pop_back();
-  if (name == "float32" || name == "fp32" || name == "float") return WireType::kFloat32;
-  if (name == "bfloat16" || name == "bf16") return WireType::kBFloat16;
-  if (name == "float16" || name == "fp16" || name == "half") return WireType::kFloat16;
+  for (WireType t : kWireTypes) {
+    if (name == WireTypeName(t)) return t;
+  }
+  // torch's and the common short names.
+  if (name == "fp32" || name == "float") return WireType::kFloat32;
+  if (name == "bf16") return WireType::kBFloat16;
+  if (name == "fp16" || name == "half") return WireType::kFloat16;
   throw nb::value_error(absl::StrCat(what,
                                      ": wire dtype must be float32, bfloat16 or float16, not ",
                                      nb::cast<std::string>(nb::str(dtype)))
@@ -155,13 +137,13 @@ HostBuffer ViewHostBuffer(nb::handle object, const std::string& what, bool writa
   const nb::ndarray<nb::ro>& a = view.array;
   const nb::dlpack::dtype d = a.dtype();
   if (d == nb::dtype<float>()) {
-    view.type = ElementType::kFloat32;
+    view.type = WireType::kFloat32;
   } else if (d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && d.bits == 16 &&
              d.lanes == 1) {
-    view.type = ElementType::kBFloat16;
+    view.type = WireType::kBFloat16;
   } else if (d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float) && d.bits == 16 &&
              d.lanes == 1) {
-    view.type = ElementType::kFloat16;
+    view.type = WireType::kFloat16;
   } else {
     throw nb::type_error(absl::StrCat(what, ": dtype ", DtypeName(d),
                                       " is not supported; use float32, bfloat16 or float16")

@@ -15,21 +15,20 @@
 
 namespace optstate::python {
 
-enum class ElementType { kFloat32, kBFloat16, kFloat16 };
+// Every WireType: the members of optstate.WireType, named by WireTypeName.
+inline constexpr WireType kWireTypes[] = {WireType::kFloat32, WireType::kBFloat16,
+                                          WireType::kFloat16};
 
-// "float32", "bfloat16", "float16".
-const char* ElementTypeName(ElementType type);
-// The wire type of the same name.
-WireType ToWireType(ElementType type);
-// Parses "float32" / "bfloat16" / "float16" (also "fp32", "bf16", "fp16", and
-// torch or numpy dtypes, by their str()); ValueError naming `what` otherwise.
+// A WireType (optstate.WireType), or its name (WireTypeName: "float32",
+// "bfloat16", "float16"; also "fp32", "bf16", "fp16", and torch or numpy
+// dtypes, by their str()); ValueError naming `what` otherwise.
 WireType ParseWireType(nanobind::handle dtype, const std::string& what);
 
 // A view of a caller's array. `array` keeps the caller's object alive (and
 // with it the memory) while the view is used, without the GIL.
 struct HostBuffer {
   nanobind::ndarray<nanobind::ro> array;
-  ElementType type = ElementType::kFloat32;
+  WireType type = WireType::kFloat32;  // The element type, as it would travel.
   void* data = nullptr;
   size_t size = 0;  // Elements.
 

@@ -9,13 +9,19 @@
 
 #include <cmath>
 #include <optional>
+#include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "buffers.h"
 #include "errors.h"
+#include "hyperparameters.h"
 #include "py_client.h"
+#include "type_hints.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -31,9 +37,46 @@ absl::Duration Seconds(double seconds, const char* what) {
   return absl::Seconds(seconds);
 }
 
-Hyperparameters MakeHyperparameters(double lr, std::tuple<double, double> betas, double eps,
-                                    double weight_decay) {
-  return {lr, std::get<0>(betas), std::get<1>(betas), eps, weight_decay};
+// ClientOptions' data planes by their Python names (the C++ enum has none).
+constexpr std::pair<DataPlane, const char*> kDataPlanes[] = {
+    {DataPlane::kAuto, "auto"},
+    {DataPlane::kWire, "wire"},
+    {DataPlane::kSharedMemory, "shared_memory"},
+};
+
+const char* DataPlaneName(DataPlane plane) {
+  for (const auto& [p, name] : kDataPlanes) {
+    if (p == plane) return name;
+  }
+  return "?";
+}
+
+DataPlane ParseDataPlane(const std::string& name) {
+  std::vector<std::string> quoted;
+  for (const auto& [plane, plane_name] : kDataPlanes) {
+    if (name == plane_name) return plane;
+    quoted.push_back(absl::StrCat("'", plane_name, "'"));
+  }
+  const std::string last = quoted.back();
+  quoted.pop_back();
+  throw nb::value_error(absl::StrCat("data_plane must be ", absl::StrJoin(quoted, ", "), " or ",
+                                     last, ", got '", name, "'")
+                            .c_str());
+}
+
+// `options` as Client()'s keyword arguments (durations in seconds, the data
+// plane by name). Of a default ClientOptions, it is the keywords' defaults.
+nb::dict ClientKeywords(const ClientOptions& options) {
+  nb::dict d;
+  d["max_attempts"] = options.max_attempts;
+  d["initial_backoff"] = absl::ToDoubleSeconds(options.initial_backoff);
+  d["max_backoff"] = absl::ToDoubleSeconds(options.max_backoff);
+  d["attempt_timeout"] = absl::ToDoubleSeconds(options.attempt_timeout);
+  d["max_message_bytes"] = options.max_message_bytes;
+  d["chunk_bytes"] = options.chunk_bytes;
+  d["max_chunks_in_flight"] = options.max_chunks_in_flight;
+  d["data_plane"] = DataPlaneName(options.data_plane);
+  return d;
 }
 
 std::string Repr(const GroupInfo& g) {
@@ -53,25 +96,30 @@ NB_MODULE(_optstate, m) {
   using namespace optstate::python;
   m.doc() = "Bindings of the optstate C++ client; use the optstate package, not this module.";
 
-  nb::class_<GroupInfo>(m, "GroupInfo",
-                        "A group as the daemon describes it: size, hyperparameters, page size "
-                        "and the steps its pages have reached.")
-      .def_ro("name", &GroupInfo::name)
-      .def_ro("num_elements", &GroupInfo::num_elements)
-      .def_prop_ro("lr", [](const GroupInfo& g) { return g.hyperparameters.lr; })
-      .def_prop_ro("betas",
-                   [](const GroupInfo& g) {
-                     return std::make_tuple(g.hyperparameters.beta1, g.hyperparameters.beta2);
-                   })
-      .def_prop_ro("eps", [](const GroupInfo& g) { return g.hyperparameters.eps; })
-      .def_prop_ro("weight_decay",
-                   [](const GroupInfo& g) { return g.hyperparameters.weight_decay; })
+  nb::enum_<WireType> wire_type(m, "WireType",
+                                "An element type as it travels (optstate/dtype.h): a buffer's "
+                                "dtype, and Client.step's wire_dtype.");
+  for (WireType type : kWireTypes) wire_type.value(std::string(WireTypeName(type)).c_str(), type);
+
+  nb::class_<GroupInfo> group_info(m, "GroupInfo",
+                                   "A group as the daemon describes it: size, hyperparameters, "
+                                   "page size and the steps its pages have reached.");
+  group_info.def_ro("name", &GroupInfo::name).def_ro("num_elements", &GroupInfo::num_elements);
+  DefHyperparameterProperties(group_info);
+  group_info
       .def_ro("page_elements", &GroupInfo::page_elements, "Chunks start on multiples of this.")
       .def_ro("min_step", &GroupInfo::min_step, "Every page has reached at least this step.")
       .def_ro("max_step", &GroupInfo::max_step, "The highest step any page has reached.")
       .def_ro("created", &GroupInfo::created,
               "From register(): False when an equal group already existed.")
       .def("__repr__", &Repr);
+
+  // Client()'s keyword defaults are a default ClientOptions' (client.h).
+  const nb::dict default_keywords = ClientKeywords(ClientOptions{});
+  auto option = [&](const char* name) -> nb::object { return default_keywords[name]; };
+  m.def(
+      "_default_client_options", [] { return ClientKeywords(ClientOptions{}); },
+      "Client()'s keyword defaults: a default optstate::ClientOptions' (client.h).");
 
   nb::class_<PyClient> client(
       m, "Client",
@@ -85,17 +133,7 @@ NB_MODULE(_optstate, m) {
              double max_backoff, double attempt_timeout, int max_message_bytes,
              uint64_t chunk_bytes, int max_chunks_in_flight, const std::string& data_plane) {
             ClientOptions options;
-            if (data_plane == "auto") {
-              options.data_plane = DataPlane::kAuto;
-            } else if (data_plane == "wire") {
-              options.data_plane = DataPlane::kWire;
-            } else if (data_plane == "shared_memory") {
-              options.data_plane = DataPlane::kSharedMemory;
-            } else {
-              throw nb::value_error(
-                  ("data_plane must be 'auto', 'wire' or 'shared_memory', got '" + data_plane + "'")
-                      .c_str());
-            }
+            options.data_plane = ParseDataPlane(data_plane);
             options.max_attempts = max_attempts;
             options.initial_backoff = Seconds(initial_backoff, "initial_backoff");
             options.max_backoff = Seconds(max_backoff, "max_backoff");
@@ -107,9 +145,13 @@ NB_MODULE(_optstate, m) {
             ThrowIfError(connected.status(), target);
             new (self) PyClient{target, *std::move(connected)};
           },
-          "target"_a, nb::kw_only(), "max_attempts"_a = 5, "initial_backoff"_a = 0.05,
-          "max_backoff"_a = 2.0, "attempt_timeout"_a = 300.0, "max_message_bytes"_a = 64 << 20,
-          "chunk_bytes"_a = 1 << 20, "max_chunks_in_flight"_a = 8, "data_plane"_a = "auto",
+          "target"_a, nb::kw_only(), "max_attempts"_a = option("max_attempts"),
+          "initial_backoff"_a = option("initial_backoff"), "max_backoff"_a = option("max_backoff"),
+          "attempt_timeout"_a = option("attempt_timeout"),
+          "max_message_bytes"_a = option("max_message_bytes"),
+          "chunk_bytes"_a = option("chunk_bytes"),
+          "max_chunks_in_flight"_a = option("max_chunks_in_flight"),
+          "data_plane"_a = option("data_plane"),
           "Creates a channel to `target` (\"host:port\"); does not wait for the daemon.\n\n"
           "Transient failures (UNAVAILABLE, broken streams, deadlines) are retried up to\n"
           "`max_attempts` times with backoff doubling from `initial_backoff` to `max_backoff`\n"
@@ -123,7 +165,7 @@ NB_MODULE(_optstate, m) {
           "target", [](const PyClient& c) { return c.target; }, "The daemon's address.")
       .def(
           "register",
-          [](PyClient& self, const std::string& name, nb::handle initial_values, double lr,
+          [](PyClient& self, const std::string& name, BufferOrCountArg initial_values, double lr,
              std::tuple<double, double> betas, double eps, double weight_decay) {
             const Hyperparameters h = MakeHyperparameters(lr, betas, eps, weight_decay);
             absl::StatusOr<GroupInfo> info;
@@ -133,9 +175,9 @@ NB_MODULE(_optstate, m) {
               info = self.client->RegisterGroup(name, n, h);
             } else {
               HostBuffer values = ViewHostBuffer(initial_values, "initial_values", false);
-              if (values.type != ElementType::kFloat32) {
+              if (values.type != WireType::kFloat32) {
                 throw nb::type_error(
-                    absl::StrCat("initial_values: dtype ", ElementTypeName(values.type),
+                    absl::StrCat("initial_values: dtype ", WireTypeName(values.type),
                                  " is not supported; the daemon's master weights are float32, "
                                  "pass the float32 widening")
                         .c_str());
@@ -146,8 +188,9 @@ NB_MODULE(_optstate, m) {
             ThrowIfError(info.status(), self.target);
             return *std::move(info);
           },
-          "name"_a, "initial_values"_a, nb::kw_only(), "lr"_a = 1e-3,
-          "betas"_a = std::make_tuple(0.9, 0.999), "eps"_a = 1e-8, "weight_decay"_a = 1e-2,
+          "name"_a, "initial_values"_a, nb::kw_only(), "lr"_a = kDefaultHyperparameters.lr,
+          "betas"_a = Betas(kDefaultHyperparameters), "eps"_a = kDefaultHyperparameters.eps,
+          "weight_decay"_a = kDefaultHyperparameters.weight_decay,
           "Registers group `name` with torch.optim.AdamW's hyperparameters.\n\n"
           "`initial_values` is a float32 array (any shape; its elements in order) or an\n"
           "element count (params start at zero). Idempotent: an equal existing group is\n"

@@ -10,12 +10,15 @@
 
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "buffers.h"
 #include "errors.h"
+#include "hyperparameters.h"
 #include "py_client.h"
+#include "type_hints.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -35,8 +38,8 @@ nb::ndarray<nb::numpy, T, nb::ndim<1>> View(nb::handle self, std::vector<T> Grou
 
 std::vector<float> CopyFloats(nb::handle array, const char* what) {
   HostBuffer view = ViewHostBuffer(array, what, false);
-  if (view.type != ElementType::kFloat32) {
-    throw nb::type_error(absl::StrCat(what, ": dtype ", ElementTypeName(view.type),
+  if (view.type != WireType::kFloat32) {
+    throw nb::type_error(absl::StrCat(what, ": dtype ", WireTypeName(view.type),
                                       " is not supported; the daemon's state is float32")
                              .c_str());
   }
@@ -46,19 +49,13 @@ std::vector<float> CopyFloats(nb::handle array, const char* what) {
 }  // namespace
 
 void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
-  nb::class_<GroupState>(m, "GroupState",
-                         "A group's whole optimizer state as the daemon holds it (float32\n"
-                         "numpy arrays, flat; page_steps one per page of page_elements).")
-      .def_ro("name", &GroupState::name)
-      .def_prop_ro("lr", [](const GroupState& s) { return s.hyperparameters.lr; })
-      .def_prop_ro("betas",
-                   [](const GroupState& s) {
-                     return std::make_tuple(s.hyperparameters.beta1, s.hyperparameters.beta2);
-                   })
-      .def_prop_ro("eps", [](const GroupState& s) { return s.hyperparameters.eps; })
-      .def_prop_ro("weight_decay",
-                   [](const GroupState& s) { return s.hyperparameters.weight_decay; })
-      .def_ro("page_elements", &GroupState::page_elements)
+  nb::class_<GroupState> group_state(
+      m, "GroupState",
+      "A group's whole optimizer state as the daemon holds it (float32\n"
+      "numpy arrays, flat; page_steps one per page of page_elements).");
+  group_state.def_ro("name", &GroupState::name);
+  DefHyperparameterProperties(group_state);
+  group_state.def_ro("page_elements", &GroupState::page_elements)
       .def_prop_ro(
           "params", [](nb::handle self) { return View(self, &GroupState::params); },
           "The fp32 master weights.")
@@ -86,12 +83,12 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
 
   cls.def(
       "import_state",
-      [](PyClient& self, const std::string& name, nb::handle params, nb::handle exp_avg,
-         nb::handle exp_avg_sq, std::vector<uint64_t> page_steps, double lr,
+      [](PyClient& self, const std::string& name, BufferArg params, BufferArg exp_avg,
+         BufferArg exp_avg_sq, std::vector<uint64_t> page_steps, double lr,
          std::tuple<double, double> betas, double eps, double weight_decay) {
         GroupState state;
         state.name = name;
-        state.hyperparameters = {lr, std::get<0>(betas), std::get<1>(betas), eps, weight_decay};
+        state.hyperparameters = MakeHyperparameters(lr, betas, eps, weight_decay);
         state.params = CopyFloats(params, "params");
         state.exp_avg = CopyFloats(exp_avg, "exp_avg");
         state.exp_avg_sq = CopyFloats(exp_avg_sq, "exp_avg_sq");
@@ -104,8 +101,9 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
         ThrowIfError(status, self.target);
       },
       "name"_a, "params"_a, "exp_avg"_a, "exp_avg_sq"_a, "page_steps"_a, nb::kw_only(),
-      "lr"_a = 1e-3, "betas"_a = std::make_tuple(0.9, 0.999), "eps"_a = 1e-8,
-      "weight_decay"_a = 1e-2,
+      "lr"_a = kDefaultHyperparameters.lr, "betas"_a = Betas(kDefaultHyperparameters),
+      "eps"_a = kDefaultHyperparameters.eps,
+      "weight_decay"_a = kDefaultHyperparameters.weight_decay,
       "Creates group `name` with this state, or replaces the whole state of an existing\n"
       "group of the same size and hyperparameters (AlreadyExists when it differs).\n"
       "`params`, `exp_avg`, `exp_avg_sq` are float32 arrays of one length; `page_steps`\n"
@@ -130,7 +128,7 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
         d["id"] = result->id;
         d["step"] = result->step;
         d["bytes"] = result->bytes;
-        return d;
+        return StrDict(std::move(d));
       },
       "groups"_a = nb::none(), nb::kw_only(), "wait_for_step"_a = nb::none(),
       "Asks the daemon (started with --state_dir) for a durable checkpoint of every group\n"
