@@ -136,8 +136,9 @@ class Client:
         (info, steps_completed, chunks_applied, chunks_replayed, latencies, ...); durability:
         last_checkpoint (a dict of id, step, bytes, duration_seconds, finished_unix_micros, or
         None), checkpoints_written, checkpoint_failures, last_checkpoint_error,
-        restored_checkpoint_id, restore_refusals; and regions (the daemon's shared-memory
-        regions: sessions, regions, registered_bytes, mapped_bytes, registrations).
+        restored_checkpoint_id, restore_refusals; regions (the daemon's shared-memory
+        regions: sessions, regions, registered_bytes, mapped_bytes, registrations); and heap
+        (the daemon's malloc heap: in_use_bytes, free_bytes, resident_bytes, trims).
         """
 
     def allocate_shared_buffer(self, nbytes: int) -> NDArray[numpy.uint8]:
