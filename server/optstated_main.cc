@@ -61,8 +61,9 @@ ABSL_FLAG(uint64_t, checkpoint_buffer_bytes, 8 << 20,
 ABSL_FLAG(absl::Duration, heap_trim_interval, absl::Seconds(10),
           "Look at the heap this often and return its free memory (receive buffers of past "
           "messages) to the system when it grew by more than --heap_trim_slack or its use fell "
-          "(not under steady load); always soon after a group is deleted; 0 means only after "
-          "deletes.");
+          "(not under steady load); always soon after a group is deleted, and once the daemon "
+          "has had no stream open for half of it (what a load left goes back within one "
+          "interval of its end); 0 means only after deletes.");
 ABSL_FLAG(uint64_t, heap_trim_slack, 64ull << 20,
           "Bytes the heap may grow by, or its use fall by, before a periodic look trims it.");
 ABSL_FLAG(int, malloc_arenas, 1,
@@ -104,8 +105,9 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   // What the heap keeps is then bounded by trimming (HeapTrimmer: after
-  // deletes, and when a look every --heap_trim_interval finds it grew or its
-  // use fell) and by the number of arenas:
+  // deletes, once no stream has been open for half a --heap_trim_interval,
+  // and when a look every interval finds it grew or its use fell) and by the
+  // number of arenas:
   // malloc_trim did not give back what gRPC's threads freed into their own
   // arenas (bench/rss-soak: +15% in 24 s with the default 8 per core).
   if (absl::GetFlag(FLAGS_malloc_arenas) < 1) {

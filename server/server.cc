@@ -154,7 +154,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   parts->data_plane = std::make_unique<DataPlaneAssembly>(options.data_plane);
   parts->service = std::make_unique<OptimizerStateService>(
       parts->engine.get(), static_cast<size_t>(options.max_message_bytes),
-      options.stream_idle_timeout, parts->checkpointer.get(), parts->data_plane->registry());
+      options.stream_idle_timeout, parts->checkpointer.get(), parts->data_plane->registry(),
+      parts->trimmer.get());
 
   // Referencing the compiled health.proto keeps it linked in, which puts its
   // descriptors in the pool: reflection can then describe grpc.health.v1 and

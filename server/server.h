@@ -27,7 +27,8 @@ struct ServerOptions {
   absl::Duration stream_idle_timeout = absl::Minutes(10);
   // The heap is looked at this often and its free memory given back when it
   // grew by more than heap_trim_slack_bytes or its use fell (HeapTrimPolicy),
-  // and always soon after a group is deleted; zero or infinite: only then.
+  // once no stream has been open for half of it (HeapTrimmer), and always
+  // soon after a group is deleted; zero or infinite: only then.
   absl::Duration heap_trim_interval = absl::Seconds(10);
   uint64_t heap_trim_slack_bytes = 64ull << 20;
   BackendOptions backend;

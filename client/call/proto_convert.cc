@@ -104,6 +104,8 @@ absl::StatusOr<Stats> StatsFromProto(const v1::GetStatsResponse& proto) {
   const v1::RegionStats& regions = proto.regions();
   out.regions = RegionStats{regions.sessions(), regions.regions(), regions.registered_bytes(),
                             regions.mapped_bytes(), regions.registrations()};
+  out.heap = HeapStats{proto.heap_in_use_bytes(), proto.heap_free_bytes(),
+                       proto.heap_resident_bytes(), proto.heap_trims()};
   out.groups.reserve(proto.groups_size());
   for (const v1::GroupStats& g : proto.groups()) {
     absl::StatusOr<GroupInfo> info = GroupInfoFromProto(g.info());

@@ -3,6 +3,7 @@
 // store's lock briefly), except DeleteGroup, which waits on a worker.
 #include "server/rpc/service.h"
 
+#include "server/base/heap_trimmer.h"
 #include "server/kernels/adamw_kernel.h"
 #include "server/rpc/checkpoint_reactor.h"
 #include "server/rpc/export_reactor.h"
@@ -66,6 +67,11 @@ absl::Status OptimizerStateService::FillStats(const std::string& tenant,
   response->set_host_bytes(store->host_bytes());
   response->set_max_host_bytes(store->max_host_bytes());
   BackendStatsToProto(engine_->backend()->Stats(), response->mutable_device());
+  const HeapReading heap = ReadHeap();
+  response->set_heap_in_use_bytes(heap.in_use_bytes);
+  response->set_heap_free_bytes(heap.free_bytes());
+  response->set_heap_resident_bytes(ReadHeapResidentBytes());
+  if (trimmer_ != nullptr) response->set_heap_trims(trimmer_->trims());
   // Totals over every group, on every page.
   if (checkpointer_ != nullptr) CheckpointStatsToProto(checkpointer_->Stats(), response);
   if (regions_ != nullptr) {

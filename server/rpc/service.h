@@ -37,16 +37,19 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   // ended with UNAVAILABLE; zero or infinite: never. `checkpointer`: null
   // without --state_dir (Checkpoint then answers FAILED_PRECONDITION); else it
   // must outlive the service. `regions`: the same-host data plane's regions,
-  // or null when the daemon offers none.
+  // or null when the daemon offers none. `trimmer`: told when the daemon has
+  // no stream open, and counted in GetStats (may be null; else must outlive
+  // the service).
   OptimizerStateService(StepEngine* engine, size_t max_reply_bytes,
                         absl::Duration stream_idle_timeout = absl::InfiniteDuration(),
                         Checkpointer* checkpointer = nullptr,
-                        const RegionRegistry* regions = nullptr)
+                        const RegionRegistry* regions = nullptr, HeapTrimmer* trimmer = nullptr)
       : engine_(engine),
         max_reply_bytes_(max_reply_bytes),
-        streams_(stream_idle_timeout),
+        streams_(stream_idle_timeout, trimmer),
         checkpointer_(checkpointer),
-        regions_(regions) {}
+        regions_(regions),
+        trimmer_(trimmer) {}
 
   // Refuses new streams and ends the open ones with UNAVAILABLE (the daemon
   // is shutting down), each once the work it has under way is answered.
@@ -95,6 +98,7 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   StreamRegistry streams_;
   Checkpointer* const checkpointer_;
   const RegionRegistry* const regions_;
+  HeapTrimmer* const trimmer_;
 };
 
 }  // namespace optstate

@@ -8,7 +8,11 @@
 //    stream.
 // 3. EndHeld runs outside the registry's lock (Finish may run OnDone, which
 //    calls Remove), once per hold.
-// 4. The sweeper wakes every tenth of the idle timeout (at most every second,
+// 4. The heap trimmer hears of the first stream added to an empty set and
+//    of the last one removed under the registry's lock, so what it is told
+//    follows the set's order (its own lock is taken last, and it calls no one
+//    holding it).
+// 5. The sweeper wakes every tenth of the idle timeout (at most every second,
 //    at least every 50 ms), so a stream is ended at most 10% after it.
 #include "server/rpc/stream_registry.h"
 
@@ -19,7 +23,8 @@
 
 namespace optstate {
 
-StreamRegistry::StreamRegistry(absl::Duration idle_timeout) : idle_timeout_(idle_timeout) {
+StreamRegistry::StreamRegistry(absl::Duration idle_timeout, HeapTrimmer* trimmer)
+    : idle_timeout_(idle_timeout), trimmer_(trimmer) {
   if (idle_timeout_ > absl::ZeroDuration() && idle_timeout_ != absl::InfiniteDuration()) {
     sweeper_ = std::thread([this] { SweepIdle(); });
   }
@@ -36,6 +41,7 @@ StreamRegistry::~StreamRegistry() {
 bool StreamRegistry::Add(ManagedStream* stream) {
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return false;
+  if (streams_.empty() && trimmer_ != nullptr) trimmer_->SetIdle(false);
   streams_.insert(stream);
   return true;
 }
@@ -43,6 +49,7 @@ bool StreamRegistry::Add(ManagedStream* stream) {
 void StreamRegistry::Remove(ManagedStream* stream) {
   absl::MutexLock lock(&mu_);
   streams_.erase(stream);
+  if (streams_.empty() && trimmer_ != nullptr) trimmer_->SetIdle(true);
 }
 
 void StreamRegistry::EndAll() {

@@ -1,6 +1,7 @@
 // The open Step, RegisterGroup, ImportState and ExportState streams: ended all
 // at once when the daemon shuts down, one by one when idle past
-// --stream_idle_timeout.
+// --stream_idle_timeout; whether there are any tells the heap trimmer whether
+// the daemon is idle.
 #ifndef OPTSTATE_SERVER_RPC_STREAM_REGISTRY_H_
 #define OPTSTATE_SERVER_RPC_STREAM_REGISTRY_H_
 
@@ -10,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/base/heap_trimmer.h"
 
 namespace optstate {
 
@@ -33,8 +35,10 @@ class ManagedStream {
 class StreamRegistry {
  public:
   // `idle_timeout`: a stream with nothing to do for this long is ended
-  // (IdleError); zero or infinite: never.
-  explicit StreamRegistry(absl::Duration idle_timeout);
+  // (IdleError); zero or infinite: never. `trimmer` (may be null; else must
+  // outlive the registry) is told the daemon is idle whenever no stream is
+  // open (HeapTrimmer::SetIdle).
+  explicit StreamRegistry(absl::Duration idle_timeout, HeapTrimmer* trimmer = nullptr);
   ~StreamRegistry();
 
   // Registers a new stream. False once shutting down: the stream must then
@@ -59,6 +63,7 @@ class StreamRegistry {
   void SweepIdle() ABSL_LOCKS_EXCLUDED(mu_);
 
   const absl::Duration idle_timeout_;
+  HeapTrimmer* const trimmer_;
   absl::Mutex mu_;
   absl::flat_hash_set<ManagedStream*> streams_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;

@@ -71,6 +71,16 @@ struct RegionStats {
   uint64_t registrations = 0;     // Regions registered since the daemon started.
 };
 
+// The daemon process's malloc heap, daemon-wide (GetStatsResponse's heap_*
+// fields). Free memory still resident, which a trim would give back, is
+// about resident_bytes - in_use_bytes.
+struct HeapStats {
+  uint64_t in_use_bytes = 0;    // Handed out and not yet freed.
+  uint64_t free_bytes = 0;      // Held free: resident, or already given back by a trim.
+  uint64_t resident_bytes = 0;  // Of the main arena (all of it with --malloc_arenas=1) in memory.
+  uint64_t trims = 0;           // Trims since the daemon started.
+};
+
 struct Stats {
   std::string backend;      // "cpu" or "cuda".
   uint64_t num_groups = 0;  // The caller's groups; the counters below sum over them...
@@ -94,6 +104,7 @@ struct Stats {
   std::string restored_checkpoint_id;         // Restored at start; "" if none.
   std::vector<std::string> restore_refusals;  // Refused at start, each naming file and fault.
   RegionStats regions;                        // Shared-memory regions, daemon-wide.
+  HeapStats heap;                             // The daemon's malloc heap.
 };
 
 }  // namespace optstate

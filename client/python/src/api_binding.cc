@@ -218,6 +218,12 @@ nb::dict ToDict(const Stats& s) {
   for (const std::string& r : s.restore_refusals) refusals.append(r);
   d["restore_refusals"] = refusals;
   d["regions"] = ToDict(s.regions);
+  nb::dict heap;
+  heap["in_use_bytes"] = s.heap.in_use_bytes;
+  heap["free_bytes"] = s.heap.free_bytes;
+  heap["resident_bytes"] = s.heap.resident_bytes;
+  heap["trims"] = s.heap.trims;
+  d["heap"] = heap;
   return d;
 }
 
@@ -324,8 +330,9 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
       "(info, steps_completed, chunks_applied, chunks_replayed, latencies, ...); durability:\n"
       "last_checkpoint (a dict of id, step, bytes, duration_seconds, finished_unix_micros, or\n"
       "None), checkpoints_written, checkpoint_failures, last_checkpoint_error,\n"
-      "restored_checkpoint_id, restore_refusals; and regions (the daemon's shared-memory\n"
-      "regions: sessions, regions, registered_bytes, mapped_bytes, registrations).");
+      "restored_checkpoint_id, restore_refusals; regions (the daemon's shared-memory\n"
+      "regions: sessions, regions, registered_bytes, mapped_bytes, registrations); and heap\n"
+      "(the daemon's malloc heap: in_use_bytes, free_bytes, resident_bytes, trims).");
 }
 
 }  // namespace optstate::python

@@ -71,6 +71,10 @@ v1::GetStatsResponse Response() {
   regions->set_registered_bytes(303);
   regions->set_mapped_bytes(304);
   regions->set_registrations(305);
+  r.set_heap_in_use_bytes(401);
+  r.set_heap_free_bytes(402);
+  r.set_heap_resident_bytes(403);
+  r.set_heap_trims(404);
   for (int i = 0; i < 2; ++i) {
     const uint64_t base = 1000 * (i + 1);
     v1::GroupStats* g = r.add_groups();
@@ -118,6 +122,10 @@ TEST(StatsFromProto, CarriesEveryFieldFromItsOwnProtoField) {
   EXPECT_EQ(stats->regions.registered_bytes, 303u);
   EXPECT_EQ(stats->regions.mapped_bytes, 304u);
   EXPECT_EQ(stats->regions.registrations, 305u);
+  EXPECT_EQ(stats->heap.in_use_bytes, 401u);
+  EXPECT_EQ(stats->heap.free_bytes, 402u);
+  EXPECT_EQ(stats->heap.resident_bytes, 403u);
+  EXPECT_EQ(stats->heap.trims, 404u);
   ASSERT_EQ(stats->groups.size(), 2u);
   for (int i = 0; i < 2; ++i) {
     SCOPED_TRACE(i);
