@@ -11,7 +11,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "optstate/v1/message_limits.h"
 #include "server/base/log.h"
 #include "server/data_plane_flags.h"
 #include "server/server.h"
@@ -43,9 +45,13 @@ ABSL_FLAG(uint64_t, max_host_bytes, Default().max_host_bytes,
           "Host memory all groups may take together (12 bytes per element); registrations "
           "past it get RESOURCE_EXHAUSTED. 0 means 80% of physical memory.");
 ABSL_FLAG(int, max_message_bytes, Default().max_message_bytes,
-          "Largest request or reply message, in bytes (chunks of step and values); at least "
-          "one page of float32 plus 4 KiB (1052672 with the default pages). A Step message "
-          "whose reply would be larger is refused before it is applied.");
+          absl::StrCat("Largest request or reply message, in bytes (chunks of step and values); "
+                       "at least one page of float32 plus ",
+                       optstate::kMessageFieldRoomBytes,
+                       " bytes for the other fields, and at least 1 MiB (",
+                       optstate::kMinMessageBytes,
+                       " with the default pages). A Step message whose reply would be larger is "
+                       "refused before it is applied."));
 ABSL_FLAG(absl::Duration, stream_idle_timeout, Default().stream_idle_timeout,
           "A Step or RegisterGroup stream with nothing read, applied or written for this long "
           "is ended with UNAVAILABLE (optstate::Client opens a new one); 0 means never.");

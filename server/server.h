@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "optstate/v1/message_limits.h"
 #include "server/backend_factory.h"
 #include "server/data_plane_assembly.h"
 #include "server/durability/checkpointer.h"
@@ -18,11 +19,11 @@
 namespace optstate {
 
 struct ServerOptions {
-  std::string listen = "127.0.0.1:50051";  // Port 0 picks a free port.
-  int threads = 0;                         // 0: one per hardware thread.
-  uint64_t max_host_bytes = 0;             // 0: 80% of physical memory.
-  int max_message_bytes = 64 << 20;        // Largest request or reply.
-  uint64_t page_elements = 256 * 1024;     // Exactly-once granularity.
+  std::string listen = "127.0.0.1:50051";         // Port 0 picks a free port.
+  int threads = 0;                                // 0: one per hardware thread.
+  uint64_t max_host_bytes = 0;                    // 0: 80% of physical memory.
+  int max_message_bytes = 64 << 20;               // Largest request or reply.
+  uint64_t page_elements = kDefaultPageElements;  // Exactly-once granularity.
   // A Step or RegisterGroup stream with nothing read, applied or written for
   // this long is ended with UNAVAILABLE; zero or infinite: never.
   absl::Duration stream_idle_timeout = absl::Minutes(10);
