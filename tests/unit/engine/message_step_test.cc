@@ -1,4 +1,4 @@
-// ApplyStepMessage on a large message (4 MiB of gradients or more), which it
+// MessageStep on a large message (4 MiB of gradients or more), which it
 // spreads over the pool: the values of every chunk checked in parts on
 // several threads, the chunks of distinct groups applied at once. The
 // answers must be those of the message applied in order on one thread: the
@@ -6,27 +6,22 @@
 // first bad element; a value refusal before an earlier-checked field
 // refusal only when it comes first), nothing applied on a refusal before
 // the update, and a message that names a group more than once applied in
-// order.
-#include "server/rpc/step_message.h"
+// order. And on any message: a chunk the transport could not read is
+// refused in its turn, and a refusal says what it left applied.
+#include "server/engine/message_step.h"
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
-#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "grpcpp/support/slice.h"
 #include "server/backends/cpu/cpu_backend.h"
 #include "server/base/thread_pool.h"
 #include "server/engine/state_store.h"
-#include "server/regions/region_registry.h"
 #include "tests/testing/test_seed.h"
 
 namespace optstate {
@@ -35,10 +30,11 @@ namespace {
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kGroups = 8;
 constexpr uint64_t kElements = (1 << 20) + 123;  // 4 MiB and a short last page per group.
+constexpr uint64_t kRegion = 7;                  // The id of the test's stand-in region.
 
-class StepMessageTest : public ::testing::Test {
+class MessageStepTest : public ::testing::Test {
  protected:
-  StepMessageTest()
+  MessageStepTest()
       : pool_(2),
         backend_(&pool_),
         store_(&backend_, uint64_t{8} << 30, kPage),
@@ -73,78 +69,69 @@ class StepMessageTest : public ::testing::Test {
     return bits;
   }
 
-  // Appends a chunk of `name` at `step` over grad[begin, end) to `message`
-  // (its own, or packed after it).
-  static void AddChunk(StepMessage* message, const std::string& name, uint64_t step,
+  // Appends a chunk of `name` at `step` over grad[begin, end).
+  static void AddChunk(std::vector<MessageChunk>* message, const std::string& name, uint64_t step,
                        const std::vector<float>& grad, uint64_t begin, uint64_t end) {
-    v1::StepRequest* fields =
-        message->gradients.empty() ? &message->request : message->request.add_more();
-    fields->set_group(name);
-    fields->set_step(step);
-    fields->set_offset(begin);
-    fields->set_gradient_dtype(v1::DTYPE_FLOAT32);
-    fields->set_param_dtype(v1::DTYPE_FLOAT32);
-    message->gradients.emplace_back(absl::string_view(
+    MessageChunk& chunk = message->emplace_back();
+    chunk.chunk.group = GroupKey{"", name};
+    chunk.chunk.step = step;
+    chunk.chunk.offset = begin;
+    chunk.chunk.gradient = SegmentedBytes(absl::string_view(
         reinterpret_cast<const char*>(grad.data() + begin), (end - begin) * sizeof(float)));
   }
 
   // One message: every group's whole gradient at `step`.
-  StepMessage WholeStep(const std::string& prefix, uint64_t step,
-                        const std::vector<std::vector<float>>& grads) {
-    StepMessage message;
+  std::vector<MessageChunk> WholeStep(const std::string& prefix, uint64_t step,
+                                      const std::vector<std::vector<float>>& grads) {
+    std::vector<MessageChunk> message;
     for (uint64_t g = 0; g < kGroups; ++g) {
       AddChunk(&message, absl::StrCat(prefix, g), step, grads[g], 0, kElements);
     }
     return message;
   }
 
-  absl::Status Apply(const StepMessage& message, std::vector<grpc::Slice>* reply) {
-    return ApplyStepMessage(&engine_, "", uint64_t{1} << 30, message, reply);
+  // Checks and applies `message`, as the transport does, the params for
+  // the reply written to buffers of its own.
+  MessageRefusal Step(std::vector<MessageChunk> message) {
+    MessageStep step(&engine_, std::move(message));
+    MessageRefusal refusal = step.Check();
+    if (!refusal.ok()) return refusal;
+    std::vector<std::string> out(step.size());
+    return step.Apply([&out](size_t i, size_t bytes) {
+      out[i].resize(bytes);
+      return out[i].data();
+    });
   }
 
-  // Region tests: a sealed memfd region of `slices` slices of one group's
-  // float32 elements, registered in session_, slice 0 holding grads_[0] and
-  // every other slice grads_[g] for g = slice % kGroups.
+  // Region tests: a buffer standing in for region kRegion, of `slices`
+  // slices of one group's float32 elements, slice i holding grads_[i %
+  // kGroups].
   static constexpr uint64_t kSlice = kElements * sizeof(float);
 
-  std::shared_ptr<const MappedRegion> NewRegion(uint64_t slices) {
-    const int fd = memfd_create("step-message-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(slices * kSlice)), 0);
-    EXPECT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
-    absl::StatusOr<std::shared_ptr<const MappedRegion>> mapped = registry_.Register(session_, fd);
-    EXPECT_TRUE(mapped.ok()) << mapped.status();
+  std::vector<float> NewRegion(uint64_t slices) {
+    std::vector<float> region(slices * kElements);
     for (uint64_t i = 0; i < slices; ++i) {
-      std::memcpy(SliceOf(**mapped, i), grads_[i % kGroups].data(), kSlice);
+      std::memcpy(SliceOf(region, i), grads_[i % kGroups].data(), kSlice);
     }
-    return *mapped;
+    return region;
   }
 
-  static char* SliceOf(const MappedRegion& region, uint64_t slice) {
-    return *region.Slice(slice * kSlice, kSlice, "test");
+  static char* SliceOf(std::vector<float>& region, uint64_t slice) {
+    return reinterpret_cast<char*>(region.data() + slice * kElements);
   }
 
   // Appends a chunk of `name` reading its gradient from slice `gradient` of
-  // region `id` and writing its params into slice `params`.
-  void AddRegionChunk(StepMessage* message, const std::string& name, uint64_t id, uint64_t gradient,
-                      uint64_t params, uint64_t step = 1) {
-    v1::StepRequest* fields =
-        message->gradients.empty() ? &message->request : message->request.add_more();
-    fields->set_group(name);
-    fields->set_step(step);
-    fields->set_gradient_dtype(v1::DTYPE_FLOAT32);
-    fields->set_param_dtype(v1::DTYPE_FLOAT32);
-    fields->set_region_session(session_);
-    fields->mutable_gradient_region()->set_region(id);
-    fields->mutable_gradient_region()->set_offset(gradient * kSlice);
-    fields->mutable_gradient_region()->set_bytes(kSlice);
-    fields->mutable_params_region()->set_region(id);
-    fields->mutable_params_region()->set_offset(params * kSlice);
-    fields->mutable_params_region()->set_bytes(kSlice);
-    message->gradients.emplace_back();
-  }
-
-  absl::Status ApplyWithRegions(const StepMessage& message, std::vector<grpc::Slice>* reply) {
-    return ApplyStepMessage(&engine_, "", uint64_t{1} << 30, message, reply, &registry_);
+  // `region` and writing its params into slice `params`.
+  static void AddRegionChunk(std::vector<MessageChunk>* message, const std::string& name,
+                             std::vector<float>& region, uint64_t gradient, uint64_t params,
+                             uint64_t step = 1) {
+    MessageChunk& chunk = message->emplace_back();
+    chunk.chunk.group = GroupKey{"", name};
+    chunk.chunk.step = step;
+    chunk.chunk.gradient = SegmentedBytes(absl::string_view(SliceOf(region, gradient), kSlice));
+    chunk.params_out = SliceOf(region, params);
+    chunk.gradient_region = RegionSpan{kRegion, gradient * kSlice, kSlice};
+    chunk.params_region = RegionSpan{kRegion, params * kSlice, kSlice};
   }
 
   ThreadPool pool_;
@@ -152,40 +139,37 @@ class StepMessageTest : public ::testing::Test {
   StateStore store_;
   StepEngine engine_;
   std::vector<std::vector<float>> grads_;
-  RegionRegistry registry_{RegionLimits{}};
-  const std::string session_ = registry_.OpenSession("");
 };
 
 // Three steps of one 32 MiB message against the same steps in messages of
 // 256 Ki elements (1 MiB: not spread), each applied on its own.
-TEST_F(StepMessageTest, ASpreadMessageStepsBitIdenticallyToSmallMessagesInOrder) {
+TEST_F(MessageStepTest, ASpreadMessageStepsBitIdenticallyToSmallMessagesInOrder) {
   Register("spread.");
   Register("small.");
   for (uint64_t step = 1; step <= 3; ++step) {
-    std::vector<grpc::Slice> reply;
-    ASSERT_TRUE(Apply(WholeStep("spread.", step, grads_), &reply).ok());
-    std::string bytes;
-    for (const grpc::Slice& slice : reply) {
-      bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-    }
-    v1::StepResponse response;
-    ASSERT_TRUE(response.ParseFromString(bytes));
-    ASSERT_EQ(response.more_size(), static_cast<int>(kGroups - 1));
+    MessageStep spread(&engine_, WholeStep("spread.", step, grads_));
+    ASSERT_TRUE(spread.Check().ok());
+    std::vector<std::string> out(kGroups);
+    ASSERT_TRUE(spread
+                    .Apply([&out](size_t i, size_t bytes) {
+                      out[i].resize(bytes);
+                      return out[i].data();
+                    })
+                    .ok());
     for (uint64_t g = 0; g < kGroups; ++g) {
-      const v1::StepResponse& r = g == 0 ? response : response.more(static_cast<int>(g - 1));
-      EXPECT_EQ(r.group(), absl::StrCat("spread.", g));
-      EXPECT_EQ(r.pages_applied(), (kElements + kPage - 1) / kPage);
-      ASSERT_EQ(r.params().size(), kElements * 4);
-      EXPECT_EQ(std::memcmp(r.params().data(), GroupOf(r.group()).params(), kElements * 4), 0)
-          << "the reply carries the params as they are after the step";
+      const std::string name = absl::StrCat("spread.", g);
+      EXPECT_EQ(spread.result(g).pages_applied, (kElements + kPage - 1) / kPage);
+      EXPECT_EQ(spread.reply_params_bytes(g), kElements * 4);
+      ASSERT_EQ(out[g].size(), kElements * 4);
+      EXPECT_EQ(std::memcmp(out[g].data(), GroupOf(name).params(), kElements * 4), 0)
+          << "the params written are those after the step";
     }
     for (uint64_t g = 0; g < kGroups; ++g) {
       for (uint64_t begin = 0; begin < kElements; begin += 256 * 1024) {
-        StepMessage small;
+        std::vector<MessageChunk> small;
         AddChunk(&small, absl::StrCat("small.", g), step, grads_[g], begin,
                  std::min(kElements, begin + 256 * 1024));
-        std::vector<grpc::Slice> small_reply;
-        ASSERT_TRUE(Apply(small, &small_reply).ok());
+        ASSERT_TRUE(Step(std::move(small)).ok());
       }
     }
     for (uint64_t g = 0; g < kGroups; ++g) {
@@ -196,22 +180,22 @@ TEST_F(StepMessageTest, ASpreadMessageStepsBitIdenticallyToSmallMessagesInOrder)
 }
 
 // The values are checked in parts of 256 Ki elements on two threads: the
-// error names the first chunk with a bad value and that chunk's first bad
+// refusal is the first chunk with a bad value and that chunk's first bad
 // element, whichever part finishes first, and nothing is applied.
-TEST_F(StepMessageTest, ABadValueAnywhereRefusesTheWholeSpreadMessageNamingTheFirst) {
+TEST_F(MessageStepTest, ABadValueAnywhereRefusesTheWholeSpreadMessageNamingTheFirst) {
   Register("g.");
   std::vector<std::vector<float>> grads = grads_;
   grads[5][17] = std::nanf("");
   grads[2][900000] = INFINITY;
   grads[2][300001] = -INFINITY;
-  std::vector<grpc::Slice> reply;
-  absl::Status status = Apply(WholeStep("g.", 1, grads), &reply);
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  EXPECT_NE(status.message().find("StepRequest.more[1] (group 'g.2')"), std::string::npos)
-      << status;
-  EXPECT_NE(status.message().find("at element 300001 is not finite"), std::string::npos) << status;
-  EXPECT_NE(status.message().find("nothing in its message was applied"), std::string::npos)
-      << status;
+  MessageRefusal refusal = Step(WholeStep("g.", 1, grads));
+  EXPECT_EQ(refusal.status.code(), absl::StatusCode::kInvalidArgument) << refusal.status;
+  EXPECT_EQ(refusal.chunk, 2u);
+  EXPECT_EQ(refusal.applied, MessageApplied::kNothing);
+  EXPECT_NE(
+      refusal.status.message().find("gradient of group 'g.2' at element 300001 is not finite"),
+      std::string::npos)
+      << refusal.status;
   for (uint64_t g = 0; g < kGroups; ++g) {
     EXPECT_EQ(GroupOf(absl::StrCat("g.", g)).page_step(0), 0u) << "group " << g;
   }
@@ -220,24 +204,53 @@ TEST_F(StepMessageTest, ABadValueAnywhereRefusesTheWholeSpreadMessageNamingTheFi
 // A chunk refused for its fields (here: planned for another group size) is
 // checked in order with the others' values: a bad value before it is the
 // refusal, one after it is not.
-TEST_F(StepMessageTest, AFieldRefusalAndABadValueAreReportedInMessageOrder) {
+TEST_F(MessageStepTest, AFieldRefusalAndABadValueAreReportedInMessageOrder) {
   Register("g.");
   for (uint64_t bad_chunk : {1, 6}) {
     SCOPED_TRACE(absl::StrCat("bad value in chunk ", bad_chunk));
     std::vector<std::vector<float>> grads = grads_;
     grads[bad_chunk][42] = std::nanf("");
-    StepMessage message = WholeStep("g.", 1, grads);
-    message.request.mutable_more(2)->set_group_elements(kElements + 1);  // Chunk 3.
-    std::vector<grpc::Slice> reply;
-    absl::Status status = Apply(message, &reply);
-    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    std::vector<MessageChunk> message = WholeStep("g.", 1, grads);
+    message[3].chunk.group_elements = kElements + 1;
+    MessageRefusal refusal = Step(std::move(message));
+    EXPECT_EQ(refusal.status.code(), absl::StatusCode::kInvalidArgument) << refusal.status;
+    EXPECT_EQ(refusal.applied, MessageApplied::kNothing);
     if (bad_chunk == 1) {
-      EXPECT_NE(status.message().find("(group 'g.1'): gradient of group 'g.1' at element 42 "),
+      EXPECT_EQ(refusal.chunk, 1u);
+      EXPECT_NE(refusal.status.message().find("gradient of group 'g.1' at element 42 "),
                 std::string::npos)
-          << status;
+          << refusal.status;
     } else {
-      EXPECT_NE(status.message().find("(group 'g.3'): group 'g.3' has "), std::string::npos)
-          << status;
+      EXPECT_EQ(refusal.chunk, 3u);
+      EXPECT_NE(refusal.status.message().find("group 'g.3' has "), std::string::npos)
+          << refusal.status;
+    }
+    for (uint64_t g = 0; g < kGroups; ++g) {
+      EXPECT_EQ(GroupOf(absl::StrCat("g.", g)).page_step(0), 0u) << "group " << g;
+    }
+  }
+}
+
+// A chunk the transport could not read is refused in its turn, as one that
+// Validate refuses: after the bad values of the chunks before it, and
+// before those of the chunks after it; nothing is applied.
+TEST_F(MessageStepTest, AChunkTheTransportCouldNotReadIsRefusedInItsTurn) {
+  Register("g.");
+  const absl::Status unread = absl::InvalidArgumentError("param_dtype 99 is not a dtype");
+  for (uint64_t bad_chunk : {1, 6}) {
+    SCOPED_TRACE(absl::StrCat("bad value in chunk ", bad_chunk));
+    std::vector<std::vector<float>> grads = grads_;
+    grads[bad_chunk][42] = std::nanf("");
+    std::vector<MessageChunk> message = WholeStep("g.", 1, grads);
+    message[3].read_status = unread;
+    MessageRefusal refusal = Step(std::move(message));
+    EXPECT_EQ(refusal.chunk, bad_chunk == 1 ? 1u : 3u);
+    EXPECT_EQ(refusal.applied, MessageApplied::kNothing);
+    if (bad_chunk == 1) {
+      EXPECT_NE(refusal.status.message().find("at element 42 "), std::string::npos)
+          << refusal.status;
+    } else {
+      EXPECT_EQ(refusal.status, unread);
     }
     for (uint64_t g = 0; g < kGroups; ++g) {
       EXPECT_EQ(GroupOf(absl::StrCat("g.", g)).page_step(0), 0u) << "group " << g;
@@ -246,59 +259,68 @@ TEST_F(StepMessageTest, AFieldRefusalAndABadValueAreReportedInMessageOrder) {
 }
 
 // Applied at once, a chunk refused for its pages' state leaves the others
-// applied, and the error says so.
-TEST_F(StepMessageTest, APageRefusalInASpreadMessageLeavesTheOtherChunksApplied) {
+// applied, and the refusal says so.
+TEST_F(MessageStepTest, APageRefusalInASpreadMessageLeavesTheOtherChunksApplied) {
   Register("g.");
-  std::vector<grpc::Slice> reply;
-  StepMessage first;
+  std::vector<MessageChunk> first;
   AddChunk(&first, "g.4", 1, grads_[4], 0, kElements);
-  ASSERT_TRUE(Apply(first, &reply).ok());
-  reply.clear();
+  ASSERT_TRUE(Step(std::move(first)).ok());
   // Step 1 for all: g.4 replays it.
-  absl::Status status = Apply(WholeStep("g.", 1, grads_), &reply);
-  ASSERT_TRUE(status.ok()) << status << " (g.4 replays step 1)";
-  reply.clear();
-  StepMessage skip = WholeStep("g.", 2, grads_);
-  skip.request.mutable_more(3)->set_step(4);  // g.4, at step 1: a step skipped.
-  status = Apply(skip, &reply);
-  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
-  EXPECT_NE(status.message().find("(group 'g.4')"), std::string::npos) << status;
-  EXPECT_NE(status.message().find("the other chunks of its message were applied"),
-            std::string::npos)
-      << status;
+  MessageRefusal refusal = Step(WholeStep("g.", 1, grads_));
+  ASSERT_TRUE(refusal.ok()) << refusal.status << " (g.4 replays step 1)";
+  std::vector<MessageChunk> skip = WholeStep("g.", 2, grads_);
+  skip[4].chunk.step = 4;  // g.4, at step 1: a step skipped.
+  refusal = Step(std::move(skip));
+  EXPECT_EQ(refusal.status.code(), absl::StatusCode::kFailedPrecondition) << refusal.status;
+  EXPECT_EQ(refusal.chunk, 4u);
+  EXPECT_EQ(refusal.applied, MessageApplied::kOthers);
   for (uint64_t g = 0; g < kGroups; ++g) {
     EXPECT_EQ(GroupOf(absl::StrCat("g.", g)).page_step(0), g == 4 ? 1u : 2u) << "group " << g;
   }
-  // The message's own chunk refused: the error says the same.
-  reply.clear();
-  StepMessage first_refused = WholeStep("g.", 3, grads_);
-  first_refused.request.set_step(5);  // g.0, at step 2.
-  status = Apply(first_refused, &reply);
-  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
-  EXPECT_NE(status.message().find("group 'g.0'"), std::string::npos) << status;
-  EXPECT_NE(status.message().find("the other chunks of its message were applied"),
-            std::string::npos)
-      << status;
+  // The message's own chunk refused: the same.
+  std::vector<MessageChunk> first_refused = WholeStep("g.", 3, grads_);
+  first_refused[0].chunk.step = 5;  // g.0, at step 2.
+  refusal = Step(std::move(first_refused));
+  EXPECT_EQ(refusal.status.code(), absl::StatusCode::kFailedPrecondition) << refusal.status;
+  EXPECT_EQ(refusal.chunk, 0u);
+  EXPECT_EQ(refusal.applied, MessageApplied::kOthers);
+  EXPECT_NE(refusal.status.message().find("group 'g.0'"), std::string::npos) << refusal.status;
   EXPECT_EQ(GroupOf("g.0").page_step(0), 2u);
   EXPECT_EQ(GroupOf("g.1").page_step(0), 3u);
 }
 
+// A small message is applied in order: a chunk refused for its pages' state
+// leaves the chunks before it applied and the rest untried.
+TEST_F(MessageStepTest, InOrderAPageRefusalLeavesTheChunksBeforeItApplied) {
+  Register("g.");
+  std::vector<MessageChunk> message;
+  for (uint64_t g = 0; g < 3; ++g)
+    AddChunk(&message, absl::StrCat("g.", g), 1, grads_[g], 0, kPage);
+  message[1].chunk.step = 2;  // g.1, at step 0: a step skipped.
+  MessageRefusal refusal = Step(std::move(message));
+  EXPECT_EQ(refusal.status.code(), absl::StatusCode::kFailedPrecondition) << refusal.status;
+  EXPECT_EQ(refusal.chunk, 1u);
+  EXPECT_EQ(refusal.applied, MessageApplied::kChunksBefore);
+  EXPECT_EQ(GroupOf("g.0").page_step(0), 1u);
+  EXPECT_EQ(GroupOf("g.1").page_step(0), 0u);
+  EXPECT_EQ(GroupOf("g.2").page_step(0), 0u);
+}
+
 // A message that names one group several times (steps 1 to 6 of it) is
 // applied in order even when large: every step applies, as one at a time.
-TEST_F(StepMessageTest, ALargeMessageNamingAGroupSeveralTimesIsAppliedInOrder) {
+TEST_F(MessageStepTest, ALargeMessageNamingAGroupSeveralTimesIsAppliedInOrder) {
   Register("repeated.");
   Register("once.");
   constexpr uint64_t kSteps = 6;
-  StepMessage message;
+  std::vector<MessageChunk> message;
   for (uint64_t step = 1; step <= kSteps; ++step) {
     AddChunk(&message, "repeated.0", step, grads_[step - 1], 0, kElements);
   }
-  std::vector<grpc::Slice> reply;
-  ASSERT_TRUE(Apply(message, &reply).ok());
+  ASSERT_TRUE(Step(std::move(message)).ok());
   for (uint64_t step = 1; step <= kSteps; ++step) {
-    StepMessage one;
+    std::vector<MessageChunk> one;
     AddChunk(&one, "once.0", step, grads_[step - 1], 0, kElements);
-    ASSERT_TRUE(Apply(one, &reply).ok());
+    ASSERT_TRUE(Step(std::move(one)).ok());
   }
   EXPECT_EQ(GroupOf("repeated.0").page_step(0), kSteps);
   EXPECT_EQ(StateBits("repeated.0"), StateBits("once.0"));
@@ -308,21 +330,20 @@ TEST_F(StepMessageTest, ALargeMessageNamingAGroupSeveralTimesIsAppliedInOrder) {
 // (chunk g writes slice g + 1): applied in order even when large, so each
 // chunk reads the params the one before it wrote, as when every chunk comes
 // in a message of its own.
-TEST_F(StepMessageTest, ALargeMessageWhoseParamsFeedTheNextChunkIsAppliedInOrder) {
+TEST_F(MessageStepTest, ALargeMessageWhoseParamsFeedTheNextChunkIsAppliedInOrder) {
   Register("chained.");
   Register("apart.");
-  const std::shared_ptr<const MappedRegion> chained = NewRegion(kGroups + 1);
-  const std::shared_ptr<const MappedRegion> apart = NewRegion(kGroups + 1);
-  StepMessage message;
+  std::vector<float> chained = NewRegion(kGroups + 1);
+  std::vector<float> apart = NewRegion(kGroups + 1);
+  std::vector<MessageChunk> message;
   for (uint64_t g = 0; g < kGroups; ++g) {
-    AddRegionChunk(&message, absl::StrCat("chained.", g), chained->id(), g, g + 1);
+    AddRegionChunk(&message, absl::StrCat("chained.", g), chained, g, g + 1);
   }
-  std::vector<grpc::Slice> reply;
-  ASSERT_TRUE(ApplyWithRegions(message, &reply).ok());
+  ASSERT_TRUE(Step(std::move(message)).ok());
   for (uint64_t g = 0; g < kGroups; ++g) {
-    StepMessage one;
-    AddRegionChunk(&one, absl::StrCat("apart.", g), apart->id(), g, g + 1);
-    ASSERT_TRUE(ApplyWithRegions(one, &reply).ok());
+    std::vector<MessageChunk> one;
+    AddRegionChunk(&one, absl::StrCat("apart.", g), apart, g, g + 1);
+    ASSERT_TRUE(Step(std::move(one)).ok());
   }
   for (uint64_t g = 0; g < kGroups; ++g) {
     ASSERT_EQ(StateBits(absl::StrCat("chained.", g)), StateBits(absl::StrCat("apart.", g)))
@@ -332,31 +353,37 @@ TEST_F(StepMessageTest, ALargeMessageWhoseParamsFeedTheNextChunkIsAppliedInOrder
 
 // Region chunks of their own slices (gradients in slices 0..7, params in
 // 8..15) are applied at once: the same state and the same params in the
-// region as chunk by chunk.
-TEST_F(StepMessageTest, ALargeMessageOfDisjointRegionChunksStepsAsChunkByChunk) {
+// region as chunk by chunk, and no params for the reply.
+TEST_F(MessageStepTest, ALargeMessageOfDisjointRegionChunksStepsAsChunkByChunk) {
   Register("together.");
   Register("apart.");
-  const std::shared_ptr<const MappedRegion> together = NewRegion(2 * kGroups);
-  const std::shared_ptr<const MappedRegion> apart = NewRegion(2 * kGroups);
+  std::vector<float> together = NewRegion(2 * kGroups);
+  std::vector<float> apart = NewRegion(2 * kGroups);
   for (uint64_t step = 1; step <= 2; ++step) {
-    StepMessage message;
+    std::vector<MessageChunk> message;
     for (uint64_t g = 0; g < kGroups; ++g) {
-      AddRegionChunk(&message, absl::StrCat("together.", g), together->id(), g, kGroups + g, step);
+      AddRegionChunk(&message, absl::StrCat("together.", g), together, g, kGroups + g, step);
     }
-    std::vector<grpc::Slice> reply;
-    ASSERT_TRUE(ApplyWithRegions(message, &reply).ok());
+    MessageStep at_once(&engine_, std::move(message));
+    ASSERT_TRUE(at_once.Check().ok());
+    for (uint64_t g = 0; g < kGroups; ++g) EXPECT_EQ(at_once.reply_params_bytes(g), 0u);
+    ASSERT_TRUE(at_once
+                    .Apply([](size_t, size_t) -> char* {
+                      ADD_FAILURE() << "params of a region chunk asked for the reply";
+                      return nullptr;
+                    })
+                    .ok());
     for (uint64_t g = 0; g < kGroups; ++g) {
-      StepMessage one;
-      AddRegionChunk(&one, absl::StrCat("apart.", g), apart->id(), g, kGroups + g, step);
-      ASSERT_TRUE(ApplyWithRegions(one, &reply).ok());
+      std::vector<MessageChunk> one;
+      AddRegionChunk(&one, absl::StrCat("apart.", g), apart, g, kGroups + g, step);
+      ASSERT_TRUE(Step(std::move(one)).ok());
     }
     for (uint64_t g = 0; g < kGroups; ++g) {
       ASSERT_EQ(StateBits(absl::StrCat("together.", g)), StateBits(absl::StrCat("apart.", g)))
           << "group " << g << " after step " << step;
-      EXPECT_EQ(std::memcmp(SliceOf(*together, kGroups + g), SliceOf(*apart, kGroups + g), kSlice),
-                0)
+      EXPECT_EQ(std::memcmp(SliceOf(together, kGroups + g), SliceOf(apart, kGroups + g), kSlice), 0)
           << "params of group " << g;
-      EXPECT_EQ(std::memcmp(SliceOf(*together, kGroups + g),
+      EXPECT_EQ(std::memcmp(SliceOf(together, kGroups + g),
                             GroupOf(absl::StrCat("together.", g)).params(), kSlice),
                 0);
     }
@@ -367,25 +394,34 @@ TEST_F(StepMessageTest, ALargeMessageOfDisjointRegionChunksStepsAsChunkByChunk) 
 // its value check deferred (both messages here are spread: one chunk of 4
 // MiB and more, and eight): a bad value in that same chunk is still the
 // refusal, as with ValueCheck::kNow, where Validate checks values first.
-TEST_F(StepMessageTest, ABadValueComesBeforeTheSameChunksParamsRegionSize) {
+TEST_F(MessageStepTest, ABadValueComesBeforeTheSameChunksParamsRegionSize) {
   Register("g.");
-  const std::shared_ptr<const MappedRegion> region = NewRegion(2 * kGroups);
-  float* bad = reinterpret_cast<float*>(SliceOf(*region, 2));
-  bad[7] = std::nanf("");
+  std::vector<float> region = NewRegion(2 * kGroups);
+  reinterpret_cast<float*>(SliceOf(region, 2))[7] = std::nanf("");
   for (uint64_t chunks : {uint64_t{1}, kGroups}) {
     SCOPED_TRACE(absl::StrCat(chunks, " chunks"));
-    StepMessage message;
+    std::vector<MessageChunk> message;
     for (uint64_t g = 2; g < 2 + chunks; ++g) {
-      AddRegionChunk(&message, absl::StrCat("g.", g % kGroups), region->id(), g % kGroups,
+      AddRegionChunk(&message, absl::StrCat("g.", g % kGroups), region, g % kGroups,
                      kGroups + g % kGroups);
     }
-    message.request.mutable_params_region()->set_bytes(kSlice - 4);  // Chunk 0: group g.2.
-    std::vector<grpc::Slice> reply;
-    absl::Status status = ApplyWithRegions(message, &reply);
-    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-    EXPECT_NE(status.message().find("gradient of group 'g.2' at element 7 is not finite"),
+    message[0].params_region->bytes = kSlice - 4;  // Group g.2.
+    MessageRefusal refusal = Step(message);
+    EXPECT_EQ(refusal.status.code(), absl::StatusCode::kInvalidArgument) << refusal.status;
+    EXPECT_EQ(refusal.chunk, 0u);
+    EXPECT_NE(refusal.status.message().find("gradient of group 'g.2' at element 7 is not finite"),
               std::string::npos)
-        << status;
+        << refusal.status;
+    // Without the bad value, the size is the refusal.
+    reinterpret_cast<float*>(SliceOf(region, 2))[7] = 0.0f;
+    refusal = Step(std::move(message));
+    reinterpret_cast<float*>(SliceOf(region, 2))[7] = std::nanf("");
+    EXPECT_EQ(refusal.status.code(), absl::StatusCode::kInvalidArgument) << refusal.status;
+    EXPECT_NE(refusal.status.message().find(absl::StrCat("params_region holds ", kSlice - 4,
+                                                         " bytes; the chunk's ", kElements,
+                                                         " params in float32 take ", kSlice)),
+              std::string::npos)
+        << refusal.status;
     for (uint64_t g = 0; g < kGroups; ++g) {
       EXPECT_EQ(GroupOf(absl::StrCat("g.", g)).page_step(0), 0u) << "group " << g;
     }
