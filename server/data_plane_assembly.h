@@ -15,12 +15,16 @@ namespace optstate {
 class DataPlaneService;
 class RegionSocketServer;
 
+// Permission bits of the daemon's sockets (the region socket, a unix:
+// listen socket) unless --socket_mode says otherwise: owner and group.
+inline constexpr unsigned kDefaultSocketMode = 0660;
+
 struct DataPlaneOptions {
   // "" (default): a socket next to a loopback or unix: listen address
   // (unix:/p -> /p.regions; 127.0.0.1:PORT -> /tmp/optstated-PORT.regions),
   // none otherwise; "none": no region socket; else the socket's path.
   std::string region_socket;
-  unsigned socket_mode = 0660;  // Permission bits of the region socket (who may register).
+  unsigned socket_mode = kDefaultSocketMode;  // Of the region socket (who may register).
   RegionLimits limits;
 };
 

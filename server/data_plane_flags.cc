@@ -6,22 +6,34 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
-ABSL_FLAG(std::string, region_socket, "",
+namespace {
+
+// The data plane's options as they are when no flag is given: each default
+// is written once, in the option structs.
+const optstate::DataPlaneOptions& Default() {
+  static const optstate::DataPlaneOptions* const defaults = new optstate::DataPlaneOptions();
+  return *defaults;
+}
+
+}  // namespace
+
+ABSL_FLAG(std::string, region_socket, Default().region_socket,
           "Unix socket on which trainers on this host register shared-memory regions (sealed "
           "memfds) so Step moves no gradient or param bytes through gRPC. Empty: on next to a "
           "loopback or unix: --listen (unix:/p gives /p.regions, 127.0.0.1:PORT gives "
           "/tmp/optstated-PORT.regions), off otherwise; 'none': off.");
-ABSL_FLAG(std::string, socket_mode, "0660",
+ABSL_FLAG(std::string, socket_mode, absl::StrFormat("%04o", Default().socket_mode),
           "Permission bits (octal) of the region socket and of a unix: --listen socket: who "
           "may connect.");
-ABSL_FLAG(uint32_t, max_regions_per_client, 16,
+ABSL_FLAG(uint32_t, max_regions_per_client, Default().limits.max_regions_per_client,
           "Regions one region-socket connection may have registered at once; more get "
           "RESOURCE_EXHAUSTED.");
-ABSL_FLAG(uint32_t, max_regions, 4096,
+ABSL_FLAG(uint32_t, max_regions, Default().limits.max_regions,
           "Regions all clients together may have registered (each is one mapping in the "
           "daemon); more get RESOURCE_EXHAUSTED.");
-ABSL_FLAG(uint64_t, max_region_bytes, 64ull << 30,
+ABSL_FLAG(uint64_t, max_region_bytes, Default().limits.max_region_bytes,
           "Bytes of shared-memory regions the daemon maps, all clients together; a "
           "registration past it gets RESOURCE_EXHAUSTED.");
 

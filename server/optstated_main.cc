@@ -11,60 +11,78 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "optstate/message_limits.h"
 #include "server/base/log.h"
 #include "server/data_plane_flags.h"
 #include "server/server.h"
 
-ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+namespace {
+
+// What a flag is when not given: the option's own default, so each default
+// is written once, in the option struct.
+const optstate::ServerOptions& Default() {
+  static const optstate::ServerOptions* const defaults = new optstate::ServerOptions();
+  return *defaults;
+}
+
+}  // namespace
+
+ABSL_FLAG(std::string, listen, Default().listen,
           "Address to serve on, host:port or unix:/path (a Unix socket; --socket_mode says who "
           "may connect). Use 0.0.0.0:50051 to accept remote trainers; port 0 picks a free port.");
-ABSL_FLAG(std::string, backend, "auto",
+ABSL_FLAG(std::string, backend, Default().backend.kind,
           "Where steps run: auto (cuda when built in and a device is usable, else cpu), cpu, "
           "or cuda (exit with an error when no device is usable).");
-ABSL_FLAG(std::string, cpu_kernel, "auto",
+ABSL_FLAG(std::string, cpu_kernel, Default().cpu_kernel,
           "The CPU AdamW kernel's path: auto (the widest this CPU runs), avx512, avx2 or "
           "scalar. Every path gives the same bits; a narrower one where the wide one runs "
           "slower, or to compare them. GetStats reports the one in use.");
-ABSL_FLAG(int, threads, 0, "Worker threads for the step engine; 0 means one per CPU.");
-ABSL_FLAG(uint64_t, max_host_bytes, 0,
+ABSL_FLAG(int, threads, Default().threads,
+          "Worker threads for the step engine; 0 means one per CPU.");
+ABSL_FLAG(uint64_t, max_host_bytes, Default().max_host_bytes,
           "Host memory all groups may take together (12 bytes per element); registrations "
           "past it get RESOURCE_EXHAUSTED. 0 means 80% of physical memory.");
-ABSL_FLAG(int, max_message_bytes, 64 << 20,
-          "Largest request or reply message, in bytes (chunks of step and values); at least "
-          "one page of float32 plus 4 KiB (1052672 with the default pages). A Step message "
-          "whose reply would be larger is refused before it is applied.");
-ABSL_FLAG(absl::Duration, stream_idle_timeout, absl::Minutes(10),
+ABSL_FLAG(int, max_message_bytes, Default().max_message_bytes,
+          absl::StrCat("Largest request or reply message, in bytes (chunks of step and values); "
+                       "at least one page of float32 plus ",
+                       optstate::kMessageFieldRoomBytes,
+                       " bytes for the other fields, and at least 1 MiB (",
+                       optstate::kMinMessageBytes,
+                       " with the default pages). A Step message whose reply would be larger is "
+                       "refused before it is applied."));
+ABSL_FLAG(absl::Duration, stream_idle_timeout, Default().stream_idle_timeout,
           "A Step or RegisterGroup stream with nothing read, applied or written for this long "
           "is ended with UNAVAILABLE (optstate::Client opens a new one); 0 means never.");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(30),
           "On SIGTERM or SIGINT: how long to wait for the chunks already being applied to be "
           "answered (streams end, UNAVAILABLE, as soon as they are); what is left then is cut.");
-ABSL_FLAG(uint64_t, page_elements, 256 * 1024,
+ABSL_FLAG(uint64_t, page_elements, Default().page_elements,
           "Elements per page: the unit of exactly-once stepping and of checkpoints; a positive "
           "multiple of 64. A checkpoint written with another page size is not restored.");
-ABSL_FLAG(std::string, state_dir, "",
+ABSL_FLAG(std::string, state_dir, Default().state_dir,
           "Directory for checkpoints (docs/durability.md); empty: none. At start the newest "
           "complete checkpoint there is restored before serving; on SIGTERM a final one is "
           "written.");
-ABSL_FLAG(absl::Duration, checkpoint_interval, absl::ZeroDuration(),
+ABSL_FLAG(absl::Duration, checkpoint_interval, Default().checkpoint_interval,
           "With --state_dir: also write a checkpoint this often (for example 10m); 0 means "
           "only when asked (Checkpoint) and at shutdown.");
-ABSL_FLAG(int, checkpoints_to_keep, 2,
+ABSL_FLAG(int, checkpoints_to_keep, Default().checkpoints_to_keep,
           "With --state_dir: complete checkpoints kept; older ones are removed once a newer "
           "one is durable. At least 1.");
-ABSL_FLAG(bool, require_state, false,
+ABSL_FLAG(bool, require_state, Default().require_state,
           "With --state_dir: exit non-zero when no usable checkpoint can be restored.");
-ABSL_FLAG(uint64_t, checkpoint_buffer_bytes, 8 << 20,
+ABSL_FLAG(uint64_t, checkpoint_buffer_bytes, Default().checkpoint_buffer_bytes,
           "With --state_dir: state copied per write while checkpointing; the writer holds two "
           "such runs (one being copied, one being written), at least one page each.");
-ABSL_FLAG(absl::Duration, heap_trim_interval, absl::Seconds(10),
+ABSL_FLAG(absl::Duration, heap_trim_interval, Default().heap_trim_interval,
           "Look at the heap this often and return its free memory (receive buffers of past "
           "messages) to the system when it grew by more than --heap_trim_slack or its use fell "
           "(not under steady load); always soon after a group is deleted, and once the daemon "
           "has had no stream open for half of it (what a load left goes back within one "
           "interval of its end); 0 means only after deletes.");
-ABSL_FLAG(uint64_t, heap_trim_slack, 64ull << 20,
+ABSL_FLAG(uint64_t, heap_trim_slack, Default().heap_trim_slack_bytes,
           "Bytes the heap may grow by, or its use fall by, before a periodic look trims it.");
 ABSL_FLAG(int, malloc_arenas, 1,
           "glibc malloc arenas (M_ARENA_MAX). Each thread that allocates may get its own, and "
@@ -73,21 +91,22 @@ ABSL_FLAG(int, malloc_arenas, 1,
           "on 2 cores. On hosts with many cores, measure bench/rss-soak and optstate-bench "
           "before raising it.");
 ABSL_FLAG(std::string, log_level, "info", "One of debug, info, warning, error.");
-ABSL_FLAG(std::string, paging, "adaptive",
+ABSL_FLAG(std::string, paging, Default().backend.cuda.paging,
           "CUDA backend: none (state always in VRAM; refuse what does not fit), adaptive "
           "(resident while the budget allows, else paged), fully_paged (all state on the "
           "host, paged through the staging pool).");
-ABSL_FLAG(uint64_t, vram_reserved_bytes, 0,
+ABSL_FLAG(uint64_t, vram_reserved_bytes, Default().backend.cuda.vram_reserved_bytes,
           "CUDA backend: VRAM kept free for the trainer or other processes.");
-ABSL_FLAG(double, vram_target_utilization, 0.9,
+ABSL_FLAG(double, vram_target_utilization, Default().backend.cuda.vram_target_utilization,
           "CUDA backend: share of VRAM optstate may plan to use, clamped to [0.5, 0.95].");
-ABSL_FLAG(uint64_t, vram_total_bytes, 0,
+ABSL_FLAG(uint64_t, vram_total_bytes, Default().backend.cuda.vram_total_bytes,
           "CUDA backend: overrides the device's total VRAM (to test tight budgets); 0 reads "
           "it from the device.");
-ABSL_FLAG(int, staging_slots, 4, "CUDA backend: device staging slots, allocated at start.");
-ABSL_FLAG(uint64_t, staging_slot_bytes, 64ull << 20,
+ABSL_FLAG(int, staging_slots, Default().backend.cuda.staging_slots,
+          "CUDA backend: device staging slots, allocated at start.");
+ABSL_FLAG(uint64_t, staging_slot_bytes, Default().backend.cuda.staging_slot_bytes,
           "CUDA backend: bytes per staging slot (holds p, g, m and v of one piece of a chunk).");
-ABSL_FLAG(int, cuda_device, 0, "CUDA backend: device ordinal.");
+ABSL_FLAG(int, cuda_device, Default().backend.cuda.device, "CUDA backend: device ordinal.");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(

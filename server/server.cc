@@ -17,6 +17,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "optstate/message_limits.h"
 #include "server/base/log.h"
 #include "server/durability/checkpointer.h"
 #include "server/kernels/adamw_kernel.h"
@@ -106,9 +107,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     }
   }
   // A message must carry one page of float32 and the other fields: the
-  // least a client can send, and the reply to it.
+  // least a client can send, and the reply to it; and never less than 1 MiB
+  // (kMinMessageBytes with the default page).
   const uint64_t min_message_bytes =
-      std::max<uint64_t>(1 << 20, options.page_elements * sizeof(float) + 4096);
+      std::max<uint64_t>(1 << 20, options.page_elements * sizeof(float) + kMessageFieldRoomBytes);
   if (options.max_message_bytes < 0 ||
       static_cast<uint64_t>(options.max_message_bytes) < min_message_bytes) {
     return absl::InvalidArgumentError(

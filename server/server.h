@@ -10,18 +10,20 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "optstate/message_limits.h"
 #include "server/backend_factory.h"
 #include "server/data_plane_assembly.h"
+#include "server/durability/checkpointer.h"
 #include "server/engine/step_engine.h"
 
 namespace optstate {
 
 struct ServerOptions {
-  std::string listen = "127.0.0.1:50051";  // Port 0 picks a free port.
-  int threads = 0;                         // 0: one per hardware thread.
-  uint64_t max_host_bytes = 0;             // 0: 80% of physical memory.
-  int max_message_bytes = 64 << 20;        // Largest request or reply.
-  uint64_t page_elements = 256 * 1024;     // Exactly-once granularity.
+  std::string listen = "127.0.0.1:50051";         // Port 0 picks a free port.
+  int threads = 0;                                // 0: one per hardware thread.
+  uint64_t max_host_bytes = 0;                    // 0: 80% of physical memory.
+  int max_message_bytes = 64 << 20;               // Largest request or reply.
+  uint64_t page_elements = kDefaultPageElements;  // Exactly-once granularity.
   // A Step or RegisterGroup stream with nothing read, applied or written for
   // this long is ended with UNAVAILABLE; zero or infinite: never.
   absl::Duration stream_idle_timeout = absl::Minutes(10);
@@ -36,17 +38,19 @@ struct ServerOptions {
   // "avx512", "avx2" or "scalar", which this CPU must run. Every path gives
   // the same bits. Process-wide: the last server started sets it.
   std::string cpu_kernel = "auto";
-  // Durability (docs/durability.md). Empty state_dir: no checkpoints.
+  // Durability (docs/durability.md). Empty state_dir: no checkpoints. The
+  // rest default to the Checkpointer's own.
   std::string state_dir;
-  absl::Duration checkpoint_interval = absl::ZeroDuration();  // Zero: no timer.
-  int checkpoints_to_keep = 2;
-  bool require_state = false;                  // Refuse to start without a usable checkpoint.
-  uint64_t checkpoint_buffer_bytes = 8 << 20;  // The writer's memory bound (at least a page).
+  absl::Duration checkpoint_interval = CheckpointerOptions{}.interval;  // Zero: no timer.
+  int checkpoints_to_keep = CheckpointerOptions{}.keep;
+  bool require_state = false;  // Refuse to start without a usable checkpoint.
+  // The writer's memory bound (at least a page).
+  uint64_t checkpoint_buffer_bytes = CheckpointerOptions{}.buffer_bytes;
   // The same-host shared-memory data plane (region socket, limits).
   DataPlaneOptions data_plane;
   // Permission bits of a unix: listen socket (who may connect); 0 leaves
   // them as the umask made them.
-  unsigned listen_socket_mode = 0660;
+  unsigned listen_socket_mode = kDefaultSocketMode;
 };
 
 // Thread-safe.

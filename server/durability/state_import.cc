@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/base/log.h"
+#include "server/state/page_range_lock.h"
 
 namespace optstate {
 
@@ -175,7 +176,7 @@ absl::StatusOr<StateImport::Result> StateImport::Commit() {
 
 absl::Status ReplaceGroupState(StepBackend& backend, const Group& source, Group& target) {
   const uint64_t pages = target.num_pages();
-  for (uint64_t p = 0; p < pages; ++p) target.page_mutex(p).Lock();
+  PageRangeLock all_pages(target);
   absl::Status status;
   if (target.deleted()) {
     status = absl::NotFoundError(absl::StrCat("group '", target.key().name, "' was deleted"));
@@ -199,7 +200,6 @@ absl::Status ReplaceGroupState(StepBackend& backend, const Group& source, Group&
     }
     status = backend.StateWritten(target, 0, target.num_elements());
   }
-  for (uint64_t p = pages; p-- > 0;) target.page_mutex(p).Unlock();
   return status;
 }
 

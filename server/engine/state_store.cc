@@ -214,22 +214,23 @@ bool StateStore::Unregister(const std::shared_ptr<Group>& group) {
   // Page locks first (ascending, as steps take them), then the store's lock:
   // no path takes a page lock while holding mu_. With every page held, no
   // step can apply between the check and mark_deleted.
-  for (uint64_t page = 0; page < group->num_pages(); ++page) group->page_mutex(page).Lock();
   bool removed = false;
-  if (!group->deleted() && group->MaxStep() == 0) {
-    absl::MutexLock lock(&mu_);
-    auto it = groups_.find(group->key());
-    if (it != groups_.end() && it->second == group) {
-      groups_.erase(it);
-      host_bytes_ -= group->host_bytes();
-      removed = true;
+  {
+    PageRangeLock all_pages(*group);
+    if (!group->deleted() && group->MaxStep() == 0) {
+      absl::MutexLock lock(&mu_);
+      auto it = groups_.find(group->key());
+      if (it != groups_.end() && it->second == group) {
+        groups_.erase(it);
+        host_bytes_ -= group->host_bytes();
+        removed = true;
+      }
+    }
+    if (removed) {
+      group->mark_deleted();
+      backend_->DetachGroup(*group);
     }
   }
-  if (removed) {
-    group->mark_deleted();
-    backend_->DetachGroup(*group);
-  }
-  for (uint64_t page = group->num_pages(); page-- > 0;) group->page_mutex(page).Unlock();
   if (removed) {
     Log(LogLevel::kInfo, "removed group '", group->key().name,
         "': the RegisterGroup call that created it did not complete");

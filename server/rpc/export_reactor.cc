@@ -3,14 +3,16 @@
 
 #include <algorithm>
 
+#include "optstate/message_limits.h"
 #include "server/rpc/proto_convert.h"
 
 namespace optstate {
 namespace {
 
-// Bytes of one tensor per chunk (whole pages, at least one): well under the
-// least --max_message_bytes, which holds a float32 page and 4 KiB.
-constexpr uint64_t kChunkBytes = 1 << 20;
+// Bytes of one tensor per chunk (whole pages, at least one): with the room
+// for the other fields, within the least --max_message_bytes, which is
+// 1 MiB and at least a float32 page and that room.
+constexpr uint64_t kChunkBytes = (1 << 20) - kMessageFieldRoomBytes;
 
 }  // namespace
 

@@ -1,6 +1,7 @@
-// One Step message applied as a unit: every chunk checked and the reply
-// bounded before any is applied, then the chunks applied and the reply
-// built. The Step reactor's work on a worker thread; no gRPC calls.
+// One Step message applied as a unit, the Step reactor's work on a worker
+// thread (no gRPC calls): its chunks read into the engine's terms, stepped by
+// MessageStep (server/engine/message_step.h, which decides what is checked
+// and applied at once), and the reply written.
 #ifndef OPTSTATE_SERVER_RPC_STEP_MESSAGE_H_
 #define OPTSTATE_SERVER_RPC_STEP_MESSAGE_H_
 
@@ -10,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "grpcpp/support/slice.h"
+#include "server/engine/message_step.h"
 #include "server/engine/step_engine.h"
 #include "server/regions/region_registry.h"
 #include "server/rpc/step_request_reader.h"
@@ -17,24 +19,16 @@
 namespace optstate {
 
 // Applies `message` (read by ReadStepRequest) for `tenant`. Every chunk, its
-// own and those packed in `more`, passes StepEngine::Validate, and the reply
+// own and those packed in `more`, passes MessageStep::Check, and the reply
 // must fit `max_reply_bytes`, before any is applied: such a refusal
 // (INVALID_ARGUMENT, NOT_FOUND) changes nothing. Then the chunks are applied
-// in order and their replies appended to `reply` (one slice per chunk,
-// serialized by StepReplyBuilder); a chunk refused there (page state:
-// FAILED_PRECONDITION, NOT_FOUND once deleted, DATA_LOSS) leaves the chunks
-// before it applied. A refusal of a packed chunk names it (the first such
-// chunk, as a check in order would find it).
-// A message of at least 4 MiB of gradients is spread over the engine's
-// pool: the gradients' values are checked in parts on its threads (the
-// refusal is the one a check in order gives), and when no two chunks name
-// one group and no chunk's params_region shares a byte with another chunk's
-// region slices they are applied at once, one ParallelFor over the chunks
-// (the CPU backend may still split a chunk's update over idle threads); a
-// chunk refused for its pages' state then leaves the others applied where
-// they could be, and the refusal says so. Any other message is applied in order
-// on the calling thread (each chunk's update still split over the pool by
-// the CPU backend).
+// (MessageStep::Apply: in order, or at once over the engine's pool for a
+// large message of independent chunks) and their replies appended to `reply`
+// (one slice per chunk, serialized by StepReplyBuilder); a chunk refused
+// there (page state: FAILED_PRECONDITION, NOT_FOUND once deleted, DATA_LOSS)
+// leaves the chunks before it applied, or, applied at once, the others where
+// they could be, and the refusal says which. A refusal of a packed chunk
+// names it (the first such chunk, as a check in order would find it).
 // A chunk may name a RegionSlice of `regions` (the same-host data plane) for
 // its gradient and for its params instead of carrying them: such a chunk is
 // checked like the others, and before anything is applied its regions are

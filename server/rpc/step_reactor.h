@@ -1,5 +1,7 @@
-// The Step stream: one reactor per call. Reads chunks, hands them to the step
-// engine on the worker pool, and writes one reply per chunk, in order.
+// The Step stream: one reactor per call. Reads messages, hands them to the
+// step engine on the worker pool, and writes one reply per message (the
+// replies to the chunks packed in a request's `more` packed in the reply's),
+// in order.
 #ifndef OPTSTATE_SERVER_RPC_STEP_REACTOR_H_
 #define OPTSTATE_SERVER_RPC_STEP_REACTOR_H_
 
@@ -25,19 +27,21 @@ namespace optstate {
 
 // Flow: StartRead -> OnReadDone -> ApplyOnWorker (the engine, on a pool
 // worker; it queues the reply) -> Advance -> StartWrite -> OnWriteDone, with
-// reads of later chunks overlapping the
-// update of earlier ones. Chunks of different groups are applied
-// concurrently (a model of many tensors uses every worker); chunks of one
-// group are applied one after another, in stream order, so a stream may carry
-// step k and step k+1 of the same page. Replies go out in request order.
+// reads of later messages overlapping the update of earlier ones. Messages of
+// different groups are applied concurrently (a model of many tensors uses
+// every worker); messages naming one group are applied one after another, in
+// stream order, so a stream may carry step k and step k+1 of the same page.
+// Replies go out in request order.
 // A message may pack chunks of several groups (StepRequest.more): all are
-// checked (StepEngine::Validate), then applied in order on one worker, and
-// the message waits while a chunk of any of its groups is applied; its reply
-// packs theirs the same way.
+// checked, then applied (ApplyStepMessage: in order on its worker, or, for a
+// large message of independent chunks, at once over the pool; see
+// MessageStep), and the message waits while a message naming any of its
+// groups is applied; its reply packs theirs the same way.
 // The first refused chunk ends the call with its status, after the replies to
 // every earlier message; it changed nothing, while later messages of other
-// groups may already have been applied, and so may the chunks packed before
-// it in its message when it was refused for its pages' state. Resending those is a harmless replay,
+// groups may already have been applied, and so may, when it was refused for
+// its pages' state, the chunks packed before it in its message (or, applied
+// at once, the others of its message). Resending those is a harmless replay,
 // unless the same stream also carried a later step of their group (then the resend is refused as
 // stale): a client that needs resends sends one step per stream, as optstate::Client does. No
 // callback blocks: engine work runs on the pool, and gRPC calls are made outside the reactor's
@@ -89,7 +93,7 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   // made, so Finish can never come before, or race with, another call on the
   // stream; the caller passes the tokens it held.
   void Advance(int tokens_released) ABSL_LOCKS_EXCLUDED(mu_);
-  // Applies a message (ApplyStepMessage) and queues its reply, or the first
+  // Applies a message (ApplyStepMessage) and queues its reply, or its
   // refusal.
   void ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) ABSL_LOCKS_EXCLUDED(mu_);
   bool AnyGroupInFlightLocked(const v1::StepRequest& request) const
@@ -108,14 +112,14 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   const std::string tenant_;
   const size_t max_reply_bytes_;
   const RegionRegistry* const regions_;
-  const int max_in_flight_;  // Chunks applied at once: the pool's size.
+  const int max_in_flight_;  // Messages applied at once: the pool's size.
   StreamRegistry* const streams_;
   bool registered_ = false;  // streams_->Add took it.
 
   absl::Mutex mu_;
   grpc::ByteBuffer incoming_;  // Written by gRPC while a read is in flight.
   std::deque<QueuedChunk> queued_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;        // Of the next chunk dispatched.
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;        // Of the next message dispatched.
   uint64_t next_write_seq_ ABSL_GUARDED_BY(mu_) = 0;  // Of the next reply to queue.
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_set<std::string> groups_in_flight_ ABSL_GUARDED_BY(mu_);
@@ -126,7 +130,7 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
   int starting_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t error_seq_ ABSL_GUARDED_BY(mu_) = UINT64_MAX;  // Earliest refused chunk.
+  uint64_t error_seq_ ABSL_GUARDED_BY(mu_) = UINT64_MAX;  // Earliest refused message.
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   absl::Time last_activity_ ABSL_GUARDED_BY(mu_);  // Last read or write done.
 };

@@ -1,5 +1,6 @@
-// Holds the page mutexes of a run of a group's pages: the one way a step, an
-// initial-values write or a deletion takes them.
+// Holds the page mutexes of a run of a group's pages: the one way anything
+// takes more than one (a step, an initial-values write, a deletion, an
+// unregistration, an import over a group).
 #ifndef OPTSTATE_SERVER_STATE_PAGE_RANGE_LOCK_H_
 #define OPTSTATE_SERVER_STATE_PAGE_RANGE_LOCK_H_
 

@@ -227,6 +227,33 @@ TEST(StateTransferTest, TheMessageLimitNeverBites) {
   EXPECT_TRUE(back->exp_avg_sq == state.exp_avg_sq);
 }
 
+// With pages smaller than the default the daemon takes a limit of 1 MiB,
+// and an export still fits it: runs of pages leave room for the other
+// fields.
+TEST(StateTransferTest, AnExportOfSmallPagesFitsTheLeastMessageLimit) {
+  auto daemon = DaemonProcess::Start(
+      {"--threads=2", "--page_elements=1024", "--max_message_bytes=1048576"});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  ClientOptions options;
+  options.chunk_bytes = 256 << 10;  // Imports well under the daemon's limit.
+  auto client = Connect(**daemon, options);
+  Client::GroupState state;
+  state.name = "small-pages";
+  const size_t n = 1024 * 1024 + 5;
+  std::mt19937 rng(2);
+  state.params = RandomNormal(rng, n, 1.0f);
+  state.exp_avg = RandomNormal(rng, n, 1e-3f);
+  state.exp_avg_sq.assign(n, 1e-6f);
+  state.page_steps = {3};
+  ASSERT_TRUE(client->ImportState(state).ok());
+  absl::StatusOr<Client::GroupState> back = client->ExportState("small-pages");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->page_elements, 1024u);
+  EXPECT_TRUE(back->params == state.params);
+  EXPECT_TRUE(back->exp_avg == state.exp_avg);
+  EXPECT_TRUE(back->exp_avg_sq == state.exp_avg_sq);
+}
+
 // ---- Refused and broken imports, through the raw stub ----
 
 class RawImportTest : public ::testing::Test {

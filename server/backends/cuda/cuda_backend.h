@@ -23,7 +23,7 @@
 namespace optstate {
 
 // Thread-safe, as StepBackend requires. Lock order: page mutexes, then
-// groups_mu_, then a group's CudaGroupState::mu, then the policy's own
+// groups_mu_, then a group's GroupState::mu, then the policy's own
 // mutex; nothing here takes a page mutex, so callers may hold any.
 class CudaBackend : public StepBackend {
  public:

@@ -1,0 +1,199 @@
+// A message stepped as a unit:
+// 1. Check: every chunk checked in order up to the first refusal. A large
+//    message (spread_) leaves the gradients' values out of Validate and
+//    checks them afterwards in parts on the pool, those of the chunks before
+//    the refused one (and of it, when only its params_out size was wrong):
+//    the first bad value there is the refusal, as a check in order finds it.
+// 2. (The caller's checks of the whole message, such as its reply's size.)
+// 3. Apply: in order, stopping at the first refusal, or at once on the pool
+//    when the message is large, its chunks are of distinct groups (so no two
+//    touch one page) and none writes params where another chunk reads or
+//    writes (so their order cannot matter).
+#include "server/engine/message_step.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace optstate {
+namespace {
+
+// A message with at least this many gradient bytes is spread over the pool.
+constexpr uint64_t kSpreadMessageBytes = 4 << 20;
+// The value check of a spread message runs in parts of at most this many
+// elements.
+constexpr uint64_t kValuePartElements = 1 << 18;
+
+// Whether no chunk's params_region shares a byte with another chunk's
+// gradient_region or params_region (applied at once, one chunk would write
+// what another reads or writes at the same time; in order, each sees the
+// params of the chunks before it, as the client asked). A chunk's own two
+// slices were checked apart by the transport.
+bool NoParamsOverlapAcrossChunks(const std::vector<MessageChunk>& chunks) {
+  struct Slice {
+    uint64_t region, begin, end;  // Bounds-checked by the transport: no wrap.
+    bool operator<(const Slice& other) const {
+      return region != other.region ? region < other.region : begin < other.begin;
+    }
+  };
+  std::vector<Slice> params, gradients;
+  auto add = [](const RegionSpan& span, std::vector<Slice>* to) {
+    if (span.bytes != 0) to->push_back({span.region, span.offset, span.offset + span.bytes});
+  };
+  for (const MessageChunk& chunk : chunks) {
+    if (chunk.params_region.has_value()) add(*chunk.params_region, &params);
+    if (chunk.gradient_region.has_value()) add(*chunk.gradient_region, &gradients);
+  }
+  std::sort(params.begin(), params.end());
+  for (size_t i = 1; i < params.size(); ++i) {  // Sorted and apart: each ends before the next.
+    if (params[i].region == params[i - 1].region && params[i].begin < params[i - 1].end) {
+      return false;
+    }
+  }
+  for (const Slice& g : gradients) {
+    // The first params slice of g's region that ends after g begins, if any,
+    // is the only one that can overlap it.
+    auto it = std::partition_point(params.begin(), params.end(), [&g](const Slice& p) {
+      return p.region < g.region || (p.region == g.region && p.end <= g.begin);
+    });
+    if (it != params.end() && it->region == g.region && it->begin < g.end) return false;
+  }
+  return true;
+}
+
+// Whether no two chunks name the same group.
+bool DistinctGroups(const std::vector<MessageChunk>& chunks) {
+  absl::flat_hash_set<absl::string_view> seen;
+  seen.reserve(chunks.size());
+  for (const MessageChunk& chunk : chunks) {
+    if (!seen.insert(chunk.chunk.group.name).second) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+MessageStep::MessageStep(StepEngine* engine, std::vector<MessageChunk> chunks)
+    : engine_(engine),
+      chunks_(std::move(chunks)),
+      validated_(chunks_.size()),
+      results_(chunks_.size()) {
+  uint64_t gradient_bytes = 0;
+  for (MessageChunk& chunk : chunks_) {
+    gradient_bytes += chunk.chunk.gradient.size();
+    if (chunk.params_out != nullptr) {
+      chunk.chunk.params_store = ParamsStore::kStreaming;  // The client reads them, not us.
+    }
+  }
+  spread_ = engine_->pool()->size() > 1 && gradient_bytes >= kSpreadMessageBytes;
+}
+
+MessageRefusal MessageStep::Check() {
+  const ValueCheck values = spread_ ? ValueCheck::kDeferred : ValueCheck::kNow;
+  const size_t n = chunks_.size();
+  // 1. In order, up to the first refusal. `values_checkable`: the refused
+  //    chunk passed Validate, so a deferred value check of it still comes
+  //    first (as Validate's own would have).
+  MessageRefusal refusal{n, absl::OkStatus(), MessageApplied::kNothing};
+  bool values_checkable = false;
+  for (size_t i = 0; i < n; ++i) {
+    const MessageChunk& chunk = chunks_[i];
+    absl::Status status = chunk.read_status;
+    if (status.ok()) {
+      absl::StatusOr<ValidatedChunk> checked = engine_->Validate(chunk.chunk, values);
+      if (checked.ok()) {
+        validated_[i] = std::move(*checked);
+      } else {
+        status = checked.status();
+      }
+    }
+    if (status.ok() && chunk.params_out != nullptr) {
+      const uint64_t count = validated_[i].count;
+      const uint64_t bytes = count * WireTypeSize(chunk.chunk.param_type);
+      const uint64_t room = chunk.params_region.has_value() ? chunk.params_region->bytes : 0;
+      if (room != bytes) {
+        values_checkable = true;
+        status = absl::InvalidArgumentError(
+            absl::StrCat("params_region holds ", room, " bytes; the chunk's ", count, " params in ",
+                         WireTypeName(chunk.chunk.param_type), " take ", bytes));
+      }
+    }
+    if (!status.ok()) {
+      refusal.chunk = i;
+      refusal.status = std::move(status);
+      break;
+    }
+  }
+  // 2. The values of the chunks before it (and of it, when it passed
+  //    Validate), when deferred: the first bad one comes before the refusal.
+  if (values == ValueCheck::kDeferred) {
+    const size_t checked = refusal.ok() ? n : refusal.chunk + (values_checkable ? 1 : 0);
+    MessageRefusal bad = CheckValuesSpread(checked);
+    if (!bad.ok()) refusal = std::move(bad);
+  }
+  if (refusal.ok()) refusal.chunk = 0;
+  return refusal;
+}
+
+MessageRefusal MessageStep::CheckValuesSpread(size_t n) const {
+  struct Part {
+    size_t chunk;
+    uint64_t begin, end;
+  };
+  std::vector<Part> parts;
+  for (size_t i = 0; i < n; ++i) {
+    for (uint64_t begin = 0; begin < validated_[i].count; begin += kValuePartElements) {
+      parts.push_back({i, begin, std::min(validated_[i].count, begin + kValuePartElements)});
+    }
+  }
+  std::vector<absl::Status> statuses(parts.size());
+  engine_->pool()->ParallelFor(parts.size(), [&](size_t k) {
+    const Part& part = parts[k];
+    statuses[k] = engine_->CheckGradientValues(chunks_[part.chunk].chunk, validated_[part.chunk],
+                                               part.begin, part.end);
+  });
+  for (size_t k = 0; k < parts.size(); ++k) {  // Parts are in element order.
+    if (!statuses[k].ok()) return {parts[k].chunk, statuses[k], MessageApplied::kNothing};
+  }
+  return {};
+}
+
+uint64_t MessageStep::reply_params_bytes(size_t i) const {
+  if (chunks_[i].params_out != nullptr) return 0;
+  return validated_[i].count * WireTypeSize(chunks_[i].chunk.param_type);
+}
+
+bool MessageStep::AtOnce() const {
+  return spread_ && chunks_.size() > 1 && DistinctGroups(chunks_) &&
+         NoParamsOverlapAcrossChunks(chunks_);
+}
+
+MessageRefusal MessageStep::Apply(
+    absl::FunctionRef<char*(size_t chunk, size_t bytes)> reserve_params) {
+  auto apply = [&](size_t i) {
+    char* const params_out = chunks_[i].params_out;
+    results_[i] = engine_->Apply(chunks_[i].chunk, validated_[i], [&](size_t bytes) {
+      return params_out != nullptr ? params_out : reserve_params(i, bytes);
+    });
+    return results_[i].ok();
+  };
+  const size_t n = chunks_.size();
+  const bool at_once = AtOnce();
+  if (at_once) {
+    engine_->pool()->ParallelFor(n, [&](size_t i) { apply(i); });
+  } else {
+    for (size_t i = 0; i < n && apply(i); ++i) {
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (results_[i].ok()) continue;
+    return {i, results_[i].status(),
+            at_once ? MessageApplied::kOthers : MessageApplied::kChunksBefore};
+  }
+  return {};
+}
+
+}  // namespace optstate

@@ -1,0 +1,125 @@
+// One Step message of several chunks stepped as a unit: every chunk checked
+// before any is applied, then the chunks applied in order or, for a large
+// message of independent chunks, at once over the engine's pool. How a
+// message's work is spread is decided here; the transport reads the message
+// into MessageChunks and writes the reply.
+#ifndef OPTSTATE_SERVER_ENGINE_MESSAGE_STEP_H_
+#define OPTSTATE_SERVER_ENGINE_MESSAGE_STEP_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "server/engine/step_engine.h"
+
+namespace optstate {
+
+// Bytes [offset, offset + bytes) of a shared-memory region a chunk names.
+// The caller has bounds-checked it, so the end does not wrap.
+struct RegionSpan {
+  uint64_t region = 0;  // The region's id.
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
+// One chunk of a message, as the transport made it from what it read.
+struct MessageChunk {
+  // OK, or why the transport could not make a chunk of what it read (a bad
+  // field, a region not found or out of bounds): the chunk is then refused
+  // in its turn, as if Validate had refused it.
+  absl::Status read_status;
+  // The chunk; its gradient is the message's bytes or a region's slice.
+  StepChunk chunk;
+  // The region slice the params go to instead of the reply (null: the
+  // reply). It must hold exactly the chunk's params in chunk.param_type;
+  // they are written with ParamsStore::kStreaming.
+  char* params_out = nullptr;
+  // The region slices the chunk names, if any: where the gradient was read
+  // from (chunk.gradient is then over it) and params_out's.
+  std::optional<RegionSpan> gradient_region;
+  std::optional<RegionSpan> params_region;
+};
+
+// What of a message a refusal of one of its chunks left applied.
+enum class MessageApplied {
+  kNothing,       // Refused before any chunk was applied.
+  kChunksBefore,  // Applied in order: the chunks before the refused one were.
+  kOthers,        // Applied at once: the other chunks were, where they could be.
+};
+
+// The first refusal of a message's chunks; OK status: none.
+struct MessageRefusal {
+  size_t chunk = 0;  // The refused chunk's index in the message.
+  absl::Status status;
+  MessageApplied applied = MessageApplied::kNothing;
+
+  bool ok() const { return status.ok(); }
+};
+
+// Not thread-safe: one per message, driven by one thread (Check, then
+// Apply), which hands work to the engine's pool itself.
+//
+// A message of at least 4 MiB of gradients, on a pool of more than one
+// thread, is spread over the pool: the gradients' values are checked in
+// parts on its threads, and when no two chunks name one group and no
+// chunk's params_region shares a byte with another chunk's region slices,
+// the chunks are applied at once, one ParallelFor over them (the CPU backend
+// may still split a chunk's update over idle threads). Every answer is the
+// one the message applied in order on one thread gives, but for a chunk
+// refused for its pages' state while applied at once: the others are then
+// applied where they could be. Any other message is applied in order on the
+// calling thread (each chunk's update still split over the pool by the CPU
+// backend).
+class MessageStep {
+ public:
+  // `engine`, and what the chunks' gradients and params_out point to, must
+  // outlive this.
+  MessageStep(StepEngine* engine, std::vector<MessageChunk> chunks);
+
+  // Checks every chunk in order, up to the first refusal: its read_status,
+  // StepEngine::Validate, and that a params_out region holds the chunk's
+  // params exactly (INVALID_ARGUMENT). A bad gradient value comes before
+  // every refusal of a later chunk, and before the params_out size of its
+  // own, as a check in order finds it. Changes nothing; applied is kNothing.
+  // Call once, before Apply.
+  MessageRefusal Check();
+
+  // Bytes of chunk i's params that go into the reply (0 when they go to
+  // params_out). After Check passed.
+  uint64_t reply_params_bytes(size_t i) const;
+
+  // Applies the checked chunks (StepEngine::Apply), in order or at once (see
+  // the class comment). `reserve_params(i, bytes)` gives where chunk i's
+  // params go when they go into the reply; applied at once it is called on
+  // the pool's threads, once per chunk. The first refused chunk (in message
+  // order) is returned, with kChunksBefore (in order: the rest was not
+  // tried) or kOthers (at once). Call once, after Check passed.
+  MessageRefusal Apply(absl::FunctionRef<char*(size_t chunk, size_t bytes)> reserve_params);
+
+  size_t size() const { return chunks_.size(); }
+  const StepChunk& chunk(size_t i) const { return chunks_[i].chunk; }
+  // After Apply passed.
+  const StepChunkResult& result(size_t i) const { return *results_[i]; }
+
+ private:
+  // Whether the chunks may be applied at once: spread, and no two of them
+  // touch one page or write params where another reads or writes.
+  bool AtOnce() const;
+  // The deferred value checks of chunks [0, n), in parts on the pool: the
+  // first bad value's refusal (in element order), or OK.
+  MessageRefusal CheckValuesSpread(size_t n) const;
+
+  StepEngine* const engine_;
+  std::vector<MessageChunk> chunks_;
+  bool spread_ = false;
+  std::vector<ValidatedChunk> validated_;
+  // Default-constructed: UNKNOWN (not applied), with no message to allocate.
+  std::vector<absl::StatusOr<StepChunkResult>> results_;
+};
+
+}  // namespace optstate
+
+#endif  // OPTSTATE_SERVER_ENGINE_MESSAGE_STEP_H_
