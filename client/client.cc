@@ -57,7 +57,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
 namespace {
 
 // One RegisterGroup call: the spec, then (when `values` is set) every chunk
-// of initial values for pages that still await them.
+// of initial values; the daemon takes them only for pages still awaiting
+// values, so a retry never rewinds a trained page.
 absl::StatusOr<v1::RegisterGroupResponse> RegisterOnce(v1::OptimizerState::Stub& stub,
                                                        const ClientOptions& options,
                                                        const v1::GroupSpec& spec,

@@ -61,7 +61,7 @@ struct ClientOptions {
   // The region holds the groups the client stepped recently, gradient and
   // params at up to 4 bytes per element each; it is replaced by one of
   // max(1 MiB, 2 x that) when a new group does not fit
-  // (docs/architecture.md, "How big a client's region gets").
+  // (docs/decisions.md, "How big a client's region gets").
   // kAuto by default: shared memory with a daemon on this host that offers
   // it, else the wire.
   DataPlane data_plane = DataPlane::kAuto;
