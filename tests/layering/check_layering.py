@@ -8,8 +8,9 @@ regions/ (shared-memory regions) sits beside state/: it sees state, kernels
 and base, and engine, rpc and the assembly may see it.
 Inside backends/, cpu/ and cuda/ sit on the StepBackend interface beside them,
 and cuda/paging/ (pure bookkeeping) sees no other part of the CUDA backend.
-Only rpc/ and the assembly see gRPC or protobuf. client/ and common/ see no
-server code; common/ and the proto helpers see no client code. The client's
+Only rpc/, the assembly and probe/ (optstate-probe, a program beside the
+daemon that includes none of its layers) see gRPC or protobuf. client/ and
+common/ see no server code; common/ and the proto helpers see no client code. The client's
 public headers (client/include/) include neither gRPC nor protobuf nor the
 proto helpers (optstate/v1/...), nor client/ internals: users see optstate's
 own types only.
@@ -42,13 +43,15 @@ BELOW = {
                "server/backends", "server/backends/cpu",
                "server/backends/cuda", "server/backends/cuda/paging", "server/state",
                "server/kernels", "server/base"],
+    # optstate-probe, a program of its own: gRPC and the health proto only.
+    "server/probe": [],
     "client": [],
     "common": [],
     "proto": [],
 }
 # Prefixes of headers only the layers named may include.
 RPC_HEADERS = re.compile(r'^(grpc/|grpcpp/|google/protobuf/|optstate/v1/.*\.pb\.h$)')
-MAY_SEE_RPC = {"server", "server/rpc", "client", "proto"}
+MAY_SEE_RPC = {"server", "server/rpc", "server/probe", "client", "proto"}
 # What a public client header may not include: transport and serialization
 # types (and the client's internals, which carry them).
 NOT_PUBLIC = re.compile(r'^(grpc[^/]*/|google/protobuf/|optstate/v1/|client/)')
