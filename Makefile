@@ -5,7 +5,8 @@ JOBS ?= $(shell nproc)
 LISTEN ?= 127.0.0.1:50051
 ARGS ?=
 
-.PHONY: deps torch-deps emulator-deps python configure build run test sanitize fuzz bench bench-deepspeed demo gpu-test clean
+.PHONY: deps torch-deps emulator-deps python configure build run test sanitize fuzz bench \
+  bench-deepspeed demo gpu-test package clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -36,6 +37,13 @@ build: configure
 run: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS) --target optstated
 	$(BUILD_DIR)/server/optstated --listen=$(LISTEN) $(ARGS)
+
+# The Debian packages (cmake/package.cmake): $(BUILD_DIR)/optstated_*.deb
+# (the daemon and optstate-probe) and $(BUILD_DIR)/liboptstate-dev_*.deb (the
+# client library, headers, CMake and pkg-config files).
+package: build
+	@cd $(BUILD_DIR) && cpack -G DEB > cpack.log 2>&1 || (cat cpack.log; exit 1)
+	@ls $(BUILD_DIR)/*.deb
 
 # Every test that needs no GPU (tests labelled gpu run via tests/gpu/run.sh),
 # the Python package's pytest suite included (it runs the installed package).
