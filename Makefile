@@ -4,9 +4,14 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 LISTEN ?= 127.0.0.1:50051
 ARGS ?=
+# Extra CMake options (-DNAME=VALUE ...), for every configure (the images'
+# too: Dockerfile, Dockerfile.cuda).
+CMAKE_ARGS ?=
+PREFIX ?= /usr/local
+DESTDIR ?=
 
 .PHONY: deps torch-deps emulator-deps python configure build run test sanitize fuzz bench \
-  bench-deepspeed demo gpu-test package clean
+  bench-deepspeed demo gpu-test install-daemon package clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -26,8 +31,8 @@ python: deps
 	@JOBS=$(JOBS) bash scripts/install-python.sh
 
 configure: deps
-	@cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) > $(BUILD_DIR).configure.log 2>&1 \
-	  || (cat $(BUILD_DIR).configure.log; exit 1)
+	@cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_ARGS) \
+	  > $(BUILD_DIR).configure.log 2>&1 || (cat $(BUILD_DIR).configure.log; exit 1)
 
 build: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
@@ -37,6 +42,15 @@ build: configure
 run: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS) --target optstated
 	$(BUILD_DIR)/server/optstated --listen=$(LISTEN) $(ARGS)
+
+# The daemon and optstate-probe (cmake --install's component daemon) and the
+# example trainer (component examples), built with the configure above and
+# installed under $(DESTDIR)$(PREFIX): what the images do (Dockerfile,
+# Dockerfile.cuda), so they build as make builds.
+install-daemon: configure
+	@cmake --build $(BUILD_DIR) -j $(JOBS) --target optstated optstate-probe train_linear_regression
+	@DESTDIR=$(DESTDIR) cmake --install $(BUILD_DIR) --prefix $(PREFIX) --component daemon
+	@DESTDIR=$(DESTDIR) cmake --install $(BUILD_DIR) --prefix $(PREFIX) --component examples
 
 # The Debian packages (cmake/package.cmake): $(BUILD_DIR)/optstated_*.deb
 # (the daemon and optstate-probe) and $(BUILD_DIR)/liboptstate-dev_*.deb (the
