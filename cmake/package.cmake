@@ -24,11 +24,12 @@ set(CPACK_COMPONENT_DAEMON_DESCRIPTION
   "optstated keeps AdamW optimizer state (m, v, fp32 master weights) in host memory and\n\
 applies optimizer steps for remote trainers over gRPC; optstate-probe asks its\n\
 grpc.health.v1 service whether it serves.")
-# What optstated and optstate-probe load (ldd): gRPC 1.51 (libgrpc++, libgrpc,
-# libgpr, which bring their own dependencies), protobuf 3.21, Abseil
-# 20220623, and the C and C++ runtimes.
+# What optstated and optstate-probe load: gRPC 1.51 (libgrpc++, libgrpc,
+# which bring their own dependencies), protobuf 3.21, Abseil 20220623, and the
+# C and C++ runtimes; as dpkg-shlibdeps computes them for the two binaries on
+# Debian 12.
 set(CPACK_DEBIAN_DAEMON_PACKAGE_DEPENDS
-  "libc6 (>= 2.36), libgcc-s1, libstdc++6 (>= 12), libgrpc++1.51, libgrpc29, libprotobuf32, libabsl20220623")
+  "libabsl20220623 (>= 0~20220623.0-1), libc6 (>= 2.34), libgcc-s1 (>= 3.0), libgrpc++1.51 (>= 1.51.1), libgrpc29 (>= 1.51.1), libprotobuf32 (>= 3.21.12), libstdc++6 (>= 11)")
 
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME liboptstate-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
