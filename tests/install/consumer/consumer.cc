@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
       return std::fprintf(stderr, "params[%d] = %.9g, AdamW gives %.9g\n", i, params[i], p[i]), 1;
     }
   }
-  std::printf("consumer: %d steps through %s, params %.6f %.6f %.6f %.6f as AdamW gives\n", kSteps,
-              argv[1], params[0], params[1], params[2], params[3]);
+  std::printf("%s: %d steps through %s, params %.6f %.6f %.6f %.6f as AdamW gives\n", argv[0],
+              kSteps, argv[1], params[0], params[1], params[2], params[3]);
   return 0;
 }
