@@ -10,8 +10,8 @@ CMAKE_ARGS ?=
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: deps torch-deps emulator-deps python configure build run test sanitize fuzz bench \
-  bench-deepspeed demo gpu-test install-daemon package clean
+.PHONY: deps torch-deps emulator-deps python container-deps configure build run test sanitize fuzz \
+  bench bench-deepspeed demo gpu-test install-daemon package container-test clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -29,6 +29,10 @@ emulator-deps: torch-deps
 # test venv (.torch-venv) with its build tools and pytest.
 python: deps
 	@JOBS=$(JOBS) bash scripts/install-python.sh
+
+# Docker's engine, docker-compose and debootstrap, for make container-test.
+container-deps:
+	@bash scripts/install-containers.sh
 
 configure: deps
 	@cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_ARGS) \
@@ -58,6 +62,17 @@ install-daemon: configure
 package: build
 	@cd $(BUILD_DIR) && cpack -G DEB > cpack.log 2>&1 || (cat cpack.log; exit 1)
 	@ls $(BUILD_DIR)/*.deb
+
+# The deployment run for real (tests/container/run.sh says each step): the
+# .deb installed into a clean debian:12 image, where the daemon starts and a
+# program built against the client steps; the image built; the Kubernetes
+# pod's container run as its manifest says; docker-compose up with the
+# trainer; optstated killed with SIGKILL and, once more, restarted with
+# SIGTERM mid-run, the trainer finishing with the parameters of an
+# uninterrupted run. Starts (and stops) its own Docker engine when none runs;
+# fails when it cannot.
+container-test: container-deps package
+	@bash tests/container/run.sh $(BUILD_DIR)
 
 # Every test that needs no GPU (tests labelled gpu run via tests/gpu/run.sh),
 # the Python package's pytest suite included (it runs the installed package).
