@@ -98,8 +98,10 @@ foreach(target IN LISTS OPTSTATE_CLIENT_EXPORT_TARGETS)
     elseif(link STREQUAL "protobuf::libprotobuf")
       list(APPEND OPTSTATE_PC_REQUIRES protobuf)
     else()
-      message(FATAL_ERROR "optstate: ${target} links ${link}, which has no pkg-config module "
-                          "in cmake/install.cmake: add it there")
+      message(FATAL_ERROR "optstate: ${target} links ${link}, which is neither in "
+                          "OPTSTATE_CLIENT_EXPORT_TARGETS (one of the client's own libraries: "
+                          "add it to that list) nor a dependency whose pkg-config module "
+                          "cmake/install.cmake knows (add it there)")
     endif()
   endforeach()
 endforeach()
