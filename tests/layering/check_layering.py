@@ -19,7 +19,8 @@ The floor plan:
 3. Server and client share only common/ and proto/: neither includes the
    other.
 4. gRPC and protobuf headers (grpc/, grpcpp/, google/protobuf/, generated
-   *.pb.h) are seen only by server/rpc, the server assembly, client/call,
+   *.pb.h) are seen only by server/rpc, the server assembly, server/probe
+   (optstate-probe, which includes none of the daemon's layers), client/call,
    client/transport with its two transports, the client assembly and proto/.
    The client's public headers, its step logic and the Python binding see
    none of them, and no proto helper either. nanobind is the Python
@@ -86,6 +87,9 @@ LAYERS = {
                "server/backends", "server/backends/cpu", "server/backends/cuda",
                "server/backends/cuda/paging", "server/state", "server/kernels",
                "server/base", "proto"] + COMMON + RPC,
+    # server/probe: optstate-probe, a program beside the daemon that includes
+    # none of its layers: gRPC and the health proto only.
+    "server/probe": RPC,
 
     # Client, bottom up.
     # include: the public API (optstate/*.h as users include them); optstate's own types only.
