@@ -13,14 +13,15 @@ COPY . .
 RUN make install-daemon BUILD_DIR=/src/build CMAKE_ARGS=-DOPTSTATE_WITH_CUDA=OFF \
       PREFIX=/usr/local DESTDIR=/stage
 
-# The runtime: the shared libraries the daemon links, and its user and group
+# The runtime: the shared libraries the daemon links (gRPC, protobuf,
+# Abseil, prometheus-cpp for --metrics_listen), and its user and group
 # (10001:10001, which compose and Kubernetes name). State lives in
 # /var/lib/optstate, owned by that user (a named volume mounted there takes
 # the ownership on first use).
 FROM debian:12-slim AS runtime
 RUN apt-get update -qq \
  && apt-get install -y -qq --no-install-recommends libgrpc++1.51 libprotobuf32 \
-      libabsl20220623 ca-certificates \
+      libabsl20220623 libprometheus-cpp-pull1.0 libprometheus-cpp-core1.0 ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 optstate \
  && useradd --system --uid 10001 --gid optstate --home-dir /var/lib/optstate --no-create-home \

@@ -10,11 +10,17 @@ CMAKE_ARGS ?=
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: deps torch-deps emulator-deps python container-deps configure build run test sanitize fuzz \
+.PHONY: deps test-deps torch-deps emulator-deps python container-deps configure build run test \
+  sanitize fuzz \
   bench bench-deepspeed demo gpu-test install-daemon package container-test clean
 
 deps:
 	@bash scripts/install-deps.sh
+
+# What only the tests need beyond deps: a Prometheus server (tests/python/
+# test_metrics.py scrapes the daemon with it).
+test-deps: deps
+	@bash scripts/install-deps.sh test
 
 # torch, for the test that holds the AdamW step against torch.optim.AdamW.
 torch-deps: deps
@@ -76,7 +82,7 @@ container-test: container-deps package
 
 # Every test that needs no GPU (tests labelled gpu run via tests/gpu/run.sh),
 # the Python package's pytest suite included (it runs the installed package).
-test: build torch-deps emulator-deps python
+test: build test-deps torch-deps emulator-deps python
 	@cd $(BUILD_DIR) && ctest --output-on-failure -LE gpu -j 2
 
 # The CPU tests again under AddressSanitizer, LeakSanitizer and UBSan (the
@@ -84,7 +90,7 @@ test: build torch-deps emulator-deps python
 # daemon exit non-zero, which the tests check). Tests labelled `rss` measure
 # the daemon's resident memory, which ASan's allocator keeps, or read glibc's
 # heap, which ASan replaces: `make test` runs them.
-sanitize: deps torch-deps emulator-deps
+sanitize: test-deps torch-deps emulator-deps
 	@cmake -S . -B $(BUILD_DIR)-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOPTSTATE_WITH_CUDA=OFF \
 	  -DOPTSTATE_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
 	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > $(BUILD_DIR)-asan.configure.log

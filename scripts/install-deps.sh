@@ -6,11 +6,16 @@ set -euo pipefail
 packages=(
   cmake g++ make pkg-config python3 python3-venv
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev grpc-proto
+  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev grpc-proto prometheus-cpp-dev
 )
 # `install-deps.sh fuzz`: also clang and its libFuzzer runtime (make fuzz).
 if [ "${1:-}" = "fuzz" ]; then
   packages+=(clang libclang-rt-dev)
+fi
+# `install-deps.sh test`: also a Prometheus server, which a test runs to
+# scrape the daemon (tests/metrics; make test).
+if [ "${1:-}" = "test" ]; then
+  packages+=(prometheus)
 fi
 
 missing=()

@@ -32,6 +32,10 @@ const optstate::ServerOptions& Default() {
 ABSL_FLAG(std::string, listen, Default().listen,
           "Address to serve on, host:port or unix:/path (a Unix socket; --socket_mode says who "
           "may connect). Use 0.0.0.0:50051 to accept remote trainers; port 0 picks a free port.");
+ABSL_FLAG(std::string, metrics_listen, Default().metrics_listen,
+          "Serve Prometheus metrics on http://IP:PORT/metrics (127.0.0.1:9464, 0.0.0.0:9464 "
+          "or [::1]:9464; port 0 picks a free one); empty: no metrics. A port that cannot be "
+          "bound stops the start. docs/operations.md lists the metrics.");
 ABSL_FLAG(std::string, backend, Default().backend.kind,
           "Where steps run: auto (cuda when built in and a device is usable, else cpu), cpu, "
           "or cuda (exit with an error when no device is usable).");
@@ -151,6 +155,7 @@ int main(int argc, char** argv) {
 
   optstate::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.threads = absl::GetFlag(FLAGS_threads);
   options.max_host_bytes = absl::GetFlag(FLAGS_max_host_bytes);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
@@ -184,6 +189,9 @@ int main(int argc, char** argv) {
   }
   // Tests and scripts read this line to learn the port.
   std::printf("optstated listening on port %d\n", (*server)->port());
+  if ((*server)->metrics_port() != 0) {
+    std::printf("optstated serving metrics on port %d\n", (*server)->metrics_port());
+  }
   std::fflush(stdout);
 
   int signal = 0;

@@ -17,11 +17,16 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/support/server_interceptor.h"
 #include "optstate/message_limits.h"
 #include "server/base/log.h"
 #include "server/durability/checkpointer.h"
 #include "server/kernels/adamw_kernel.h"
+#include "server/metrics/daemon_metrics.h"
+#include "server/metrics/metrics_endpoint.h"
+#include "server/rpc/call_metrics.h"
 #include "server/rpc/service.h"
+#include "server/rpc/step_stream_metrics.h"
 
 namespace optstate {
 
@@ -34,6 +39,11 @@ struct Server::Parts {
   std::unique_ptr<Checkpointer> checkpointer;  // Null without a state_dir.
   std::unique_ptr<DataPlaneAssembly> data_plane;
   std::unique_ptr<OptimizerStateService> service;
+  // With metrics_listen only: what the interceptor and the Step streams
+  // record, and the endpoint that serves it.
+  std::unique_ptr<CallMetrics> call_metrics;
+  std::unique_ptr<StepStreamMetrics> step_metrics;
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint;
   std::unique_ptr<grpc::Server> grpc_server;
   std::string backend_name;
   absl::Mutex mu;
@@ -42,6 +52,7 @@ struct Server::Parts {
 
   ~Parts() {
     // Destroyed in dependency order: nothing may outlive what it points to.
+    metrics_endpoint.reset();  // No scrape reads what goes next.
     grpc_server.reset();
     pool.reset();
     service.reset();
@@ -78,7 +89,36 @@ absl::Status ApplyListenSocketMode(const ServerOptions& options) {
   return absl::OkStatus();
 }
 
+// The services whose methods the call metrics name (any other call is
+// counted as "other").
+std::vector<std::string> ServedServices() {
+  return {std::string(v1::OptimizerState::service_full_name()),
+          std::string(v1::DataPlane::service_full_name()), "grpc.health.v1.Health",
+          "grpc.reflection.v1alpha.ServerReflection"};
+}
+
 }  // namespace
+
+absl::Status Server::StartMetrics(const std::string& listen, Parts& parts) {
+  parts.call_metrics =
+      std::make_unique<CallMetrics>(CallMetrics::MethodsOfServices(ServedServices()));
+  parts.step_metrics = std::make_unique<StepStreamMetrics>();
+  MetricsSources sources;
+  sources.engine = parts.engine.get();
+  sources.checkpointer = parts.checkpointer.get();
+  sources.regions = parts.data_plane->registry();
+  sources.trimmer = parts.trimmer.get();
+  sources.calls = parts.call_metrics.get();
+  sources.step_streams = parts.step_metrics.get();
+  sources.started = absl::Now();  // The daemon starts serving within moments.
+  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint =
+      MetricsEndpoint::Start(listen, std::make_shared<DaemonMetrics>(sources));
+  if (!endpoint.ok()) return endpoint.status();
+  parts.metrics_endpoint = std::move(*endpoint);
+  Log(LogLevel::kInfo, "serving metrics at /metrics on ", listen, " (port ",
+      parts.metrics_endpoint->port(), ")");
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   if (options.threads < 0) {
@@ -154,10 +194,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     return absl::InvalidArgumentError("--require_state needs --state_dir");
   }
   parts->data_plane = std::make_unique<DataPlaneAssembly>(options.data_plane);
+  if (!options.metrics_listen.empty()) {
+    if (absl::Status s = StartMetrics(options.metrics_listen, *parts); !s.ok()) return s;
+  }
   parts->service = std::make_unique<OptimizerStateService>(
       parts->engine.get(), static_cast<size_t>(options.max_message_bytes),
       options.stream_idle_timeout, parts->checkpointer.get(), parts->data_plane->registry(),
-      parts->trimmer.get());
+      parts->trimmer.get(), parts->step_metrics.get());
 
   // Referencing the compiled health.proto keeps it linked in, which puts its
   // descriptors in the pool: reflection can then describe grpc.health.v1 and
@@ -176,6 +219,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.RegisterService(parts->service.get());
   builder.RegisterService(parts->data_plane->service());
+  if (parts->call_metrics != nullptr) {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+    creators.push_back(MakeCallMetricsInterceptorFactory(parts->call_metrics.get()));
+    builder.experimental().SetInterceptorCreators(std::move(creators));
+  }
   parts->grpc_server = builder.BuildAndStart();
   if (parts->grpc_server == nullptr || port == 0) {
     return absl::UnavailableError(
@@ -198,6 +246,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 }
 
 Server::Server(std::unique_ptr<Parts> parts, int port) : parts_(std::move(parts)), port_(port) {}
+
+int Server::metrics_port() const {
+  return parts_->metrics_endpoint != nullptr ? parts_->metrics_endpoint->port() : 0;
+}
 
 Server::~Server() { Shutdown(absl::Seconds(5)); }
 

@@ -51,6 +51,9 @@ struct ServerOptions {
   // Permission bits of a unix: listen socket (who may connect); 0 leaves
   // them as the umask made them.
   unsigned listen_socket_mode = kDefaultSocketMode;
+  // Prometheus metrics on /metrics over HTTP at IP:PORT (port 0 picks one);
+  // empty: none, and nothing is measured (docs/operations.md, "Metrics").
+  std::string metrics_listen;
 };
 
 // Thread-safe.
@@ -60,13 +63,15 @@ class Server {
   // (if any), and starts serving; INVALID_ARGUMENT for bad options,
   // UNAVAILABLE when the address cannot be bound, FAILED_PRECONDITION when
   // the backend asked for cannot be used or require_state finds no usable
-  // checkpoint.
+  // checkpoint; UNAVAILABLE naming metrics_listen when that cannot be bound.
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
   // Shuts down (waiting up to 5 s for in-flight calls) if still running.
   ~Server();
 
   // The bound port (useful when listening on port 0).
   int port() const { return port_; }
+  // The metrics endpoint's port; 0 without metrics_listen.
+  int metrics_port() const;
   const StepEngine& engine() const;  // For tests that inspect state.
 
   // Stops accepting calls and new steps at once, and ends every open stream
@@ -82,6 +87,9 @@ class Server {
  private:
   struct Parts;
   explicit Server(std::unique_ptr<Parts> parts, int port);
+  // Makes the call and Step-stream measurements and serves them, with the
+  // daemon's other metrics, on `listen`.
+  static absl::Status StartMetrics(const std::string& listen, Parts& parts);
 
   std::unique_ptr<Parts> parts_;
   int port_;

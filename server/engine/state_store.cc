@@ -192,13 +192,26 @@ absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key) {
     if (it == groups_.end()) {
       return absl::NotFoundError(absl::StrCat("no group named '", key.name, "' to delete"));
     }
-    group = std::move(it->second);
-    groups_.erase(it);
-    host_bytes_ -= group->host_bytes();
+    group = it->second;
   }
   {
-    // Wait for in-flight chunks of this group, then make later ones refuse.
+    // Page locks first (ascending, as steps take them), then the store's
+    // lock, as Unregister does: once every page is held no chunk of this
+    // group is in flight, so its counters are final when they move to
+    // removed_counters_, in the same critical section that takes it out of
+    // groups_ (a reader of counter_totals() sees them in one or the other).
     PageRangeLock all_pages(*group);
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = groups_.find(key);
+      if (it == groups_.end() || it->second != group) {
+        // A concurrent DeleteGroup took it first.
+        return absl::NotFoundError(absl::StrCat("no group named '", key.name, "' to delete"));
+      }
+      groups_.erase(it);
+      host_bytes_ -= group->host_bytes();
+      removed_counters_.Add(group->counters());
+    }
     group->mark_deleted();
     backend_->DetachGroup(*group);
   }
@@ -223,6 +236,7 @@ bool StateStore::Unregister(const std::shared_ptr<Group>& group) {
       if (it != groups_.end() && it->second == group) {
         groups_.erase(it);
         host_bytes_ -= group->host_bytes();
+        removed_counters_.Add(group->counters());
         removed = true;
       }
     }
@@ -250,6 +264,13 @@ std::vector<std::shared_ptr<Group>> StateStore::List(const std::string& tenant) 
   std::sort(out.begin(), out.end(),
             [](const auto& a, const auto& b) { return a->key().name < b->key().name; });
   return out;
+}
+
+CounterTotals StateStore::counter_totals() const {
+  absl::MutexLock lock(&mu_);
+  CounterTotals totals = removed_counters_;
+  for (const auto& [key, group] : groups_) totals.Add(group->counters());
+  return totals;
 }
 
 std::vector<std::shared_ptr<Group>> StateStore::ListAll() const {

@@ -97,6 +97,11 @@ class StateStore {
   // Every tenant's groups, sorted by (tenant, name).
   std::vector<std::shared_ptr<Group>> ListAll() const;
 
+  // Every group's counters added up since the store was made: the groups
+  // there are and those deleted or unregistered, so each total only grows
+  // (a deleted group's counters are added once no step can change them).
+  CounterTotals counter_totals() const;
+
   uint64_t host_bytes() const;
   uint64_t max_host_bytes() const { return max_host_bytes_; }
   // Elements per page of every group (--page_elements).
@@ -119,6 +124,7 @@ class StateStore {
   absl::flat_hash_map<GroupKey, std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<GroupKey> registering_ ABSL_GUARDED_BY(mu_);
   uint64_t host_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // Including registrations under way.
+  CounterTotals removed_counters_ ABSL_GUARDED_BY(mu_);  // Of the groups no longer in groups_.
 };
 
 // INVALID_ARGUMENT unless `name` is 1 to 512 printable ASCII characters

@@ -206,17 +206,18 @@ absl::StatusOr<StepChunkResult> StepEngine::Apply(const StepChunk& chunk,
       result.pages_applied += run_end - p;
       p = run_end;
     }
+    // Counted under the page locks: once DeleteGroup holds them all, the
+    // group's counters are final (StateStore::counter_totals).
+    GroupCounters& counters = group.counters();
+    (result.pages_applied > 0 ? counters.chunks_applied : counters.chunks_replayed)
+        .fetch_add(1, std::memory_order_relaxed);
+    counters.bytes_received.fetch_add(chunk.gradient.size(), std::memory_order_relaxed);
+    counters.bytes_sent.fetch_add(params_bytes, std::memory_order_relaxed);
+    if (result.pages_applied > 0) {
+      counters.PagesApplied(chunk.step, result.pages_applied, group.num_pages(), started);
+    }
   }
-
-  GroupCounters& counters = group.counters();
-  (result.pages_applied > 0 ? counters.chunks_applied : counters.chunks_replayed)
-      .fetch_add(1, std::memory_order_relaxed);
-  counters.bytes_received.fetch_add(chunk.gradient.size(), std::memory_order_relaxed);
-  counters.bytes_sent.fetch_add(params_bytes, std::memory_order_relaxed);
-  counters.chunk_latency.Record(absl::ToDoubleMicroseconds(absl::Now() - started));
-  if (result.pages_applied > 0) {
-    counters.PagesApplied(chunk.step, result.pages_applied, group.num_pages(), started);
-  }
+  group.counters().chunk_latency.Record(absl::ToDoubleMicroseconds(absl::Now() - started));
   return result;
 }
 

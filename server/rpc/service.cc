@@ -38,7 +38,8 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* OptimizerStateService::RegisterGroup(
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* OptimizerStateService::Step(
     grpc::CallbackServerContext* context) {
-  return new StepReactor(engine_, TenantOf(context), max_reply_bytes_, &streams_, regions_);
+  return new StepReactor(engine_, TenantOf(context), max_reply_bytes_, &streams_, regions_,
+                         step_metrics_);
 }
 
 grpc::ServerUnaryReactor* OptimizerStateService::GetStats(grpc::CallbackServerContext* context,

@@ -6,6 +6,7 @@
 #include "optstate/v1/optstate.grpc.pb.h"
 #include "server/durability/checkpointer.h"
 #include "server/engine/step_engine.h"
+#include "server/rpc/step_stream_metrics.h"
 #include "server/rpc/stream_registry.h"
 #include "server/regions/region_registry.h"
 
@@ -39,17 +40,20 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   // must outlive the service. `regions`: the same-host data plane's regions,
   // or null when the daemon offers none. `trimmer`: told when the daemon has
   // no stream open, and counted in GetStats (may be null; else must outlive
-  // the service).
+  // the service). `step_metrics`: where Step streams record their phases and
+  // bytes (the metrics endpoint; null: nothing is measured).
   OptimizerStateService(StepEngine* engine, size_t max_reply_bytes,
                         absl::Duration stream_idle_timeout = absl::InfiniteDuration(),
                         Checkpointer* checkpointer = nullptr,
-                        const RegionRegistry* regions = nullptr, HeapTrimmer* trimmer = nullptr)
+                        const RegionRegistry* regions = nullptr, HeapTrimmer* trimmer = nullptr,
+                        StepStreamMetrics* step_metrics = nullptr)
       : engine_(engine),
         max_reply_bytes_(max_reply_bytes),
         streams_(stream_idle_timeout, trimmer),
         checkpointer_(checkpointer),
         regions_(regions),
-        trimmer_(trimmer) {}
+        trimmer_(trimmer),
+        step_metrics_(step_metrics) {}
 
   // Refuses new streams and ends the open ones with UNAVAILABLE (the daemon
   // is shutting down), each once the work it has under way is answered.
@@ -99,6 +103,7 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   Checkpointer* const checkpointer_;
   const RegionRegistry* const regions_;
   HeapTrimmer* const trimmer_;
+  StepStreamMetrics* const step_metrics_;
 };
 
 }  // namespace optstate

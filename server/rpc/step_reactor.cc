@@ -11,13 +11,15 @@
 namespace optstate {
 
 StepReactor::StepReactor(StepEngine* engine, std::string tenant, size_t max_reply_bytes,
-                         StreamRegistry* streams, const RegionRegistry* regions)
+                         StreamRegistry* streams, const RegionRegistry* regions,
+                         StepStreamMetrics* metrics)
     : engine_(engine),
       tenant_(std::move(tenant)),
       max_reply_bytes_(max_reply_bytes),
       regions_(regions),
       max_in_flight_(std::max(1, engine->pool()->size())),
-      streams_(streams) {
+      streams_(streams),
+      metrics_(metrics) {
   {
     absl::MutexLock lock(&mu_);
     last_activity_ = absl::Now();
@@ -87,6 +89,7 @@ void StepReactor::Advance(int tokens_released) {
       if (!write_in_flight_ && !to_write_.empty()) {
         write_in_flight_ = start_write = true;
         write = &to_write_.front();
+        if (metrics_ != nullptr) write_started_ = absl::Now();
       }
       tokens_released = int{start_read} + static_cast<int>(dispatch.size()) + int{start_write};
       starting_ += tokens_released;
@@ -116,7 +119,14 @@ void StepReactor::OnReadDone(bool ok) {
     // As gRPC's own deserializer would, but the gradients stay in the
     // message's slices. Outside the lock: incoming_ is ours until
     // read_in_flight_ is cleared.
+    // (The message takes the buffer's slices: its length is read first.)
+    const absl::Time started = metrics_ != nullptr ? absl::Now() : absl::InfinitePast();
+    const size_t bytes = metrics_ != nullptr ? incoming_.Length() : 0;
     chunk.parse_status = ReadStepRequest(&incoming_, kMaxPackedChunks, &chunk.message);
+    if (metrics_ != nullptr) {
+      metrics_->receive.Observe(absl::Now() - started);
+      metrics_->wire_bytes_in.fetch_add(bytes, std::memory_order_relaxed);
+    }
   }
   {
     absl::MutexLock lock(&mu_);
@@ -136,8 +146,13 @@ void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
   absl::Status status = task->chunk.parse_status;
   std::vector<grpc::Slice> slices;
   if (status.ok()) {
+    const absl::Time started = metrics_ != nullptr ? absl::Now() : absl::InfinitePast();
     status = ApplyStepMessage(engine_, tenant_, max_reply_bytes_, task->chunk.message, &slices,
                               regions_);
+    if (metrics_ != nullptr) {
+      metrics_->compute.Observe(absl::Now() - started);
+      if (status.ok()) CountRegionBytes(request);
+    }
   }
   grpc::ByteBuffer reply;
   if (status.ok()) reply = grpc::ByteBuffer(slices.data(), slices.size());
@@ -167,11 +182,28 @@ void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
   Advance(1);
 }
 
+void StepReactor::CountRegionBytes(const v1::StepRequest& request) {
+  uint64_t in = request.gradient_region().bytes();
+  uint64_t out = request.params_region().bytes();
+  for (const v1::StepRequest& packed : request.more()) {
+    in += packed.gradient_region().bytes();
+    out += packed.params_region().bytes();
+  }
+  metrics_->shared_memory_bytes_in.fetch_add(in, std::memory_order_relaxed);
+  metrics_->shared_memory_bytes_out.fetch_add(out, std::memory_order_relaxed);
+}
+
 void StepReactor::OnWriteDone(bool ok) {
   {
     absl::MutexLock lock(&mu_);
     write_in_flight_ = false;
     last_activity_ = absl::Now();
+    if (metrics_ != nullptr) {
+      metrics_->send.Observe(last_activity_ - write_started_);
+      if (ok) {
+        metrics_->wire_bytes_out.fetch_add(to_write_.front().Length(), std::memory_order_relaxed);
+      }
+    }
     to_write_.pop_front();
     if (!ok && error_.ok()) {
       error_ = absl::CancelledError("the client stopped reading replies");

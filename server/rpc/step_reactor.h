@@ -21,6 +21,7 @@
 #include "server/engine/step_engine.h"
 #include "server/regions/region_registry.h"
 #include "server/rpc/step_request_reader.h"
+#include "server/rpc/step_stream_metrics.h"
 #include "server/rpc/stream_registry.h"
 
 namespace optstate {
@@ -56,9 +57,11 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
  public:
   // `max_reply_bytes`: the largest reply gRPC will send on this server.
   // `streams` must outlive the reactor. `regions`: what chunks naming a
-  // RegionSlice refer to (null: none).
+  // RegionSlice refer to (null: none). `metrics`: where each message's
+  // phases and bytes are recorded (null: not measured).
   StepReactor(StepEngine* engine, std::string tenant, size_t max_reply_bytes,
-              StreamRegistry* streams, const RegionRegistry* regions = nullptr);
+              StreamRegistry* streams, const RegionRegistry* regions = nullptr,
+              StepStreamMetrics* metrics = nullptr);
 
   void OnReadDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_);
   void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_);
@@ -96,6 +99,8 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   // Applies a message (ApplyStepMessage) and queues its reply, or its
   // refusal.
   void ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) ABSL_LOCKS_EXCLUDED(mu_);
+  // Adds the region bytes an applied message named to metrics_ (not null).
+  void CountRegionBytes(const v1::StepRequest& request);
   bool AnyGroupInFlightLocked(const v1::StepRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (groups_in_flight_.contains(request.group())) return true;
@@ -114,6 +119,7 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   const RegionRegistry* const regions_;
   const int max_in_flight_;  // Messages applied at once: the pool's size.
   StreamRegistry* const streams_;
+  StepStreamMetrics* const metrics_;
   bool registered_ = false;  // streams_->Add took it.
 
   absl::Mutex mu_;
@@ -133,6 +139,7 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   uint64_t error_seq_ ABSL_GUARDED_BY(mu_) = UINT64_MAX;  // Earliest refused message.
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   absl::Time last_activity_ ABSL_GUARDED_BY(mu_);  // Last read or write done.
+  absl::Time write_started_ ABSL_GUARDED_BY(mu_);  // Of the write in flight (metrics_ only).
 };
 
 }  // namespace optstate

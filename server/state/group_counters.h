@@ -30,6 +30,8 @@ class GroupCounters {
   std::atomic<uint64_t> chunks_replayed{0};
   std::atomic<uint64_t> bytes_received{0};
   std::atomic<uint64_t> bytes_sent{0};
+  // Steps of which every page has been applied (as step_latency counts them).
+  std::atomic<uint64_t> steps_completed{0};
   PagingCounters paging;
   LatencyRecorder chunk_latency;
   LatencyRecorder step_latency;
@@ -46,6 +48,24 @@ class GroupCounters {
   };
   absl::Mutex mu_;
   std::map<uint64_t, StepProgress> steps_in_progress_ ABSL_GUARDED_BY(mu_);
+};
+
+// The counters of many groups added up (of the groups there are, and of those
+// deleted: StateStore::CounterTotals). Plain numbers, a snapshot.
+struct CounterTotals {
+  uint64_t chunks_applied = 0;
+  uint64_t chunks_replayed = 0;
+  uint64_t steps_completed = 0;
+  uint64_t bytes_received = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t page_ins = 0;
+  uint64_t page_outs = 0;
+  uint64_t bytes_host_to_device = 0;
+  uint64_t bytes_device_to_host = 0;
+  uint64_t copy_wait_us = 0;
+
+  void Add(const GroupCounters& counters);
+  void Add(const CounterTotals& other);
 };
 
 }  // namespace optstate

@@ -7,7 +7,7 @@ The floor plan:
    layer or one of HEADER_FOLDERS (client/python/ outside src/ holds Python
    and is not checked). A new folder is a violation until it has a place.
 2. A file includes its own layer and what LAYERS lists for it, nothing else:
-   server (assembly) -> rpc -> durability -> engine -> backends -> state ->
+   server (assembly) -> metrics -> rpc -> durability -> engine -> backends -> state ->
    kernels -> base, with regions/ beside state/ (it sees state; state does
    not see it); client (assembly) -> transport/{wire,shared_memory} (not
    each other) -> transport -> call, step -> include (the public API); the
@@ -24,7 +24,7 @@ The floor plan:
    client/transport with its two transports, the client assembly and proto/.
    The client's public headers, its step logic and the Python binding see
    none of them, and no proto helper either. nanobind is the Python
-   binding's alone.
+   binding's alone, prometheus-cpp (prometheus/) server/metrics' alone.
 5. No include cycle between files of the tree, inside a layer or across.
 
 Every include counts, quoted or in angle brackets. A quoted include is looked
@@ -38,7 +38,7 @@ standard library, the system, generated protobuf) are told by their names.
 Usage: check_layering.py SOURCE_ROOT. Prints every violation, one a line, as
 `PATH[:LINE]: KIND: what`, then a summary; exits 1 when there is any.
 KIND is one of: upward, sibling, other-side, internal, proto, grpc, protobuf,
-nanobind, outside, cycle, folder.
+nanobind, prometheus-cpp, outside, cycle, folder.
 """
 import collections
 import os
@@ -46,13 +46,13 @@ import re
 import sys
 
 # What is not a folder of ours but may be restricted like a layer.
-GRPC, PROTOBUF, NANOBIND = "gRPC", "protobuf", "nanobind"
+GRPC, PROTOBUF, NANOBIND, PROMETHEUS = "gRPC", "protobuf", "nanobind", "prometheus-cpp"
 RPC = [GRPC, PROTOBUF]
 COMMON = ["common/include", "common"]  # common's public headers and the rest of it
 PUBLIC_COMMON = ["common/include"]  # optstate/dtype.h and its like, as users see them
 
 # The layers (folders from the source root) and what their files may include
-# besides their own layer: other layers, and GRPC, PROTOBUF, NANOBIND.
+# besides their own layer: other layers, and GRPC, PROTOBUF, NANOBIND, PROMETHEUS.
 LAYERS = {
     # Server, bottom up.
     # base: threads, logs, byte buffers; nothing of ours.
@@ -82,8 +82,13 @@ LAYERS = {
     # rpc: the gRPC edge, the only server layer below the assembly that sees gRPC.
     "server/rpc": ["server/durability", "server/regions", "server/engine", "server/backends",
                    "server/state", "server/kernels", "server/base", "proto"] + COMMON + RPC,
+    # metrics: the daemon's metrics for Prometheus (prometheus-cpp), read from
+    # the layers below; no gRPC of its own.
+    "server/metrics": ["server/rpc", "server/durability", "server/regions", "server/engine",
+                       "server/backends", "server/state", "server/kernels",
+                       "server/base"] + COMMON + [PROMETHEUS],
     # server: the assembly (flags, backend choice, serving).
-    "server": ["server/rpc", "server/durability", "server/regions", "server/engine",
+    "server": ["server/metrics", "server/rpc", "server/durability", "server/regions", "server/engine",
                "server/backends", "server/backends/cpu", "server/backends/cuda",
                "server/backends/cuda/paging", "server/state", "server/kernels",
                "server/base", "proto"] + COMMON + RPC,
@@ -168,13 +173,15 @@ def side(layer):
 
 
 def third_party(name):
-    """GRPC, PROTOBUF or NANOBIND for their headers (generated ones included), else None."""
+    """GRPC, PROTOBUF, NANOBIND or PROMETHEUS for their headers (generated ones included), else None."""
     if name.startswith(("grpc/", "grpcpp/")) or name.endswith(".grpc.pb.h"):
         return GRPC
     if name.startswith("google/protobuf/") or name.endswith(".pb.h"):
         return PROTOBUF
     if name.startswith("nanobind/"):
         return NANOBIND
+    if name.startswith("prometheus/"):
+        return PROMETHEUS
     return None
 
 
@@ -211,7 +218,7 @@ def layer_by_name(includer, name, quoted):
 
 
 def target_of(root, includer, name, quoted):
-    """(what an include brings in: a layer, GRPC, PROTOBUF, NANOBIND, OUTSIDE or None
+    """(what an include brings in: a layer, GRPC, PROTOBUF, NANOBIND, PROMETHEUS, OUTSIDE or None
     for what is free to all; the file of the tree it names or None)."""
     kind = third_party(name)
     if kind:
@@ -231,7 +238,7 @@ def violation(layer, target):
     """The kind of violation of `layer` including `target`, and why; None when allowed."""
     if target is None or target == layer or target in LAYERS[layer]:
         return None
-    if target in (GRPC, PROTOBUF, NANOBIND):
+    if target in (GRPC, PROTOBUF, NANOBIND, PROMETHEUS):
         return target.lower(), f"{layer}/ may not see {target}"
     if target == OUTSIDE:
         return "outside", f"{layer}/ may include no file outside the layers"

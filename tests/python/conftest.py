@@ -30,6 +30,14 @@ class Daemon:
             raise RuntimeError(f"optstated did not report its port: {line!r}")
         self.port = int(match.group(1))
         self.target = f"127.0.0.1:{self.port}"
+        self.metrics_port = None  # With --metrics_listen: the port it reports next.
+        if any(flag.startswith("--metrics_listen=") for flag in flags):
+            line = self.process.stdout.readline()
+            match = re.search(r"serving metrics on port (\d+)", line)
+            if not match:
+                self.process.kill()
+                raise RuntimeError(f"optstated did not report its metrics port: {line!r}")
+            self.metrics_port = int(match.group(1))
 
     def stop(self):
         """SIGTERM, and the exit status (0 for a clean shutdown)."""

@@ -1,0 +1,72 @@
+#include "server/metrics/metrics_endpoint.h"
+
+#include <exception>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace optstate {
+
+namespace {
+
+// IP:PORT with a numeric port of at most 65535 and a host that is a dotted
+// IPv4 address or a bracketed IPv6 one (what civetweb binds).
+absl::Status CheckListenAddress(absl::string_view listen) {
+  const size_t colon = listen.rfind(':');
+  auto bad = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--metrics_listen must be IP:PORT (127.0.0.1:9464, 0.0.0.0:9464 or [::1]:9464), got '",
+        listen, "'"));
+  };
+  if (colon == absl::string_view::npos || colon == 0) return bad();
+  const absl::string_view host = listen.substr(0, colon);
+  const absl::string_view port = listen.substr(colon + 1);
+  uint32_t number = 0;
+  if (port.empty() || !absl::SimpleAtoi(port, &number) || number > 65535 ||
+      !absl::ascii_isdigit(port.front())) {
+    return bad();
+  }
+  if (host.front() == '[') {
+    if (host.back() != ']' || host.size() < 3) return bad();
+  } else {
+    for (char c : host) {
+      if (!absl::ascii_isdigit(c) && c != '.') return bad();
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
+    const std::string& listen, std::shared_ptr<prometheus::Collectable> metrics) {
+  if (absl::Status s = CheckListenAddress(listen); !s.ok()) return s;
+  std::unique_ptr<prometheus::Exposer> exposer;
+  try {
+    // prometheus-cpp's exposer throws when civetweb cannot bind.
+    exposer = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/2);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen,
+                                               " (--metrics_listen): the port is taken or the "
+                                               "address is not this host's (",
+                                               e.what(), ")"));
+  }
+  const std::vector<int> ports = exposer->GetListeningPorts();
+  if (ports.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", listen, " (--metrics_listen): no port bound"));
+  }
+  exposer->RegisterCollectable(metrics);
+  return std::unique_ptr<MetricsEndpoint>(
+      new MetricsEndpoint(std::move(exposer), std::move(metrics), ports.front()));
+}
+
+MetricsEndpoint::~MetricsEndpoint() {
+  // Stop scrapes before what they read goes.
+  exposer_.reset();
+}
+
+}  // namespace optstate
