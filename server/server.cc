@@ -112,6 +112,7 @@ absl::Status Server::StartMetrics(const std::string& listen, Parts& parts) {
   sources.trimmer = parts.trimmer.get();
   sources.calls = parts.call_metrics.get();
   sources.step_streams = parts.step_metrics.get();
+  sources.authenticator = parts.authenticator.get();
   sources.started = absl::Now();  // The daemon starts serving within moments.
   absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint =
       MetricsEndpoint::Start(listen, std::make_shared<DaemonMetrics>(sources));
