@@ -10,7 +10,11 @@
 #include <cstring>
 #include <thread>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
+#include "common/region_protocol.h"
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/client.h"
@@ -260,6 +264,32 @@ TEST_F(TenancyTest, TenantBCannotSeeOrTouchTenantAsGroup) {
   EXPECT_EQ(described->max_step, 3u);
 }
 
+TEST_F(TenancyTest, ARestoredCheckpointGivesEachGroupBackToItsTenant) {
+  const std::string state_dir = dir_ + "/state";
+  StartDaemon({"--state_dir=" + state_dir});
+  std::vector<float> grad(100, 0.5f), params(100);
+  ASSERT_TRUE(Connect(kAlice2)->RegisterGroup("w", 100).ok());
+  ASSERT_TRUE(Connect(kAlice2)->Step("w", 1, grad, absl::MakeSpan(params)).ok());
+  ASSERT_TRUE(Connect(kBob)->RegisterGroup("w", 50).ok());
+  absl::StatusOr<int> exit = daemon_->Stop();  // Writes the final checkpoint.
+  ASSERT_TRUE(exit.ok() && *exit == 0);
+  daemon_.reset();
+  StartDaemon({"--state_dir=" + state_dir});
+  absl::StatusOr<GroupInfo> alices = Connect(kAlice1)->DescribeGroup("w");
+  ASSERT_TRUE(alices.ok()) << alices.status();
+  EXPECT_EQ(alices->num_elements, 100u);
+  EXPECT_EQ(alices->max_step, 1u);
+  absl::StatusOr<GroupInfo> bobs = Connect(kBob)->DescribeGroup("w");
+  ASSERT_TRUE(bobs.ok()) << bobs.status();
+  EXPECT_EQ(bobs->num_elements, 50u);
+  EXPECT_EQ(Connect(kCarol)->DescribeGroup("w").status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<std::vector<GroupInfo>> all = Connect(kRoot)->ListGroups();
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].tenant, "alice");
+  EXPECT_EQ((*all)[1].tenant, "bob");
+}
+
 TEST_F(TenancyTest, AnAdminSeesEveryGroupWithItsOwnerAndMayDeleteAny) {
   StartDaemon();
   ASSERT_TRUE(Connect(kAlice2)->RegisterGroup("a", 10).ok());
@@ -396,6 +426,84 @@ TEST_F(TenancyTest, SharedMemoryStepsWithATokenAndTheRegionSocketRefusesNone) {
   ASSERT_TRUE(anonymous.ok());
   EXPECT_EQ((*anonymous)->Step("w", 2, grad, absl::MakeSpan(over_shm)).code(),
             absl::StatusCode::kUnauthenticated);
+}
+
+namespace rp = region_protocol;
+
+std::string RegionSocketOf(const std::string& target, const std::string& token) {
+  auto stub =
+      v1::DataPlane::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.AddMetadata("authorization", "Bearer " + token);
+  v1::GetDataPlaneResponse response;
+  EXPECT_TRUE(stub->GetDataPlane(&context, v1::GetDataPlaneRequest(), &response).ok());
+  return response.region_socket();
+}
+
+absl::Status RegisterMemfd(int socket, int memfd) {
+  rp::Request request;
+  request.op = static_cast<uint32_t>(rp::Op::kRegister);
+  absl::StatusOr<rp::Reply> reply = rp::Call(socket, request, memfd);
+  return reply.ok() ? rp::StatusOf(*reply) : reply.status();
+}
+
+TEST_F(TenancyTest, TheRegionSocketNeedsATokenAndARegionIsNamedOnlyByItsTenant) {
+  StartDaemon();
+  const std::string path = RegionSocketOf(daemon_->target(), kAlice2);
+  ASSERT_FALSE(path.empty());
+  const uint64_t bytes = 2 * kPage * sizeof(float);
+  absl::StatusOr<int> memfd = rp::CreateSealedMemfd("tenancy", bytes);
+  ASSERT_TRUE(memfd.ok());
+  rp::Reply hello;
+  absl::StatusOr<int> anonymous = rp::Connect(path, &hello);
+  ASSERT_TRUE(anonymous.ok());
+  EXPECT_EQ(RegisterMemfd(*anonymous, *memfd).code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(rp::Authenticate(*anonymous, "wrong-token").code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(RegisterMemfd(*anonymous, *memfd).code(), absl::StatusCode::kUnauthenticated);
+  close(*anonymous);
+
+  // alice's region, authenticated with her token.
+  absl::StatusOr<int> socket = rp::Connect(path, &hello);
+  ASSERT_TRUE(socket.ok());
+  const std::string key(reinterpret_cast<char*>(hello.session_key), rp::kKeyBytes);
+  ASSERT_TRUE(rp::Authenticate(*socket, kAlice2).ok());
+  rp::Request request;
+  request.op = static_cast<uint32_t>(rp::Op::kRegister);
+  absl::StatusOr<rp::Reply> registered = rp::Call(*socket, request, *memfd);
+  ASSERT_TRUE(registered.ok() && rp::StatusOf(*registered).ok());
+  float* base = static_cast<float*>(
+      mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *memfd, 0));
+  ASSERT_NE(base, MAP_FAILED);
+  for (uint64_t i = 0; i < 2 * kPage; ++i) base[i] = 0.125f;
+  const std::vector<float> region_before(base, base + 2 * kPage);
+
+  // bob names alice's session and region in a step of his own group.
+  ASSERT_TRUE(Connect(kBob)->RegisterGroup("w", kPage).ok());
+  grpc::ClientContext context;
+  Authorize(&context, kBob);
+  auto stream = Stub()->Step(&context);
+  v1::StepRequest chunk;
+  chunk.set_group("w");
+  chunk.set_step(1);
+  chunk.set_region_session(key);
+  chunk.mutable_gradient_region()->set_region(registered->region);
+  chunk.mutable_gradient_region()->set_bytes(kPage * 4);
+  chunk.mutable_params_region()->set_region(registered->region);
+  chunk.mutable_params_region()->set_offset(kPage * 4);
+  chunk.mutable_params_region()->set_bytes(kPage * 4);
+  ASSERT_TRUE(stream->Write(chunk));
+  v1::StepResponse reply;
+  EXPECT_FALSE(stream->Read(&reply));
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(std::equal(region_before.begin(), region_before.end(), base))
+      << "nothing was written into alice's region";
+  absl::StatusOr<GroupInfo> bobs = Connect(kBob)->DescribeGroup("w");
+  ASSERT_TRUE(bobs.ok());
+  EXPECT_EQ(bobs->max_step, 0u) << "bob's group was not stepped";
+  munmap(base, bytes);
+  close(*memfd);
+  close(*socket);
 }
 
 }  // namespace
