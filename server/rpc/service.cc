@@ -262,7 +262,8 @@ grpc::ServerUnaryReactor* OptimizerStateService::Checkpoint(grpc::CallbackServer
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
-  return StartCheckpointCall(checkpointer_, context, caller->tenant, *request, response);
+  return StartCheckpointCall(checkpointer_, context, caller->tenant,
+                             caller->admin || !tenancy(), *request, response);
 }
 
 }  // namespace optstate

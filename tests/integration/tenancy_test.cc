@@ -215,6 +215,11 @@ TEST_F(TenancyTest, TenantBCannotSeeOrTouchTenantAsGroup) {
   checkpoint.groups = {"shared"};
   checkpoint.wait_for_step = 3;
   EXPECT_EQ(bob->Checkpoint(checkpoint).status().code(), absl::StatusCode::kNotFound);
+  // Naming no group, B waits for its own groups only (it has none), not A's at step 3.
+  Client::CheckpointRequestOptions own_groups;
+  own_groups.wait_for_step = 9;
+  absl::StatusOr<Client::CheckpointResult> written = bob->Checkpoint(own_groups);
+  EXPECT_TRUE(written.ok()) << written.status();
   absl::StatusOr<std::vector<GroupInfo>> listed = bob->ListGroups();
   ASSERT_TRUE(listed.ok());
   EXPECT_TRUE(listed->empty());
