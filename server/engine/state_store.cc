@@ -71,8 +71,9 @@ absl::Status StateStore::Reserve(const GroupKey& key, const GroupConfig& config,
           "' was not created: delete a group, or raise max_groups for the tenant in the tokens "
           "file (or --tenant_max_groups)"));
     }
-    if (needed == UINT64_MAX || needed > quota.max_host_bytes ||
-        used.host_bytes > quota.max_host_bytes - needed) {
+    // (needed == UINT64_MAX is past the daemon-wide budget: its message below.)
+    if (needed != UINT64_MAX && quota.max_host_bytes != TenantQuota().max_host_bytes &&
+        (needed > quota.max_host_bytes || used.host_bytes > quota.max_host_bytes - needed)) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "group '", key.name, "' needs ", HostBytesFor(config.num_elements),
           " bytes of host memory (", kStateBytesPerElement, " per element) but tenant '",
