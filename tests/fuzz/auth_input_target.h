@@ -23,7 +23,7 @@ namespace optstate::fuzz {
 // 1: an authorization value. BearerToken's token is a suffix of it; the
 //    Authenticator (one tenant, token kToken) accepts it exactly when it is
 //    "Bearer" (any case), spaces, kToken; a refusal is UNAUTHENTICATED and
-//    never holds the token sent.
+//    the same for every wrong token (so it cannot hold the one sent).
 // 2: a URI SAN. TenantOfSpiffeId names a tenant only for exactly
 //    spiffe://fuzz.example/tenant/NAME.
 // Anything else: the same as byte % 3.
