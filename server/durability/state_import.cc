@@ -32,12 +32,9 @@ absl::Status CheckSameShape(const Group& existing, uint64_t num_elements,
   const AdamWHyperparameters& e = existing.config().hyperparameters;
   return absl::AlreadyExistsError(absl::StrCat(
       "group '", existing.key().name,
-      "' already exists with num_elements=", existing.num_elements(), " lr=", ExactText(e.lr),
-      " beta1=", ExactText(e.beta1), " beta2=", ExactText(e.beta2), " eps=", ExactText(e.eps),
-      " weight_decay=", ExactText(e.weight_decay),
-      "; the imported state has num_elements=", num_elements, " lr=", ExactText(h.lr),
-      " beta1=", ExactText(h.beta1), " beta2=", ExactText(h.beta2), " eps=", ExactText(h.eps),
-      " weight_decay=", ExactText(h.weight_decay),
+      "' already exists with num_elements=", existing.num_elements(), " ",
+      DescribeHyperparameters(e), "; the imported state has num_elements=", num_elements, " ",
+      DescribeHyperparameters(h),
       ". Delete the group first or import under another name"));
 }
 

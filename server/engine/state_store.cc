@@ -13,9 +13,7 @@ namespace {
 
 std::string DescribeConfig(const GroupConfig& c) {
   const auto& h = c.hyperparameters;
-  return absl::StrCat("num_elements=", c.num_elements, " lr=", ExactText(h.lr),
-                      " beta1=", ExactText(h.beta1), " beta2=", ExactText(h.beta2),
-                      " eps=", ExactText(h.eps), " weight_decay=", ExactText(h.weight_decay),
+  return absl::StrCat("num_elements=", c.num_elements, " ", DescribeHyperparameters(h),
                       " has_initial_values=", c.has_initial_values ? "true" : "false");
 }
 

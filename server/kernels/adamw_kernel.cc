@@ -26,7 +26,9 @@ AdamWConstants ComputeAdamWConstants(const AdamWStepInputs& inputs) {
   c.neg_step_size = static_cast<float>(-(h.lr / bias_correction1));
   c.bias_correction2_sqrt = static_cast<float>(std::pow(bias_correction2, 0.5));
   c.eps = static_cast<float>(h.eps);
-  c.grad_scale = inputs.grad_scale;
+  // maximize is torch's `grad = -grad`, folded into the scale: negation is
+  // exact, so g * -scale is -(g * scale) bit for bit.
+  c.grad_scale = h.maximize ? -inputs.grad_scale : inputs.grad_scale;
   return c;
 }
 

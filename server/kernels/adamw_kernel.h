@@ -24,7 +24,7 @@ struct AdamWStepInputs {
 // The update is torch.optim.AdamW's default CPU step (torch >= 2.0,
 // single-tensor path), operation for operation, each op rounded to fp32 as
 // torch's fp32 kernels round it:
-//   g  = grad * grad_scale
+//   g  = grad * grad_scale                           (grad = -grad with maximize)
 //   p  = p * decay                                   param.mul_(1 - lr*wd)
 //   m  = fma(lerp_coefficient, g - m, small ? m : g)  exp_avg.lerp_(grad, 1-beta1)
 //   v  = fma(one_minus_beta2 * g, g, v * beta2)      exp_avg_sq.mul_(beta2)
@@ -47,7 +47,7 @@ struct AdamWConstants {
   float neg_step_size;
   float bias_correction2_sqrt;
   float eps;
-  float grad_scale;
+  float grad_scale;  // The step's grad_scale, negated for maximize.
 };
 
 AdamWConstants ComputeAdamWConstants(const AdamWStepInputs& inputs);

@@ -26,9 +26,15 @@ struct GroupConfig {
 // name hyperparameters tell 1e-3 from the double nearest 1e-3f.
 std::string ExactText(double x);
 
+// "lr=0.001 beta1=0.9 beta2=0.999 eps=1e-08 weight_decay=0.01 maximize=false
+// amsgrad=false": every field, exactly (ExactText), for messages.
+std::string DescribeHyperparameters(const AdamWHyperparameters& h);
+
 // INVALID_ARGUMENT naming the first field out of range: lr and weight_decay
 // must be finite and >= 0, beta1 and beta2 in [0, 1), eps finite and > 0;
-// lr, eps and weight_decay also finite as float32, and eps > 0 there.
+// lr, eps and weight_decay also finite as float32, and eps > 0 there. Also
+// for amsgrad=true, which this daemon does not offer yet (it keeps no
+// max_exp_avg_sq): the message names the option.
 absl::Status ValidateHyperparameters(const AdamWHyperparameters& h);
 
 // Bytes each element of a group's state takes: params, exp_avg (m) and

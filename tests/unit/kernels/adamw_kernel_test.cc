@@ -98,11 +98,14 @@ class GuardedGradient {
 struct HyperparameterSet {
   const char* name;
   double lr, beta1, beta2, eps, weight_decay;
+  bool maximize = false;
 };
 constexpr HyperparameterSet kTorchDefaults{"TorchDefaults", 1e-3, 0.9, 0.999, 1e-8, 1e-2};
 constexpr HyperparameterSet kNonDefault{"NonDefault", 3e-3, 0.8, 0.95, 1e-6, 0.1};
 // beta1 <= 0.5: torch's lerp takes its second form, fma(w - 1, g - m, g).
 constexpr HyperparameterSet kSmallBeta1{"SmallBeta1", 1e-3, 0.3, 0.99, 1e-8, 1e-2};
+// torch's maximize=True: the step climbs the gradient.
+constexpr HyperparameterSet kMaximize{"Maximize", 3e-3, 0.8, 0.95, 1e-6, 0.1, true};
 
 AdamWStepInputs Inputs(const HyperparameterSet& h, uint64_t step, float grad_scale = 1.0f) {
   AdamWStepInputs in;
@@ -111,6 +114,7 @@ AdamWStepInputs Inputs(const HyperparameterSet& h, uint64_t step, float grad_sca
   in.hyperparameters.beta2 = h.beta2;
   in.hyperparameters.eps = h.eps;
   in.hyperparameters.weight_decay = h.weight_decay;
+  in.hyperparameters.maximize = h.maximize;
   in.step = step;
   in.grad_scale = grad_scale;
   return in;
@@ -124,6 +128,7 @@ ref::ReferenceHyperparameters Reference(const HyperparameterSet& h) {
   r.beta2 = h.beta2;
   r.eps = h.eps;
   r.weight_decay = h.weight_decay;
+  r.maximize = h.maximize;
   return r;
 }
 
@@ -519,7 +524,8 @@ TEST_P(AdamWKernelVsReference, HundredStepsFromZeroMomentsStayWithinL2AndMaxBoun
 
 INSTANTIATE_TEST_SUITE_P(SizesAndHyperparameters, AdamWKernelVsReference,
                          ::testing::Combine(::testing::ValuesIn(kSizes),
-                                            ::testing::Values(kTorchDefaults, kNonDefault)),
+                                            ::testing::Values(kTorchDefaults, kNonDefault,
+                                                              kMaximize)),
                          [](const auto& info) {
                            return SizeName(std::get<0>(info.param)) + "_" +
                                   std::get<1>(info.param).name;
@@ -576,6 +582,39 @@ INSTANTIATE_TEST_SUITE_P(Sizes, AdamWKernelGradScale, ::testing::ValuesIn(kSizes
                          [](const auto& info) { return SizeName(info.param); });
 
 // ---------------------------------------------------------------------------
+// maximize, per size: torch's `grad = -grad`, on every path.
+
+class AdamWKernelMaximize : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(AdamWKernelMaximize, MaximizeEqualsTheStepOnTheNegatedGradientBitwiseOnEveryPath) {
+  const size_t n = GetParam();
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  const FloatState before = RandomState(n, rng);
+  const std::vector<float> grad = RandomGradient(n, rng);
+  std::vector<float> negated(grad);
+  for (float& g : negated) g = -g;
+  const uint64_t t = RandomStep(rng);
+  HyperparameterSet minimize = kMaximize;
+  minimize.maximize = false;
+  KernelState want(before);
+  want.Step(Path::kScalar, ComputeAdamWConstants(Inputs(minimize, t, 0.37f)),
+            Float32Bytes(negated), WireType::kFloat32);
+  for (KernelIsa isa : SupportedKernelIsas()) {
+    SCOPED_TRACE(KernelIsaName(isa));
+    KernelState got(before);
+    got.StepOn(isa, ComputeAdamWConstants(Inputs(kMaximize, t, 0.37f)), Float32Bytes(grad),
+               WireType::kFloat32);
+    ExpectBitwiseEqualState(got, want);
+    EXPECT_TRUE(got.GuardsIntact());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, AdamWKernelMaximize, ::testing::ValuesIn(kSizes),
+                         [](const auto& info) { return SizeName(info.param); });
+
+// ---------------------------------------------------------------------------
 // Vector and scalar paths, per size, gradient type and grad_scale.
 
 class AdamWKernelPaths : public ::testing::TestWithParam<std::tuple<size_t, WireType, float>> {};
@@ -589,7 +628,7 @@ TEST_P(AdamWKernelPaths, VectorPathEqualsScalarPathBitwise) {
   const uint64_t seed = ref::TestSeed();
   SCOPED_TRACE(ref::SeedTrace(seed));
   std::mt19937_64 rng(seed);
-  for (const HyperparameterSet& h : {kNonDefault, kSmallBeta1}) {
+  for (const HyperparameterSet& h : {kNonDefault, kSmallBeta1, kMaximize}) {
     SCOPED_TRACE(h.name);
     const FloatState before = RandomState(n, rng);
     const std::vector<unsigned char> grad = EncodeGradient(RandomGradient(n, rng), type);
