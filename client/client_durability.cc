@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "client/call/proto_convert.h"
 #include "client/call/retry.h"
 #include "client/call/status.h"
 #include "client/client_impl.h"
@@ -41,7 +42,7 @@ absl::StatusOr<Client::GroupState> ExportOnce(v1::OptimizerState::Stub& stub,
       const v1::GroupStateHeader& h = response.header();
       const v1::AdamWHyperparameters& hp = h.hyperparameters();
       state.name = h.name();
-      state.hyperparameters = {hp.lr(), hp.beta1(), hp.beta2(), hp.eps(), hp.weight_decay()};
+      state.hyperparameters = client_internal::HyperparametersFromProto(hp);
       state.page_elements = h.page_elements();
       num_elements = h.num_elements();
       if (state.page_elements == 0) {
@@ -104,12 +105,8 @@ absl::Status ImportOnce(v1::OptimizerState::Stub& stub, const ClientOptions& opt
   v1::GroupStateHeader* header = request.mutable_header();
   header->set_name(state.name);
   header->set_num_elements(state.params.size());
-  v1::AdamWHyperparameters* hp = header->mutable_hyperparameters();
-  hp->set_lr(state.hyperparameters.lr);
-  hp->set_beta1(state.hyperparameters.beta1);
-  hp->set_beta2(state.hyperparameters.beta2);
-  hp->set_eps(state.hyperparameters.eps);
-  hp->set_weight_decay(state.hyperparameters.weight_decay);
+  client_internal::HyperparametersToProto(state.hyperparameters,
+                                          header->mutable_hyperparameters());
   bool ok = writer->Write(request);
   const uint64_t chunk_bytes = ChunkBytes(options);
   auto send = [&](v1::StateTensor tensor, const char* data, uint64_t count, size_t size) {

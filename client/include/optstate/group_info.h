@@ -17,6 +17,10 @@ struct Hyperparameters {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 1e-2;
+  bool maximize = false;  // Step along the gradient (torch's maximize=True).
+  // torch's amsgrad=True (state max_exp_avg_sq); a daemon that keeps no such
+  // state refuses it with INVALID_ARGUMENT.
+  bool amsgrad = false;
 };
 
 // Where a group's state lives while it is stepped.
