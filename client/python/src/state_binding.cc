@@ -71,8 +71,9 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
       [](PyClient& self, const std::string& name) {
         absl::StatusOr<GroupState> state;
         {
+          const std::shared_ptr<Client> live = self.live();
           nb::gil_scoped_release release;
-          state = self.client->ExportState(name);
+          state = live->ExportState(name);
         }
         ThrowIfError(state.status(), self.target);
         return *std::move(state);
@@ -85,18 +86,21 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
       "import_state",
       [](PyClient& self, const std::string& name, BufferArg params, BufferArg exp_avg,
          BufferArg exp_avg_sq, std::vector<uint64_t> page_steps, double lr,
-         std::tuple<double, double> betas, double eps, double weight_decay) {
+         std::tuple<double, double> betas, double eps, double weight_decay, bool maximize,
+         bool amsgrad) {
         GroupState state;
         state.name = name;
-        state.hyperparameters = MakeHyperparameters(lr, betas, eps, weight_decay);
+        state.hyperparameters =
+            MakeHyperparameters(lr, betas, eps, weight_decay, maximize, amsgrad);
         state.params = CopyFloats(params, "params");
         state.exp_avg = CopyFloats(exp_avg, "exp_avg");
         state.exp_avg_sq = CopyFloats(exp_avg_sq, "exp_avg_sq");
         state.page_steps = std::move(page_steps);
         absl::Status status;
         {
+          const std::shared_ptr<Client> live = self.live();
           nb::gil_scoped_release release;
-          status = self.client->ImportState(state);
+          status = live->ImportState(state);
         }
         ThrowIfError(status, self.target);
       },
@@ -104,6 +108,8 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
       "lr"_a = kDefaultHyperparameters.lr, "betas"_a = Betas(kDefaultHyperparameters),
       "eps"_a = kDefaultHyperparameters.eps,
       "weight_decay"_a = kDefaultHyperparameters.weight_decay,
+      "maximize"_a = kDefaultHyperparameters.maximize,
+      "amsgrad"_a = kDefaultHyperparameters.amsgrad,
       "Creates group `name` with this state, or replaces the whole state of an existing\n"
       "group of the same size and hyperparameters (AlreadyExists when it differs).\n"
       "`params`, `exp_avg`, `exp_avg_sq` are float32 arrays of one length; `page_steps`\n"
@@ -120,8 +126,9 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
         options.wait_for_step = wait_for_step;
         absl::StatusOr<Client::CheckpointResult> result;
         {
+          const std::shared_ptr<Client> live = self.live();
           nb::gil_scoped_release release;
-          result = self.client->Checkpoint(options);
+          result = live->Checkpoint(options);
         }
         ThrowIfError(result.status(), self.target);
         nb::dict d;
