@@ -66,7 +66,7 @@ extern "C" void probe_update_vectors(UpdateCall* call) {
   const optstate::kernel_internal::VectorSpan span =
       optstate::kernel_internal::AdamWUpdateVectorsAvx512(
           c, Pointer<float>(call->p), Pointer<float>(call->m), Pointer<float>(call->v),
-          Pointer<const void>(call->grad), static_cast<WireType>(call->grad_type), call->count,
+          nullptr, Pointer<const void>(call->grad), static_cast<WireType>(call->grad_type), call->count,
           has_params ? Pointer<void>(call->params_out) : nullptr,
           has_params ? static_cast<WireType>(call->params_type) : WireType::kFloat32,
           static_cast<ParamsStore>(call->store));

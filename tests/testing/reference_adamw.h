@@ -3,6 +3,7 @@
 #ifndef OPTSTATE_TESTS_TESTING_REFERENCE_ADAMW_H_
 #define OPTSTATE_TESTS_TESTING_REFERENCE_ADAMW_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -17,10 +18,12 @@ struct ReferenceHyperparameters {
   double eps = 1e-8;
   double weight_decay = 1e-2;
   bool maximize = false;  // torch's maximize: the step follows -grad.
+  bool amsgrad = false;   // torch's amsgrad: the denominator takes max_exp_avg_sq.
 };
 
 struct ReferenceState {
   std::vector<double> params, exp_avg, exp_avg_sq;
+  std::vector<double> max_exp_avg_sq = {};  // With amsgrad: as long as params.
 };
 
 // One step t >= 1 with gradient `grad` (already scaled; negated here for
@@ -39,7 +42,12 @@ inline void ReferenceAdamWStep(const ReferenceHyperparameters& h, uint64_t t,
     const double g = h.maximize ? -grad[i] : grad[i];
     m = h.beta1 * m + (1.0 - h.beta1) * g;
     v = h.beta2 * v + (1.0 - h.beta2) * g * g;
-    p -= step_size * m / (std::sqrt(v) / bias_correction2_sqrt + h.eps);
+    double second = v;
+    if (h.amsgrad) {
+      s->max_exp_avg_sq[i] = std::max(s->max_exp_avg_sq[i], v);
+      second = s->max_exp_avg_sq[i];
+    }
+    p -= step_size * m / (std::sqrt(second) / bias_correction2_sqrt + h.eps);
   }
 }
 
