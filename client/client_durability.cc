@@ -52,6 +52,7 @@ absl::StatusOr<Client::GroupState> ExportOnce(v1::OptimizerState::Stub& stub,
       state.params.assign(num_elements, 0.0f);
       state.exp_avg.assign(num_elements, 0.0f);
       state.exp_avg_sq.assign(num_elements, 0.0f);
+      if (state.hyperparameters.amsgrad) state.max_exp_avg_sq.assign(num_elements, 0.0f);
       state.page_steps.assign((num_elements + state.page_elements - 1) / state.page_elements, 0);
       have_header = true;
       continue;
@@ -73,6 +74,9 @@ absl::StatusOr<Client::GroupState> ExportOnce(v1::OptimizerState::Stub& stub,
                                    : chunk.tensor() == v1::STATE_TENSOR_EXP_AVG ? &state.exp_avg
                                    : chunk.tensor() == v1::STATE_TENSOR_EXP_AVG_SQ
                                        ? &state.exp_avg_sq
+                                   : chunk.tensor() == v1::STATE_TENSOR_MAX_EXP_AVG_SQ &&
+                                           state.hyperparameters.amsgrad
+                                       ? &state.max_exp_avg_sq
                                        : nullptr;
       const uint64_t count = data.size() / sizeof(float);
       if (target == nullptr || data.size() % sizeof(float) != 0 || chunk.offset() > num_elements ||
@@ -129,6 +133,8 @@ absl::Status ImportOnce(v1::OptimizerState::Stub& stub, const ClientOptions& opt
        state.exp_avg.size(), sizeof(float));
   send(v1::STATE_TENSOR_EXP_AVG_SQ, reinterpret_cast<const char*>(state.exp_avg_sq.data()),
        state.exp_avg_sq.size(), sizeof(float));
+  send(v1::STATE_TENSOR_MAX_EXP_AVG_SQ, reinterpret_cast<const char*>(state.max_exp_avg_sq.data()),
+       state.max_exp_avg_sq.size(), sizeof(float));
   writer->WritesDone();
   return FromGrpcStatus(writer->Finish());
 }
@@ -152,6 +158,12 @@ absl::Status Client::ImportState(const GroupState& state) {
         absl::StrCat("GroupState of '", state.name, "' has params of ", n, " elements, exp_avg of ",
                      state.exp_avg.size(), " and exp_avg_sq of ", state.exp_avg_sq.size(),
                      "; all three must have the group's size, at least 1"));
+  }
+  if (state.max_exp_avg_sq.size() != (state.hyperparameters.amsgrad ? n : 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GroupState of '", state.name, "' has max_exp_avg_sq of ", state.max_exp_avg_sq.size(),
+        " elements with amsgrad=", state.hyperparameters.amsgrad ? "true" : "false",
+        "; it must have the group's size with amsgrad, and be empty without"));
   }
   if (state.page_steps.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -45,9 +45,9 @@ absl::Status Bad(absl::string_view what) {
 
 }  // namespace
 
-uint64_t DataFileBytes(uint64_t num_elements, uint64_t page_elements) {
+uint64_t DataFileBytes(uint64_t num_elements, uint64_t page_elements, bool amsgrad) {
   const uint64_t pages = (num_elements + page_elements - 1) / page_elements;
-  return pages * kPageRecordHeaderBytes + num_elements * 3 * sizeof(float);
+  return pages * kPageRecordHeaderBytes + num_elements * (amsgrad ? 4 : 3) * sizeof(float);
 }
 
 std::string EncodeManifest(const Manifest& m) {

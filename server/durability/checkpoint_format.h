@@ -22,11 +22,12 @@ constexpr int kCheckpointFormatVersion = 2;
 constexpr char kManifestName[] = "MANIFEST";
 // A data file is, for each page in order, a record: uint64 step, uint64
 // flags (bit 0: the page has its values), then the page's params, exp_avg
-// and exp_avg_sq as float32; all little-endian.
+// and exp_avg_sq (and max_exp_avg_sq for an amsgrad group) as float32; all
+// little-endian.
 constexpr uint64_t kPageRecordHeaderBytes = 16;
 constexpr uint64_t kPageHasValues = 1;
 
-uint64_t DataFileBytes(uint64_t num_elements, uint64_t page_elements);
+uint64_t DataFileBytes(uint64_t num_elements, uint64_t page_elements, bool amsgrad = false);
 
 struct ManifestGroup {
   GroupKey key;

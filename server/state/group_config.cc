@@ -48,11 +48,6 @@ absl::Status ValidateHyperparameters(const AdamWHyperparameters& h) {
         absl::StrCat("weight_decay must be finite and >= 0 (and within float32's range), got ",
                      ExactText(h.weight_decay)));
   }
-  if (h.amsgrad) {
-    return absl::InvalidArgumentError(
-        "amsgrad=true is not supported by this daemon (it keeps no max_exp_avg_sq state); "
-        "register the group with amsgrad=false");
-  }
   return absl::OkStatus();
 }
 

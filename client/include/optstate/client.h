@@ -192,6 +192,9 @@ class Client {
     Hyperparameters hyperparameters;
     uint64_t page_elements = 0;  // Set by ExportState; ignored by ImportState.
     std::vector<float> params, exp_avg, exp_avg_sq;
+    // torch's state['max_exp_avg_sq']: as long as params when
+    // hyperparameters.amsgrad, else empty.
+    std::vector<float> max_exp_avg_sq;
     std::vector<uint64_t> page_steps;  // One per page of page_elements (the daemon's page size).
   };
   // Reads the group's whole state in page-aligned chunks (any size; the

@@ -18,8 +18,8 @@ struct Hyperparameters {
   double eps = 1e-8;
   double weight_decay = 1e-2;
   bool maximize = false;  // Step along the gradient (torch's maximize=True).
-  // torch's amsgrad=True (state max_exp_avg_sq); a daemon that keeps no such
-  // state refuses it with INVALID_ARGUMENT.
+  // torch's amsgrad=True: the daemon keeps max_exp_avg_sq (its CUDA backend
+  // refuses it with INVALID_ARGUMENT).
   bool amsgrad = false;
 };
 
