@@ -1,5 +1,5 @@
-"""Every hyperparameter per step, as torch reads them from param_groups at each step:
-RemoteAdamW against torch.optim.AdamW(fused=True) (whose CPU kernel, like the daemon's,
+"""Every hyperparameter per step, as torch reads them from param_groups at each step, and
+amsgrad: RemoteAdamW against torch.optim.AdamW(fused=True) (whose CPU kernel, like the daemon's,
 takes a correctly rounded sqrt) and against the default single-tensor step, chained over
 the whole run from the same initial values and the same data, under schedules of betas
 (OneCycleLR's momentum cycling), of weight decay, of eps, and with maximize.
@@ -58,8 +58,9 @@ def _train_side_by_side(make_schedules, steps, prefix, target, fused=True, **kwa
         if step % 50 == 0 or step == steps:
             for p, q in zip(remote_model.parameters(), torch_model.parameters()):
                 state, want = opt.state[p], ref.state[q]
-                assert bits_equal(state["exp_avg"], want["exp_avg"]), step
-                assert bits_equal(state["exp_avg_sq"], want["exp_avg_sq"]), step
+                assert set(state) == set(want), (set(state), set(want))
+                for key in set(want) - {"step"}:  # exp_avg, exp_avg_sq, max_exp_avg_sq
+                    assert bits_equal(state[key], want[key]), (key, step)
     print(f"{steps} steps bit-identical to torch.optim.AdamW(fused={fused}, {kwargs})")
     return opt, ref
 
@@ -141,4 +142,52 @@ def test_a_bad_hyperparameter_set_between_steps_is_refused_and_applies_nothing(d
         opt.step()
     assert all(bits_equal(b, p.detach()) for b, p in zip(before, model.parameters()))
     assert opt.client.describe(prefix + "fc1.weight").min_step == 1
+    opt.close()
+
+
+def test_amsgrad_with_onecyclelr_is_bit_identical_to_torch_fused_for_200_steps(daemon, prefix):
+    def schedules(o):
+        return torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.02, total_steps=201)
+    opt, ref = _train_side_by_side(schedules, 200, prefix, daemon.target, amsgrad=True,
+                                   weight_decay=0.1)
+    p = next(iter(opt.param_groups[0]["params"]))
+    state = opt.state[p]
+    # The maximum did hold: somewhere max_exp_avg_sq is above exp_avg_sq.
+    assert bool((state["max_exp_avg_sq"] > state["exp_avg_sq"]).any())
+    opt.close()
+
+
+def test_amsgrad_state_moves_both_ways_between_torch_and_remote(daemon, prefix):
+    """torch.optim.AdamW(amsgrad=True)'s state_dict loads into RemoteAdamW and steps on as
+    torch does, and RemoteAdamW's loads back into torch's, max_exp_avg_sq included."""
+    remote_model, torch_model = Net(), Net()
+    ref = torch.optim.AdamW(torch_model.parameters(), amsgrad=True, fused=True)
+    for step in range(1, 6):
+        ref.zero_grad()
+        _loss(torch_model, step).backward()
+        ref.step()
+    remote_model.load_state_dict(torch_model.state_dict())
+    opt = RemoteAdamW(remote_model.named_parameters(), target=daemon.target, name_prefix=prefix,
+                      amsgrad=True)
+    opt.load_state_dict(ref.state_dict())
+    for step in range(6, 11):
+        for model, o in ((remote_model, opt), (torch_model, ref)):
+            o.zero_grad()
+            _loss(model, step).backward()
+            o.step()
+        for p, q in zip(remote_model.parameters(), torch_model.parameters()):
+            assert bits_equal(p.detach(), q.detach()), step
+    back_model = Net()
+    back_model.load_state_dict(remote_model.state_dict())
+    back = torch.optim.AdamW(back_model.parameters(), amsgrad=True, fused=True)
+    back.load_state_dict(opt.state_dict())
+    for p, q in zip(back_model.parameters(), torch_model.parameters()):
+        for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+            assert bits_equal(back.state[p][key], ref.state[q][key]), key
+    # A state without max_exp_avg_sq cannot resume an amsgrad optimizer.
+    sd = ref.state_dict()
+    for entry in sd["state"].values():
+        del entry["max_exp_avg_sq"]
+    with pytest.raises(ValueError, match="max_exp_avg_sq"):
+        opt.load_state_dict(sd)
     opt.close()

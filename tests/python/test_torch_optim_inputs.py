@@ -1,23 +1,20 @@
 """torch's own AdamW test inputs (torch.testing._internal.common_optimizers, shipped in the
 torch wheel: optim_inputs_func and optim_error_inputs_func of AdamW on the CPU) run
-against RemoteAdamW: each input steps as torch.optim.AdamW(fused=True) does, bit for bit,
-or is refused by the daemon naming the option it does not offer; each error input raises
-what torch raises (type and message; warnings as warnings)."""
+against RemoteAdamW: each input (amsgrad and maximize included) steps as
+torch.optim.AdamW(fused=True) does, bit for bit, p and every state tensor; each error
+input raises what torch raises (type and message; warnings as warnings)."""
 import warnings
 
 import pytest
 import torch
 from torch.testing._internal.common_optimizers import optim_db
 
-import optstate
 from optstate.torch import RemoteAdamW
 from reference import bits_equal
 
 _ADAMW = next(info for info in optim_db if info.optim_cls is torch.optim.AdamW)
 _INPUTS = _ADAMW.optim_inputs_func(device="cpu", dtype=torch.float32)
 _ERROR_INPUTS = _ADAMW.optim_error_inputs_func(device="cpu", dtype=torch.float32)
-# What the daemon does not offer yet, and says so by name (INVALID_ARGUMENT).
-_REFUSED_BY_THE_DAEMON = {"amsgrad": "amsgrad=true is not supported"}
 
 
 def _params(seed):
@@ -37,11 +34,6 @@ def test_torchs_inputs_were_found():
 def test_each_of_torchs_inputs_steps_as_torch_fused(daemon, prefix, optim_input):
     kwargs = dict(optim_input.kwargs)
     params, ref_params = _params(1), _params(1)
-    refusal = next((why for key, why in _REFUSED_BY_THE_DAEMON.items() if kwargs.get(key)), None)
-    if refusal is not None:
-        with pytest.raises(optstate.InvalidArgument, match=refusal):
-            RemoteAdamW(params, target=daemon.target, name_prefix=prefix, **kwargs)
-        return
     opt = RemoteAdamW(params, target=daemon.target, name_prefix=prefix, **kwargs)
     ref = torch.optim.AdamW(ref_params, fused=True, **kwargs)
     for step in range(1, 11):
@@ -55,7 +47,11 @@ def test_each_of_torchs_inputs_steps_as_torch_fused(daemon, prefix, optim_input)
         for p, q in zip(params, ref_params):
             assert bits_equal(p.detach(), q.detach()), (optim_input.desc, step)
     for p, q in zip(params, ref_params):
-        assert bits_equal(opt.state[p]["exp_avg_sq"], ref.state[q]["exp_avg_sq"])
+        state, want = opt.state[p], ref.state[q]
+        assert set(state) == set(want), (set(state), set(want))
+        for key in set(want) - {"step"}:
+            assert bits_equal(state[key], want[key]), (optim_input.desc, key)
+        assert float(state["step"]) == float(want["step"])
     opt.close()
 
 

@@ -107,9 +107,10 @@ class RemoteAdamW(torch.optim.Optimizer):
             hyperparameters and defaults. As torch, every step reads lr, betas, eps,
             weight_decay and maximize from ``param_groups`` (a scheduler may change any of
             them: OneCycleLR's momentum cycling changes betas), and sends the daemon those
-            that differ from the registered ones. ``amsgrad=True`` needs a daemon that
-            keeps ``max_exp_avg_sq``; one that does not refuses it at registration
-            (``optstate.InvalidArgument`` naming amsgrad).
+            that differ from the registered ones. With ``amsgrad=True`` the daemon keeps
+            ``max_exp_avg_sq`` too (its CUDA backend refuses it,
+            ``optstate.InvalidArgument`` naming amsgrad); amsgrad may not change between
+            steps.
         foreach, fused, capturable, differentiable: accepted as False or None (the
             daemon runs its own fused CPU step); True raises RuntimeError naming the option
             (after torch's own refusals of their combinations).
@@ -145,7 +146,8 @@ class RemoteAdamW(torch.optim.Optimizer):
             groups of the parameters this optimizer registered, with their state.
         **client_options: passed to :class:`optstate.Client` (``max_attempts``, ...).
 
-    ``opt.state[p]`` is torch's ``step``, ``exp_avg`` and ``exp_avg_sq`` of p (float32,
+    ``opt.state[p]`` is torch's ``step``, ``exp_avg`` and ``exp_avg_sq`` (and
+    ``max_exp_avg_sq`` with amsgrad) of p (float32,
     p's shape), read from the daemon when read: a copy, which changes nothing on the
     daemon when written (:meth:`load_state_dict` does). :meth:`state_dict` and
     :meth:`load_state_dict` run torch's state-dict hooks
@@ -261,10 +263,13 @@ class RemoteAdamW(torch.optim.Optimizer):
 
     def _forget_unplaced(self) -> None:
         """Drops the records of parameters no longer in any param group (after a refused
-        add_param_group); their daemon groups, registered by this call, are deleted."""
+        add_param_group); the daemon groups that call created are deleted again (one that
+        existed before, another run's state, is left as it was)."""
         present = {id(p) for group in self.param_groups for p in group["params"]}
         for key in [k for k in self._registered if k not in present]:
             reg = self._registered.pop(key)
+            if not reg.created:
+                continue
             try:
                 self._client.delete(reg.name)
             except errors.Error:
@@ -615,13 +620,16 @@ class RemoteAdamW(torch.optim.Optimizer):
         out = {"step": torch.tensor(float(step)),
                "exp_avg": torch.from_numpy(state.exp_avg).reshape(p.shape),
                "exp_avg_sq": torch.from_numpy(state.exp_avg_sq).reshape(p.shape)}
+        if state.max_exp_avg_sq is not None:  # amsgrad
+            out["max_exp_avg_sq"] = torch.from_numpy(state.max_exp_avg_sq).reshape(p.shape)
         if self._travels_narrowed(p):
             out[MASTER_PARAM] = torch.from_numpy(state.params).reshape(p.shape)
         return out
 
     def state_dict(self) -> dict:
         """The state in torch.optim.AdamW's layout: ``{"state": {i: {"step", "exp_avg",
-        "exp_avg_sq"}}, "param_groups": [...]}``, read from the daemon (every rank gets all
+        "exp_avg_sq"}}, "param_groups": [...]}`` (and ``"max_exp_avg_sq"`` with amsgrad),
+        read from the daemon (every rank gets all
         of it, sharded or not). exp_avg and exp_avg_sq are float32 (the daemon's), also for
         16-bit parameters. A parameter whose values travel in 16 bits (a bfloat16 or
         float16 parameter, or any with ``wire_dtype`` 16-bit) has one entry more,
@@ -746,6 +754,17 @@ class RemoteAdamW(torch.optim.Optimizer):
             raise ValueError(f"parameter '{name}': the loaded exp_avg/exp_avg_sq have "
                              f"{exp_avg.numel()}/{exp_avg_sq.numel()} elements, the "
                              f"parameter {p.numel()}")
+        max_exp_avg_sq = None
+        if h[5]:  # amsgrad: torch's state has max_exp_avg_sq too
+            if not isinstance(entry.get("max_exp_avg_sq"), torch.Tensor):
+                raise ValueError(f"parameter '{name}': its param group has amsgrad=True but the "
+                                 "loaded state has no max_exp_avg_sq (a state dict of an "
+                                 "optimizer without amsgrad)")
+            max_exp_avg_sq = entry["max_exp_avg_sq"].detach().reshape(-1).float().contiguous()
+            if max_exp_avg_sq.numel() != p.numel():
+                raise ValueError(f"parameter '{name}': the loaded max_exp_avg_sq has "
+                                 f"{max_exp_avg_sq.numel()} elements, the parameter "
+                                 f"{p.numel()}")
         self._client.import_state(name, params, exp_avg, exp_avg_sq, [step],
-                                  **_register_keywords(h))
+                                  max_exp_avg_sq=max_exp_avg_sq, **_register_keywords(h))
         self._remember(p, name, h, step, created=reg.created if reg is not None else True)
