@@ -17,6 +17,11 @@ absl::Status CheckClientOptions(const ClientOptions& options) {
         kMinMessageBytes,
         " (one float32 page of the daemon's default size and room for the other fields)"));
   }
+  if (!(options.connect_timeout >= absl::Milliseconds(100)) ||
+      options.connect_timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.connect_timeout must be finite and at least 100 ms");
+  }
   if (options.attempt_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         "ClientOptions.attempt_timeout must be positive (absl::InfiniteDuration() for none)");
@@ -32,6 +37,10 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   // Each Client gets its own connection: clients of one process (one per
   // data-parallel rank, say) do not queue behind each other on one socket.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // gRPC's deadline for one connection attempt (handshake and the server's
+  // first SETTINGS frame included) is max(this, the reconnect backoff).
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options.connect_timeout)));
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
 }
 
