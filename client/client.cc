@@ -110,12 +110,7 @@ v1::GroupSpec MakeSpec(const std::string& name, uint64_t num_elements, const Hyp
   spec.set_name(name);
   spec.set_num_elements(num_elements);
   spec.set_has_initial_values(has_initial_values);
-  v1::AdamWHyperparameters* hp = spec.mutable_hyperparameters();
-  hp->set_lr(h.lr);
-  hp->set_beta1(h.beta1);
-  hp->set_beta2(h.beta2);
-  hp->set_eps(h.eps);
-  hp->set_weight_decay(h.weight_decay);
+  client_internal::HyperparametersToProto(h, spec.mutable_hyperparameters());
   return spec;
 }
 

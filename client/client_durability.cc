@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "client/call/proto_convert.h"
 #include "client/call/retry.h"
 #include "client/call/status.h"
 #include "client/client_impl.h"
@@ -41,7 +42,7 @@ absl::StatusOr<Client::GroupState> ExportOnce(v1::OptimizerState::Stub& stub,
       const v1::GroupStateHeader& h = response.header();
       const v1::AdamWHyperparameters& hp = h.hyperparameters();
       state.name = h.name();
-      state.hyperparameters = {hp.lr(), hp.beta1(), hp.beta2(), hp.eps(), hp.weight_decay()};
+      state.hyperparameters = client_internal::HyperparametersFromProto(hp);
       state.page_elements = h.page_elements();
       num_elements = h.num_elements();
       if (state.page_elements == 0) {
@@ -51,6 +52,7 @@ absl::StatusOr<Client::GroupState> ExportOnce(v1::OptimizerState::Stub& stub,
       state.params.assign(num_elements, 0.0f);
       state.exp_avg.assign(num_elements, 0.0f);
       state.exp_avg_sq.assign(num_elements, 0.0f);
+      if (state.hyperparameters.amsgrad) state.max_exp_avg_sq.assign(num_elements, 0.0f);
       state.page_steps.assign((num_elements + state.page_elements - 1) / state.page_elements, 0);
       have_header = true;
       continue;
@@ -72,6 +74,9 @@ absl::StatusOr<Client::GroupState> ExportOnce(v1::OptimizerState::Stub& stub,
                                    : chunk.tensor() == v1::STATE_TENSOR_EXP_AVG ? &state.exp_avg
                                    : chunk.tensor() == v1::STATE_TENSOR_EXP_AVG_SQ
                                        ? &state.exp_avg_sq
+                                   : chunk.tensor() == v1::STATE_TENSOR_MAX_EXP_AVG_SQ &&
+                                           state.hyperparameters.amsgrad
+                                       ? &state.max_exp_avg_sq
                                        : nullptr;
       const uint64_t count = data.size() / sizeof(float);
       if (target == nullptr || data.size() % sizeof(float) != 0 || chunk.offset() > num_elements ||
@@ -104,12 +109,8 @@ absl::Status ImportOnce(v1::OptimizerState::Stub& stub, const ClientOptions& opt
   v1::GroupStateHeader* header = request.mutable_header();
   header->set_name(state.name);
   header->set_num_elements(state.params.size());
-  v1::AdamWHyperparameters* hp = header->mutable_hyperparameters();
-  hp->set_lr(state.hyperparameters.lr);
-  hp->set_beta1(state.hyperparameters.beta1);
-  hp->set_beta2(state.hyperparameters.beta2);
-  hp->set_eps(state.hyperparameters.eps);
-  hp->set_weight_decay(state.hyperparameters.weight_decay);
+  client_internal::HyperparametersToProto(state.hyperparameters,
+                                          header->mutable_hyperparameters());
   bool ok = writer->Write(request);
   const uint64_t chunk_bytes = ChunkBytes(options);
   auto send = [&](v1::StateTensor tensor, const char* data, uint64_t count, size_t size) {
@@ -132,6 +133,8 @@ absl::Status ImportOnce(v1::OptimizerState::Stub& stub, const ClientOptions& opt
        state.exp_avg.size(), sizeof(float));
   send(v1::STATE_TENSOR_EXP_AVG_SQ, reinterpret_cast<const char*>(state.exp_avg_sq.data()),
        state.exp_avg_sq.size(), sizeof(float));
+  send(v1::STATE_TENSOR_MAX_EXP_AVG_SQ, reinterpret_cast<const char*>(state.max_exp_avg_sq.data()),
+       state.max_exp_avg_sq.size(), sizeof(float));
   writer->WritesDone();
   return FromGrpcStatus(writer->Finish());
 }
@@ -155,6 +158,12 @@ absl::Status Client::ImportState(const GroupState& state) {
         absl::StrCat("GroupState of '", state.name, "' has params of ", n, " elements, exp_avg of ",
                      state.exp_avg.size(), " and exp_avg_sq of ", state.exp_avg_sq.size(),
                      "; all three must have the group's size, at least 1"));
+  }
+  if (state.max_exp_avg_sq.size() != (state.hyperparameters.amsgrad ? n : 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GroupState of '", state.name, "' has max_exp_avg_sq of ", state.max_exp_avg_sq.size(),
+        " elements with amsgrad=", state.hyperparameters.amsgrad ? "true" : "false",
+        "; it must have the group's size with amsgrad, and be empty without"));
   }
   if (state.page_steps.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(

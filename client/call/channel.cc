@@ -21,6 +21,11 @@ absl::Status CheckClientOptions(const ClientOptions& options) {
         kMinMessageBytes,
         " (one float32 page of the daemon's default size and room for the other fields)"));
   }
+  if (!(options.connect_timeout >= absl::Milliseconds(100)) ||
+      options.connect_timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.connect_timeout must be finite and at least 100 ms");
+  }
   if (options.attempt_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         "ClientOptions.attempt_timeout must be positive (absl::InfiniteDuration() for none)");
@@ -62,6 +67,10 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ta
   // Each Client gets its own connection: clients of one process (one per
   // data-parallel rank, say) do not queue behind each other on one socket.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // gRPC's deadline for one connection attempt (handshake and the server's
+  // first SETTINGS frame included) is max(this, the reconnect backoff).
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options.connect_timeout)));
   const bool tls = options.tls || !options.tls_root_ca_file.empty() ||
                    !options.tls_cert_file.empty() || !options.tls_key_file.empty();
   if (!tls) return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);

@@ -52,6 +52,28 @@ DeviceStats DeviceFromProto(const v1::DeviceStats& proto) {
 
 }  // namespace
 
+void HyperparametersToProto(const Hyperparameters& h, v1::AdamWHyperparameters* proto) {
+  proto->set_lr(h.lr);
+  proto->set_beta1(h.beta1);
+  proto->set_beta2(h.beta2);
+  proto->set_eps(h.eps);
+  proto->set_weight_decay(h.weight_decay);
+  proto->set_maximize(h.maximize);
+  proto->set_amsgrad(h.amsgrad);
+}
+
+Hyperparameters HyperparametersFromProto(const v1::AdamWHyperparameters& proto) {
+  Hyperparameters h;
+  if (proto.has_lr()) h.lr = proto.lr();
+  if (proto.has_beta1()) h.beta1 = proto.beta1();
+  if (proto.has_beta2()) h.beta2 = proto.beta2();
+  if (proto.has_eps()) h.eps = proto.eps();
+  if (proto.has_weight_decay()) h.weight_decay = proto.weight_decay();
+  h.maximize = proto.maximize();
+  h.amsgrad = proto.amsgrad();
+  return h;
+}
+
 absl::StatusOr<GroupInfo> GroupInfoFromProto(const v1::GroupInfo& proto) {
   const v1::AdamWHyperparameters& h = proto.hyperparameters();
   if (!h.has_lr() || !h.has_beta1() || !h.has_beta2() || !h.has_eps() || !h.has_weight_decay()) {
@@ -65,7 +87,7 @@ absl::StatusOr<GroupInfo> GroupInfoFromProto(const v1::GroupInfo& proto) {
   GroupInfo info;
   info.name = proto.name();
   info.num_elements = proto.num_elements();
-  info.hyperparameters = {h.lr(), h.beta1(), h.beta2(), h.eps(), h.weight_decay()};
+  info.hyperparameters = HyperparametersFromProto(h);
   info.page_elements = proto.page_elements();
   info.num_pages = proto.num_pages();
   info.min_step = proto.min_step();

@@ -15,6 +15,11 @@ namespace optstate::client_internal {
 // sends). `created` is false.
 absl::StatusOr<GroupInfo> GroupInfoFromProto(const v1::GroupInfo& proto);
 
+// Both ways between Hyperparameters and the wire's AdamWHyperparameters
+// (every field set when sending; unset ones read as torch's defaults).
+void HyperparametersToProto(const Hyperparameters& h, v1::AdamWHyperparameters* proto);
+Hyperparameters HyperparametersFromProto(const v1::AdamWHyperparameters& proto);
+
 // Every field of the reply; fails as GroupInfoFromProto for any group's info.
 absl::StatusOr<Stats> StatsFromProto(const v1::GetStatsResponse& proto);
 

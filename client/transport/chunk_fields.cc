@@ -19,6 +19,11 @@ void ChunkFields(const GroupStep& group, const ChunkPiece& piece, uint64_t step,
   } else if (options.lr) {
     fields->set_lr(*options.lr);
   }
+  if (group.beta1) fields->set_beta1(*group.beta1);
+  if (group.beta2) fields->set_beta2(*group.beta2);
+  if (group.eps) fields->set_eps(*group.eps);
+  if (group.weight_decay) fields->set_weight_decay(*group.weight_decay);
+  if (group.maximize) fields->set_maximize(*group.maximize);
   if (options.grad_scale) fields->set_grad_scale(*options.grad_scale);
 }
 

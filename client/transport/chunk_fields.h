@@ -12,7 +12,8 @@ namespace optstate::client_internal {
 
 // Clears `fields` and sets a chunk's fields but its gradient (or region
 // slices): group, step, offset, group size, dtypes, the group's or the
-// call's lr, grad_scale.
+// call's lr, the group's other overrides (betas, eps, weight_decay,
+// maximize), grad_scale.
 void ChunkFields(const GroupStep& group, const ChunkPiece& piece, uint64_t step,
                  const StepOptions& options, v1::StepRequest* fields);
 

@@ -45,9 +45,9 @@ absl::Status Bad(absl::string_view what) {
 
 }  // namespace
 
-uint64_t DataFileBytes(uint64_t num_elements, uint64_t page_elements) {
+uint64_t DataFileBytes(uint64_t num_elements, uint64_t page_elements, bool amsgrad) {
   const uint64_t pages = (num_elements + page_elements - 1) / page_elements;
-  return pages * kPageRecordHeaderBytes + num_elements * 3 * sizeof(float);
+  return pages * kPageRecordHeaderBytes + num_elements * (amsgrad ? 4 : 3) * sizeof(float);
 }
 
 std::string EncodeManifest(const Manifest& m) {
@@ -63,7 +63,8 @@ std::string EncodeManifest(const Manifest& m) {
                     g.config.num_elements, " ", ExactText(h.lr), " ", ExactText(h.beta1), " ",
                     ExactText(h.beta2), " ", ExactText(h.eps), " ", ExactText(h.weight_decay), " ",
                     g.config.has_initial_values ? 1 : 0, " ", g.min_step, " ", g.max_step, " ",
-                    g.file, " ", g.bytes, " ", crc, "\n");
+                    g.file, " ", g.bytes, " ", crc, " ", h.maximize ? 1 : 0, " ",
+                    h.amsgrad ? 1 : 0, "\n");
   }
   char crc[9];
   std::snprintf(crc, sizeof(crc), "%08" PRIx32, Crc32cExtend(0, text.data(), text.size()));
@@ -144,7 +145,11 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view text) {
     ManifestGroup g;
     AdamWHyperparameters& h = g.config.hyperparameters;
     int has_values = 0;
-    if (f.size() != 14 || !DecodeTenant(f[0], &g.key.tenant) || f[1].empty() ||
+    const size_t fields = m.version >= 2 ? 16 : 14;
+    int maximize = 0, amsgrad = 0;
+    if (f.size() != fields ||
+        (fields == 16 && (!absl::SimpleAtoi(f[14], &maximize) || maximize < 0 || maximize > 1 ||
+                          !absl::SimpleAtoi(f[15], &amsgrad) || amsgrad < 0 || amsgrad > 1)) || !DecodeTenant(f[0], &g.key.tenant) || f[1].empty() ||
         !absl::SimpleAtoi(f[2], &g.config.num_elements) || g.config.num_elements == 0 ||
         !ParseDouble(f[3], &h.lr) || !ParseDouble(f[4], &h.beta1) || !ParseDouble(f[5], &h.beta2) ||
         !ParseDouble(f[6], &h.eps) || !ParseDouble(f[7], &h.weight_decay) ||
@@ -156,6 +161,8 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view text) {
     }
     g.key.name = std::string(f[1]);
     g.config.has_initial_values = has_values != 0;
+    h.maximize = maximize != 0;
+    h.amsgrad = amsgrad != 0;
     g.file = std::string(f[11]);
     m.groups.push_back(std::move(g));
   }

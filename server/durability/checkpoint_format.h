@@ -15,16 +15,19 @@
 
 namespace optstate {
 
-// The version this daemon writes and the newest it reads.
-constexpr int kCheckpointFormatVersion = 1;
+// The version this daemon writes and the newest it reads. Version 2 adds
+// maximize and amsgrad (0 or 1) at the end of each group line; version 1
+// lines (without them) read as maximize=0, amsgrad=0.
+constexpr int kCheckpointFormatVersion = 2;
 constexpr char kManifestName[] = "MANIFEST";
 // A data file is, for each page in order, a record: uint64 step, uint64
 // flags (bit 0: the page has its values), then the page's params, exp_avg
-// and exp_avg_sq as float32; all little-endian.
+// and exp_avg_sq (and max_exp_avg_sq for an amsgrad group) as float32; all
+// little-endian.
 constexpr uint64_t kPageRecordHeaderBytes = 16;
 constexpr uint64_t kPageHasValues = 1;
 
-uint64_t DataFileBytes(uint64_t num_elements, uint64_t page_elements);
+uint64_t DataFileBytes(uint64_t num_elements, uint64_t page_elements, bool amsgrad = false);
 
 struct ManifestGroup {
   GroupKey key;

@@ -27,7 +27,8 @@ absl::Status ReadGroupFile(const std::string& path, const ManifestGroup& entry, 
     return absl::DataLossError(absl::StrCat(path, " is missing (the manifest names it)"));
   }
   if (!size.ok()) return size.status();
-  const uint64_t expected = DataFileBytes(entry.config.num_elements, group.page_elements());
+  const uint64_t expected = DataFileBytes(entry.config.num_elements, group.page_elements(),
+                                          entry.config.hyperparameters.amsgrad);
   if (entry.bytes != expected) {
     return absl::DataLossError(absl::StrCat("the manifest gives ", path, " ", entry.bytes,
                                             " bytes, but a group of ", entry.config.num_elements,
@@ -42,12 +43,14 @@ absl::Status ReadGroupFile(const std::string& path, const ManifestGroup& entry, 
   if (!fd.ok()) return fd.status();
   // Pieces of whole pages read and checked at once, straight into the
   // group's arrays; their CRCs are combined in order. Every page before the
-  // last is full, so page p's record starts at p * (16 + 12 * page_elements).
+  // last is full, so page p's record starts at p * (16 + 12 * page_elements)
+  // (16 per element with amsgrad's max_exp_avg_sq).
   const uint64_t pages = group.num_pages();
   const uint64_t pieces = std::max<uint64_t>(
       1, std::min<uint64_t>(pool == nullptr ? 1 : static_cast<uint64_t>(pool->size()), pages));
   const uint64_t pages_per_piece = (pages + pieces - 1) / pieces;
-  const uint64_t record_bytes = kPageRecordHeaderBytes + group.page_elements() * 3 * sizeof(float);
+  const uint64_t record_bytes =
+      kPageRecordHeaderBytes + group.page_elements() * StateBytesPerElement(group.config());
   std::vector<uint32_t> crcs(pieces, 0);
   std::vector<uint64_t> lengths(pieces, 0);
   std::vector<absl::Status> errors(pieces);
@@ -66,7 +69,9 @@ absl::Status ReadGroupFile(const std::string& path, const ManifestGroup& entry, 
       offset += kPageRecordHeaderBytes;
       const uint64_t begin = group.PageBegin(p);
       const size_t n = (group.PageEnd(p) - begin) * sizeof(float);
-      for (float* target : {group.params(), group.exp_avg(), group.exp_avg_sq()}) {
+      for (float* target :
+           {group.params(), group.exp_avg(), group.exp_avg_sq(), group.max_exp_avg_sq()}) {
+        if (target == nullptr) break;  // Only amsgrad groups have the fourth.
         const absl::Time t0 = absl::Now();
         errors[i] = PreadExactly(fd->get(), target + begin, n, offset, path);
         const absl::Time t1 = absl::Now();

@@ -226,6 +226,9 @@ absl::Status CheckpointWriter::WriteGroup(uint64_t sequence, size_t index,
       run.pieces.push_back({pages.params.data() + at, n});
       run.pieces.push_back({pages.exp_avg.data() + at, n});
       run.pieces.push_back({pages.exp_avg_sq.data() + at, n});
+      if (!pages.max_exp_avg_sq.empty()) {
+        run.pieces.push_back({pages.max_exp_avg_sq.data() + at, n});
+      }
     }
     started = absl::Now();
     run.offset = bytes;

@@ -9,7 +9,7 @@
 namespace optstate {
 
 uint64_t PagesPerCapture(const Group& group, uint64_t max_bytes) {
-  const uint64_t page_bytes = group.page_elements() * kStateBytesPerElement;
+  const uint64_t page_bytes = group.page_elements() * StateBytesPerElement(group.config());
   return std::max<uint64_t>(1, max_bytes / page_bytes);
 }
 
@@ -23,6 +23,7 @@ absl::Status CapturePages(StepBackend& backend, Group& group, uint64_t first_pag
   out->params.resize(count);
   out->exp_avg.resize(count);
   out->exp_avg_sq.resize(count);
+  out->max_exp_avg_sq.resize(group.max_exp_avg_sq() != nullptr ? count : 0);
   out->steps.resize(end_page - first_page);
   out->has_values.resize(end_page - first_page);
   for (uint64_t p = first_page; p < end_page; ++p) {
@@ -46,6 +47,9 @@ absl::Status CapturePages(StepBackend& backend, Group& group, uint64_t first_pag
     std::memcpy(out->params.data() + at, group.params() + begin, bytes);
     std::memcpy(out->exp_avg.data() + at, group.exp_avg() + begin, bytes);
     std::memcpy(out->exp_avg_sq.data() + at, group.exp_avg_sq() + begin, bytes);
+    if (group.max_exp_avg_sq() != nullptr) {
+      std::memcpy(out->max_exp_avg_sq.data() + at, group.max_exp_avg_sq() + begin, bytes);
+    }
     out->steps[p - first_page] = group.page_step(p);
     out->has_values[p - first_page] = group.page_has_values(p) ? 1 : 0;
   }

@@ -13,17 +13,19 @@
 namespace optstate {
 
 // Pages [first_page, end_page) of a group: elements [begin, end) of its
-// params, exp_avg and exp_avg_sq, and per page its step and values flag.
+// params, exp_avg and exp_avg_sq (and max_exp_avg_sq for an amsgrad group,
+// else empty), and per page its step and values flag.
 struct CapturedPages {
   uint64_t first_page = 0, end_page = 0;
   uint64_t begin = 0, end = 0;
-  std::vector<float> params, exp_avg, exp_avg_sq;
+  std::vector<float> params, exp_avg, exp_avg_sq, max_exp_avg_sq;
   std::vector<uint64_t> steps;
   std::vector<uint8_t> has_values;
 };
 
 // How many pages one capture of `group` takes so that it holds at most
-// `max_bytes` of copies (12 bytes per element), at least one page.
+// `max_bytes` of copies (12 bytes per element, 16 with amsgrad), at least
+// one page.
 uint64_t PagesPerCapture(const Group& group, uint64_t max_bytes);
 
 // Fills `out` with pages [first_page, end_page), locking one page at a time:

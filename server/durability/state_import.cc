@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "server/base/log.h"
@@ -20,6 +21,8 @@ absl::string_view StateTensorName(StateTensor tensor) {
       return "exp_avg_sq";
     case StateTensor::kPageSteps:
       return "page_steps";
+    case StateTensor::kMaxExpAvgSq:
+      return "max_exp_avg_sq";
   }
   return "?";
 }
@@ -32,12 +35,9 @@ absl::Status CheckSameShape(const Group& existing, uint64_t num_elements,
   const AdamWHyperparameters& e = existing.config().hyperparameters;
   return absl::AlreadyExistsError(absl::StrCat(
       "group '", existing.key().name,
-      "' already exists with num_elements=", existing.num_elements(), " lr=", ExactText(e.lr),
-      " beta1=", ExactText(e.beta1), " beta2=", ExactText(e.beta2), " eps=", ExactText(e.eps),
-      " weight_decay=", ExactText(e.weight_decay),
-      "; the imported state has num_elements=", num_elements, " lr=", ExactText(h.lr),
-      " beta1=", ExactText(h.beta1), " beta2=", ExactText(h.beta2), " eps=", ExactText(h.eps),
-      " weight_decay=", ExactText(h.weight_decay),
+      "' already exists with num_elements=", existing.num_elements(), " ",
+      DescribeHyperparameters(e), "; the imported state has num_elements=", num_elements, " ",
+      DescribeHyperparameters(h),
       ". Delete the group first or import under another name"));
 }
 
@@ -96,6 +96,11 @@ absl::Status StateImport::AddChunk(StateTensor tensor, uint64_t offset, absl::st
     page_steps_.insert(page_steps_.end(), steps.begin(), steps.end());
     return absl::OkStatus();
   }
+  if (tensor == StateTensor::kMaxExpAvgSq && group.max_exp_avg_sq() == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a max_exp_avg_sq chunk for group '", group.key().name,
+        "', which has amsgrad=false; send max_exp_avg_sq only with amsgrad=true"));
+  }
   if (data.empty() || data.size() % sizeof(float) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("a ", name, " chunk holds ", data.size(),
                                                    " bytes; it must hold one or more float32 "
@@ -114,19 +119,21 @@ absl::Status StateImport::AddChunk(StateTensor tensor, uint64_t offset, absl::st
                                                    offset + count, ") but group '",
                                                    group.key().name, "' has ", n, " elements"));
   }
-  float* const target = (tensor == StateTensor::kParams   ? group.params()
-                         : tensor == StateTensor::kExpAvg ? group.exp_avg()
-                                                          : group.exp_avg_sq()) +
+  float* const target = (tensor == StateTensor::kParams     ? group.params()
+                         : tensor == StateTensor::kExpAvg   ? group.exp_avg()
+                         : tensor == StateTensor::kExpAvgSq ? group.exp_avg_sq()
+                                                            : group.max_exp_avg_sq()) +
                         offset;
   std::memcpy(target, data.data(), data.size());
+  const bool squares = tensor == StateTensor::kExpAvgSq || tensor == StateTensor::kMaxExpAvgSq;
   for (uint64_t i = 0; i < count; ++i) {
-    if (!std::isfinite(target[i]) || (tensor == StateTensor::kExpAvgSq && target[i] < 0)) {
+    if (!std::isfinite(target[i]) || (squares && target[i] < 0)) {
       const float bad = target[i];
       std::memset(target, 0, data.size());  // Nothing of a refused chunk stays.
-      return absl::InvalidArgumentError(absl::StrCat(name, " element ", offset + i, " is ", bad,
-                                                     tensor == StateTensor::kExpAvgSq
-                                                         ? "; exp_avg_sq must be finite and >= 0"
-                                                         : "; values must be finite"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " element ", offset + i, " is ", bad,
+                       squares ? absl::StrCat("; ", name, " must be finite and >= 0")
+                               : std::string("; values must be finite")));
     }
   }
   received_[index] += count;
@@ -136,13 +143,16 @@ absl::Status StateImport::AddChunk(StateTensor tensor, uint64_t offset, absl::st
 absl::StatusOr<StateImport::Result> StateImport::Commit() {
   Group& group = staged_.group();
   const uint64_t n = group.num_elements();
-  for (StateTensor t : {StateTensor::kParams, StateTensor::kExpAvg, StateTensor::kExpAvgSq}) {
+  const bool amsgrad = group.max_exp_avg_sq() != nullptr;
+  for (StateTensor t : {StateTensor::kParams, StateTensor::kExpAvg, StateTensor::kExpAvgSq,
+                        StateTensor::kMaxExpAvgSq}) {
+    if (t == StateTensor::kMaxExpAvgSq && !amsgrad) continue;
     const uint64_t got = received_[static_cast<int>(t)];
     if (got != n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the import of group '", group.key().name, "' ended with ",
-                       StateTensorName(t), " covering elements [0, ", got, ") of ", n,
-                       "; send every element of params, exp_avg and exp_avg_sq"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the import of group '", group.key().name, "' ended with ", StateTensorName(t),
+          " covering elements [0, ", got, ") of ", n, "; send every element of params, exp_avg",
+          amsgrad ? ", exp_avg_sq and max_exp_avg_sq (amsgrad)" : " and exp_avg_sq"));
     }
   }
   if (page_steps_.size() != 1 && page_steps_.size() != group.num_pages()) {
@@ -194,6 +204,9 @@ absl::Status ReplaceGroupState(StepBackend& backend, const Group& source, Group&
     std::memcpy(target.params(), source.params(), bytes);
     std::memcpy(target.exp_avg(), source.exp_avg(), bytes);
     std::memcpy(target.exp_avg_sq(), source.exp_avg_sq(), bytes);
+    if (target.max_exp_avg_sq() != nullptr && source.max_exp_avg_sq() != nullptr) {
+      std::memcpy(target.max_exp_avg_sq(), source.max_exp_avg_sq(), bytes);
+    }
     for (uint64_t p = 0; p < pages; ++p) {
       target.set_page_step(p, source.page_step(p));
       target.mark_page_has_values(p);

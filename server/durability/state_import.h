@@ -16,9 +16,10 @@
 
 namespace optstate {
 
-enum class StateTensor { kParams, kExpAvg, kExpAvgSq, kPageSteps };
+// kMaxExpAvgSq: an amsgrad group's max_exp_avg_sq (none other has it).
+enum class StateTensor { kParams, kExpAvg, kExpAvgSq, kPageSteps, kMaxExpAvgSq };
 
-// "params", "exp_avg", "exp_avg_sq" or "page_steps".
+// "params", "exp_avg", "exp_avg_sq", "page_steps" or "max_exp_avg_sq".
 absl::string_view StateTensorName(StateTensor tensor);
 
 struct StateHeader {
@@ -44,7 +45,8 @@ class StateImport {
   // Each tensor's runs must come in order, each starting where the last
   // ended. INVALID_ARGUMENT, naming what to fix and changing nothing, for a
   // run out of order or past the end, a length that is not whole elements, a
-  // non-finite value, a negative exp_avg_sq, or a step of 0 or 2^64-1.
+  // non-finite value, a negative exp_avg_sq or max_exp_avg_sq, a step of 0 or
+  // 2^64-1, or max_exp_avg_sq for a group without amsgrad.
   absl::Status AddChunk(StateTensor tensor, uint64_t offset, absl::string_view data);
 
   struct Result {
@@ -52,7 +54,8 @@ class StateImport {
     bool replaced = false;  // An existing group's state was replaced.
   };
   // Checks that every element and page step arrived (one step per page of
-  // the store's page size, or exactly one for every page), then installs the
+  // the store's page size, or exactly one for every page; max_exp_avg_sq too
+  // for an amsgrad group), then installs the
   // state: a new group becomes visible, or an existing one of equal size and
   // hyperparameters has all its pages replaced while holding every page
   // mutex. INVALID_ARGUMENT for missing pieces; ALREADY_EXISTS as in Begin;
@@ -67,7 +70,8 @@ class StateImport {
   StateStore* const store_;
   StepBackend* const backend_;
   StagedGroup staged_;
-  uint64_t received_[3] = {0, 0, 0};  // Elements of params, exp_avg, exp_avg_sq so far.
+  // Elements received so far, by StateTensor (page steps: unused).
+  uint64_t received_[5] = {0, 0, 0, 0, 0};
   std::vector<uint64_t> page_steps_;
 };
 
@@ -75,7 +79,8 @@ class StateImport {
 absl::Status CheckSameShape(const Group& existing, uint64_t num_elements,
                             const AdamWHyperparameters& hyperparameters);
 
-// Copies the whole state of `source` (params, m, v, page steps) into
+// Copies the whole state of `source` (params, m, v, max_exp_avg_sq with
+// amsgrad, page steps) into
 // `target`, of the same size, holding every page mutex of `target`
 // (ascending), so a Step sees all of the old state or all of the new.
 // NOT_FOUND once target is deleted, DATA_LOSS when it is broken, the

@@ -13,9 +13,7 @@ namespace {
 
 std::string DescribeConfig(const GroupConfig& c) {
   const auto& h = c.hyperparameters;
-  return absl::StrCat("num_elements=", c.num_elements, " lr=", ExactText(h.lr),
-                      " beta1=", ExactText(h.beta1), " beta2=", ExactText(h.beta2),
-                      " eps=", ExactText(h.eps), " weight_decay=", ExactText(h.weight_decay),
+  return absl::StrCat("num_elements=", c.num_elements, " ", DescribeHyperparameters(h),
                       " has_initial_values=", c.has_initial_values ? "true" : "false");
 }
 
@@ -55,8 +53,9 @@ absl::StatusOr<uint64_t> StateStore::CheckConfig(const GroupKey& key,
     return absl::InvalidArgumentError("num_elements must be at least 1");
   }
   if (absl::Status s = ValidateHyperparameters(config.hyperparameters); !s.ok()) return s;
-  return config.num_elements > max_host_bytes_ / kStateBytesPerElement ? UINT64_MAX
-                                                    : HostBytesFor(config.num_elements);
+  return config.num_elements > max_host_bytes_ / StateBytesPerElement(config)
+             ? UINT64_MAX
+             : HostBytesFor(config);
 }
 
 absl::Status StateStore::Reserve(const GroupKey& key, const GroupConfig& config, uint64_t needed) {
@@ -85,8 +84,9 @@ absl::Status StateStore::Reserve(const GroupKey& key, const GroupConfig& config,
   }
   if (needed == UINT64_MAX || host_bytes_ + needed > max_host_bytes_) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("group '", key.name, "' needs ", HostBytesFor(config.num_elements),
-                     " bytes of host memory (", kStateBytesPerElement, " per element) but only ",
+        absl::StrCat("group '", key.name, "' needs ", HostBytesFor(config),
+                     " bytes of host memory (", StateBytesPerElement(config),
+                     " per element) but only ",
                      max_host_bytes_ - host_bytes_, " of --max_host_bytes=", max_host_bytes_,
                      " are free; delete groups or raise --max_host_bytes"));
   }

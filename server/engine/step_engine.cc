@@ -83,7 +83,19 @@ absl::StatusOr<ValidatedChunk> StepEngine::Validate(const StepChunk& chunk, Valu
 
   AdamWStepInputs inputs;
   inputs.hyperparameters = group.config().hyperparameters;
-  if (chunk.lr.has_value()) inputs.hyperparameters.lr = *chunk.lr;
+  AdamWHyperparameters& h = inputs.hyperparameters;
+  if (chunk.lr.has_value()) h.lr = *chunk.lr;
+  if (chunk.maximize.has_value()) h.maximize = *chunk.maximize;
+  if (chunk.beta1 || chunk.beta2 || chunk.eps || chunk.weight_decay) {
+    h.beta1 = chunk.beta1.value_or(h.beta1);
+    h.beta2 = chunk.beta2.value_or(h.beta2);
+    h.eps = chunk.eps.value_or(h.eps);
+    h.weight_decay = chunk.weight_decay.value_or(h.weight_decay);
+    if (absl::Status s = ValidateHyperparameters(h); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("this step's hyperparameters: ", s.message()));
+    }
+  }
   inputs.step = chunk.step;
   inputs.grad_scale = chunk.grad_scale.value_or(1.0f);
   if (!std::isfinite(inputs.hyperparameters.lr) || inputs.hyperparameters.lr < 0) {

@@ -32,7 +32,15 @@ struct StepChunk {
   uint64_t group_elements = 0;
   WireType gradient_type = WireType::kFloat32;
   SegmentedBytes gradient;
+  // This step's hyperparameters where they differ from the group's
+  // registered ones (torch reads them from param_groups at every step);
+  // unset: the group's.
   std::optional<double> lr;
+  std::optional<double> beta1;
+  std::optional<double> beta2;
+  std::optional<double> eps;
+  std::optional<double> weight_decay;
+  std::optional<bool> maximize;
   std::optional<float> grad_scale;
   WireType param_type = WireType::kFloat32;
   // kStreaming when the params go to another process's memory (a

@@ -13,10 +13,13 @@ struct AdamWHyperparameters {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 1e-2;
+  bool maximize = false;  // Step along the gradient: torch's `grad = -grad`.
+  // The denominator takes max(max_exp_avg_sq, exp_avg_sq), kept per element.
+  bool amsgrad = false;
 
   bool operator==(const AdamWHyperparameters& o) const {
     return lr == o.lr && beta1 == o.beta1 && beta2 == o.beta2 && eps == o.eps &&
-           weight_decay == o.weight_decay;
+           weight_decay == o.weight_decay && maximize == o.maximize && amsgrad == o.amsgrad;
   }
 };
 

@@ -26,24 +26,32 @@ AdamWConstants ComputeAdamWConstants(const AdamWStepInputs& inputs) {
   c.neg_step_size = static_cast<float>(-(h.lr / bias_correction1));
   c.bias_correction2_sqrt = static_cast<float>(std::pow(bias_correction2, 0.5));
   c.eps = static_cast<float>(h.eps);
-  c.grad_scale = inputs.grad_scale;
+  // maximize is torch's `grad = -grad`, folded into the scale: negation is
+  // exact, so g * -scale is -(g * scale) bit for bit.
+  c.grad_scale = h.maximize ? -inputs.grad_scale : inputs.grad_scale;
   return c;
 }
 
 namespace kernel_internal {
 
-void AdamWRangeScalar(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
-                      WireType grad_type, size_t begin, size_t end) {
+void AdamWRangeScalar(const AdamWConstants& c, float* p, float* m, float* v, float* vmax,
+                      const void* grad, WireType grad_type, size_t begin, size_t end) {
+  if (vmax == nullptr) {
+    for (size_t i = begin; i < end; ++i) {
+      AdamWElement(c, p[i], m[i], v[i], nullptr, LoadGradient(grad, grad_type, i));
+    }
+    return;
+  }
   for (size_t i = begin; i < end; ++i) {
-    AdamWElement(c, p[i], m[i], v[i], LoadGradient(grad, grad_type, i));
+    AdamWElement(c, p[i], m[i], v[i], vmax + i, LoadGradient(grad, grad_type, i));
   }
 }
 
 void UpdateAndEncodeOutside(const VectorSpan& span, const AdamWConstants& c, float* p, float* m,
-                            float* v, const void* grad, WireType grad_type, size_t count,
-                            void* params_out, WireType params_type) {
-  AdamWRangeScalar(c, p, m, v, grad, grad_type, 0, span.begin);
-  AdamWRangeScalar(c, p, m, v, grad, grad_type, span.end, count);
+                            float* v, float* vmax, const void* grad, WireType grad_type,
+                            size_t count, void* params_out, WireType params_type) {
+  AdamWRangeScalar(c, p, m, v, vmax, grad, grad_type, 0, span.begin);
+  AdamWRangeScalar(c, p, m, v, vmax, grad, grad_type, span.end, count);
   if (params_out == nullptr) return;
   auto* out = static_cast<unsigned char*>(params_out);
   const size_t size = WireTypeSize(params_type);
@@ -74,8 +82,8 @@ size_t FindNonFiniteScalarFrom(const void* grad, WireType grad_type, size_t begi
 }  // namespace kernel_internal
 
 void AdamWUpdateScalar(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
-                       WireType grad_type, size_t count) {
-  kernel_internal::AdamWRangeScalar(c, p, m, v, grad, grad_type, 0, count);
+                       WireType grad_type, size_t count, float* max_exp_avg_sq) {
+  kernel_internal::AdamWRangeScalar(c, p, m, v, max_exp_avg_sq, grad, grad_type, 0, count);
 }
 
 namespace {
@@ -92,12 +100,12 @@ KernelIsa WidestKernelIsa() {
 #if defined(__x86_64__)
 // The AVX-512 path: its vector span, the rest (and their params) scalar.
 void AdamWUpdateAndEncodeAvx512(const AdamWConstants& c, float* p, float* m, float* v,
-                                const void* grad, WireType grad_type, size_t count,
+                                float* vmax, const void* grad, WireType grad_type, size_t count,
                                 void* params_out, WireType params_type, ParamsStore store) {
   const kernel_internal::VectorSpan span = kernel_internal::AdamWUpdateVectorsAvx512(
-      c, p, m, v, grad, grad_type, count, params_out, params_type, store);
-  kernel_internal::UpdateAndEncodeOutside(span, c, p, m, v, grad, grad_type, count, params_out,
-                                          params_type);
+      c, p, m, v, vmax, grad, grad_type, count, params_out, params_type, store);
+  kernel_internal::UpdateAndEncodeOutside(span, c, p, m, v, vmax, grad, grad_type, count,
+                                          params_out, params_type);
 }
 #endif
 
@@ -157,44 +165,44 @@ const char* KernelIsaName(KernelIsa isa) {
 }
 
 void AdamWUpdateOn(KernelIsa isa, const AdamWConstants& c, float* p, float* m, float* v,
-                   const void* grad, WireType grad_type, size_t count) {
+                   const void* grad, WireType grad_type, size_t count, float* max_exp_avg_sq) {
   switch (isa) {
 #if defined(__x86_64__)
     case KernelIsa::kAvx512:
-      AdamWUpdateAndEncodeAvx512(c, p, m, v, grad, grad_type, count, nullptr, WireType::kFloat32,
-                                 ParamsStore::kCached);
+      AdamWUpdateAndEncodeAvx512(c, p, m, v, max_exp_avg_sq, grad, grad_type, count, nullptr,
+                                 WireType::kFloat32, ParamsStore::kCached);
       return;
     case KernelIsa::kAvx2:
-      kernel_internal::AdamWUpdateAvx2(c, p, m, v, grad, grad_type, count);
+      kernel_internal::AdamWUpdateAvx2(c, p, m, v, max_exp_avg_sq, grad, grad_type, count);
       return;
 #endif
     default:
-      AdamWUpdateScalar(c, p, m, v, grad, grad_type, count);
+      AdamWUpdateScalar(c, p, m, v, grad, grad_type, count, max_exp_avg_sq);
       return;
   }
 }
 
 void AdamWUpdateAndEncodeOn(KernelIsa isa, const AdamWConstants& c, float* p, float* m, float* v,
                             const void* grad, WireType grad_type, size_t count, void* params_out,
-                            WireType params_type, ParamsStore store) {
+                            WireType params_type, ParamsStore store, float* max_exp_avg_sq) {
   // Float16 params are narrowed by EncodeFromFloat (its NaN rule is not
   // F16C's), after the update, on every path.
 #if defined(__x86_64__)
   if (params_type != WireType::kFloat16) {
     if (isa == KernelIsa::kAvx512) {
-      AdamWUpdateAndEncodeAvx512(c, p, m, v, grad, grad_type, count, params_out, params_type,
-                                 store);
+      AdamWUpdateAndEncodeAvx512(c, p, m, v, max_exp_avg_sq, grad, grad_type, count, params_out,
+                                 params_type, store);
       return;
     }
     if (isa == KernelIsa::kAvx2 &&
-        kernel_internal::AdamWUpdateAndEncodeAvx2(c, p, m, v, grad, grad_type, count, params_out,
-                                                  params_type, store)) {
+        kernel_internal::AdamWUpdateAndEncodeAvx2(c, p, m, v, max_exp_avg_sq, grad, grad_type,
+                                                  count, params_out, params_type, store)) {
       return;
     }
   }
 #endif
   (void)store;  // The scalar path has plain stores only.
-  AdamWUpdateOn(isa, c, p, m, v, grad, grad_type, count);
+  AdamWUpdateOn(isa, c, p, m, v, grad, grad_type, count, max_exp_avg_sq);
   EncodeFromFloat(params_type, p, params_out, count);
 }
 
@@ -219,15 +227,15 @@ size_t FindNonFiniteGradientOn(KernelIsa isa, const void* grad, WireType grad_ty
 }
 
 void AdamWUpdate(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
-                 WireType grad_type, size_t count) {
-  AdamWUpdateOn(AdamWKernelIsa(), c, p, m, v, grad, grad_type, count);
+                 WireType grad_type, size_t count, float* max_exp_avg_sq) {
+  AdamWUpdateOn(AdamWKernelIsa(), c, p, m, v, grad, grad_type, count, max_exp_avg_sq);
 }
 
 void AdamWUpdateAndEncode(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
                           WireType grad_type, size_t count, void* params_out, WireType params_type,
-                          ParamsStore store) {
+                          ParamsStore store, float* max_exp_avg_sq) {
   AdamWUpdateAndEncodeOn(AdamWKernelIsa(), c, p, m, v, grad, grad_type, count, params_out,
-                         params_type, store);
+                         params_type, store, max_exp_avg_sq);
 }
 
 size_t FindNonFiniteGradient(const void* grad, WireType grad_type, size_t count, float grad_scale) {

@@ -24,12 +24,13 @@ struct AdamWStepInputs {
 // The update is torch.optim.AdamW's default CPU step (torch >= 2.0,
 // single-tensor path), operation for operation, each op rounded to fp32 as
 // torch's fp32 kernels round it:
-//   g  = grad * grad_scale
+//   g  = grad * grad_scale                           (grad = -grad with maximize)
 //   p  = p * decay                                   param.mul_(1 - lr*wd)
 //   m  = fma(lerp_coefficient, g - m, small ? m : g)  exp_avg.lerp_(grad, 1-beta1)
 //   v  = fma(one_minus_beta2 * g, g, v * beta2)      exp_avg_sq.mul_(beta2)
 //                                                      .addcmul_(grad, grad, 1-beta2)
-//   d  = sqrt(v) / bias_correction2_sqrt + eps       (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)
+//   u  = amsgrad ? (vmax = max(vmax, v)) : v         torch.maximum(max_exp_avg_sq, exp_avg_sq)
+//   d  = sqrt(u) / bias_correction2_sqrt + eps       (u.sqrt() / bc2_sqrt).add_(eps)
 //   p  = p + (neg_step_size * m) / d                 param.addcdiv_(exp_avg, d, -step_size)
 // (lerp: fma(w, end - start, start) for |w| < 0.5, fma(w - 1, end - start,
 // end) otherwise, as torch's vectorized lerp.) The scalars are computed in
@@ -47,7 +48,7 @@ struct AdamWConstants {
   float neg_step_size;
   float bias_correction2_sqrt;
   float eps;
-  float grad_scale;
+  float grad_scale;  // The step's grad_scale, negated for maximize.
 };
 
 AdamWConstants ComputeAdamWConstants(const AdamWStepInputs& inputs);
@@ -83,10 +84,12 @@ bool ParseKernelIsa(absl::string_view name, KernelIsa* isa);
 
 // Applies one AdamW step to `count` elements. `grad` points at `count`
 // elements of `grad_type`, at any alignment. p, m and v are updated in place.
-// Uses AdamWKernelIsa(); the result is bit-identical to AdamWUpdateScalar for
-// every input.
+// With amsgrad, `max_exp_avg_sq` (count elements, else null) is updated to
+// max(max_exp_avg_sq, v) and the denominator takes it instead of v, as
+// torch's `amsgrad=True`. Uses AdamWKernelIsa(); the result is bit-identical
+// to AdamWUpdateScalar for every input.
 void AdamWUpdate(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
-                 WireType grad_type, size_t count);
+                 WireType grad_type, size_t count, float* max_exp_avg_sq = nullptr);
 
 // How AdamWUpdateAndEncode stores the params it writes. The bytes are the
 // same either way.
@@ -111,11 +114,12 @@ enum class ParamsStore {
 // again.
 void AdamWUpdateAndEncode(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
                           WireType grad_type, size_t count, void* params_out, WireType params_type,
-                          ParamsStore store = ParamsStore::kCached);
+                          ParamsStore store = ParamsStore::kCached,
+                          float* max_exp_avg_sq = nullptr);
 
 // The portable path: the same formula, one element at a time.
 void AdamWUpdateScalar(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
-                       WireType grad_type, size_t count);
+                       WireType grad_type, size_t count, float* max_exp_avg_sq = nullptr);
 
 // Index of the first element whose scaled gradient (grad * grad_scale) is
 // not finite, or `count` when all are finite.
@@ -124,10 +128,12 @@ size_t FindNonFiniteGradient(const void* grad, WireType grad_type, size_t count,
 // The three calls above on a path the caller names, which must be one of
 // SupportedKernelIsas(): for the tests and benchmarks that compare paths.
 void AdamWUpdateOn(KernelIsa isa, const AdamWConstants& c, float* p, float* m, float* v,
-                   const void* grad, WireType grad_type, size_t count);
+                   const void* grad, WireType grad_type, size_t count,
+                   float* max_exp_avg_sq = nullptr);
 void AdamWUpdateAndEncodeOn(KernelIsa isa, const AdamWConstants& c, float* p, float* m, float* v,
                             const void* grad, WireType grad_type, size_t count, void* params_out,
-                            WireType params_type, ParamsStore store);
+                            WireType params_type, ParamsStore store,
+                            float* max_exp_avg_sq = nullptr);
 size_t FindNonFiniteGradientOn(KernelIsa isa, const void* grad, WireType grad_type, size_t count,
                                float grad_scale);
 

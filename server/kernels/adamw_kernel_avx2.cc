@@ -34,10 +34,11 @@ OPTSTATE_AVX2 inline __m256 LoadGradient8(const unsigned char* grad, WireType ty
 // Where UpdateLoop also writes each updated param: nowhere, or narrowed.
 enum class ParamsOut { kNone, kFloat32, kBFloat16 };
 
-template <WireType kType, ParamsOut kOut = ParamsOut::kNone, bool kStream = false>
-OPTSTATE_AVX2 void UpdateLoop(const AdamWConstants& c, float* p, float* m, float* v,
+// kAmsgrad: vmax (max_exp_avg_sq) is kept and the denominator takes it.
+template <WireType kType, ParamsOut kOut, bool kStream, bool kAmsgrad>
+OPTSTATE_AVX2 void UpdateLoop(const AdamWConstants& c, float* p, float* m, float* v, float* vmax,
                               const unsigned char* grad, size_t vector_end,
-                              unsigned char* params_out = nullptr) {
+                              unsigned char* params_out) {
   const __m256 grad_scale = _mm256_set1_ps(c.grad_scale);
   const __m256 decay = _mm256_set1_ps(c.decay);
   const __m256 lerp_coefficient = _mm256_set1_ps(c.lerp_coefficient);
@@ -56,8 +57,14 @@ OPTSTATE_AVX2 void UpdateLoop(const AdamWConstants& c, float* p, float* m, float
                                       _mm256_blendv_ps(m_old, g, lerp_from_gradient));
     const __m256 vv = _mm256_fmadd_ps(_mm256_mul_ps(one_minus_beta2, g), g,
                                       _mm256_mul_ps(_mm256_loadu_ps(v + i), beta2));
+    __m256 second = vv;
+    if constexpr (kAmsgrad) {
+      // max(a, b) is a > b ? a : b: AdamWElement's `v > vmax`.
+      second = _mm256_max_ps(vv, _mm256_loadu_ps(vmax + i));
+      _mm256_storeu_ps(vmax + i, second);
+    }
     const __m256 denom =
-        _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), bias_correction2_sqrt), eps);
+        _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(second), bias_correction2_sqrt), eps);
     pv = _mm256_add_ps(pv, _mm256_div_ps(_mm256_mul_ps(neg_step_size, mv), denom));
     _mm256_storeu_ps(m + i, mv);
     _mm256_storeu_ps(v + i, vv);
@@ -80,10 +87,16 @@ OPTSTATE_AVX2 void UpdateLoop(const AdamWConstants& c, float* p, float* m, float
 
 template <ParamsOut kOut, bool kStream = false>
 OPTSTATE_AVX2 void UpdateLoopFor(WireType grad_type, const AdamWConstants& c, float* p, float* m,
-                                 float* v, const unsigned char* grad, size_t vector_end,
-                                 unsigned char* params_out) {
+                                 float* v, float* vmax, const unsigned char* grad,
+                                 size_t vector_end, unsigned char* params_out) {
   WithGradientType(grad_type, [&](auto type) {
-    UpdateLoop<decltype(type)::value, kOut, kStream>(c, p, m, v, grad, vector_end, params_out);
+    if (vmax != nullptr) {
+      UpdateLoop<decltype(type)::value, kOut, kStream, true>(c, p, m, v, vmax, grad, vector_end,
+                                                             params_out);
+    } else {
+      UpdateLoop<decltype(type)::value, kOut, kStream, false>(c, p, m, v, nullptr, grad,
+                                                              vector_end, params_out);
+    }
   });
 }
 
@@ -133,11 +146,12 @@ OPTSTATE_AVX2 size_t FindNonFiniteGradientAvx2(const void* grad, WireType grad_t
 }
 
 OPTSTATE_AVX2 void AdamWUpdateAvx2(const AdamWConstants& c, float* p, float* m, float* v,
-                                   const void* grad, WireType grad_type, size_t count) {
+                                   float* vmax, const void* grad, WireType grad_type,
+                                   size_t count) {
   const auto* bytes = static_cast<const unsigned char*>(grad);
   const size_t vector_end = count - count % 8;
-  UpdateLoopFor<ParamsOut::kNone>(grad_type, c, p, m, v, bytes, vector_end, nullptr);
-  AdamWRangeScalar(c, p, m, v, grad, grad_type, vector_end, count);
+  UpdateLoopFor<ParamsOut::kNone>(grad_type, c, p, m, v, vmax, bytes, vector_end, nullptr);
+  AdamWRangeScalar(c, p, m, v, vmax, grad, grad_type, vector_end, count);
 }
 
 namespace {
@@ -148,7 +162,7 @@ namespace {
 // False when params_out is not aligned to its element.
 template <ParamsOut kOut>
 OPTSTATE_AVX2 bool StreamingUpdateAndEncode(const AdamWConstants& c, float* p, float* m, float* v,
-                                            const unsigned char* grad, WireType grad_type,
+                                            float* vmax, const unsigned char* grad, WireType grad_type,
                                             size_t count, unsigned char* out,
                                             WireType params_type) {
   const size_t size = WireTypeSize(params_type);
@@ -157,14 +171,15 @@ OPTSTATE_AVX2 bool StreamingUpdateAndEncode(const AdamWConstants& c, float* p, f
   if (address % size != 0) return false;
   const size_t head = std::min(count, (width - address % width) % width / size);
   const size_t grad_size = WireTypeSize(grad_type);
-  AdamWRangeScalar(c, p, m, v, grad, grad_type, 0, head);
+  AdamWRangeScalar(c, p, m, v, vmax, grad, grad_type, 0, head);
   EncodeFromFloat(params_type, p, out, head);
   const size_t vector_end = head + (count - head) / 8 * 8;
   UpdateLoopFor<kOut, /*kStream=*/true>(grad_type, c, p + head, m + head, v + head,
+                                        vmax == nullptr ? nullptr : vmax + head,
                                         grad + head * grad_size, vector_end - head,
                                         out + head * size);
   _mm_sfence();
-  AdamWRangeScalar(c, p, m, v, grad, grad_type, vector_end, count);
+  AdamWRangeScalar(c, p, m, v, vmax, grad, grad_type, vector_end, count);
   EncodeFromFloat(params_type, p + vector_end, out + vector_end * size, count - vector_end);
   return true;
 }
@@ -172,35 +187,35 @@ OPTSTATE_AVX2 bool StreamingUpdateAndEncode(const AdamWConstants& c, float* p, f
 }  // namespace
 
 OPTSTATE_AVX2 bool AdamWUpdateAndEncodeAvx2(const AdamWConstants& c, float* p, float* m, float* v,
-                                            const void* grad, WireType grad_type, size_t count,
+                                            float* vmax, const void* grad, WireType grad_type, size_t count,
                                             void* params_out, WireType params_type,
                                             ParamsStore store) {
   const auto* bytes = static_cast<const unsigned char*>(grad);
   auto* out = static_cast<unsigned char*>(params_out);
   if (store == ParamsStore::kStreaming) {
     if (params_type == WireType::kFloat32 &&
-        StreamingUpdateAndEncode<ParamsOut::kFloat32>(c, p, m, v, bytes, grad_type, count, out,
-                                                      params_type)) {
+        StreamingUpdateAndEncode<ParamsOut::kFloat32>(c, p, m, v, vmax, bytes, grad_type, count,
+                                                      out, params_type)) {
       return true;
     }
     if (params_type == WireType::kBFloat16 &&
-        StreamingUpdateAndEncode<ParamsOut::kBFloat16>(c, p, m, v, bytes, grad_type, count, out,
-                                                       params_type)) {
+        StreamingUpdateAndEncode<ParamsOut::kBFloat16>(c, p, m, v, vmax, bytes, grad_type, count,
+                                                       out, params_type)) {
       return true;
     }
   }
   const size_t vector_end = count - count % 8;
   switch (params_type) {
     case WireType::kFloat32:
-      UpdateLoopFor<ParamsOut::kFloat32>(grad_type, c, p, m, v, bytes, vector_end, out);
+      UpdateLoopFor<ParamsOut::kFloat32>(grad_type, c, p, m, v, vmax, bytes, vector_end, out);
       break;
     case WireType::kBFloat16:
-      UpdateLoopFor<ParamsOut::kBFloat16>(grad_type, c, p, m, v, bytes, vector_end, out);
+      UpdateLoopFor<ParamsOut::kBFloat16>(grad_type, c, p, m, v, vmax, bytes, vector_end, out);
       break;
     case WireType::kFloat16:
       return false;  // Narrowed by EncodeFromFloat (its NaN rule is not F16C's).
   }
-  AdamWRangeScalar(c, p, m, v, grad, grad_type, vector_end, count);
+  AdamWRangeScalar(c, p, m, v, vmax, grad, grad_type, vector_end, count);
   EncodeFromFloat(params_type, p + vector_end, out + vector_end * WireTypeSize(params_type),
                   count - vector_end);
   return true;

@@ -58,9 +58,10 @@ OPTSTATE_AVX512 inline __m256i FloatToBFloat16x16(__m512 values) {
 // Where UpdateLoop also writes each updated param: nowhere, or narrowed.
 enum class ParamsOut { kNone, kFloat32, kBFloat16 };
 
-template <WireType kType, ParamsOut kOut, bool kStream>
+// kAmsgrad: vmax (max_exp_avg_sq) is kept and the denominator takes it.
+template <WireType kType, ParamsOut kOut, bool kStream, bool kAmsgrad>
 OPTSTATE_AVX512 void UpdateLoop(const AdamWConstants& c, float* p, float* m, float* v,
-                                const unsigned char* grad, size_t vector_end,
+                                float* vmax, const unsigned char* grad, size_t vector_end,
                                 unsigned char* params_out) {
   const __m512 grad_scale = _mm512_set1_ps(c.grad_scale);
   const __m512 decay = _mm512_set1_ps(c.decay);
@@ -79,8 +80,14 @@ OPTSTATE_AVX512 void UpdateLoop(const AdamWConstants& c, float* p, float* m, flo
                                       _mm512_mask_blend_ps(lerp_from_gradient, m_old, g));
     const __m512 vv = _mm512_fmadd_ps(_mm512_mul_ps(one_minus_beta2, g), g,
                                       _mm512_mul_ps(_mm512_loadu_ps(v + i), beta2));
+    __m512 second = vv;
+    if constexpr (kAmsgrad) {
+      // max(a, b) is a > b ? a : b: AdamWElement's `v > vmax`.
+      second = _mm512_max_ps(vv, _mm512_loadu_ps(vmax + i));
+      _mm512_storeu_ps(vmax + i, second);
+    }
     const __m512 denom =
-        _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), bias_correction2_sqrt), eps);
+        _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(second), bias_correction2_sqrt), eps);
     pv = _mm512_add_ps(pv, _mm512_div_ps(_mm512_mul_ps(neg_step_size, mv), denom));
     _mm512_storeu_ps(m + i, mv);
     _mm512_storeu_ps(v + i, vv);
@@ -101,10 +108,16 @@ OPTSTATE_AVX512 void UpdateLoop(const AdamWConstants& c, float* p, float* m, flo
 
 template <ParamsOut kOut, bool kStream>
 OPTSTATE_AVX512 void UpdateLoopFor(WireType grad_type, const AdamWConstants& c, float* p, float* m,
-                                   float* v, const unsigned char* grad, size_t vector_end,
-                                   unsigned char* params_out) {
+                                   float* v, float* vmax, const unsigned char* grad,
+                                   size_t vector_end, unsigned char* params_out) {
   WithGradientType(grad_type, [&](auto type) {
-    UpdateLoop<decltype(type)::value, kOut, kStream>(c, p, m, v, grad, vector_end, params_out);
+    if (vmax != nullptr) {
+      UpdateLoop<decltype(type)::value, kOut, kStream, true>(c, p, m, v, vmax, grad, vector_end,
+                                                             params_out);
+    } else {
+      UpdateLoop<decltype(type)::value, kOut, kStream, false>(c, p, m, v, nullptr, grad,
+                                                              vector_end, params_out);
+    }
   });
 }
 
@@ -146,7 +159,8 @@ inline size_t StreamingHead(uintptr_t out, size_t size, size_t width, size_t cou
 
 template <ParamsOut kOut>
 OPTSTATE_AVX512 VectorSpan UpdateSpan(const AdamWConstants& c, float* p, float* m, float* v,
-                                      const unsigned char* grad, WireType grad_type, size_t count,
+                                      float* vmax, const unsigned char* grad,
+                                      WireType grad_type, size_t count,
                                       unsigned char* out, size_t out_size, bool stream) {
   size_t begin = 0;
   if (stream) {
@@ -158,29 +172,32 @@ OPTSTATE_AVX512 VectorSpan UpdateSpan(const AdamWConstants& c, float* p, float* 
   float* const ps = p + begin;
   float* const ms = m + begin;
   float* const vs = v + begin;
+  float* const vmaxs = vmax == nullptr ? nullptr : vmax + begin;
   const unsigned char* const gs = grad + begin * grad_size;
   unsigned char* const os = out == nullptr ? nullptr : out + begin * out_size;
   if constexpr (kOut != ParamsOut::kNone) {  // Without params out, nothing to stream.
     if (stream) {
-      UpdateLoopFor<kOut, true>(grad_type, c, ps, ms, vs, gs, end - begin, os);
+      UpdateLoopFor<kOut, true>(grad_type, c, ps, ms, vs, vmaxs, gs, end - begin, os);
       _mm_sfence();
       return {begin, end};
     }
   }
-  UpdateLoopFor<kOut, false>(grad_type, c, ps, ms, vs, gs, end - begin, os);
+  UpdateLoopFor<kOut, false>(grad_type, c, ps, ms, vs, vmaxs, gs, end - begin, os);
   return {begin, end};
 }
 
 }  // namespace
 
 OPTSTATE_AVX512 VectorSpan AdamWUpdateVectorsAvx512(const AdamWConstants& c, float* p, float* m,
-                                                    float* v, const void* grad, WireType grad_type,
-                                                    size_t count, void* params_out,
-                                                    WireType params_type, ParamsStore store) {
+                                                    float* v, float* vmax, const void* grad,
+                                                    WireType grad_type, size_t count,
+                                                    void* params_out, WireType params_type,
+                                                    ParamsStore store) {
   const auto* bytes = static_cast<const unsigned char*>(grad);
   auto* out = static_cast<unsigned char*>(params_out);
   if (out == nullptr) {
-    return UpdateSpan<ParamsOut::kNone>(c, p, m, v, bytes, grad_type, count, nullptr, 0, false);
+    return UpdateSpan<ParamsOut::kNone>(c, p, m, v, vmax, bytes, grad_type, count, nullptr, 0,
+                                        false);
   }
   const size_t size = WireTypeSize(params_type);
   // Streaming stores only where `out` is aligned to its element (else no
@@ -189,11 +206,11 @@ OPTSTATE_AVX512 VectorSpan AdamWUpdateVectorsAvx512(const AdamWConstants& c, flo
       store == ParamsStore::kStreaming && reinterpret_cast<uintptr_t>(out) % size == 0;
   switch (params_type) {
     case WireType::kFloat32:
-      return UpdateSpan<ParamsOut::kFloat32>(c, p, m, v, bytes, grad_type, count, out, size,
+      return UpdateSpan<ParamsOut::kFloat32>(c, p, m, v, vmax, bytes, grad_type, count, out, size,
                                              stream);
     case WireType::kBFloat16:
-      return UpdateSpan<ParamsOut::kBFloat16>(c, p, m, v, bytes, grad_type, count, out, size,
-                                              stream);
+      return UpdateSpan<ParamsOut::kBFloat16>(c, p, m, v, vmax, bytes, grad_type, count, out,
+                                              size, stream);
     case WireType::kFloat16:
       break;  // Narrowed by EncodeFromFloat (its NaN rule is not F16C's).
   }

@@ -27,17 +27,27 @@ inline float LoadGradient(const void* grad, WireType type, size_t i) {
 // Every operation is a separately rounded IEEE op or an explicit fused
 // multiply-add (the kernel files are built with -ffp-contract=off), in the
 // order of AdamWConstants' contract, which the vector paths follow too.
-inline void AdamWElement(const AdamWConstants& c, float& p, float& m, float& v, float g) {
+// With amsgrad (`vmax` not null), *vmax = max(*vmax, v) and the
+// denominator takes it: torch's torch.maximum(max_exp_avg_sq, exp_avg_sq,
+// out=max_exp_avg_sq) before max_exp_avg_sq.sqrt().
+inline void AdamWElement(const AdamWConstants& c, float& p, float& m, float& v, float* vmax,
+                         float g) {
   g = g * c.grad_scale;
   p = p * c.decay;
   m = std::fma(c.lerp_coefficient, g - m, c.lerp_from_gradient ? g : m);
   v = std::fma(c.one_minus_beta2 * g, g, v * c.beta2);
-  const float denom = std::sqrt(v) / c.bias_correction2_sqrt + c.eps;
+  float second = v;
+  if (vmax != nullptr) {
+    if (v > *vmax) *vmax = v;
+    second = *vmax;
+  }
+  const float denom = std::sqrt(second) / c.bias_correction2_sqrt + c.eps;
   p = p + (c.neg_step_size * m) / denom;
 }
 
-void AdamWRangeScalar(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
-                      WireType grad_type, size_t begin, size_t end);
+// `vmax`: max_exp_avg_sq, indexed as p (amsgrad), or null.
+void AdamWRangeScalar(const AdamWConstants& c, float* p, float* m, float* v, float* vmax,
+                      const void* grad, WireType grad_type, size_t begin, size_t end);
 
 // Calls fn(std::integral_constant<WireType, type>()) for the run-time `type`
 // and returns what it returns: how a vector path turns a gradient's type
@@ -56,13 +66,13 @@ inline auto WithGradientType(WireType type, Fn&& fn) {
 }
 
 // AVX2 + F16C + FMA path; defined only on x86-64.
-void AdamWUpdateAvx2(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
-                     WireType grad_type, size_t count);
+void AdamWUpdateAvx2(const AdamWConstants& c, float* p, float* m, float* v, float* vmax,
+                     const void* grad, WireType grad_type, size_t count);
 
 // AdamWUpdateAndEncode's AVX2 path; false (nothing done) for a params type
 // it does not narrow itself (float16).
 bool AdamWUpdateAndEncodeAvx2(const AdamWConstants& c, float* p, float* m, float* v,
-                              const void* grad, WireType grad_type, size_t count, void* params_out,
+                              float* vmax, const void* grad, WireType grad_type, size_t count, void* params_out,
                               WireType params_type, ParamsStore store);
 
 // FindNonFiniteGradient's AVX2 path, with the same answer for every input.
@@ -81,7 +91,7 @@ struct VectorSpan {
 // params narrowed into params_out (EncodeFromFloat); the span's are not
 // touched.
 void UpdateAndEncodeOutside(const VectorSpan& span, const AdamWConstants& c, float* p, float* m,
-                            float* v, const void* grad, WireType grad_type, size_t count,
+                            float* v, float* vmax, const void* grad, WireType grad_type, size_t count,
                             void* params_out, WireType params_type);
 
 // FindNonFiniteGradient's scalar path over [begin, count): the index of the
@@ -96,6 +106,7 @@ size_t FindNonFiniteScalarFrom(const void* grad, WireType grad_type, size_t begi
 // done ({0, 0}), as AVX2's path. Ends with a store fence after streaming
 // stores. Defined only on x86-64; a leaf function (it calls nothing).
 VectorSpan AdamWUpdateVectorsAvx512(const AdamWConstants& c, float* p, float* m, float* v,
+                                    float* vmax,
                                     const void* grad, WireType grad_type, size_t count,
                                     void* params_out, WireType params_type, ParamsStore store);
 

@@ -176,13 +176,19 @@ void ExportReactor::WriteNext() {
       chunk->set_offset(pages_.begin);
       chunk->set_data(pages_.exp_avg.data(), count * sizeof(float));
       break;
-    default:
+    case 4:
       chunk->set_tensor(v1::STATE_TENSOR_EXP_AVG_SQ);
       chunk->set_offset(pages_.begin);
       chunk->set_data(pages_.exp_avg_sq.data(), count * sizeof(float));
       break;
+    default:  // An amsgrad group's fifth tensor.
+      chunk->set_tensor(v1::STATE_TENSOR_MAX_EXP_AVG_SQ);
+      chunk->set_offset(pages_.begin);
+      chunk->set_data(pages_.max_exp_avg_sq.data(), count * sizeof(float));
+      break;
   }
-  next_tensor_ = next_tensor_ == 4 ? 0 : next_tensor_ + 1;
+  const int last_tensor = pages_.max_exp_avg_sq.empty() ? 4 : 5;
+  next_tensor_ = next_tensor_ == last_tensor ? 0 : next_tensor_ + 1;
   Write();
 }
 

@@ -58,7 +58,8 @@ class ExportReactor : public grpc::ServerWriteReactor<v1::ExportStateResponse>,
   std::shared_ptr<Group> group_;
   uint64_t pages_per_run_ = 1;
   uint64_t next_page_ = 0;  // First page not yet captured.
-  int next_tensor_ = 0;     // Of pages_: 0 (capture anew), 1 steps, 2 params, 3 m, 4 v.
+  // Of pages_: 0 (capture anew), 1 steps, 2 params, 3 m, 4 v, 5 max_exp_avg_sq (amsgrad).
+  int next_tensor_ = 0;
   CapturedPages pages_;
   v1::ExportStateResponse response_;
 

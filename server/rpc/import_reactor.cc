@@ -17,11 +17,13 @@ absl::StatusOr<StateTensor> TensorFromProto(v1::StateTensor tensor) {
       return StateTensor::kExpAvgSq;
     case v1::STATE_TENSOR_PAGE_STEPS:
       return StateTensor::kPageSteps;
+    case v1::STATE_TENSOR_MAX_EXP_AVG_SQ:
+      return StateTensor::kMaxExpAvgSq;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("chunk.tensor ", static_cast<int>(tensor),
                        " is not a tensor of the state; use STATE_TENSOR_PARAMS, _EXP_AVG, "
-                       "_EXP_AVG_SQ or _PAGE_STEPS"));
+                       "_EXP_AVG_SQ, _PAGE_STEPS or _MAX_EXP_AVG_SQ"));
   }
 }
 

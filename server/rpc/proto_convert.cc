@@ -28,6 +28,8 @@ absl::StatusOr<AdamWHyperparameters> HyperparametersFromProto(
   if (proto.has_beta2()) h.beta2 = proto.beta2();
   if (proto.has_eps()) h.eps = proto.eps();
   if (proto.has_weight_decay()) h.weight_decay = proto.weight_decay();
+  if (proto.has_maximize()) h.maximize = proto.maximize();
+  if (proto.has_amsgrad()) h.amsgrad = proto.amsgrad();
   return h;
 }
 
@@ -37,6 +39,8 @@ void HyperparametersToProto(const AdamWHyperparameters& h, v1::AdamWHyperparamet
   proto->set_beta2(h.beta2);
   proto->set_eps(h.eps);
   proto->set_weight_decay(h.weight_decay);
+  proto->set_maximize(h.maximize);
+  proto->set_amsgrad(h.amsgrad);
 }
 
 namespace {

@@ -71,6 +71,11 @@ absl::Status ToChunk(const v1::StepRequest& request, const SegmentedBytes& gradi
         "StepRequest.lr (field 11); this client predates it and must be rebuilt");
   }
   if (request.has_lr()) chunk->lr = request.lr();
+  if (request.has_beta1()) chunk->beta1 = request.beta1();
+  if (request.has_beta2()) chunk->beta2 = request.beta2();
+  if (request.has_eps()) chunk->eps = request.eps();
+  if (request.has_weight_decay()) chunk->weight_decay = request.weight_decay();
+  if (request.has_maximize()) chunk->maximize = request.maximize();
   if (request.has_grad_scale()) chunk->grad_scale = request.grad_scale();
   chunk->gradient_type = *gradient_type;
   chunk->param_type = *param_type;

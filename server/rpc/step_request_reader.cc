@@ -28,6 +28,11 @@ constexpr uint32_t kStepTag = WireTag(v1::StepRequest::kStepFieldNumber, kVarint
 constexpr uint32_t kOffsetTag = WireTag(v1::StepRequest::kOffsetFieldNumber, kVarint);
 constexpr uint32_t kGradientDtypeTag = WireTag(v1::StepRequest::kGradientDtypeFieldNumber, kVarint);
 constexpr uint32_t kLrTag = WireTag(v1::StepRequest::kLrFieldNumber, kFixed64);
+constexpr uint32_t kBeta1Tag = WireTag(v1::StepRequest::kBeta1FieldNumber, kFixed64);
+constexpr uint32_t kBeta2Tag = WireTag(v1::StepRequest::kBeta2FieldNumber, kFixed64);
+constexpr uint32_t kEpsTag = WireTag(v1::StepRequest::kEpsFieldNumber, kFixed64);
+constexpr uint32_t kWeightDecayTag = WireTag(v1::StepRequest::kWeightDecayFieldNumber, kFixed64);
+constexpr uint32_t kMaximizeTag = WireTag(v1::StepRequest::kMaximizeFieldNumber, kVarint);
 constexpr uint32_t kLrFloat32Tag = WireTag(v1::StepRequest::kLrFloat32FieldNumber, kFixed32);
 constexpr uint32_t kGradScaleTag = WireTag(v1::StepRequest::kGradScaleFieldNumber, kFixed32);
 constexpr uint32_t kParamDtypeTag = WireTag(v1::StepRequest::kParamDtypeFieldNumber, kVarint);
@@ -288,6 +293,23 @@ class RequestScanner {
         fields->set_lr(absl::bit_cast<double>(fixed64));
         return true;
       }
+      case kBeta1Tag:
+      case kBeta2Tag:
+      case kEpsTag:
+      case kWeightDecayTag: {
+        uint64_t fixed64 = 0;
+        if (!input->ReadLittleEndian64(&fixed64)) return false;
+        const double value = absl::bit_cast<double>(fixed64);
+        if (tag == kBeta1Tag) fields->set_beta1(value);
+        if (tag == kBeta2Tag) fields->set_beta2(value);
+        if (tag == kEpsTag) fields->set_eps(value);
+        if (tag == kWeightDecayTag) fields->set_weight_decay(value);
+        return true;
+      }
+      case kMaximizeTag:
+        if (!input->ReadVarint64(&varint)) return false;
+        fields->set_maximize(varint != 0);
+        return true;
       case kLrFloat32Tag:
         if (!input->ReadLittleEndian32(&fixed)) return false;
         fields->set_lr_float32(absl::bit_cast<float>(fixed));

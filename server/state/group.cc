@@ -21,9 +21,12 @@ absl::StatusOr<std::shared_ptr<Group>> Group::Create(GroupKey key, GroupConfig c
   group->params_ = static_cast<float*>(allocator->Allocate(bytes));
   group->exp_avg_ = static_cast<float*>(allocator->Allocate(bytes));
   group->exp_avg_sq_ = static_cast<float*>(allocator->Allocate(bytes));
-  if (group->params_ == nullptr || group->exp_avg_ == nullptr || group->exp_avg_sq_ == nullptr) {
+  const bool amsgrad = config.hyperparameters.amsgrad;
+  if (amsgrad) group->max_exp_avg_sq_ = static_cast<float*>(allocator->Allocate(bytes));
+  if (group->params_ == nullptr || group->exp_avg_ == nullptr || group->exp_avg_sq_ == nullptr ||
+      (amsgrad && group->max_exp_avg_sq_ == nullptr)) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("could not allocate ", HostBytesFor(config.num_elements), " bytes of ",
+        absl::StrCat("could not allocate ", HostBytesFor(config), " bytes of ",
                      allocator->name(), " host memory for group '", group->key().name, "'"));
   }
   return group;
@@ -34,6 +37,7 @@ Group::~Group() {
   if (params_ != nullptr) allocator_->Free(params_, bytes);
   if (exp_avg_ != nullptr) allocator_->Free(exp_avg_, bytes);
   if (exp_avg_sq_ != nullptr) allocator_->Free(exp_avg_sq_, bytes);
+  if (max_exp_avg_sq_ != nullptr) allocator_->Free(max_exp_avg_sq_, bytes);
 }
 
 uint64_t Group::PageEnd(uint64_t page) const {

@@ -1,5 +1,5 @@
 // One parameter group: a named flat fp32 tensor with its AdamW state (params,
-// exp_avg m, exp_avg_sq v) in host memory, divided into fixed pages that each
+// exp_avg m, exp_avg_sq v, and max_exp_avg_sq with amsgrad) in host memory, divided into fixed pages that each
 // record the step they have reached. Its parts by concept: identity
 // (group_key.h), what registration fixes (group_config.h), where it lives
 // (placement.h), per-page steps (page_table.h), counters (group_counters.h).
@@ -29,8 +29,8 @@ namespace optstate {
 // page_mutex(page); page_step() and the counters may be read without it.
 class Group {
  public:
-  // Allocates zeroed params, m and v from `allocator`; RESOURCE_EXHAUSTED if
-  // the memory cannot be had.
+  // Allocates zeroed params, m and v (and max_exp_avg_sq with amsgrad) from
+  // `allocator`; RESOURCE_EXHAUSTED if the memory cannot be had.
   static absl::StatusOr<std::shared_ptr<Group>> Create(GroupKey key, GroupConfig config,
                                                        uint64_t page_elements,
                                                        HostAllocator* allocator);
@@ -44,13 +44,15 @@ class Group {
   uint64_t num_elements() const { return config_.num_elements; }
   uint64_t page_elements() const { return page_elements_; }
   uint64_t num_pages() const { return pages_.num_pages(); }
-  uint64_t host_bytes() const { return HostBytesFor(config_.num_elements); }
+  uint64_t host_bytes() const { return HostBytesFor(config_); }
   uint64_t PageBegin(uint64_t page) const { return page * page_elements_; }
   uint64_t PageEnd(uint64_t page) const;
 
   float* params() const { return params_; }
   float* exp_avg() const { return exp_avg_; }
   float* exp_avg_sq() const { return exp_avg_sq_; }
+  // torch's state['max_exp_avg_sq'] (amsgrad); null without amsgrad.
+  float* max_exp_avg_sq() const { return max_exp_avg_sq_; }
 
   absl::Mutex& page_mutex(uint64_t page) const { return pages_.mutex(page); }
   uint64_t page_step(uint64_t page) const { return pages_.step(page); }
@@ -97,6 +99,7 @@ class Group {
   float* params_ = nullptr;
   float* exp_avg_ = nullptr;
   float* exp_avg_sq_ = nullptr;
+  float* max_exp_avg_sq_ = nullptr;
   mutable PageTable pages_;
   std::atomic<Placement> placement_{Placement::kHost};
   std::atomic<bool> deleted_{false};

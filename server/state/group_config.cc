@@ -14,6 +14,14 @@ std::string ExactText(double x) {
   return std::string(text, result.ptr);
 }
 
+std::string DescribeHyperparameters(const AdamWHyperparameters& h) {
+  return absl::StrCat("lr=", ExactText(h.lr), " beta1=", ExactText(h.beta1),
+                      " beta2=", ExactText(h.beta2), " eps=", ExactText(h.eps),
+                      " weight_decay=", ExactText(h.weight_decay),
+                      " maximize=", h.maximize ? "true" : "false",
+                      " amsgrad=", h.amsgrad ? "true" : "false");
+}
+
 absl::Status ValidateHyperparameters(const AdamWHyperparameters& h) {
   // The step runs in fp32, so each value must also be in range as a float.
   auto fits_float = [](double x) { return std::isfinite(static_cast<float>(x)); };

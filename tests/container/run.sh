@@ -11,8 +11,10 @@
 # 4. The image (Dockerfile) and its trainer target, built.
 #    The Kubernetes manifest's container run by Docker as the pod would run
 #    it (command, flag file, user, read-only root, probes), no cluster.
-# 5. The compose files validated (docker-compose config): the gpu profile
-#    and deploy/docker-compose.shared-memory.yml are not run (no GPU; the
+# 5. The compose files validated (docker-compose config): the gpu and
+#    metrics profiles and deploy/docker-compose.shared-memory.yml are not run
+#    (no GPU; no registry for prom/prometheus, whose scrape config
+#    tests/python/test_metrics.py runs with Debian's Prometheus; the
 #    shared-memory trainer is the user's image). docker-compose up
 #    (deploy/docker-compose.yml, host-network override): the trainer waits
 #    for optstated to be healthy and trains to a falling loss; its final
@@ -184,6 +186,8 @@ export OPTSTATE_PORT
 OPTSTATE_PORT=$(free_port)
 docker-compose -f deploy/docker-compose.yml --profile gpu config -q \
   || fail "the compose file with its gpu profile does not validate"
+docker-compose -f deploy/docker-compose.yml --profile metrics config -q \
+  || fail "the compose file with its metrics profile does not validate"
 docker-compose -f deploy/docker-compose.shared-memory.yml config -q \
   || fail "deploy/docker-compose.shared-memory.yml does not validate"
 # docker-compose 1.29 refuses published ports on the host's network (and

@@ -11,7 +11,8 @@ leaf function in the emulator, and checks:
     vectors; with streaming stores from the first element on a 64-byte
     (float32) or 32-byte (bfloat16) boundary of the output; nothing for
     float16 params);
-  - inside the span p, m, v and the narrowed params equal the scalar path's
+  - inside the span p, m, v (and max_exp_avg_sq in amsgrad cases) and the
+    narrowed params equal the scalar path's
     (kernel_reference_driver: AdamWUpdateScalar and per-element narrowing)
     bit for bit; outside it nothing was written; every guard is intact; the
     gradient ends at the arena's end, so a read past it faults.
@@ -174,24 +175,29 @@ def first_difference(got: bytes, want: bytes, element: int):
 
 
 class UpdateCase:
-    def __init__(self, n, grad_type, params_type, store, shift, h, rng):
+    def __init__(self, n, grad_type, params_type, store, shift, h, rng, amsgrad=False):
         self.n, self.grad_type, self.params_type, self.store, self.shift = (
             n, grad_type, params_type, store, shift)
         self.c = constants(h, int(rng.integers(1, 2000)), 1.0 if rng.integers(2) else 0.37)
         self.p, self.m, self.v, grad = random_state(n, rng)
         self.grad = encode_gradient(grad, grad_type)
+        # amsgrad: max_exp_avg_sq above and below the new v by turns.
+        self.amsgrad = amsgrad
+        self.vmax = (self.v * np.where(np.arange(n) % 2 == 0, 0.5, 2.0).astype(np.float32)
+                     if amsgrad else np.zeros(0, np.float32))
         self.name = (f"update n={n} grad={TYPE_NAMES[grad_type]} params={TYPE_NAMES[params_type]} "
                      f"store={'streaming' if store == STREAMING else 'cached'} shift={shift} "
-                     f"{h['name']}")
+                     f"{h['name']}{' amsgrad' if amsgrad else ''}")
 
     def driver_input(self) -> bytes:
         return (pack_header(self.c, self.grad_type, self.params_type, self.store) +
-                struct.pack("<Q", self.n) + self.p.tobytes() + self.m.tobytes() +
-                self.v.tobytes() + self.grad)
+                struct.pack("<QQ", self.n, 1 if self.amsgrad else 0) + self.p.tobytes() +
+                self.m.tobytes() + self.v.tobytes() + self.vmax.tobytes() + self.grad)
 
     def read_expected(self, stream) -> None:
         n = self.n
         self.want_p, self.want_m, self.want_v = (stream.read(4 * n) for _ in range(3))
+        self.want_vmax = stream.read(4 * n) if self.amsgrad else b""
         self.want_out = (stream.read(n * TYPE_SIZES[self.params_type])
                          if self.params_type != NO_PARAMS else b"")
 
@@ -203,6 +209,7 @@ class UpdateCase:
         p = Placed(guest, self.p.tobytes(), 4)
         m = Placed(guest, self.m.tobytes(), 36)
         v = Placed(guest, self.v.tobytes(), 12)
+        vmax = Placed(guest, self.vmax.tobytes(), 20) if self.amsgrad else None
         grad = PlacedAtEnd(guest, self.grad)
         out_size = TYPE_SIZES.get(self.params_type, 0)
         out_base = guest.alloc(GUARD + 64 + n * out_size + GUARD, 64)
@@ -210,7 +217,8 @@ class UpdateCase:
         guest.write(out_base, bytes([OUT_FILL]) * out_total)
         out_addr = out_base + GUARD + self.shift if self.params_type != NO_PARAMS else 0
         call = guest.put(pack_header(self.c, self.grad_type, self.params_type, self.store) +
-                         struct.pack("<8Q", p.addr, m.addr, v.addr, grad.addr, out_addr, n, 0, 0))
+                         struct.pack("<9Q", p.addr, m.addr, v.addr, grad.addr, out_addr, n, 0, 0,
+                                     vmax.addr if vmax is not None else 0))
         try:
             guest.call("probe_update_vectors", call)
         except bochs_guest.BochsError as error:
@@ -222,9 +230,11 @@ class UpdateCase:
         if (begin, end) != (want_begin, want_end):
             errors.append(f"span [{begin}, {end}), want [{want_begin}, {want_end})")
             return errors
-        for name, placed, before, want in (("p", p, self.p.tobytes(), self.want_p),
-                                           ("m", m, self.m.tobytes(), self.want_m),
-                                           ("v", v, self.v.tobytes(), self.want_v)):
+        arrays = [("p", p, self.p.tobytes(), self.want_p), ("m", m, self.m.tobytes(), self.want_m),
+                  ("v", v, self.v.tobytes(), self.want_v)]
+        if vmax is not None:
+            arrays.append(("max_exp_avg_sq", vmax, self.vmax.tobytes(), self.want_vmax))
+        for name, placed, before, want in arrays:
             got = placed.data()
             # Inside the span the scalar path's bits; outside, untouched.
             expect = before[:4 * begin] + want[4 * begin:4 * end] + before[4 * end:]
@@ -381,10 +391,12 @@ def main() -> int:
             for store in (CACHED, STREAMING):
                 h = HYPERPARAMETERS[len(cases) % 2]
                 cases.append(UpdateCase(n, grad_type, NO_PARAMS, store, 0, h, rng))
+                cases.append(UpdateCase(n, grad_type, NO_PARAMS, store, 0, h, rng, amsgrad=True))
                 for params_type in (FLOAT32, BFLOAT16, FLOAT16):
                     for shift in (0, 1, 2, 4, 12, 28, 32, 36, 60):
                         h = HYPERPARAMETERS[len(cases) % 2]
-                        cases.append(UpdateCase(n, grad_type, params_type, store, shift, h, rng))
+                        cases.append(UpdateCase(n, grad_type, params_type, store, shift, h, rng,
+                                                amsgrad=len(cases) % 3 == 0))
 
     with tempfile.TemporaryDirectory() as tmp:
         inputs, outputs = os.path.join(tmp, "in.bin"), os.path.join(tmp, "out.bin")

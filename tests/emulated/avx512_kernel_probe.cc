@@ -28,11 +28,13 @@ struct UpdateCall {
   uint32_t store;        // ParamsStore's value.
   uint64_t p, m, v, grad, params_out, count;
   uint64_t span_begin, span_end;  // Written by the call.
+  uint64_t vmax;                  // max_exp_avg_sq (amsgrad), or 0 for none.
 };
 static_assert(offsetof(UpdateCall, lerp_from_gradient) == 32);
 static_assert(offsetof(UpdateCall, p) == 48);
 static_assert(offsetof(UpdateCall, span_begin) == 96);
-static_assert(sizeof(UpdateCall) == 112);
+static_assert(offsetof(UpdateCall, vmax) == 112);
+static_assert(sizeof(UpdateCall) == 120);
 
 struct FindCall {
   uint64_t grad, count;
@@ -66,6 +68,7 @@ extern "C" void probe_update_vectors(UpdateCall* call) {
   const optstate::kernel_internal::VectorSpan span =
       optstate::kernel_internal::AdamWUpdateVectorsAvx512(
           c, Pointer<float>(call->p), Pointer<float>(call->m), Pointer<float>(call->v),
+          call->vmax == 0 ? nullptr : Pointer<float>(call->vmax),
           Pointer<const void>(call->grad), static_cast<WireType>(call->grad_type), call->count,
           has_params ? Pointer<void>(call->params_out) : nullptr,
           has_params ? static_cast<WireType>(call->params_type) : WireType::kFloat32,

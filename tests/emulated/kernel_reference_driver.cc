@@ -27,8 +27,9 @@ struct CaseHeader {
       grad_scale;
   uint32_t lerp_from_gradient, grad_type, params_type, store;
   uint64_t n;
+  uint64_t amsgrad;  // 1: max_exp_avg_sq follows v in the input and in the output.
 };
-static_assert(sizeof(CaseHeader) == 56);
+static_assert(sizeof(CaseHeader) == 64);
 
 bool Read(std::FILE* f, void* data, size_t bytes) { return std::fread(data, 1, bytes, f) == bytes; }
 
@@ -82,15 +83,17 @@ int main(int argc, char** argv) {
     c.eps = h.eps;
     c.grad_scale = h.grad_scale;
     const auto grad_type = static_cast<optstate::WireType>(h.grad_type);
-    std::vector<float> p(h.n), m(h.n), v(h.n);
+    std::vector<float> p(h.n), m(h.n), v(h.n), vmax(h.amsgrad ? h.n : 0);
     std::vector<unsigned char> grad(h.n * optstate::WireTypeSize(grad_type));
     if (!Read(in, p.data(), 4 * h.n) || !Read(in, m.data(), 4 * h.n) ||
-        !Read(in, v.data(), 4 * h.n) || !Read(in, grad.data(), grad.size())) {
+        !Read(in, v.data(), 4 * h.n) || !Read(in, vmax.data(), 4 * vmax.size()) ||
+        !Read(in, grad.data(), grad.size())) {
       return Fail("a case ends early");
     }
-    optstate::AdamWUpdateScalar(c, p.data(), m.data(), v.data(), grad.data(), grad_type, h.n);
+    optstate::AdamWUpdateScalar(c, p.data(), m.data(), v.data(), grad.data(), grad_type, h.n,
+                                h.amsgrad ? vmax.data() : nullptr);
     if (!Write(out, p.data(), 4 * h.n) || !Write(out, m.data(), 4 * h.n) ||
-        !Write(out, v.data(), 4 * h.n)) {
+        !Write(out, v.data(), 4 * h.n) || !Write(out, vmax.data(), 4 * vmax.size())) {
       return Fail("cannot write the output");
     }
     if (h.params_type != kNoParams) {

@@ -221,6 +221,23 @@ class CudaBackendTest : public ::testing::Test {
   void SetUp() override { OPTSTATE_REQUIRE_DEVICE(); }
 };
 
+// The device arrays and the pager move params, m and v only: an amsgrad
+// group is refused by name, before anything is admitted or allocated.
+TEST_F(CudaBackendTest, AnAmsgradGroupIsRefusedByNameAndTakesNoDeviceMemory) {
+  auto cuda = CudaBackend::Create(Options("adaptive", TotalForCapacity(1000000)));
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  GroupConfig config;
+  config.num_elements = 1000;
+  config.hyperparameters.amsgrad = true;
+  std::shared_ptr<Group> group = *Group::Create({"", "ams"}, config, kPage,
+                                                (*cuda)->host_allocator());
+  absl::Status refused = (*cuda)->AttachGroup(*group);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("amsgrad=true is not supported by the CUDA backend"));
+  EXPECT_EQ((*cuda)->allocated_group_bytes(), 0u);
+  EXPECT_EQ((*cuda)->policy().resident_bytes(), 0u);
+}
+
 TEST_F(CudaBackendTest, NoneRefusesWhatDoesNotFitSayingBytesNeededAndAvailable) {
   auto cuda = CudaBackend::Create(Options("none", TotalForCapacity(1000000)));
   ASSERT_TRUE(cuda.ok()) << cuda.status();

@@ -117,8 +117,11 @@ Draw RandomHyperparameters(std::mt19937_64& rng, uint64_t step) {
   d.inputs.hyperparameters.beta1 = rng() % 4 == 0 ? 0.3 : 0.9;
   d.inputs.hyperparameters.beta2 = 0.999;
   d.inputs.hyperparameters.eps = 1e-8;
+  // One draw in three maximizes (torch's grad = -grad, folded into grad_scale).
+  d.inputs.hyperparameters.maximize = rng() % 3 == 0;
   d.inputs.step = step;
   d.inputs.grad_scale = scale(rng);
+  d.reference.maximize = d.inputs.hyperparameters.maximize;
   d.reference.lr = d.inputs.hyperparameters.lr;
   d.reference.weight_decay = d.inputs.hyperparameters.weight_decay;
   d.reference.beta1 = d.inputs.hyperparameters.beta1;

@@ -274,7 +274,7 @@ TEST(CheckpointTest, StepsDuringCheckpointsAreExactAndEachCheckpointIsConsistent
     ref_m[t] = ref_m[t - 1];
     ref_v[t] = ref_v[t - 1];
     AdamWUpdateScalar(
-        ComputeAdamWConstants({h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, t, 1.0f}),
+        ComputeAdamWConstants({{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay}, t, 1.0f}),
         ref_p[t].data(), ref_m[t].data(), ref_v[t].data(), work.grad(name, t).data(),
         WireType::kFloat32, n);
   }

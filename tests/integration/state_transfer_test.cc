@@ -133,8 +133,9 @@ TEST(StateTransferTest, OneStepForEveryPageIsAccepted) {
   ASSERT_TRUE(client->Step("one", 8, grad, absl::MakeSpan(params)).ok());
   std::vector<float> p = state.params, m = state.exp_avg, v = state.exp_avg_sq;
   const Hyperparameters& h = state.hyperparameters;
-  AdamWUpdateScalar(ComputeAdamWConstants({h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, 8, 1.0f}),
-                    p.data(), m.data(), v.data(), grad.data(), WireType::kFloat32, kElements);
+  AdamWUpdateScalar(
+      ComputeAdamWConstants({{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay}, 8, 1.0f}),
+      p.data(), m.data(), v.data(), grad.data(), WireType::kFloat32, kElements);
   EXPECT_EQ(params, p);
   EXPECT_NE(params, state.params);
 }
@@ -163,8 +164,9 @@ TEST(StateTransferTest, ImportIntoAnEqualGroupReplacesItsWholeState) {
   std::vector<float> again(kElements);
   ASSERT_TRUE(client->Step("w", 4, grad, absl::MakeSpan(again)).ok());
   std::vector<float> p = at3->params, m = at3->exp_avg, v = at3->exp_avg_sq;
-  AdamWUpdateScalar(ComputeAdamWConstants({h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, 4, 1.0f}),
-                    p.data(), m.data(), v.data(), grad.data(), WireType::kFloat32, kElements);
+  AdamWUpdateScalar(
+      ComputeAdamWConstants({{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay}, 4, 1.0f}),
+      p.data(), m.data(), v.data(), grad.data(), WireType::kFloat32, kElements);
   EXPECT_EQ(again, p);
 }
 

@@ -35,7 +35,7 @@ def test_stub_matches_the_extension():
     assert set(stub) == {n for n in dir(ext) if not n.startswith("_")}
     for name, members in stub.items():
         defined = {m for m in dir(getattr(ext, name)) if not m.startswith("_")}
-        assert members - {"__init__", "__repr__"} == defined, name
+        assert members - {"__init__", "__repr__", "__enter__", "__exit__"} == defined, name
 
 
 def test_stub_client_defaults_are_the_cpp_client_options_defaults():

@@ -3,6 +3,7 @@
 #ifndef OPTSTATE_TESTS_TESTING_REFERENCE_ADAMW_H_
 #define OPTSTATE_TESTS_TESTING_REFERENCE_ADAMW_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -16,13 +17,17 @@ struct ReferenceHyperparameters {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 1e-2;
+  bool maximize = false;  // torch's maximize: the step follows -grad.
+  bool amsgrad = false;   // torch's amsgrad: the denominator takes max_exp_avg_sq.
 };
 
 struct ReferenceState {
   std::vector<double> params, exp_avg, exp_avg_sq;
+  std::vector<double> max_exp_avg_sq = {};  // With amsgrad: as long as params.
 };
 
-// One step t >= 1 with gradient `grad` (already scaled).
+// One step t >= 1 with gradient `grad` (already scaled; negated here for
+// maximize, as torch negates it).
 inline void ReferenceAdamWStep(const ReferenceHyperparameters& h, uint64_t t,
                                const std::vector<double>& grad, ReferenceState* s) {
   const double bias_correction1 = 1.0 - std::pow(h.beta1, static_cast<double>(t));
@@ -34,9 +39,15 @@ inline void ReferenceAdamWStep(const ReferenceHyperparameters& h, uint64_t t,
     double& m = s->exp_avg[i];
     double& v = s->exp_avg_sq[i];
     p *= 1.0 - h.lr * h.weight_decay;
-    m = h.beta1 * m + (1.0 - h.beta1) * grad[i];
-    v = h.beta2 * v + (1.0 - h.beta2) * grad[i] * grad[i];
-    p -= step_size * m / (std::sqrt(v) / bias_correction2_sqrt + h.eps);
+    const double g = h.maximize ? -grad[i] : grad[i];
+    m = h.beta1 * m + (1.0 - h.beta1) * g;
+    v = h.beta2 * v + (1.0 - h.beta2) * g * g;
+    double second = v;
+    if (h.amsgrad) {
+      s->max_exp_avg_sq[i] = std::max(s->max_exp_avg_sq[i], v);
+      second = s->max_exp_avg_sq[i];
+    }
+    p -= step_size * m / (std::sqrt(second) / bias_correction2_sqrt + h.eps);
   }
 }
 

@@ -42,6 +42,11 @@ struct ClientOptions {
   absl::Duration max_backoff = absl::Seconds(2);            // ...up to this.
   // Deadline of one attempt; positive. absl::InfiniteDuration() for none.
   absl::Duration attempt_timeout = absl::Minutes(5);
+  // How long one connection attempt may take, TCP and HTTP/2 handshake
+  // together (gRPC's min connect timeout, 20 s by default there); positive,
+  // at least 100 ms. A listener that accepts but never answers fails each
+  // attempt after this long (UNAVAILABLE, naming the target) instead of 20 s.
+  absl::Duration connect_timeout = absl::Seconds(5);
   // Largest request or reply; at least 1 MiB + 4 KiB (one float32 page of
   // the daemon's default size, and the other fields).
   int max_message_bytes = 64 << 20;
@@ -99,6 +104,16 @@ struct GroupStep {
   // (a trainer whose parameter groups follow their own schedules steps them
   // all in one call).
   std::optional<double> lr = std::nullopt;
+  // This group's other hyperparameters for this step, where they differ
+  // from its registered ones (torch reads them from param_groups at every
+  // step: a schedule of betas or weight decay); unset: the group's. The
+  // bias corrections use this step's betas. The daemon checks them as at
+  // registration (INVALID_ARGUMENT naming the field).
+  std::optional<double> beta1 = std::nullopt;
+  std::optional<double> beta2 = std::nullopt;
+  std::optional<double> eps = std::nullopt;
+  std::optional<double> weight_decay = std::nullopt;
+  std::optional<bool> maximize = std::nullopt;
 };
 
 struct StepOptions {
@@ -194,6 +209,9 @@ class Client {
     Hyperparameters hyperparameters;
     uint64_t page_elements = 0;  // Set by ExportState; ignored by ImportState.
     std::vector<float> params, exp_avg, exp_avg_sq;
+    // torch's state['max_exp_avg_sq']: as long as params when
+    // hyperparameters.amsgrad, else empty.
+    std::vector<float> max_exp_avg_sq;
     std::vector<uint64_t> page_steps;  // One per page of page_elements (the daemon's page size).
   };
   // Reads the group's whole state in page-aligned chunks (any size; the

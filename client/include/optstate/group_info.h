@@ -17,6 +17,10 @@ struct Hyperparameters {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 1e-2;
+  bool maximize = false;  // Step along the gradient (torch's maximize=True).
+  // torch's amsgrad=True: the daemon keeps max_exp_avg_sq (its CUDA backend
+  // refuses it with INVALID_ARGUMENT).
+  bool amsgrad = false;
 };
 
 // Where a group's state lives while it is stepped.

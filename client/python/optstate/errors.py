@@ -37,37 +37,119 @@ class Error(Exception):
         super().__init__(f"{self.code}: {where}{message}")
 
 
-def _subclass(name: str, value: int, doc: str) -> type:
-    cls = type(name, (Error,), {"code_value": value, "code": _CODES[value], "__doc__": doc})
-    cls.__module__ = __name__
-    return cls
+class Cancelled(Error):
+    """The call was cancelled."""
+
+    code_value = 1
+    code = "CANCELLED"
 
 
-Cancelled = _subclass("Cancelled", 1, "The call was cancelled.")
-Unknown = _subclass("Unknown", 2, "An error without a more specific code.")
-InvalidArgument = _subclass(
-    "InvalidArgument", 3,
-    "The request was refused as given (a non-finite gradient, a wrong length, bad "
-    "hyperparameters); nothing was applied.")
-DeadlineExceeded = _subclass("DeadlineExceeded", 4, "An attempt ran past its deadline (after retries).")
-NotFound = _subclass("NotFound", 5, "No group of that name.")
-AlreadyExists = _subclass(
-    "AlreadyExists", 6, "A group of that name exists with another size or other hyperparameters.")
-PermissionDenied = _subclass("PermissionDenied", 7, "The caller may not do this.")
-ResourceExhausted = _subclass(
-    "ResourceExhausted", 8, "The daemon's memory budget (or a message limit) does not allow it.")
-FailedPrecondition = _subclass(
-    "FailedPrecondition", 9,
-    "The group is not in a state that allows it (a step out of order, values still missing).")
-Aborted = _subclass("Aborted", 10, "The call was aborted (after retries).")
-OutOfRange = _subclass("OutOfRange", 11, "A value is out of range.")
-Unimplemented = _subclass("Unimplemented", 12, "The daemon does not implement this call.")
-Internal = _subclass("Internal", 13, "An internal error in the daemon.")
-Unavailable = _subclass(
-    "Unavailable", 14, "The daemon could not be reached (after the client's retries).")
-DataLoss = _subclass(
-    "DataLoss", 15, "The group's state may be damaged (a backend failed mid-update); delete it.")
-Unauthenticated = _subclass("Unauthenticated", 16, "The caller is not authenticated.")
+class Unknown(Error):
+    """An error without a more specific code."""
+
+    code_value = 2
+    code = "UNKNOWN"
+
+
+class InvalidArgument(Error):
+    """The request was refused as given (a non-finite gradient, a wrong length, bad
+    hyperparameters); nothing was applied."""
+
+    code_value = 3
+    code = "INVALID_ARGUMENT"
+
+
+class DeadlineExceeded(Error):
+    """An attempt ran past its deadline (after retries)."""
+
+    code_value = 4
+    code = "DEADLINE_EXCEEDED"
+
+
+class NotFound(Error):
+    """No group of that name."""
+
+    code_value = 5
+    code = "NOT_FOUND"
+
+
+class AlreadyExists(Error):
+    """A group of that name exists with another size or other hyperparameters."""
+
+    code_value = 6
+    code = "ALREADY_EXISTS"
+
+
+class PermissionDenied(Error):
+    """The caller may not do this."""
+
+    code_value = 7
+    code = "PERMISSION_DENIED"
+
+
+class ResourceExhausted(Error):
+    """The daemon's memory budget (or a message limit) does not allow it."""
+
+    code_value = 8
+    code = "RESOURCE_EXHAUSTED"
+
+
+class FailedPrecondition(Error):
+    """The group is not in a state that allows it (a step out of order, values still
+    missing)."""
+
+    code_value = 9
+    code = "FAILED_PRECONDITION"
+
+
+class Aborted(Error):
+    """The call was aborted (after retries)."""
+
+    code_value = 10
+    code = "ABORTED"
+
+
+class OutOfRange(Error):
+    """A value is out of range."""
+
+    code_value = 11
+    code = "OUT_OF_RANGE"
+
+
+class Unimplemented(Error):
+    """The daemon does not implement this call."""
+
+    code_value = 12
+    code = "UNIMPLEMENTED"
+
+
+class Internal(Error):
+    """An internal error in the daemon."""
+
+    code_value = 13
+    code = "INTERNAL"
+
+
+class Unavailable(Error):
+    """The daemon could not be reached (after the client's retries)."""
+
+    code_value = 14
+    code = "UNAVAILABLE"
+
+
+class DataLoss(Error):
+    """The group's state may be damaged (a backend failed mid-update); delete it."""
+
+    code_value = 15
+    code = "DATA_LOSS"
+
+
+class Unauthenticated(Error):
+    """The caller is not authenticated."""
+
+    code_value = 16
+    code = "UNAUTHENTICATED"
+
 
 _BY_CODE = {cls.code_value: cls for cls in (
     Cancelled, Unknown, InvalidArgument, DeadlineExceeded, NotFound, AlreadyExists,

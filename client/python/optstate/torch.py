@@ -7,15 +7,17 @@ torch.optim.AdamW's default CPU step, op for op (docs/exactness.md).
 """
 from __future__ import annotations
 
-import math
+import os
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 
 from . import errors
 from ._optstate import Client
+from ._remote_state import RemoteState
+from ._torch_args import check_hyperparameters, check_options
 
 __all__ = ["RemoteAdamW", "MASTER_PARAM"]
 
@@ -33,49 +35,89 @@ class _Registration:
     param: torch.Tensor
     name: str
     shape: torch.Size
-    hyperparameters: tuple  # (lr, (beta1, beta2), eps, weight_decay) as registered
+    # (lr, (beta1, beta2), eps, weight_decay, maximize, amsgrad) as registered; each step
+    # sends those of its param group that differ (all but amsgrad may change).
+    hyperparameters: tuple
     step: int  # The step the daemon's pages have reached (as far as this rank knows).
     # How its gradient and values travel: None for float32, else "bfloat16" / "float16".
     wire: Optional[str]
     dtype: torch.dtype  # The parameter's, at registration.
+    created: bool = False  # Whether this optimizer's registration created the daemon's group.
 
-    @property
-    def fixed(self) -> tuple:
-        """The hyperparameters that may not change: ((beta1, beta2), eps, weight_decay)."""
-        return self.hyperparameters[1:]
-
-
-def _hyperparameters(group: dict) -> tuple:
-    """The daemon's hyperparameters for a param group. lr is overridden on every step by
-    the group's current lr, so the group is registered with its scheduler's initial lr
-    (stable across restarts, whatever the schedule has reached)."""
-    lr = group.get("initial_lr", group["lr"])
-    beta1, beta2 = group["betas"]
-    return (float(lr), (float(beta1), float(beta2)), float(group["eps"]),
-            float(group["weight_decay"]))
-
-
-def _fixed_hyperparameters(group: dict) -> tuple:
-    """_hyperparameters(group)[1:], what may not change after registration."""
-    beta1, beta2 = group["betas"]
-    return ((float(beta1), float(beta2)), float(group["eps"]), float(group["weight_decay"]))
+    def overrides(self, group: dict) -> Optional[dict]:
+        """What this step must tell the daemon beyond lr: the hyperparameters of `group`
+        (read as torch reads them, at every step) that differ from the registered ones, as
+        Client.step's per-group dict; None when none differ. ValueError when amsgrad
+        changed (torch would need or drop state['max_exp_avg_sq'] half-way)."""
+        _, betas, eps, weight_decay, maximize, amsgrad = self.hyperparameters
+        if bool(group["amsgrad"]) != amsgrad:
+            raise ValueError(f"parameter '{self.name}': amsgrad of its param group changed "
+                             f"since registration (daemon: {amsgrad}); it cannot change "
+                             "between steps")
+        beta1, beta2 = group["betas"]
+        now = ((_as_float(beta1), _as_float(beta2)), _as_float(group["eps"]),
+               _as_float(group["weight_decay"]), bool(group["maximize"]))
+        if now == (betas, eps, weight_decay, maximize):
+            return None
+        out = {}
+        for key, value, registered in (("betas", now[0], betas), ("eps", now[1], eps),
+                                       ("weight_decay", now[2], weight_decay),
+                                       ("maximize", now[3], maximize)):
+            if value != registered:
+                out[key] = value
+        return out
 
 
 def _as_float(value) -> float:
     return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
 
 
+def _hyperparameters(group: dict) -> tuple:
+    """The daemon's hyperparameters for a param group: (lr, (beta1, beta2), eps,
+    weight_decay, maximize, amsgrad). lr is overridden on every step by the group's current
+    lr, so the group is registered with its scheduler's initial lr (stable across
+    restarts, whatever the schedule has reached); the others as the group holds them now
+    (a step sends those that differ then)."""
+    lr = group.get("initial_lr", group["lr"])
+    beta1, beta2 = group["betas"]
+    return (_as_float(lr), (_as_float(beta1), _as_float(beta2)), _as_float(group["eps"]),
+            _as_float(group["weight_decay"]), bool(group["maximize"]), bool(group["amsgrad"]))
+
+
+def _register_keywords(h: tuple) -> dict:
+    """A _hyperparameters tuple as Client.register's / import_state's keywords."""
+    lr, betas, eps, weight_decay, maximize, amsgrad = h
+    return dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize,
+                amsgrad=amsgrad)
+
+
 class RemoteAdamW(torch.optim.Optimizer):
     r"""torch.optim.AdamW whose state (fp32 master weights, exp_avg, exp_avg_sq, step) is
     held and stepped by an optstated daemon.
 
+    The arguments before ``*`` are torch.optim.AdamW's, in its order, with its defaults and
+    its checks (the same exception types and messages); the options after it that torch
+    has too mean what they mean there.
+
     Args:
         params: parameters, ``(name, parameter)`` pairs (``model.named_parameters()``) or
             param group dicts of either, as for any torch optimizer; each group may set
-            its own ``lr``, ``betas``, ``eps`` and ``weight_decay``.
-        target: the daemon's ``"host:port"`` (or give ``client``).
-        lr, betas, eps, weight_decay: torch.optim.AdamW's hyperparameters and defaults.
-        client: an :class:`optstate.Client` to use instead of connecting to ``target``.
+            its own ``lr``, ``betas``, ``eps``, ``weight_decay`` and ``maximize``.
+        lr, betas, eps, weight_decay, amsgrad, maximize: torch.optim.AdamW's
+            hyperparameters and defaults. As torch, every step reads lr, betas, eps,
+            weight_decay and maximize from ``param_groups`` (a scheduler may change any of
+            them: OneCycleLR's momentum cycling changes betas), and sends the daemon those
+            that differ from the registered ones. With ``amsgrad=True`` the daemon keeps
+            ``max_exp_avg_sq`` too (its CUDA backend refuses it,
+            ``optstate.InvalidArgument`` naming amsgrad); amsgrad may not change between
+            steps.
+        foreach, fused, capturable, differentiable: accepted as False or None (the
+            daemon runs its own fused CPU step); True raises RuntimeError naming the option
+            (after torch's own refusals of their combinations).
+        target: the daemon's ``"host:port"``; keyword only, by default the
+            ``OPTSTATE_TARGET`` environment variable (or give ``client``).
+        client: an :class:`optstate.Client` to use instead of connecting to ``target``
+            (:meth:`close` leaves it open).
         name_prefix: prepended to every group name on the daemon, so two jobs on one
             daemon stay apart. A parameter is named ``name_prefix + name`` from
             ``named_parameters()``, else ``name_prefix + "param." + i`` (its index over
@@ -100,7 +142,19 @@ class RemoteAdamW(torch.optim.Optimizer):
             they are (the client narrows them). Needs the shared-memory data plane:
             ``optstate.FailedPrecondition`` at construction otherwise (before anything is
             registered, on a rank with parameters to place).
+        delete_on_close: :meth:`close` (or the end of a ``with`` block) deletes the daemon
+            groups of the parameters this optimizer registered, with their state.
         **client_options: passed to :class:`optstate.Client` (``max_attempts``, ...).
+
+    ``opt.state[p]`` is torch's ``step``, ``exp_avg`` and ``exp_avg_sq`` (and
+    ``max_exp_avg_sq`` with amsgrad) of p (float32,
+    p's shape), read from the daemon when read: a copy, which changes nothing on the
+    daemon when written (:meth:`load_state_dict` does). :meth:`state_dict` and
+    :meth:`load_state_dict` run torch's state-dict hooks
+    (``register_state_dict_pre_hook`` and the other three). pickle, ``copy.deepcopy``
+    and ``torch.save(opt)`` give an optimizer attached to the same daemon groups
+    (:meth:`__getstate__`). A refused :meth:`add_param_group` leaves ``param_groups``
+    as it was.
 
     ``step()`` sends every gradient in one ``Client.step`` call (one stream), each with its
     param group's current ``lr``; parameters whose ``.grad`` is None are skipped. (A
@@ -117,31 +171,57 @@ class RemoteAdamW(torch.optim.Optimizer):
     gradient and receives all params; the daemon's work per replayed page is a copy).
     """
 
-    def __init__(self, params, target: Optional[str] = None, lr: float = 1e-3,
+    def __init__(self, params, lr: float | torch.Tensor = 1e-3,
                  betas: tuple = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
-                 *, client: Optional[Client] = None, name_prefix: str = "",
-                 wire_dtype: torch.dtype = torch.float32, shard: bool = False,
-                 process_group=None, shared_buffers: bool = False, **client_options):
-        if client is None and target is None:
-            raise ValueError("RemoteAdamW needs target='host:port' of an optstated daemon, or client=")
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
-        if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
-            raise ValueError(f"Invalid beta parameters: {betas}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+                 amsgrad: bool = False, *, maximize: bool = False,
+                 foreach: Optional[bool] = None, capturable: bool = False,
+                 differentiable: bool = False, fused: Optional[bool] = None,
+                 target: Optional[str] = None, client: Optional[Client] = None,
+                 name_prefix: str = "", wire_dtype: torch.dtype = torch.float32,
+                 shard: bool = False, process_group=None, shared_buffers: bool = False,
+                 delete_on_close: bool = False, **client_options):
+        if isinstance(lr, str):  # torch would raise TypeError too, saying less
+            raise TypeError(f"lr must be a float or a Tensor, not the str {lr!r}: lr is "
+                            "RemoteAdamW's second positional argument, as torch's, and target "
+                            "is keyword-only (target='host:port')")
+        # torch.optim.AdamW's checks first, in its order, with its exceptions and messages.
+        betas = check_hyperparameters(lr, betas, eps, weight_decay, foreach, capturable)
+        check_options(foreach, fused, capturable, differentiable)
+        if target is None and client is None:
+            target = os.environ.get("OPTSTATE_TARGET")
+        if client is None and not target:
+            raise ValueError("RemoteAdamW needs target='host:port' of an optstated daemon (or "
+                             "the OPTSTATE_TARGET environment variable, or client=)")
         if wire_dtype not in _WIRE_NAMES:
             raise ValueError(f"wire_dtype must be torch.float32, torch.bfloat16 or torch.float16, "
                              f"not {wire_dtype}")
         if shard and not (dist.is_available() and dist.is_initialized()):
             raise ValueError("shard=True needs torch.distributed initialised (init_process_group)")
+        self._owns_client = client is None
+        self._client_options = dict(client_options)
         self._client = client if client is not None else Client(target, **client_options)
         self._name_prefix = name_prefix
         self._wire = _WIRE_NAMES[wire_dtype]
         self._shard = shard
         self._process_group = process_group
+        self._delete_on_close = delete_on_close
+        self._init_bookkeeping(shared_buffers)
+        # The keys of torch.optim.AdamW's param groups, so state dicts move both ways.
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                        maximize=maximize, foreach=foreach, capturable=capturable,
+                        differentiable=differentiable, fused=fused, decoupled_weight_decay=True)
+        try:
+            super().__init__(params, defaults)
+            self._constructed = True
+            self._place_and_register()
+        except BaseException:
+            if self._owns_client:
+                self._client.close()
+            raise
+        self.state = RemoteState(self._state_of, self._with_state)
+
+    def _init_bookkeeping(self, shared_buffers: bool) -> None:
+        """The per-parameter records, empty (construction and unpickling)."""
         # Both by id(parameter) (torch.Tensor's __hash__ is Python code); the registration
         # holds the parameter, so its id stays its own.
         self._registered: dict[int, _Registration] = {}
@@ -152,13 +232,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._buffers: list[torch.Tensor] = []
         self._shared_grads: dict[int, torch.Tensor] = {}
         self._constructed = False
-        # The keys of torch.optim.AdamW's param groups, so state dicts move both ways.
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=False,
-                        maximize=False, foreach=None, capturable=False, differentiable=False,
-                        fused=None, decoupled_weight_decay=True)
-        super().__init__(params, defaults)
-        self._constructed = True
-        self._place_and_register()
+        self._closed = False
 
     @property
     def client(self) -> Client:
@@ -166,13 +240,124 @@ class RemoteAdamW(torch.optim.Optimizer):
         return self._client
 
     def add_param_group(self, param_group: dict) -> None:
+        """torch's add_param_group, then registration of the group's parameters on the
+        daemon. Refused (torch's exception, or the daemon's) with ``param_groups`` as it
+        was: a group is appended only once every check passed and its parameters are
+        registered."""
+        before = len(self.param_groups)
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        for option in ("amsgrad", "maximize", "differentiable", "capturable"):
-            if group.get(option):
-                raise ValueError(f"RemoteAdamW does not support {option}=True")
-        if self._constructed:
-            self._place_and_register()
+        try:
+            beta1, beta2 = group["betas"]
+            group["betas"] = check_hyperparameters(group["lr"], (beta1, beta2), group["eps"],
+                                                   group["weight_decay"], group["foreach"],
+                                                   group["capturable"])
+            check_options(group["foreach"], group["fused"], group["capturable"],
+                          group["differentiable"])
+            if self._constructed:
+                self._place_and_register()
+        except BaseException:
+            del self.param_groups[before:]
+            self._forget_unplaced()
+            raise
+
+    def _forget_unplaced(self) -> None:
+        """Drops the records of parameters no longer in any param group (after a refused
+        add_param_group); the daemon groups that call created are deleted again (one that
+        existed before, another run's state, is left as it was)."""
+        present = {id(p) for group in self.param_groups for p in group["params"]}
+        for key in [k for k in self._registered if k not in present]:
+            reg = self._registered.pop(key)
+            if not reg.created:
+                continue
+            try:
+                self._client.delete(reg.name)
+            except errors.Error:
+                pass  # best effort: the refusal being raised says what went wrong
+        for key in [k for k in self._owner if k not in present]:
+            del self._owner[key]
+
+    # -- lifetime: close, context manager, pickling ----------------------------------------
+
+    def close(self) -> None:
+        """Ends this optimizer's use of the daemon (idempotent): with ``delete_on_close``,
+        deletes the daemon groups of the parameters this rank registered (their state is
+        gone); then closes the client if this optimizer made it (a ``client=`` passed in
+        stays open). step() raises ValueError afterwards."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._delete_on_close:
+                for reg in list(self._registered.values()):
+                    try:
+                        self._client.delete(reg.name)
+                    except errors.NotFound:
+                        pass  # deleted already (by another rank of this job, or by hand)
+                self._registered.clear()
+        finally:
+            if self._owns_client:
+                self._client.close()
+
+    def __enter__(self) -> "RemoteAdamW":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict:
+        """torch's optimizer state for pickle, copy.deepcopy and torch.save: defaults and
+        param_groups (with copies of the parameters, as torch's), no optimizer state (the
+        daemon holds it), and how to reach the daemon's groups again. The copy unpickled
+        attaches to the same daemon groups by name (each at the step the daemon holds);
+        it and this optimizer then step the same groups, as data-parallel ranks do.
+        TypeError for what cannot be carried to another process: ``shared_buffers``
+        (memory shared with this process), ``shard`` (a process group), a closed
+        optimizer, or a ``client=`` passed in (its options are not known here)."""
+        for refusal, why in ((self._closed, "it was closed"),
+                             (self._shared_buffers, "its shared_buffers are memory of this "
+                              "process"),
+                             (self._shard, "shard=True needs its process group"),
+                             (not self._owns_client, "it was given client=, whose options it "
+                              "cannot recreate (pass target= instead)")):
+            if refusal:
+                raise TypeError(f"cannot pickle or copy this RemoteAdamW: {why}; save its "
+                                "state_dict() instead")
+        names = {id(p): name for p, name, _ in self._names()}
+        return {"defaults": self.defaults, "state": {}, "param_groups": self.param_groups,
+                "_optstate": {"target": self._client.target,
+                              "client_options": self._client_options,
+                              "name_prefix": self._name_prefix, "wire": self._wire,
+                              # Per parameter (by position), the registration to attach to.
+                              "registered": [
+                                  self._registered[id(p)].hyperparameters
+                                  if id(p) in self._registered else None
+                                  for group in self.param_groups for p in group["params"]],
+                              "names": [names[id(p)] for group in self.param_groups
+                                        for p in group["params"]]}}
+
+    def __setstate__(self, state: dict) -> None:
+        config = state.pop("_optstate", None)
+        super().__setstate__(state)
+        if config is None:
+            raise TypeError("this pickle of a RemoteAdamW has no daemon configuration; it was "
+                            "not made by RemoteAdamW.__getstate__")
+        self._owns_client = True
+        self._client_options = dict(config["client_options"])
+        self._name_prefix = config["name_prefix"]
+        self._wire = config["wire"]
+        self._shard = False
+        self._process_group = None
+        self._delete_on_close = False  # the original may still step these groups
+        self._init_bookkeeping(shared_buffers=False)
+        self._client = Client(config["target"], **self._client_options)
+        params = [(p, group) for group in self.param_groups for p in group["params"]]
+        for (p, group), name, h in zip(params, config["names"], config["registered"]):
+            self._owner[id(p)] = 0
+            if h is not None:
+                self._register(p, name, group, tuple(h[:1]) + (tuple(h[1]),) + tuple(h[2:]))
+        self._constructed = True
+        self.state = RemoteState(self._state_of, self._with_state)
 
     # -- naming, placement, registration -------------------------------------------------
 
@@ -265,27 +450,25 @@ class RemoteAdamW(torch.optim.Optimizer):
         more than p holds)."""
         return p.dtype in _SIXTEEN_BIT or self._wire is not None
 
-    def _register(self, p: torch.Tensor, name: str, group: dict) -> None:
+    def _register(self, p: torch.Tensor, name: str, group: dict,
+                  hyperparameters: Optional[tuple] = None) -> None:
+        """Registers p as daemon group `name` with its param group's hyperparameters (or
+        `hyperparameters`, those of an earlier registration to attach to again)."""
         self._check_registrable(p, name)
-        h = _hyperparameters(group)
-        lr, betas, eps, weight_decay = h
+        h = hyperparameters if hyperparameters is not None else _hyperparameters(group)
         values = p.detach().reshape(-1).float().contiguous()
-        info = self._client.register(name, values, lr=lr, betas=betas, eps=eps,
-                                     weight_decay=weight_decay)
-        self._remember(p, name, h, info.min_step)
-        if info.min_step > 0:
-            self.state[p]["step"] = torch.tensor(float(info.min_step))
+        info = self._client.register(name, values, **_register_keywords(h))
+        self._remember(p, name, h, info.min_step, created=info.created)
 
-    def _remember(self, p: torch.Tensor, name: str, hyperparameters: tuple, step: int) -> None:
+    def _remember(self, p: torch.Tensor, name: str, hyperparameters: tuple, step: int,
+                  created: bool = False) -> None:
         wire = _WIRE_NAMES[p.dtype] if p.dtype in _SIXTEEN_BIT else self._wire
         self._registered[id(p)] = _Registration(p, name, p.shape, hyperparameters, step, wire,
-                                                p.dtype)
+                                                p.dtype, created)
 
     @staticmethod
-    def _check_step(p: torch.Tensor, grad: torch.Tensor, reg: _Registration,
-                    fixed: tuple) -> None:
-        """Refuses (before anything is sent) a parameter or gradient this step cannot take;
-        `fixed` is its param group's _fixed_hyperparameters now."""
+    def _check_step(p: torch.Tensor, grad: torch.Tensor, reg: _Registration) -> None:
+        """Refuses (before anything is sent) a parameter or gradient this step cannot take."""
         if p.shape != reg.shape:
             raise ValueError(
                 f"parameter '{reg.name}' has shape {tuple(p.shape)} but was registered with "
@@ -293,11 +476,6 @@ class RemoteAdamW(torch.optim.Optimizer):
         if p.dtype != reg.dtype:
             raise TypeError(f"parameter '{reg.name}' is {p.dtype} but was registered as "
                             f"{reg.dtype}; a parameter of another dtype needs a new optimizer")
-        if fixed != reg.fixed:
-            raise ValueError(
-                f"parameter '{reg.name}': betas, eps or weight_decay of its param group changed "
-                f"since registration (daemon: {reg.fixed}, now: {fixed}); only lr may change "
-                "between steps")
         if not (p.is_cpu and grad.is_cpu):
             raise ValueError(
                 f"parameter '{reg.name}': RemoteAdamW steps CPU tensors, and this parameter is "
@@ -324,16 +502,20 @@ class RemoteAdamW(torch.optim.Optimizer):
                 loss = closure()
         # 1. Every parameter with a gradient checked before anything is sent; the calls
         #    grouped by what one Client.step call shares: the step number and the wire
-        #    type (each group carries its own lr). The work per parameter is kept to
-        #    attribute reads: what registration fixed is in its _Registration.
+        #    type (each group carries its own lr, and the other hyperparameters its param
+        #    group holds now where they differ from the registered ones, as torch reads
+        #    them all at every step). The work per parameter is kept to attribute reads:
+        #    what registration fixed is in its _Registration.
         calls: dict[tuple, list] = {}
         stepped: dict[tuple, list] = {}
         registered = self._registered
         strided = torch.strided
         rank, _ = self._rank_and_world()
+        if self._closed:
+            raise ValueError("this RemoteAdamW was closed; make a new one to step")
         for index, group in enumerate(self.param_groups):
             lr = _as_float(group["lr"])
-            fixed = _fixed_hyperparameters(group)
+            overrides_by_registration: dict[tuple, Optional[dict]] = {}
             for p in group["params"]:
                 grad = p.grad
                 if grad is None:
@@ -348,15 +530,20 @@ class RemoteAdamW(torch.optim.Optimizer):
                 if not (p.is_cpu and grad.is_cpu and grad.layout is strided
                         and p.dtype is reg.dtype and grad.dtype is reg.dtype
                         and p.shape == reg.shape and grad.shape == reg.shape
-                        and fixed == reg.fixed and grad.is_contiguous()):
-                    self._check_step(p, grad, reg, fixed)
+                        and grad.is_contiguous()):
+                    self._check_step(p, grad, reg)
+                h = reg.hyperparameters
+                if h in overrides_by_registration:
+                    overrides = overrides_by_registration[h]
+                else:
+                    overrides = overrides_by_registration[h] = reg.overrides(group)
                 key = (reg.step + 1, reg.wire)
                 if grad.requires_grad:  # backward(create_graph=True)
                     grad = grad.detach()
                 if self._shared_grads:
                     grad = self._into_shared(p, grad)
                 # p.data: the parameter's memory without autograd (cheaper than detach()).
-                entry = (reg.name, grad, p.data, lr)
+                entry = (reg.name, grad, p.data, lr, overrides)
                 if key in calls:
                     calls[key].append(entry)
                     stepped[key].append(reg)
@@ -370,26 +557,17 @@ class RemoteAdamW(torch.optim.Optimizer):
         #    bookkeeping of a call is done before it, while this code's data is still in
         #    the caches (the call moves every byte of the model through them), and undone
         #    when the call fails, so the next step() repeats step k (the daemon replays
-        #    what it applied). One step tensor per call, shared by its parameters' state
-        #    (nothing here changes a step tensor in place; each step puts a new one).
-        state = self.state
+        #    what it applied).
         for key, groups in calls.items():
             k, wire = key
             regs = stepped[key]
-            step = torch.tensor(float(k))
             for reg in regs:
                 reg.step = k
-                state[reg.param]["step"] = step
             try:
                 self._client.step(groups, k, wire_dtype=wire)
             except BaseException:
-                before = torch.tensor(float(k - 1))
                 for reg in regs:  # key == (reg.step + 1, ...): each was at step k - 1
                     reg.step = k - 1
-                    if k > 1:
-                        state[reg.param]["step"] = before
-                    else:
-                        state[reg.param].pop("step", None)
                 raise
         if self._shard:
             self._broadcast()
@@ -410,7 +588,7 @@ class RemoteAdamW(torch.optim.Optimizer):
     def _check_finite(calls: dict) -> None:
         for (_, wire), groups in calls.items():
             narrow = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(wire)
-            for name, grad, _, _ in groups:
+            for name, grad, *_ in groups:
                 sent = grad.to(narrow) if narrow is not None and grad.dtype != narrow else grad
                 if not bool(torch.isfinite(sent).all()):
                     raise errors.InvalidArgument(
@@ -442,19 +620,24 @@ class RemoteAdamW(torch.optim.Optimizer):
         out = {"step": torch.tensor(float(step)),
                "exp_avg": torch.from_numpy(state.exp_avg).reshape(p.shape),
                "exp_avg_sq": torch.from_numpy(state.exp_avg_sq).reshape(p.shape)}
+        if state.max_exp_avg_sq is not None:  # amsgrad
+            out["max_exp_avg_sq"] = torch.from_numpy(state.max_exp_avg_sq).reshape(p.shape)
         if self._travels_narrowed(p):
             out[MASTER_PARAM] = torch.from_numpy(state.params).reshape(p.shape)
         return out
 
     def state_dict(self) -> dict:
         """The state in torch.optim.AdamW's layout: ``{"state": {i: {"step", "exp_avg",
-        "exp_avg_sq"}}, "param_groups": [...]}``, read from the daemon (every rank gets all
+        "exp_avg_sq"}}, "param_groups": [...]}`` (and ``"max_exp_avg_sq"`` with amsgrad),
+        read from the daemon (every rank gets all
         of it, sharded or not). exp_avg and exp_avg_sq are float32 (the daemon's), also for
         16-bit parameters. A parameter whose values travel in 16 bits (a bfloat16 or
         float16 parameter, or any with ``wire_dtype`` 16-bit) has one entry more,
         ``"master_param"``: the daemon's float32 master weights, shaped like the parameter,
         which :meth:`load_state_dict` imports (torch.optim.AdamW keeps the entry, cast to
         the parameter's dtype, and never reads it)."""
+        for pre_hook in self._optimizer_state_dict_pre_hooks.values():
+            pre_hook(self)
         state, groups = {}, []
         index = 0
         names = {id(p): name for p, name, _ in self._names()}
@@ -467,7 +650,35 @@ class RemoteAdamW(torch.optim.Optimizer):
                     state[index] = exported
                 index += 1
             groups.append(packed)
-        return {"state": state, "param_groups": groups}
+        state_dict = {"state": state, "param_groups": groups}
+        for post_hook in self._optimizer_state_dict_post_hooks.values():
+            result = post_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        return state_dict
+
+    def _state_of(self, p: torch.Tensor) -> Optional[dict]:
+        """opt.state[p]: p's state read from the daemon now (copies), or None when p has
+        none (not stepped yet, or not a parameter of this optimizer)."""
+        name = next((n for q, n, _ in self._names() if q is p), None)
+        if name is None or self._closed:
+            return None
+        return self._export(p, name)
+
+    def _with_state(self) -> list:
+        """The parameters that have state on the daemon, in param-group order: those this
+        rank stepped or attached at a step > 0 (another rank's, sharded: read from the
+        daemon)."""
+        out = []
+        for p, name, _ in self._names():
+            reg = self._registered.get(id(p))
+            if reg is not None:
+                if reg.step > 0:
+                    out.append(p)
+            elif self._owner.get(id(p)) is not None and not self._closed:
+                if self._client.describe(name).max_step > 0:
+                    out.append(p)
+        return out
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Loads a state dict of torch.optim.AdamW's layout (from torch.optim.AdamW or from
@@ -478,7 +689,13 @@ class RemoteAdamW(torch.optim.Optimizer):
         values travel it equals them bit for bit: RemoteAdamW's own state dict of this
         model), else the parameter's current values (a state dict of torch.optim.AdamW,
         or one whose parameters have moved on since). A parameter without state starts
-        afresh (step 0, zero moments)."""
+        afresh (step 0, zero moments). torch's load-state-dict pre hooks run first (one may
+        return a replacement dict), its post hooks last."""
+        state_dict = state_dict.copy()  # shallow, as torch's
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
             raise ValueError("loaded state dict has a different number of parameter groups")
@@ -498,6 +715,8 @@ class RemoteAdamW(torch.optim.Optimizer):
                     continue
                 entry = saved_state.get(index, saved_state.get(str(index)))
                 self._import(p, names[id(p)], group, entry)
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
 
     def _master_weights(self, p: torch.Tensor, entry: dict) -> torch.Tensor:
         """The float32 master weights to import for p: the entry's master_param when it is
@@ -515,17 +734,17 @@ class RemoteAdamW(torch.optim.Optimizer):
         return master
 
     def _import(self, p: torch.Tensor, name: str, group: dict, entry: Optional[dict]) -> None:
-        h = _hyperparameters(group)
-        lr, betas, eps, weight_decay = h
         reg = self._registered.get(id(p))
+        # The daemon's group keeps the hyperparameters it was registered with (each step
+        # sends those of the loaded param group that differ); a new one takes the group's.
+        h = reg.hyperparameters if reg is not None else _hyperparameters(group)
         if entry is None:
             # No state: the parameter starts afresh. The daemon has no step 0 to import,
             # so this job's group is registered anew from the parameter's values.
             if reg is not None:
                 self._client.delete(name)
                 del self._registered[id(p)]
-            self.state.pop(p, None)
-            self._register(p, name, group)
+            self._register(p, name, group, h)
             return
         params = self._master_weights(p, entry)
         exp_avg = entry["exp_avg"].detach().reshape(-1).float().contiguous()
@@ -535,11 +754,17 @@ class RemoteAdamW(torch.optim.Optimizer):
             raise ValueError(f"parameter '{name}': the loaded exp_avg/exp_avg_sq have "
                              f"{exp_avg.numel()}/{exp_avg_sq.numel()} elements, the "
                              f"parameter {p.numel()}")
-        if reg is not None and reg.hyperparameters != h:
-            # The daemon's group holds the old hyperparameters and would refuse the import
-            # (ALREADY_EXISTS): this job's own group is replaced.
-            self._client.delete(name)
-        self._client.import_state(name, params, exp_avg, exp_avg_sq, [step], lr=lr, betas=betas,
-                                  eps=eps, weight_decay=weight_decay)
-        self._remember(p, name, h, step)
-        self.state[p] = {"step": torch.tensor(float(step))}
+        max_exp_avg_sq = None
+        if h[5]:  # amsgrad: torch's state has max_exp_avg_sq too
+            if not isinstance(entry.get("max_exp_avg_sq"), torch.Tensor):
+                raise ValueError(f"parameter '{name}': its param group has amsgrad=True but the "
+                                 "loaded state has no max_exp_avg_sq (a state dict of an "
+                                 "optimizer without amsgrad)")
+            max_exp_avg_sq = entry["max_exp_avg_sq"].detach().reshape(-1).float().contiguous()
+            if max_exp_avg_sq.numel() != p.numel():
+                raise ValueError(f"parameter '{name}': the loaded max_exp_avg_sq has "
+                                 f"{max_exp_avg_sq.numel()} elements, the parameter "
+                                 f"{p.numel()}")
+        self._client.import_state(name, params, exp_avg, exp_avg_sq, [step],
+                                  max_exp_avg_sq=max_exp_avg_sq, **_register_keywords(h))
+        self._remember(p, name, h, step, created=reg.created if reg is not None else True)

@@ -28,7 +28,54 @@ struct StepEntry {
   HostBuffer gradient;
   std::optional<HostBuffer> params_out;
   std::optional<double> lr;  // This group's own lr for the step.
+  // Its other hyperparameters for the step (GroupStep's overrides).
+  std::optional<double> beta1 = std::nullopt, beta2 = std::nullopt, eps = std::nullopt,
+                        weight_decay = std::nullopt;
+  std::optional<bool> maximize = std::nullopt;
 };
+
+// The overrides of a tuple's fifth element: a dict of some of "betas" (a
+// pair), "eps", "weight_decay" and "maximize"; any other key is a TypeError.
+void ReadOverrides(nb::handle overrides, const std::string& where, StepEntry* entry) {
+  nb::dict d;
+  if (!nb::try_cast<nb::dict>(overrides, d)) {
+    throw nb::type_error(
+        (where + "hyperparameters: expected a dict of betas, eps, weight_decay, maximize").c_str());
+  }
+  for (auto [key, value] : d) {
+    std::string name;
+    if (!nb::try_cast<std::string>(key, name)) name = "?";
+    auto as_double = [&](nb::handle v, const char* what) {
+      double x;
+      if (!nb::try_cast<double>(v, x)) {
+        throw nb::type_error((where + what + ": expected a float").c_str());
+      }
+      return x;
+    };
+    if (name == "betas") {
+      nb::tuple t;
+      if (!nb::try_cast<nb::tuple>(value, t) || t.size() != 2) {
+        throw nb::type_error((where + "betas: expected a pair of floats").c_str());
+      }
+      entry->beta1 = as_double(t[0], "betas[0]");
+      entry->beta2 = as_double(t[1], "betas[1]");
+    } else if (name == "eps") {
+      entry->eps = as_double(value, "eps");
+    } else if (name == "weight_decay") {
+      entry->weight_decay = as_double(value, "weight_decay");
+    } else if (name == "maximize") {
+      bool b;
+      if (!nb::try_cast<bool>(value, b)) {
+        throw nb::type_error((where + "maximize: expected a bool").c_str());
+      }
+      entry->maximize = b;
+    } else {
+      throw nb::type_error((where + "hyperparameters: unknown key '" + name +
+                            "' (betas, eps, weight_decay, maximize)")
+                               .c_str());
+    }
+  }
+}
 
 StepEntry MakeEntry(const std::string& name, nb::handle gradient, nb::handle params_out,
                     const std::string& where) {
@@ -71,6 +118,11 @@ GroupStep ToGroupStep(const StepEntry& e) {
   GroupStep g;
   g.group = e.name;
   g.lr = e.lr;
+  g.beta1 = e.beta1;
+  g.beta2 = e.beta2;
+  g.eps = e.eps;
+  g.weight_decay = e.weight_decay;
+  g.maximize = e.maximize;
   g.gradient = e.gradient.type == WireType::kFloat32
                    ? ConstBufferView(e.gradient.floats())
                    : ConstBufferView::Of16Bit(e.gradient.halves(), e.gradient.type);
@@ -246,22 +298,27 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
           if (!gradient.is_none() || !params_out.is_none()) {
             throw nb::type_error(
                 "step: with a list of groups, give each group's buffers in its tuple "
-                "(name, gradient[, params_out[, lr]]), not as gradient=/params_out=");
+                "(name, gradient[, params_out[, lr[, hyperparameters]]]), not as "
+                "gradient=/params_out=");
           }
           size_t i = 0;
           for (nb::handle item : groups) {
             const std::string where = absl::StrCat("groups[", i++, "].");
             nb::tuple t;
-            if (!nb::try_cast<nb::tuple>(item, t) || t.size() < 2 || t.size() > 4) {
+            if (!nb::try_cast<nb::tuple>(item, t) || t.size() < 2 || t.size() > 5) {
               throw nb::type_error(
                   absl::StrCat(where.substr(0, where.size() - 1),
-                               ": expected a tuple (name, gradient[, params_out[, lr]])")
+                               ": expected a tuple (name, gradient[, params_out[, lr[, "
+                               "hyperparameters]]])")
                       .c_str());
             }
             const std::string name = nb::cast<std::string>(t[0]);
             entries.push_back(MakeEntry(name, t[1], t.size() >= 3 ? nb::handle(t[2]) : nb::none(),
                                         absl::StrCat("group '", name, "', ", where)));
-            if (t.size() == 4 && !t[3].is_none()) {
+            if (t.size() == 5 && !t[4].is_none()) {
+              ReadOverrides(t[4], absl::StrCat("group '", name, "', ", where), &entries.back());
+            }
+            if (t.size() >= 4 && !t[3].is_none()) {
               double group_lr;
               if (!nb::try_cast<double>(t[3], group_lr)) {
                 throw nb::type_error(
@@ -290,8 +347,9 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
         // 2. The whole step without the GIL; `entries` keeps the arrays alive.
         absl::Status status;
         {
+          const std::shared_ptr<Client> live = self.live();
           nb::gil_scoped_release release;
-          status = self.client->Step(steps, step, options);
+          status = live->Step(steps, step, options);
         }
         ThrowIfError(status, self.target);
       },
@@ -299,7 +357,9 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
       "lr"_a = nb::none(), "grad_scale"_a = nb::none(), "wire_dtype"_a = nb::none(),
       "Applies step `step` (1, 2, ...) to one group or to many in one stream.\n\n"
       "`groups` is a group name (then give `gradient` and optionally `params_out`) or a list\n"
-      "of tuples (name, gradient[, params_out[, lr]]), `lr` that group's own for this step.\n"
+      "of tuples (name, gradient[, params_out[, lr[, hyperparameters]]]), `lr` that group's own\n"
+      "for this step, `hyperparameters` a dict of its other ones for this step where they\n"
+      "differ from the registered ones: any of betas (a pair), eps, weight_decay, maximize.\n"
       "Buffers are numpy arrays or torch CPU tensors, C-contiguous float32, bfloat16 or\n"
       "float16, read and written in place (a tensor that requires grad: pass .detach()).\n"
       "float32 buffers travel as `wire_dtype` (float32 unless set to 'bfloat16' or 'float16',\n"
@@ -317,8 +377,9 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
       [](PyClient& self) {
         absl::StatusOr<Stats> stats;
         {
+          const std::shared_ptr<Client> live = self.live();
           nb::gil_scoped_release release;
-          stats = self.client->GetStats();
+          stats = live->GetStats();
         }
         ThrowIfError(stats.status(), self.target);
         return StrDict(ToDict(*stats));

@@ -72,6 +72,7 @@ nb::dict ClientKeywords(const ClientOptions& options) {
   d["initial_backoff"] = absl::ToDoubleSeconds(options.initial_backoff);
   d["max_backoff"] = absl::ToDoubleSeconds(options.max_backoff);
   d["attempt_timeout"] = absl::ToDoubleSeconds(options.attempt_timeout);
+  d["connect_timeout"] = absl::ToDoubleSeconds(options.connect_timeout);
   d["max_message_bytes"] = options.max_message_bytes;
   d["chunk_bytes"] = options.chunk_bytes;
   d["max_chunks_in_flight"] = options.max_chunks_in_flight;
@@ -136,17 +137,18 @@ NB_MODULE(_optstate, m) {
       .def(
           "__init__",
           [](PyClient* self, const std::string& target, int max_attempts, double initial_backoff,
-             double max_backoff, double attempt_timeout, int max_message_bytes,
-             uint64_t chunk_bytes, int max_chunks_in_flight, const std::string& data_plane,
-             const std::string& token, bool tls, const std::string& tls_root_ca,
-             const std::string& tls_cert, const std::string& tls_key,
-             const std::string& tls_server_name) {
+             double max_backoff, double attempt_timeout, double connect_timeout,
+             int max_message_bytes, uint64_t chunk_bytes, int max_chunks_in_flight,
+             const std::string& data_plane, const std::string& token, bool tls,
+             const std::string& tls_root_ca, const std::string& tls_cert,
+             const std::string& tls_key, const std::string& tls_server_name) {
             ClientOptions options;
             options.data_plane = ParseDataPlane(data_plane);
             options.max_attempts = max_attempts;
             options.initial_backoff = Seconds(initial_backoff, "initial_backoff");
             options.max_backoff = Seconds(max_backoff, "max_backoff");
             options.attempt_timeout = Seconds(attempt_timeout, "attempt_timeout");
+            options.connect_timeout = Seconds(connect_timeout, "connect_timeout");
             options.max_message_bytes = max_message_bytes;
             options.chunk_bytes = chunk_bytes;
             options.max_chunks_in_flight = max_chunks_in_flight;
@@ -158,11 +160,12 @@ NB_MODULE(_optstate, m) {
             options.tls_server_name = tls_server_name;
             absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(target, options);
             ThrowIfError(connected.status(), target);
-            new (self) PyClient{target, *std::move(connected)};
+            new (self) PyClient{target, std::shared_ptr<Client>(*std::move(connected))};
           },
           "target"_a, nb::kw_only(), "max_attempts"_a = option("max_attempts"),
           "initial_backoff"_a = option("initial_backoff"), "max_backoff"_a = option("max_backoff"),
           "attempt_timeout"_a = option("attempt_timeout"),
+          "connect_timeout"_a = option("connect_timeout"),
           "max_message_bytes"_a = option("max_message_bytes"),
           "chunk_bytes"_a = option("chunk_bytes"),
           "max_chunks_in_flight"_a = option("max_chunks_in_flight"),
@@ -173,7 +176,9 @@ NB_MODULE(_optstate, m) {
           "Creates a channel to `target` (\"host:port\"); does not wait for the daemon.\n\n"
           "Transient failures (UNAVAILABLE, broken streams, deadlines) are retried up to\n"
           "`max_attempts` times with backoff doubling from `initial_backoff` to `max_backoff`\n"
-          "seconds; `attempt_timeout` (seconds, float('inf') for none) bounds one attempt.\n"
+          "seconds; `attempt_timeout` (seconds, float('inf') for none) bounds one attempt,\n"
+          "`connect_timeout` (seconds) one connection attempt (a listener that never answers\n"
+          "fails after it, naming the target).\n"
           "`chunk_bytes` is the gradient bytes per Step message, `max_chunks_in_flight` the\n"
           "messages sent ahead of their replies. `data_plane`: 'auto' (the default: shared memory\n"
           "with a daemon on this host that offers it, else the wire), 'wire', or\n"
@@ -189,13 +194,16 @@ NB_MODULE(_optstate, m) {
       .def(
           "register",
           [](PyClient& self, const std::string& name, BufferOrCountArg initial_values, double lr,
-             std::tuple<double, double> betas, double eps, double weight_decay) {
-            const Hyperparameters h = MakeHyperparameters(lr, betas, eps, weight_decay);
+             std::tuple<double, double> betas, double eps, double weight_decay, bool maximize,
+             bool amsgrad) {
+            const Hyperparameters h =
+                MakeHyperparameters(lr, betas, eps, weight_decay, maximize, amsgrad);
             absl::StatusOr<GroupInfo> info;
             if (PyLong_Check(initial_values.ptr())) {
               const uint64_t n = nb::cast<uint64_t>(initial_values);
+              const std::shared_ptr<Client> live = self.live();
               nb::gil_scoped_release release;
-              info = self.client->RegisterGroup(name, n, h);
+              info = live->RegisterGroup(name, n, h);
             } else {
               HostBuffer values = ViewHostBuffer(initial_values, "initial_values", false);
               if (values.type != WireType::kFloat32) {
@@ -205,8 +213,9 @@ NB_MODULE(_optstate, m) {
                                  "pass the float32 widening")
                         .c_str());
               }
+              const std::shared_ptr<Client> live = self.live();
               nb::gil_scoped_release release;
-              info = self.client->RegisterGroup(name, values.floats(), h);
+              info = live->RegisterGroup(name, values.floats(), h);
             }
             ThrowIfError(info.status(), self.target);
             return *std::move(info);
@@ -214,6 +223,8 @@ NB_MODULE(_optstate, m) {
           "name"_a, "initial_values"_a, nb::kw_only(), "lr"_a = kDefaultHyperparameters.lr,
           "betas"_a = Betas(kDefaultHyperparameters), "eps"_a = kDefaultHyperparameters.eps,
           "weight_decay"_a = kDefaultHyperparameters.weight_decay,
+          "maximize"_a = kDefaultHyperparameters.maximize,
+          "amsgrad"_a = kDefaultHyperparameters.amsgrad,
           "Registers group `name` with torch.optim.AdamW's hyperparameters.\n\n"
           "`initial_values` is a float32 array (any shape; its elements in order) or an\n"
           "element count (params start at zero). Idempotent: an equal existing group is\n"
@@ -224,8 +235,9 @@ NB_MODULE(_optstate, m) {
           [](PyClient& self, const std::string& name) {
             absl::StatusOr<GroupInfo> info;
             {
+              const std::shared_ptr<Client> live = self.live();
               nb::gil_scoped_release release;
-              info = self.client->DescribeGroup(name);
+              info = live->DescribeGroup(name);
             }
             ThrowIfError(info.status(), self.target);
             return *std::move(info);
@@ -236,8 +248,9 @@ NB_MODULE(_optstate, m) {
           [](PyClient& self) {
             absl::StatusOr<std::vector<GroupInfo>> groups;
             {
+              const std::shared_ptr<Client> live = self.live();
               nb::gil_scoped_release release;
-              groups = self.client->ListGroups();
+              groups = live->ListGroups();
             }
             ThrowIfError(groups.status(), self.target);
             return *std::move(groups);
@@ -248,16 +261,35 @@ NB_MODULE(_optstate, m) {
           [](PyClient& self, const std::string& name) {
             absl::Status status;
             {
+              const std::shared_ptr<Client> live = self.live();
               nb::gil_scoped_release release;
-              status = self.client->DeleteGroup(name);
+              status = live->DeleteGroup(name);
             }
             ThrowIfError(status, self.target);
           },
           "name"_a,
           "Deletes the group and frees its memory. Made once, never retried (after a lost\n"
           "reply a retry could not tell 'deleted now' from NotFound); NotFound when absent.")
-      .def("__repr__",
-           [](const PyClient& c) { return absl::StrCat("optstate.Client('", c.target, "')"); });
+      .def(
+          "close", [](PyClient& self) { self.client.reset(); },
+          "Closes the connection (idempotent). Calls still running finish first; later calls\n"
+          "raise ValueError. The daemon's groups stay (delete() removes one).")
+      .def_prop_ro(
+          "closed", [](const PyClient& c) { return c.client == nullptr; },
+          "True once close() was called.")
+      .def(
+          "__enter__", [](nb::object self) { return self; },
+          "The client itself: `with optstate.Client(target) as c:` closes it at the end.")
+      .def(
+          "__exit__",
+          [](PyClient& self, nb::args) {
+            self.client.reset();
+            return false;
+          },
+          "Closes the client; never swallows the exception.")
+      .def("__repr__", [](const PyClient& c) {
+        return absl::StrCat("optstate.Client('", c.target, "'", c.client ? "" : ", closed", ")");
+      });
 
   BindStepAndStats(client);
   BindSharedBuffer(client);

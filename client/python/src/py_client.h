@@ -12,9 +12,21 @@
 
 namespace optstate::python {
 
+// close() drops `client`; a call in flight holds its own reference (taken
+// with the GIL, before the GIL is released), so the C++ client and its
+// channel go when the last call using them returns.
 struct PyClient {
   std::string target;
-  std::unique_ptr<Client> client;
+  std::shared_ptr<Client> client;
+
+  // The client, for one call; ValueError once closed. Needs the GIL.
+  std::shared_ptr<Client> live() const {
+    if (client == nullptr) {
+      throw nanobind::value_error(
+          ("optstate.Client('" + target + "') is closed; make a new Client").c_str());
+    }
+    return client;
+  }
 };
 
 // Client.step and Client.stats (api_binding.cc): the calls whose C++

@@ -20,8 +20,9 @@ void BindSharedBuffer(nb::class_<PyClient>& cls) {
       [](PyClient& self, uint64_t nbytes) {
         absl::StatusOr<std::unique_ptr<SharedBuffer>> buffer;
         {
+          const std::shared_ptr<Client> live = self.live();
           nb::gil_scoped_release release;
-          buffer = self.client->AllocateSharedBuffer(nbytes);
+          buffer = live->AllocateSharedBuffer(nbytes);
         }
         ThrowIfError(buffer.status(), self.target);
         SharedBuffer* owned = buffer->release();

@@ -1,5 +1,5 @@
 // Client.export_state / import_state: a group's whole state (params, exp_avg,
-// exp_avg_sq, page steps) out of and into the daemon, as numpy arrays; and
+// exp_avg_sq, max_exp_avg_sq with amsgrad, page steps) out of and into the daemon, as numpy arrays; and
 // Client.checkpoint, the daemon's own durable copy of it.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -63,6 +63,13 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
       .def_prop_ro("exp_avg_sq",
                    [](nb::handle self) { return View(self, &GroupState::exp_avg_sq); })
       .def_prop_ro(
+          "max_exp_avg_sq",
+          [](nb::handle self) -> nb::object {
+            if (!nb::cast<GroupState&>(self).hyperparameters.amsgrad) return nb::none();
+            return nb::cast(View(self, &GroupState::max_exp_avg_sq));
+          },
+          "torch's state['max_exp_avg_sq'] of an amsgrad group; None without amsgrad.")
+      .def_prop_ro(
           "page_steps", [](nb::handle self) { return View(self, &GroupState::page_steps); },
           "The step each page has reached (all equal unless a step is under way).");
 
@@ -71,8 +78,9 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
       [](PyClient& self, const std::string& name) {
         absl::StatusOr<GroupState> state;
         {
+          const std::shared_ptr<Client> live = self.live();
           nb::gil_scoped_release release;
-          state = self.client->ExportState(name);
+          state = live->ExportState(name);
         }
         ThrowIfError(state.status(), self.target);
         return *std::move(state);
@@ -85,18 +93,24 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
       "import_state",
       [](PyClient& self, const std::string& name, BufferArg params, BufferArg exp_avg,
          BufferArg exp_avg_sq, std::vector<uint64_t> page_steps, double lr,
-         std::tuple<double, double> betas, double eps, double weight_decay) {
+         std::tuple<double, double> betas, double eps, double weight_decay, bool maximize,
+         bool amsgrad, BufferArg max_exp_avg_sq) {
         GroupState state;
         state.name = name;
-        state.hyperparameters = MakeHyperparameters(lr, betas, eps, weight_decay);
+        state.hyperparameters =
+            MakeHyperparameters(lr, betas, eps, weight_decay, maximize, amsgrad);
         state.params = CopyFloats(params, "params");
         state.exp_avg = CopyFloats(exp_avg, "exp_avg");
         state.exp_avg_sq = CopyFloats(exp_avg_sq, "exp_avg_sq");
+        if (!max_exp_avg_sq.is_none()) {
+          state.max_exp_avg_sq = CopyFloats(max_exp_avg_sq, "max_exp_avg_sq");
+        }
         state.page_steps = std::move(page_steps);
         absl::Status status;
         {
+          const std::shared_ptr<Client> live = self.live();
           nb::gil_scoped_release release;
-          status = self.client->ImportState(state);
+          status = live->ImportState(state);
         }
         ThrowIfError(status, self.target);
       },
@@ -104,9 +118,12 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
       "lr"_a = kDefaultHyperparameters.lr, "betas"_a = Betas(kDefaultHyperparameters),
       "eps"_a = kDefaultHyperparameters.eps,
       "weight_decay"_a = kDefaultHyperparameters.weight_decay,
+      "maximize"_a = kDefaultHyperparameters.maximize,
+      "amsgrad"_a = kDefaultHyperparameters.amsgrad, "max_exp_avg_sq"_a = nb::none(),
       "Creates group `name` with this state, or replaces the whole state of an existing\n"
       "group of the same size and hyperparameters (AlreadyExists when it differs).\n"
-      "`params`, `exp_avg`, `exp_avg_sq` are float32 arrays of one length; `page_steps`\n"
+      "`params`, `exp_avg`, `exp_avg_sq` are float32 arrays of one length, and\n"
+      "`max_exp_avg_sq` too with amsgrad=True (None without); `page_steps`\n"
       "one step per daemon page, or exactly one for every page (torch's 'step'); steps are\n"
       ">= 1. Nothing is visible to Step until all of it arrived and passed the daemon's\n"
       "checks (InvalidArgument for non-finite values or a negative exp_avg_sq).");
@@ -120,8 +137,9 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
         options.wait_for_step = wait_for_step;
         absl::StatusOr<Client::CheckpointResult> result;
         {
+          const std::shared_ptr<Client> live = self.live();
           nb::gil_scoped_release release;
-          result = self.client->Checkpoint(options);
+          result = live->Checkpoint(options);
         }
         ThrowIfError(result.status(), self.target);
         nb::dict d;

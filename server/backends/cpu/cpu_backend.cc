@@ -44,6 +44,7 @@ void CpuBackend::Run(Group& group, uint64_t begin, uint64_t end, const Segmented
   const size_t grad_size = WireTypeSize(grad_type);
   const size_t params_size = WireTypeSize(params_type);
   auto* out_bytes = static_cast<unsigned char*>(params_out);
+  float* const max_exp_avg_sq = group.max_exp_avg_sq();  // Null without amsgrad.
   pool_->ParallelFor(shards, [&](size_t i) {
     const uint64_t first = i * shard;
     const uint64_t last = std::min(count, first + shard);
@@ -51,13 +52,15 @@ void CpuBackend::Run(Group& group, uint64_t begin, uint64_t end, const Segmented
         grad_offset + first * grad_size, grad_size, last - first,
         [&](size_t run_first, size_t n, const char* grad) {
           const uint64_t at = begin + first + run_first;
+          float* const vmax = max_exp_avg_sq == nullptr ? nullptr : max_exp_avg_sq + at;
           if (out_bytes == nullptr) {
             AdamWUpdate(constants, group.params() + at, group.exp_avg() + at,
-                        group.exp_avg_sq() + at, grad, grad_type, n);
+                        group.exp_avg_sq() + at, grad, grad_type, n, vmax);
           } else {
             AdamWUpdateAndEncode(constants, group.params() + at, group.exp_avg() + at,
                                  group.exp_avg_sq() + at, grad, grad_type, n,
-                                 out_bytes + (first + run_first) * params_size, params_type, store);
+                                 out_bytes + (first + run_first) * params_size, params_type, store,
+                                 vmax);
           }
           return true;
         });

@@ -211,6 +211,13 @@ void CudaBackend::FreeDeviceArrays(Group& group, GroupState& state) {
 }
 
 absl::Status CudaBackend::AttachGroup(Group& group) {
+  if (group.config().hyperparameters.amsgrad) {
+    // The device kernel and the pager move params, m and v only.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group '", group.key().name,
+        "': amsgrad=true is not supported by the CUDA backend (it keeps no max_exp_avg_sq on "
+        "the device); register it with amsgrad=false, or run optstated with --backend=cpu"));
+  }
   if (absl::Status s = UseDevice(device_.ordinal); !s.ok()) return s;
   absl::MutexLock lock(&groups_mu_);
   const uint64_t id = next_id_++;

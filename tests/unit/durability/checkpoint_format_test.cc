@@ -5,6 +5,15 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cinttypes>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "server/durability/crc32c.h"
+
 namespace optstate {
 namespace {
 
@@ -30,6 +39,7 @@ Manifest Example() {
   b.key = {"tenant a", "b"};
   b.config.hyperparameters.lr = 0.1f;  // Not a short decimal: must survive exactly.
   b.config.has_initial_values = false;
+  b.config.hyperparameters.maximize = true;
   b.file = "group-1.data";
   m.groups = {a, b};
   return m;
@@ -81,11 +91,45 @@ TEST(CheckpointFormatTest, DamagedManifestsAreRefusedEachWithItsReason) {
   flipped[good.find("step 1234") + 5] = '9';
   EXPECT_THAT(refusal(flipped), HasSubstr("manifest checksum mismatch"));
   std::string future = good;
-  future.replace(future.find("format_version 1"), 16, "format_version 7");
-  EXPECT_THAT(refusal(future), HasSubstr("format version 7 is newer than this daemon reads (1)"));
+  future.replace(future.find("format_version 2"), 16, "format_version 7");
+  EXPECT_THAT(refusal(future), HasSubstr("format version 7 is newer than this daemon reads (2)"));
   std::string no_version = good;
   no_version.replace(no_version.find("format_version"), 14, "formot_version");
   EXPECT_THAT(refusal(no_version), HasSubstr("format_version N"));
+}
+
+// A manifest as daemons before format version 2 wrote it: group lines
+// without maximize and amsgrad, which read as false.
+TEST(CheckpointFormatTest, AVersionOneManifestStillReadsWithMaximizeAndAmsgradOff) {
+  Manifest m = Example();
+  m.groups[1].config.hyperparameters.maximize = false;
+  std::string text = EncodeManifest(m);
+  text.replace(text.find("format_version 2"), 16, "format_version 1");
+  text.erase(text.rfind("end "));
+  std::string v1;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    if (absl::ConsumePrefix(&line, "group ")) {
+      ASSERT_TRUE(absl::ConsumeSuffix(&line, " 0 0")) << line;
+      absl::StrAppend(&v1, "group ", line, "\n");
+    } else {
+      absl::StrAppend(&v1, line, "\n");
+    }
+  }
+  char crc[9];
+  std::snprintf(crc, sizeof(crc), "%08" PRIx32, Crc32cExtend(0, v1.data(), v1.size()));
+  absl::StrAppend(&v1, "end ", crc, "\n");
+  absl::StatusOr<Manifest> back = ParseManifest(v1);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->version, 1);
+  ASSERT_EQ(back->groups.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(back->groups[i].config == m.groups[i].config) << i;
+    EXPECT_FALSE(back->groups[i].config.hyperparameters.maximize);
+    EXPECT_FALSE(back->groups[i].config.hyperparameters.amsgrad);
+  }
+  // A version-2 line without the two fields does not parse.
+  std::string short_line = EncodeManifest(Example());
+  EXPECT_FALSE(ParseManifest(absl::StrReplaceAll(short_line, {{" 0 0\n", "\n"}})).ok());
 }
 
 TEST(CheckpointFormatTest, DirectoryNamesRoundTripAndTemporaryOnesAreNotCheckpoints) {

@@ -86,6 +86,57 @@ TEST_F(CheckpointWriterTest, AGroupOfManyRunsReadsBackBitForBit) {
   for (uint64_t p = 0; p < copy.num_pages(); ++p) EXPECT_EQ(copy.page_step(p), 9u) << p;
 }
 
+// An amsgrad group's records carry max_exp_avg_sq after exp_avg_sq, and it
+// reads back with it, bit for bit, next to a group without.
+TEST_F(CheckpointWriterTest, AnAmsgradGroupsMaxExpAvgSqReadsBackBitForBit) {
+  GroupConfig config;
+  config.num_elements = kElements;
+  config.hyperparameters.amsgrad = true;
+  auto registered = store_.Register({"", "ams"}, config);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  std::shared_ptr<Group> ams = registered->group;
+  ASSERT_NE(ams->max_exp_avg_sq(), nullptr);
+  EXPECT_EQ(group_->max_exp_avg_sq(), nullptr);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> value(0.0f, 1.0f);
+  for (uint64_t i = 0; i < kElements; ++i) {
+    ams->params()[i] = value(rng);
+    ams->exp_avg()[i] = value(rng);
+    ams->exp_avg_sq()[i] = value(rng);
+    ams->max_exp_avg_sq()[i] = ams->exp_avg_sq()[i] + value(rng);
+  }
+  for (uint64_t p = 0; p < ams->num_pages(); ++p) {
+    ams->set_page_step(p, 9);
+    ams->mark_page_has_values(p);
+  }
+  CheckpointWriter writer(dir_, kPage, &backend_, kBufferBytes);
+  absl::StatusOr<WrittenCheckpoint> written = writer.Write(1, 9, {{group_, 9}, {ams, 9}});
+  ASSERT_TRUE(written.ok()) << written.status();
+  ASSERT_EQ(written->manifest.groups.size(), 2u);
+  StateStore restored(&backend_, uint64_t{1} << 30, kPage);
+  Manifest manifest;
+  absl::StatusOr<std::vector<StagedGroup>> staged =
+      LoadCheckpoint(&restored, dir_ + "/" + written->id, &manifest, &pool_);
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  ASSERT_EQ(staged->size(), 2u);
+  for (const StagedGroup& s : *staged) {
+    const Group& copy = s.group();
+    const bool is_ams = copy.key().name == "ams";
+    const Group& original = is_ams ? *ams : *group_;
+    EXPECT_EQ(copy.config().hyperparameters.amsgrad, is_ams);
+    ASSERT_EQ(copy.max_exp_avg_sq() != nullptr, is_ams);
+    EXPECT_EQ(written->manifest.groups[is_ams ? 1 : 0].bytes,
+              DataFileBytes(kElements, kPage, is_ams));
+    for (uint64_t i = 0; i < kElements; ++i) {
+      ASSERT_EQ(copy.params()[i], original.params()[i]) << i;
+      ASSERT_EQ(copy.exp_avg_sq()[i], original.exp_avg_sq()[i]) << i;
+      if (is_ams) {
+        ASSERT_EQ(copy.max_exp_avg_sq()[i], original.max_exp_avg_sq()[i]) << i;
+      }
+    }
+  }
+}
+
 TEST_F(CheckpointWriterTest, ARefusalAtALaterRunStopsTheWriterAndLeavesNothing) {
   group_->set_page_step(30, 10);  // Run 15 of 19: earlier runs are written by then.
   CheckpointWriter writer(dir_, kPage, &backend_, kBufferBytes);

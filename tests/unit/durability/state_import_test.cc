@@ -92,6 +92,48 @@ TEST_F(StateImportTest, CommitMakesTheWholeStateVisibleAtOnce) {
   EXPECT_EQ(store_.host_bytes(), 12000u);  // Counted once, by the store now.
 }
 
+// An amsgrad group's import needs max_exp_avg_sq (every element, >= 0); one
+// without amsgrad refuses it; a replacement carries it over.
+TEST_F(StateImportTest, AnAmsgradGroupNeedsItsMaxExpAvgSqAndOthersRefuseIt) {
+  AdamWHyperparameters ams;
+  ams.amsgrad = true;
+  auto begin = [&](const std::string& name, const AdamWHyperparameters& h) {
+    absl::StatusOr<std::unique_ptr<StateImport>> import =
+        StateImport::Begin(&store_, &backend_, StateHeader{{"", name}, 100, h});
+    EXPECT_TRUE(import.ok()) << import.status();
+    EXPECT_TRUE((*import)->AddChunk(StateTensor::kPageSteps, 0, Steps({2})).ok());
+    EXPECT_TRUE((*import)->AddChunk(StateTensor::kParams, 0, Floats(100, 1.0f)).ok());
+    EXPECT_TRUE((*import)->AddChunk(StateTensor::kExpAvg, 0, Floats(100, 0.5f)).ok());
+    EXPECT_TRUE((*import)->AddChunk(StateTensor::kExpAvgSq, 0, Floats(100, 0.25f)).ok());
+    return std::move(*import);
+  };
+  auto missing = begin("a", ams);
+  EXPECT_EQ(store_.host_bytes(), 1600u);  // 16 bytes per element with amsgrad.
+  absl::StatusOr<StateImport::Result> refused = missing->Commit();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("max_exp_avg_sq covering elements [0, 0) of 100"));
+  absl::Status negative = missing->AddChunk(StateTensor::kMaxExpAvgSq, 0, Floats(100, -1.0f));
+  EXPECT_THAT(std::string(negative.message()), HasSubstr("max_exp_avg_sq must be finite and >= 0"));
+  ASSERT_TRUE(missing->AddChunk(StateTensor::kMaxExpAvgSq, 0, Floats(100, 0.75f)).ok());
+  ASSERT_TRUE(missing->Commit().ok());
+  absl::StatusOr<std::shared_ptr<Group>> group = store_.Find({"", "a"});
+  ASSERT_TRUE(group.ok());
+  EXPECT_EQ((*group)->max_exp_avg_sq()[99], 0.75f);
+  // Replaced by a second import of the same group.
+  auto again = begin("a", ams);
+  ASSERT_TRUE(again->AddChunk(StateTensor::kMaxExpAvgSq, 0, Floats(100, 2.0f)).ok());
+  absl::StatusOr<StateImport::Result> replaced = again->Commit();
+  ASSERT_TRUE(replaced.ok()) << replaced.status();
+  EXPECT_TRUE(replaced->replaced);
+  EXPECT_EQ((*group)->max_exp_avg_sq()[0], 2.0f);
+  // Without amsgrad: refused by name.
+  auto plain = begin("b", AdamWHyperparameters{});
+  absl::Status extra = plain->AddChunk(StateTensor::kMaxExpAvgSq, 0, Floats(100, 1.0f));
+  EXPECT_EQ(extra.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(extra.message()), HasSubstr("amsgrad=false"));
+}
+
 TEST_F(StateImportTest, ABackendThatCannotTakeTheStateLeavesNothingVisible) {
   backend_.device = true;
   auto import = BeginWhole("g", 1000, 1.0f, 3);

@@ -323,4 +323,81 @@ TEST_F(StepEngineTest, InitialValuesForADeletedGroupAreRefusedEvenIfTheNameIsReu
 }
 
 }  // namespace
+// torch reads every hyperparameter from param_groups at each step: a chunk's
+// overrides step exactly as the kernel does with those hyperparameters (the
+// bias corrections with this step's betas), and unset ones stay the group's.
+TEST_F(StepEngineTest, AChunksHyperparametersOverrideTheGroupsForThatStepOnly) {
+  GroupConfig config;
+  config.num_elements = kPage + 5;
+  config.has_initial_values = false;
+  ASSERT_TRUE(store_.Register(GroupKey{"", "g"}, config).ok());
+  std::mt19937_64 rng(TestSeed());
+  std::normal_distribution<float> normal(0.0f, 1e-2f);
+  std::vector<float> p(config.num_elements, 0.0f), m(p), v(p);
+  AdamWHyperparameters overridden;
+  overridden.lr = 2e-3;
+  overridden.beta1 = 0.85;
+  overridden.beta2 = 0.98;
+  overridden.eps = 1e-7;
+  overridden.weight_decay = 0.05;
+  overridden.maximize = true;
+  for (uint64_t step = 1; step <= 3; ++step) {
+    std::vector<float> grad(config.num_elements);
+    for (float& g : grad) g = normal(rng);
+    StepChunk chunk;
+    chunk.group = GroupKey{"", "g"};
+    chunk.step = step;
+    chunk.gradient = absl::string_view(reinterpret_cast<const char*>(grad.data()),
+                                       grad.size() * sizeof(float));
+    AdamWStepInputs inputs;
+    inputs.step = step;
+    if (step == 2) {  // Steps 1 and 3 take the group's own.
+      chunk.lr = overridden.lr;
+      chunk.beta1 = overridden.beta1;
+      chunk.beta2 = overridden.beta2;
+      chunk.eps = overridden.eps;
+      chunk.weight_decay = overridden.weight_decay;
+      chunk.maximize = overridden.maximize;
+      inputs.hyperparameters = overridden;
+    }
+    std::string params;
+    absl::StatusOr<StepChunkResult> result = testing::ApplyChunk(engine_, chunk, &params);
+    ASSERT_TRUE(result.ok()) << result.status();
+    AdamWUpdateScalar(ComputeAdamWConstants(inputs), p.data(), m.data(), v.data(), grad.data(),
+                      WireType::kFloat32, p.size());
+  }
+  absl::StatusOr<std::shared_ptr<Group>> group = store_.Find(GroupKey{"", "g"});
+  ASSERT_TRUE(group.ok());
+  EXPECT_EQ(std::memcmp((*group)->params(), p.data(), p.size() * 4), 0);
+  EXPECT_EQ(std::memcmp((*group)->exp_avg(), m.data(), m.size() * 4), 0);
+  EXPECT_EQ(std::memcmp((*group)->exp_avg_sq(), v.data(), v.size() * 4), 0);
+  EXPECT_FALSE((*group)->config().hyperparameters.maximize);  // The registration is unchanged.
+}
+
+TEST_F(StepEngineTest, AnOverrideOutOfRangeIsRefusedNamingItAndAppliesNothing) {
+  GroupConfig config;
+  config.num_elements = kPage;
+  ASSERT_TRUE(store_.Register(GroupKey{"", "g"}, config).ok());
+  std::vector<float> grad(kPage, 0.25f);
+  StepChunk chunk;
+  chunk.group = GroupKey{"", "g"};
+  chunk.step = 1;
+  chunk.gradient = absl::string_view(reinterpret_cast<const char*>(grad.data()), kPage * 4);
+  chunk.beta2 = 1.0;
+  std::string params;
+  absl::StatusOr<StepChunkResult> refused = testing::ApplyChunk(engine_, chunk, &params);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("beta2 must be in [0, 1)"), std::string::npos)
+      << refused.status();
+  chunk.beta2.reset();
+  chunk.eps = 0.0;
+  refused = testing::ApplyChunk(engine_, chunk, &params);
+  EXPECT_NE(refused.status().message().find("eps must be finite and > 0"), std::string::npos)
+      << refused.status();
+  absl::StatusOr<std::shared_ptr<Group>> group = store_.Find(GroupKey{"", "g"});
+  ASSERT_TRUE(group.ok());
+  EXPECT_EQ((*group)->page_step(0), 0u);
+  EXPECT_EQ((*group)->exp_avg()[0], 0.0f);
+}
+
 }  // namespace optstate

@@ -98,11 +98,14 @@ class GuardedGradient {
 struct HyperparameterSet {
   const char* name;
   double lr, beta1, beta2, eps, weight_decay;
+  bool maximize = false;
 };
 constexpr HyperparameterSet kTorchDefaults{"TorchDefaults", 1e-3, 0.9, 0.999, 1e-8, 1e-2};
 constexpr HyperparameterSet kNonDefault{"NonDefault", 3e-3, 0.8, 0.95, 1e-6, 0.1};
 // beta1 <= 0.5: torch's lerp takes its second form, fma(w - 1, g - m, g).
 constexpr HyperparameterSet kSmallBeta1{"SmallBeta1", 1e-3, 0.3, 0.99, 1e-8, 1e-2};
+// torch's maximize=True: the step climbs the gradient.
+constexpr HyperparameterSet kMaximize{"Maximize", 3e-3, 0.8, 0.95, 1e-6, 0.1, true};
 
 AdamWStepInputs Inputs(const HyperparameterSet& h, uint64_t step, float grad_scale = 1.0f) {
   AdamWStepInputs in;
@@ -111,6 +114,7 @@ AdamWStepInputs Inputs(const HyperparameterSet& h, uint64_t step, float grad_sca
   in.hyperparameters.beta2 = h.beta2;
   in.hyperparameters.eps = h.eps;
   in.hyperparameters.weight_decay = h.weight_decay;
+  in.hyperparameters.maximize = h.maximize;
   in.step = step;
   in.grad_scale = grad_scale;
   return in;
@@ -124,6 +128,7 @@ ref::ReferenceHyperparameters Reference(const HyperparameterSet& h) {
   r.beta2 = h.beta2;
   r.eps = h.eps;
   r.weight_decay = h.weight_decay;
+  r.maximize = h.maximize;
   return r;
 }
 
@@ -519,7 +524,8 @@ TEST_P(AdamWKernelVsReference, HundredStepsFromZeroMomentsStayWithinL2AndMaxBoun
 
 INSTANTIATE_TEST_SUITE_P(SizesAndHyperparameters, AdamWKernelVsReference,
                          ::testing::Combine(::testing::ValuesIn(kSizes),
-                                            ::testing::Values(kTorchDefaults, kNonDefault)),
+                                            ::testing::Values(kTorchDefaults, kNonDefault,
+                                                              kMaximize)),
                          [](const auto& info) {
                            return SizeName(std::get<0>(info.param)) + "_" +
                                   std::get<1>(info.param).name;
@@ -576,6 +582,139 @@ INSTANTIATE_TEST_SUITE_P(Sizes, AdamWKernelGradScale, ::testing::ValuesIn(kSizes
                          [](const auto& info) { return SizeName(info.param); });
 
 // ---------------------------------------------------------------------------
+// amsgrad: max_exp_avg_sq kept, and the denominator takes it, on every path.
+
+// A gradient that shrinks by half every 10 steps, so v falls below its
+// running maximum and amsgrad's denominator differs from plain AdamW's.
+std::vector<float> ShrinkingGradient(size_t n, uint64_t t, std::mt19937_64& rng) {
+  std::vector<float> g = RandomGradient(n, rng);
+  const float scale = static_cast<float>(std::pow(0.5, static_cast<double>(t) / 10.0));
+  for (float& x : g) x *= scale;
+  return g;
+}
+
+class AdamWKernelAmsgrad : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(AdamWKernelAmsgrad, HundredStepsStayWithinL2AndMaxBoundsOfTheFloat64Reference) {
+  const size_t n = GetParam();
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  FloatState before = RandomState(n, rng);
+  std::fill(before.m.begin(), before.m.end(), 0.0f);
+  std::fill(before.v.begin(), before.v.end(), 0.0f);
+  std::vector<float> p = before.p, m = before.m, v = before.v, vmax(n, 0.0f);
+  std::vector<float> plain_p = before.p, plain_m = before.m, plain_v = before.v;
+  ref::ReferenceState reference = WidenState(before);
+  reference.max_exp_avg_sq.assign(n, 0.0);
+  ref::ReferenceHyperparameters h = Reference(kNonDefault);
+  h.amsgrad = true;
+  for (uint64_t t = 1; t <= 100; ++t) {
+    const std::vector<float> grad = ShrinkingGradient(n, t, rng);
+    const AdamWConstants c = ComputeAdamWConstants(Inputs(kNonDefault, t));
+    AdamWUpdate(c, p.data(), m.data(), v.data(), grad.data(), WireType::kFloat32, n, vmax.data());
+    AdamWUpdate(c, plain_p.data(), plain_m.data(), plain_v.data(), grad.data(),
+                WireType::kFloat32, n);
+    ref::ReferenceAdamWStep(h, t, Widen(grad), &reference);
+  }
+  const double rel_p = ref::RelativeL2Error(p, reference.params);
+  Report("amsgrad rel p", rel_p);
+  if (n > 1) {
+    EXPECT_LE(rel_p, 1e-5);
+    EXPECT_LE(ref::RelativeL2Error(vmax, reference.max_exp_avg_sq), 1e-5);
+  }
+  EXPECT_LE(ref::MaxAbsError(p, reference.params), 1e-4);
+  EXPECT_TRUE(BitwiseEqual(m, plain_m)) << "amsgrad changes m";
+  EXPECT_TRUE(BitwiseEqual(v, plain_v)) << "amsgrad changes v";
+  size_t above = 0;
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_GE(vmax[i], v[i]) << i;
+    above += vmax[i] > v[i];
+  }
+  EXPECT_GT(above, 0u) << "the gradients never let v fall below its maximum";
+  EXPECT_FALSE(BitwiseEqual(p, plain_p)) << "amsgrad changed nothing";
+}
+
+// Every path (and AdamWUpdateAndEncode's, with plain and streaming stores)
+// against the scalar one, bit for bit, max_exp_avg_sq included; a
+// max_exp_avg_sq above and below the new v by turns.
+TEST_P(AdamWKernelAmsgrad, EveryPathEqualsTheScalarPathBitwise) {
+  const size_t n = GetParam();
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  const FloatState before = RandomState(n, rng);
+  std::vector<float> vmax_before(n);
+  for (size_t i = 0; i < n; ++i) vmax_before[i] = i % 2 ? before.v[i] * 2.0f : before.v[i] * 0.5f;
+  for (WireType type : {WireType::kFloat32, WireType::kBFloat16}) {
+    SCOPED_TRACE(TypeName(type));
+    const std::vector<unsigned char> grad = EncodeGradient(RandomGradient(n, rng), type);
+    const AdamWConstants c = ComputeAdamWConstants(Inputs(kMaximize, RandomStep(rng), 0.37f));
+    std::vector<float> p = before.p, m = before.m, v = before.v, vmax = vmax_before;
+    AdamWUpdateScalar(c, p.data(), m.data(), v.data(), grad.data(), type, n, vmax.data());
+    for (KernelIsa isa : SupportedKernelIsas()) {
+      for (int store = -1; store <= 1; ++store) {  // -1: AdamWUpdateOn, else ...AndEncodeOn
+        SCOPED_TRACE(absl::StrCat(KernelIsaName(isa), " store ", store));
+        GuardedFloats gp(before.p), gm(before.m), gv(before.v), gvmax(vmax_before);
+        std::vector<float> out(n);
+        if (store < 0) {
+          AdamWUpdateOn(isa, c, gp.data(), gm.data(), gv.data(), grad.data(), type, n,
+                        gvmax.data());
+        } else {
+          AdamWUpdateAndEncodeOn(isa, c, gp.data(), gm.data(), gv.data(), grad.data(), type, n,
+                                 out.data(), WireType::kFloat32,
+                                 store == 0 ? ParamsStore::kCached : ParamsStore::kStreaming,
+                                 gvmax.data());
+          EXPECT_TRUE(BitwiseEqual(out, p));
+        }
+        EXPECT_TRUE(BitwiseEqual(gp.ToVector(), p));
+        EXPECT_TRUE(BitwiseEqual(gm.ToVector(), m));
+        EXPECT_TRUE(BitwiseEqual(gv.ToVector(), v));
+        EXPECT_TRUE(BitwiseEqual(gvmax.ToVector(), vmax));
+        EXPECT_TRUE(gp.GuardsIntact() && gm.GuardsIntact() && gv.GuardsIntact() &&
+                    gvmax.GuardsIntact());
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, AdamWKernelAmsgrad, ::testing::ValuesIn(kSizes),
+                         [](const auto& info) { return SizeName(info.param); });
+
+// ---------------------------------------------------------------------------
+// maximize, per size: torch's `grad = -grad`, on every path.
+
+class AdamWKernelMaximize : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(AdamWKernelMaximize, MaximizeEqualsTheStepOnTheNegatedGradientBitwiseOnEveryPath) {
+  const size_t n = GetParam();
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  const FloatState before = RandomState(n, rng);
+  const std::vector<float> grad = RandomGradient(n, rng);
+  std::vector<float> negated(grad);
+  for (float& g : negated) g = -g;
+  const uint64_t t = RandomStep(rng);
+  HyperparameterSet minimize = kMaximize;
+  minimize.maximize = false;
+  KernelState want(before);
+  want.Step(Path::kScalar, ComputeAdamWConstants(Inputs(minimize, t, 0.37f)),
+            Float32Bytes(negated), WireType::kFloat32);
+  for (KernelIsa isa : SupportedKernelIsas()) {
+    SCOPED_TRACE(KernelIsaName(isa));
+    KernelState got(before);
+    got.StepOn(isa, ComputeAdamWConstants(Inputs(kMaximize, t, 0.37f)), Float32Bytes(grad),
+               WireType::kFloat32);
+    ExpectBitwiseEqualState(got, want);
+    EXPECT_TRUE(got.GuardsIntact());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, AdamWKernelMaximize, ::testing::ValuesIn(kSizes),
+                         [](const auto& info) { return SizeName(info.param); });
+
+// ---------------------------------------------------------------------------
 // Vector and scalar paths, per size, gradient type and grad_scale.
 
 class AdamWKernelPaths : public ::testing::TestWithParam<std::tuple<size_t, WireType, float>> {};
@@ -589,7 +728,7 @@ TEST_P(AdamWKernelPaths, VectorPathEqualsScalarPathBitwise) {
   const uint64_t seed = ref::TestSeed();
   SCOPED_TRACE(ref::SeedTrace(seed));
   std::mt19937_64 rng(seed);
-  for (const HyperparameterSet& h : {kNonDefault, kSmallBeta1}) {
+  for (const HyperparameterSet& h : {kNonDefault, kSmallBeta1, kMaximize}) {
     SCOPED_TRACE(h.name);
     const FloatState before = RandomState(n, rng);
     const std::vector<unsigned char> grad = EncodeGradient(RandomGradient(n, rng), type);
@@ -958,14 +1097,14 @@ TEST(VectorSpanEdges, CompleteTheUpdateAndItsParamsAroundAnySpan) {
       EncodeFromFloat(params_type, want.p().data(), want_bytes.data(), n);
       GuardedFloats p(before.p), m(before.m), v(before.v);
       // The vector part's work, done here by the scalar path.
-      kernel_internal::AdamWRangeScalar(c, p.data(), m.data(), v.data(), grad.data(),
+      kernel_internal::AdamWRangeScalar(c, p.data(), m.data(), v.data(), nullptr, grad.data(),
                                         WireType::kBFloat16, span.begin, span.end);
       if (params >= 0) {
         std::memcpy(out.data() + span.begin * size, want_bytes.data() + span.begin * size,
                     (span.end - span.begin) * size);
       }
-      kernel_internal::UpdateAndEncodeOutside(span, c, p.data(), m.data(), v.data(), grad.data(),
-                                              WireType::kBFloat16, n,
+      kernel_internal::UpdateAndEncodeOutside(span, c, p.data(), m.data(), v.data(), nullptr,
+                                              grad.data(), WireType::kBFloat16, n,
                                               params < 0 ? nullptr : out.data(), params_type);
       EXPECT_TRUE(BitwiseEqual(p.ToVector(), want.p()));
       EXPECT_TRUE(BitwiseEqual(m.ToVector(), want.m()));

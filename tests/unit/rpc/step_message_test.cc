@@ -184,6 +184,36 @@ TEST_F(StepMessageTest, TheReplyPacksEveryChunksResponseInMore) {
 
 // A packed chunk refused before anything is applied is named by its place
 // in `more` and its group, and the refusal says nothing was applied.
+// StepRequest's per-step hyperparameters (fields 15-19, and lr) reach the
+// engine for their own chunk only: a packed chunk that sets them steps as the
+// kernel does with them, the message's own chunk with its group's.
+TEST_F(StepMessageTest, EachChunksHyperparametersStepThatChunkOnly) {
+  StepMessage message;
+  AddChunk(&message, "g.0", 1, grads_[0], 0, kElements);
+  AddChunk(&message, "g.1", 1, grads_[1], 0, kElements);
+  v1::StepRequest* packed = message.request.mutable_more(0);
+  packed->set_lr(2e-3);
+  packed->set_beta1(0.8);
+  packed->set_beta2(0.95);
+  packed->set_eps(1e-6);
+  packed->set_weight_decay(0.1);
+  packed->set_maximize(true);
+  std::vector<grpc::Slice> reply;
+  ASSERT_TRUE(Apply(message, &reply).ok());
+  AdamWStepInputs overridden;
+  overridden.hyperparameters = {2e-3, 0.8, 0.95, 1e-6, 0.1, true, false};
+  for (auto [g, inputs] : {std::pair<uint64_t, AdamWStepInputs>{0, AdamWStepInputs{}},
+                           std::pair<uint64_t, AdamWStepInputs>{1, overridden}}) {
+    std::vector<float> p(kElements, 0.0f), m(kElements, 0.0f), v(kElements, 0.0f);
+    AdamWUpdateScalar(ComputeAdamWConstants(inputs), p.data(), m.data(), v.data(),
+                      grads_[g].data(), WireType::kFloat32, kElements);
+    const Group& group = GroupOf(absl::StrCat("g.", g));
+    EXPECT_EQ(std::memcmp(group.params(), p.data(), kElements * 4), 0) << g;
+    EXPECT_EQ(std::memcmp(group.exp_avg(), m.data(), kElements * 4), 0) << g;
+    EXPECT_EQ(std::memcmp(group.exp_avg_sq(), v.data(), kElements * 4), 0) << g;
+  }
+}
+
 TEST_F(StepMessageTest, APackedChunkRefusedBeforeTheUpdateIsNamed) {
   std::vector<std::vector<float>> grads = grads_;
   grads[2][300001] = -INFINITY;

@@ -48,6 +48,12 @@ v1::StepRequest RandomChunk(std::mt19937_64& rng) {
   chunk.set_gradient(gradient);
   if (rng() % 2 == 0) chunk.set_lr(std::uniform_real_distribution<double>(-1, 1)(rng));
   if (rng() % 8 == 0) chunk.set_lr_float32(std::uniform_real_distribution<float>(-1, 1)(rng));
+  // The per-step hyperparameters (fields 15-19).
+  if (rng() % 2 == 0) chunk.set_beta1(std::uniform_real_distribution<double>(0, 1)(rng));
+  if (rng() % 2 == 0) chunk.set_beta2(std::uniform_real_distribution<double>(0, 1)(rng));
+  if (rng() % 2 == 0) chunk.set_eps(std::uniform_real_distribution<double>(0, 1e-6)(rng));
+  if (rng() % 2 == 0) chunk.set_weight_decay(std::uniform_real_distribution<double>(0, 1)(rng));
+  if (rng() % 2 == 0) chunk.set_maximize(rng() % 2 == 0);
   if (rng() % 2 == 0) chunk.set_grad_scale(std::uniform_real_distribution<float>(0, 9)(rng));
   // The same-host data plane's fields: region slices (some partly set) and a
   // session key.

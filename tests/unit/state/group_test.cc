@@ -83,7 +83,21 @@ TEST(GroupGeometry, HostBytesAreTwelvePerElement) {
   std::shared_ptr<Group> g = Make(1000, 64);
   ASSERT_NE(g, nullptr);
   EXPECT_EQ(g->host_bytes(), 12000u);
-  EXPECT_EQ(HostBytesFor(1000), 12000u);
+  EXPECT_EQ(HostBytesFor(Config(1000, false)), 12000u);
+  EXPECT_EQ(g->max_exp_avg_sq(), nullptr);
+}
+
+// amsgrad: max_exp_avg_sq, a fourth zeroed array of its own.
+TEST(GroupGeometry, AnAmsgradGroupHasAZeroedFourthArrayAndSixteenBytesPerElement) {
+  GroupConfig config = Config(1000, false);
+  config.hyperparameters.amsgrad = true;
+  absl::StatusOr<std::shared_ptr<Group>> g =
+      Group::Create(GroupKey{"t", "g"}, config, 64, AlignedHostAllocator());
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ((*g)->host_bytes(), 16000u);
+  ASSERT_NE((*g)->max_exp_avg_sq(), nullptr);
+  for (uint64_t i = 0; i < 1000; ++i) ASSERT_EQ((*g)->max_exp_avg_sq()[i], 0.0f) << i;
+  EXPECT_NE((*g)->max_exp_avg_sq(), (*g)->exp_avg_sq());
 }
 
 TEST(GroupArrays, StartZeroedAlignedAndApart) {

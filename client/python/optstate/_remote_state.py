@@ -1,0 +1,56 @@
+"""RemoteAdamW.state: torch's ``optimizer.state[p]``, read from the daemon when read.
+
+The daemon holds every parameter's step, exp_avg and exp_avg_sq; ``opt.state[p]`` exports
+them (one ExportState call) and gives a dict of copies in torch.optim.AdamW's form. Writing
+into that dict changes nothing on the daemon: ``load_state_dict()`` is how state goes in.
+"""
+from __future__ import annotations
+
+import collections.abc
+from typing import Callable, Iterator, Optional
+
+import torch
+
+__all__ = ["RemoteState"]
+
+
+class RemoteState(collections.abc.MutableMapping):
+    """A mapping from parameter to its state dict, each read from the daemon when looked up.
+
+    `export(p)` gives p's state (a dict of fresh tensors: step, exp_avg, exp_avg_sq, ...) or
+    None when p has none yet (never stepped, or not this optimizer's); `stepped()` lists the
+    parameters that have state, in param-group order. A parameter without state reads as an
+    empty dict, as in torch's defaultdict; assigning or deleting raises TypeError (the state
+    lives on the daemon)."""
+
+    def __init__(self, export: Callable[[torch.Tensor], Optional[dict]],
+                 stepped: Callable[[], list]):
+        self._export = export
+        self._stepped = stepped
+
+    def __getitem__(self, p: torch.Tensor) -> dict:
+        state = self._export(p)
+        return {} if state is None else state
+
+    def get(self, p, default=None):
+        state = self._export(p)
+        return default if state is None else state
+
+    def __contains__(self, p) -> bool:
+        return any(q is p for q in self._stepped())
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(self._stepped())
+
+    def __len__(self) -> int:
+        return len(self._stepped())
+
+    def __setitem__(self, p, value) -> None:
+        raise TypeError("RemoteAdamW's state lives on the optstated daemon and opt.state[p] is "
+                        "a copy read from it; change it with load_state_dict()")
+
+    def __delitem__(self, p) -> None:
+        self.__setitem__(p, None)
+
+    def __repr__(self) -> str:
+        return f"RemoteState({len(self)} parameters with state on the daemon)"

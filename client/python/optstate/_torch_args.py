@@ -1,0 +1,70 @@
+"""torch.optim.AdamW's argument checks, for RemoteAdamW: the same checks in the same order
+with the same exception types and messages as torch 2.x's Adam/AdamW constructor, and the
+refusal, by name, of the options whose True means something the daemon does not do."""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["check_hyperparameters", "check_options", "to_scalar"]
+
+
+def to_scalar(x):
+    """torch's optimizer._to_scalar: a 1-element Tensor of any shape as a 0-dim one; other
+    values as they are."""
+    if isinstance(x, torch.Tensor) and x.dim() != 0:
+        return x.squeeze()
+    return x
+
+
+def check_hyperparameters(lr, betas, eps, weight_decay, foreach, capturable) -> tuple:
+    """Raises what torch.optim.AdamW(params, lr, betas, eps, weight_decay, foreach=...,
+    capturable=...) raises for these values (ValueError, with torch's message); returns
+    betas as torch keeps them (each 1-element Tensor squeezed to 0 dims)."""
+    if isinstance(lr, torch.Tensor):
+        if foreach and not capturable:
+            raise ValueError("lr as a Tensor is not supported for capturable=False and foreach=True")
+        if lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+    if not 0.0 <= lr:
+        raise ValueError(f"Invalid learning rate: {lr}")
+    if not 0.0 <= eps:
+        raise ValueError(f"Invalid epsilon value: {eps}")
+    if not 0.0 <= betas[0] < 1.0:
+        raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
+    if not 0.0 <= betas[1] < 1.0:
+        raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+    if not ((isinstance(betas[0], float) and isinstance(betas[1], float))
+            or (isinstance(betas[0], torch.Tensor) and isinstance(betas[1], torch.Tensor))):
+        raise ValueError("betas must be either both floats or both Tensors")
+    for i in (0, 1):
+        if isinstance(betas[i], torch.Tensor):
+            if not capturable and foreach:
+                raise ValueError(f"betas[{i}] as a Tensor is not supported for capturable=False "
+                                 "and foreach=True")
+            if betas[i].numel() != 1:
+                raise ValueError(f"Tensor betas[{i}] must be 1-element")
+    return (to_scalar(betas[0]), to_scalar(betas[1]))
+
+
+def check_options(foreach, fused, capturable, differentiable) -> None:
+    """torch's own refusals of these options first (RuntimeError, its messages), then
+    RuntimeError naming any that is True: the daemon runs one fused CPU step of its own
+    (no foreach or fused torch kernel, no CUDA-graph capture, no autograd through the step),
+    so False and None are the only values that mean what they say here."""
+    if fused and differentiable:
+        raise RuntimeError("`fused` does not support `differentiable`")
+    if fused and foreach:
+        raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+    why = {
+        "foreach": "the daemon steps every tensor itself; torch's foreach kernels never run",
+        "fused": "the daemon runs its own fused step; torch's fused kernel never runs",
+        "capturable": "the step is a call to the daemon, which a CUDA graph cannot capture",
+        "differentiable": "the daemon's step is not part of torch's autograd graph",
+    }
+    for name, value in (("foreach", foreach), ("fused", fused), ("capturable", capturable),
+                        ("differentiable", differentiable)):
+        if value:
+            raise RuntimeError(f"RemoteAdamW does not support {name}=True ({why[name]}); "
+                               f"pass {name}={'None' if name in ('foreach', 'fused') else 'False'}")

@@ -1,0 +1,330 @@
+"""RemoteAdamW keeps torch.optim.AdamW's habits: its positional arguments, its options
+(accepted when they mean nothing different, refused by name otherwise), its argument checks
+(same exception types and messages as torch's own), opt.state[p], the four state-dict hooks,
+pickling and deepcopy, add_param_group refusals, close() and context managers."""
+import copy
+import pickle
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import optstate
+from optstate.torch import RemoteAdamW
+
+
+def _params(n=2, size=8, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(size, generator=gen)) for _ in range(n)]
+
+
+def _grads(params, step):
+    gen = torch.Generator().manual_seed(100 + step)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen)
+
+
+def _torch_error(kwargs):
+    """What torch.optim.AdamW raises for these arguments: (type, message), or None."""
+    try:
+        torch.optim.AdamW(_params(), **kwargs)
+    except Exception as e:  # noqa: BLE001 - the type is what is compared
+        return type(e), str(e)
+    return None
+
+
+def test_lr_is_the_second_positional_argument_as_in_torch(daemon, prefix, monkeypatch):
+    monkeypatch.setenv("OPTSTATE_TARGET", daemon.target)
+    p = _params(1)
+    opt = RemoteAdamW(p, 0.05, (0.8, 0.9), 1e-6, 0.2, False, name_prefix=prefix)
+    ref = torch.optim.AdamW([q.detach().clone() for q in p], 0.05, (0.8, 0.9), 1e-6, 0.2, False)
+    group = opt.param_groups[0]
+    assert (group["lr"], group["betas"], group["eps"], group["weight_decay"], group["amsgrad"]) \
+        == (0.05, (0.8, 0.9), 1e-6, 0.2, False)
+    assert {k: v for k, v in group.items() if k != "params"} == \
+        {k: v for k, v in ref.param_groups[0].items() if k != "params"} | {
+            "decoupled_weight_decay": True}
+    info = opt.client.describe(prefix + "param.0")
+    assert (info.lr, info.betas, info.eps, info.weight_decay) == (0.05, (0.8, 0.9), 1e-6, 0.2)
+    assert opt.client.target == daemon.target  # target came from OPTSTATE_TARGET
+    opt.close()
+
+
+def test_target_is_keyword_only_and_a_target_given_as_lr_is_a_clear_type_error(daemon):
+    with pytest.raises(TypeError, match="lr is RemoteAdamW's second positional argument"):
+        RemoteAdamW(_params(1), daemon.target)
+
+
+@pytest.mark.parametrize("option", ["foreach", "fused", "capturable", "differentiable"])
+def test_torch_options_are_accepted_when_false_or_none(daemon, prefix, option):
+    values = [False] + ([None] if option in ("foreach", "fused") else [])
+    for value in values:
+        opt = RemoteAdamW(_params(1), target=daemon.target, name_prefix=f"{prefix}{value}/",
+                          **{option: value})
+        assert opt.param_groups[0][option] is value
+        opt.close()
+
+
+@pytest.mark.parametrize("option", ["foreach", "fused", "capturable", "differentiable"])
+def test_torch_options_set_true_are_refused_by_name_before_anything_is_registered(
+        daemon, client, prefix, option):
+    with pytest.raises(RuntimeError, match=rf"RemoteAdamW does not support {option}=True"):
+        RemoteAdamW(_params(1), target=daemon.target, name_prefix=prefix, **{option: True})
+    assert not [g for g in client.list_groups() if g.name.startswith(prefix)]
+    # Also in a param group added later, which is then not added.
+    opt = RemoteAdamW(_params(1), target=daemon.target, name_prefix=prefix)
+    with pytest.raises(RuntimeError, match=rf"{option}=True"):
+        opt.add_param_group({"params": _params(1, seed=1), option: True})
+    assert len(opt.param_groups) == 1
+
+
+def test_torchs_own_refusals_of_option_combinations_come_first(daemon):
+    for kwargs in ({"fused": True, "differentiable": True}, {"fused": True, "foreach": True}):
+        with pytest.raises(RuntimeError) as e:
+            RemoteAdamW(_params(1), target=daemon.target, **kwargs)
+        # torch refuses these on CUDA only after choosing fused for the device; the messages
+        # are its own (torch/optim/adam.py).
+        assert str(e.value) in ("`fused` does not support `differentiable`",
+                                "`fused` and `foreach` cannot be `True` together.")
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"lr": -1.0}, {"lr": float("nan")}, {"eps": -1e-8}, {"betas": (1.0, 0.999)},
+    {"betas": (0.9, -0.1)}, {"weight_decay": -1}, {"lr": torch.tensor([1e-3, 1e-3])},
+    {"lr": torch.tensor(1e-3), "foreach": True}, {"betas": (0.9, torch.tensor(0.99))},
+    {"betas": (torch.tensor(0.9), 0.99)},
+    {"betas": (torch.tensor(0.9), torch.tensor(0.99)), "foreach": True},
+    {"betas": (torch.tensor([0.9, 0.8]), torch.tensor(0.99))},
+    {"betas": (torch.tensor(0.9), torch.tensor([0.99, 0.9]))},
+], ids=lambda k: ",".join(f"{a}={v}" for a, v in k.items()))
+def test_every_argument_check_raises_torchs_exception_and_message(daemon, kwargs):
+    expected = _torch_error(kwargs)
+    assert expected is not None, "torch.optim.AdamW accepts these; the case is wrong"
+    with pytest.raises(expected[0]) as e:
+        RemoteAdamW(_params(), target=daemon.target, **kwargs)
+    assert str(e.value) == expected[1]
+
+
+def test_tensor_lr_and_betas_of_one_element_are_accepted_as_torch_accepts_them(daemon, prefix):
+    kwargs = {"lr": torch.tensor(0.01), "betas": (torch.tensor([[0.9]]), torch.tensor([0.99]))}
+    opt = RemoteAdamW(_params(1), target=daemon.target, name_prefix=prefix, **kwargs)
+    ref = torch.optim.AdamW(_params(1), **kwargs)
+    assert [b.shape for b in opt.param_groups[0]["betas"]] == \
+        [b.shape for b in ref.param_groups[0]["betas"]]
+    info = opt.client.describe(prefix + "param.0")
+    assert info.lr == float(torch.tensor(0.01).item())
+    assert info.betas == (float(torch.tensor(0.9).item()), float(torch.tensor(0.99).item()))
+    opt.close()
+
+
+def test_opt_state_gives_step_exp_avg_and_exp_avg_sq_read_from_the_daemon(daemon, prefix):
+    params = _params(2)
+    opt = RemoteAdamW(params, target=daemon.target, name_prefix=prefix)
+    ref_params = [p.detach().clone().requires_grad_() for p in params]
+    ref = torch.optim.AdamW(ref_params)
+    assert len(opt.state) == 0 and opt.state[params[0]] == {}
+    for step in range(1, 4):
+        _grads(params, step)
+        _grads(ref_params, step)
+        opt.step()
+        ref.step()
+    assert len(opt.state) == 2 and params[0] in opt.state and list(opt.state) == params
+    for p, q in zip(params, ref_params):
+        state, want = opt.state[p], ref.state[q]
+        assert set(state) == set(want) == {"step", "exp_avg", "exp_avg_sq"}
+        assert float(state["step"]) == float(want["step"]) == 3.0
+        assert torch.equal(state["exp_avg"], want["exp_avg"])
+        assert torch.equal(state["exp_avg_sq"], want["exp_avg_sq"])
+    # A copy: changing it changes nothing on the daemon.
+    opt.state[params[0]]["exp_avg"].zero_()
+    assert torch.equal(opt.state[params[0]]["exp_avg"], ref.state[ref_params[0]]["exp_avg"])
+    with pytest.raises(TypeError, match="load_state_dict"):
+        opt.state[params[0]] = {}
+    opt.close()
+
+
+def test_the_four_state_dict_hooks_run_as_torchs(daemon, prefix):
+    opt = RemoteAdamW(_params(1), target=daemon.target, name_prefix=prefix)
+    _grads(opt.param_groups[0]["params"], 1)
+    opt.step()
+    calls = []
+    opt.register_state_dict_pre_hook(lambda o: calls.append(("save pre", o is opt)))
+
+    def save_post(o, sd):
+        calls.append(("save post", o is opt))
+        return dict(sd, marked=True)
+    opt.register_state_dict_post_hook(save_post)
+
+    def load_pre(o, sd):
+        calls.append(("load pre", "marked" in sd))
+        sd = dict(sd)
+        sd["param_groups"] = [dict(g, lr=0.125) for g in sd["param_groups"]]
+        return sd
+    opt.register_load_state_dict_pre_hook(load_pre)
+    opt.register_load_state_dict_post_hook(lambda o: calls.append(("load post", o is opt)))
+    sd = opt.state_dict()
+    assert sd["marked"] is True
+    opt.load_state_dict(sd)
+    assert calls == [("save pre", True), ("save post", True), ("load pre", True),
+                     ("load post", True)]
+    assert opt.param_groups[0]["lr"] == 0.125  # the pre hook's replacement was loaded
+    opt.close()
+
+
+def test_pickle_and_deepcopy_give_an_optimizer_that_steps_the_same_groups(daemon, prefix):
+    params = _params(2)
+    opt = RemoteAdamW(params, target=daemon.target, name_prefix=prefix, max_attempts=3)
+    ref_params = [p.detach().clone().requires_grad_() for p in params]
+    ref = torch.optim.AdamW(ref_params)
+    for step in (1, 2):
+        _grads(params, step)
+        _grads(ref_params, step)
+        opt.step()
+        ref.step()
+    for copied in (pickle.loads(pickle.dumps(opt)), copy.deepcopy(opt)):
+        copied_params = copied.param_groups[0]["params"]
+        assert all(c is not p and torch.equal(c, p) for c, p in zip(copied_params, params))
+        assert float(copied.state[copied_params[0]]["step"]) == 2.0
+        assert torch.equal(copied.state[copied_params[1]]["exp_avg_sq"],
+                           ref.state[ref_params[1]]["exp_avg_sq"])
+        copied.close()
+    # The last copy steps on: step 3 of the same daemon groups, torch's numbers.
+    copied = copy.deepcopy(opt)
+    copied_params = copied.param_groups[0]["params"]
+    _grads(copied_params, 3)
+    _grads(ref_params, 3)
+    copied.step()
+    ref.step()
+    for c, q in zip(copied_params, ref_params):
+        assert torch.equal(copied.state[c]["exp_avg"], ref.state[q]["exp_avg"])
+    assert opt.client.describe(prefix + "param.0").min_step == 3
+    copied.close()
+    opt.close()
+
+
+def test_what_cannot_be_pickled_is_a_clear_type_error(daemon, client, prefix):
+    opt = RemoteAdamW(_params(1), client=client, name_prefix=prefix)
+    with pytest.raises(TypeError, match="client="):
+        pickle.dumps(opt)
+    closed = RemoteAdamW(_params(1), target=daemon.target, name_prefix=prefix + "c/")
+    closed.close()
+    with pytest.raises(TypeError, match="closed"):
+        copy.deepcopy(closed)
+
+
+def test_a_refused_add_param_group_leaves_param_groups_as_they_were(daemon, client, prefix):
+    opt = RemoteAdamW(_params(1), target=daemon.target, name_prefix=prefix)
+    before = [dict(g) for g in opt.param_groups]
+    # The daemon refuses the second parameter's group (another job's, other hyperparameters).
+    client.register(prefix + "param.2", 8, lr=0.5)
+    new = _params(2, seed=3)
+    with pytest.raises(optstate.AlreadyExists):
+        opt.add_param_group({"params": new})
+    assert opt.param_groups == before
+    # The first new parameter's group, which this call created, is gone again.
+    assert {g.name for g in client.list_groups() if g.name.startswith(prefix)} == \
+        {prefix + "param.0", prefix + "param.2"}
+    for bad in ({"params": new, "lr": -1.0}, {"params": new, "betas": (0.9, 1.5)},
+                {"params": new, "eps": -1.0}):
+        with pytest.raises(ValueError):
+            opt.add_param_group(bad)
+        assert opt.param_groups == before
+    opt.close()
+
+
+def test_close_and_delete_on_close_remove_the_jobs_groups(daemon, client, prefix):
+    with RemoteAdamW(_params(2), target=daemon.target, name_prefix=prefix + "kept/") as opt:
+        _grads(opt.param_groups[0]["params"], 1)
+        opt.step()
+    with pytest.raises(ValueError, match="closed"):
+        opt.step()
+    assert opt.client.closed
+    assert len([g for g in client.list_groups() if g.name.startswith(prefix + "kept/")]) == 2
+    with RemoteAdamW(_params(2), target=daemon.target, name_prefix=prefix + "gone/",
+                     delete_on_close=True) as opt:
+        _grads(opt.param_groups[0]["params"], 1)
+        opt.step()
+        assert len([g for g in client.list_groups() if g.name.startswith(prefix + "gone/")]) == 2
+    assert not [g for g in client.list_groups() if g.name.startswith(prefix + "gone/")]
+    # A client passed in stays open.
+    opt = RemoteAdamW(_params(1), client=client, name_prefix=prefix + "own/")
+    opt.close()
+    assert not client.closed and client.describe(prefix + "own/param.0").min_step == 0
+
+
+def test_client_close_and_context_manager(daemon, prefix):
+    with optstate.Client(daemon.target) as c:
+        c.register(prefix + "g", 4)
+        assert not c.closed
+    assert c.closed and "closed" in repr(c)
+    with pytest.raises(ValueError, match=re.escape(f"optstate.Client('{daemon.target}') is closed")):
+        c.describe(prefix + "g")
+    c.close()  # idempotent
+
+
+def test_exceptions_are_real_classes_mapped_from_grpc_codes(client, prefix):
+    assert issubclass(optstate.NotFound, optstate.Error)
+    assert optstate.NotFound.__module__ == "optstate.errors"
+    with pytest.raises(optstate.NotFound) as e:
+        client.describe(prefix + "missing")
+    assert e.value.code == "NOT_FOUND" and e.value.code_value == 5
+    assert e.value.target == client.target
+
+
+def test_maximize_and_amsgrad_are_kept_in_the_groups_registration(daemon, client, prefix):
+    opt = RemoteAdamW(_params(1), target=daemon.target, name_prefix=prefix, maximize=True)
+    info = client.describe(prefix + "param.0")
+    assert info.maximize is True and info.amsgrad is False
+    opt.close()
+    opt = RemoteAdamW(_params(1), target=daemon.target, name_prefix=prefix + "a/", amsgrad=True)
+    info = client.describe(prefix + "a/param.0")
+    assert info.amsgrad is True and info.maximize is False
+    stats = next(g for g in client.stats()["groups"] if g["info"]["name"] == prefix + "a/param.0")
+    assert stats["info"]["host_bytes"] == 8 * 16  # params, m, v and max_exp_avg_sq
+    opt.close()
+
+
+def test_a_listener_that_never_answers_fails_within_the_connect_timeout(prefix):
+    import socket
+    import time
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        target = f"127.0.0.1:{listener.getsockname()[1]}"
+        client = optstate.Client(target, connect_timeout=1.0, max_attempts=2,
+                                 initial_backoff=0.01)
+        started = time.monotonic()
+        with pytest.raises(optstate.Unavailable) as e:
+            client.register(prefix + "g", np.zeros(4, np.float32))
+        elapsed = time.monotonic() - started
+    assert target in str(e.value)
+    assert elapsed < 5.0, f"took {elapsed:.1f} s with connect_timeout=1"
+
+
+def test_a_process_that_exits_with_optimizers_and_clients_alive_reports_no_leak(daemon, prefix):
+    """nanobind reports instances still alive when its module goes away; a script that
+    ends with an optimizer, a client, GroupInfo, GroupState and an exception in its globals
+    must end quietly."""
+    import subprocess
+    import sys
+    script = f"""
+import torch, optstate
+from optstate.torch import RemoteAdamW
+model = torch.nn.Linear(4, 4)
+opt = RemoteAdamW(model.parameters(), target={daemon.target!r}, name_prefix={prefix!r})
+sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=10)
+for p in model.parameters():
+    p.grad = torch.ones_like(p)
+opt.step(); sched.step()
+client = optstate.Client({daemon.target!r})
+info, state = client.describe({prefix!r} + "param.0"), client.export_state({prefix!r} + "param.0")
+try:
+    client.describe("missing")
+except optstate.NotFound as e:
+    error = e
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "leak" not in done.stderr, done.stderr
