@@ -74,8 +74,8 @@ absl::Status StateStore::Reserve(const GroupKey& key, const GroupConfig& config,
     if (needed != UINT64_MAX && quota.max_host_bytes != TenantQuota().max_host_bytes &&
         (needed > quota.max_host_bytes || used.host_bytes > quota.max_host_bytes - needed)) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "group '", key.name, "' needs ", HostBytesFor(config.num_elements),
-          " bytes of host memory (", kStateBytesPerElement, " per element) but tenant '",
+          "group '", key.name, "' needs ", HostBytesFor(config), " bytes of host memory (",
+          StateBytesPerElement(config), " per element) but tenant '",
           key.tenant, "' uses ", used.host_bytes, " of its quota max_host_bytes=",
           quota.max_host_bytes,
           "; group not created: delete groups, or raise max_host_bytes for the tenant in the "
