@@ -49,4 +49,7 @@ STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=10s --timeout=5s --start-period=300s --retries=3 \
   CMD ["/usr/local/bin/optstate-probe", "--addr=127.0.0.1:50051", "--service=optstate.v1.OptimizerState"]
 # Listens on every interface inside the container; publish the port with care.
-ENTRYPOINT ["/usr/local/bin/optstated", "--listen=0.0.0.0:50051", "--state_dir=/var/lib/optstate"]
+# Plaintext on the container's network (--allow_insecure_remote): give
+# --tls_cert/--tls_key (docs/security.md) where that network is not trusted.
+ENTRYPOINT ["/usr/local/bin/optstated", "--listen=0.0.0.0:50051", "--allow_insecure_remote", \
+            "--state_dir=/var/lib/optstate"]

@@ -97,8 +97,9 @@ sanitize: test-deps torch-deps emulator-deps
 	@cmake --build $(BUILD_DIR)-asan -j $(JOBS)
 	@cd $(BUILD_DIR)-asan && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ctest --output-on-failure -LE 'gpu|rss' -j 2
 
-# Coverage-guided fuzzing of the daemon's Step input (tests/fuzz/) with
-# libFuzzer, ASan and UBSan, from the seed messages, for FUZZ_SECONDS. A
+# Coverage-guided fuzzing of the daemon's Step input and of its credential
+# input (the tokens file, authorization metadata, SPIFFE IDs; tests/fuzz/)
+# with libFuzzer, ASan and UBSan, from the seeds, for FUZZ_SECONDS each. A
 # crash or broken invariant stops it and leaves the input in the current
 # directory; `$(BUILD_DIR)-fuzz/tests/fuzz/step_input_smoke FILE` replays it.
 FUZZ_SECONDS ?= 60
@@ -108,11 +109,15 @@ fuzz:
 	  -DOPTSTATE_WITH_CUDA=OFF -DOPTSTATE_BUILD_BENCH=OFF -DOPTSTATE_LIBFUZZER=ON \
 	  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
 	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > $(BUILD_DIR)-fuzz.configure.log
-	@cmake --build $(BUILD_DIR)-fuzz -j $(JOBS) --target step_input_fuzz step_input_smoke
-	@mkdir -p $(BUILD_DIR)-fuzz/corpus
+	@cmake --build $(BUILD_DIR)-fuzz -j $(JOBS) --target step_input_fuzz step_input_smoke \
+	  auth_input_fuzz auth_input_smoke
+	@mkdir -p $(BUILD_DIR)-fuzz/corpus $(BUILD_DIR)-fuzz/auth_corpus
 	@$(BUILD_DIR)-fuzz/tests/fuzz/step_input_smoke --write_seeds=$(BUILD_DIR)-fuzz/corpus
+	@$(BUILD_DIR)-fuzz/tests/fuzz/auth_input_smoke --write_seeds=$(BUILD_DIR)-fuzz/auth_corpus
 	$(BUILD_DIR)-fuzz/tests/fuzz/step_input_fuzz -max_total_time=$(FUZZ_SECONDS) \
 	  $(BUILD_DIR)-fuzz/corpus
+	$(BUILD_DIR)-fuzz/tests/fuzz/auth_input_fuzz -max_total_time=$(FUZZ_SECONDS) \
+	  $(BUILD_DIR)-fuzz/auth_corpus
 
 bench: build
 	@bash bench/run.sh

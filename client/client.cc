@@ -16,7 +16,7 @@ namespace optstate {
 
 using client_internal::FromGrpcStatus;
 using client_internal::GroupInfoFromProto;
-using client_internal::SetDeadline;
+using client_internal::PrepareContext;
 using client_internal::UnaryWithRetries;
 using client_internal::WithRetries;
 
@@ -48,7 +48,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
   if (absl::Status s = client_internal::CheckClientOptions(options); !s.ok()) return s;
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  impl->channel = client_internal::MakeChannel(target, options);
+  impl->options.token = client_internal::ResolveToken(options);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      client_internal::MakeChannel(target, impl->options);
+  if (!channel.ok()) return channel.status();
+  impl->channel = std::move(*channel);
   impl->stub = v1::OptimizerState::NewStub(impl->channel);
   impl->raw_step = client_internal::MakeStepMethod(impl->channel);
   return std::unique_ptr<Client>(new Client(std::move(impl)));
@@ -65,7 +69,7 @@ absl::StatusOr<v1::RegisterGroupResponse> RegisterOnce(v1::OptimizerState::Stub&
                                                        absl::Span<const float> values,
                                                        uint64_t page_elements) {
   grpc::ClientContext context;
-  SetDeadline(&context, options);
+  PrepareContext(&context, options);
   v1::RegisterGroupResponse response;
   std::unique_ptr<grpc::ClientWriter<v1::RegisterGroupRequest>> writer =
       stub.RegisterGroup(&context, &response);
@@ -210,7 +214,7 @@ absl::StatusOr<Stats> Client::GetStats() {
 
 absl::Status Client::DeleteGroup(const std::string& name) {
   grpc::ClientContext context;
-  SetDeadline(&context, impl_->options);
+  PrepareContext(&context, impl_->options);
   v1::DeleteGroupRequest request;
   request.set_name(name);
   v1::DeleteGroupResponse response;

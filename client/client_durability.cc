@@ -14,7 +14,7 @@ namespace optstate {
 namespace {
 
 using client_internal::FromGrpcStatus;
-using client_internal::SetDeadline;
+using client_internal::PrepareContext;
 using client_internal::WithRetries;
 
 // Bytes of payload per chunk: chunk_bytes, within the message limit.
@@ -27,7 +27,7 @@ absl::StatusOr<Client::GroupState> ExportOnce(v1::OptimizerState::Stub& stub,
                                               const ClientOptions& options,
                                               const std::string& name) {
   grpc::ClientContext context;
-  SetDeadline(&context, options);
+  PrepareContext(&context, options);
   v1::ExportStateRequest request;
   request.set_name(name);
   std::unique_ptr<grpc::ClientReader<v1::ExportStateResponse>> reader =
@@ -101,7 +101,7 @@ absl::StatusOr<Client::GroupState> ExportOnce(v1::OptimizerState::Stub& stub,
 absl::Status ImportOnce(v1::OptimizerState::Stub& stub, const ClientOptions& options,
                         const Client::GroupState& state) {
   grpc::ClientContext context;
-  SetDeadline(&context, options);
+  PrepareContext(&context, options);
   v1::ImportStateResponse response;
   std::unique_ptr<grpc::ClientWriter<v1::ImportStateRequest>> writer =
       stub.ImportState(&context, &response);
@@ -178,7 +178,7 @@ absl::Status Client::ImportState(const GroupState& state) {
 absl::StatusOr<Client::CheckpointResult> Client::Checkpoint(
     const CheckpointRequestOptions& options) {
   grpc::ClientContext context;
-  SetDeadline(&context, impl_->options);
+  PrepareContext(&context, impl_->options);
   v1::CheckpointRequest request;
   for (const std::string& group : options.groups) request.add_groups(group);
   if (options.wait_for_step) request.set_wait_for_step(*options.wait_for_step);

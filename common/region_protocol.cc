@@ -147,6 +147,22 @@ absl::StatusOr<int> Connect(const std::string& path, Reply* hello) {
   return fd;
 }
 
+absl::Status Authenticate(int socket, const std::string& token) {
+  if (token.empty() || token.size() > kMaxTokenBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a token is 1 to ", kMaxTokenBytes, " bytes, got ", token.size()));
+  }
+  Request request;
+  request.op = static_cast<uint32_t>(Op::kAuthenticate);
+  request.region = token.size();
+  if (absl::Status s = Send(socket, &request, sizeof(request)); !s.ok()) return s;
+  if (absl::Status s = Send(socket, token.data(), token.size()); !s.ok()) return s;
+  Reply reply;
+  absl::Status status = Receive(socket, &reply, sizeof(reply), nullptr);
+  if (!status.ok()) return absl::UnavailableError(status.message());
+  return StatusOf(reply);
+}
+
 absl::StatusOr<Reply> Call(int socket, const Request& request, int fd) {
   if (absl::Status s = Send(socket, &request, sizeof(request), fd); !s.ok()) return s;
   Reply reply;

@@ -23,11 +23,18 @@ namespace optstate::region_protocol {
 // 3. kUnregister names a region id: the daemon forgets it; the mapping goes
 //    once no step in flight uses it.
 // 4. The connection closing unregisters every region of its session.
+// 5. kAuthenticate (a daemon with tenants needs it before kRegister): the
+//    Request's `region` holds the token's length (1 to kMaxTokenBytes) and
+//    the next record is the token itself, those bytes exactly; the daemon
+//    answers once, after the token: OK (the session is the token's
+//    tenant's from now on; only before any region is registered) or
+//    UNAUTHENTICATED. A daemon without tenants answers OK and ignores it.
 inline constexpr uint32_t kMagic = 0x4f535247;  // "OSRG"
 inline constexpr size_t kKeyBytes = 16;
 inline constexpr size_t kMessageBytes = 240;
+inline constexpr size_t kMaxTokenBytes = 4096;
 
-enum class Op : uint32_t { kHello = 1, kRegister = 2, kUnregister = 3 };
+enum class Op : uint32_t { kHello = 1, kRegister = 2, kUnregister = 3, kAuthenticate = 4 };
 
 struct Request {
   uint32_t magic = kMagic;
@@ -70,6 +77,11 @@ absl::StatusOr<int> Connect(const std::string& path, Reply* hello);
 // UNAVAILABLE when the connection fails, else the reply (its code may say
 // the request was refused: StatusOf).
 absl::StatusOr<Reply> Call(int socket, const Request& request, int fd = -1);
+
+// Authenticates the connection with `token` (step 5): the daemon's answer;
+// UNAVAILABLE when the connection fails, INVALID_ARGUMENT for a token of
+// more than kMaxTokenBytes or none.
+absl::Status Authenticate(int socket, const std::string& token);
 
 // Creates a memfd of `bytes` named `name`, sealed against shrinking,
 // growing and further seals: what a client registers. The caller owns the

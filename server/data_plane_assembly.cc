@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/region_protocol.h"
+#include "server/auth/authenticator.h"
 #include "server/base/log.h"
 #include "server/regions/region_socket_server.h"
 #include "server/rpc/data_plane_service.h"
@@ -43,9 +44,10 @@ std::string DataPlaneAssembly::SocketPathFor(const std::string& option, const st
   return "";
 }
 
-DataPlaneAssembly::DataPlaneAssembly(const DataPlaneOptions& options)
-    : options_(options), daemon_id_(RandomId()) {
-  service_ = std::make_unique<DataPlaneService>(daemon_id_, options.limits);
+DataPlaneAssembly::DataPlaneAssembly(const DataPlaneOptions& options,
+                                     const Authenticator* authenticator)
+    : options_(options), daemon_id_(RandomId()), authenticator_(authenticator) {
+  service_ = std::make_unique<DataPlaneService>(daemon_id_, options.limits, authenticator);
   if (options.region_socket != "none") registry_ = std::make_unique<RegionRegistry>(options.limits);
 }
 
@@ -56,8 +58,16 @@ grpc::Service* DataPlaneAssembly::service() { return service_.get(); }
 absl::Status DataPlaneAssembly::StartSocket(const std::string& listen, int port) {
   const std::string path = SocketPathFor(options_.region_socket, listen, port);
   if (path.empty() || registry_ == nullptr) return absl::OkStatus();
-  absl::StatusOr<std::unique_ptr<RegionSocketServer>> socket =
-      RegionSocketServer::Start(path, options_.socket_mode, registry_.get(), daemon_id_);
+  RegionSocketServer::TokenCheck check_token;
+  if (authenticator_ != nullptr && authenticator_->required()) {
+    check_token = [auth = authenticator_](const std::string& token) -> absl::StatusOr<std::string> {
+      absl::StatusOr<Caller> caller = auth->AuthenticateToken(token);
+      if (!caller.ok()) return caller.status();
+      return caller->tenant;
+    };
+  }
+  absl::StatusOr<std::unique_ptr<RegionSocketServer>> socket = RegionSocketServer::Start(
+      path, options_.socket_mode, registry_.get(), daemon_id_, std::move(check_token));
   if (!socket.ok()) return socket.status();
   socket_ = std::move(*socket);
   service_->SetRegionSocket(path);

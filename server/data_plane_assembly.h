@@ -12,6 +12,7 @@
 
 namespace optstate {
 
+class Authenticator;
 class DataPlaneService;
 class RegionSocketServer;
 
@@ -31,7 +32,10 @@ struct DataPlaneOptions {
 // Not thread-safe to set up; the parts it hands out are.
 class DataPlaneAssembly {
  public:
-  explicit DataPlaneAssembly(const DataPlaneOptions& options);
+  // `authenticator` (may be null; else must outlive the assembly): who may
+  // call GetDataPlane and register regions, and for which tenant.
+  explicit DataPlaneAssembly(const DataPlaneOptions& options,
+                             const Authenticator* authenticator = nullptr);
   ~DataPlaneAssembly();
 
   // Registered with the gRPC server before it starts.
@@ -54,6 +58,7 @@ class DataPlaneAssembly {
  private:
   const DataPlaneOptions options_;
   const std::string daemon_id_;
+  const Authenticator* const authenticator_;
   std::unique_ptr<RegionRegistry> registry_;
   std::unique_ptr<DataPlaneService> service_;
   std::unique_ptr<RegionSocketServer> socket_;

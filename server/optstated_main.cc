@@ -36,6 +36,38 @@ ABSL_FLAG(std::string, metrics_listen, Default().metrics_listen,
           "Serve Prometheus metrics on http://IP:PORT/metrics (127.0.0.1:9464, 0.0.0.0:9464 "
           "or [::1]:9464; port 0 picks a free one); empty: no metrics. A port that cannot be "
           "bound stops the start. docs/operations.md lists the metrics.");
+ABSL_FLAG(std::string, tls_cert, Default().tls.cert_file,
+          "Serve TLS on --listen with this PEM certificate chain (and --tls_key). The files "
+          "are looked at every --tls_reload_interval: a replaced certificate is served to new "
+          "connections, open streams keep theirs. Without it --listen serves plaintext, which "
+          "is refused on addresses other than loopback and unix: (docs/security.md).");
+ABSL_FLAG(std::string, tls_key, Default().tls.key_file, "The PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, Default().tls.client_ca_file,
+          "With --tls_cert: require client certificates signed by these PEM roots (mTLS); "
+          "reloaded like the certificate.");
+ABSL_FLAG(absl::Duration, tls_reload_interval, Default().tls.reload_interval,
+          "How often the TLS files are checked for changes (at least 1s).");
+ABSL_FLAG(bool, allow_insecure_remote, Default().tls.allow_insecure_remote,
+          "Serve plaintext on an address other hosts can reach (a trusted network only; a "
+          "warning is logged).");
+ABSL_FLAG(std::string, tls_trust_domain, Default().auth.spiffe_trust_domain,
+          "With --tls_client_ca: a client certificate whose URI SAN is exactly "
+          "spiffe://TRUST_DOMAIN/tenant/NAME is tenant NAME when it sends no token.");
+ABSL_FLAG(std::string, auth_tokens_file, Default().auth.tokens_file,
+          "Tokens and tenants, one per line: TENANT SHA256HEX [max_host_bytes=N] "
+          "[max_groups=N] [admin] ('#' comments; SHA256HEX: the lowercase hex SHA-256 of the "
+          "token). Every call but health and reflection then needs 'authorization: Bearer "
+          "TOKEN'; each tenant sees only its groups. Re-read on SIGHUP (a bad file keeps the "
+          "previous one).");
+ABSL_FLAG(uint64_t, tenant_max_host_bytes, Default().auth.tenant_max_host_bytes,
+          "Host bytes of state one tenant may hold, for tokens-file tenants without "
+          "max_host_bytes=; 0: no limit but --max_host_bytes.");
+ABSL_FLAG(uint64_t, tenant_max_groups, Default().auth.tenant_max_groups,
+          "Groups one tenant may hold, for tokens-file tenants without max_groups=; 0: no "
+          "limit.");
+ABSL_FLAG(int, tenant_max_streams, Default().tenant_max_streams,
+          "Step streams one tenant may hold open at once; more get RESOURCE_EXHAUSTED; 0: no "
+          "limit.");
 ABSL_FLAG(std::string, backend, Default().backend.kind,
           "Where steps run: auto (cuda when built in and a device is usable, else cpu), cpu, "
           "or cuda (exit with an error when no device is usable).");
@@ -151,11 +183,22 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   optstate::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  options.tls.reload_interval = absl::GetFlag(FLAGS_tls_reload_interval);
+  options.tls.allow_insecure_remote = absl::GetFlag(FLAGS_allow_insecure_remote);
+  options.auth.spiffe_trust_domain = absl::GetFlag(FLAGS_tls_trust_domain);
+  options.auth.tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
+  options.auth.tenant_max_host_bytes = absl::GetFlag(FLAGS_tenant_max_host_bytes);
+  options.auth.tenant_max_groups = absl::GetFlag(FLAGS_tenant_max_groups);
+  options.tenant_max_streams = absl::GetFlag(FLAGS_tenant_max_streams);
   options.threads = absl::GetFlag(FLAGS_threads);
   options.max_host_bytes = absl::GetFlag(FLAGS_max_host_bytes);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
@@ -195,7 +238,18 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   int signal = 0;
-  sigwait(&signals, &signal);
+  for (;;) {
+    sigwait(&signals, &signal);
+    if (signal != SIGHUP) break;
+    if (absl::GetFlag(FLAGS_auth_tokens_file).empty()) {
+      optstate::Log(optstate::LogLevel::kInfo, "SIGHUP: no --auth_tokens_file to reload");
+    } else if (absl::Status s = (*server)->ReloadTokens(); s.ok()) {
+      optstate::Log(optstate::LogLevel::kInfo, "SIGHUP: tokens file reloaded");
+    } else {
+      optstate::Log(optstate::LogLevel::kError,
+                    "SIGHUP: tokens file not reloaded, the previous one stays: ", s.message());
+    }
+  }
   optstate::Log(optstate::LogLevel::kInfo, "signal ", signal,
                 ": shutting down, finishing in-flight chunks");
   (*server)->Shutdown(absl::GetFlag(FLAGS_shutdown_grace));

@@ -37,6 +37,7 @@ struct Server::Parts {
   std::unique_ptr<StateStore> store;
   std::unique_ptr<StepEngine> engine;
   std::unique_ptr<Checkpointer> checkpointer;  // Null without a state_dir.
+  std::unique_ptr<Authenticator> authenticator;
   std::unique_ptr<DataPlaneAssembly> data_plane;
   std::unique_ptr<OptimizerStateService> service;
   // With metrics_listen only: what the interceptor and the Step streams
@@ -60,6 +61,7 @@ struct Server::Parts {
     data_plane.reset();
     engine.reset();
     store.reset();
+    authenticator.reset();  // After the store, which asks it for quotas.
     backend.reset();
     trimmer.reset();
   }
@@ -110,6 +112,7 @@ absl::Status Server::StartMetrics(const std::string& listen, Parts& parts) {
   sources.trimmer = parts.trimmer.get();
   sources.calls = parts.call_metrics.get();
   sources.step_streams = parts.step_metrics.get();
+  sources.authenticator = parts.authenticator.get();
   sources.started = absl::Now();  // The daemon starts serving within moments.
   absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint =
       MetricsEndpoint::Start(listen, std::make_shared<DaemonMetrics>(sources));
@@ -161,7 +164,23 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // (a graph lookup per lock: 1.3% of daemon CPU while stepping). Our lock
   // order is fixed by construction (pages ascending), so skip the check.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  if (!options.auth.spiffe_trust_domain.empty() && options.tls.client_ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_trust_domain needs --tls_client_ca (tenants from client certificates)");
+  }
+  if (options.tenant_max_streams < 0) {
+    return absl::InvalidArgumentError("--tenant_max_streams must be >= 0 (0: no limit)");
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      ListenCredentials(options.listen, options.tls);
+  if (!credentials.ok()) return credentials.status();
   auto parts = std::make_unique<Parts>();
+  {
+    absl::StatusOr<std::unique_ptr<Authenticator>> authenticator =
+        Authenticator::Create(options.auth);
+    if (!authenticator.ok()) return authenticator.status();
+    parts->authenticator = std::move(*authenticator);
+  }
   int threads = options.threads;
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
   parts->pool = std::make_unique<ThreadPool>(threads);
@@ -193,14 +212,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   } else if (options.require_state) {
     return absl::InvalidArgumentError("--require_state needs --state_dir");
   }
-  parts->data_plane = std::make_unique<DataPlaneAssembly>(options.data_plane);
+  // Quotas hold from here: a restore gives every tenant back what it had.
+  parts->store->SetTenantQuotas(parts->authenticator.get());
+  parts->data_plane =
+      std::make_unique<DataPlaneAssembly>(options.data_plane, parts->authenticator.get());
   if (!options.metrics_listen.empty()) {
     if (absl::Status s = StartMetrics(options.metrics_listen, *parts); !s.ok()) return s;
   }
   parts->service = std::make_unique<OptimizerStateService>(
       parts->engine.get(), static_cast<size_t>(options.max_message_bytes),
       options.stream_idle_timeout, parts->checkpointer.get(), parts->data_plane->registry(),
-      parts->trimmer.get(), parts->step_metrics.get());
+      parts->trimmer.get(), parts->step_metrics.get(), parts->authenticator.get(),
+      options.tenant_max_streams);
 
   // Referencing the compiled health.proto keeps it linked in, which puts its
   // descriptors in the pool: reflection can then describe grpc.health.v1 and
@@ -210,7 +233,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen, *credentials, &port);
   // gRPC sets SO_REUSEPORT by default: a second daemon on a taken port
   // would start, and the kernel would split connections between two
   // daemons with different state. Refuse to start instead.
@@ -254,6 +277,8 @@ int Server::metrics_port() const {
 Server::~Server() { Shutdown(absl::Seconds(5)); }
 
 const StepEngine& Server::engine() const { return *parts_->engine; }
+
+absl::Status Server::ReloadTokens() { return parts_->authenticator->Reload(); }
 
 void Server::Shutdown(absl::Duration grace) {
   bool first;

@@ -11,10 +11,12 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "optstate/message_limits.h"
+#include "server/auth/authenticator.h"
 #include "server/backend_factory.h"
 #include "server/data_plane_assembly.h"
 #include "server/durability/checkpointer.h"
 #include "server/engine/step_engine.h"
+#include "server/listen_credentials.h"
 
 namespace optstate {
 
@@ -54,6 +56,11 @@ struct ServerOptions {
   // Prometheus metrics on /metrics over HTTP at IP:PORT (port 0 picks one);
   // empty: none, and nothing is measured (docs/operations.md, "Metrics").
   std::string metrics_listen;
+  // Security (docs/security.md): TLS on `listen`, the tokens file and the
+  // tenants' default quotas; none set: plaintext, one tenant "".
+  TlsOptions tls;
+  AuthOptions auth;
+  int tenant_max_streams = 0;  // Step streams one tenant may hold open; 0: no limit.
 };
 
 // Thread-safe.
@@ -73,6 +80,10 @@ class Server {
   // The metrics endpoint's port; 0 without metrics_listen.
   int metrics_port() const;
   const StepEngine& engine() const;  // For tests that inspect state.
+
+  // Reads the tokens file again (SIGHUP): Authenticator::Reload. A bad file
+  // keeps the previous one and returns why.
+  absl::Status ReloadTokens();
 
   // Stops accepting calls and new steps at once, and ends every open stream
   // with UNAVAILABLE ("shutting down") as soon as the messages already being

@@ -2,7 +2,11 @@
 #include "client/call/channel.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "optstate/message_limits.h"
 
@@ -29,8 +33,34 @@ absl::Status CheckClientOptions(const ClientOptions& options) {
   return absl::OkStatus();
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
-                                           const ClientOptions& options) {
+namespace {
+
+// The PEM text of `path`, for ClientOptions field `field`.
+absl::StatusOr<std::string> ReadPem(const char* field, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions.", field, " '", path, "' cannot be read"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!absl::StrContains(text.str(), "-----BEGIN")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions.", field, " '", path, "' holds no PEM block"));
+  }
+  return text.str();
+}
+
+}  // namespace
+
+std::string ResolveToken(const ClientOptions& options) {
+  if (!options.token.empty()) return options.token;
+  const char* env = std::getenv("OPTSTATE_TOKEN");
+  return env != nullptr ? std::string(env) : std::string();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
+                                                           const ClientOptions& options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
@@ -41,7 +71,31 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   // first SETTINGS frame included) is max(this, the reconnect backoff).
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(options.connect_timeout)));
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  const bool tls = options.tls || !options.tls_root_ca_file.empty() ||
+                   !options.tls_cert_file.empty() || !options.tls_key_file.empty();
+  if (!tls) return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.tls_cert_file and tls_key_file go together: give both or neither");
+  }
+  grpc::SslCredentialsOptions ssl;
+  if (!options.tls_root_ca_file.empty()) {
+    absl::StatusOr<std::string> roots = ReadPem("tls_root_ca_file", options.tls_root_ca_file);
+    if (!roots.ok()) return roots.status();
+    ssl.pem_root_certs = std::move(*roots);
+  }
+  if (!options.tls_cert_file.empty()) {
+    absl::StatusOr<std::string> cert = ReadPem("tls_cert_file", options.tls_cert_file);
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadPem("tls_key_file", options.tls_key_file);
+    if (!key.ok()) return key.status();
+    ssl.pem_cert_chain = std::move(*cert);
+    ssl.pem_private_key = std::move(*key);
+  }
+  if (!options.tls_server_name.empty()) {
+    args.SetSslTargetNameOverride(options.tls_server_name);
+  }
+  return grpc::CreateCustomChannel(target, grpc::SslCredentials(ssl), args);
 }
 
 }  // namespace optstate::client_internal

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/client.h"
 
@@ -19,8 +20,14 @@ absl::Status CheckClientOptions(const ClientOptions& options);
 
 // A channel of its own to `target` (its own connection, so clients of one
 // process do not queue behind each other on one socket), with the options'
-// message limits. Does not wait for the server.
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const ClientOptions& options);
+// message limits and TLS files. Does not wait for the server.
+// INVALID_ARGUMENT naming the option for a TLS file that cannot be read or
+// holds no PEM block, or a certificate without its key.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
+                                                           const ClientOptions& options);
+
+// ClientOptions::token, or OPTSTATE_TOKEN when it is empty.
+std::string ResolveToken(const ClientOptions& options);
 
 }  // namespace optstate::client_internal
 

@@ -95,6 +95,7 @@ absl::StatusOr<GroupInfo> GroupInfoFromProto(const v1::GroupInfo& proto) {
   info.host_bytes = proto.host_bytes();
   info.placement = PlacementFromProto(proto.placement());
   info.pages_awaiting_values = proto.pages_awaiting_values();
+  info.tenant = proto.tenant();
   return info;
 }
 

@@ -15,9 +15,10 @@ absl::Duration Backoff(const ClientOptions& options, int attempt) {
   return std::min(wait, options.max_backoff);
 }
 
-void SetDeadline(grpc::ClientContext* context, const ClientOptions& options) {
+void PrepareContext(grpc::ClientContext* context, const ClientOptions& options) {
   // A timeout of a century or more (InfiniteDuration included) is no
   // deadline; added to the clock it could overflow into one in the past.
+  if (!options.token.empty()) context->AddMetadata("authorization", "Bearer " + options.token);
   if (options.attempt_timeout >= absl::Hours(24 * 365 * 100)) return;
   context->set_deadline(absl::ToChronoTime(absl::Now() + options.attempt_timeout));
 }
@@ -40,7 +41,7 @@ absl::Status UnaryWithRetries(const ClientOptions& options,
                               absl::FunctionRef<grpc::Status(grpc::ClientContext*)> call) {
   return WithRetries(options, [&](int) {
     grpc::ClientContext context;
-    SetDeadline(&context, options);
+    PrepareContext(&context, options);
     return FromGrpcStatus(call(&context));
   });
 }

@@ -19,8 +19,10 @@ namespace optstate::client_internal {
 absl::Duration Backoff(const ClientOptions& options, int attempt);
 
 // Gives `context` the deadline of one attempt (ClientOptions::attempt_timeout;
-// none for a timeout of a century or more, InfiniteDuration included).
-void SetDeadline(grpc::ClientContext* context, const ClientOptions& options);
+// none for a timeout of a century or more, InfiniteDuration included) and,
+// with ClientOptions::token set, the metadata 'authorization: Bearer TOKEN'
+// (sent by hand: gRPC's call credentials refuse plaintext channels).
+void PrepareContext(grpc::ClientContext* context, const ClientOptions& options);
 
 // Runs attempt(0), then attempt(1), ... (up to options.max_attempts in all,
 // sleeping Backoff before each retry) while it fails transiently

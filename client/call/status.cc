@@ -1,11 +1,43 @@
 // gRPC status codes are absl's, number for number.
 #include "client/call/status.h"
 
+#include <string>
+
+#include "absl/strings/match.h"
+
 namespace optstate::client_internal {
+
+namespace {
+
+// What a TLS failure gRPC reports means for ClientOptions (gRPC's own text
+// names OpenSSL's reason, not the option to change).
+std::string TlsHint(const std::string& message) {
+  if (absl::StrContains(message, "certificate verify failed")) {
+    return " (TLS: the daemon's certificate is not signed by a CA of "
+           "ClientOptions.tls_root_ca_file, or the system's roots when it is empty, or it has "
+           "expired or is not yet valid)";
+  }
+  if (absl::StrContains(message, "is not in peer certificate")) {
+    return " (TLS: the daemon's certificate does not carry the name connected to; connect by a "
+           "name it carries, or set ClientOptions.tls_server_name to one)";
+  }
+  if (absl::StrContains(message, "Ssl handshake failed") ||
+      absl::StrContains(message, "Handshake failed")) {
+    return " (TLS handshake failed: check ClientOptions.tls_root_ca_file, and for a daemon that "
+           "requires client certificates tls_cert_file and tls_key_file)";
+  }
+  return "";
+}
+
+}  // namespace
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+  const auto code = static_cast<absl::StatusCode>(status.error_code());
+  if (code == absl::StatusCode::kUnavailable) {
+    return absl::Status(code, status.error_message() + TlsHint(status.error_message()));
+  }
+  return absl::Status(code, status.error_message());
 }
 
 bool IsRetryable(const absl::Status& status) {

@@ -23,7 +23,7 @@ absl::Status RunStepStream(grpc::ChannelInterface* channel, const grpc::internal
                            const ClientOptions& options, StepTransport& transport,
                            std::vector<size_t>* pending) {
   grpc::ClientContext context;
-  SetDeadline(&context, options);
+  PrepareContext(&context, options);
   // A raw stream, created as generated stubs do, with gRPC's internal
   // factory (stable across the 1.x releases we build with).
   std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(

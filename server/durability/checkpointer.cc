@@ -184,7 +184,7 @@ absl::StatusOr<CheckpointOutcome> Checkpointer::Checkpoint(const CheckpointCall&
     if (!group.ok()) return group.status();
     named.push_back(*std::move(group));
   }
-  if (call.groups.empty()) named = store_->ListAll();
+  if (call.groups.empty()) named = call.tenant ? store_->List(*call.tenant) : store_->ListAll();
   if (call.wait_for_step) {
     if (absl::Status s = WaitForStep(named, *call.wait_for_step, call); !s.ok()) return s;
   }

@@ -30,7 +30,10 @@ struct CheckpointerOptions {
 };
 
 struct CheckpointCall {
-  std::vector<GroupKey> groups;  // The groups wait_for_step applies to; empty: all.
+  // The groups wait_for_step applies to; empty: all of `tenant`'s, or with
+  // no tenant every group.
+  std::vector<GroupKey> groups;
+  std::optional<std::string> tenant;
   std::optional<uint64_t> wait_for_step;
   absl::Time deadline = absl::InfiniteFuture();
   std::function<bool()> cancelled = [] { return false; };

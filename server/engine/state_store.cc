@@ -59,6 +59,29 @@ absl::StatusOr<uint64_t> StateStore::CheckConfig(const GroupKey& key,
 }
 
 absl::Status StateStore::Reserve(const GroupKey& key, const GroupConfig& config, uint64_t needed) {
+  const auto it = tenant_usage_.find(key.tenant);
+  const TenantUsage used = it == tenant_usage_.end() ? TenantUsage() : it->second;
+  if (quotas_ != nullptr) {
+    const TenantQuota quota = quotas_->QuotaOf(key.tenant);
+    if (used.groups >= quota.max_groups) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "tenant '", key.tenant, "' holds ", used.groups, " groups, its quota max_groups=",
+          quota.max_groups, "; group '", key.name,
+          "' was not created: delete a group, or raise max_groups for the tenant in the tokens "
+          "file (or --tenant_max_groups)"));
+    }
+    // (needed == UINT64_MAX is past the daemon-wide budget: its message below.)
+    if (needed != UINT64_MAX && quota.max_host_bytes != TenantQuota().max_host_bytes &&
+        (needed > quota.max_host_bytes || used.host_bytes > quota.max_host_bytes - needed)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "group '", key.name, "' needs ", HostBytesFor(config), " bytes of host memory (",
+          StateBytesPerElement(config), " per element) but tenant '",
+          key.tenant, "' uses ", used.host_bytes, " of its quota max_host_bytes=",
+          quota.max_host_bytes,
+          "; group not created: delete groups, or raise max_host_bytes for the tenant in the "
+          "tokens file (or --tenant_max_host_bytes)"));
+    }
+  }
   if (needed == UINT64_MAX || host_bytes_ + needed > max_host_bytes_) {
     return absl::ResourceExhaustedError(
         absl::StrCat("group '", key.name, "' needs ", HostBytesFor(config),
@@ -68,12 +91,39 @@ absl::Status StateStore::Reserve(const GroupKey& key, const GroupConfig& config,
                      " are free; delete groups or raise --max_host_bytes"));
   }
   host_bytes_ += needed;
+  TenantUsage& usage = tenant_usage_[key.tenant];
+  usage.host_bytes += needed;
+  usage.groups += 1;
   return absl::OkStatus();
 }
 
-void StateStore::Release(uint64_t bytes) {
+void StateStore::Release(const std::string& tenant, uint64_t bytes) {
   absl::MutexLock lock(&mu_);
+  ReleaseLocked(tenant, bytes);
+}
+
+void StateStore::ReleaseLocked(const std::string& tenant, uint64_t bytes) {
   host_bytes_ -= bytes;
+  auto it = tenant_usage_.find(tenant);
+  if (it == tenant_usage_.end()) return;
+  it->second.host_bytes -= bytes;
+  if (--it->second.groups == 0) tenant_usage_.erase(it);
+}
+
+void StateStore::SetTenantQuotas(const TenantQuotas* quotas) {
+  absl::MutexLock lock(&mu_);
+  quotas_ = quotas;
+}
+
+StateStore::TenantUsage StateStore::UsageOf(const std::string& tenant) const {
+  absl::MutexLock lock(&mu_);
+  const auto it = tenant_usage_.find(tenant);
+  return it == tenant_usage_.end() ? TenantUsage() : it->second;
+}
+
+absl::flat_hash_map<std::string, StateStore::TenantUsage> StateStore::TenantUsages() const {
+  absl::MutexLock lock(&mu_);
+  return tenant_usage_;
 }
 
 absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& key,
@@ -106,7 +156,7 @@ absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& ke
   absl::MutexLock lock(&mu_);
   registering_.erase(key);
   if (!placed.ok()) {
-    host_bytes_ -= needed;
+    ReleaseLocked(key.tenant, needed);
     return placed;
   }
   groups_.emplace(key, *group);
@@ -121,8 +171,10 @@ StagedGroup::StagedGroup(StagedGroup&& other) noexcept
 }
 
 StagedGroup::~StagedGroup() {
+  if (reserved_ == 0) return;
+  const std::string tenant = group_->key().tenant;
   group_.reset();
-  if (reserved_ != 0) store_->Release(reserved_);
+  store_->Release(tenant, reserved_);
 }
 
 absl::StatusOr<StagedGroup> StateStore::Stage(const GroupKey& key, const GroupConfig& config) {
@@ -135,7 +187,7 @@ absl::StatusOr<StagedGroup> StateStore::Stage(const GroupKey& key, const GroupCo
   absl::StatusOr<std::shared_ptr<Group>> group =
       Group::Create(key, config, page_elements_, backend_->host_allocator());
   if (!group.ok()) {
-    Release(*checked);
+    Release(key.tenant, *checked);
     return group.status();
   }
   return StagedGroup(this, std::move(*group), *checked);
@@ -209,7 +261,7 @@ absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key) {
         return absl::NotFoundError(absl::StrCat("no group named '", key.name, "' to delete"));
       }
       groups_.erase(it);
-      host_bytes_ -= group->host_bytes();
+      ReleaseLocked(key.tenant, group->host_bytes());
       removed_counters_.Add(group->counters());
     }
     group->mark_deleted();
@@ -235,7 +287,7 @@ bool StateStore::Unregister(const std::shared_ptr<Group>& group) {
       auto it = groups_.find(group->key());
       if (it != groups_.end() && it->second == group) {
         groups_.erase(it);
-        host_bytes_ -= group->host_bytes();
+        ReleaseLocked(group->key().tenant, group->host_bytes());
         removed_counters_.Add(group->counters());
         removed = true;
       }

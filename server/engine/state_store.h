@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/backends/step_backend.h"
 #include "server/base/heap_trimmer.h"
+#include "server/engine/tenant_quotas.h"
 #include "server/state/group.h"
 
 namespace optstate {
@@ -60,8 +61,10 @@ class StateStore {
   // INVALID_ARGUMENT for a bad name (it must be 1 to 512 printable ASCII
   // characters without spaces), size or hyperparameters; ALREADY_EXISTS
   // when a group of that name differs; RESOURCE_EXHAUSTED past the host-memory
-  // budget or when the backend cannot place it; ABORTED while another call
-  // is registering the same name. On error nothing changes.
+  // budget, past the tenant's quota (SetTenantQuotas; the message names the
+  // quota and the tenant's use) or when the backend cannot place it; ABORTED
+  // while another call is registering the same name. On error nothing
+  // changes. An existing equal group is returned even at the quota.
   absl::StatusOr<Registration> Register(const GroupKey& key, const GroupConfig& config);
 
   // Allocates a group outside the store, counted against the budget, for
@@ -102,6 +105,21 @@ class StateStore {
   // (a deleted group's counters are added once no step can change them).
   CounterTotals counter_totals() const;
 
+  // From now on, Register and Stage hold each tenant to `quotas` (may be
+  // null: no quotas; else must outlive the store). Groups already held are
+  // kept, whatever their tenant's quota (a restore is not refused).
+  void SetTenantQuotas(const TenantQuotas* quotas) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // What a tenant holds: groups registered, staged or being registered, and
+  // their host bytes (as counted against its quota).
+  struct TenantUsage {
+    uint64_t host_bytes = 0;
+    uint64_t groups = 0;
+  };
+  TenantUsage UsageOf(const std::string& tenant) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Every tenant holding anything, with its use.
+  absl::flat_hash_map<std::string, TenantUsage> TenantUsages() const ABSL_LOCKS_EXCLUDED(mu_);
+
   uint64_t host_bytes() const;
   uint64_t max_host_bytes() const { return max_host_bytes_; }
   // Elements per page of every group (--page_elements).
@@ -114,7 +132,9 @@ class StateStore {
   absl::StatusOr<uint64_t> CheckConfig(const GroupKey& key, const GroupConfig& config) const;
   absl::Status Reserve(const GroupKey& key, const GroupConfig& config, uint64_t needed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Release(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // Gives back what Reserve counted for one group of `tenant`.
+  void Release(const std::string& tenant, uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  void ReleaseLocked(const std::string& tenant, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   StepBackend* const backend_;
   HeapTrimmer* const trimmer_;
@@ -124,6 +144,9 @@ class StateStore {
   absl::flat_hash_map<GroupKey, std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<GroupKey> registering_ ABSL_GUARDED_BY(mu_);
   uint64_t host_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // Including registrations under way.
+  // Per tenant, the same (no entry: nothing held).
+  absl::flat_hash_map<std::string, TenantUsage> tenant_usage_ ABSL_GUARDED_BY(mu_);
+  const TenantQuotas* quotas_ ABSL_GUARDED_BY(mu_) = nullptr;
   CounterTotals removed_counters_ ABSL_GUARDED_BY(mu_);  // Of the groups no longer in groups_.
 };
 

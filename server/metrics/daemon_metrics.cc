@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <memory>
@@ -257,9 +258,52 @@ void CollectProcess(const MetricsSources& sources, std::vector<MetricFamily>& ou
 
 }  // namespace
 
+namespace {
+
+// Per tenant: what it holds and its quotas (a quota of no limit is left out).
+void CollectTenants(const StateStore& store, const Authenticator& auth,
+                    std::vector<MetricFamily>& out) {
+  const absl::flat_hash_map<std::string, StateStore::TenantUsage> usage = store.TenantUsages();
+  std::vector<std::string> tenants = auth.Tenants();
+  for (const auto& [tenant, use] : usage) {
+    if (std::find(tenants.begin(), tenants.end(), tenant) == tenants.end()) tenants.push_back(tenant);
+  }
+  std::sort(tenants.begin(), tenants.end());
+  FamilyBuilder groups("optstate_tenant_groups", "Groups a tenant holds", MetricType::Gauge);
+  FamilyBuilder bytes("optstate_tenant_host_bytes", "Host bytes of a tenant's groups",
+                      MetricType::Gauge);
+  FamilyBuilder max_bytes("optstate_tenant_max_host_bytes",
+                          "A tenant's max_host_bytes quota (absent: none)", MetricType::Gauge);
+  FamilyBuilder max_groups("optstate_tenant_max_groups",
+                           "A tenant's max_groups quota (absent: none)", MetricType::Gauge);
+  constexpr uint64_t kNone = TenantQuota().max_groups;
+  for (const std::string& tenant : tenants) {
+    const auto it = usage.find(tenant);
+    const StateStore::TenantUsage use = it == usage.end() ? StateStore::TenantUsage() : it->second;
+    const TenantQuota quota = auth.QuotaOf(tenant);
+    groups.Value(static_cast<double>(use.groups), {{"tenant", tenant}});
+    bytes.Value(static_cast<double>(use.host_bytes), {{"tenant", tenant}});
+    if (quota.max_host_bytes != kNone) {
+      max_bytes.Value(static_cast<double>(quota.max_host_bytes), {{"tenant", tenant}});
+    }
+    if (quota.max_groups != kNone) {
+      max_groups.Value(static_cast<double>(quota.max_groups), {{"tenant", tenant}});
+    }
+  }
+  groups.AppendTo(out);
+  bytes.AppendTo(out);
+  max_bytes.AppendTo(out);
+  max_groups.AppendTo(out);
+}
+
+}  // namespace
+
 std::vector<MetricFamily> DaemonMetrics::Collect() const {
   std::vector<MetricFamily> out;
   CollectState(*sources_.engine, out);
+  if (sources_.authenticator != nullptr && sources_.authenticator->required()) {
+    CollectTenants(*sources_.engine->store(), *sources_.authenticator, out);
+  }
   CollectCalls(*sources_.calls, out);
   CollectStepStreams(*sources_.step_streams, out);
   if (sources_.checkpointer != nullptr) CollectCheckpoints(*sources_.checkpointer, out);

@@ -9,6 +9,7 @@
 #include "absl/time/time.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
+#include "server/auth/authenticator.h"
 #include "server/base/heap_trimmer.h"
 #include "server/durability/checkpointer.h"
 #include "server/engine/step_engine.h"
@@ -28,12 +29,15 @@ struct MetricsSources {
   const HeapTrimmer* trimmer = nullptr;
   const CallMetrics* calls = nullptr;
   const StepStreamMetrics* step_streams = nullptr;
+  // Tenants and their quotas; null or without tenants: no per-tenant series.
+  const Authenticator* authenticator = nullptr;
   absl::Time started;  // When the daemon started, for process_start_time_seconds.
 };
 
 // Thread-safe (Collect runs on the exposer's threads). Labels are bounded:
-// method names of the services served, status codes, phases, data planes;
-// never a group's name or anything a client sent. docs/operations.md lists
+// method names of the services served, status codes, phases, data planes,
+// tenants (the tokens file's, and those of client certificates); never a
+// group's name, a token, a digest or anything else a client sent. docs/operations.md lists
 // every metric. Counters count from the daemon's start and never go down
 // (a deleted group's counts stay in them); GetStats' totals are over the
 // groups there are now.

@@ -4,7 +4,10 @@
 // Kubernetes exec probes (Kubernetes' built-in grpc: probe cannot present a
 // client certificate; this program will, when the daemon gets TLS).
 #include <cstdio>
+#include <fstream>
 #include <memory>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -22,14 +25,40 @@ ABSL_FLAG(std::string, service, "",
           "optstate.v1.OptimizerState is SERVING once the daemon serves steps.");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(3),
           "Deadline of the check, connecting included.");
-// Transport security (TLS, a client certificate, a bearer token) comes with
-// the daemon's: its flags will sit here, beside --addr.
+// Transport security: health needs no token (the daemon exempts
+// grpc.health.v1 from --auth_tokens_file), so there is no token flag; a TLS
+// daemon needs the CA, and under mTLS a client certificate.
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM roots that sign the daemon's certificate: the check goes over TLS. Empty (and "
+          "no --tls_cert): plaintext.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM client certificate, for a daemon started with --tls_client_ca (with --tls_key).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "The name the daemon's certificate must carry; empty: the host of --addr.");
+
+namespace {
+
+// The whole file at `path`, or nullopt (reported on stderr) when unreadable.
+std::optional<std::string> ReadFlagFile(const char* flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    std::fprintf(stderr, "optstate-probe: --%s=%s cannot be read\n", flag, path.c_str());
+    return std::nullopt;
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "optstate-probe asks an optstated daemon's grpc.health.v1 service whether it serves; "
       "exit 0 only on SERVING.\n"
-      "Usage: optstate-probe [--addr=127.0.0.1:50051] [--service=NAME] [--timeout=3s]");
+      "Usage: optstate-probe [--addr=127.0.0.1:50051] [--service=NAME] [--timeout=3s] "
+      "[--tls_ca=FILE [--tls_cert=FILE --tls_key=FILE] [--tls_server_name=NAME]]");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) {
     std::fprintf(stderr, "optstate-probe: unexpected argument %s (see --help)\n", rest[1]);
@@ -43,7 +72,34 @@ int main(int argc, char** argv) {
   const std::string addr = absl::GetFlag(FLAGS_addr);
   const std::string service = absl::GetFlag(FLAGS_service);
 
-  auto channel = grpc::CreateChannel(addr, grpc::InsecureChannelCredentials());
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  grpc::ChannelArguments args;
+  const std::string ca = absl::GetFlag(FLAGS_tls_ca), cert = absl::GetFlag(FLAGS_tls_cert),
+                    key = absl::GetFlag(FLAGS_tls_key);
+  if (cert.empty() != key.empty()) {
+    std::fprintf(stderr, "optstate-probe: --tls_cert and --tls_key go together\n");
+    return 2;
+  }
+  if (!ca.empty() || !cert.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    if (!ca.empty()) {
+      std::optional<std::string> roots = ReadFlagFile("tls_ca", ca);
+      if (!roots) return 2;
+      ssl.pem_root_certs = std::move(*roots);
+    }
+    if (!cert.empty()) {
+      std::optional<std::string> chain = ReadFlagFile("tls_cert", cert);
+      std::optional<std::string> private_key = ReadFlagFile("tls_key", key);
+      if (!chain || !private_key) return 2;
+      ssl.pem_cert_chain = std::move(*chain);
+      ssl.pem_private_key = std::move(*private_key);
+    }
+    credentials = grpc::SslCredentials(ssl);
+    if (!absl::GetFlag(FLAGS_tls_server_name).empty()) {
+      args.SetSslTargetNameOverride(absl::GetFlag(FLAGS_tls_server_name));
+    }
+  }
+  auto channel = grpc::CreateCustomChannel(addr, credentials, args);
   auto stub = grpc::health::v1::Health::NewStub(channel);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));

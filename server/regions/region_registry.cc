@@ -65,6 +65,18 @@ std::string RegionRegistry::OpenSession(const std::string& tenant) {
   return key;
 }
 
+absl::Status RegionRegistry::SetSessionTenant(const std::string& key, const std::string& tenant) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(key);
+  if (it == sessions_.end()) return absl::NotFoundError("no such region session");
+  if (!it->second.regions.empty()) {
+    return absl::FailedPreconditionError(
+        "authenticate a region socket connection before registering regions on it");
+  }
+  it->second.tenant = tenant;
+  return absl::OkStatus();
+}
+
 void RegionRegistry::CloseSession(const std::string& key) {
   Session gone;
   {

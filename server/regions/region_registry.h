@@ -85,6 +85,11 @@ class RegionRegistry {
   // Forgets the session and every region of it (each unmapped once no step
   // uses it). Unknown keys are ignored.
   void CloseSession(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
+  // Gives the session `key` to `tenant` (the region socket's
+  // authentication). FAILED_PRECONDITION once it holds a region, NOT_FOUND
+  // for an unknown session.
+  absl::Status SetSessionTenant(const std::string& key, const std::string& tenant)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Maps memfd `fd` (always closed, whatever the outcome) as a region of the
   // session `key`. INVALID_ARGUMENT when the fd is not a sealable memfd or

@@ -80,7 +80,7 @@ absl::Status ClearStale(const std::string& path, const sockaddr_un& address) {
 
 absl::StatusOr<std::unique_ptr<RegionSocketServer>> RegionSocketServer::Start(
     const std::string& path, unsigned mode, RegionRegistry* registry,
-    const std::string& daemon_id) {
+    const std::string& daemon_id, TokenCheck check_token) {
   absl::StatusOr<sockaddr_un> address = AddressOf(path);
   if (!address.ok()) return address.status();
   if (absl::Status s = ClearStale(path, *address); !s.ok()) return s;
@@ -101,18 +101,20 @@ absl::StatusOr<std::unique_ptr<RegionSocketServer>> RegionSocketServer::Start(
     return absl::UnavailableError(absl::StrCat("eventfd: ", std::strerror(errno)));
   }
   std::unique_ptr<RegionSocketServer> server(
-      new RegionSocketServer(path, fd, wake, registry, daemon_id));
+      new RegionSocketServer(path, fd, wake, registry, daemon_id, std::move(check_token)));
   server->thread_ = std::thread([s = server.get()] { s->Serve(); });
   return server;
 }
 
 RegionSocketServer::RegionSocketServer(std::string path, int listen_fd, int wake_fd,
-                                       RegionRegistry* registry, std::string daemon_id)
+                                       RegionRegistry* registry, std::string daemon_id,
+                                       TokenCheck check_token)
     : path_(std::move(path)),
       listen_fd_(listen_fd),
       wake_fd_(wake_fd),
       registry_(registry),
-      daemon_id_(std::move(daemon_id)) {}
+      daemon_id_(std::move(daemon_id)),
+      check_token_(std::move(check_token)) {}
 
 RegionSocketServer::~RegionSocketServer() {
   const uint64_t one = 1;
@@ -124,10 +126,6 @@ RegionSocketServer::~RegionSocketServer() {
 }
 
 void RegionSocketServer::Serve() {
-  struct Connection {
-    int fd;
-    std::string key;
-  };
   std::vector<Connection> connections;
   std::vector<pollfd> polled;
   auto end_connection = [&](size_t i) {
@@ -151,11 +149,22 @@ void RegionSocketServer::Serve() {
     for (size_t p = polled.size(); p-- > 2;) {
       if (polled[p].revents == 0) continue;
       const size_t i = p - 2;
+      if (connections[i].token_bytes != 0) {
+        if (!Authenticate(connections[i])) end_connection(i);
+        continue;
+      }
       rp::Request request;
       int fd = -1;
       absl::Status received = rp::Receive(connections[i].fd, &request, sizeof(request), &fd);
       if (!received.ok() && received.code() == absl::StatusCode::kUnavailable) {
         end_connection(i);  // Closed: its regions go.
+        continue;
+      }
+      if (received.ok() && request.magic == rp::kMagic &&
+          request.op == static_cast<uint32_t>(rp::Op::kAuthenticate) && request.region >= 1 &&
+          request.region <= rp::kMaxTokenBytes) {
+        if (fd >= 0) close(fd);
+        connections[i].token_bytes = request.region;  // Answered once the token comes.
         continue;
       }
       rp::Reply reply;
@@ -166,6 +175,14 @@ void RegionSocketServer::Serve() {
       absl::Status status = received;
       if (status.ok() && request.magic != rp::kMagic) {
         status = absl::InvalidArgumentError("not a region socket record (bad magic)");
+      } else if (status.ok() && request.op == static_cast<uint32_t>(rp::Op::kAuthenticate)) {
+        status = absl::InvalidArgumentError(absl::StrCat(
+            "kAuthenticate needs the token's length, 1 to ", rp::kMaxTokenBytes, " bytes"));
+      } else if (status.ok() && request.op == static_cast<uint32_t>(rp::Op::kRegister) &&
+                 !connections[i].authenticated) {
+        status = absl::UnauthenticatedError(
+            "this daemon has tenants: authenticate the connection with its token (kAuthenticate) "
+            "before registering regions");
       } else if (status.ok() && request.op == static_cast<uint32_t>(rp::Op::kRegister)) {
         if (fd < 0) {
           status = absl::InvalidArgumentError("kRegister needs a memfd attached (SCM_RIGHTS)");
@@ -203,7 +220,9 @@ void RegionSocketServer::Serve() {
         // reading fills its buffer and is dropped rather than block us.
         const int flags = fcntl(fd, F_GETFL);
         fcntl(fd, F_SETFL, flags | O_NONBLOCK);
-        Connection c{fd, registry_->OpenSession("")};
+        // With tokens, the session belongs to no tenant until authenticated.
+        Connection c{fd, registry_->OpenSession(check_token_ ? std::string(1, '\0') : ""),
+                     check_token_ == nullptr};
         rp::Reply hello;
         hello.op = static_cast<uint32_t>(rp::Op::kHello);
         std::memcpy(hello.daemon_id, daemon_id_.data(),
@@ -219,6 +238,28 @@ void RegionSocketServer::Serve() {
     }
   }
   for (size_t i = connections.size(); i-- > 0;) end_connection(i);
+}
+
+bool RegionSocketServer::Authenticate(Connection& connection) {
+  std::string token(connection.token_bytes, '\0');
+  connection.token_bytes = 0;
+  int fd = -1;
+  absl::Status status = rp::Receive(connection.fd, token.data(), token.size(), &fd);
+  if (fd >= 0) close(fd);
+  if (!status.ok() && status.code() == absl::StatusCode::kUnavailable) return false;
+  if (status.ok() && check_token_ != nullptr) {
+    absl::StatusOr<std::string> tenant = check_token_(token);
+    status = tenant.status();
+    if (tenant.ok()) status = registry_->SetSessionTenant(connection.key, *tenant);
+    if (status.ok()) connection.authenticated = true;
+  }
+  std::fill(token.begin(), token.end(), '\0');
+  rp::Reply reply;
+  reply.op = static_cast<uint32_t>(rp::Op::kAuthenticate);
+  std::memcpy(reply.daemon_id, daemon_id_.data(), std::min(daemon_id_.size(), sizeof(reply.daemon_id)));
+  std::memcpy(reply.session_key, connection.key.data(), sizeof(reply.session_key));
+  rp::SetStatus(status, &reply);
+  return rp::Send(connection.fd, &reply, sizeof(reply)).ok();
 }
 
 }  // namespace optstate

@@ -4,6 +4,7 @@
 #ifndef OPTSTATE_SERVER_REGIONS_REGION_SOCKET_SERVER_H_
 #define OPTSTATE_SERVER_REGIONS_REGION_SOCKET_SERVER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -15,16 +16,21 @@ namespace optstate {
 
 class RegionSocketServer {
  public:
+  // The tenant a token names, or why it names none (UNAUTHENTICATED).
+  using TokenCheck = std::function<absl::StatusOr<std::string>(const std::string& token)>;
+
   // Binds `path` (a stale socket file there, one nothing listens on, is
   // replaced; UNAVAILABLE when a live one is, FAILED_PRECONDITION when the
   // path is something else), sets its permission bits to `mode` (who may
   // register regions), and serves it. `registry` must outlive the server.
-  // Connections are sessions of tenant "" (the socket carries no
-  // credentials beyond its file permissions).
-  static absl::StatusOr<std::unique_ptr<RegionSocketServer>> Start(const std::string& path,
-                                                                   unsigned mode,
-                                                                   RegionRegistry* registry,
-                                                                   const std::string& daemon_id);
+  // `check_token` null: connections are sessions of tenant "" (the socket
+  // carries no credentials beyond its file permissions; kAuthenticate is
+  // answered OK and ignored). Else a connection registers nothing until it
+  // has authenticated (kAuthenticate) with a token `check_token` accepts,
+  // and its session is that token's tenant's.
+  static absl::StatusOr<std::unique_ptr<RegionSocketServer>> Start(
+      const std::string& path, unsigned mode, RegionRegistry* registry,
+      const std::string& daemon_id, TokenCheck check_token = nullptr);
   // Stops serving, closes every connection (their sessions end) and removes
   // the socket file.
   ~RegionSocketServer();
@@ -33,14 +39,25 @@ class RegionSocketServer {
 
  private:
   RegionSocketServer(std::string path, int listen_fd, int wake_fd, RegionRegistry* registry,
-                     std::string daemon_id);
+                     std::string daemon_id, TokenCheck check_token);
+  struct Connection {
+    int fd;
+    std::string key;
+    bool authenticated = false;  // Always true without check_token_.
+    uint64_t token_bytes = 0;    // After kAuthenticate: the next record is the token.
+  };
   void Serve();
+  // Reads the token record kAuthenticate announced, sets the session's
+  // tenant when check_token_ takes it, and answers; false when the
+  // connection has failed (then it is to be ended).
+  bool Authenticate(Connection& connection);
 
   const std::string path_;
   const int listen_fd_;
   const int wake_fd_;  // An eventfd; written to stop Serve.
   RegionRegistry* const registry_;
   const std::string daemon_id_;
+  const TokenCheck check_token_;
   std::thread thread_;
 };
 

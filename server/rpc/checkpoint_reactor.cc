@@ -8,7 +8,7 @@ namespace optstate {
 
 grpc::ServerUnaryReactor* StartCheckpointCall(Checkpointer* checkpointer,
                                               grpc::CallbackServerContext* context,
-                                              const std::string& tenant,
+                                              const std::string& tenant, bool all_tenants,
                                               const v1::CheckpointRequest& request,
                                               v1::CheckpointResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -20,6 +20,7 @@ grpc::ServerUnaryReactor* StartCheckpointCall(Checkpointer* checkpointer,
   }
   CheckpointCall call;
   for (const std::string& name : request.groups()) call.groups.push_back(GroupKey{tenant, name});
+  if (!all_tenants) call.tenant = tenant;
   if (request.has_wait_for_step()) call.wait_for_step = request.wait_for_step();
   const auto deadline = context->deadline();
   if (deadline != std::chrono::system_clock::time_point::max()) {

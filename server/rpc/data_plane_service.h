@@ -7,6 +7,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "optstate/v1/optstate.grpc.pb.h"
+#include "server/auth/authenticator.h"
 #include "server/regions/region_registry.h"
 
 namespace optstate {
@@ -15,8 +16,11 @@ namespace optstate {
 // may depend on the port gRPC bound).
 class DataPlaneService : public v1::DataPlane::CallbackService {
  public:
-  DataPlaneService(std::string daemon_id, RegionLimits limits)
-      : daemon_id_(std::move(daemon_id)), limits_(limits) {}
+  // `authenticator` (may be null): GetDataPlane needs what every other
+  // call needs (UNAUTHENTICATED otherwise).
+  DataPlaneService(std::string daemon_id, RegionLimits limits,
+                   const Authenticator* authenticator = nullptr)
+      : daemon_id_(std::move(daemon_id)), limits_(limits), authenticator_(authenticator) {}
 
   void SetRegionSocket(std::string path) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
@@ -30,6 +34,7 @@ class DataPlaneService : public v1::DataPlane::CallbackService {
  private:
   const std::string daemon_id_;
   const RegionLimits limits_;
+  const Authenticator* const authenticator_;
   absl::Mutex mu_;
   std::string region_socket_ ABSL_GUARDED_BY(mu_);
 };

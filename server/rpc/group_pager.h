@@ -23,18 +23,21 @@ struct GroupPageStart {
   size_t limit = 0;  // Groups at most.
 };
 
-// `sorted`: `tenant`'s groups by name (StateStore::List). A token names the
-// last group of the previous page, so the next page starts after it even if
-// that group has been deleted meanwhile: no group is skipped or repeated.
-// INVALID_ARGUMENT for a negative page_size, or a token this daemon did not
-// issue (or issued to another tenant).
+// `sorted`: `tenant`'s groups by name (StateStore::List), or with
+// `all_tenants` (an admin's listing) every tenant's by (tenant, name)
+// (StateStore::ListAll). A token names the last group of the previous page,
+// so the next page starts after it even if that group has been deleted
+// meanwhile: no group is skipped or repeated. INVALID_ARGUMENT for a
+// negative page_size, or a token this daemon did not issue (or issued to
+// another tenant, or for the other kind of listing).
 absl::StatusOr<GroupPageStart> StartGroupPage(const std::vector<std::shared_ptr<Group>>& sorted,
-                                              const std::string& tenant, int32_t page_size,
-                                              const std::string& page_token);
+                                              const std::string& tenant, bool all_tenants,
+                                              int32_t page_size, const std::string& page_token);
 
 // The token for the page after the one ending just before `sorted[end]`;
 // empty when `end` is past the last group.
-std::string NextGroupPageToken(const std::vector<std::shared_ptr<Group>>& sorted, size_t end);
+std::string NextGroupPageToken(const std::vector<std::shared_ptr<Group>>& sorted, size_t end,
+                               bool all_tenants);
 
 }  // namespace optstate
 

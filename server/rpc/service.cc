@@ -3,6 +3,8 @@
 // store's lock briefly), except DeleteGroup, which waits on a worker.
 #include "server/rpc/service.h"
 
+#include <algorithm>
+
 #include "server/base/heap_trimmer.h"
 #include "server/kernels/adamw_kernel.h"
 #include "server/rpc/checkpoint_reactor.h"
@@ -29,17 +31,43 @@ void Reply(grpc::ServerUnaryReactor* reactor, absl::Status status,
   reactor->Finish(ToGrpcStatus(status));
 }
 
+// A tenant no caller can have (tenant names are printable): the key of a
+// group that never exists.
+const std::string& NoTenant() {
+  static const std::string* const none = new std::string(1, '\0');
+  return *none;
+}
+
 }  // namespace
+
+std::vector<std::shared_ptr<Group>> OptimizerStateService::VisibleGroups(
+    const Caller& caller) const {
+  return caller.admin ? engine_->store()->ListAll() : engine_->store()->List(caller.tenant);
+}
+
+GroupKey OptimizerStateService::KeyFor(const Caller& caller, const std::string& owner,
+                                       const std::string& name) {
+  if (owner.empty() || owner == caller.tenant) return GroupKey{caller.tenant, name};
+  return GroupKey{caller.admin ? owner : NoTenant(), name};
+}
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* OptimizerStateService::RegisterGroup(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
-  return new RegisterReactor(engine_, TenantOf(context), response, &streams_);
+  absl::StatusOr<Caller> caller = CallerOf(context);
+  if (!caller.ok()) return new RefusedReadReactor<grpc::ByteBuffer>(ToGrpcStatus(caller.status()));
+  return new RegisterReactor(engine_, caller->tenant, response, &streams_);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* OptimizerStateService::Step(
     grpc::CallbackServerContext* context) {
-  return new StepReactor(engine_, TenantOf(context), max_reply_bytes_, &streams_, regions_,
-                         step_metrics_);
+  absl::StatusOr<Caller> caller = CallerOf(context);
+  absl::StatusOr<StreamSlot> slot =
+      caller.ok() ? stream_limit_.Acquire(caller->tenant) : caller.status();
+  if (!slot.ok()) {
+    return new RefusedBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>(ToGrpcStatus(slot.status()));
+  }
+  return new StepReactor(engine_, caller->tenant, max_reply_bytes_, &streams_, regions_,
+                         step_metrics_, std::move(*slot));
 }
 
 grpc::ServerUnaryReactor* OptimizerStateService::GetStats(grpc::CallbackServerContext* context,
@@ -47,26 +75,37 @@ grpc::ServerUnaryReactor* OptimizerStateService::GetStats(grpc::CallbackServerCo
                                                           grpc::ByteBuffer* response) {
   v1::GetStatsRequest parsed;
   v1::GetStatsResponse reply;
-  absl::Status status = ParseRawMessage(*request, &parsed);
-  if (status.ok()) status = FillStats(TenantOf(context), parsed, &reply);
+  absl::StatusOr<Caller> caller = CallerOf(context);
+  absl::Status status = caller.ok() ? ParseRawMessage(*request, &parsed) : caller.status();
+  if (status.ok()) status = FillStats(*caller, parsed, &reply);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   Reply(reactor, std::move(status), reply, response);
   return reactor;
 }
 
-absl::Status OptimizerStateService::FillStats(const std::string& tenant,
+absl::Status OptimizerStateService::FillStats(const Caller& caller,
                                               const v1::GetStatsRequest& request,
                                               v1::GetStatsResponse* response) {
   StateStore* store = engine_->store();
-  const std::vector<std::shared_ptr<Group>> groups = store->List(tenant);
-  absl::StatusOr<GroupPageStart> start =
-      StartGroupPage(groups, tenant, request.page_size(), request.page_token());
+  const std::vector<std::shared_ptr<Group>> groups = VisibleGroups(caller);
+  absl::StatusOr<GroupPageStart> start = StartGroupPage(
+      groups, caller.tenant, caller.admin, request.page_size(), request.page_token());
   if (!start.ok()) return start.status();
+  // A tenant sees its own use and the most it may hold; the daemon-wide
+  // figures (other tenants' bytes, every region) only an admin, or anyone
+  // when there are no tenants.
+  const bool whole_daemon = caller.admin || !tenancy();
   response->set_backend(std::string(engine_->backend()->name()));
   response->set_threads(engine_->pool()->size());
   response->set_cpu_kernel(KernelIsaName(AdamWKernelIsa()));
-  response->set_host_bytes(store->host_bytes());
-  response->set_max_host_bytes(store->max_host_bytes());
+  if (whole_daemon) {
+    response->set_host_bytes(store->host_bytes());
+    response->set_max_host_bytes(store->max_host_bytes());
+  } else {
+    response->set_host_bytes(store->UsageOf(caller.tenant).host_bytes);
+    response->set_max_host_bytes(
+        std::min(store->max_host_bytes(), authenticator_->QuotaOf(caller.tenant).max_host_bytes));
+  }
   BackendStatsToProto(engine_->backend()->Stats(), response->mutable_device());
   const HeapReading heap = ReadHeap();
   response->set_heap_in_use_bytes(heap.in_use_bytes);
@@ -75,7 +114,7 @@ absl::Status OptimizerStateService::FillStats(const std::string& tenant,
   if (trimmer_ != nullptr) response->set_heap_trims(trimmer_->trims());
   // Totals over every group, on every page.
   if (checkpointer_ != nullptr) CheckpointStatsToProto(checkpointer_->Stats(), response);
-  if (regions_ != nullptr) {
+  if (regions_ != nullptr && whole_daemon) {
     const RegionRegistryStats r = regions_->Stats();
     v1::RegionStats* proto = response->mutable_regions();
     proto->set_sessions(r.sessions);
@@ -107,12 +146,13 @@ absl::Status OptimizerStateService::FillStats(const std::string& tenant,
   for (; end < groups.size() && end - start->begin < start->limit; ++end) {
     v1::GroupStats stats;
     GroupStatsToProto(*groups[end], &stats);
+    if (caller.admin) stats.mutable_info()->set_tenant(groups[end]->key().tenant);
     const size_t entry = stats.ByteSizeLong() + kEntryOverhead;
     if (end > start->begin && bytes + entry > max_reply_bytes_) break;
     bytes += entry;
     *response->add_groups() = std::move(stats);
   }
-  response->set_next_page_token(NextGroupPageToken(groups, end));
+  response->set_next_page_token(NextGroupPageToken(groups, end, caller.admin));
   return absl::OkStatus();
 }
 
@@ -121,19 +161,20 @@ grpc::ServerUnaryReactor* OptimizerStateService::ListGroups(grpc::CallbackServer
                                                             grpc::ByteBuffer* response) {
   v1::ListGroupsRequest parsed;
   v1::ListGroupsResponse reply;
-  absl::Status status = ParseRawMessage(*request, &parsed);
-  if (status.ok()) status = FillGroupList(TenantOf(context), parsed, &reply);
+  absl::StatusOr<Caller> caller = CallerOf(context);
+  absl::Status status = caller.ok() ? ParseRawMessage(*request, &parsed) : caller.status();
+  if (status.ok()) status = FillGroupList(*caller, parsed, &reply);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   Reply(reactor, std::move(status), reply, response);
   return reactor;
 }
 
-absl::Status OptimizerStateService::FillGroupList(const std::string& tenant,
+absl::Status OptimizerStateService::FillGroupList(const Caller& caller,
                                                   const v1::ListGroupsRequest& request,
                                                   v1::ListGroupsResponse* response) {
-  const std::vector<std::shared_ptr<Group>> groups = engine_->store()->List(tenant);
-  absl::StatusOr<GroupPageStart> start =
-      StartGroupPage(groups, tenant, request.page_size(), request.page_token());
+  const std::vector<std::shared_ptr<Group>> groups = VisibleGroups(caller);
+  absl::StatusOr<GroupPageStart> start = StartGroupPage(
+      groups, caller.tenant, caller.admin, request.page_size(), request.page_token());
   if (!start.ok()) return start.status();
   response->set_num_groups(groups.size());
   size_t bytes = response->ByteSizeLong() + kPageTokenReserve;
@@ -141,12 +182,13 @@ absl::Status OptimizerStateService::FillGroupList(const std::string& tenant,
   for (; end < groups.size() && end - start->begin < start->limit; ++end) {
     v1::GroupInfo info;
     GroupInfoToProto(*groups[end], &info);
+    if (caller.admin) info.set_tenant(groups[end]->key().tenant);
     const size_t entry = info.ByteSizeLong() + kEntryOverhead;
     if (end > start->begin && bytes + entry > max_reply_bytes_) break;
     bytes += entry;
     *response->add_groups() = std::move(info);
   }
-  response->set_next_page_token(NextGroupPageToken(groups, end));
+  response->set_next_page_token(NextGroupPageToken(groups, end, caller.admin));
   return absl::OkStatus();
 }
 
@@ -155,11 +197,15 @@ grpc::ServerUnaryReactor* OptimizerStateService::DescribeGroup(grpc::CallbackSer
                                                                grpc::ByteBuffer* response) {
   v1::DescribeGroupRequest parsed;
   v1::DescribeGroupResponse reply;
-  absl::Status status = ParseRawMessage(*request, &parsed);
+  absl::StatusOr<Caller> caller = CallerOf(context);
+  absl::Status status = caller.ok() ? ParseRawMessage(*request, &parsed) : caller.status();
   if (status.ok()) {
     absl::StatusOr<std::shared_ptr<Group>> group =
-        engine_->store()->Find(GroupKey{TenantOf(context), parsed.name()});
-    if (group.ok()) GroupStatsToProto(**group, reply.mutable_group());
+        engine_->store()->Find(KeyFor(*caller, parsed.tenant(), parsed.name()));
+    if (group.ok()) {
+      GroupStatsToProto(**group, reply.mutable_group());
+      if (caller->admin) reply.mutable_group()->mutable_info()->set_tenant((*group)->key().tenant);
+    }
     status = group.status();
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -172,13 +218,14 @@ grpc::ServerUnaryReactor* OptimizerStateService::DeleteGroup(grpc::CallbackServe
                                                              grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   v1::DeleteGroupRequest parsed;
-  absl::Status status = ParseRawMessage(*request, &parsed);
+  absl::StatusOr<Caller> caller = CallerOf(context);
+  absl::Status status = caller.ok() ? ParseRawMessage(*request, &parsed) : caller.status();
   if (!status.ok()) {
     Reply(reactor, std::move(status), v1::DeleteGroupResponse(), response);
     return reactor;
   }
   // Deleting waits for the group's in-flight chunks: do it on a worker.
-  GroupKey key{TenantOf(context), parsed.name()};
+  GroupKey key = KeyFor(*caller, parsed.tenant(), parsed.name());
   engine_->pool()->Schedule([this, reactor, key = std::move(key), response] {
     absl::StatusOr<uint64_t> freed = engine_->store()->Delete(key);
     v1::DeleteGroupResponse reply;
@@ -190,18 +237,33 @@ grpc::ServerUnaryReactor* OptimizerStateService::DeleteGroup(grpc::CallbackServe
 
 grpc::ServerWriteReactor<v1::ExportStateResponse>* OptimizerStateService::ExportState(
     grpc::CallbackServerContext* context, const v1::ExportStateRequest* request) {
-  return new ExportReactor(engine_, GroupKey{TenantOf(context), request->name()}, &streams_);
+  absl::StatusOr<Caller> caller = CallerOf(context);
+  if (!caller.ok()) {
+    return new RefusedWriteReactor<v1::ExportStateResponse>(ToGrpcStatus(caller.status()));
+  }
+  return new ExportReactor(engine_, GroupKey{caller->tenant, request->name()}, &streams_);
 }
 
 grpc::ServerReadReactor<v1::ImportStateRequest>* OptimizerStateService::ImportState(
     grpc::CallbackServerContext* context, v1::ImportStateResponse* response) {
-  return new ImportReactor(engine_, context, TenantOf(context), response, &streams_);
+  absl::StatusOr<Caller> caller = CallerOf(context);
+  if (!caller.ok()) {
+    return new RefusedReadReactor<v1::ImportStateRequest>(ToGrpcStatus(caller.status()));
+  }
+  return new ImportReactor(engine_, context, caller->tenant, response, &streams_);
 }
 
 grpc::ServerUnaryReactor* OptimizerStateService::Checkpoint(grpc::CallbackServerContext* context,
                                                             const v1::CheckpointRequest* request,
                                                             v1::CheckpointResponse* response) {
-  return StartCheckpointCall(checkpointer_, context, TenantOf(context), *request, response);
+  absl::StatusOr<Caller> caller = CallerOf(context);
+  if (!caller.ok()) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
+  return StartCheckpointCall(checkpointer_, context, caller->tenant,
+                             caller->admin || !tenancy(), *request, response);
 }
 
 }  // namespace optstate

@@ -4,10 +4,13 @@
 #define OPTSTATE_SERVER_RPC_SERVICE_H_
 
 #include "optstate/v1/optstate.grpc.pb.h"
+#include "server/auth/authenticator.h"
 #include "server/durability/checkpointer.h"
 #include "server/engine/step_engine.h"
+#include "server/rpc/call_auth.h"
 #include "server/rpc/step_stream_metrics.h"
 #include "server/rpc/stream_registry.h"
+#include "server/rpc/tenant_stream_limit.h"
 #include "server/regions/region_registry.h"
 
 namespace optstate {
@@ -42,18 +45,25 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   // no stream open, and counted in GetStats (may be null; else must outlive
   // the service). `step_metrics`: where Step streams record their phases and
   // bytes (the metrics endpoint; null: nothing is measured).
+  // `authenticator`: who each call is (null: every caller is tenant "");
+  // every method checks it once per call or stream (UNAUTHENTICATED) and
+  // sees only the caller's tenant's groups. `tenant_max_streams`: Step
+  // streams one tenant may hold open at once (0: no limit).
   OptimizerStateService(StepEngine* engine, size_t max_reply_bytes,
                         absl::Duration stream_idle_timeout = absl::InfiniteDuration(),
                         Checkpointer* checkpointer = nullptr,
                         const RegionRegistry* regions = nullptr, HeapTrimmer* trimmer = nullptr,
-                        StepStreamMetrics* step_metrics = nullptr)
+                        StepStreamMetrics* step_metrics = nullptr,
+                        const Authenticator* authenticator = nullptr, int tenant_max_streams = 0)
       : engine_(engine),
         max_reply_bytes_(max_reply_bytes),
         streams_(stream_idle_timeout, trimmer),
         checkpointer_(checkpointer),
         regions_(regions),
         trimmer_(trimmer),
-        step_metrics_(step_metrics) {}
+        step_metrics_(step_metrics),
+        authenticator_(authenticator),
+        stream_limit_(tenant_max_streams) {}
 
   // Refuses new streams and ends the open ones with UNAVAILABLE (the daemon
   // is shutting down), each once the work it has under way is answered.
@@ -89,13 +99,25 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
 
  private:
   // The typed halves of the unary methods: OK fills `response`.
-  absl::Status FillStats(const std::string& tenant, const v1::GetStatsRequest& request,
+  absl::Status FillStats(const Caller& caller, const v1::GetStatsRequest& request,
                          v1::GetStatsResponse* response);
-  absl::Status FillGroupList(const std::string& tenant, const v1::ListGroupsRequest& request,
+  absl::Status FillGroupList(const Caller& caller, const v1::ListGroupsRequest& request,
                              v1::ListGroupsResponse* response);
 
-  // The caller's tenant; "" until authentication maps callers to tenants.
-  static std::string TenantOf(const grpc::CallbackServerContext* context) { return ""; }
+  // The caller of the call (call_auth.h), or UNAUTHENTICATED.
+  absl::StatusOr<Caller> CallerOf(const grpc::CallbackServerContext* context) const {
+    return AuthenticateCall(authenticator_, context);
+  }
+  // Whether callers are held to tenants (a tokens file or SPIFFE IDs).
+  bool tenancy() const { return authenticator_ != nullptr && authenticator_->required(); }
+  // The groups `caller` sees: its tenant's by name, or an admin's: every
+  // tenant's by (tenant, name).
+  std::vector<std::shared_ptr<Group>> VisibleGroups(const Caller& caller) const;
+  // The group a Describe or Delete names: `owner` empty or the caller's own
+  // tenant, or (admins only) any tenant. Another tenant's name for a caller
+  // that is no admin gives a key no group has, so the answer is the same
+  // NOT_FOUND as for a name that does not exist.
+  static GroupKey KeyFor(const Caller& caller, const std::string& owner, const std::string& name);
 
   StepEngine* const engine_;
   const size_t max_reply_bytes_;
@@ -104,6 +126,8 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   const RegionRegistry* const regions_;
   HeapTrimmer* const trimmer_;
   StepStreamMetrics* const step_metrics_;
+  const Authenticator* const authenticator_;
+  TenantStreamLimit stream_limit_;
 };
 
 }  // namespace optstate

@@ -12,14 +12,15 @@ namespace optstate {
 
 StepReactor::StepReactor(StepEngine* engine, std::string tenant, size_t max_reply_bytes,
                          StreamRegistry* streams, const RegionRegistry* regions,
-                         StepStreamMetrics* metrics)
+                         StepStreamMetrics* metrics, StreamSlot slot)
     : engine_(engine),
       tenant_(std::move(tenant)),
       max_reply_bytes_(max_reply_bytes),
       regions_(regions),
       max_in_flight_(std::max(1, engine->pool()->size())),
       streams_(streams),
-      metrics_(metrics) {
+      metrics_(metrics),
+      slot_(std::move(slot)) {
   {
     absl::MutexLock lock(&mu_);
     last_activity_ = absl::Now();

@@ -23,6 +23,7 @@
 #include "server/rpc/step_request_reader.h"
 #include "server/rpc/step_stream_metrics.h"
 #include "server/rpc/stream_registry.h"
+#include "server/rpc/tenant_stream_limit.h"
 
 namespace optstate {
 
@@ -61,7 +62,7 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   // phases and bytes are recorded (null: not measured).
   StepReactor(StepEngine* engine, std::string tenant, size_t max_reply_bytes,
               StreamRegistry* streams, const RegionRegistry* regions = nullptr,
-              StepStreamMetrics* metrics = nullptr);
+              StepStreamMetrics* metrics = nullptr, StreamSlot slot = StreamSlot());
 
   void OnReadDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_);
   void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_);
@@ -120,6 +121,7 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   const int max_in_flight_;  // Messages applied at once: the pool's size.
   StreamRegistry* const streams_;
   StepStreamMetrics* const metrics_;
+  const StreamSlot slot_;  // The tenant's stream count, held while the reactor lives.
   bool registered_ = false;  // streams_->Add took it.
 
   absl::Mutex mu_;

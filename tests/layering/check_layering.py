@@ -7,8 +7,8 @@ The floor plan:
    layer or one of HEADER_FOLDERS (client/python/ outside src/ holds Python
    and is not checked). A new folder is a violation until it has a place.
 2. A file includes its own layer and what LAYERS lists for it, nothing else:
-   server (assembly) -> metrics -> rpc -> durability -> engine -> backends -> state ->
-   kernels -> base, with regions/ beside state/ (it sees state; state does
+   server (assembly) -> metrics -> rpc -> auth -> durability -> engine -> backends ->
+   state -> kernels -> base (auth sees engine and base only), with regions/ beside state/ (it sees state; state does
    not see it); client (assembly) -> transport/{wire,shared_memory} (not
    each other) -> transport -> call, step -> include (the public API); the
    Python binding (client/python/src) sees the public API only. The client
@@ -79,16 +79,19 @@ LAYERS = {
     # durability: export, import and checkpoints.
     "server/durability": ["server/engine", "server/regions", "server/backends", "server/state",
                           "server/kernels", "server/base"] + COMMON,
+    # auth: who calls (tokens, SPIFFE IDs) and tenants' quotas; above engine
+    # (it implements engine's TenantQuotas), no gRPC.
+    "server/auth": ["server/engine", "server/base"] + COMMON,
     # rpc: the gRPC edge, the only server layer below the assembly that sees gRPC.
-    "server/rpc": ["server/durability", "server/regions", "server/engine", "server/backends",
+    "server/rpc": ["server/auth", "server/durability", "server/regions", "server/engine", "server/backends",
                    "server/state", "server/kernels", "server/base", "proto"] + COMMON + RPC,
     # metrics: the daemon's metrics for Prometheus (prometheus-cpp), read from
     # the layers below; no gRPC of its own.
-    "server/metrics": ["server/rpc", "server/durability", "server/regions", "server/engine",
+    "server/metrics": ["server/rpc", "server/auth", "server/durability", "server/regions", "server/engine",
                        "server/backends", "server/state", "server/kernels",
                        "server/base"] + COMMON + [PROMETHEUS],
     # server: the assembly (flags, backend choice, serving).
-    "server": ["server/metrics", "server/rpc", "server/durability", "server/regions", "server/engine",
+    "server": ["server/metrics", "server/rpc", "server/auth", "server/durability", "server/regions", "server/engine",
                "server/backends", "server/backends/cpu", "server/backends/cuda",
                "server/backends/cuda/paging", "server/state", "server/kernels",
                "server/base", "proto"] + COMMON + RPC,

@@ -33,7 +33,7 @@ EXPECTED = {
     "cycle_in_layer": {("server/engine/state_store.h", "cycle")},
     "cycle_across_layers": {("server/engine/step_engine.h", "upward"),
                             ("server/engine/step_engine.h", "cycle")},
-    "folder_not_in_plan": {("server/auth", "folder"), ("client/transport/grpc", "folder")},
+    "folder_not_in_plan": {("server/plugins", "folder"), ("client/transport/grpc", "folder")},
     "server_includes_client": {("server/rpc/service.h", "other-side")},
     "client_includes_server": {("client/call/status_mapping.h", "other-side")},
     "binding_includes_internal": {("client/python/src/errors.h", "internal")},

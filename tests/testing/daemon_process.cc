@@ -1,6 +1,7 @@
 // fork/exec of optstated, reading its "listening on port N" line.
 #include "tests/testing/daemon_process.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -14,7 +15,7 @@
 namespace optstate::testing {
 
 absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
-    const std::vector<std::string>& flags) {
+    const std::vector<std::string>& flags, const std::string& stderr_path) {
   int pipe_fds[2];
   if (pipe(pipe_fds) != 0) return absl::InternalError("pipe failed");
   std::vector<std::string> args = {OPTSTATED_PATH, "--listen=127.0.0.1:0", "--log_level=warning"};
@@ -23,6 +24,10 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
     dup2(pipe_fds[1], STDOUT_FILENO);
+    if (!stderr_path.empty()) {
+      const int log = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+      if (log >= 0) dup2(log, STDERR_FILENO);
+    }
     close(pipe_fds[0]);
     close(pipe_fds[1]);
     std::vector<char*> argv;

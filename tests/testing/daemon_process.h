@@ -16,9 +16,10 @@ namespace optstate::testing {
 class DaemonProcess {
  public:
   // Starts optstated with --listen=127.0.0.1:0 plus `flags`, and waits (up to
-  // 20 s) for it to print its port.
+  // 20 s) for it to print its port. `stderr_path` non-empty: the daemon's log
+  // (stderr) is appended to that file instead of the test's stderr.
   static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(
-      const std::vector<std::string>& flags = {});
+      const std::vector<std::string>& flags = {}, const std::string& stderr_path = "");
   // Kills the process if it is still running.
   ~DaemonProcess();
 

@@ -70,6 +70,23 @@ struct ClientOptions {
   // kAuto by default: shared memory with a daemon on this host that offers
   // it, else the wire.
   DataPlane data_plane = DataPlane::kAuto;
+
+  // Security (docs/security.md).
+  // The bearer token, sent with every call as 'authorization: Bearer TOKEN'
+  // and to the region socket; empty: the OPTSTATE_TOKEN environment
+  // variable's at Connect, if set, else none.
+  std::string token;
+  // TLS: the channel is TLS when `tls` is true or any file below is given.
+  // tls_root_ca_file: PEM roots that sign the daemon's certificate (empty:
+  // the system's). tls_cert_file and tls_key_file: this client's PEM
+  // certificate and key, for a daemon that requires them (mTLS).
+  // tls_server_name: the name the daemon's certificate must carry (empty:
+  // the target's host name).
+  bool tls = false;
+  std::string tls_root_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;
 };
 
 // One group's part of a step: its whole gradient, and where the updated

@@ -43,6 +43,9 @@ struct GroupInfo {
   Placement placement = Placement::kUnspecified;
   uint64_t pages_awaiting_values = 0;  // Pages whose initial values have not arrived.
   bool created = false;                // From RegisterGroup: false when it already existed.
+  // The owning tenant, in answers to an admin tenant (docs/security.md);
+  // empty otherwise.
+  std::string tenant;
 };
 
 }  // namespace optstate

@@ -77,6 +77,12 @@ nb::dict ClientKeywords(const ClientOptions& options) {
   d["chunk_bytes"] = options.chunk_bytes;
   d["max_chunks_in_flight"] = options.max_chunks_in_flight;
   d["data_plane"] = DataPlaneName(options.data_plane);
+  d["token"] = options.token;
+  d["tls"] = options.tls;
+  d["tls_root_ca"] = options.tls_root_ca_file;
+  d["tls_cert"] = options.tls_cert_file;
+  d["tls_key"] = options.tls_key_file;
+  d["tls_server_name"] = options.tls_server_name;
   return d;
 }
 
@@ -132,8 +138,10 @@ NB_MODULE(_optstate, m) {
           "__init__",
           [](PyClient* self, const std::string& target, int max_attempts, double initial_backoff,
              double max_backoff, double attempt_timeout, double connect_timeout,
-             int max_message_bytes,
-             uint64_t chunk_bytes, int max_chunks_in_flight, const std::string& data_plane) {
+             int max_message_bytes, uint64_t chunk_bytes, int max_chunks_in_flight,
+             const std::string& data_plane, const std::string& token, bool tls,
+             const std::string& tls_root_ca, const std::string& tls_cert,
+             const std::string& tls_key, const std::string& tls_server_name) {
             ClientOptions options;
             options.data_plane = ParseDataPlane(data_plane);
             options.max_attempts = max_attempts;
@@ -144,6 +152,12 @@ NB_MODULE(_optstate, m) {
             options.max_message_bytes = max_message_bytes;
             options.chunk_bytes = chunk_bytes;
             options.max_chunks_in_flight = max_chunks_in_flight;
+            options.token = token;
+            options.tls = tls;
+            options.tls_root_ca_file = tls_root_ca;
+            options.tls_cert_file = tls_cert;
+            options.tls_key_file = tls_key;
+            options.tls_server_name = tls_server_name;
             absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(target, options);
             ThrowIfError(connected.status(), target);
             new (self) PyClient{target, std::shared_ptr<Client>(*std::move(connected))};
@@ -155,7 +169,10 @@ NB_MODULE(_optstate, m) {
           "max_message_bytes"_a = option("max_message_bytes"),
           "chunk_bytes"_a = option("chunk_bytes"),
           "max_chunks_in_flight"_a = option("max_chunks_in_flight"),
-          "data_plane"_a = option("data_plane"),
+          "data_plane"_a = option("data_plane"), "token"_a = option("token"),
+          "tls"_a = option("tls"), "tls_root_ca"_a = option("tls_root_ca"),
+          "tls_cert"_a = option("tls_cert"), "tls_key"_a = option("tls_key"),
+          "tls_server_name"_a = option("tls_server_name"),
           "Creates a channel to `target` (\"host:port\"); does not wait for the daemon.\n\n"
           "Transient failures (UNAVAILABLE, broken streams, deadlines) are retried up to\n"
           "`max_attempts` times with backoff doubling from `initial_backoff` to `max_backoff`\n"
@@ -166,7 +183,12 @@ NB_MODULE(_optstate, m) {
           "messages sent ahead of their replies. `data_plane`: 'auto' (the default: shared memory\n"
           "with a daemon on this host that offers it, else the wire), 'wire', or\n"
           "'shared_memory' (FailedPrecondition when it cannot be had). InvalidArgument for\n"
-          "bad options.")
+          "bad options.\n\n"
+          "Security (docs/security.md): `token` is sent with every call as 'authorization:\n"
+          "Bearer TOKEN' (empty: the OPTSTATE_TOKEN environment variable's). The channel is TLS\n"
+          "when `tls` is True or a file is given: `tls_root_ca` (PEM roots of the daemon's\n"
+          "certificate; empty: the system's), `tls_cert` and `tls_key` (this client's, for\n"
+          "mTLS), `tls_server_name` (the name the daemon's certificate must carry).")
       .def_prop_ro(
           "target", [](const PyClient& c) { return c.target; }, "The daemon's address.")
       .def(

@@ -55,7 +55,7 @@ absl::Status SharedMemoryPlane::Connect(grpc::Channel* channel, const ClientOpti
   std::unique_ptr<v1::DataPlane::Stub> stub =
       v1::DataPlane::NewStub(std::shared_ptr<grpc::Channel>(channel, [](grpc::Channel*) {}));
   grpc::ClientContext context;
-  SetDeadline(&context, options);
+  PrepareContext(&context, options);
   v1::GetDataPlaneRequest request;
   v1::GetDataPlaneResponse response;
   absl::Status status = FromGrpcStatus(stub->GetDataPlane(&context, request, &response));
@@ -86,6 +86,15 @@ absl::Status SharedMemoryPlane::Connect(grpc::Channel* channel, const ClientOpti
         "the region socket ", response.region_socket(),
         " here belongs to another daemon than the one at the target (a daemon on another host "
         "with the same path?); use DataPlane::kWire or kAuto"));
+  }
+  if (!options.token.empty()) {
+    // The region socket authenticates with the call's token (a daemon
+    // without tenants answers OK).
+    if (absl::Status s = rp::Authenticate(*socket, options.token); !s.ok()) {
+      close(*socket);
+      return absl::Status(s.code(), absl::StrCat("the daemon's region socket refused the token: ",
+                                                 s.message()));
+    }
   }
   if (socket_ >= 0) close(socket_);
   socket_ = *socket;

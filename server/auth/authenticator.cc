@@ -1,0 +1,174 @@
+// Token lookup: the digest of the presented token is compared with every
+// line's digest in constant time, and every line is compared (no early
+// exit), so the time says nothing of which line, if any, matched.
+#include "server/auth/authenticator.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace optstate {
+namespace {
+
+absl::StatusOr<std::shared_ptr<const TokensTable>> ReadTable(const std::string& path) {
+  if (path.empty()) return std::make_shared<const TokensTable>();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("--auth_tokens_file=", path, ": cannot be read"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  if (in.bad()) {
+    return absl::NotFoundError(absl::StrCat("--auth_tokens_file=", path, ": read failed"));
+  }
+  absl::StatusOr<TokensTable> table = ParseTokensFile(text.str());
+  if (!table.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--auth_tokens_file=", path, ": ", table.status().message()));
+  }
+  return std::make_shared<const TokensTable>(std::move(*table));
+}
+
+bool IsHostName(absl::string_view name) {
+  if (name.empty() || name.size() > 255) return false;
+  for (char c : name) {
+    if (!absl::ascii_isalnum(c) && c != '.' && c != '-' && c != '_') return false;
+  }
+  return true;
+}
+
+uint64_t OrNoLimit(uint64_t n) { return n == 0 ? TenantQuota().max_host_bytes : n; }
+
+}  // namespace
+
+std::optional<absl::string_view> BearerToken(absl::string_view authorization) {
+  constexpr absl::string_view kScheme = "bearer";
+  if (authorization.size() <= kScheme.size() ||
+      !absl::EqualsIgnoreCase(authorization.substr(0, kScheme.size()), kScheme) ||
+      authorization[kScheme.size()] != ' ') {
+    return std::nullopt;
+  }
+  absl::string_view token = authorization.substr(kScheme.size());
+  while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
+  if (token.empty()) return std::nullopt;
+  return token;
+}
+
+std::optional<std::string> TenantOfSpiffeId(absl::string_view uri, absl::string_view trust_domain) {
+  const std::string prefix = absl::StrCat("spiffe://", trust_domain, "/tenant/");
+  if (trust_domain.empty() || !absl::StartsWith(uri, prefix)) return std::nullopt;
+  const absl::string_view name = uri.substr(prefix.size());
+  if (!IsValidTenantName(name) || absl::StrContains(name, '/')) return std::nullopt;
+  return std::string(name);
+}
+
+absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(const AuthOptions& options) {
+  if (!options.spiffe_trust_domain.empty() && !IsHostName(options.spiffe_trust_domain)) {
+    return absl::InvalidArgumentError(
+        "--tls_trust_domain must be a plain trust domain such as example.org (letters, digits, "
+        "'.', '-', '_'), without spiffe:// or a path");
+  }
+  absl::StatusOr<std::shared_ptr<const TokensTable>> table = ReadTable(options.tokens_file);
+  if (!table.ok()) return table.status();
+  return std::unique_ptr<Authenticator>(new Authenticator(options, std::move(*table)));
+}
+
+std::shared_ptr<const TokensTable> Authenticator::table() const {
+  absl::MutexLock lock(&mu_);
+  return table_;
+}
+
+absl::Status Authenticator::Reload() {
+  absl::StatusOr<std::shared_ptr<const TokensTable>> table = ReadTable(options_.tokens_file);
+  if (!table.ok()) return table.status();
+  absl::MutexLock lock(&mu_);
+  table_ = std::move(*table);
+  return absl::OkStatus();
+}
+
+Caller Authenticator::CallerOf(const TokensTable& table, const std::string& tenant) const {
+  const auto it = table.tenants.find(tenant);
+  return Caller{tenant, it != table.tenants.end() && it->second.admin};
+}
+
+std::optional<Caller> Authenticator::FromToken(const TokensTable& table,
+                                               absl::string_view token) const {
+  const TokenDigest digest = DigestOfToken(token);
+  const TokensTable::Entry* found = nullptr;
+  for (const TokensTable::Entry& entry : table.entries) {
+    const bool same = SameDigest(entry.digest, digest);
+    if (same) found = &entry;
+  }
+  if (found == nullptr) return std::nullopt;
+  return CallerOf(table, found->tenant);
+}
+
+absl::StatusOr<Caller> Authenticator::Authenticate(std::optional<absl::string_view> authorization,
+                                                   const std::vector<std::string>& peer_uris) const {
+  if (!required_) return Caller();
+  const std::shared_ptr<const TokensTable> current = table();
+  if (authorization.has_value() && !options_.tokens_file.empty()) {
+    std::optional<absl::string_view> token = BearerToken(*authorization);
+    if (!token) {
+      return absl::UnauthenticatedError(
+          "the authorization metadata must be 'Bearer TOKEN' (optstate clients: the token "
+          "option, or OPTSTATE_TOKEN)");
+    }
+    std::optional<Caller> caller = FromToken(*current, *token);
+    if (!caller) {
+      return absl::UnauthenticatedError(
+          "the bearer token is not one this daemon accepts (mistyped, or revoked from its "
+          "tokens file); ask the daemon's operator for a token");
+    }
+    return *caller;
+  }
+  for (const std::string& uri : peer_uris) {
+    if (std::optional<std::string> tenant = TenantOfSpiffeId(uri, options_.spiffe_trust_domain)) {
+      return CallerOf(*current, *tenant);
+    }
+  }
+  return absl::UnauthenticatedError(
+      options_.tokens_file.empty()
+          ? absl::StrCat("this daemon needs a client certificate whose URI SAN is spiffe://",
+                         options_.spiffe_trust_domain, "/tenant/NAME")
+          : std::string("this daemon needs a token: send the metadata 'authorization: Bearer "
+                        "TOKEN' (optstate clients: the token option, or OPTSTATE_TOKEN)"));
+}
+
+absl::StatusOr<Caller> Authenticator::AuthenticateToken(absl::string_view token) const {
+  if (!required_) return Caller();
+  const std::shared_ptr<const TokensTable> current = table();
+  std::optional<Caller> caller = FromToken(*current, token);
+  if (!caller) {
+    return absl::UnauthenticatedError(
+        "the token is not one this daemon accepts (mistyped, or revoked from its tokens file)");
+  }
+  return *caller;
+}
+
+TenantQuota Authenticator::QuotaOf(const std::string& tenant) const {
+  const std::shared_ptr<const TokensTable> current = table();
+  TenantQuota quota;
+  quota.max_host_bytes = OrNoLimit(options_.tenant_max_host_bytes);
+  quota.max_groups = OrNoLimit(options_.tenant_max_groups);
+  const auto it = current->tenants.find(tenant);
+  if (it != current->tenants.end()) {
+    if (it->second.max_host_bytes) quota.max_host_bytes = *it->second.max_host_bytes;
+    if (it->second.max_groups) quota.max_groups = *it->second.max_groups;
+  }
+  return quota;
+}
+
+std::vector<std::string> Authenticator::Tenants() const {
+  const std::shared_ptr<const TokensTable> current = table();
+  std::vector<std::string> out;
+  for (const auto& [name, policy] : current->tenants) out.push_back(name);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace optstate

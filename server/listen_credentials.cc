@@ -1,0 +1,95 @@
+// The checks come first, because gRPC's file watcher does not fail on a
+// missing or bad file: it logs and serves nothing, and every handshake fails.
+#include "server/listen_credentials.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_credentials_options.h"
+#include "server/base/log.h"
+
+namespace optstate {
+namespace {
+
+absl::Status CheckPemFile(const std::string& flag, const std::string& path,
+                          absl::string_view block) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", path, ": cannot be read"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!absl::StrContains(text.str(), "-----BEGIN") ||
+      (!block.empty() && !absl::StrContains(text.str(), block))) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", path, ": holds no PEM ",
+                                                   block.empty() ? "block" : block));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool IsLocalOnlyAddress(const std::string& listen) {
+  return absl::StartsWith(listen, "unix:") || absl::StartsWith(listen, "127.") ||
+         absl::StartsWith(listen, "[::1]:") || absl::StartsWith(listen, "localhost:") ||
+         absl::StartsWith(listen, "ipv4:127.") || absl::StartsWith(listen, "ipv6:[::1]:");
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenCredentials(
+    const std::string& listen, const TlsOptions& tls) {
+  if (tls.cert_file.empty() != tls.key_file.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key go together: give both or neither");
+  }
+  if (tls.cert_file.empty()) {
+    if (!tls.client_ca_file.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls_client_ca needs --tls_cert and --tls_key (client certificates ride on TLS)");
+    }
+    if (!IsLocalOnlyAddress(listen)) {
+      if (!tls.allow_insecure_remote) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--listen=", listen,
+            " is reachable from other hosts and would serve plaintext: give --tls_cert and "
+            "--tls_key (docs/security.md), or --allow_insecure_remote on a network you trust"));
+      }
+      Log(LogLevel::kWarning, "serving plaintext on ", listen,
+          " (--allow_insecure_remote): tokens and state cross the network unencrypted");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  if (tls.reload_interval < absl::Seconds(1)) {
+    return absl::InvalidArgumentError("--tls_reload_interval must be at least 1s");
+  }
+  if (absl::Status s = CheckPemFile("tls_cert", tls.cert_file, "CERTIFICATE"); !s.ok()) return s;
+  if (absl::Status s = CheckPemFile("tls_key", tls.key_file, "PRIVATE KEY"); !s.ok()) return s;
+  if (!tls.client_ca_file.empty()) {
+    if (absl::Status s = CheckPemFile("tls_client_ca", tls.client_ca_file, "CERTIFICATE");
+        !s.ok()) {
+      return s;
+    }
+  }
+  const auto seconds = static_cast<unsigned int>(absl::ToInt64Seconds(tls.reload_interval));
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      tls.key_file, tls.cert_file, tls.client_ca_file, seconds);
+  grpc::experimental::TlsServerCredentialsOptions options(provider);
+  options.watch_identity_key_cert_pairs();
+  if (tls.client_ca_file.empty()) {
+    options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  } else {
+    // Without watch_root_certs the provider's roots are never used and
+    // client certificates would go unverified.
+    options.watch_root_certs();
+    options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  }
+  std::shared_ptr<grpc::ServerCredentials> credentials =
+      grpc::experimental::TlsServerCredentials(options);
+  if (credentials == nullptr) {
+    return absl::InvalidArgumentError("gRPC refused the TLS options (--tls_cert, --tls_key)");
+  }
+  return credentials;
+}
+
+}  // namespace optstate

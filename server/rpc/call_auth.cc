@@ -1,0 +1,28 @@
+// Metadata and peer properties to the Authenticator's inputs.
+#include "server/rpc/call_auth.h"
+
+#include <grpc/grpc_security_constants.h>
+
+#include <string>
+#include <vector>
+
+namespace optstate {
+
+absl::StatusOr<Caller> AuthenticateCall(const Authenticator* authenticator,
+                                        const grpc::CallbackServerContext* context) {
+  if (authenticator == nullptr || !authenticator->required()) return Caller();
+  std::optional<absl::string_view> authorization;
+  const auto& metadata = context->client_metadata();
+  if (auto it = metadata.find("authorization"); it != metadata.end()) {
+    authorization = absl::string_view(it->second.data(), it->second.size());
+  }
+  std::vector<std::string> uris;
+  if (std::shared_ptr<const grpc::AuthContext> auth = context->auth_context()) {
+    for (const grpc::string_ref& uri : auth->FindPropertyValues(GRPC_PEER_URI_PROPERTY_NAME)) {
+      uris.emplace_back(uri.data(), uri.size());
+    }
+  }
+  return authenticator->Authenticate(authorization, uris);
+}
+
+}  // namespace optstate

@@ -1,0 +1,515 @@
+// Tokens, tenants and quotas against a real daemon started with a tokens
+// file: who is refused with which code, what tenant B can do to tenant A's
+// group (nothing: A's state stays byte-identical), each quota at its
+// boundary, a reload by SIGHUP, and no token or digest in the daemon's log.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/region_protocol.h"
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "optstate/client.h"
+#include "optstate/v1/optstate.grpc.pb.h"
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/security_files.h"
+
+namespace optstate::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const std::string kAlice1 = "alice-token-one-5f1c2a";
+const std::string kAlice2 = "alice-token-two-9b77e0";
+const std::string kBob = "bob-token-3e4d1c";
+const std::string kRoot = "root-token-a8c0de";
+const std::string kCarol = "carol-token-77aa01";
+const std::vector<std::string> kAllTokens = {kAlice1, kAlice2, kBob, kRoot, kCarol};
+
+constexpr uint64_t kPage = 1024;
+constexpr uint64_t kBytesPerElement = 12;
+
+std::string TokensFile(bool with_alice1 = true) {
+  std::string text = "# tenants of the test\n\n";
+  if (with_alice1) absl::StrAppend(&text, "alice ", DigestHex(kAlice1), " max_groups=2\n");
+  absl::StrAppend(&text, "alice ", DigestHex(kAlice2), "   # rotated in\n");
+  absl::StrAppend(&text, "bob\t", DigestHex(kBob), "\n");
+  absl::StrAppend(&text, "carol ", DigestHex(kCarol), " max_host_bytes=",
+                  2 * kPage * kBytesPerElement, "\n");
+  absl::StrAppend(&text, "root ", DigestHex(kRoot), " admin\n");
+  return text;
+}
+
+class TenancyTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir("tenancy");
+    ASSERT_FALSE(dir_.empty());
+    tokens_ = dir_ + "/tokens";
+    log_ = dir_ + "/daemon.log";
+    WriteFile(tokens_, TokensFile());
+  }
+  void TearDown() override {
+    if (daemon_ != nullptr) {
+      absl::StatusOr<int> exit = daemon_->Stop();
+      EXPECT_TRUE(exit.ok() && *exit == 0) << "the daemon must exit cleanly";
+    }
+    const std::string log = ReadFile(log_);
+    EXPECT_THAT(SecretsIn(log, kAllTokens), ::testing::IsEmpty()) << "in the daemon's log";
+  }
+
+  void StartDaemon(std::vector<std::string> extra = {}) {
+    std::vector<std::string> flags = {"--threads=2", "--page_elements=1024", "--log_level=debug",
+                                      "--auth_tokens_file=" + tokens_};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon = DaemonProcess::Start(flags, log_);
+    ASSERT_TRUE(daemon.ok()) << daemon.status() << "\n" << ReadFile(log_);
+    daemon_ = std::move(*daemon);
+  }
+
+  std::unique_ptr<Client> Connect(const std::string& token) {
+    ClientOptions options;
+    options.token = token;
+    options.max_attempts = 1;
+    options.data_plane = DataPlane::kWire;
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(daemon_->target(), options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return std::move(*client);
+  }
+
+  std::unique_ptr<v1::OptimizerState::Stub> Stub() {
+    return v1::OptimizerState::NewStub(
+        grpc::CreateChannel(daemon_->target(), grpc::InsecureChannelCredentials()));
+  }
+
+  static void Authorize(grpc::ClientContext* context, const std::string& token) {
+    context->AddMetadata("authorization", "Bearer " + token);
+  }
+
+  std::string dir_, tokens_, log_;
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+std::vector<float> Ramp(size_t n) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = 0.001f * static_cast<float>(i % 977) - 0.3f;
+  return v;
+}
+
+void ExpectSameState(const Client::GroupState& a, const Client::GroupState& b) {
+  ASSERT_EQ(a.params.size(), b.params.size());
+  EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), a.params.size() * 4));
+  EXPECT_EQ(0, std::memcmp(a.exp_avg.data(), b.exp_avg.data(), a.exp_avg.size() * 4));
+  EXPECT_EQ(0, std::memcmp(a.exp_avg_sq.data(), b.exp_avg_sq.data(), a.exp_avg_sq.size() * 4));
+  EXPECT_EQ(a.page_steps, b.page_steps);
+}
+
+TEST_F(TenancyTest, CallsWithoutOrWithAWrongTokenAreUnauthenticated) {
+  StartDaemon();
+  absl::StatusOr<std::vector<GroupInfo>> none = Connect("")->ListGroups();
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(none.status().message(), HasSubstr("authorization: Bearer"));
+  absl::StatusOr<std::vector<GroupInfo>> wrong = Connect("not-a-token")->ListGroups();
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(wrong.status().message(), Not(HasSubstr("not-a-token")));
+  // Every method, streams included.
+  EXPECT_EQ(Connect("")->RegisterGroup("w", 10).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(Connect("")->GetStats().status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(Connect("")->ExportState("w").status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(Connect("")->DeleteGroup("w").code(), absl::StatusCode::kUnauthenticated);
+  {
+    grpc::ClientContext context;
+    Authorize(&context, "wrong");
+    auto stream = Stub()->Step(&context);
+    v1::StepResponse reply;
+    EXPECT_FALSE(stream->Read(&reply));
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Basic " + kBob);
+    v1::ListGroupsResponse reply;
+    grpc::Status status = Stub()->ListGroups(&context, v1::ListGroupsRequest(), &reply);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_THAT(status.error_message(), HasSubstr("Bearer TOKEN"));
+  }
+}
+
+TEST_F(TenancyTest, BothTokensOfARotatedTenantReachTheSameGroups) {
+  StartDaemon();
+  ASSERT_TRUE(Connect(kAlice1)->RegisterGroup("w", 100).ok());
+  absl::StatusOr<std::vector<GroupInfo>> seen = Connect(kAlice2)->ListGroups();
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  ASSERT_EQ(seen->size(), 1u);
+  EXPECT_EQ((*seen)[0].name, "w");
+  EXPECT_EQ((*seen)[0].tenant, "") << "only an admin is told the owner";
+}
+
+TEST_F(TenancyTest, ATokenRemovedAndReloadedBySighupIsRefusedOnItsNextCall) {
+  StartDaemon();
+  std::unique_ptr<Client> alice1 = Connect(kAlice1);
+  ASSERT_TRUE(alice1->ListGroups().ok());
+  WriteFile(tokens_, TokensFile(/*with_alice1=*/false));
+  ASSERT_EQ(kill(daemon_->pid(), SIGHUP), 0);
+  absl::Status status;
+  for (int i = 0; i < 100; ++i) {  // The reload runs on the daemon's signal thread.
+    status = alice1->ListGroups().status();
+    if (!status.ok()) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_TRUE(Connect(kAlice2)->ListGroups().ok()) << "the other line of the tenant stays";
+
+  // A malformed file on reload keeps the previous one.
+  WriteFile(tokens_, "bob " + DigestHex(kBob) + "\nthis line is bad\n");
+  ASSERT_EQ(kill(daemon_->pid(), SIGHUP), 0);
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_TRUE(Connect(kAlice2)->ListGroups().ok());
+  EXPECT_EQ(Connect(kAlice1)->ListGroups().status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(ReadFile(log_), HasSubstr("line 2"));
+}
+
+TEST_F(TenancyTest, AMalformedTokensFileRefusesTheStartNamingTheLine) {
+  WriteFile(tokens_, "# ok\nalice " + DigestHex(kAlice1) + "\nbob " + kBob + "\n");
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon =
+      DaemonProcess::Start({"--auth_tokens_file=" + tokens_}, log_);
+  EXPECT_FALSE(daemon.ok());
+  const std::string log = ReadFile(log_);
+  EXPECT_THAT(log, HasSubstr("line 3"));
+  EXPECT_THAT(log, HasSubstr("SHA-256"));
+  EXPECT_THAT(log, Not(HasSubstr(kBob))) << "the field is not echoed";
+}
+
+TEST_F(TenancyTest, TenantBCannotSeeOrTouchTenantAsGroup) {
+  const std::string state_dir = dir_ + "/state";
+  StartDaemon({"--state_dir=" + state_dir});
+  std::unique_ptr<Client> alice = Connect(kAlice2);
+  std::unique_ptr<Client> bob = Connect(kBob);
+  const size_t n = 3 * kPage + 10;
+  ASSERT_TRUE(alice->RegisterGroup("shared", Ramp(n)).ok());
+  std::vector<float> grad = Ramp(n), params(n);
+  for (float& g : grad) g *= 0.01f;
+  for (uint64_t t = 1; t <= 3; ++t) {
+    ASSERT_TRUE(alice->Step("shared", t, grad, absl::MakeSpan(params)).ok());
+  }
+  absl::StatusOr<Client::GroupState> before = alice->ExportState("shared");
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  // Every operation of B on A's group.
+  EXPECT_EQ(bob->Step("shared", 4, grad, absl::MakeSpan(params)).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(bob->DescribeGroup("shared").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(bob->DeleteGroup("shared").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(bob->ExportState("shared").status().code(), absl::StatusCode::kNotFound);
+  Client::CheckpointRequestOptions checkpoint;
+  checkpoint.groups = {"shared"};
+  checkpoint.wait_for_step = 3;
+  EXPECT_EQ(bob->Checkpoint(checkpoint).status().code(), absl::StatusCode::kNotFound);
+  // Naming no group, B waits for its own groups only (it has none), not A's at step 3.
+  Client::CheckpointRequestOptions own_groups;
+  own_groups.wait_for_step = 9;
+  absl::StatusOr<Client::CheckpointResult> written = bob->Checkpoint(own_groups);
+  EXPECT_TRUE(written.ok()) << written.status();
+  absl::StatusOr<std::vector<GroupInfo>> listed = bob->ListGroups();
+  ASSERT_TRUE(listed.ok());
+  EXPECT_TRUE(listed->empty());
+  absl::StatusOr<Stats> stats = bob->GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->num_groups, 0u);
+  EXPECT_EQ(stats->host_bytes, 0u);
+  EXPECT_EQ(stats->total_elements, 0u);
+  {
+    // Naming A's tenant explicitly is no way around it.
+    grpc::ClientContext context;
+    Authorize(&context, kBob);
+    v1::DescribeGroupRequest request;
+    request.set_name("shared");
+    request.set_tenant("alice");
+    v1::DescribeGroupResponse reply;
+    EXPECT_EQ(Stub()->DescribeGroup(&context, request, &reply).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+    grpc::ClientContext delete_context;
+    Authorize(&delete_context, kBob);
+    v1::DeleteGroupRequest del;
+    del.set_name("shared");
+    del.set_tenant("alice");
+    v1::DeleteGroupResponse deleted;
+    EXPECT_EQ(Stub()->DeleteGroup(&delete_context, del, &deleted).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  // Names are per tenant: B's register and import with A's name make B's
+  // own group, of another size, and leave A's alone.
+  absl::StatusOr<GroupInfo> own = bob->RegisterGroup("shared", 64);
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_TRUE(own->created);
+  EXPECT_EQ(own->num_elements, 64u);
+  ASSERT_TRUE(bob->DeleteGroup("shared").ok());
+  Client::GroupState forged = *before;
+  for (float& p : forged.params) p = 7.0f;
+  ASSERT_TRUE(bob->ImportState(forged).ok());
+  absl::StatusOr<Client::GroupState> bobs = bob->ExportState("shared");
+  ASSERT_TRUE(bobs.ok());
+  EXPECT_EQ(bobs->params[0], 7.0f);
+
+  absl::StatusOr<Client::GroupState> after = alice->ExportState("shared");
+  ASSERT_TRUE(after.ok()) << after.status();
+  ExpectSameState(*before, *after);
+  absl::StatusOr<GroupInfo> described = alice->DescribeGroup("shared");
+  ASSERT_TRUE(described.ok());
+  EXPECT_EQ(described->max_step, 3u);
+}
+
+TEST_F(TenancyTest, ARestoredCheckpointGivesEachGroupBackToItsTenant) {
+  const std::string state_dir = dir_ + "/state";
+  StartDaemon({"--state_dir=" + state_dir});
+  std::vector<float> grad(100, 0.5f), params(100);
+  ASSERT_TRUE(Connect(kAlice2)->RegisterGroup("w", 100).ok());
+  ASSERT_TRUE(Connect(kAlice2)->Step("w", 1, grad, absl::MakeSpan(params)).ok());
+  ASSERT_TRUE(Connect(kBob)->RegisterGroup("w", 50).ok());
+  absl::StatusOr<int> exit = daemon_->Stop();  // Writes the final checkpoint.
+  ASSERT_TRUE(exit.ok() && *exit == 0);
+  daemon_.reset();
+  StartDaemon({"--state_dir=" + state_dir});
+  absl::StatusOr<GroupInfo> alices = Connect(kAlice1)->DescribeGroup("w");
+  ASSERT_TRUE(alices.ok()) << alices.status();
+  EXPECT_EQ(alices->num_elements, 100u);
+  EXPECT_EQ(alices->max_step, 1u);
+  absl::StatusOr<GroupInfo> bobs = Connect(kBob)->DescribeGroup("w");
+  ASSERT_TRUE(bobs.ok()) << bobs.status();
+  EXPECT_EQ(bobs->num_elements, 50u);
+  EXPECT_EQ(Connect(kCarol)->DescribeGroup("w").status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<std::vector<GroupInfo>> all = Connect(kRoot)->ListGroups();
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].tenant, "alice");
+  EXPECT_EQ((*all)[1].tenant, "bob");
+}
+
+TEST_F(TenancyTest, AnAdminSeesEveryGroupWithItsOwnerAndMayDeleteAny) {
+  StartDaemon();
+  ASSERT_TRUE(Connect(kAlice2)->RegisterGroup("a", 10).ok());
+  ASSERT_TRUE(Connect(kBob)->RegisterGroup("a", 20).ok());
+  std::unique_ptr<Client> root = Connect(kRoot);
+  absl::StatusOr<std::vector<GroupInfo>> all = root->ListGroups();
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].tenant, "alice");
+  EXPECT_EQ((*all)[0].num_elements, 10u);
+  EXPECT_EQ((*all)[1].tenant, "bob");
+  EXPECT_EQ((*all)[1].num_elements, 20u);
+  absl::StatusOr<Stats> stats = root->GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->num_groups, 2u);
+
+  grpc::ClientContext context;
+  Authorize(&context, kRoot);
+  v1::DeleteGroupRequest request;
+  request.set_name("a");
+  request.set_tenant("bob");
+  v1::DeleteGroupResponse reply;
+  grpc::Status deleted = Stub()->DeleteGroup(&context, request, &reply);
+  ASSERT_TRUE(deleted.ok()) << deleted.error_message();
+  EXPECT_EQ(reply.freed_host_bytes(), 20 * kBytesPerElement);
+  EXPECT_TRUE(Connect(kBob)->ListGroups()->empty());
+  EXPECT_EQ(Connect(kAlice2)->ListGroups()->size(), 1u);
+}
+
+TEST_F(TenancyTest, MaxGroupsIsHitExactlyAtItsBoundary) {
+  StartDaemon({"--tenant_max_groups=3"});
+  std::unique_ptr<Client> alice = Connect(kAlice1);  // max_groups=2 in the file.
+  ASSERT_TRUE(alice->RegisterGroup("g1", 10).ok());
+  ASSERT_TRUE(alice->RegisterGroup("g2", 10).ok());
+  absl::StatusOr<GroupInfo> third = alice->RegisterGroup("g3", 10);
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(third.status().message(), HasSubstr("max_groups=2"));
+  EXPECT_THAT(third.status().message(), HasSubstr("holds 2 groups"));
+  EXPECT_TRUE(alice->RegisterGroup("g1", 10).ok()) << "an equal re-registration is no new group";
+  EXPECT_EQ(alice->ListGroups()->size(), 2u);
+  // An import over the quota creates nothing either.
+  Client::GroupState state;
+  state.name = "g4";
+  state.params.assign(10, 1.0f);
+  state.exp_avg.assign(10, 0.0f);
+  state.exp_avg_sq.assign(10, 0.0f);
+  state.page_steps = {0};
+  EXPECT_EQ(alice->ImportState(state).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(alice->ListGroups()->size(), 2u);
+  // bob has no max_groups line: the daemon's default, 3; alice's use does not count.
+  std::unique_ptr<Client> bob = Connect(kBob);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(bob->RegisterGroup(absl::StrCat("b", i), 10).ok());
+  EXPECT_EQ(bob->RegisterGroup("b3", 10).status().code(), absl::StatusCode::kResourceExhausted);
+  // Deleting makes room again.
+  ASSERT_TRUE(alice->DeleteGroup("g2").ok());
+  EXPECT_TRUE(alice->RegisterGroup("g3", 10).ok());
+}
+
+TEST_F(TenancyTest, MaxHostBytesIsHitExactlyAtItsBoundary) {
+  StartDaemon();
+  std::unique_ptr<Client> carol = Connect(kCarol);  // max_host_bytes = 2 pages of state.
+  ASSERT_TRUE(carol->RegisterGroup("half", kPage).ok());
+  absl::StatusOr<GroupInfo> over = carol->RegisterGroup("over", kPage + 1);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.status().message(),
+              HasSubstr(absl::StrCat("uses ", kPage * kBytesPerElement,
+                                     " of its quota max_host_bytes=", 2 * kPage * kBytesPerElement)));
+  ASSERT_TRUE(carol->RegisterGroup("exact", kPage).ok()) << "exactly at the quota";
+  EXPECT_EQ(carol->RegisterGroup("one", 1).status().code(), absl::StatusCode::kResourceExhausted);
+  absl::StatusOr<Stats> stats = carol->GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->num_groups, 2u);
+  EXPECT_EQ(stats->host_bytes, 2 * kPage * kBytesPerElement);
+  EXPECT_EQ(stats->max_host_bytes, 2 * kPage * kBytesPerElement);
+  // Another tenant is unaffected.
+  EXPECT_TRUE(Connect(kBob)->RegisterGroup("big", 4 * kPage).ok());
+}
+
+TEST_F(TenancyTest, ConcurrentStepStreamsAreLimitedPerTenant) {
+  StartDaemon({"--tenant_max_streams=1"});
+  auto stub = Stub();
+  grpc::ClientContext first_context;
+  Authorize(&first_context, kBob);
+  auto first = stub->Step(&first_context);  // Held open, idle.
+  absl::SleepFor(absl::Milliseconds(300));
+  {
+    grpc::ClientContext context;
+    Authorize(&context, kBob);
+    auto second = stub->Step(&context);
+    v1::StepResponse reply;
+    EXPECT_FALSE(second->Read(&reply));
+    grpc::Status status = second->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(status.error_message(), HasSubstr("--tenant_max_streams=1"));
+  }
+  // Another tenant steps meanwhile.
+  std::unique_ptr<Client> alice = Connect(kAlice2);
+  ASSERT_TRUE(alice->RegisterGroup("w", 100).ok());
+  std::vector<float> grad(100, 0.5f), params(100);
+  EXPECT_TRUE(alice->Step("w", 1, grad, absl::MakeSpan(params)).ok());
+  // Once the first ends, bob may open another.
+  first->WritesDone();
+  EXPECT_TRUE(first->Finish().ok());
+  std::unique_ptr<Client> bob = Connect(kBob);
+  ASSERT_TRUE(bob->RegisterGroup("w", 100).ok());
+  absl::Status stepped;
+  for (int i = 0; i < 50; ++i) {  // The slot is given back as the reactor goes.
+    stepped = bob->Step("w", 1, grad, absl::MakeSpan(params));
+    if (stepped.ok()) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(stepped.ok()) << stepped;
+}
+
+TEST_F(TenancyTest, SharedMemoryStepsWithATokenAndTheRegionSocketRefusesNone) {
+  StartDaemon();
+  ClientOptions options;
+  options.token = kAlice2;
+  options.data_plane = DataPlane::kSharedMemory;
+  absl::StatusOr<std::unique_ptr<Client>> alice = Client::Connect(daemon_->target(), options);
+  ASSERT_TRUE(alice.ok());
+  ASSERT_TRUE((*alice)->RegisterGroup("w", Ramp(kPage)).ok());
+  std::vector<float> grad(kPage, 0.25f), over_shm(kPage), over_wire(kPage);
+  ASSERT_TRUE((*alice)->Step("w", 1, grad, absl::MakeSpan(over_shm)).ok());
+  // The same step on the wire for another tenant's copy gives the same bits.
+  std::unique_ptr<Client> bob = Connect(kBob);
+  ASSERT_TRUE(bob->RegisterGroup("w", Ramp(kPage)).ok());
+  ASSERT_TRUE(bob->Step("w", 1, grad, absl::MakeSpan(over_wire)).ok());
+  EXPECT_EQ(over_shm, over_wire);
+  // Without a token the region socket registers nothing (the client's
+  // shared memory plane fails; GetDataPlane itself needs the token).
+  options.token = "";
+  absl::StatusOr<std::unique_ptr<Client>> anonymous = Client::Connect(daemon_->target(), options);
+  ASSERT_TRUE(anonymous.ok());
+  EXPECT_EQ((*anonymous)->Step("w", 2, grad, absl::MakeSpan(over_shm)).code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
+namespace rp = region_protocol;
+
+std::string RegionSocketOf(const std::string& target, const std::string& token) {
+  auto stub =
+      v1::DataPlane::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.AddMetadata("authorization", "Bearer " + token);
+  v1::GetDataPlaneResponse response;
+  EXPECT_TRUE(stub->GetDataPlane(&context, v1::GetDataPlaneRequest(), &response).ok());
+  return response.region_socket();
+}
+
+absl::Status RegisterMemfd(int socket, int memfd) {
+  rp::Request request;
+  request.op = static_cast<uint32_t>(rp::Op::kRegister);
+  absl::StatusOr<rp::Reply> reply = rp::Call(socket, request, memfd);
+  return reply.ok() ? rp::StatusOf(*reply) : reply.status();
+}
+
+TEST_F(TenancyTest, TheRegionSocketNeedsATokenAndARegionIsNamedOnlyByItsTenant) {
+  StartDaemon();
+  const std::string path = RegionSocketOf(daemon_->target(), kAlice2);
+  ASSERT_FALSE(path.empty());
+  const uint64_t bytes = 2 * kPage * sizeof(float);
+  absl::StatusOr<int> memfd = rp::CreateSealedMemfd("tenancy", bytes);
+  ASSERT_TRUE(memfd.ok());
+  rp::Reply hello;
+  absl::StatusOr<int> anonymous = rp::Connect(path, &hello);
+  ASSERT_TRUE(anonymous.ok());
+  EXPECT_EQ(RegisterMemfd(*anonymous, *memfd).code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(rp::Authenticate(*anonymous, "wrong-token").code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(RegisterMemfd(*anonymous, *memfd).code(), absl::StatusCode::kUnauthenticated);
+  close(*anonymous);
+
+  // alice's region, authenticated with her token.
+  absl::StatusOr<int> socket = rp::Connect(path, &hello);
+  ASSERT_TRUE(socket.ok());
+  const std::string key(reinterpret_cast<char*>(hello.session_key), rp::kKeyBytes);
+  ASSERT_TRUE(rp::Authenticate(*socket, kAlice2).ok());
+  rp::Request request;
+  request.op = static_cast<uint32_t>(rp::Op::kRegister);
+  absl::StatusOr<rp::Reply> registered = rp::Call(*socket, request, *memfd);
+  ASSERT_TRUE(registered.ok() && rp::StatusOf(*registered).ok());
+  float* base = static_cast<float*>(
+      mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *memfd, 0));
+  ASSERT_NE(base, MAP_FAILED);
+  for (uint64_t i = 0; i < 2 * kPage; ++i) base[i] = 0.125f;
+  const std::vector<float> region_before(base, base + 2 * kPage);
+
+  // bob names alice's session and region in a step of his own group.
+  ASSERT_TRUE(Connect(kBob)->RegisterGroup("w", kPage).ok());
+  grpc::ClientContext context;
+  Authorize(&context, kBob);
+  auto stream = Stub()->Step(&context);
+  v1::StepRequest chunk;
+  chunk.set_group("w");
+  chunk.set_step(1);
+  chunk.set_region_session(key);
+  chunk.mutable_gradient_region()->set_region(registered->region);
+  chunk.mutable_gradient_region()->set_bytes(kPage * 4);
+  chunk.mutable_params_region()->set_region(registered->region);
+  chunk.mutable_params_region()->set_offset(kPage * 4);
+  chunk.mutable_params_region()->set_bytes(kPage * 4);
+  ASSERT_TRUE(stream->Write(chunk));
+  v1::StepResponse reply;
+  EXPECT_FALSE(stream->Read(&reply));
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(std::equal(region_before.begin(), region_before.end(), base))
+      << "nothing was written into alice's region";
+  absl::StatusOr<GroupInfo> bobs = Connect(kBob)->DescribeGroup("w");
+  ASSERT_TRUE(bobs.ok());
+  EXPECT_EQ(bobs->max_step, 0u) << "bob's group was not stepped";
+  munmap(base, bytes);
+  close(*memfd);
+  close(*socket);
+}
+
+}  // namespace
+}  // namespace optstate::testing

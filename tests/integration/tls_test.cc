@@ -1,0 +1,264 @@
+// TLS and mTLS against a real daemon, with certificates made at test time by
+// openssl: good clients work; clients that trust another CA, expect another
+// name, send no certificate or one from another CA, or speak plaintext are
+// refused with a message that says what to check; a replaced certificate
+// reaches new connections while an open stream goes on; a client
+// certificate's SPIFFE ID names its tenant.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "optstate/client.h"
+#include "optstate/v1/optstate.grpc.pb.h"
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/security_files.h"
+#include "tests/testing/test_certificates.h"
+
+namespace optstate::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::string kToken = "tls-test-token-41c9";
+
+class TlsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { certs_ = new TestCertificates(MakeTestCertificates()); }
+
+  void SetUp() override {
+    ASSERT_FALSE(certs_->dir.empty()) << "openssl could not make the test certificates";
+    dir_ = MakeTempDir("tls");
+    log_ = dir_ + "/daemon.log";
+    // The daemon serves copies, so a test may replace them.
+    std::filesystem::copy_file(certs_->server_one_cert, dir_ + "/cert.pem");
+    std::filesystem::copy_file(certs_->server_one_key, dir_ + "/key.pem");
+    WriteFile(dir_ + "/tokens", "alice " + DigestHex(kToken) + "\n");
+  }
+  void TearDown() override {
+    if (daemon_ != nullptr) {
+      absl::StatusOr<int> exit = daemon_->Stop();
+      EXPECT_TRUE(exit.ok() && *exit == 0);
+    }
+    EXPECT_THAT(SecretsIn(ReadFile(log_), {kToken}), ::testing::IsEmpty());
+  }
+
+  void StartDaemon(std::vector<std::string> extra = {}) {
+    std::vector<std::string> flags = {"--threads=2", "--tls_cert=" + dir_ + "/cert.pem",
+                                      "--tls_key=" + dir_ + "/key.pem",
+                                      "--tls_reload_interval=1s",
+                                      "--auth_tokens_file=" + dir_ + "/tokens"};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon = DaemonProcess::Start(flags, log_);
+    ASSERT_TRUE(daemon.ok()) << daemon.status() << "\n" << ReadFile(log_);
+    daemon_ = std::move(*daemon);
+  }
+
+  ClientOptions TlsOptions() {
+    ClientOptions options;
+    options.token = kToken;
+    options.tls_root_ca_file = certs_->ca;
+    options.max_attempts = 1;
+    options.attempt_timeout = absl::Seconds(10);
+    options.data_plane = DataPlane::kWire;
+    return options;
+  }
+
+  absl::Status ListWith(const ClientOptions& options) {
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(daemon_->target(), options);
+    if (!client.ok()) return client.status();
+    return (*client)->ListGroups().status();
+  }
+
+  // The CN of the certificate the daemon serves a new connection.
+  std::string ServedCommonName() {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = ReadFile(certs_->ca);
+    auto stub = v1::OptimizerState::NewStub(
+        grpc::CreateChannel(daemon_->target(), grpc::SslCredentials(ssl)));
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer " + kToken);
+    v1::ListGroupsResponse reply;
+    if (!stub->ListGroups(&context, v1::ListGroupsRequest(), &reply).ok()) return "";
+    auto names = context.auth_context()->FindPropertyValues("x509_common_name");
+    return names.empty() ? "" : std::string(names[0].data(), names[0].size());
+  }
+
+  static TestCertificates* certs_;
+  std::string dir_, log_;
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+TestCertificates* TlsTest::certs_ = nullptr;
+
+TEST_F(TlsTest, AClientTrustingTheDaemonsCaWorks) {
+  StartDaemon();
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(daemon_->target(), TlsOptions());
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->RegisterGroup("w", 100).ok());
+  std::vector<float> grad(100, 0.5f), params(100);
+  EXPECT_TRUE((*client)->Step("w", 1, grad, absl::MakeSpan(params)).ok());
+  EXPECT_EQ(ServedCommonName(), "optstate-server-one");
+}
+
+TEST_F(TlsTest, AClientTrustingAnotherCaOrExpectingAnotherNameIsRefusedSayingWhy) {
+  StartDaemon();
+  ClientOptions other_ca = TlsOptions();
+  other_ca.tls_root_ca_file = certs_->other_ca;
+  absl::Status refused = ListWith(other_ca);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused.message(), HasSubstr("certificate verify failed"));
+  EXPECT_THAT(refused.message(), HasSubstr("tls_root_ca_file"));
+  ClientOptions wrong_name = TlsOptions();
+  wrong_name.tls_server_name = "not-the-daemon.example";
+  refused = ListWith(wrong_name);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused.message(), HasSubstr("tls_server_name"));
+  ClientOptions missing = TlsOptions();
+  missing.tls_root_ca_file = dir_ + "/no-such.pem";
+  refused = ListWith(missing);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("tls_root_ca_file"));
+  EXPECT_TRUE(ListWith(TlsOptions()).ok()) << "the daemon serves on";
+}
+
+TEST_F(TlsTest, APlaintextClientAgainstTheTlsPortFailsCleanly) {
+  StartDaemon();
+  ClientOptions plain = TlsOptions();
+  plain.tls_root_ca_file = "";
+  plain.attempt_timeout = absl::Seconds(3);
+  absl::Status refused = ListWith(plain);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  EXPECT_TRUE(ListWith(TlsOptions()).ok()) << "the daemon serves on";
+}
+
+TEST_F(TlsTest, UnderMtlsOnlyClientsWithACertificateOfTheClientCaAreServed) {
+  StartDaemon({"--tls_client_ca=" + certs_->ca});
+  ClientOptions none = TlsOptions();
+  EXPECT_EQ(ListWith(none).code(), absl::StatusCode::kUnavailable);
+  ClientOptions other = TlsOptions();
+  other.tls_cert_file = certs_->other_client_cert;
+  other.tls_key_file = certs_->other_client_key;
+  EXPECT_EQ(ListWith(other).code(), absl::StatusCode::kUnavailable);
+  ClientOptions good = TlsOptions();
+  good.tls_cert_file = certs_->client_cert;
+  good.tls_key_file = certs_->client_key;
+  EXPECT_TRUE(ListWith(good).ok());
+  // Without --tls_trust_domain a certificate names no tenant: a token is needed.
+  good.token = "";
+  EXPECT_EQ(ListWith(good).code(), absl::StatusCode::kUnauthenticated);
+}
+
+TEST_F(TlsTest, AClientCertificatesSpiffeIdNamesItsTenant) {
+  StartDaemon({"--tls_client_ca=" + certs_->ca, "--tls_trust_domain=test.example"});
+  ClientOptions by_cert = TlsOptions();
+  by_cert.token = "";
+  by_cert.tls_cert_file = certs_->client_cert;
+  by_cert.tls_key_file = certs_->client_key;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(daemon_->target(), by_cert);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->RegisterGroup("from-cert", 10).ok());
+  // The token's tenant, alice, is the same tenant.
+  ClientOptions by_token = by_cert;
+  by_token.token = kToken;
+  absl::StatusOr<std::unique_ptr<Client>> alice = Client::Connect(daemon_->target(), by_token);
+  ASSERT_TRUE(alice.ok());
+  absl::StatusOr<std::vector<GroupInfo>> groups = (*alice)->ListGroups();
+  ASSERT_TRUE(groups.ok());
+  ASSERT_EQ(groups->size(), 1u);
+  EXPECT_EQ((*groups)[0].name, "from-cert");
+}
+
+TEST_F(TlsTest, AReplacedCertificateReachesNewConnectionsWhileAnOpenStreamGoesOn) {
+  StartDaemon();
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(daemon_->target(), TlsOptions());
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->RegisterGroup("w", 64).ok());
+  ASSERT_EQ(ServedCommonName(), "optstate-server-one");
+
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = ReadFile(certs_->ca);
+  auto stub = v1::OptimizerState::NewStub(
+      grpc::CreateChannel(daemon_->target(), grpc::SslCredentials(ssl)));
+  grpc::ClientContext context;
+  context.AddMetadata("authorization", "Bearer " + kToken);
+  auto stream = stub->Step(&context);
+  std::vector<float> grad(64, 0.25f);
+  auto step = [&](uint64_t t) {
+    v1::StepRequest request;
+    request.set_group("w");
+    request.set_step(t);
+    request.set_gradient_dtype(v1::DTYPE_FLOAT32);
+    request.set_gradient(grad.data(), grad.size() * sizeof(float));
+    v1::StepResponse reply;
+    return stream->Write(request) && stream->Read(&reply) && reply.step() == t;
+  };
+  ASSERT_TRUE(step(1));
+
+  // Replaced as a deployment's cert manager does: new files moved in.
+  std::filesystem::copy_file(certs_->server_two_cert, dir_ + "/cert.new");
+  std::filesystem::copy_file(certs_->server_two_key, dir_ + "/key.new");
+  std::filesystem::rename(dir_ + "/key.new", dir_ + "/key.pem");
+  std::filesystem::rename(dir_ + "/cert.new", dir_ + "/cert.pem");
+  std::string served;
+  for (int i = 0; i < 50 && served != "optstate-server-two"; ++i) {
+    absl::SleepFor(absl::Milliseconds(200));
+    served = ServedCommonName();
+  }
+  EXPECT_EQ(served, "optstate-server-two");
+  EXPECT_TRUE(step(2)) << "the stream opened before the reload goes on";
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+}  // namespace
+}  // namespace optstate::testing
+
+namespace optstate::testing {
+namespace {
+
+TEST(PlaintextListenTest, IsRefusedOnARemoteAddressUnlessAllowedWithAWarning) {
+  const std::string dir = MakeTempDir("plaintext");
+  const std::string log = dir + "/daemon.log";
+  EXPECT_FALSE(DaemonProcess::Start({"--listen=0.0.0.0:0"}, log).ok());
+  EXPECT_THAT(ReadFile(log), HasSubstr("--allow_insecure_remote"));
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> allowed =
+      DaemonProcess::Start({"--listen=0.0.0.0:0", "--allow_insecure_remote"}, log);
+  ASSERT_TRUE(allowed.ok()) << allowed.status();
+  EXPECT_THAT(ReadFile(log), HasSubstr("WARNING"));
+  EXPECT_THAT(ReadFile(log), HasSubstr("serving plaintext on 0.0.0.0:0"));
+  absl::StatusOr<int> exit = (*allowed)->Stop();
+  EXPECT_TRUE(exit.ok() && *exit == 0);
+  EXPECT_FALSE(DaemonProcess::Start({"--tls_cert=" + dir + "/none.pem"}, log).ok());
+  EXPECT_THAT(ReadFile(log), HasSubstr("--tls_cert and --tls_key go together"));
+}
+
+}  // namespace
+}  // namespace optstate::testing
+
+namespace optstate::testing {
+namespace {
+
+// optstate-probe checks health over TLS with the CA alone (health needs no
+// token), and fails without it.
+TEST_F(TlsTest, TheProbeChecksHealthOverTlsWithTheCa) {
+  StartDaemon({"--tls_client_ca=" + certs_->ca});
+  const std::string probe = absl::StrCat(OPTSTATE_PROBE_PATH, " --addr=", daemon_->target(),
+                                         " --timeout=5s --tls_ca=", certs_->ca);
+  const std::string mtls =
+      absl::StrCat(" --tls_cert=", certs_->client_cert, " --tls_key=", certs_->client_key);
+  EXPECT_EQ(std::system((probe + mtls + " >/dev/null 2>&1").c_str()), 0);
+  EXPECT_NE(std::system((probe + " >/dev/null 2>&1").c_str()), 0) << "no client certificate";
+  EXPECT_NE(std::system(absl::StrCat(OPTSTATE_PROBE_PATH, " --addr=", daemon_->target(),
+                                     " --timeout=2s >/dev/null 2>&1")
+                            .c_str()),
+            0)
+      << "plaintext";
+}
+
+}  // namespace
+}  // namespace optstate::testing

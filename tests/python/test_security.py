@@ -1,0 +1,177 @@
+"""Security through the Python package: RemoteAdamW with a token over TLS trains bit for bit
+as over plaintext; optstate.Client's errors for a wrong token, CA or name; docs/security.md's
+openssl and grpcurl commands, run as written against a TLS daemon with a token; and no token
+or digest in the logs of these daemons."""
+import hashlib
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import optstate
+from models import MLP
+from optstate.torch import RemoteAdamW
+
+DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "security.md"
+
+
+def doc_blocks(heading):
+    """The ```sh blocks of docs/security.md's section `heading`, in order."""
+    section = DOC.read_text().split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```sh\n(.*?)```", section, re.S)
+
+
+@pytest.fixture(scope="module")
+def setup_dir(tmp_path_factory):
+    """The files docs/security.md's "Set up, step by step" makes, made by its commands."""
+    d = tmp_path_factory.mktemp("security")
+    openssl = "".join(doc_blocks("Set up, step by step")[:2])
+    script = openssl + 'printf %s "$TOKEN" > token\n'
+    subprocess.run(["bash", "-euc", script], cwd=d, check=True, capture_output=True)
+    return d
+
+
+class SecureDaemon:
+    """optstated with TLS (the docs' server.pem) and the docs' tokens file, its log in a file."""
+
+    def __init__(self, directory, *flags):
+        self.log = directory / f"daemon-{len(list(directory.glob('daemon-*.log')))}.log"
+        self.process = subprocess.Popen(
+            [os.environ["OPTSTATED"], "--listen=127.0.0.1:0", "--log_level=debug", "--threads=2",
+             *flags], stdout=subprocess.PIPE, stderr=open(self.log, "w"), text=True)
+        match = re.search(r"listening on port (\d+)", self.process.stdout.readline())
+        assert match, self.log.read_text()
+        self.port = int(match.group(1))
+        if any(f.startswith("--metrics_listen=") for f in flags):
+            match = re.search(r"serving metrics on port (\d+)", self.process.stdout.readline())
+            self.metrics_port = int(match.group(1))
+
+    def stop(self):
+        self.process.terminate()
+        assert self.process.wait(timeout=20) == 0
+        self.process.stdout.close()
+        return self.log.read_text()
+
+
+@pytest.fixture
+def secure_daemons(setup_dir):
+    started = []
+
+    def start(*flags, tls=True, tokens=True):
+        extra = list(flags)
+        if tls:
+            extra += [f"--tls_cert={setup_dir / 'server.pem'}", f"--tls_key={setup_dir / 'server.key'}"]
+        if tokens:
+            extra.append(f"--auth_tokens_file={setup_dir / 'tokens'}")
+        started.append(SecureDaemon(setup_dir, *extra))
+        return started[-1]
+
+    yield start
+    token = (setup_dir / "token").read_text()
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    for d in started:
+        log = d.stop()
+        assert token not in log and digest not in log, f"a secret in {d.log}"
+
+
+def train(opt, model, steps=12):
+    for step in range(steps):
+        gen = torch.Generator().manual_seed(step)
+        x, y = torch.randn(16, 32, generator=gen), torch.randn(16, 10, generator=gen)
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_remote_adamw_with_a_token_over_tls_matches_a_plaintext_run_bit_for_bit(
+        secure_daemons, setup_dir):
+    token = (setup_dir / "token").read_text()
+    secure = secure_daemons()
+    plain = secure_daemons(tls=False, tokens=False)
+    model_a, model_b = MLP(seed=3), MLP(seed=3)
+    over_tls = RemoteAdamW(model_a.parameters(), target=f"localhost:{secure.port}", lr=1e-2,
+                           name_prefix="tls.", token=token,
+                           tls_root_ca=str(setup_dir / "ca.pem"), data_plane="wire")
+    over_plain = RemoteAdamW(model_b.parameters(), target=f"127.0.0.1:{plain.port}", lr=1e-2,
+                             name_prefix="tls.", data_plane="wire")
+    a, b = train(over_tls, model_a), train(over_plain, model_b)
+    for p, q in zip(a, b):
+        assert torch.equal(p.view(torch.int32), q.view(torch.int32))
+    # The token's tenant holds the groups.
+    groups = optstate.Client(f"localhost:{secure.port}", token=token,
+                             tls_root_ca=str(setup_dir / "ca.pem")).list_groups()
+    assert len(groups) == len(list(model_a.parameters()))
+    assert all(g.name.startswith("tls.") for g in groups)
+
+
+def test_client_errors_say_what_is_wrong(secure_daemons, setup_dir, monkeypatch):
+    d = secure_daemons()
+    ca = str(setup_dir / "ca.pem")
+    with pytest.raises(optstate.Unauthenticated, match="authorization: Bearer"):
+        optstate.Client(f"localhost:{d.port}", tls_root_ca=ca, max_attempts=1).list_groups()
+    with pytest.raises(optstate.Unauthenticated, match="not one this daemon accepts"):
+        optstate.Client(f"localhost:{d.port}", tls_root_ca=ca, token="wrong",
+                        max_attempts=1).list_groups()
+    # The token from the environment, when none is given.
+    monkeypatch.setenv("OPTSTATE_TOKEN", (setup_dir / "token").read_text())
+    assert optstate.Client(f"localhost:{d.port}", tls_root_ca=ca).list_groups() == []
+    with pytest.raises(optstate.Unavailable, match="certificate verify failed.*tls_root_ca"):
+        optstate.Client(f"localhost:{d.port}", tls=True, max_attempts=1).list_groups()
+    with pytest.raises(optstate.Unavailable, match="tls_server_name"):
+        optstate.Client(f"localhost:{d.port}", tls_root_ca=ca, tls_server_name="elsewhere.example",
+                        max_attempts=1).list_groups()
+    with pytest.raises(optstate.InvalidArgument, match="tls_root_ca"):
+        optstate.Client(f"localhost:{d.port}", tls_root_ca=str(setup_dir / "missing.pem"))
+
+
+def grpcurl_binary():
+    path = pathlib.Path(sys.executable).parent / "grpcurl"
+    assert path.exists(), f"{path} is missing: scripts/install-python.sh installs grpcurl"
+    return str(path)
+
+
+def test_the_docs_grpcurl_commands_run_as_written(secure_daemons, setup_dir):
+    d = secure_daemons()
+    token = (setup_dir / "token").read_text()
+    lines = [line for line in doc_blocks("Try it with grpcurl")[0].splitlines()
+             if line.startswith("grpcurl ")]
+    assert len(lines) == 5
+    outputs = []
+    for line in lines:
+        words = shlex.split(line.replace("$TOKEN", token).replace("localhost:50051",
+                                                                   f"localhost:{d.port}"))
+        assert words[0] == "grpcurl"
+        outputs.append(subprocess.run([grpcurl_binary(), *words[1:]], cwd=setup_dir,
+                                      capture_output=True, text=True, timeout=30))
+    health, listed, groups, stats, refused = outputs
+    assert health.returncode == 0 and '"status": "SERVING"' in health.stdout, health.stderr
+    assert listed.returncode == 0 and "optstate.v1.OptimizerState.Step" in listed.stdout
+    assert groups.returncode == 0, groups.stderr
+    assert stats.returncode == 0 and '"backend"' in stats.stdout, stats.stderr
+    assert refused.returncode != 0 and "Code: Unauthenticated" in refused.stderr
+    assert token not in refused.stderr
+
+
+def test_metrics_show_each_tenant_and_no_credential(secure_daemons, setup_dir):
+    import urllib.request
+    from prometheus_client.parser import text_string_to_metric_families
+    d = secure_daemons("--metrics_listen=127.0.0.1:0")
+    token = (setup_dir / "token").read_text()
+    client = optstate.Client(f"localhost:{d.port}", token=token,
+                             tls_root_ca=str(setup_dir / "ca.pem"))
+    client.register("w", 1000)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{d.metrics_port}/metrics").read().decode()
+    assert token not in text and hashlib.sha256(token.encode()).hexdigest() not in text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples[("optstate_tenant_groups", (("tenant", "team-a"),))] == 1
+    assert samples[("optstate_tenant_host_bytes", (("tenant", "team-a"),))] == 12000
+    assert samples[("optstate_tenant_max_groups", (("tenant", "team-a"),))] == 100
+    assert not any(name == "optstate_tenant_max_host_bytes" for name, _ in samples)
