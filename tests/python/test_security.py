@@ -175,3 +175,33 @@ def test_metrics_show_each_tenant_and_no_credential(secure_daemons, setup_dir):
     assert samples[("optstate_tenant_host_bytes", (("tenant", "team-a"),))] == 12000
     assert samples[("optstate_tenant_max_groups", (("tenant", "team-a"),))] == 100
     assert not any(name == "optstate_tenant_max_host_bytes" for name, _ in samples)
+
+
+def test_a_pickled_optimizer_holds_no_token_and_its_copy_uses_optstate_token(
+        secure_daemons, setup_dir, monkeypatch):
+    import pickle
+    token = (setup_dir / "token").read_text()
+    secure = secure_daemons()
+    model = MLP(seed=4)
+    opt = RemoteAdamW(model.parameters(), target=f"localhost:{secure.port}", lr=1e-2,
+                      name_prefix="pickled.", token=token,
+                      tls_root_ca=str(setup_dir / "ca.pem"), data_plane="wire")
+    train(opt, model, steps=2)
+    blob = pickle.dumps(opt)
+    assert token.encode() not in blob
+    assert hashlib.sha256(token.encode()).hexdigest().encode() not in blob
+    monkeypatch.setenv("OPTSTATE_TOKEN", token)
+    copy = pickle.loads(blob)
+    assert copy.state[copy.param_groups[0]["params"][0]]["step"] == 2
+
+
+def test_reflection_answers_without_a_token_unless_turned_off(secure_daemons, setup_dir):
+    grpcurl = grpcurl_binary()
+    with_reflection = secure_daemons(tls=False)
+    without = secure_daemons("--reflection=false", tls=False)
+    listed = subprocess.run([grpcurl, "-plaintext", f"127.0.0.1:{with_reflection.port}", "list"],
+                            capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and "optstate.v1.OptimizerState" in listed.stdout, listed
+    refused = subprocess.run([grpcurl, "-plaintext", f"127.0.0.1:{without.port}", "list"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "reflection" in refused.stderr.lower(), refused

@@ -311,6 +311,8 @@ class RemoteAdamW(torch.optim.Optimizer):
         daemon holds it), and how to reach the daemon's groups again. The copy unpickled
         attaches to the same daemon groups by name (each at the step the daemon holds);
         it and this optimizer then step the same groups, as data-parallel ranks do.
+        A ``token=`` is not carried (the pickle would hold the secret): the copy
+        authenticates with ``$OPTSTATE_TOKEN``, the Client's default.
         TypeError for what cannot be carried to another process: ``shared_buffers``
         (memory shared with this process), ``shard`` (a process group), a closed
         optimizer, or a ``client=`` passed in (its options are not known here)."""
@@ -326,7 +328,10 @@ class RemoteAdamW(torch.optim.Optimizer):
         names = {id(p): name for p, name, _ in self._names()}
         return {"defaults": self.defaults, "state": {}, "param_groups": self.param_groups,
                 "_optstate": {"target": self._client.target,
-                              "client_options": self._client_options,
+                              # Never the token: a pickle goes to disk and to other
+                              # hosts. The copy takes OPTSTATE_TOKEN, as Client does.
+                              "client_options": {k: v for k, v in self._client_options.items()
+                                                 if k != "token"},
                               "name_prefix": self._name_prefix, "wire": self._wire,
                               # Per parameter (by position), the registration to attach to.
                               "registered": [
