@@ -32,6 +32,9 @@ const optstate::ServerOptions& Default() {
 ABSL_FLAG(std::string, listen, Default().listen,
           "Address to serve on, host:port or unix:/path (a Unix socket; --socket_mode says who "
           "may connect). Use 0.0.0.0:50051 to accept remote trainers; port 0 picks a free port.");
+ABSL_FLAG(bool, reflection, Default().reflection,
+          "Serve gRPC server reflection (grpcurl list and describe without proto files); it "
+          "needs no token, like health. --reflection=false: no reflection service.");
 ABSL_FLAG(std::string, metrics_listen, Default().metrics_listen,
           "Serve Prometheus metrics on http://IP:PORT/metrics (127.0.0.1:9464, 0.0.0.0:9464 "
           "or [::1]:9464; port 0 picks a free one); empty: no metrics. A port that cannot be "
@@ -56,7 +59,7 @@ ABSL_FLAG(std::string, tls_trust_domain, Default().auth.spiffe_trust_domain,
 ABSL_FLAG(std::string, auth_tokens_file, Default().auth.tokens_file,
           "Tokens and tenants, one per line: TENANT SHA256HEX [max_host_bytes=N] "
           "[max_groups=N] [admin] ('#' comments; SHA256HEX: the lowercase hex SHA-256 of the "
-          "token). Every call but health and reflection then needs 'authorization: Bearer "
+          "token). Every call but health and reflection (--reflection) then needs 'authorization: Bearer "
           "TOKEN'; each tenant sees only its groups. Re-read on SIGHUP (a bad file keeps the "
           "previous one).");
 ABSL_FLAG(uint64_t, tenant_max_host_bytes, Default().auth.tenant_max_host_bytes,
@@ -189,6 +192,7 @@ int main(int argc, char** argv) {
   optstate::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.reflection = absl::GetFlag(FLAGS_reflection);
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
