@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -16,6 +17,8 @@
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/impl/server_builder_option.h"
+#include "grpcpp/impl/server_builder_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "optstate/message_limits.h"
@@ -90,6 +93,20 @@ absl::Status ApplyListenSocketMode(const ServerOptions& options) {
   }
   return absl::OkStatus();
 }
+
+// Takes gRPC's reflection plugin out of one server's builder: linking
+// grpc++_reflection registers it for every server the process builds.
+class WithoutReflection : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments* /*args*/) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [](const std::unique_ptr<grpc::ServerBuilderPlugin>& plugin) {
+                                    return plugin->name() == "proto_server_reflection";
+                                  }),
+                   plugins->end());
+  }
+};
 
 // The services whose methods the call metrics name (any other call is
 // counted as "other").
@@ -230,8 +247,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // grpcurl can call Health/Check (gRPC 1.51's own health service cannot).
   grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::EnableDefaultHealthCheckService(true);
-  if (options.reflection) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  if (!options.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
   int port = 0;
   builder.AddListeningPort(options.listen, *credentials, &port);
   // gRPC sets SO_REUSEPORT by default: a second daemon on a taken port

@@ -57,8 +57,6 @@ struct ServerOptions {
   // empty: none, and nothing is measured (docs/operations.md, "Metrics").
   std::string metrics_listen;
   // gRPC server reflection (grpcurl list/describe), which needs no token.
-  // Process-wide once on: gRPC registers it for every server built after the
-  // first that asked (optstated builds one).
   bool reflection = true;
   // Security (docs/security.md): TLS on `listen`, the tokens file and the
   // tenants' default quotas; none set: plaintext, one tenant "".
