@@ -38,7 +38,7 @@ python: deps
 
 # Docker's engine, docker-compose and debootstrap, for make container-test.
 container-deps:
-	@bash scripts/install-containers.sh
+	@bash scripts/install-deps.sh containers
 
 configure: deps
 	@cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_ARGS) \

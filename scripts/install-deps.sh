@@ -17,6 +17,14 @@ fi
 if [ "${1:-}" = "test" ]; then
   packages+=(prometheus)
 fi
+# `install-deps.sh containers`: also Debian's Docker engine (docker.io, 20.10),
+# docker-compose (1.29; the compose v2 plugin is not packaged for Debian 12)
+# and debootstrap (the local debian:12 base image: no image registry is
+# reachable), for make container-test. --no-install-recommends (below): no
+# containerd-managed services or apparmor profiles beyond what the engine needs.
+if [ "${1:-}" = "containers" ]; then
+  packages+=(docker.io docker-compose debootstrap)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
