@@ -31,10 +31,14 @@ struct CaseHeader {
 };
 static_assert(sizeof(CaseHeader) == 64);
 
-bool Read(std::FILE* f, void* data, size_t bytes) { return std::fread(data, 1, bytes, f) == bytes; }
+// Zero bytes are read and written without a call: the buffer of an empty
+// vector may be null, which fread and fwrite must not be given.
+bool Read(std::FILE* f, void* data, size_t bytes) {
+  return bytes == 0 || std::fread(data, 1, bytes, f) == bytes;
+}
 
 bool Write(std::FILE* f, const void* data, size_t bytes) {
-  return std::fwrite(data, 1, bytes, f) == bytes;
+  return bytes == 0 || std::fwrite(data, 1, bytes, f) == bytes;
 }
 
 int Fail(const char* what) {
