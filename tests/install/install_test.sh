@@ -13,6 +13,8 @@
 #    defines the client's targets only (the daemon, probe and tests absent),
 #    builds and steps too.
 # Usage: install_test.sh BUILD_DIR SOURCE_DIR
+# CXX, CXXFLAGS and LDFLAGS (ctest sets them to the build's own) compile and
+# link the consumers, so a sanitizer build's libraries link.
 set -euo pipefail
 build=$1
 src=$2
@@ -25,6 +27,10 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "install test FAILED: $*" >&2; exit 1; }
 jobs=${JOBS:-2}
+cxx=${CXX:-g++}
+# CMake takes CXX, CXXFLAGS and LDFLAGS from the environment on a first
+# configure; the pkg-config build passes them itself.
+export CXX CXXFLAGS LDFLAGS
 
 # 1.
 prefix=$work/prefix
@@ -52,7 +58,8 @@ cmake --build "$work/find" -j "$jobs" > "$work/find-build.log" 2>&1 \
   || { cat "$work/find-build.log"; fail "build against the installed CMake package"; }
 flags=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --cflags --libs optstate) \
   || fail "pkg-config does not resolve optstate.pc"
-g++ -std=c++17 -O2 -o "$work/consumer_pkg_config" "$consumer/consumer.cc" $flags \
+# shellcheck disable=SC2086  # the flags are words
+"$cxx" -std=c++17 -O2 ${CXXFLAGS:-} -o "$work/consumer_pkg_config" "$consumer/consumer.cc" $flags ${LDFLAGS:-} \
   || fail "build with pkg-config --cflags --libs optstate ($flags)"
 
 # 3.
