@@ -71,6 +71,11 @@ ABSL_FLAG(uint64_t, tenant_max_groups, Default().auth.tenant_max_groups,
 ABSL_FLAG(int, tenant_max_streams, Default().tenant_max_streams,
           "Step streams one tenant may hold open at once; more get RESOURCE_EXHAUSTED; 0: no "
           "limit.");
+ABSL_FLAG(int64_t, lease_seconds, absl::ToInt64Seconds(Default().lease_term),
+          "A job's lease on the groups it steps lasts this long after its last call "
+          "(docs/jobs.md); until then another job's Step, ImportState or DeleteGroup on them is "
+          "refused (FAILED_PRECONDITION naming the holder), and after it only an explicit "
+          "takeover breaks it. At least 1.");
 ABSL_FLAG(std::string, backend, Default().backend.kind,
           "Where steps run: auto (cuda when built in and a device is usable, else cpu), cpu, "
           "or cuda (exit with an error when no device is usable).");
@@ -203,6 +208,12 @@ int main(int argc, char** argv) {
   options.auth.tenant_max_host_bytes = absl::GetFlag(FLAGS_tenant_max_host_bytes);
   options.auth.tenant_max_groups = absl::GetFlag(FLAGS_tenant_max_groups);
   options.tenant_max_streams = absl::GetFlag(FLAGS_tenant_max_streams);
+  if (absl::GetFlag(FLAGS_lease_seconds) < 1) {
+    std::fprintf(stderr, "optstated: --lease_seconds must be at least 1, got %lld\n",
+                 static_cast<long long>(absl::GetFlag(FLAGS_lease_seconds)));
+    return 2;
+  }
+  options.lease_term = absl::Seconds(absl::GetFlag(FLAGS_lease_seconds));
   options.threads = absl::GetFlag(FLAGS_threads);
   options.max_host_bytes = absl::GetFlag(FLAGS_max_host_bytes);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);

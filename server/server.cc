@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -231,6 +233,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   // Quotas hold from here: a restore gives every tenant back what it had.
   parts->store->SetTenantQuotas(parts->authenticator.get());
+  if (options.lease_term <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the lease term (--lease_seconds) must be positive");
+  }
+  parts->store->SetLeaseTerm(options.lease_term);
+  const uint64_t restored_groups = parts->store->ListAll().size();
+  parts->store->SetNotFoundNote(absl::StrCat(
+      ". This optstated started at ", absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone()),
+      options.state_dir.empty()
+          ? " without --state_dir: its groups do not survive a restart"
+          : absl::StrCat(" with --state_dir and restored ", restored_groups,
+                         " groups from a checkpoint at start")));
   parts->data_plane =
       std::make_unique<DataPlaneAssembly>(options.data_plane, parts->authenticator.get());
   if (!options.metrics_listen.empty()) {
@@ -241,6 +254,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       options.stream_idle_timeout, parts->checkpointer.get(), parts->data_plane->registry(),
       parts->trimmer.get(), parts->step_metrics.get(), parts->authenticator.get(),
       options.tenant_max_streams);
+  parts->service->SetRestoredGroups(restored_groups);
 
   // Referencing the compiled health.proto keeps it linked in, which puts its
   // descriptors in the pool: reflection can then describe grpc.health.v1 and

@@ -63,6 +63,9 @@ struct ServerOptions {
   TlsOptions tls;
   AuthOptions auth;
   int tenant_max_streams = 0;  // Step streams one tenant may hold open; 0: no limit.
+  // Jobs (docs/jobs.md): a group's lease lasts this long after its holder's
+  // last call; positive.
+  absl::Duration lease_term = absl::Seconds(60);
 };
 
 // Thread-safe.

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "server/base/log.h"
 #include "server/state/page_range_lock.h"
 
@@ -140,7 +141,7 @@ absl::Status StateImport::AddChunk(StateTensor tensor, uint64_t offset, absl::st
   return absl::OkStatus();
 }
 
-absl::StatusOr<StateImport::Result> StateImport::Commit() {
+absl::StatusOr<StateImport::Result> StateImport::Commit(const LeaseClaim& claim) {
   Group& group = staged_.group();
   const uint64_t n = group.num_elements();
   const bool amsgrad = group.max_exp_avg_sq() != nullptr;
@@ -171,7 +172,14 @@ absl::StatusOr<StateImport::Result> StateImport::Commit() {
     if (absl::Status s = CheckSameShape(**existing, n, group.config().hyperparameters); !s.ok()) {
       return s;
     }
+    if (absl::Status s = (*existing)->lease().Check(claim, group.key().name, absl::Now());
+        !s.ok()) {
+      return s;
+    }
     if (absl::Status s = ReplaceGroupState(*backend_, group, **existing); !s.ok()) return s;
+    // Taken after the state is in: a refused replace leaves the lease as it
+    // was (another holder taking it between the check and here keeps it).
+    (void)(*existing)->lease().Admit(claim, group.key().name, absl::Now(), store_->lease_term());
     result.group = std::move(*existing);
     result.replaced = true;
     Log(LogLevel::kInfo, "group '", group.key().name, "': state replaced by an import, steps ",
@@ -181,6 +189,7 @@ absl::StatusOr<StateImport::Result> StateImport::Commit() {
   absl::StatusOr<std::shared_ptr<Group>> published = store_->Publish(staged_);
   if (!published.ok()) return published.status();
   result.group = std::move(*published);
+  (void)result.group->lease().Admit(claim, group.key().name, absl::Now(), store_->lease_term());
   return result;
 }
 

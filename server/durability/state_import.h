@@ -59,9 +59,11 @@ class StateImport {
   // state: a new group becomes visible, or an existing one of equal size and
   // hyperparameters has all its pages replaced while holding every page
   // mutex. INVALID_ARGUMENT for missing pieces; ALREADY_EXISTS as in Begin;
-  // the backend's error when it cannot take the state. On error nothing is
-  // visible or changed. Call at most once.
-  absl::StatusOr<Result> Commit();
+  // FAILED_PRECONDITION when another holder than `claim`'s leases the
+  // existing group (GroupLease); the backend's error when it cannot take the
+  // state. On error nothing is visible or changed. The group is then leased
+  // to `claim`'s holder (none: as it was). Call at most once.
+  absl::StatusOr<Result> Commit(const LeaseClaim& claim = LeaseClaim());
 
  private:
   StateImport(StateStore* store, StepBackend* backend, StagedGroup staged)

@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "server/base/log.h"
 #include "server/state/page_range_lock.h"
 
@@ -229,13 +230,19 @@ absl::StatusOr<std::shared_ptr<Group>> StateStore::Find(const GroupKey& key) con
   absl::MutexLock lock(&mu_);
   auto it = groups_.find(key);
   if (it == groups_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("no group named '", key.name, "'; register it first (ListGroups lists them)"));
+    return absl::NotFoundError(absl::StrCat("no group named '", key.name,
+                                            "'; register it first (ListGroups lists them)",
+                                            not_found_note_));
   }
   return it->second;
 }
 
-absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key) {
+void StateStore::SetNotFoundNote(std::string note) {
+  absl::MutexLock lock(&mu_);
+  not_found_note_ = std::move(note);
+}
+
+absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key, const LeaseClaim& claim) {
   if (absl::Status s = ValidateGroupName(key.name); !s.ok()) return s;
   std::shared_ptr<Group> group;
   {
@@ -253,6 +260,9 @@ absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key) {
     // removed_counters_, in the same critical section that takes it out of
     // groups_ (a reader of counter_totals() sees them in one or the other).
     PageRangeLock all_pages(*group);
+    // Under every page lock: no step of the holder is in flight, so the
+    // lease it holds is the one checked.
+    if (absl::Status s = group->lease().Check(claim, key.name, absl::Now()); !s.ok()) return s;
     {
       absl::MutexLock lock(&mu_);
       auto it = groups_.find(key);

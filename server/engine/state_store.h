@@ -3,14 +3,17 @@
 #ifndef OPTSTATE_SERVER_ENGINE_STATE_STORE_H_
 #define OPTSTATE_SERVER_ENGINE_STATE_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "server/backends/step_backend.h"
 #include "server/base/heap_trimmer.h"
 #include "server/engine/tenant_quotas.h"
@@ -85,8 +88,9 @@ class StateStore {
 
   // Removes the group; its memory is freed once in-flight steps let go of it.
   // Returns the host bytes freed. NOT_FOUND when there is no such group;
-  // INVALID_ARGUMENT for a name no group can have.
-  absl::StatusOr<uint64_t> Delete(const GroupKey& key);
+  // INVALID_ARGUMENT for a name no group can have; FAILED_PRECONDITION when
+  // another holder than `claim`'s leases it (GroupLease::Check).
+  absl::StatusOr<uint64_t> Delete(const GroupKey& key, const LeaseClaim& claim = LeaseClaim());
 
   // Undoes the registration that created `group` (a RegisterGroup stream
   // that was refused or broke): removes it if it is still the group
@@ -120,6 +124,19 @@ class StateStore {
   // Every tenant holding anything, with its use.
   absl::flat_hash_map<std::string, TenantUsage> TenantUsages() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // How long a group's lease lasts after its holder's last call
+  // (--lease_seconds; 60 s until set).
+  void SetLeaseTerm(absl::Duration term) {
+    lease_term_us_.store(absl::ToInt64Microseconds(term), std::memory_order_relaxed);
+  }
+  absl::Duration lease_term() const {
+    return absl::Microseconds(lease_term_us_.load(std::memory_order_relaxed));
+  }
+  // Appended to Find's NOT_FOUND: what this daemon is (when it started,
+  // whether it keeps checkpoints, what it restored), so a trainer that finds
+  // its groups gone knows whether the daemon restarted and lost them.
+  void SetNotFoundNote(std::string note) ABSL_LOCKS_EXCLUDED(mu_);
+
   uint64_t host_bytes() const;
   uint64_t max_host_bytes() const { return max_host_bytes_; }
   // Elements per page of every group (--page_elements).
@@ -148,6 +165,8 @@ class StateStore {
   absl::flat_hash_map<std::string, TenantUsage> tenant_usage_ ABSL_GUARDED_BY(mu_);
   const TenantQuotas* quotas_ ABSL_GUARDED_BY(mu_) = nullptr;
   CounterTotals removed_counters_ ABSL_GUARDED_BY(mu_);  // Of the groups no longer in groups_.
+  std::atomic<int64_t> lease_term_us_{60'000'000};
+  std::string not_found_note_ ABSL_GUARDED_BY(mu_);
 };
 
 // INVALID_ARGUMENT unless `name` is 1 to 512 printable ASCII characters

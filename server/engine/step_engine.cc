@@ -48,6 +48,11 @@ absl::StatusOr<ChunkRange> ValidateRange(const Group& group, uint64_t offset, Wi
   return ChunkRange{count, offset / page, (end + page - 1) / page};
 }
 
+const LeaseClaim& ClaimOf(const StepChunk& chunk) {
+  static const LeaseClaim* const anonymous = new LeaseClaim();
+  return chunk.lease != nullptr ? *chunk.lease : *anonymous;
+}
+
 absl::Status NotFoundAfterDelete(const Group& group) {
   return absl::NotFoundError(absl::StrCat("group '", group.key().name, "' was deleted"));
 }
@@ -67,6 +72,10 @@ absl::StatusOr<ValidatedChunk> StepEngine::Validate(const StepChunk& chunk, Valu
   absl::StatusOr<std::shared_ptr<Group>> found = store_->Find(chunk.group);
   if (!found.ok()) return found.status();
   Group& group = **found;
+  if (absl::Status s = group.lease().Check(ClaimOf(chunk), group.key().name, validated.started);
+      !s.ok()) {
+    return s;
+  }
   if (chunk.group_elements != 0 && chunk.group_elements != group.num_elements()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "group '", group.key().name, "' has ", group.num_elements(),
@@ -121,6 +130,7 @@ absl::StatusOr<ValidatedChunk> StepEngine::Validate(const StepChunk& chunk, Valu
   validated.first_page = range->first_page;
   validated.end_page = range->end_page;
   validated.constants = constants;
+  validated.hyperparameters = inputs.hyperparameters;
   if (values == ValueCheck::kNow) {
     if (absl::Status s = CheckGradientValues(chunk, validated, 0, validated.count); !s.ok()) {
       return s;
@@ -184,6 +194,11 @@ absl::StatusOr<StepChunkResult> StepEngine::Apply(const StepChunk& chunk,
             chunk.step, "; a replay must name the page's current step"));
       }
     }
+    if (absl::Status s = group.lease().Admit(ClaimOf(chunk), group.key().name, absl::Now(),
+                                             store_->lease_term());
+        !s.ok()) {
+      return s;
+    }
     const size_t grad_size = WireTypeSize(chunk.gradient_type);
     const size_t param_size = WireTypeSize(chunk.param_type);
     params_bytes = validated.count * param_size;
@@ -227,6 +242,7 @@ absl::StatusOr<StepChunkResult> StepEngine::Apply(const StepChunk& chunk,
     counters.bytes_sent.fetch_add(params_bytes, std::memory_order_relaxed);
     if (result.pages_applied > 0) {
       counters.PagesApplied(chunk.step, result.pages_applied, group.num_pages(), started);
+      group.last_step().Record(SteppedWith{chunk.step, validated.hyperparameters});
     }
   }
   group.counters().chunk_latency.Record(absl::ToDoubleMicroseconds(absl::Now() - started));

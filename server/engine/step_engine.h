@@ -46,6 +46,9 @@ struct StepChunk {
   // kStreaming when the params go to another process's memory (a
   // shared-memory region) rather than into a reply this process sends.
   ParamsStore params_store = ParamsStore::kCached;
+  // Who sends it (GroupLease); null: a call that names no holder. Must
+  // outlive the chunk's Validate and Apply.
+  const LeaseClaim* lease = nullptr;
 };
 
 struct StepChunkResult {
@@ -68,6 +71,7 @@ struct ValidatedChunk {
   uint64_t first_page = 0;  // Pages [first_page, end_page) are covered.
   uint64_t end_page = 0;
   AdamWConstants constants{};
+  AdamWHyperparameters hyperparameters;  // This step's, overrides applied.
   absl::Time started;  // For the chunk's latency.
 };
 
@@ -87,13 +91,16 @@ class StepEngine {
   // message says what to fix.
   //
   // Validate refuses what does not depend on page state: NOT_FOUND (no such
-  // group), INVALID_ARGUMENT (bad range, alignment, length or values; a
+  // group), FAILED_PRECONDITION (another holder's lease, GroupLease),
+  // INVALID_ARGUMENT (bad range, alignment, length or values; a
   // group_elements other than the group's size; bad lr or grad_scale; and,
   // last, unless `values` is kDeferred, a non-finite gradient).
   //
   // Apply, given the same chunk (its gradient still alive), takes the page
   // locks and refuses the rest: FAILED_PRECONDITION (a page lacks initial
-  // values, is behind step-1, or is past `step`), NOT_FOUND once the group
+  // values, is behind step-1, or is past `step`; another holder's lease, which
+  // it takes or renews for the chunk's holder once every check passed),
+  // NOT_FOUND once the group
   // was deleted, DATA_LOSS once a backend failed part-way through an update
   // of the group (it is then refused for good). `reserve_params(bytes)` is
   // called once, after the page checks, and returns where the params go

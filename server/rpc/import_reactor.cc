@@ -31,10 +31,11 @@ absl::StatusOr<StateTensor> TensorFromProto(v1::StateTensor tensor) {
 
 ImportReactor::ImportReactor(StepEngine* engine, grpc::CallbackServerContext* context,
                              std::string tenant, v1::ImportStateResponse* response,
-                             StreamRegistry* streams)
+                             StreamRegistry* streams, LeaseClaim lease)
     : engine_(engine),
       context_(context),
       tenant_(std::move(tenant)),
+      lease_(std::move(lease)),
       response_(response),
       streams_(streams) {
   {
@@ -164,7 +165,7 @@ void ImportReactor::HandleMessage() {
 }
 
 void ImportReactor::CommitAndFinish() {
-  absl::StatusOr<StateImport::Result> result = import_->Commit();
+  absl::StatusOr<StateImport::Result> result = import_->Commit(lease_);
   import_.reset();
   absl::Status status = result.status();
   if (result.ok()) {

@@ -14,6 +14,7 @@
 #include "server/durability/state_import.h"
 #include "server/engine/step_engine.h"
 #include "server/rpc/stream_registry.h"
+#include "server/state/group_lease.h"
 
 namespace optstate {
 
@@ -33,7 +34,8 @@ class ImportReactor : public grpc::ServerReadReactor<v1::ImportStateRequest>, pu
  public:
   // `streams` must outlive the reactor.
   ImportReactor(StepEngine* engine, grpc::CallbackServerContext* context, std::string tenant,
-                v1::ImportStateResponse* response, StreamRegistry* streams);
+                v1::ImportStateResponse* response, StreamRegistry* streams,
+                LeaseClaim lease = LeaseClaim());
 
   void OnReadDone(bool ok) override;
   void OnDone() override;
@@ -54,6 +56,7 @@ class ImportReactor : public grpc::ServerReadReactor<v1::ImportStateRequest>, pu
   StepEngine* const engine_;
   grpc::CallbackServerContext* const context_;
   const std::string tenant_;
+  const LeaseClaim lease_;  // The call's (call_lease.h), held to an existing group.
   v1::ImportStateResponse* const response_;
   StreamRegistry* const streams_;
   bool in_registry_ = false;  // streams_->Add took it.

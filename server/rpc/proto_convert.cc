@@ -1,7 +1,10 @@
 // Field-by-field translation between optstate.v1 messages and server types.
 #include "server/rpc/proto_convert.h"
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace optstate {
 
@@ -76,6 +79,27 @@ void GroupInfoToProto(const Group& group, v1::GroupInfo* proto) {
   proto->set_host_bytes(group.host_bytes());
   proto->set_placement(PlacementToProto(group.placement()));
   proto->set_pages_awaiting_values(group.PagesAwaitingValues());
+  if (std::optional<LeaseView> lease = group.lease().View(absl::Now()); lease.has_value()) {
+    v1::Lease* out = proto->mutable_lease();
+    out->set_holder(lease->holder.id);
+    out->set_job(lease->holder.job);
+    out->set_host(lease->holder.host);
+    out->set_pid(lease->holder.pid);
+    out->set_last_call_unix_micros(absl::ToUnixMicros(lease->last_call));
+    out->set_expires_unix_micros(absl::ToUnixMicros(lease->expires));
+    out->set_expired(lease->expired);
+  }
+  if (std::optional<SteppedWith> last = group.last_step().Get(); last.has_value()) {
+    v1::LastStep* out = proto->mutable_last_step();
+    const AdamWHyperparameters& h = last->hyperparameters;
+    out->set_step(last->step);
+    out->set_lr(h.lr);
+    out->set_beta1(h.beta1);
+    out->set_beta2(h.beta2);
+    out->set_eps(h.eps);
+    out->set_weight_decay(h.weight_decay);
+    out->set_maximize(h.maximize);
+  }
 }
 
 void GroupStatsToProto(const Group& group, v1::GroupStats* proto) {

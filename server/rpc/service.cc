@@ -7,6 +7,7 @@
 
 #include "server/base/heap_trimmer.h"
 #include "server/kernels/adamw_kernel.h"
+#include "server/rpc/call_lease.h"
 #include "server/rpc/checkpoint_reactor.h"
 #include "server/rpc/export_reactor.h"
 #include "server/rpc/group_pager.h"
@@ -61,13 +62,14 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* OptimizerStateService::RegisterGroup(
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* OptimizerStateService::Step(
     grpc::CallbackServerContext* context) {
   absl::StatusOr<Caller> caller = CallerOf(context);
+  absl::StatusOr<LeaseClaim> lease = caller.ok() ? LeaseClaimOf(context) : caller.status();
   absl::StatusOr<StreamSlot> slot =
-      caller.ok() ? stream_limit_.Acquire(caller->tenant) : caller.status();
+      lease.ok() ? stream_limit_.Acquire(caller->tenant) : lease.status();
   if (!slot.ok()) {
     return new RefusedBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>(ToGrpcStatus(slot.status()));
   }
   return new StepReactor(engine_, caller->tenant, max_reply_bytes_, &streams_, regions_,
-                         step_metrics_, std::move(*slot));
+                         step_metrics_, std::move(*slot), std::move(*lease));
 }
 
 grpc::ServerUnaryReactor* OptimizerStateService::GetStats(grpc::CallbackServerContext* context,
@@ -112,6 +114,10 @@ absl::Status OptimizerStateService::FillStats(const Caller& caller,
   response->set_heap_free_bytes(heap.free_bytes());
   response->set_heap_resident_bytes(ReadHeapResidentBytes());
   if (trimmer_ != nullptr) response->set_heap_trims(trimmer_->trims());
+  response->set_started_unix_micros(absl::ToUnixMicros(started_));
+  response->set_has_state_dir(checkpointer_ != nullptr);
+  response->set_restored_groups(restored_groups_);
+  response->set_lease_seconds(absl::ToInt64Seconds(store->lease_term()));
   // Totals over every group, on every page.
   if (checkpointer_ != nullptr) CheckpointStatsToProto(checkpointer_->Stats(), response);
   if (regions_ != nullptr && whole_daemon) {
@@ -219,15 +225,17 @@ grpc::ServerUnaryReactor* OptimizerStateService::DeleteGroup(grpc::CallbackServe
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   v1::DeleteGroupRequest parsed;
   absl::StatusOr<Caller> caller = CallerOf(context);
-  absl::Status status = caller.ok() ? ParseRawMessage(*request, &parsed) : caller.status();
+  absl::StatusOr<LeaseClaim> lease = caller.ok() ? LeaseClaimOf(context) : caller.status();
+  absl::Status status = lease.ok() ? ParseRawMessage(*request, &parsed) : lease.status();
   if (!status.ok()) {
     Reply(reactor, std::move(status), v1::DeleteGroupResponse(), response);
     return reactor;
   }
   // Deleting waits for the group's in-flight chunks: do it on a worker.
   GroupKey key = KeyFor(*caller, parsed.tenant(), parsed.name());
-  engine_->pool()->Schedule([this, reactor, key = std::move(key), response] {
-    absl::StatusOr<uint64_t> freed = engine_->store()->Delete(key);
+  engine_->pool()->Schedule([this, reactor, key = std::move(key), lease = std::move(*lease),
+                             response] {
+    absl::StatusOr<uint64_t> freed = engine_->store()->Delete(key, lease);
     v1::DeleteGroupResponse reply;
     if (freed.ok()) reply.set_freed_host_bytes(*freed);
     Reply(reactor, freed.status(), reply, response);
@@ -247,10 +255,12 @@ grpc::ServerWriteReactor<v1::ExportStateResponse>* OptimizerStateService::Export
 grpc::ServerReadReactor<v1::ImportStateRequest>* OptimizerStateService::ImportState(
     grpc::CallbackServerContext* context, v1::ImportStateResponse* response) {
   absl::StatusOr<Caller> caller = CallerOf(context);
-  if (!caller.ok()) {
-    return new RefusedReadReactor<v1::ImportStateRequest>(ToGrpcStatus(caller.status()));
+  absl::StatusOr<LeaseClaim> lease = caller.ok() ? LeaseClaimOf(context) : caller.status();
+  if (!lease.ok()) {
+    return new RefusedReadReactor<v1::ImportStateRequest>(ToGrpcStatus(lease.status()));
   }
-  return new ImportReactor(engine_, context, caller->tenant, response, &streams_);
+  return new ImportReactor(engine_, context, caller->tenant, response, &streams_,
+                           std::move(*lease));
 }
 
 grpc::ServerUnaryReactor* OptimizerStateService::Checkpoint(grpc::CallbackServerContext* context,

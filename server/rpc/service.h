@@ -3,6 +3,8 @@
 #ifndef OPTSTATE_SERVER_RPC_SERVICE_H_
 #define OPTSTATE_SERVER_RPC_SERVICE_H_
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "optstate/v1/optstate.grpc.pb.h"
 #include "server/auth/authenticator.h"
 #include "server/durability/checkpointer.h"
@@ -97,6 +99,10 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
                                        const v1::CheckpointRequest* request,
                                        v1::CheckpointResponse* response) override;
 
+  // How many groups the daemon restored from a checkpoint at start
+  // (GetStatsResponse.restored_groups); call before serving.
+  void SetRestoredGroups(uint64_t groups) { restored_groups_ = groups; }
+
  private:
   // The typed halves of the unary methods: OK fills `response`.
   absl::Status FillStats(const Caller& caller, const v1::GetStatsRequest& request,
@@ -128,6 +134,8 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   StepStreamMetrics* const step_metrics_;
   const Authenticator* const authenticator_;
   TenantStreamLimit stream_limit_;
+  const absl::Time started_ = absl::Now();  // The daemon's start, near enough.
+  uint64_t restored_groups_ = 0;
 };
 
 }  // namespace optstate

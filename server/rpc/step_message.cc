@@ -168,7 +168,7 @@ absl::Status CheckReplyFits(const v1::StepRequest& request, const MessageStep& s
 
 absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, size_t max_reply_bytes,
                               const StepMessage& message, std::vector<grpc::Slice>* reply,
-                              const RegionRegistry* regions) {
+                              const RegionRegistry* regions, const LeaseClaim* lease) {
   const v1::StepRequest& request = message.request;
   const size_t pieces = 1 + static_cast<size_t>(request.more_size());
   if (message.gradients.size() != pieces) {
@@ -190,6 +190,7 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
                        tenant, i > 0, &chunk.chunk);
     }
     if (status.ok()) {
+      chunk.chunk.lease = lease;
       chunk.params_out = uses[i].params;
       if (piece.has_gradient_region()) chunk.gradient_region = SpanOf(piece.gradient_region());
       if (piece.has_params_region()) chunk.params_region = SpanOf(piece.params_region());

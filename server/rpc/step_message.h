@@ -40,9 +40,12 @@ namespace optstate {
 // `regions` is null (no region socket). The kernel then reads the gradient
 // from the region and writes the params into it; the mappings stay alive
 // until the message is done, even if unregistered meanwhile.
+// `lease` (null: none) is the caller's lease claim, held to every chunk's
+// group (StepChunk::lease; FAILED_PRECONDITION for another holder's group).
 absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, size_t max_reply_bytes,
                               const StepMessage& message, std::vector<grpc::Slice>* reply,
-                              const RegionRegistry* regions = nullptr);
+                              const RegionRegistry* regions = nullptr,
+                              const LeaseClaim* lease = nullptr);
 
 }  // namespace optstate
 

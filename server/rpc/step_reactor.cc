@@ -12,9 +12,10 @@ namespace optstate {
 
 StepReactor::StepReactor(StepEngine* engine, std::string tenant, size_t max_reply_bytes,
                          StreamRegistry* streams, const RegionRegistry* regions,
-                         StepStreamMetrics* metrics, StreamSlot slot)
+                         StepStreamMetrics* metrics, StreamSlot slot, LeaseClaim lease)
     : engine_(engine),
       tenant_(std::move(tenant)),
+      lease_(std::move(lease)),
       max_reply_bytes_(max_reply_bytes),
       regions_(regions),
       max_in_flight_(std::max(1, engine->pool()->size())),
@@ -149,7 +150,7 @@ void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
   if (status.ok()) {
     const absl::Time started = metrics_ != nullptr ? absl::Now() : absl::InfinitePast();
     status = ApplyStepMessage(engine_, tenant_, max_reply_bytes_, task->chunk.message, &slices,
-                              regions_);
+                              regions_, &lease_);
     if (metrics_ != nullptr) {
       metrics_->compute.Observe(absl::Now() - started);
       if (status.ok()) CountRegionBytes(request);

@@ -60,9 +60,11 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   // `streams` must outlive the reactor. `regions`: what chunks naming a
   // RegionSlice refer to (null: none). `metrics`: where each message's
   // phases and bytes are recorded (null: not measured).
+  // `lease`: the call's lease claim (call_lease.h), held to every chunk.
   StepReactor(StepEngine* engine, std::string tenant, size_t max_reply_bytes,
               StreamRegistry* streams, const RegionRegistry* regions = nullptr,
-              StepStreamMetrics* metrics = nullptr, StreamSlot slot = StreamSlot());
+              StepStreamMetrics* metrics = nullptr, StreamSlot slot = StreamSlot(),
+              LeaseClaim lease = LeaseClaim());
 
   void OnReadDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_);
   void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_);
@@ -116,6 +118,7 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
 
   StepEngine* const engine_;
   const std::string tenant_;
+  const LeaseClaim lease_;
   const size_t max_reply_bytes_;
   const RegionRegistry* const regions_;
   const int max_in_flight_;  // Messages applied at once: the pool's size.

@@ -2,7 +2,9 @@
 // exp_avg m, exp_avg_sq v, and max_exp_avg_sq with amsgrad) in host memory, divided into fixed pages that each
 // record the step they have reached. Its parts by concept: identity
 // (group_key.h), what registration fixes (group_config.h), where it lives
-// (placement.h), per-page steps (page_table.h), counters (group_counters.h).
+// (placement.h), per-page steps (page_table.h), counters (group_counters.h),
+// the job that holds it (group_lease.h), its last step's hyperparameters
+// (last_step_record.h).
 #ifndef OPTSTATE_SERVER_STATE_GROUP_H_
 #define OPTSTATE_SERVER_STATE_GROUP_H_
 
@@ -18,7 +20,9 @@
 #include "server/state/group_config.h"
 #include "server/state/group_counters.h"
 #include "server/state/group_key.h"
+#include "server/state/group_lease.h"
 #include "server/state/host_allocator.h"
+#include "server/state/last_step_record.h"
 #include "server/state/page_table.h"
 #include "server/state/placement.h"
 
@@ -73,6 +77,10 @@ class Group {
   void set_placement(Placement p) { placement_.store(p, std::memory_order_release); }
 
   GroupCounters& counters() const { return counters_; }
+  // The job that holds the group, if any (thread-safe).
+  GroupLease& lease() const { return lease_; }
+  // What the last applied step used (thread-safe).
+  LastStepRecord& last_step() const { return last_step_; }
 
   // Set, with every page mutex held, when the group is deleted; a step that
   // finds it set after taking its page mutexes must not touch the state.
@@ -105,6 +113,8 @@ class Group {
   std::atomic<bool> deleted_{false};
   std::atomic<bool> broken_{false};
   mutable GroupCounters counters_;
+  mutable GroupLease lease_;
+  mutable LastStepRecord last_step_;
 };
 
 }  // namespace optstate
