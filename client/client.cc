@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/call/channel.h"
 #include "client/call/proto_convert.h"
@@ -46,6 +47,16 @@ Client::~Client() = default;
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target,
                                                         const ClientOptions& options) {
   if (absl::Status s = client_internal::CheckClientOptions(options); !s.ok()) return s;
+  if (target.empty()) {
+    return absl::InvalidArgumentError(
+        "the target is empty: give the daemon's address as host:port (or unix:/path)");
+  }
+  if (absl::StartsWith(target, "http://") || absl::StartsWith(target, "https://")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "target '", target,
+        "' has an http scheme: give the daemon's address as host:port (gRPC speaks HTTP/2 "
+        "itself; for TLS set ClientOptions.tls or the TLS files)"));
+  }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->options.token = client_internal::ResolveToken(options);
@@ -56,6 +67,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
   impl->stub = v1::OptimizerState::NewStub(impl->channel);
   impl->raw_step = client_internal::MakeStepMethod(impl->channel);
   return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+absl::Status Client::WaitUntilReachable(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  if (impl_->channel->WaitForConnected(absl::ToChronoTime(deadline))) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "could not connect to the daemon within ", absl::FormatDuration(timeout),
+      " (is optstated running there, and is this its address and port?)"));
 }
 
 namespace {

@@ -30,6 +30,34 @@ absl::Status CheckClientOptions(const ClientOptions& options) {
     return absl::InvalidArgumentError(
         "ClientOptions.attempt_timeout must be positive (absl::InfiniteDuration() for none)");
   }
+  if (options.reconnect_timeout < absl::ZeroDuration() ||
+      options.reconnect_timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.reconnect_timeout must be finite and >= 0 (0: max_attempts alone)");
+  }
+  auto word = [](const std::string& s, size_t max) {
+    if (s.size() > max) return false;
+    for (char c : s) {
+      if (c <= ' ' || c > '~') return false;
+    }
+    return true;
+  };
+  if (!word(options.lease_holder, 128) || !word(options.lease_job, 256)) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.lease_holder (up to 128) and lease_job (up to 256) must be printable "
+        "ASCII characters without spaces");
+  }
+  if (!options.lease_takeover.empty()) {
+    const bool shaped = (absl::StartsWith(options.lease_takeover, "expired=") ||
+                         absl::StartsWith(options.lease_takeover, "dead=")) &&
+                        word(options.lease_takeover, 140) &&
+                        options.lease_takeover.back() != '=';
+    if (!shaped) {
+      return absl::InvalidArgumentError(
+          "ClientOptions.lease_takeover must be 'expired=ID' or 'dead=ID' (ID: the holder "
+          "GroupInfo.lease names), or empty");
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -96,6 +96,16 @@ absl::StatusOr<GroupInfo> GroupInfoFromProto(const v1::GroupInfo& proto) {
   info.placement = PlacementFromProto(proto.placement());
   info.pages_awaiting_values = proto.pages_awaiting_values();
   info.tenant = proto.tenant();
+  if (proto.has_lease()) {
+    const v1::Lease& l = proto.lease();
+    info.lease = Lease{l.holder(), l.job(), l.host(), l.pid(), l.last_call_unix_micros(),
+                       l.expires_unix_micros(), l.expired()};
+  }
+  if (proto.has_last_step()) {
+    const v1::LastStep& l = proto.last_step();
+    info.last_step =
+        LastStep{l.step(), l.lr(), l.beta1(), l.beta2(), l.eps(), l.weight_decay(), l.maximize()};
+  }
   return info;
 }
 
@@ -129,6 +139,10 @@ absl::StatusOr<Stats> StatsFromProto(const v1::GetStatsResponse& proto) {
                             regions.mapped_bytes(), regions.registrations()};
   out.heap = HeapStats{proto.heap_in_use_bytes(), proto.heap_free_bytes(),
                        proto.heap_resident_bytes(), proto.heap_trims()};
+  out.started_unix_micros = proto.started_unix_micros();
+  out.has_state_dir = proto.has_state_dir();
+  out.restored_groups = proto.restored_groups();
+  out.lease_seconds = proto.lease_seconds();
   out.groups.reserve(proto.groups_size());
   for (const v1::GroupStats& g : proto.groups()) {
     absl::StatusOr<GroupInfo> info = GroupInfoFromProto(g.info());

@@ -1,7 +1,10 @@
 // One loop for every retried call: attempts, backoff, the exhausted message.
 #include "client/call/retry.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -15,10 +18,40 @@ absl::Duration Backoff(const ClientOptions& options, int attempt) {
   return std::min(wait, options.max_backoff);
 }
 
+namespace {
+
+// This process's host name, read once.
+const std::string& HostName() {
+  static const std::string* const name = [] {
+    char buffer[256] = {};
+    if (gethostname(buffer, sizeof(buffer) - 1) != 0) buffer[0] = '\0';
+    std::string out;
+    for (const char* c = buffer; *c != '\0'; ++c) {
+      if (*c > ' ' && *c <= '~') out.push_back(*c);
+    }
+    return new std::string(out);
+  }();
+  return *name;
+}
+
+}  // namespace
+
+std::string LeaseMetadata(const ClientOptions& options) {
+  std::string out = absl::StrCat("holder=", options.lease_holder);
+  if (!options.lease_job.empty()) absl::StrAppend(&out, " job=", options.lease_job);
+  if (!HostName().empty()) absl::StrAppend(&out, " host=", HostName());
+  absl::StrAppend(&out, " pid=", static_cast<long>(getpid()));
+  return out;
+}
+
 void PrepareContext(grpc::ClientContext* context, const ClientOptions& options) {
+  if (!options.token.empty()) context->AddMetadata("authorization", "Bearer " + options.token);
+  if (!options.lease_holder.empty()) context->AddMetadata("optstate-lease", LeaseMetadata(options));
+  if (!options.lease_takeover.empty()) {
+    context->AddMetadata("optstate-lease-takeover", options.lease_takeover);
+  }
   // A timeout of a century or more (InfiniteDuration included) is no
   // deadline; added to the clock it could overflow into one in the past.
-  if (!options.token.empty()) context->AddMetadata("authorization", "Bearer " + options.token);
   if (options.attempt_timeout >= absl::Hours(24 * 365 * 100)) return;
   context->set_deadline(absl::ToChronoTime(absl::Now() + options.attempt_timeout));
 }
@@ -27,13 +60,25 @@ absl::Status WithRetries(const ClientOptions& options,
                          absl::FunctionRef<absl::Status(int attempt)> attempt,
                          absl::string_view what) {
   absl::Status last;
-  for (int n = 0; n < options.max_attempts; ++n) {
+  // A daemon that is not there (restarting) is waited for up to
+  // reconnect_timeout after the first attempt that found it gone.
+  absl::Time reconnect_deadline = absl::InfinitePast();
+  int n = 0;
+  for (;; ++n) {
     if (n > 0) absl::SleepFor(Backoff(options, n));
     last = attempt(n);
     if (last.ok() || !IsRetryable(last)) return last;
+    if (last.code() == absl::StatusCode::kUnavailable &&
+        options.reconnect_timeout > absl::ZeroDuration() &&
+        reconnect_deadline == absl::InfinitePast()) {
+      reconnect_deadline = absl::Now() + options.reconnect_timeout;
+    }
+    const bool waiting = last.code() == absl::StatusCode::kUnavailable &&
+                         absl::Now() + Backoff(options, n + 1) < reconnect_deadline;
+    if (n + 1 >= options.max_attempts && !waiting) break;
   }
   if (what.empty()) return last;
-  return absl::Status(last.code(), absl::StrCat(what, " failed after ", options.max_attempts,
+  return absl::Status(last.code(), absl::StrCat(what, " failed after ", n + 1,
                                                 " attempts: ", last.message()));
 }
 

@@ -4,6 +4,8 @@
 #ifndef OPTSTATE_CLIENT_CALL_RETRY_H_
 #define OPTSTATE_CLIENT_CALL_RETRY_H_
 
+#include <string>
+
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -21,12 +23,19 @@ absl::Duration Backoff(const ClientOptions& options, int attempt);
 // Gives `context` the deadline of one attempt (ClientOptions::attempt_timeout;
 // none for a timeout of a century or more, InfiniteDuration included) and,
 // with ClientOptions::token set, the metadata 'authorization: Bearer TOKEN'
-// (sent by hand: gRPC's call credentials refuse plaintext channels).
+// (sent by hand: gRPC's call credentials refuse plaintext channels); with
+// lease_holder set, 'optstate-lease' (LeaseMetadata), and with
+// lease_takeover set, 'optstate-lease-takeover'.
 void PrepareContext(grpc::ClientContext* context, const ClientOptions& options);
+
+// 'holder=ID job=JOB host=HOST pid=PID' for this process (job left out when
+// empty).
+std::string LeaseMetadata(const ClientOptions& options);
 
 // Runs attempt(0), then attempt(1), ... (up to options.max_attempts in all,
 // sleeping Backoff before each retry) while it fails transiently
-// (IsRetryable). Returns the first OK or non-transient status. When every
+// (IsRetryable); while it fails UNAVAILABLE, also beyond max_attempts until
+// options.reconnect_timeout after the first UNAVAILABLE. Returns the first OK or non-transient status. When every
 // attempt failed transiently, the last status: with `what` empty as it is,
 // else with its message as "WHAT failed after N attempts: MESSAGE".
 absl::Status WithRetries(const ClientOptions& options,

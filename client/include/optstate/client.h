@@ -87,6 +87,25 @@ struct ClientOptions {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_server_name;
+
+  // Jobs and leases (docs/jobs.md). With lease_holder set, every call says
+  // who makes it ('optstate-lease' metadata): the Steps, ImportStates and
+  // DeleteGroups of this client take and renew the lease on their groups,
+  // and another holder's are refused (FAILED_PRECONDITION naming it). The
+  // ranks of one job share one holder id. Empty: the calls hold no lease
+  // (and are refused on a group another holds, until its lease expires).
+  // lease_job names the job for others to read (its name prefix); the host
+  // and pid are this process's.
+  std::string lease_holder;
+  std::string lease_job;
+  // Break another holder's lease: "expired=ID" once ID's lease expired,
+  // "dead=ID" at once (this caller knows ID's process is gone). Empty: none.
+  std::string lease_takeover;
+  // How long a call waits for a daemon that is not there (restarting)
+  // before it fails UNAVAILABLE: its attempts go on, with backoff, until
+  // this long after the first failed one, beyond max_attempts.
+  // Zero: max_attempts alone bounds them.
+  absl::Duration reconnect_timeout = absl::ZeroDuration();
 };
 
 // One group's part of a step: its whole gradient, and where the updated
@@ -128,9 +147,15 @@ class Client {
  public:
   // Creates a channel to `target` ("host:port", or "unix:/path" for a daemon
   // listening on a Unix socket); does not wait for the server.
-  // INVALID_ARGUMENT for bad options.
+  // INVALID_ARGUMENT for bad options, an empty target or one with an http
+  // scheme.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& target,
                                                          const ClientOptions& options = {});
+
+  // Waits until the channel is connected, up to `timeout`: UNAVAILABLE
+  // saying so when no daemon answered by then (a trainer's first check that
+  // its target is right, before it registers anything).
+  absl::Status WaitUntilReachable(absl::Duration timeout);
   ~Client();
 
   // Registers `name` with these initial values (all of it, any size) and

@@ -4,6 +4,7 @@
 #define OPTSTATE_GROUP_INFO_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace optstate {
@@ -21,6 +22,31 @@ struct Hyperparameters {
   // torch's amsgrad=True: the daemon keeps max_exp_avg_sq (its CUDA backend
   // refuses it with INVALID_ARGUMENT).
   bool amsgrad = false;
+};
+
+// The job that holds a group (docs/jobs.md): only its holder may step,
+// import over or delete the group until the lease expires and another takes
+// it over.
+struct Lease {
+  std::string holder;  // The holder's id (ClientOptions::lease_holder).
+  std::string job;
+  std::string host;
+  uint64_t pid = 0;
+  int64_t last_call_unix_micros = 0;  // The holder's last call on the group.
+  int64_t expires_unix_micros = 0;
+  bool expired = false;
+};
+
+// The hyperparameters the group's last applied step used (the registered
+// ones where the step did not override them).
+struct LastStep {
+  uint64_t step = 0;
+  double lr = 0;
+  double beta1 = 0;
+  double beta2 = 0;
+  double eps = 0;
+  double weight_decay = 0;
+  bool maximize = false;
 };
 
 // Where a group's state lives while it is stepped.
@@ -46,6 +72,9 @@ struct GroupInfo {
   // The owning tenant, in answers to an admin tenant (docs/security.md);
   // empty otherwise.
   std::string tenant;
+  std::optional<Lease> lease;  // Unset: no job holds it.
+  // Unset: not stepped since the daemon registered, imported or restored it.
+  std::optional<LastStep> last_step;
 };
 
 }  // namespace optstate

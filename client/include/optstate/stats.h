@@ -105,6 +105,12 @@ struct Stats {
   std::vector<std::string> restore_refusals;  // Refused at start, each naming file and fault.
   RegionStats regions;                        // Shared-memory regions, daemon-wide.
   HeapStats heap;                             // The daemon's malloc heap.
+  // The daemon process: when it started, whether it keeps checkpoints
+  // (--state_dir), how many groups it restored at start, its --lease_seconds.
+  int64_t started_unix_micros = 0;
+  bool has_state_dir = false;
+  uint64_t restored_groups = 0;
+  int64_t lease_seconds = 0;
 };
 
 }  // namespace optstate
