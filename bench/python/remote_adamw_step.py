@@ -96,6 +96,10 @@ class TimedClient:
         self.inside = 0.0
         self.inside_cpu = 0.0
 
+    def __getattr__(self, name):
+        """Every other call (register, stats, ...) is the client's, untimed."""
+        return getattr(self.client, name)
+
     def step(self, *args, **kwargs):
         start, start_cpu = time.perf_counter(), time.thread_time()
         try:

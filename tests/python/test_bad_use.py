@@ -24,7 +24,8 @@ def _assert_unchanged(client, before):
 def test_unreachable_target_raises_unavailable_naming_it():
     p = torch.nn.Parameter(torch.ones(4))
     with pytest.raises(optstate.Unavailable) as e:
-        RemoteAdamW([p], target="127.0.0.1:1", max_attempts=2, initial_backoff=0.01)
+        RemoteAdamW([p], target="127.0.0.1:1", name_prefix="unreachable/", max_attempts=2,
+                    initial_backoff=0.01, connect_timeout=1.0)
     assert "127.0.0.1:1" in str(e.value)
 
 

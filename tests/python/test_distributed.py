@@ -82,7 +82,10 @@ def test_without_shard_every_rank_steps_every_group_and_the_later_ones_replay(da
     gen = torch.Generator().manual_seed(4)
     initial = torch.randn(5000, generator=gen)
     ranks = [torch.nn.Parameter(initial.clone()) for _ in range(2)]
-    opts = [RemoteAdamW([("w", p)], target=daemon.target, name_prefix=prefix) for p in ranks]
+    # The ranks of one job share its lease holder (RemoteAdamW broadcasts rank 0's id
+    # under torch.distributed; here, one process, it is given).
+    opts = [RemoteAdamW([("w", p)], target=daemon.target, name_prefix=prefix,
+                        lease_holder=f"{prefix}holder".replace("/", "_")) for p in ranks]
     p_ref, m_ref, v_ref = initial.clone(), torch.zeros(5000), torch.zeros(5000)
     for step in range(1, 4):
         g = torch.randn(5000, generator=gen)

@@ -231,17 +231,20 @@ def test_the_torch_path_the_parity_tests_compare_against():
 
 
 def test_a_restarted_job_resumes_at_the_daemons_step(daemon, client, prefix):
-    """A new RemoteAdamW over existing groups (a restarted trainer) takes the step count from
-    the daemon, and its next step continues the same state."""
+    """A new RemoteAdamW over existing groups (a restarted trainer of the same job, its lease
+    holder kept) with resume="daemon" takes the step count from the daemon, and its next
+    step continues the same state (tests/python/test_jobs.py has the rest of resuming)."""
     gen = torch.Generator().manual_seed(8)
     p = torch.nn.Parameter(torch.randn(1000, generator=gen))
     p_ref, m_ref, v_ref = p.detach().clone(), torch.zeros(1000), torch.zeros(1000)
-    opt = RemoteAdamW([("w", p)], target=daemon.target, name_prefix=prefix)
+    holder = prefix.replace("/", "_") + "holder"
+    opt = RemoteAdamW([("w", p)], target=daemon.target, name_prefix=prefix, lease_holder=holder)
     for step in range(1, 4):
         p.grad = torch.randn(1000, generator=gen)
         ieee_adamw_(p_ref, p.grad, m_ref, v_ref, step, 1e-3)
         opt.step()
-    resumed = RemoteAdamW([("w", p)], target=daemon.target, name_prefix=prefix)
+    resumed = RemoteAdamW([("w", p)], target=daemon.target, name_prefix=prefix,
+                          lease_holder=holder, resume="daemon")
     assert resumed.state[p]["step"].item() == 3.0
     p.grad = torch.randn(1000, generator=gen)
     ieee_adamw_(p_ref, p.grad, m_ref, v_ref, 4, 1e-3)

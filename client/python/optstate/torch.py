@@ -8,6 +8,7 @@ torch.optim.AdamW's default CPU step, op for op (docs/exactness.md).
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -15,6 +16,8 @@ import torch
 import torch.distributed as dist
 
 from . import errors
+from ._jobs import (RESUME_MODES, Attached, check_resume, job_name, new_holder_id,
+                    strip_wrappers, takeover_for)
 from ._optstate import Client
 from ._remote_state import RemoteState
 from ._torch_args import check_hyperparameters, check_options
@@ -118,10 +121,35 @@ class RemoteAdamW(torch.optim.Optimizer):
             ``OPTSTATE_TARGET`` environment variable (or give ``client``).
         client: an :class:`optstate.Client` to use instead of connecting to ``target``
             (:meth:`close` leaves it open).
-        name_prefix: prepended to every group name on the daemon, so two jobs on one
-            daemon stay apart. A parameter is named ``name_prefix + name`` from
-            ``named_parameters()``, else ``name_prefix + "param." + i`` (its index over
-            all param groups): stable as long as the model is built the same way.
+        name_prefix: the job's name on the daemon (docs/jobs.md), prepended to every group
+            name, so two jobs on one daemon stay apart; required (ValueError without it),
+            except under torchrun, where it defaults to ``TORCHELASTIC_RUN_ID + "/"`` (with
+            a warning saying so). A parameter is named ``name_prefix + name`` from
+            ``named_parameters()`` (torch.compile's ``_orig_mod.`` and DDP/FSDP's
+            ``module.`` stripped, so wrapping the model keeps its groups), else
+            ``name_prefix + "param." + i`` (its index over all param groups).
+        resume: what happens when the job's groups already exist at a step > 0:
+            ``"never"`` (the default) refuses (``optstate.FailedPrecondition`` saying which,
+            at which step, and the ways on); ``"daemon"`` continues from the daemon's live
+            state: the parameters are overwritten with its values (fp32 master weights
+            narrowed to the parameter's dtype), and ``param_groups``' lr, betas, eps,
+            weight_decay and maximize set to those of the last step the daemon applied;
+            :attr:`resumed_step` is that step (make the scheduler as at the start, then
+            :meth:`resume_scheduler`); ``"state_dict"`` attaches for
+            :meth:`load_state_dict`. In every mode a model with parameters the job has
+            no groups for, beside groups at a step > 0, is refused (add new parameters
+            with :meth:`add_param_group`).
+        finish_torn_step: with ``resume="daemon"``, attach to a job whose groups stopped at
+            different steps (a trainer killed part-way through step k): the first
+            ``step()`` steps only the groups behind, to step k, with the gradients given.
+        takeover: break the lease of the job that last stepped these groups, when it has
+            expired or its process (on this host) is gone; without it, groups another
+            holder leases are refused at construction.
+        reconnect_timeout: seconds a call waits for a daemon that went away (restarting)
+            before it fails; a daemon that restarted without the job's step is reported
+            with what it restored.
+        connect_timeout: seconds construction waits for the daemon to answer at all
+            (``optstate.Unavailable`` naming the target).
         wire_dtype: ``torch.float32`` (default) or ``torch.bfloat16`` / ``torch.float16``:
             how float32 parameters' gradients and values travel (the daemon keeps fp32
             master weights). bf16 and fp16 parameters always travel as they are.
@@ -177,9 +205,12 @@ class RemoteAdamW(torch.optim.Optimizer):
                  foreach: Optional[bool] = None, capturable: bool = False,
                  differentiable: bool = False, fused: Optional[bool] = None,
                  target: Optional[str] = None, client: Optional[Client] = None,
-                 name_prefix: str = "", wire_dtype: torch.dtype = torch.float32,
+                 name_prefix: Optional[str] = None, wire_dtype: torch.dtype = torch.float32,
                  shard: bool = False, process_group=None, shared_buffers: bool = False,
-                 delete_on_close: bool = False, **client_options):
+                 delete_on_close: bool = False, resume: str = "never",
+                 finish_torn_step: bool = False, takeover: bool = False,
+                 reconnect_timeout: float = 60.0, connect_timeout: float = 10.0,
+                 **client_options):
         if isinstance(lr, str):  # torch would raise TypeError too, saying less
             raise TypeError(f"lr must be a float or a Tensor, not the str {lr!r}: lr is "
                             "RemoteAdamW's second positional argument, as torch's, and target "
@@ -192,15 +223,39 @@ class RemoteAdamW(torch.optim.Optimizer):
         if client is None and not target:
             raise ValueError("RemoteAdamW needs target='host:port' of an optstated daemon (or "
                              "the OPTSTATE_TARGET environment variable, or client=)")
+        if client is None and (not isinstance(target, str) or "://" in target):
+            raise ValueError(f"target must be the daemon's 'host:port' (or 'unix:/path'), got "
+                             f"{target!r}: gRPC targets take no http:// or https:// scheme "
+                             "(for TLS pass tls=True or tls_root_ca=)")
+        if resume not in RESUME_MODES:
+            raise ValueError(f"resume must be one of {', '.join(map(repr, RESUME_MODES))}, got "
+                             f"{resume!r}")
+        if finish_torn_step and resume != "daemon":
+            raise ValueError("finish_torn_step=True needs resume='daemon'")
         if wire_dtype not in _WIRE_NAMES:
             raise ValueError(f"wire_dtype must be torch.float32, torch.bfloat16 or torch.float16, "
                              f"not {wire_dtype}")
         if shard and not (dist.is_available() and dist.is_initialized()):
             raise ValueError("shard=True needs torch.distributed initialised (init_process_group)")
+        name_prefix = job_name(name_prefix)
         self._owns_client = client is None
+        self._name_prefix = name_prefix
+        self._resume = resume
+        self._finish_torn_step = finish_torn_step
+        self._takeover = takeover
+        self._finish_to: Optional[int] = None
+        self.resumed_step = 0
+        self._resumed_lrs: dict[int, float] = {}  # by id(param group): its last step's lr
+        if client is None:
+            client_options.setdefault("connect_timeout", connect_timeout)
+            client_options.setdefault("reconnect_timeout", reconnect_timeout)
+            client_options.setdefault("lease_holder", new_holder_id(
+                process_group if shard else None))
+            client_options.setdefault("lease_job", name_prefix.replace(" ", "_")[:256])
         self._client_options = dict(client_options)
         self._client = client if client is not None else Client(target, **client_options)
-        self._name_prefix = name_prefix
+        self._lease_holder = self._client_options.get("lease_holder", "")
+        self._daemon_started = None
         self._wire = _WIRE_NAMES[wire_dtype]
         self._shard = shard
         self._process_group = process_group
@@ -211,9 +266,12 @@ class RemoteAdamW(torch.optim.Optimizer):
                         maximize=maximize, foreach=foreach, capturable=capturable,
                         differentiable=differentiable, fused=fused, decoupled_weight_decay=True)
         try:
+            if client is None:
+                self._client.wait_until_reachable(connect_timeout)
+            self._daemon_started = self._client.stats()["started_unix_micros"]
             super().__init__(params, defaults)
+            self._place_and_register(attaching=True)
             self._constructed = True
-            self._place_and_register()
         except BaseException:
             if self._owns_client:
                 self._client.close()
@@ -354,8 +412,16 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._shard = False
         self._process_group = None
         self._delete_on_close = False  # the original may still step these groups
+        self._resume, self._finish_torn_step, self._takeover = "state_dict", False, False
+        self._finish_to = None
+        self.resumed_step = 0
+        self._resumed_lrs = {}
         self._init_bookkeeping(shared_buffers=False)
+        # The copy holds the original's lease (lease_holder is among the options): both
+        # step the same groups, as the ranks of one job do.
         self._client = Client(config["target"], **self._client_options)
+        self._lease_holder = self._client_options.get("lease_holder", "")
+        self._daemon_started = self._client.stats()["started_unix_micros"]
         params = [(p, group) for group in self.param_groups for p in group["params"]]
         for (p, group), name, h in zip(params, config["names"], config["registered"]):
             self._owner[id(p)] = 0
@@ -373,7 +439,8 @@ class RemoteAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             names = group.get("param_names")
             for j, p in enumerate(group["params"]):
-                name = self._name_prefix + (names[j] if names else f"param.{index}")
+                name = self._name_prefix + (strip_wrappers(names[j]) if names
+                                            else f"param.{index}")
                 if name in seen:
                     raise ValueError(f"two parameters are both named '{name}' on the daemon")
                 seen.add(name)
@@ -386,10 +453,11 @@ class RemoteAdamW(torch.optim.Optimizer):
             return 0, 1
         return dist.get_rank(self._process_group), dist.get_world_size(self._process_group)
 
-    def _place_and_register(self) -> None:
+    def _place_and_register(self, attaching: bool = False) -> None:
         """Assigns parameters to ranks (contiguous slices balanced by element count: a
         parameter goes to the rank whose share holds its middle element) and registers
-        the ones this rank steps."""
+        the ones this rank steps. `attaching` (construction): then holds what it found to
+        ``resume`` and the leases (_attach)."""
         entries = self._names()
         rank, world = self._rank_and_world()
         total = sum(p.numel() for p, _, _ in entries) or 1
@@ -405,10 +473,77 @@ class RemoteAdamW(torch.optim.Optimizer):
             self._check_registrable(p, name)
         # The shared buffer first: a client that cannot have one registers nothing.
         shared = self._allocate_shared([p for p, _, _ in new]) if self._shared_buffers else None
-        for p, name, group in new:
-            self._register(p, name, group)
+        found = []
+        try:
+            for p, name, group in new:
+                found.append((p, group, self._register(p, name, group)))
+            if attaching:
+                self._attach(found)
+        except BaseException:
+            # Leave the daemon as it was: the groups this call created go again.
+            for p, _, info in found:
+                self._registered.pop(id(p), None)
+                if info.created:
+                    try:
+                        self._client.delete(info.name)
+                    except errors.Error:
+                        pass
+            raise
         if shared is not None:
             self._move_into_shared(*shared)
+
+    def _attach(self, found: list) -> None:
+        """Construction's look at the groups registration found ((parameter, param group,
+        GroupInfo) each): refuses what ``resume`` does not allow (check_resume) and groups
+        another job leases (unless ``takeover``), then, with ``resume="daemon"``, takes the
+        daemon's state: parameter values, step counts and the last step's hyperparameters."""
+        attached = [Attached(info.name, info.created, info.min_step, info.max_step)
+                    for _, _, info in found]
+        check_resume(self._name_prefix, self._resume, attached, self._finish_torn_step)
+        leases = {info.name: info.lease for _, _, info in found
+                  if info.lease is not None and not info.created}
+        breaking = takeover_for(leases, self._lease_holder, self._takeover)
+        if breaking and self._owns_client:
+            self._client_options["lease_takeover"] = breaking
+            replaced = self._client
+            self._client = Client(replaced.target, **self._client_options)
+            replaced.close()
+        if self._resume != "daemon":
+            return
+        high = max((info.max_step for _, _, info in found), default=0)
+        if high == 0:
+            return
+        restored_groups = set()
+        with torch.no_grad():
+            for p, group, info in found:
+                if info.max_step == 0:
+                    continue  # never stepped: the daemon holds the values just registered
+                reg = self._registered[id(p)]
+                state = self._client.export_state(info.name)
+                p.copy_(torch.from_numpy(state.params).reshape(p.shape).to(p.dtype))
+                reg.step = info.min_step
+                last = info.last_step
+                if last is not None and id(group) not in restored_groups:
+                    restored_groups.add(id(group))
+                    group.setdefault("initial_lr", reg.hyperparameters[0])
+                    group["lr"] = last["lr"]
+                    self._resumed_lrs[id(group)] = last["lr"]
+                    group["betas"] = tuple(last["betas"])
+                    group["eps"] = last["eps"]
+                    group["weight_decay"] = last["weight_decay"]
+                    group["maximize"] = last["maximize"]
+                elif last is None and id(group) not in restored_groups:
+                    restored_groups.add(id(group))
+                    warnings.warn(
+                        f"RemoteAdamW(resume='daemon'): the daemon holds no record of the "
+                        f"hyperparameters of group '{info.name}''s last step (it restarted "
+                        "since, restoring from a checkpoint); param_groups keep the values "
+                        "given here: restore lr from your own checkpoint", stacklevel=4)
+        self.resumed_step = high
+        # A torn step (check_resume let it through: finish_torn_step): the first step()
+        # steps the groups behind only. Groups never stepped (frozen) are not behind.
+        if any(0 < info.max_step and info.min_step < high for _, _, info in found):
+            self._finish_to = high
 
     def _allocate_shared(self, params: list[torch.Tensor]) -> Optional[tuple]:
         """A new shared buffer with a 64-byte aligned slice for the values and one for the
@@ -456,14 +591,16 @@ class RemoteAdamW(torch.optim.Optimizer):
         return p.dtype in _SIXTEEN_BIT or self._wire is not None
 
     def _register(self, p: torch.Tensor, name: str, group: dict,
-                  hyperparameters: Optional[tuple] = None) -> None:
+                  hyperparameters: Optional[tuple] = None):
         """Registers p as daemon group `name` with its param group's hyperparameters (or
-        `hyperparameters`, those of an earlier registration to attach to again)."""
+        `hyperparameters`, those of an earlier registration to attach to again); returns
+        the daemon's GroupInfo."""
         self._check_registrable(p, name)
         h = hyperparameters if hyperparameters is not None else _hyperparameters(group)
         values = p.detach().reshape(-1).float().contiguous()
         info = self._client.register(name, values, **_register_keywords(h))
         self._remember(p, name, h, info.min_step, created=info.created)
+        return info
 
     def _remember(self, p: torch.Tensor, name: str, hyperparameters: tuple, step: int,
                   created: bool = False) -> None:
@@ -518,6 +655,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         rank, _ = self._rank_and_world()
         if self._closed:
             raise ValueError("this RemoteAdamW was closed; make a new one to step")
+        finish_to = self._finish_to  # a torn step being finished: only the groups behind
         for index, group in enumerate(self.param_groups):
             lr = _as_float(group["lr"])
             overrides_by_registration: dict[tuple, Optional[dict]] = {}
@@ -531,6 +669,8 @@ class RemoteAdamW(torch.optim.Optimizer):
                         continue  # another rank steps it
                     raise ValueError(f"a parameter of param group {index} was never "
                                      "registered; add parameters with add_param_group()")
+                if finish_to is not None and reg.step >= finish_to:
+                    continue
                 # All _check_step checks in one expression; it names what is wrong.
                 if not (p.is_cpu and grad.is_cpu and grad.layout is strided
                         and p.dtype is reg.dtype and grad.dtype is reg.dtype
@@ -570,13 +710,72 @@ class RemoteAdamW(torch.optim.Optimizer):
                 reg.step = k
             try:
                 self._client.step(groups, k, wire_dtype=wire)
-            except BaseException:
+            except BaseException as e:
                 for reg in regs:  # key == (reg.step + 1, ...): each was at step k - 1
                     reg.step = k - 1
+                if isinstance(e, (errors.FailedPrecondition, errors.NotFound)):
+                    self._explain_restart(e, k - 1)
                 raise
+        self._finish_to = None
         if self._shard:
             self._broadcast()
         return loss
+
+    def resume_scheduler(self, scheduler) -> None:
+        """Puts a torch LR scheduler made for this optimizer where the resumed job's was:
+        after ``resumed_step`` optimizer steps and as many scheduler steps (the trainer's
+        loop is ``opt.step(); sched.step()``). Make it as at the job's start, then call
+        this; it sets each param group's lr back to its last step's and steps the
+        scheduler once from ``last_epoch = resumed_step - 1``, as the loop did, so chainable
+        schedules (ExponentialLR, ...) and closed-form ones (LambdaLR, ...) both go on
+        with the lr of step ``resumed_step + 1``. ValueError unless this optimizer resumed
+        (``resume="daemon"`` with the daemon's record of the last step)."""
+        if self.resumed_step == 0 or not self._resumed_lrs:
+            raise ValueError("resume_scheduler() needs an optimizer made with resume='daemon' "
+                             "that found the job at a step > 0, with the daemon's record of "
+                             "the last step's lr")
+        if scheduler.optimizer is not self:
+            raise ValueError("the scheduler was made for another optimizer")
+        for group in self.param_groups:
+            if id(group) in self._resumed_lrs:
+                group["lr"] = self._resumed_lrs[id(group)]
+        scheduler.last_epoch = self.resumed_step - 1
+        with warnings.catch_warnings():
+            # torch warns when a scheduler steps before the optimizer: here the optimizer
+            # stepped, on the daemon, before this process existed.
+            warnings.simplefilter("ignore", UserWarning)
+            scheduler.step()
+
+    def _explain_restart(self, refusal: errors.Error, at: int) -> None:
+        """Raises what happened when `refusal` (of a step from step `at`) came from a
+        daemon that restarted since this optimizer attached: when, whether it restored
+        state and which step, and the ways on. Returns (the refusal stands) otherwise."""
+        try:
+            stats = self._client.stats()
+        except errors.Error:
+            return
+        if self._daemon_started is None or stats["started_unix_micros"] == self._daemon_started:
+            return
+        import datetime
+        when = datetime.datetime.fromtimestamp(stats["started_unix_micros"] / 1e6,
+                                               datetime.timezone.utc).isoformat(timespec="seconds")
+        target = self._client.target
+        if isinstance(refusal, errors.NotFound) or not stats["has_state_dir"]:
+            raise type(refusal)(
+                f"optstated at {target} restarted at {when} "
+                f"{'without --state_dir' if not stats['has_state_dir'] else 'without this group'}"
+                f": this job's state (at step {at}) is gone there. Resume from your own "
+                "checkpoint: a new RemoteAdamW(resume='state_dict') and load_state_dict()",
+                target, refusal.code_value) from refusal
+        restored = [g.min_step for g in self._client.list_groups()
+                    if g.name.startswith(self._name_prefix)]
+        step = min(restored) if restored else "?"
+        raise type(refusal)(
+            f"optstated at {target} restarted at {when} and restored step {step} from its "
+            f"checkpoint; this job is at step {at}. Rewind the trainer to step {step} (its model, "
+            "data loader and scheduler from your checkpoint of that step) and attach with "
+            "resume='daemon', or load_state_dict() your own checkpoint "
+            f"(daemon's refusal: {refusal.message})", target, refusal.code_value) from refusal
 
     def _into_shared(self, p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         """p's gradient where the daemon reads it in place: its slice of a shared buffer,

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "buffers.h"
 #include "errors.h"
+#include "lease_objects.h"
 #include "optstate/stats.h"
 #include "py_client.h"
 #include "type_hints.h"
@@ -171,6 +172,8 @@ nb::dict ToDict(const GroupInfo& g) {
   d["host_bytes"] = g.host_bytes;
   d["placement"] = PlacementName(g.placement);
   d["pages_awaiting_values"] = g.pages_awaiting_values;
+  d["lease"] = LeaseObject(g);
+  d["last_step"] = LastStepObject(g);
   return d;
 }
 
@@ -276,6 +279,10 @@ nb::dict ToDict(const Stats& s) {
   heap["resident_bytes"] = s.heap.resident_bytes;
   heap["trims"] = s.heap.trims;
   d["heap"] = heap;
+  d["started_unix_micros"] = s.started_unix_micros;
+  d["has_state_dir"] = s.has_state_dir;
+  d["restored_groups"] = s.restored_groups;
+  d["lease_seconds"] = s.lease_seconds;
   return d;
 }
 

@@ -20,6 +20,7 @@
 #include "buffers.h"
 #include "errors.h"
 #include "hyperparameters.h"
+#include "lease_objects.h"
 #include "py_client.h"
 #include "type_hints.h"
 
@@ -83,6 +84,10 @@ nb::dict ClientKeywords(const ClientOptions& options) {
   d["tls_cert"] = options.tls_cert_file;
   d["tls_key"] = options.tls_key_file;
   d["tls_server_name"] = options.tls_server_name;
+  d["lease_holder"] = options.lease_holder;
+  d["lease_job"] = options.lease_job;
+  d["lease_takeover"] = options.lease_takeover;
+  d["reconnect_timeout"] = absl::ToDoubleSeconds(options.reconnect_timeout);
   return d;
 }
 
@@ -119,6 +124,13 @@ NB_MODULE(_optstate, m) {
       .def_ro("max_step", &GroupInfo::max_step, "The highest step any page has reached.")
       .def_ro("created", &GroupInfo::created,
               "From register(): False when an equal group already existed.")
+      .def_prop_ro("lease", &LeaseObject,
+                   "The job holding the group (docs/jobs.md): a dict of holder, job, host, pid,\n"
+                   "last_call_unix_micros, expires_unix_micros and expired; None: no lease.")
+      .def_prop_ro("last_step", &LastStepObject,
+                   "What the last applied step used: a dict of step, lr, betas, eps,\n"
+                   "weight_decay and maximize; None: not stepped since the daemon registered,\n"
+                   "imported or restored the group.")
       .def("__repr__", &Repr);
 
   // Client()'s keyword defaults are a default ClientOptions' (client.h).
@@ -141,7 +153,9 @@ NB_MODULE(_optstate, m) {
              int max_message_bytes, uint64_t chunk_bytes, int max_chunks_in_flight,
              const std::string& data_plane, const std::string& token, bool tls,
              const std::string& tls_root_ca, const std::string& tls_cert,
-             const std::string& tls_key, const std::string& tls_server_name) {
+             const std::string& tls_key, const std::string& tls_server_name,
+             const std::string& lease_holder, const std::string& lease_job,
+             const std::string& lease_takeover, double reconnect_timeout) {
             ClientOptions options;
             options.data_plane = ParseDataPlane(data_plane);
             options.max_attempts = max_attempts;
@@ -158,6 +172,12 @@ NB_MODULE(_optstate, m) {
             options.tls_cert_file = tls_cert;
             options.tls_key_file = tls_key;
             options.tls_server_name = tls_server_name;
+            options.lease_holder = lease_holder;
+            options.lease_job = lease_job;
+            options.lease_takeover = lease_takeover;
+            options.reconnect_timeout = reconnect_timeout == 0
+                                            ? absl::ZeroDuration()
+                                            : Seconds(reconnect_timeout, "reconnect_timeout");
             absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(target, options);
             ThrowIfError(connected.status(), target);
             new (self) PyClient{target, std::shared_ptr<Client>(*std::move(connected))};
@@ -173,6 +193,9 @@ NB_MODULE(_optstate, m) {
           "tls"_a = option("tls"), "tls_root_ca"_a = option("tls_root_ca"),
           "tls_cert"_a = option("tls_cert"), "tls_key"_a = option("tls_key"),
           "tls_server_name"_a = option("tls_server_name"),
+          "lease_holder"_a = option("lease_holder"), "lease_job"_a = option("lease_job"),
+          "lease_takeover"_a = option("lease_takeover"),
+          "reconnect_timeout"_a = option("reconnect_timeout"),
           "Creates a channel to `target` (\"host:port\"); does not wait for the daemon.\n\n"
           "Transient failures (UNAVAILABLE, broken streams, deadlines) are retried up to\n"
           "`max_attempts` times with backoff doubling from `initial_backoff` to `max_backoff`\n"
@@ -188,7 +211,13 @@ NB_MODULE(_optstate, m) {
           "Bearer TOKEN' (empty: the OPTSTATE_TOKEN environment variable's). The channel is TLS\n"
           "when `tls` is True or a file is given: `tls_root_ca` (PEM roots of the daemon's\n"
           "certificate; empty: the system's), `tls_cert` and `tls_key` (this client's, for\n"
-          "mTLS), `tls_server_name` (the name the daemon's certificate must carry).")
+          "mTLS), `tls_server_name` (the name the daemon's certificate must carry).\n\n"
+          "Jobs (docs/jobs.md): with `lease_holder` (an id the ranks of one job share), steps,\n"
+          "imports and deletes take and renew the lease on their groups, and another holder's\n"
+          "are refused (optstate.FailedPrecondition naming it); `lease_job` names the job.\n"
+          "`lease_takeover` breaks another's lease: 'expired=ID' once it expired, 'dead=ID' at\n"
+          "once. `reconnect_timeout` (seconds): how long a call waits for a daemon that went\n"
+          "away (restarting) before it fails Unavailable; 0: max_attempts alone.")
       .def_prop_ro(
           "target", [](const PyClient& c) { return c.target; }, "The daemon's address.")
       .def(
@@ -270,6 +299,21 @@ NB_MODULE(_optstate, m) {
           "name"_a,
           "Deletes the group and frees its memory. Made once, never retried (after a lost\n"
           "reply a retry could not tell 'deleted now' from NotFound); NotFound when absent.")
+      .def(
+          "wait_until_reachable",
+          [](PyClient& self, double timeout) {
+            const absl::Duration limit = Seconds(timeout, "timeout");
+            absl::Status status;
+            {
+              const std::shared_ptr<Client> live = self.live();
+              nb::gil_scoped_release release;
+              status = live->WaitUntilReachable(limit);
+            }
+            ThrowIfError(status, self.target);
+          },
+          "timeout"_a,
+          "Waits until the daemon answers the connection, up to `timeout` seconds;\n"
+          "optstate.Unavailable, naming the target, when it did not.")
       .def(
           "close", [](PyClient& self) { self.client.reset(); },
           "Closes the connection (idempotent). Calls still running finish first; later calls\n"

@@ -1,0 +1,183 @@
+"""Jobs on a daemon (docs/jobs.md): a job's name, its lease holder, the names of its
+parameters across torch's wrappers, and what RemoteAdamW does with groups that already
+exist when it starts (``resume=``)."""
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+from . import errors
+
+RESUME_MODES = ("never", "daemon", "state_dict")
+
+# torch.compile's wrapper and DDP/FSDP's: the module they wrap is named under these.
+_LEADING_WRAPPERS = ("_orig_mod.", "module.")
+# Wrappers that may sit at any depth (compiled or FSDP-wrapped submodules,
+# activation checkpointing).
+_NESTED_WRAPPERS = ("_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+def job_name(name_prefix: Optional[str]) -> str:
+    """The job's name prefix: `name_prefix` when given, else the run's identity
+    (torchelastic's TORCHELASTIC_RUN_ID, as torchrun sets it: "<run id>/"), said in a
+    warning; ValueError when there is neither."""
+    if name_prefix:
+        return name_prefix
+    if name_prefix is not None and name_prefix != "":
+        raise ValueError(f"name_prefix must be a str, got {type(name_prefix).__name__}")
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if run_id and run_id != "none":
+        prefix = f"{run_id}/"
+        warnings.warn(f"RemoteAdamW: name_prefix {prefix!r} from TORCHELASTIC_RUN_ID (this run's "
+                      "id); pass name_prefix= to name the job yourself", stacklevel=3)
+        return prefix
+    raise ValueError(
+        "RemoteAdamW needs name_prefix=, the job's name on the daemon (for example "
+        "'llama-7b-run3/'): every group is named name_prefix + parameter name, so two jobs "
+        "(or a job and its restart) must not share one by accident. Under torchrun it is "
+        "taken from the run id (TORCHELASTIC_RUN_ID) when not given")
+
+
+def strip_wrappers(name: str) -> str:
+    """`name` without what torch.compile (``_orig_mod.``) and DDP/FSDP (``module.``) put in
+    front of the wrapped module's names (any number, in any order), and without compiled,
+    FSDP-wrapped or checkpoint-wrapped submodules' wrapper names inside it, so a model
+    keeps its groups whether it is wrapped or not."""
+    stripped = True
+    while stripped:
+        stripped = False
+        for wrapper in _LEADING_WRAPPERS:
+            if name.startswith(wrapper) and len(name) > len(wrapper):
+                name = name[len(wrapper):]
+                stripped = True
+    for wrapper in _NESTED_WRAPPERS:
+        name = name.replace("." + wrapper, ".")
+    return name
+
+
+def new_holder_id(process_group=None) -> str:
+    """A lease holder id for this job: made on rank 0 and shared with every rank when
+    torch.distributed is initialised (the ranks of one job share its lease)."""
+    holder = uuid.uuid4().hex
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover (torch always has it)
+        return holder
+    if dist.is_available() and dist.is_initialized():
+        box = [holder]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(process_group, 0)
+                                   if process_group is not None else 0, group=process_group)
+        holder = box[0]
+    return holder
+
+
+def _process_gone(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def describe_lease(lease: dict) -> str:
+    now = time.time()
+    last = lease["last_call_unix_micros"] / 1e6
+    expires = lease["expires_unix_micros"] / 1e6
+    when = (f"expired {now - expires:.1f} s ago" if lease["expired"]
+            else f"expires in {expires - now:.1f} s")
+    return (f"job '{lease['job'] or '(unnamed)'}' (holder {lease['holder']}, host "
+            f"{lease['host'] or '?'}, pid {lease['pid'] or '?'}; last call {now - last:.1f} s "
+            f"ago, lease {when})")
+
+
+def takeover_for(leases: dict, holder: str, takeover: bool) -> str:
+    """The 'optstate-lease-takeover' value that lets this job (lease holder `holder`) step
+    groups other holders lease (`leases`: group name -> lease dict), or "" when none
+    does; FailedPrecondition when it may not: without `takeover`, or when the lease is live
+    and its holder's process is not known to be gone (only a holder on this host is
+    checked), or when several other holders lease the job's groups."""
+    others = {name: lease for name, lease in leases.items() if lease["holder"] != holder}
+    if not others:
+        return ""
+    name, lease = next(iter(others.items()))
+    holders = {lease["holder"] for lease in others.values()}
+    if len(holders) > 1:
+        raise errors.FailedPrecondition(
+            f"the job's groups are leased by {len(holders)} other holders (e.g. '{name}' by "
+            f"{describe_lease(lease)}); take them over one job at a time")
+    if not takeover:
+        raise errors.FailedPrecondition(
+            f"group '{name}' (and {len(others) - 1} more of this job) is leased by "
+            f"{describe_lease(lease)}. Another job, or an earlier run of this one, is stepping "
+            "it. If it is another job, give this one its own name_prefix; if it is gone, pass "
+            "takeover=True (once its lease expired, or at once when its process on this host "
+            "is gone)")
+    if lease["expired"]:
+        return f"expired={lease['holder']}"
+    if lease["host"] == socket.gethostname() and _process_gone(int(lease["pid"])):
+        return f"dead={lease['holder']}"
+    raise errors.FailedPrecondition(
+        f"takeover=True, but group '{name}' is leased by {describe_lease(lease)}, whose lease "
+        "is live and whose process is not known to be gone (it runs on another host, or is "
+        "still running here): stop that job, or wait for its lease to expire, then retry")
+
+
+@dataclass
+class Attached:
+    """What registration found of one parameter's group."""
+
+    name: str
+    created: bool
+    min_step: int
+    max_step: int
+
+
+def check_resume(prefix: str, resume: str, attached: list[Attached], finish_torn_step: bool) -> None:
+    """Refuses (FailedPrecondition, saying which groups are where and the ways on) what
+    `resume` does not allow of the groups the job found (`attached`): under "never",
+    groups at a step > 0; in every mode, new groups (created at step 0) beside groups at
+    a step > 0 (renamed parameters, or a model that changed: add new parameters on
+    purpose with add_param_group); under "daemon", groups at different steps (a torn
+    step) unless `finish_torn_step`."""
+    trained = [a for a in attached if a.max_step > 0]
+    if not trained:
+        return
+    new = [a for a in attached if a.created]
+    steps = sorted({a.max_step for a in trained} | {a.min_step for a in trained})
+    example = trained[0]
+    if resume == "never":
+        raise errors.FailedPrecondition(
+            f"job '{prefix}' already has state on the daemon: {len(trained)} groups, at step "
+            f"{steps[-1] if len(steps) == 1 else steps} (e.g. '{example.name}' at step "
+            f"{example.max_step}). resume='never' (the default) does not attach a fresh model "
+            "to it. The ways on: resume='daemon' continues from the daemon's state (the "
+            "model's parameters are overwritten with it), resume='state_dict' attaches for "
+            "load_state_dict() of your checkpoint, or another name_prefix starts a new job "
+            "(or delete this job's groups: optstate.Client.delete)")
+    if new:
+        raise errors.FailedPrecondition(
+            f"job '{prefix}' has {len(trained)} groups at step {steps[-1]} but "
+            f"{len(new)} of the model's parameters have none (e.g. '{new[0].name}'): renamed "
+            "parameters start from step 0 here. torch.compile's '_orig_mod.' and DDP/FSDP's "
+            "'module.' are stripped already; rename them back, or construct the optimizer "
+            "without them and add them on purpose with add_param_group()")
+    torn = [a for a in trained if a.min_step != a.max_step]
+    if resume == "daemon" and (len(steps) > 1 or torn) and not finish_torn_step:
+        low = min(a.min_step for a in trained)
+        high = max(a.max_step for a in trained)
+        lagging = [a.name for a in trained if a.min_step < high][:5]
+        raise errors.FailedPrecondition(
+            f"job '{prefix}' stopped part-way through step {high}: its groups are at steps "
+            f"{low} to {high} (behind: {', '.join(lagging)}). Attach with "
+            f"resume='daemon', finish_torn_step=True and give step() the gradients of step "
+            f"{high} (only the groups behind are stepped, to step {high}); or resume='state_dict' "
+            "and load_state_dict() your checkpoint")

@@ -1,0 +1,354 @@
+"""A job's state is its own (docs/jobs.md): leases, resume modes, torn steps, names that
+survive torch.compile and DDP, a daemon restart ridden out, connect timeouts.
+
+Each test is a surprise a user met before jobs existed: the naive restart, two jobs on
+one prefix, a trainer killed mid-step, renamed parameters, a restarted daemon. Every
+"bit-identical" is torch.equal against a run that was never interrupted.
+"""
+import threading
+import time
+
+import pytest
+import torch
+
+import optstate
+from optstate.torch import RemoteAdamW
+
+from models import MLP
+
+
+def batches(n, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g))
+            for _ in range(n)]
+
+
+def train(model, opt, data, sched=None):
+    for x, y in data:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+
+
+def params(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def fresh_model(seed):
+    """The model a restarted trainer builds: its own initialisation, except for the frozen
+    parameters (fc1.bias, norm.bias), which such a trainer loads from where they came from
+    (pretrained weights): the optimizer never steps them, so the daemon has no newer values
+    of them than registration gave."""
+    model = MLP(seed=seed)
+    original = MLP()
+    with torch.no_grad():
+        model.fc1.bias.copy_(original.fc1.bias)
+        model.norm.bias.copy_(original.norm.bias)
+    return model
+
+
+def uninterrupted(target, prefix, steps, gamma=0.9):
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=target, name_prefix=prefix,
+                      delete_on_close=True)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma)
+    train(model, opt, batches(steps), sched)
+    out = params(model)
+    opt.close()
+    return out
+
+
+def test_a_name_prefix_is_required(daemon, monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    with pytest.raises(ValueError, match="name_prefix"):
+        RemoteAdamW(MLP().named_parameters(), target=daemon.target)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-1234")
+    with pytest.warns(UserWarning, match="run-1234/"):
+        opt = RemoteAdamW(MLP().named_parameters(), target=daemon.target, delete_on_close=True)
+    assert opt.client.describe("run-1234/fc1.weight").num_elements == 64 * 32
+    opt.close()
+
+
+def test_the_naive_restart_is_refused_and_changes_nothing(daemon, prefix):
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=daemon.target, name_prefix=prefix)
+    train(model, opt, batches(3))
+    before = {g.name: (g.min_step, g.max_step) for g in opt.client.list_groups()}
+    # The same script started again: a fresh model, the same prefix.
+    with pytest.raises(optstate.FailedPrecondition) as refused:
+        RemoteAdamW(MLP().named_parameters(), 1e-2, target=daemon.target, name_prefix=prefix)
+    message = str(refused.value)
+    assert "already has state" in message and "step 3" in message
+    for way in ("resume='daemon'", "resume='state_dict'", "name_prefix"):
+        assert way in message
+    assert {g.name: (g.min_step, g.max_step) for g in opt.client.list_groups()} == before
+    for name in before:  # the holder deletes its own (another would wait for the lease)
+        if name.startswith(prefix):
+            opt.client.delete(name)
+    opt.close()
+
+
+def test_resume_daemon_continues_bit_identical_with_the_lr(fresh_daemons, prefix):
+    d = fresh_daemons("--lease_seconds=1")
+    expected = uninterrupted(d.target, "alone/", 6)
+
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
+    data = batches(6)
+    train(model, opt, data[:3], sched)
+    # The trainer dies (nothing closed, nothing saved but the model's code and data).
+    del opt, sched
+    restarted = fresh_model(7)  # freshly initialised: other weights
+    # The dead trainer's lease is live for 1 s: refused without takeover, named.
+    with pytest.raises(optstate.FailedPrecondition, match="leased by job"):
+        RemoteAdamW(restarted.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
+                    resume="daemon")
+    time.sleep(1.2)
+    opt = RemoteAdamW(restarted.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
+                      resume="daemon", takeover=True)
+    assert opt.resumed_step == 3
+    assert opt.param_groups[0]["lr"] == (1e-2 * 0.9) * 0.9  # step 3's, as the schedule made it
+    assert opt.state[restarted.fc1.weight]["step"].item() == 3
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
+    opt.resume_scheduler(sched)
+    assert sched.last_epoch == 3 and opt.param_groups[0]["lr"] == ((1e-2 * 0.9) * 0.9) * 0.9
+    train(restarted, opt, data[3:], sched)
+    assert same(params(restarted), expected)
+    opt.close()
+
+
+def test_two_jobs_on_one_prefix_are_refused_and_apart_are_bit_identical(daemon, prefix):
+    alone = uninterrupted(daemon.target, prefix + "alone/", 4)
+    model_a, model_b = MLP(), MLP()
+    a = RemoteAdamW(model_a.named_parameters(), 1e-2, target=daemon.target, name_prefix=prefix,
+                    delete_on_close=True)
+    b = RemoteAdamW(model_b.named_parameters(), 1e-2, target=daemon.target, name_prefix=prefix)
+    sched_a = torch.optim.lr_scheduler.ExponentialLR(a, 0.9)
+    data = batches(4)
+    train(model_a, a, data[:1], sched_a)
+    x, y = data[0]
+    torch.nn.functional.cross_entropy(model_b(x), y).backward()
+    with pytest.raises(optstate.FailedPrecondition) as refused:
+        b.step()
+    assert "leased by job" in str(refused.value) and prefix in str(refused.value)
+    train(model_a, a, data[1:], sched_a)
+    assert same(params(model_a), alone)  # job A never saw job B
+    b.close()
+    a.close()
+
+    # Given their own prefixes, two jobs stepping in turn train as each alone.
+    model_a, model_b = MLP(), MLP()
+    a = RemoteAdamW(model_a.named_parameters(), 1e-2, target=daemon.target,
+                    name_prefix=prefix + "a/", delete_on_close=True)
+    b = RemoteAdamW(model_b.named_parameters(), 1e-2, target=daemon.target,
+                    name_prefix=prefix + "b/", delete_on_close=True)
+    sa = torch.optim.lr_scheduler.ExponentialLR(a, 0.9)
+    sb = torch.optim.lr_scheduler.ExponentialLR(b, 0.9)
+    for batch in data:
+        train(model_a, a, [batch], sa)
+        train(model_b, b, [batch], sb)
+    assert same(params(model_a), alone) and same(params(model_b), alone)
+    a.close()
+    b.close()
+
+
+def test_a_lease_shows_in_list_groups_and_refuses_delete(daemon, prefix):
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=daemon.target, name_prefix=prefix,
+                      delete_on_close=True)
+    train(model, opt, batches(1))
+    info = optstate.Client(daemon.target).describe(prefix + "fc1.weight")
+    assert info.lease["job"] == prefix and not info.lease["expired"]
+    assert info.last_step == {"step": 1, "lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8,
+                              "weight_decay": 1e-2, "maximize": False}
+    other = optstate.Client(daemon.target, lease_holder="someone-else")
+    with pytest.raises(optstate.FailedPrecondition, match="leased by job"):
+        other.delete(prefix + "fc1.weight")
+    with pytest.raises(optstate.FailedPrecondition, match="leased by job"):
+        optstate.Client(daemon.target).delete(prefix + "fc1.weight")  # no holder, live lease
+    assert optstate.Client(daemon.target).describe(prefix + "fc1.weight").max_step == 1
+    opt.close()  # the holder deletes its own
+
+
+def test_a_torn_step_is_refused_then_finished_or_loaded(fresh_daemons, prefix):
+    d = fresh_daemons("--lease_seconds=1")
+    expected = uninterrupted(d.target, "alone/", 4)
+    data = batches(4)
+
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
+    train(model, opt, data[:2], sched)
+    checkpoint = {"model": {k: v.clone() for k, v in model.state_dict().items()},
+                  "opt": opt.state_dict(), "sched": sched.state_dict()}
+    # Step 3 dies part-way: fc1.weight reaches step 3, the other groups stay at 2.
+    x, y = data[2]
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    opt.client.step([(prefix + "fc1.weight", grads["fc1.weight"])], 3, lr=opt.param_groups[0]["lr"])
+    del opt, sched
+    time.sleep(1.2)
+
+    resumed = fresh_model(5)
+    with pytest.raises(optstate.FailedPrecondition) as torn:
+        RemoteAdamW(resumed.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
+                    resume="daemon", takeover=True)
+    assert "part-way through step 3" in str(torn.value) and "finish_torn_step" in str(torn.value)
+
+    # Way 1: finish step 3 with its gradients (only the groups behind are stepped).
+    opt = RemoteAdamW(resumed.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
+                      resume="daemon", takeover=True, finish_torn_step=True)
+    assert opt.resumed_step == 3
+    for n, p in resumed.named_parameters():
+        if n in grads:
+            p.grad = grads[n].clone()
+    opt.param_groups[0]["lr"] = (1e-2 * 0.9) * 0.9  # step 3's lr, as the schedule made it
+    opt.step()
+    assert {g.min_step for g in opt.client.list_groups()
+            if g.name.startswith(prefix) and g.max_step > 0} == {3}
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
+    opt.resume_scheduler(sched)
+    train(resumed, opt, data[3:], sched)
+    assert same(params(resumed), expected)
+    opt.close()
+
+    # Way 2: a new trainer loads its checkpoint of step 2 (state_dict replaces each group).
+    time.sleep(1.2)
+    reloaded = MLP(seed=9)
+    reloaded.load_state_dict(checkpoint["model"])
+    opt = RemoteAdamW(reloaded.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
+                      resume="state_dict", takeover=True, delete_on_close=True)
+    opt.load_state_dict(checkpoint["opt"])
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
+    sched.load_state_dict(checkpoint["sched"])
+    train(reloaded, opt, data[2:], sched)
+    assert same(params(reloaded), expected)
+    opt.close()
+
+
+class Wrapper(torch.nn.Module):
+    """Names its model as DDP and FSDP do: module.*."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.module = model
+
+    def forward(self, x):
+        return self.module(x)
+
+
+@pytest.mark.parametrize("first,second", [("plain", "compiled"), ("compiled", "plain"),
+                                          ("plain", "ddp"), ("ddp", "compiled")])
+def test_names_survive_torch_compile_and_ddp_wrapping(fresh_daemons, prefix, first, second):
+    d = fresh_daemons("--lease_seconds=1")
+    expected = uninterrupted(d.target, "alone/", 4, gamma=1.0)
+    wrap = {"plain": lambda m: m, "compiled": torch.compile, "ddp": Wrapper}
+    data = batches(4)
+    model = MLP()
+    opt = RemoteAdamW(wrap[first](model).named_parameters(), 1e-2, target=d.target,
+                      name_prefix=prefix)
+    train(model, opt, data[:2])
+    names = sorted(g.name for g in opt.client.list_groups() if g.name.startswith(prefix))
+    assert names == sorted(prefix + n for n, _ in MLP().named_parameters())
+    del opt
+    time.sleep(1.2)
+    model2 = fresh_model(3)
+    opt = RemoteAdamW(wrap[second](model2).named_parameters(), 1e-2, target=d.target,
+                      name_prefix=prefix, resume="daemon", takeover=True, delete_on_close=True)
+    assert opt.resumed_step == 2
+    train(model2, opt, data[2:])
+    assert same(params(model2), expected)
+    assert sorted(g.name for g in opt.client.list_groups() if g.name.startswith(prefix)) == names
+    opt.close()
+
+
+def test_new_parameters_beside_trained_ones_are_refused_unless_added(fresh_daemons, prefix):
+    d = fresh_daemons("--lease_seconds=1")
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix)
+    train(model, opt, batches(2))
+    del opt
+    time.sleep(1.2)
+    grown = MLP(seed=4)
+    grown.head = torch.nn.Linear(10, 3)
+    with pytest.raises(optstate.FailedPrecondition, match="add_param_group") as refused:
+        RemoteAdamW(grown.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
+                    resume="daemon", takeover=True)
+    assert "head.weight" in str(refused.value)
+    client = optstate.Client(d.target)
+    assert all(not g.name.startswith(prefix + "head") for g in client.list_groups())
+    body = [(n, p) for n, p in grown.named_parameters() if not n.startswith("head")]
+    opt = RemoteAdamW(body, 1e-2, target=d.target, name_prefix=prefix, resume="daemon",
+                      takeover=True, delete_on_close=True)
+    opt.add_param_group({"params": list(grown.head.named_parameters(prefix="head"))})
+    assert client.describe(prefix + "head.weight").max_step == 0
+    opt.close()
+
+
+def test_a_daemon_killed_and_restarted_is_ridden_out_with_state_dir(fresh_daemons, prefix,
+                                                                    tmp_path):
+    d = fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0")
+    expected = uninterrupted(d.target, "alone/", 5)
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
+                      reconnect_timeout=30)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
+    data = batches(5)
+    train(model, opt, data[:3], sched)
+    # The groups stepped (the frozen ones stay at step 0: waiting for them would not end).
+    opt.client.checkpoint(groups=[prefix + n for n, p in model.named_parameters()
+                                  if p.requires_grad], wait_for_step=3)
+    d.process.kill()
+    d.process.wait()
+    restarted = []
+
+    def restart():
+        time.sleep(1.5)
+        restarted.append(fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0",
+                                       f"--listen=127.0.0.1:{d.port}"))
+
+    thread = threading.Thread(target=restart)
+    thread.start()
+    train(model, opt, data[3:], sched)  # step 4 waits for the daemon, then goes on
+    thread.join()
+    assert same(params(model), expected)
+    assert restarted[0].port == d.port
+    opt.close()
+
+
+def test_a_daemon_restarted_without_state_dir_is_reported_clearly(fresh_daemons, prefix):
+    d = fresh_daemons()
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
+                      reconnect_timeout=30)
+    data = batches(3)
+    train(model, opt, data[:2])
+    d.process.kill()
+    d.process.wait()
+    fresh_daemons(f"--listen=127.0.0.1:{d.port}")
+    with pytest.raises(optstate.NotFound) as gone:
+        train(model, opt, data[2:])
+    message = str(gone.value)
+    assert "restarted at" in message and "without --state_dir" in message
+    assert "step 2" in message and "resume='state_dict'" in message
+
+
+def test_connect_fails_within_connect_timeout_and_bad_targets_are_value_errors(prefix):
+    started = time.monotonic()
+    with pytest.raises(optstate.Unavailable, match="127.0.0.1:1"):
+        RemoteAdamW(MLP().named_parameters(), target="127.0.0.1:1", name_prefix=prefix,
+                    connect_timeout=1.0)
+    assert time.monotonic() - started < 10
+    for target in ("http://127.0.0.1:50051", "https://example:1"):
+        with pytest.raises(ValueError, match="http"):
+            RemoteAdamW(MLP().named_parameters(), target=target, name_prefix=prefix)
+    with pytest.raises(ValueError, match="target"):
+        RemoteAdamW(MLP().named_parameters(), target="", name_prefix=prefix)
