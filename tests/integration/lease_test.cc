@@ -1,0 +1,144 @@
+// Leases through the C++ client and a real optstated (docs/jobs.md): the
+// job that steps a group holds it; another holder's Step and DeleteGroup are
+// refused, naming the holder, with the group's state as it was; takeovers
+// by name; what GroupInfo shows; what NOT_FOUND says of the daemon.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/types/span.h"
+#include "optstate/client.h"
+#include "tests/testing/daemon_process.h"
+
+namespace optstate::testing {
+namespace {
+
+constexpr size_t kElements = 1000;
+
+std::unique_ptr<Client> Connect(const std::string& target, const std::string& holder,
+                                const std::string& takeover = "") {
+  ClientOptions options;
+  options.lease_holder = holder;
+  options.lease_job = holder.empty() ? "" : "job-" + holder + "/";
+  options.lease_takeover = takeover;
+  options.max_attempts = 1;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(target, options);
+  EXPECT_TRUE(client.ok()) << client.status();
+  return client.ok() ? *std::move(client) : nullptr;
+}
+
+absl::Status StepOnce(Client& client, uint64_t step, float value = 0.5f) {
+  std::vector<float> grad(kElements, value), params(kElements);
+  return client.Step("w", step, grad, absl::MakeSpan(params));
+}
+
+class LeaseTest : public ::testing::Test {
+ protected:
+  void Start(const std::vector<std::string>& flags) {
+    auto daemon = DaemonProcess::Start(flags);
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = std::move(*daemon);
+  }
+  void TearDown() override {
+    if (daemon_ == nullptr) return;
+    absl::StatusOr<int> exit_code = daemon_->Stop();
+    ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+    EXPECT_EQ(*exit_code, 0);
+  }
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+TEST_F(LeaseTest, AnotherHolderIsRefusedNamingTheHolderAndTheGroupStaysAsItWas) {
+  Start({"--threads=2"});
+  std::unique_ptr<Client> a = Connect(daemon_->target(), "a");
+  std::unique_ptr<Client> b = Connect(daemon_->target(), "b");
+  std::unique_ptr<Client> anonymous = Connect(daemon_->target(), "");
+  ASSERT_TRUE(a->RegisterGroup("w", std::vector<float>(kElements, 1.0f), Hyperparameters{}).ok());
+  ASSERT_TRUE(StepOnce(*a, 1).ok());
+
+  absl::StatusOr<GroupInfo> info = anonymous->DescribeGroup("w");
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_TRUE(info->lease.has_value());
+  EXPECT_EQ(info->lease->holder, "a");
+  EXPECT_EQ(info->lease->job, "job-a/");
+  EXPECT_EQ(info->lease->pid, static_cast<uint64_t>(getpid()));
+  EXPECT_FALSE(info->lease->expired);
+  EXPECT_GT(info->lease->expires_unix_micros, absl::ToUnixMicros(absl::Now()));
+  ASSERT_TRUE(info->last_step.has_value());
+  EXPECT_EQ(info->last_step->step, 1u);
+  EXPECT_EQ(info->last_step->lr, 1e-3);
+
+  for (Client* other : {b.get(), anonymous.get()}) {
+    const absl::Status step = StepOnce(*other, 2);
+    EXPECT_EQ(step.code(), absl::StatusCode::kFailedPrecondition) << step;
+    EXPECT_NE(step.message().find("leased by job 'job-a/' (holder a"), absl::string_view::npos)
+        << step;
+    const absl::Status del = other->DeleteGroup("w");
+    EXPECT_EQ(del.code(), absl::StatusCode::kFailedPrecondition) << del;
+  }
+  info = anonymous->DescribeGroup("w");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->max_step, 1u);
+  EXPECT_EQ(info->lease->holder, "a");
+
+  // A takeover naming another holder breaks nothing; one naming a as dead does.
+  EXPECT_EQ(StepOnce(*Connect(daemon_->target(), "b", "dead=x"), 2).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(StepOnce(*Connect(daemon_->target(), "b", "expired=a"), 2).code(),
+            absl::StatusCode::kFailedPrecondition);  // live: not expired
+  ASSERT_TRUE(StepOnce(*Connect(daemon_->target(), "b", "dead=a"), 2).ok());
+  EXPECT_EQ(anonymous->DescribeGroup("w")->lease->holder, "b");
+  EXPECT_EQ(StepOnce(*a, 3).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(b->DeleteGroup("w").ok());
+}
+
+TEST_F(LeaseTest, AnExpiredLeaseIsTakenOverByNameAndLetsAnOperatorDelete) {
+  Start({"--threads=2", "--lease_seconds=1"});
+  std::unique_ptr<Client> a = Connect(daemon_->target(), "a");
+  ASSERT_TRUE(a->RegisterGroup("w", std::vector<float>(kElements, 1.0f), Hyperparameters{}).ok());
+  ASSERT_TRUE(StepOnce(*a, 1).ok());
+  absl::SleepFor(absl::Milliseconds(1200));
+  std::unique_ptr<Client> anonymous = Connect(daemon_->target(), "");
+  EXPECT_TRUE(anonymous->DescribeGroup("w")->lease->expired);
+  // Expired, still held: another job must take it over on purpose.
+  EXPECT_EQ(StepOnce(*Connect(daemon_->target(), "b"), 2).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(StepOnce(*Connect(daemon_->target(), "b", "expired=a"), 2).ok());
+  absl::SleepFor(absl::Milliseconds(1200));
+  EXPECT_TRUE(anonymous->DeleteGroup("w").ok());  // a lapsed lease: an operator cleans up
+}
+
+TEST_F(LeaseTest, NotFoundSaysWhenTheDaemonStartedAndWhetherItKeepsState) {
+  Start({"--threads=2"});
+  std::unique_ptr<Client> client = Connect(daemon_->target(), "a");
+  const absl::Status missing = StepOnce(*client, 1);
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
+  EXPECT_NE(missing.message().find("This optstated started at 20"), absl::string_view::npos)
+      << missing;
+  EXPECT_NE(missing.message().find("without --state_dir"), absl::string_view::npos) << missing;
+  absl::StatusOr<Stats> stats = client->GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_FALSE(stats->has_state_dir);
+  EXPECT_EQ(stats->lease_seconds, 60);
+  EXPECT_LE(stats->started_unix_micros, absl::ToUnixMicros(absl::Now()));
+  EXPECT_GT(stats->started_unix_micros, absl::ToUnixMicros(absl::Now() - absl::Minutes(5)));
+}
+
+TEST(LeaseOptionsTest, BadLeaseOptionsAndTargetsAreRefusedAtConnect) {
+  ClientOptions options;
+  options.lease_holder = "has space";
+  EXPECT_EQ(Client::Connect("127.0.0.1:1", options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.lease_holder = "a";
+  options.lease_takeover = "now=a";
+  EXPECT_EQ(Client::Connect("127.0.0.1:1", options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Client::Connect("", {}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Client::Connect("http://127.0.0.1:1", {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace optstate::testing
