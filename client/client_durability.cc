@@ -188,4 +188,21 @@ absl::StatusOr<Client::CheckpointResult> Client::Checkpoint(
   return CheckpointResult{response.id(), response.step(), response.bytes()};
 }
 
+absl::StatusOr<Client::RewindResult> Client::RewindJob(const std::string& prefix,
+                                                      std::optional<uint64_t> step) {
+  grpc::ClientContext context;
+  PrepareContext(&context, impl_->options);
+  v1::RewindJobRequest request;
+  request.set_prefix(prefix);
+  if (step.has_value()) request.set_step(*step);
+  v1::RewindJobResponse response;
+  absl::Status status = FromGrpcStatus(impl_->stub->RewindJob(&context, request, &response));
+  if (!status.ok()) return status;
+  // The rewound groups' layouts are as before (same size); their steps moved.
+  RewindResult result{response.checkpoint_id(), response.step(), {}, {}};
+  result.groups.assign(response.groups().begin(), response.groups().end());
+  result.passed_over.assign(response.passed_over().begin(), response.passed_over().end());
+  return result;
+}
+
 }  // namespace optstate

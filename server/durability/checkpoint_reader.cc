@@ -118,7 +118,8 @@ absl::Status ReadGroupFile(const std::string& path, const ManifestGroup& entry, 
 }  // namespace
 
 absl::StatusOr<std::vector<StagedGroup>> LoadCheckpoint(StateStore* store, const std::string& dir,
-                                                        Manifest* manifest, ThreadPool* pool) {
+                                                        Manifest* manifest, ThreadPool* pool,
+                                                        const ManifestGroupFilter& wanted) {
   const std::string manifest_path = absl::StrCat(dir, "/", kManifestName);
   absl::StatusOr<uint64_t> size = FileSize(manifest_path);
   if (absl::IsNotFound(size.status())) {
@@ -147,6 +148,7 @@ absl::StatusOr<std::vector<StagedGroup>> LoadCheckpoint(StateStore* store, const
   ReadTimes times;
   absl::Duration stage_time;
   for (const ManifestGroup& entry : parsed->groups) {
+    if (wanted && !wanted(entry)) continue;
     const absl::Time staging = absl::Now();
     absl::StatusOr<StagedGroup> group = store->Stage(entry.key, entry.config);
     stage_time += absl::Now() - staging;
@@ -172,23 +174,46 @@ absl::StatusOr<std::vector<StagedGroup>> LoadCheckpoint(StateStore* store, const
   return staged;
 }
 
-absl::StatusOr<RestoreOutcome> RestoreNewest(StateStore* store, const std::string& state_dir,
-                                             ThreadPool* pool) {
-  absl::StatusOr<std::vector<std::string>> names = ListDirectory(state_dir);
-  if (!names.ok()) return names.status();
-  std::vector<uint64_t> sequences;
-  RestoreOutcome outcome;
-  for (const std::string& name : *names) {
+namespace {
+
+// The sequence numbers of the complete checkpoints of `names` (a state_dir's
+// entries), newest first, and the next free one (past those being written too).
+void ScanCheckpoints(const std::vector<std::string>& names, std::vector<uint64_t>* sequences,
+                     uint64_t* next_sequence) {
+  for (const std::string& name : names) {
     std::string base = name;
     if (base.size() > 4 && base.substr(base.size() - 4) == kTemporarySuffix) {
       base.resize(base.size() - 4);
     }
     std::optional<uint64_t> seq = ParseCheckpointDirName(base);
     if (!seq) continue;
-    outcome.next_sequence = std::max(outcome.next_sequence, *seq + 1);
-    if (base == name) sequences.push_back(*seq);
+    *next_sequence = std::max(*next_sequence, *seq + 1);
+    if (base == name) sequences->push_back(*seq);
   }
-  std::sort(sequences.rbegin(), sequences.rend());
+  std::sort(sequences->rbegin(), sequences->rend());
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> CompleteCheckpointsNewestFirst(
+    const std::string& state_dir) {
+  absl::StatusOr<std::vector<std::string>> names = ListDirectory(state_dir);
+  if (!names.ok()) return names.status();
+  std::vector<uint64_t> sequences;
+  uint64_t next = 1;
+  ScanCheckpoints(*names, &sequences, &next);
+  std::vector<std::string> out;
+  for (uint64_t seq : sequences) out.push_back(absl::StrCat(state_dir, "/", CheckpointDirName(seq)));
+  return out;
+}
+
+absl::StatusOr<RestoreOutcome> RestoreNewest(StateStore* store, const std::string& state_dir,
+                                             ThreadPool* pool) {
+  absl::StatusOr<std::vector<std::string>> names = ListDirectory(state_dir);
+  if (!names.ok()) return names.status();
+  std::vector<uint64_t> sequences;
+  RestoreOutcome outcome;
+  ScanCheckpoints(*names, &sequences, &outcome.next_sequence);
   for (uint64_t seq : sequences) {
     const std::string dir = absl::StrCat(state_dir, "/", CheckpointDirName(seq));
     Manifest manifest;

@@ -5,6 +5,7 @@
 #define OPTSTATE_SERVER_DURABILITY_CHECKPOINT_READER_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,10 +27,19 @@ struct RestoreOutcome {
 // manifest, the page size, and every data file's size, checksum and page
 // records; DATA_LOSS or FAILED_PRECONDITION naming the file and what is
 // wrong. Nothing is published. A group's file is read in up to
-// pool->size() pieces at once (pool may be null: one piece).
+// pool->size() pieces at once (pool may be null: one piece). With `wanted`
+// (may be null), only the groups it accepts are staged and their files read
+// (the manifest is verified whole either way).
+using ManifestGroupFilter = std::function<bool(const ManifestGroup&)>;
 absl::StatusOr<std::vector<StagedGroup>> LoadCheckpoint(StateStore* store, const std::string& dir,
                                                         Manifest* manifest,
-                                                        ThreadPool* pool = nullptr);
+                                                        ThreadPool* pool = nullptr,
+                                                        const ManifestGroupFilter& wanted = {});
+
+// The checkpoints of `state_dir` that are complete (not being written), by
+// sequence number, newest first, as paths.
+absl::StatusOr<std::vector<std::string>> CompleteCheckpointsNewestFirst(
+    const std::string& state_dir);
 
 // Restores into the (empty) store the newest checkpoint of `state_dir` that
 // loads whole, logging each refused one. Only a file system error reading

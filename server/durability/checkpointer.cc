@@ -18,6 +18,7 @@ Checkpointer::Checkpointer(const CheckpointerOptions& options, StateStore* store
                            StepBackend* backend)
     : options_(options),
       store_(store),
+      backend_(backend),
       writer_(options.state_dir, store->page_elements(), backend, options.buffer_bytes) {}
 
 absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::OpenAndRestore(
@@ -43,6 +44,7 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::OpenAndRestore(
                                    : absl::StrCat(": ", absl::StrJoin(restored->refusals, "; "))));
   }
   std::unique_ptr<Checkpointer> checkpointer(new Checkpointer(options, store, backend));
+  checkpointer->pool_ = pool;
   {
     absl::MutexLock lock(&checkpointer->write_mu_);
     checkpointer->next_sequence_ = restored->next_sequence;
@@ -256,6 +258,11 @@ void Checkpointer::Record(const absl::StatusOr<CheckpointOutcome>& outcome, absl
 CheckpointStats Checkpointer::Stats() const {
   absl::MutexLock lock(&mu_);
   return stats_;
+}
+
+absl::StatusOr<JobRewindOutcome> Checkpointer::Rewind(const JobRewindRequest& request) {
+  absl::MutexLock write_lock(&write_mu_);
+  return RewindJob(store_, backend_, options_.state_dir, request, pool_);
 }
 
 }  // namespace optstate

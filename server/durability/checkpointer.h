@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "server/base/thread_pool.h"
 #include "server/durability/checkpoint_writer.h"
+#include "server/durability/job_rewind.h"
 #include "server/engine/state_store.h"
 
 namespace optstate {
@@ -94,6 +95,10 @@ class Checkpointer {
 
   CheckpointStats Stats() const;
 
+  // RewindJob (job_rewind.h) over this state_dir, while no checkpoint is
+  // written or pruned.
+  absl::StatusOr<JobRewindOutcome> Rewind(const JobRewindRequest& request);
+
   // Why no checkpoint is written ("" when they are): when checkpoints were
   // found at start and every one was refused, a new checkpoint would soon
   // become the newest (and prune them), so the state they hold, which may
@@ -109,6 +114,8 @@ class Checkpointer {
 
   const CheckpointerOptions options_;
   StateStore* const store_;
+  StepBackend* const backend_;
+  ThreadPool* pool_ = nullptr;  // Set before the checkpointer is shared; may stay null.
   absl::Mutex write_mu_;  // Held while a checkpoint is written.
   CheckpointWriter writer_ ABSL_GUARDED_BY(write_mu_);
   uint64_t next_sequence_ ABSL_GUARDED_BY(write_mu_) = 1;

@@ -177,6 +177,7 @@ absl::StatusOr<StateImport::Result> StateImport::Commit(const LeaseClaim& claim)
       return s;
     }
     if (absl::Status s = ReplaceGroupState(*backend_, group, **existing); !s.ok()) return s;
+    (*existing)->last_step().Reset();  // The steps it recorded are not this state's.
     // Taken after the state is in: a refused replace leaves the lease as it
     // was (another holder taking it between the check and here keeps it).
     (void)(*existing)->lease().Admit(claim, group.key().name, absl::Now(), store_->lease_term());

@@ -276,4 +276,37 @@ grpc::ServerUnaryReactor* OptimizerStateService::Checkpoint(grpc::CallbackServer
                              caller->admin || !tenancy(), *request, response);
 }
 
+grpc::ServerUnaryReactor* OptimizerStateService::RewindJob(grpc::CallbackServerContext* context,
+                                                           const v1::RewindJobRequest* request,
+                                                           v1::RewindJobResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<Caller> caller = CallerOf(context);
+  absl::StatusOr<LeaseClaim> lease = caller.ok() ? LeaseClaimOf(context) : caller.status();
+  if (lease.ok() && checkpointer_ == nullptr) {
+    lease = absl::FailedPreconditionError(
+        "this optstated runs without --state_dir: it keeps no checkpoints to rewind a job to");
+  }
+  if (!lease.ok()) {
+    reactor->Finish(ToGrpcStatus(lease.status()));
+    return reactor;
+  }
+  JobRewindRequest rewind;
+  rewind.tenant = caller->tenant;
+  rewind.prefix = request->prefix();
+  if (request->has_step()) rewind.step = request->step();
+  rewind.lease = *std::move(lease);
+  // Reading the checkpoint's files takes a while: on a worker.
+  engine_->pool()->Schedule([this, reactor, rewind = std::move(rewind), response] {
+    absl::StatusOr<JobRewindOutcome> outcome = checkpointer_->Rewind(rewind);
+    if (outcome.ok()) {
+      response->set_checkpoint_id(outcome->checkpoint_id);
+      response->set_step(outcome->step);
+      for (const std::string& g : outcome->groups) response->add_groups(g);
+      for (const std::string& p : outcome->passed_over) response->add_passed_over(p);
+    }
+    reactor->Finish(ToGrpcStatus(outcome.status()));
+  });
+  return reactor;
+}
+
 }  // namespace optstate

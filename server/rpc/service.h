@@ -32,7 +32,8 @@ using OptimizerStateCallbackBase = v1::OptimizerState::WithRawCallbackMethod_Reg
                         v1::OptimizerState::WithCallbackMethod_ExportState<
                             v1::OptimizerState::WithCallbackMethod_ImportState<
                                 v1::OptimizerState::WithCallbackMethod_Checkpoint<
-                                    v1::OptimizerState::Service>>>>>>>>>;
+                                    v1::OptimizerState::WithCallbackMethod_RewindJob<
+                                        v1::OptimizerState::Service>>>>>>>>>>;
 
 // Thread-safe; `engine` must outlive the service.
 class OptimizerStateService : public OptimizerStateCallbackBase {
@@ -98,6 +99,9 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
                                        const v1::CheckpointRequest* request,
                                        v1::CheckpointResponse* response) override;
+  grpc::ServerUnaryReactor* RewindJob(grpc::CallbackServerContext* context,
+                                      const v1::RewindJobRequest* request,
+                                      v1::RewindJobResponse* response) override;
 
   // How many groups the daemon restored from a checkpoint at start
   // (GetStatsResponse.restored_groups); call before serving.

@@ -27,8 +27,13 @@ class LastStepRecord {
     absl::MutexLock lock(&mu_);
     if (!last_.has_value() || stepped.step >= last_->step) last_ = stepped;
   }
+  // Forgets the record (the state was replaced: imported or rewound).
+  void Reset() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    last_.reset();
+  }
   // nullopt: no step applied since the group was made (registered, imported
-  // or restored).
+  // or restored) or its state was replaced.
   std::optional<SteppedWith> Get() const ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     return last_;

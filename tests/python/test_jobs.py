@@ -339,6 +339,11 @@ def test_a_daemon_restarted_without_state_dir_is_reported_clearly(fresh_daemons,
     message = str(gone.value)
     assert "restarted at" in message and "without --state_dir" in message
     assert "step 2" in message and "resume='state_dict'" in message
+    # The daemon's own NOT_FOUND says it too, to any client.
+    with pytest.raises(optstate.NotFound) as raw:
+        optstate.Client(d.target).describe(prefix + "fc1.weight")
+    assert "This optstated started at" in str(raw.value)
+    assert "without --state_dir" in str(raw.value)
 
 
 def test_connect_fails_within_connect_timeout_and_bad_targets_are_value_errors(prefix):
@@ -352,3 +357,54 @@ def test_connect_fails_within_connect_timeout_and_bad_targets_are_value_errors(p
             RemoteAdamW(MLP().named_parameters(), target=target, name_prefix=prefix)
     with pytest.raises(ValueError, match="target"):
         RemoteAdamW(MLP().named_parameters(), target="", name_prefix=prefix)
+
+
+def test_a_job_is_rewound_to_its_checkpoint_while_another_keeps_stepping(fresh_daemons,
+                                                                         prefix, tmp_path):
+    d = fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0")
+    alone_a = uninterrupted(d.target, "alone-a/", 4, gamma=1.0)
+    alone_b = uninterrupted(d.target, "alone-b/", 6, gamma=1.0)
+    data = batches(6)
+    model_a, model_b = MLP(), MLP()
+    a = RemoteAdamW(model_a.named_parameters(), 1e-2, target=d.target, name_prefix=prefix + "a/")
+    b = RemoteAdamW(model_b.named_parameters(), 1e-2, target=d.target, name_prefix=prefix + "b/",
+                    delete_on_close=True)
+    stepped_a = [prefix + "a/" + n for n, p in model_a.named_parameters() if p.requires_grad]
+    for batch in data[:2]:
+        train(model_a, a, [batch])
+        train(model_b, b, [batch])
+    a.client.checkpoint(groups=stepped_a, wait_for_step=2)
+    for batch in data[2:4]:
+        train(model_a, a, [batch])  # A goes on to step 4, then finds it must go back to 2
+        train(model_b, b, [batch])
+
+    with pytest.raises(optstate.NotFound, match="at step 3"):
+        a.client.rewind_job(prefix + "a/", step=3)
+    with pytest.raises(optstate.FailedPrecondition, match="leased by job"):
+        optstate.Client(d.target, lease_holder="another-job").rewind_job(prefix + "a/")
+    rewound = a.client.rewind_job(prefix + "a/", step=2)
+    assert rewound["step"] == 2 and sorted(rewound["groups"]) == sorted(
+        prefix + "a/" + n for n, _ in MLP().named_parameters())
+    client = optstate.Client(d.target)
+    assert {client.describe(n).max_step for n in stepped_a} == {2}
+    assert {client.describe(prefix + "b/" + n).max_step for n, p in model_b.named_parameters()
+            if p.requires_grad} == {4}
+    train(model_b, b, data[4:5])  # B steps on through A's rewind
+
+    # A's trainer attaches again (its lease holder kept) and steps 3 and 4 anew.
+    resumed = fresh_model(11)
+    with pytest.warns(UserWarning, match="no record"):  # a rewind replaced the state
+        a2 = RemoteAdamW(resumed.named_parameters(), 1e-2, target=d.target,
+                         name_prefix=prefix + "a/", resume="daemon", delete_on_close=True,
+                         lease_holder=a.lease_holder)
+    assert a2.resumed_step == 2
+    train(resumed, a2, data[2:4])
+    train(model_b, b, data[5:6])
+    assert same(params(resumed), alone_a) and same(params(model_b), alone_b)
+    a2.close()
+    b.close()
+
+
+def test_rewind_needs_a_state_dir(daemon, prefix):
+    with pytest.raises(optstate.FailedPrecondition, match="without --state_dir"):
+        optstate.Client(daemon.target).rewind_job(prefix)

@@ -271,6 +271,22 @@ class Client {
   // unknown group. Made once, never retried.
   absl::StatusOr<CheckpointResult> Checkpoint(const CheckpointRequestOptions& options = {});
 
+  struct RewindResult {
+    std::string checkpoint_id;
+    uint64_t step = 0;                      // The job's stepped groups are at this step now.
+    std::vector<std::string> groups;        // Those rewound.
+    std::vector<std::string> passed_over;   // Newer checkpoints passed over, each with why.
+  };
+  // Rewinds one job, this tenant's groups named `prefix` + ..., to the
+  // newest checkpoint of the daemon's --state_dir that holds them at one step
+  // (`step` when given), while the daemon goes on stepping every other job
+  // (docs/jobs.md). Each group is leased to this client's lease_holder
+  // afterwards. FAILED_PRECONDITION without --state_dir, for a live group of
+  // the job that the checkpoint lacks, or another holder's lease; NOT_FOUND
+  // when no checkpoint holds the job so. Made once, never retried.
+  absl::StatusOr<RewindResult> RewindJob(const std::string& prefix,
+                                         std::optional<uint64_t> step = std::nullopt);
+
  private:
   struct Impl;
   explicit Client(std::unique_ptr<Impl> impl);

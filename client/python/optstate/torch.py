@@ -297,6 +297,12 @@ class RemoteAdamW(torch.optim.Optimizer):
         """The :class:`optstate.Client` this optimizer steps through."""
         return self._client
 
+    @property
+    def lease_holder(self) -> str:
+        """This job's lease holder id (docs/jobs.md): shared by its ranks; give it as
+        ``lease_holder=`` to another RemoteAdamW of the same job (after a rewind, say)."""
+        return self._lease_holder
+
     def add_param_group(self, param_group: dict) -> None:
         """torch's add_param_group, then registration of the group's parameters on the
         daemon. Refused (torch's exception, or the daemon's) with ``param_groups`` as it

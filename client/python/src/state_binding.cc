@@ -156,6 +156,35 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
       "written); DeadlineExceeded when s is not reached within the client's\n"
       "attempt_timeout; NotFound for an unknown group; FailedPrecondition without\n"
       "--state_dir. Made once, never retried.");
+
+  cls.def(
+      "rewind_job",
+      [](PyClient& self, const std::string& prefix, std::optional<uint64_t> step) {
+        absl::StatusOr<Client::RewindResult> result;
+        {
+          const std::shared_ptr<Client> live = self.live();
+          nb::gil_scoped_release release;
+          result = live->RewindJob(prefix, step);
+        }
+        ThrowIfError(result.status(), self.target);
+        nb::dict d;
+        d["checkpoint_id"] = result->checkpoint_id;
+        d["step"] = result->step;
+        nb::list groups, passed_over;
+        for (const std::string& g : result->groups) groups.append(g);
+        for (const std::string& p : result->passed_over) passed_over.append(p);
+        d["groups"] = groups;
+        d["passed_over"] = passed_over;
+        return StrDict(std::move(d));
+      },
+      "prefix"_a, nb::kw_only(), "step"_a = nb::none(),
+      "Rewinds one job, this tenant's groups named `prefix` + ..., to the newest checkpoint\n"
+      "of the daemon's --state_dir holding them at one step (`step` when given), while the\n"
+      "daemon goes on stepping the other jobs (docs/jobs.md); returns {'checkpoint_id',\n"
+      "'step', 'groups', 'passed_over'}. The groups are leased to this client's\n"
+      "lease_holder. FailedPrecondition without --state_dir, for a live group of the job\n"
+      "the checkpoint lacks, or another holder's lease; NotFound when no checkpoint holds\n"
+      "the job so. Made once, never retried.");
 }
 
 }  // namespace optstate::python

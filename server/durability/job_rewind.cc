@@ -1,0 +1,141 @@
+// The newest checkpoint that holds a job whole, and its groups installed over the live ones.
+#include "server/durability/job_rewind.h"
+
+#include <memory>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "server/base/log.h"
+#include "server/durability/checkpoint_reader.h"
+#include "server/durability/state_import.h"
+
+namespace optstate {
+namespace {
+
+bool OfJob(const JobRewindRequest& request, const GroupKey& key) {
+  return key.tenant == request.tenant && absl::StartsWith(key.name, request.prefix);
+}
+
+// Why the job's state in `manifest` cannot be rewound to (request.step, or
+// any one step); "" when it can, with its step in `*step`.
+std::string Unsuitable(const Manifest& manifest, const JobRewindRequest& request, uint64_t* step) {
+  bool any = false;
+  std::optional<uint64_t> at;
+  for (const ManifestGroup& g : manifest.groups) {
+    if (!OfJob(request, g.key)) continue;
+    any = true;
+    if (g.max_step == 0) continue;  // Never stepped (frozen): at any step.
+    if (g.min_step != g.max_step || (at.has_value() && *at != g.max_step)) {
+      return absl::StrCat("the job is part-way through a step there (group '", g.key.name,
+                          "' at steps ", g.min_step, "..", g.max_step, ")");
+    }
+    at = g.max_step;
+  }
+  if (!any) return "it holds no group of the job";
+  *step = at.value_or(0);
+  if (request.step.has_value() && *request.step != *step) {
+    return absl::StrCat("it holds the job at step ", *step);
+  }
+  return "";
+}
+
+}  // namespace
+
+absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backend,
+                                           const std::string& state_dir,
+                                           const JobRewindRequest& request, ThreadPool* pool) {
+  if (request.prefix.empty()) {
+    return absl::InvalidArgumentError(
+        "name a job by its non-empty name prefix (RewindJobRequest.prefix): an empty one "
+        "would rewind every group of the tenant");
+  }
+  absl::StatusOr<std::vector<std::string>> dirs = CompleteCheckpointsNewestFirst(state_dir);
+  if (!dirs.ok()) return dirs.status();
+  JobRewindOutcome outcome;
+  for (const std::string& dir : *dirs) {
+    Manifest manifest;
+    uint64_t step = 0;
+    std::string why;
+    absl::StatusOr<std::vector<StagedGroup>> staged =
+        LoadCheckpoint(store, dir, &manifest, pool, [&](const ManifestGroup& g) {
+          return OfJob(request, g.key);
+        });
+    if (!staged.ok()) {
+      why = std::string(staged.status().message());
+    } else {
+      why = Unsuitable(manifest, request, &step);
+    }
+    if (!why.empty()) {
+      outcome.passed_over.push_back(absl::StrCat(dir, ": ", why));
+      continue;
+    }
+    // Every check before anything changes: the job's live groups are all in
+    // the checkpoint, of its shape, and the caller may touch them.
+    std::vector<std::shared_ptr<Group>> existing(staged->size());
+    absl::flat_hash_set<std::string> restored;
+    const absl::Time now = absl::Now();
+    for (size_t i = 0; i < staged->size(); ++i) {
+      const Group& source = (*staged)[i].group();
+      restored.insert(source.key().name);
+      absl::StatusOr<std::shared_ptr<Group>> live = store->Find(source.key());
+      if (!live.ok()) continue;  // Deleted since: made again.
+      if (absl::Status s = CheckSameShape(**live, source.num_elements(),
+                                          source.config().hyperparameters);
+          !s.ok()) {
+        return s;
+      }
+      if (absl::Status s = (*live)->lease().Check(request.lease, source.key().name, now);
+          !s.ok()) {
+        return s;
+      }
+      existing[i] = *std::move(live);
+    }
+    for (const std::shared_ptr<Group>& live : store->List(request.tenant)) {
+      if (absl::StartsWith(live->key().name, request.prefix) &&
+          !restored.contains(live->key().name)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "group '", live->key().name, "' of job '", request.prefix, "' is not in checkpoint ",
+            manifest.id, " (step ", step,
+            "): it was added since. Delete it first (it would be left at its own step), or "
+            "rewind to a newer checkpoint"));
+      }
+    }
+    for (size_t i = 0; i < staged->size(); ++i) {
+      StagedGroup& source = (*staged)[i];
+      const std::string& name = source.group().key().name;
+      std::shared_ptr<Group> target = existing[i];
+      absl::Status status;
+      if (target != nullptr) {
+        status = ReplaceGroupState(*backend, source.group(), *target);
+      } else {
+        absl::StatusOr<std::shared_ptr<Group>> published = store->Publish(source);
+        status = published.status();
+        if (published.ok()) target = *std::move(published);
+      }
+      if (!status.ok()) {
+        return absl::Status(status.code(), absl::StrCat(
+            "rewinding job '", request.prefix, "' to checkpoint ", manifest.id, ": group '", name,
+            "' failed (", status.message(), "); the groups before it were rewound: ",
+            absl::StrJoin(outcome.groups, ", ")));
+      }
+      target->last_step().Reset();
+      (void)target->lease().Admit(request.lease, name, absl::Now(), store->lease_term());
+      outcome.groups.push_back(name);
+    }
+    outcome.checkpoint_id = manifest.id;
+    outcome.step = step;
+    Log(LogLevel::kInfo, "job '", request.prefix, "' rewound to checkpoint ", manifest.id,
+        " (step ", step, "): ", outcome.groups.size(), " groups");
+    return outcome;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "no checkpoint in --state_dir holds job '", request.prefix, "'",
+      request.step.has_value() ? absl::StrCat(" at step ", *request.step) : std::string(),
+      " whole", outcome.passed_over.empty() ? " (there is none)" : ": ",
+      absl::StrJoin(outcome.passed_over, "; ")));
+}
+
+}  // namespace optstate
