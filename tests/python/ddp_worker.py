@@ -32,3 +32,23 @@ def run(rank, world, init_file, target, prefix, out_path, steps):
     record["names"] = names
     torch.save(record, out_path)
     dist.destroy_process_group()
+
+
+def run_wrapped(rank, world, init_file, target, prefix, out_path, steps):
+    """A rank of test_jobs.py's DDP job: the optimizer over the DDP module's names
+    (module.*), without shard (both ranks step every group under the job's one lease)."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    model = MLP(seed=0)
+    ddp = DistributedDataParallel(model)
+    opt = RemoteAdamW(ddp.named_parameters(), target=target, name_prefix=prefix, lr=1e-2)
+    for step in range(1, steps + 1):
+        gen = torch.Generator().manual_seed(100 * step + rank)
+        x, y = torch.randn(64, 32, generator=gen), torch.randn(64, 10, generator=gen)
+        opt.zero_grad()
+        F.mse_loss(ddp(x), y).backward()
+        opt.step()
+    torch.save({"final": {n: p.detach().clone() for n, p in model.named_parameters()},
+                "holder": opt.lease_holder}, out_path)
+    dist.destroy_process_group()

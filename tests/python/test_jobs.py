@@ -408,3 +408,41 @@ def test_a_job_is_rewound_to_its_checkpoint_while_another_keeps_stepping(fresh_d
 def test_rewind_needs_a_state_dir(daemon, prefix):
     with pytest.raises(optstate.FailedPrecondition, match="without --state_dir"):
         optstate.Client(daemon.target).rewind_job(prefix)
+
+
+def test_a_ddp_job_shares_one_lease_and_resumes_unwrapped_after_its_ranks_died(
+        fresh_daemons, prefix, tmp_path):
+    """Two gloo ranks under real DistributedDataParallel step the same groups (module.*
+    names stripped) under the job's one lease holder; once they are gone (their pids on
+    this host dead), a plain, unwrapped trainer takes the job over at once (takeover=True:
+    dead=) and resumes from the daemon's state."""
+    import torch.multiprocessing as mp
+
+    import ddp_worker
+    d = fresh_daemons()
+    outs = [str(tmp_path / f"rank{r}.pt") for r in range(2)]
+    ctx = mp.get_context("spawn")
+    ranks = [ctx.Process(target=ddp_worker.run_wrapped,
+                         args=(r, 2, str(tmp_path / "init"), d.target, prefix, outs[r], 3))
+             for r in range(2)]
+    for proc in ranks:
+        proc.start()
+    for proc in ranks:
+        proc.join(timeout=120)
+        assert proc.exitcode == 0, f"a rank failed (exit code {proc.exitcode})"
+    saved = [torch.load(o) for o in outs]
+    assert saved[0]["holder"] == saved[1]["holder"]  # one job, one lease
+    client = optstate.Client(d.target)
+    names = sorted(g.name for g in client.list_groups())
+    assert names == sorted(prefix + n for n, _ in MLP().named_parameters())
+    assert client.describe(prefix + "fc1.weight").lease["holder"] == saved[0]["holder"]
+
+    resumed = fresh_model(13)
+    opt = RemoteAdamW(resumed.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
+                      resume="daemon", takeover=True, delete_on_close=True)
+    assert opt.resumed_step == 3
+    assert all(torch.equal(p.detach(), saved[0]["final"][n])
+               for n, p in resumed.named_parameters())
+    train(resumed, opt, batches(1))
+    assert client.describe(prefix + "fc1.weight").lease["holder"] == opt.lease_holder
+    opt.close()
