@@ -64,7 +64,15 @@ std::string EncodeManifest(const Manifest& m) {
                     ExactText(h.beta2), " ", ExactText(h.eps), " ", ExactText(h.weight_decay), " ",
                     g.config.has_initial_values ? 1 : 0, " ", g.min_step, " ", g.max_step, " ",
                     g.file, " ", g.bytes, " ", crc, " ", h.maximize ? 1 : 0, " ",
-                    h.amsgrad ? 1 : 0, "\n");
+                    h.amsgrad ? 1 : 0);
+    if (g.last_step.has_value() && g.last_step->step != 0) {
+      const AdamWHyperparameters& l = g.last_step->hyperparameters;
+      absl::StrAppend(&text, " ", g.last_step->step, " ", ExactText(l.lr), " ",
+                      ExactText(l.beta1), " ", ExactText(l.beta2), " ", ExactText(l.eps), " ",
+                      ExactText(l.weight_decay), " ", l.maximize ? 1 : 0, "\n");
+    } else {
+      absl::StrAppend(&text, " 0 0 0 0 0 0 0\n");
+    }
   }
   char crc[9];
   std::snprintf(crc, sizeof(crc), "%08" PRIx32, Crc32cExtend(0, text.data(), text.size()));
@@ -145,10 +153,10 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view text) {
     ManifestGroup g;
     AdamWHyperparameters& h = g.config.hyperparameters;
     int has_values = 0;
-    const size_t fields = m.version >= 2 ? 16 : 14;
+    const size_t fields = m.version >= 3 ? 23 : m.version >= 2 ? 16 : 14;
     int maximize = 0, amsgrad = 0;
     if (f.size() != fields ||
-        (fields == 16 && (!absl::SimpleAtoi(f[14], &maximize) || maximize < 0 || maximize > 1 ||
+        (fields >= 16 && (!absl::SimpleAtoi(f[14], &maximize) || maximize < 0 || maximize > 1 ||
                           !absl::SimpleAtoi(f[15], &amsgrad) || amsgrad < 0 || amsgrad > 1)) || !DecodeTenant(f[0], &g.key.tenant) || f[1].empty() ||
         !absl::SimpleAtoi(f[2], &g.config.num_elements) || g.config.num_elements == 0 ||
         !ParseDouble(f[3], &h.lr) || !ParseDouble(f[4], &h.beta1) || !ParseDouble(f[5], &h.beta2) ||
@@ -164,6 +172,22 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view text) {
     h.maximize = maximize != 0;
     h.amsgrad = amsgrad != 0;
     g.file = std::string(f[11]);
+    if (fields == 23) {
+      SteppedWith last;
+      AdamWHyperparameters& l = last.hyperparameters;
+      int last_maximize = 0;
+      if (!absl::SimpleAtoi(f[16], &last.step) || !ParseDouble(f[17], &l.lr) ||
+          !ParseDouble(f[18], &l.beta1) || !ParseDouble(f[19], &l.beta2) ||
+          !ParseDouble(f[20], &l.eps) || !ParseDouble(f[21], &l.weight_decay) ||
+          !absl::SimpleAtoi(f[22], &last_maximize) || last_maximize < 0 || last_maximize > 1 ||
+          last.step > g.max_step) {
+        return Bad(absl::StrCat("group line ", i + 1, " (line ", 8 + i,
+                                ") has a last step that does not parse"));
+      }
+      l.maximize = last_maximize != 0;
+      l.amsgrad = h.amsgrad;
+      if (last.step != 0) g.last_step = last;
+    }
     m.groups.push_back(std::move(g));
   }
   return m;

@@ -12,13 +12,17 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "server/state/group.h"
+#include "server/state/last_step_record.h"
 
 namespace optstate {
 
 // The version this daemon writes and the newest it reads. Version 2 adds
 // maximize and amsgrad (0 or 1) at the end of each group line; version 1
-// lines (without them) read as maximize=0, amsgrad=0.
-constexpr int kCheckpointFormatVersion = 2;
+// lines (without them) read as maximize=0, amsgrad=0. Version 3 adds the
+// group's last step's record (ManifestGroup::last_step: its step, 0 for none,
+// then lr, beta1, beta2, eps, weight_decay and maximize); older lines read
+// as none.
+constexpr int kCheckpointFormatVersion = 3;
 constexpr char kManifestName[] = "MANIFEST";
 // A data file is, for each page in order, a record: uint64 step, uint64
 // flags (bit 0: the page has its values), then the page's params, exp_avg
@@ -36,6 +40,9 @@ struct ManifestGroup {
   std::string file;                     // Name inside the checkpoint's directory.
   uint64_t bytes = 0;
   uint32_t crc32c = 0;
+  // What the group's last applied step used, when the checkpoint holds that
+  // step (every page captured at it); restored with the group.
+  std::optional<SteppedWith> last_step;
 };
 
 struct Manifest {

@@ -162,6 +162,7 @@ absl::StatusOr<std::vector<StagedGroup>> LoadCheckpoint(StateStore* store, const
         !s.ok()) {
       return s;
     }
+    if (entry.last_step.has_value()) group->group().last_step().Record(*entry.last_step);
     staged.push_back(std::move(*group));
   }
   {

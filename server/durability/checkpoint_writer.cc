@@ -283,6 +283,11 @@ absl::StatusOr<WrittenCheckpoint> CheckpointWriter::Write(
       return fail(s);
     }
     written.bytes += entry.bytes;
+    // The last step's record, when the capture holds that very step whole.
+    if (std::optional<SteppedWith> last = targets[i].group->last_step().Get();
+        last.has_value() && entry.min_step == entry.max_step && last->step == entry.max_step) {
+      entry.last_step = *last;
+    }
     manifest.groups.push_back(std::move(entry));
   }
   // Step 4.

@@ -107,6 +107,8 @@ absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backe
       StagedGroup& source = (*staged)[i];
       const std::string& name = source.group().key().name;
       std::shared_ptr<Group> target = existing[i];
+      // The checkpoint's record of its last step (LoadCheckpoint set it), if any.
+      const std::optional<SteppedWith> recorded = source.group().last_step().Get();
       absl::Status status;
       if (target != nullptr) {
         status = ReplaceGroupState(*backend, source.group(), *target);
@@ -122,6 +124,7 @@ absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backe
             absl::StrJoin(outcome.groups, ", ")));
       }
       target->last_step().Reset();
+      if (recorded.has_value()) target->last_step().Record(*recorded);
       (void)target->lease().Admit(request.lease, name, absl::Now(), store->lease_term());
       outcome.groups.push_back(name);
     }

@@ -38,8 +38,8 @@ struct JobRewindOutcome {
 // given), loads those groups (files verified), and installs them: an existing
 // group of the same size and hyperparameters gets its whole state replaced
 // (ReplaceGroupState, so a step sees all of the old state or all of the new),
-// a deleted one is made again; each then forgets its last step's record and
-// is leased to the caller. Refused, changing nothing: INVALID_ARGUMENT for an
+// a deleted one is made again; each then has the checkpoint's record of its
+// last step (none when it held none) and is leased to the caller. Refused, changing nothing: INVALID_ARGUMENT for an
 // empty prefix; NOT_FOUND when no checkpoint holds such a state of the job
 // (saying what was passed over); FAILED_PRECONDITION when a group of the job
 // that exists now is not in that checkpoint (added since: delete it first),

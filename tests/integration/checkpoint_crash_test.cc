@@ -229,11 +229,11 @@ TEST_F(DamagedCheckpointTest, AFutureFormatVersionIsRefused) {
     std::ifstream in(File("MANIFEST"));
     text.assign(std::istreambuf_iterator<char>(in), {});
   }
-  const size_t at = text.find("format_version 2\n");
+  const size_t at = text.find("format_version 3\n");
   ASSERT_NE(at, std::string::npos);
-  text.replace(at, 17, "format_version 3\n");
+  text.replace(at, 17, "format_version 4\n");
   { std::ofstream(File("MANIFEST")) << text; }
-  ExpectFallback("MANIFEST", "format version 3 is newer than this daemon reads (2)");
+  ExpectFallback("MANIFEST", "format version 4 is newer than this daemon reads (3)");
 }
 
 TEST_F(DamagedCheckpointTest, AnotherPageSizeIsRefusedAndNothingIsWrittenOverTheCheckpoints) {

@@ -7,6 +7,7 @@ one prefix, a trainer killed mid-step, renamed parameters, a restarted daemon. E
 """
 import threading
 import time
+import warnings
 
 import pytest
 import torch
@@ -324,6 +325,34 @@ def test_a_daemon_killed_and_restarted_is_ridden_out_with_state_dir(fresh_daemon
     opt.close()
 
 
+def test_after_both_crash_resume_daemon_gets_the_lr_from_the_checkpoint(fresh_daemons, prefix,
+                                                                        tmp_path):
+    d = fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0")
+    expected = uninterrupted(d.target, "alone/", 5)
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
+    data = batches(5)
+    train(model, opt, data[:3], sched)
+    opt.client.checkpoint(groups=[prefix + n for n, p in model.named_parameters()
+                                  if p.requires_grad], wait_for_step=3)
+    d.process.kill()  # the daemon and the trainer die together
+    d.process.wait()
+    del opt, sched
+    again = fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0")
+    restarted = fresh_model(17)
+    opt = RemoteAdamW(restarted.named_parameters(), 1e-2, target=again.target,
+                      name_prefix=prefix, resume="daemon", delete_on_close=True)
+    assert opt.resumed_step == 3
+    assert opt.param_groups[0]["lr"] == (1e-2 * 0.9) * 0.9  # step 3's, from the checkpoint
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
+    opt.resume_scheduler(sched)
+    train(restarted, opt, data[3:], sched)
+    alone = uninterrupted(again.target, "alone/", 5)
+    assert same(params(restarted), expected) and same(alone, expected)
+    opt.close()
+
+
 def test_a_daemon_restarted_without_state_dir_is_reported_clearly(fresh_daemons, prefix):
     d = fresh_daemons()
     model = MLP()
@@ -393,11 +422,13 @@ def test_a_job_is_rewound_to_its_checkpoint_while_another_keeps_stepping(fresh_d
 
     # A's trainer attaches again (its lease holder kept) and steps 3 and 4 anew.
     resumed = fresh_model(11)
-    with pytest.warns(UserWarning, match="no record"):  # a rewind replaced the state
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the checkpoint holds step 2's record: no warning
         a2 = RemoteAdamW(resumed.named_parameters(), 1e-2, target=d.target,
                          name_prefix=prefix + "a/", resume="daemon", delete_on_close=True,
                          lease_holder=a.lease_holder)
     assert a2.resumed_step == 2
+    assert a2.client.describe(prefix + "a/fc1.weight").last_step["step"] == 2
     train(resumed, a2, data[2:4])
     train(model_b, b, data[5:6])
     assert same(params(resumed), alone_a) and same(params(model_b), alone_b)

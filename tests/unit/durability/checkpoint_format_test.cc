@@ -91,8 +91,8 @@ TEST(CheckpointFormatTest, DamagedManifestsAreRefusedEachWithItsReason) {
   flipped[good.find("step 1234") + 5] = '9';
   EXPECT_THAT(refusal(flipped), HasSubstr("manifest checksum mismatch"));
   std::string future = good;
-  future.replace(future.find("format_version 2"), 16, "format_version 7");
-  EXPECT_THAT(refusal(future), HasSubstr("format version 7 is newer than this daemon reads (2)"));
+  future.replace(future.find("format_version 3"), 16, "format_version 7");
+  EXPECT_THAT(refusal(future), HasSubstr("format version 7 is newer than this daemon reads (3)"));
   std::string no_version = good;
   no_version.replace(no_version.find("format_version"), 14, "formot_version");
   EXPECT_THAT(refusal(no_version), HasSubstr("format_version N"));
@@ -104,12 +104,12 @@ TEST(CheckpointFormatTest, AVersionOneManifestStillReadsWithMaximizeAndAmsgradOf
   Manifest m = Example();
   m.groups[1].config.hyperparameters.maximize = false;
   std::string text = EncodeManifest(m);
-  text.replace(text.find("format_version 2"), 16, "format_version 1");
+  text.replace(text.find("format_version 3"), 16, "format_version 1");
   text.erase(text.rfind("end "));
   std::string v1;
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
     if (absl::ConsumePrefix(&line, "group ")) {
-      ASSERT_TRUE(absl::ConsumeSuffix(&line, " 0 0")) << line;
+      ASSERT_TRUE(absl::ConsumeSuffix(&line, " 0 0 0 0 0 0 0 0 0")) << line;
       absl::StrAppend(&v1, "group ", line, "\n");
     } else {
       absl::StrAppend(&v1, line, "\n");
@@ -127,9 +127,48 @@ TEST(CheckpointFormatTest, AVersionOneManifestStillReadsWithMaximizeAndAmsgradOf
     EXPECT_FALSE(back->groups[i].config.hyperparameters.maximize);
     EXPECT_FALSE(back->groups[i].config.hyperparameters.amsgrad);
   }
-  // A version-2 line without the two fields does not parse.
+  // A version-3 line short of its fields does not parse.
   std::string short_line = EncodeManifest(Example());
   EXPECT_FALSE(ParseManifest(absl::StrReplaceAll(short_line, {{" 0 0\n", "\n"}})).ok());
+}
+
+// Version 3: a group's last step's record, read back exactly; a version-2
+// manifest (without it) reads as none.
+TEST(CheckpointFormatTest, TheLastStepRecordReadsBackAndAVersionTwoManifestHasNone) {
+  Manifest m = Example();
+  m.groups[0].min_step = m.groups[0].max_step = 1234;
+  SteppedWith last;
+  last.step = 1234;
+  last.hyperparameters = {0.1f, 0.85, 0.995, 1e-6, 0.05};
+  last.hyperparameters.maximize = true;
+  m.groups[0].last_step = last;
+  absl::StatusOr<Manifest> back = ParseManifest(EncodeManifest(m));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_TRUE(back->groups[0].last_step.has_value());
+  EXPECT_EQ(back->groups[0].last_step->step, 1234u);
+  EXPECT_TRUE(back->groups[0].last_step->hyperparameters == last.hyperparameters);
+  EXPECT_FALSE(back->groups[1].last_step.has_value());
+
+  std::string text = EncodeManifest(Example());
+  text.replace(text.find("format_version 3"), 16, "format_version 2");
+  text.erase(text.rfind("end "));
+  std::string v2;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    if (absl::ConsumePrefix(&line, "group ")) {
+      ASSERT_TRUE(absl::ConsumeSuffix(&line, " 0 0 0 0 0 0 0")) << line;
+      absl::StrAppend(&v2, "group ", line, "\n");
+    } else {
+      absl::StrAppend(&v2, line, "\n");
+    }
+  }
+  char crc[9];
+  std::snprintf(crc, sizeof(crc), "%08" PRIx32, Crc32cExtend(0, v2.data(), v2.size()));
+  absl::StrAppend(&v2, "end ", crc, "\n");
+  back = ParseManifest(v2);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->version, 2);
+  EXPECT_FALSE(back->groups[0].last_step.has_value());
+  EXPECT_TRUE(back->groups[1].config.hyperparameters.maximize);
 }
 
 TEST(CheckpointFormatTest, DirectoryNamesRoundTripAndTemporaryOnesAreNotCheckpoints) {
