@@ -19,6 +19,7 @@
 #include "grpcpp/grpcpp.h"
 #include "optstate/client.h"
 #include "optstate/v1/optstate.grpc.pb.h"
+#include "tests/testing/daemon_logs.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/security_files.h"
 
@@ -57,6 +58,7 @@ class TenancyTest : public ::testing::Test {
     tokens_ = dir_ + "/tokens";
     log_ = dir_ + "/daemon.log";
     WriteFile(tokens_, TokensFile());
+    RecordTestSecrets(kAllTokens);
   }
   void TearDown() override {
     if (daemon_ != nullptr) {

@@ -11,6 +11,7 @@ import subprocess
 import pytest
 
 import optstate
+import daemon_logs
 
 
 class Daemon:
@@ -20,9 +21,11 @@ class Daemon:
         binary = os.environ.get("OPTSTATED")
         if not binary or not os.path.exists(binary):
             raise RuntimeError("set OPTSTATED to the optstated binary (ctest Python.Pytest does)")
+        # The log goes to the suite's daemon-log folder when there is one (daemon_logs.py).
+        self.log = daemon_logs.new_log_path()
         self.process = subprocess.Popen(
             [binary, "--listen=127.0.0.1:0", "--log_level=warning", "--threads=2", *flags],
-            stdout=subprocess.PIPE, text=True)
+            stdout=subprocess.PIPE, stderr=open(self.log, "w") if self.log else None, text=True)
         line = self.process.stdout.readline()
         match = re.search(r"listening on port (\d+)", line)
         if not match:
