@@ -9,6 +9,7 @@
 #include "client/call/proto_convert.h"
 #include "client/call/retry.h"
 #include "client/call/status.h"
+#include "client/call/tls_diagnosis.h"
 #include "client/client_impl.h"
 #include "client/transport/step_stream.h"
 #include "optstate/message_limits.h"
@@ -41,6 +42,11 @@ absl::StatusOr<GroupInfo> Client::Impl::Layout(Client& client, const std::string
   return info;
 }
 
+absl::Status Client::Impl::Explain(absl::Status status) const {
+  if (status.ok()) return status;
+  return client_internal::ExplainCertificateFailure(std::move(status), target, options);
+}
+
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
 
@@ -60,6 +66,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->options.token = client_internal::ResolveToken(options);
+  impl->target = target;
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
       client_internal::MakeChannel(target, impl->options);
   if (!channel.ok()) return channel.status();
@@ -150,7 +157,7 @@ absl::StatusOr<GroupInfo> Client::Impl::Register(const v1::GroupSpec& spec,
     info = GroupInfoFromProto(first->group());
     return absl::OkStatus();
   });
-  if (!status.ok()) return status;
+  if (!status.ok()) return Explain(status);
   if (!info.ok()) return info.status();
   info->created = created;
   Remember(*info);
@@ -184,7 +191,7 @@ absl::StatusOr<GroupInfo> Client::DescribeGroup(const std::string& name) {
   absl::Status status = UnaryWithRetries(impl_->options, [&](grpc::ClientContext* context) {
     return impl_->stub->DescribeGroup(context, request, &response);
   });
-  if (!status.ok()) return status;
+  if (!status.ok()) return impl_->Explain(status);
   return GroupInfoFromProto(response.group().info());
 }
 
@@ -197,7 +204,7 @@ absl::StatusOr<std::vector<GroupInfo>> Client::ListGroups() {
     absl::Status status = UnaryWithRetries(impl_->options, [&](grpc::ClientContext* context) {
       return impl_->stub->ListGroups(context, request, &response);
     });
-    if (!status.ok()) return status;
+    if (!status.ok()) return impl_->Explain(status);
     for (const auto& g : response.groups()) {
       absl::StatusOr<GroupInfo> info = GroupInfoFromProto(g);
       if (!info.ok()) return info.status();
@@ -218,7 +225,7 @@ absl::StatusOr<Stats> Client::GetStats() {
     absl::Status status = UnaryWithRetries(impl_->options, [&](grpc::ClientContext* context) {
       return impl_->stub->GetStats(context, request, &response);
     });
-    if (!status.ok()) return status;
+    if (!status.ok()) return impl_->Explain(status);
     absl::StatusOr<Stats> page = client_internal::StatsFromProto(response);
     if (!page.ok()) return page.status();
     if (!out.has_value()) {
@@ -238,7 +245,7 @@ absl::Status Client::DeleteGroup(const std::string& name) {
   request.set_name(name);
   v1::DeleteGroupResponse response;
   impl_->Forget(name);
-  return FromGrpcStatus(impl_->stub->DeleteGroup(&context, request, &response));
+  return impl_->Explain(FromGrpcStatus(impl_->stub->DeleteGroup(&context, request, &response)));
 }
 
 }  // namespace optstate

@@ -147,7 +147,7 @@ absl::StatusOr<Client::GroupState> Client::ExportState(const std::string& name) 
     state = ExportOnce(*impl_->stub, impl_->options, name);
     return state.status();
   });
-  if (!status.ok()) return status;
+  if (!status.ok()) return impl_->Explain(status);
   return state;
 }
 
@@ -171,8 +171,8 @@ absl::Status Client::ImportState(const GroupState& state) {
         "' has no page_steps; give one per daemon page, or exactly one for every page"));
   }
   impl_->Forget(state.name);
-  return WithRetries(impl_->options,
-                     [&](int) { return ImportOnce(*impl_->stub, impl_->options, state); });
+  return impl_->Explain(WithRetries(
+      impl_->options, [&](int) { return ImportOnce(*impl_->stub, impl_->options, state); }));
 }
 
 absl::StatusOr<Client::CheckpointResult> Client::Checkpoint(
@@ -184,7 +184,7 @@ absl::StatusOr<Client::CheckpointResult> Client::Checkpoint(
   if (options.wait_for_step) request.set_wait_for_step(*options.wait_for_step);
   v1::CheckpointResponse response;
   absl::Status status = FromGrpcStatus(impl_->stub->Checkpoint(&context, request, &response));
-  if (!status.ok()) return status;
+  if (!status.ok()) return impl_->Explain(status);
   return CheckpointResult{response.id(), response.step(), response.bytes()};
 }
 
@@ -197,7 +197,7 @@ absl::StatusOr<Client::RewindResult> Client::RewindJob(const std::string& prefix
   if (step.has_value()) request.set_step(*step);
   v1::RewindJobResponse response;
   absl::Status status = FromGrpcStatus(impl_->stub->RewindJob(&context, request, &response));
-  if (!status.ok()) return status;
+  if (!status.ok()) return impl_->Explain(status);
   // The rewound groups' layouts are as before (same size); their steps moved.
   RewindResult result{response.checkpoint_id(), response.step(), {}, {}};
   result.groups.assign(response.groups().begin(), response.groups().end());

@@ -19,10 +19,11 @@
 
 namespace optstate {
 
-// Shared by every thread that calls the Client: the first four members are
+// Shared by every thread that calls the Client: the first five members are
 // set by Connect and only read after it; the layout cache is under `mu`.
 struct Client::Impl {
   ClientOptions options;
+  std::string target;  // As given to Connect.
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::OptimizerState::Stub> stub;
   // Step as a raw method (transport/step_stream.h), registered on `channel`.
@@ -33,6 +34,11 @@ struct Client::Impl {
   // Layouts of groups this client has seen (page size, element count).
   absl::Mutex mu;
   absl::flat_hash_map<std::string, GroupInfo> groups ABSL_GUARDED_BY(mu);
+
+  // `status`, with why the daemon's certificate failed verification when it
+  // says it did (client_internal::ExplainCertificateFailure). Every call
+  // that reaches the daemon returns its failure through this.
+  absl::Status Explain(absl::Status status) const;
 
   void Remember(const GroupInfo& info) ABSL_LOCKS_EXCLUDED(mu);
   void Forget(const std::string& name) ABSL_LOCKS_EXCLUDED(mu);

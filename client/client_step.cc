@@ -72,7 +72,7 @@ absl::Status Client::Impl::Send(StepTransport& transport, size_t messages, const
       status.code() == absl::StatusCode::kInvalidArgument) {
     for (const GroupStep& group : input.groups) Forget(group.group);
   }
-  return status;
+  return Explain(status);
 }
 
 absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,

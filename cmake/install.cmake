@@ -99,6 +99,10 @@ foreach(target IN LISTS OPTSTATE_CLIENT_EXPORT_TARGETS)
       list(APPEND OPTSTATE_PC_REQUIRES grpc++)
     elseif(link STREQUAL "protobuf::libprotobuf")
       list(APPEND OPTSTATE_PC_REQUIRES protobuf)
+    elseif(link STREQUAL "OpenSSL::SSL")
+      list(APPEND OPTSTATE_PC_REQUIRES libssl)
+    elseif(link STREQUAL "OpenSSL::Crypto")
+      list(APPEND OPTSTATE_PC_REQUIRES libcrypto)
     else()
       message(FATAL_ERROR "optstate: ${target} links ${link}, which is neither in "
                           "OPTSTATE_CLIENT_EXPORT_TARGETS (one of the client's own libraries: "

@@ -26,11 +26,11 @@ applies optimizer steps for remote trainers over gRPC; optstate-probe asks its\n
 grpc.health.v1 service whether it serves.")
 # What optstated and optstate-probe load: gRPC 1.51 (libgrpc++, libgrpc,
 # which bring their own dependencies), protobuf 3.21, Abseil 20220623,
-# prometheus-cpp 1.0 (core and pull, which brings civetweb), and the
+# prometheus-cpp 1.0 (core and pull, which brings civetweb), OpenSSL 3, and the
 # C and C++ runtimes; as dpkg-shlibdeps computes them for the two binaries on
 # Debian 12.
 set(CPACK_DEBIAN_DAEMON_PACKAGE_DEPENDS
-  "libabsl20220623 (>= 0~20220623.0-1), libc6 (>= 2.34), libgcc-s1 (>= 3.0), libgrpc++1.51 (>= 1.51.1), libgrpc29 (>= 1.51.1), libprometheus-cpp-core1.0 (>= 1.0.1), libprometheus-cpp-pull1.0 (>= 1.0.1), libprotobuf32 (>= 3.21.12), libstdc++6 (>= 11)")
+  "libabsl20220623 (>= 0~20220623.0-1), libc6 (>= 2.34), libgcc-s1 (>= 3.0), libgrpc++1.51 (>= 1.51.1), libgrpc29 (>= 1.51.1), libprometheus-cpp-core1.0 (>= 1.0.1), libprometheus-cpp-pull1.0 (>= 1.0.1), libprotobuf32 (>= 3.21.12), libssl3 (>= 3.0.0), libstdc++6 (>= 11)")
 
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME liboptstate-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
@@ -42,6 +42,6 @@ set(CPACK_COMPONENT_DEV_DESCRIPTION
 # Debian's gRPCConfig.cmake imports grpc_cpp_plugin and fails when it is
 # missing, so find_package(optstate) would too.
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS
-  "libgrpc++-dev (>= 1.51), libprotobuf-dev (>= 3.21), libabsl-dev (>= 0~20220623), protobuf-compiler-grpc")
+  "libgrpc++-dev (>= 1.51), libprotobuf-dev (>= 3.21), libabsl-dev (>= 0~20220623), libssl-dev (>= 3.0), protobuf-compiler-grpc")
 
 include(CPack)

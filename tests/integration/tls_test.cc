@@ -15,6 +15,7 @@
 #include "grpcpp/grpcpp.h"
 #include "optstate/client.h"
 #include "optstate/v1/optstate.grpc.pb.h"
+#include "tests/testing/daemon_logs.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/security_files.h"
 #include "tests/testing/test_certificates.h"
@@ -38,6 +39,7 @@ class TlsTest : public ::testing::Test {
     std::filesystem::copy_file(certs_->server_one_cert, dir_ + "/cert.pem");
     std::filesystem::copy_file(certs_->server_one_key, dir_ + "/key.pem");
     WriteFile(dir_ + "/tokens", "alice " + DigestHex(kToken) + "\n");
+    RecordTestSecrets({kToken});
   }
   void TearDown() override {
     if (daemon_ != nullptr) {
@@ -95,6 +97,25 @@ class TlsTest : public ::testing::Test {
 
 TestCertificates* TlsTest::certs_ = nullptr;
 
+TEST_F(TlsTest, AnExpiredDaemonCertificateIsRefusedSayingItHasExpired) {
+  std::filesystem::copy_file(certs_->expired_server_cert, dir_ + "/cert.pem",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(certs_->expired_server_key, dir_ + "/key.pem",
+                             std::filesystem::copy_options::overwrite_existing);
+  StartDaemon();
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(daemon_->target(), TlsOptions());
+  ASSERT_TRUE(client.ok());
+  for (absl::Status refused : {(*client)->ListGroups().status(),
+                               (*client)->RegisterGroup("w", 10).status(),
+                               (*client)->DeleteGroup("w")}) {
+    EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
+    EXPECT_THAT(refused.message(), HasSubstr("certificate verify failed"));
+    EXPECT_THAT(refused.message(), HasSubstr("the daemon's certificate: certificate has expired"));
+    EXPECT_THAT(refused.message(), HasSubstr("/CN=optstate-expired-server"));
+    EXPECT_THAT(refused.message(), HasSubstr("until "));
+  }
+}
+
 TEST_F(TlsTest, AClientTrustingTheDaemonsCaWorks) {
   StartDaemon();
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(daemon_->target(), TlsOptions());
@@ -113,6 +134,10 @@ TEST_F(TlsTest, AClientTrustingAnotherCaOrExpectingAnotherNameIsRefusedSayingWhy
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(refused.message(), HasSubstr("certificate verify failed"));
   EXPECT_THAT(refused.message(), HasSubstr("tls_root_ca_file"));
+  // OpenSSL's own reason, from the client's diagnosing handshake.
+  EXPECT_THAT(refused.message(),
+              HasSubstr("the daemon's certificate: unable to get local issuer certificate"));
+  EXPECT_THAT(refused.message(), HasSubstr("/CN=optstate-server-one"));
   ClientOptions wrong_name = TlsOptions();
   wrong_name.tls_server_name = "not-the-daemon.example";
   refused = ListWith(wrong_name);
@@ -171,6 +196,38 @@ TEST_F(TlsTest, AClientCertificatesSpiffeIdNamesItsTenant) {
   ASSERT_TRUE(groups.ok());
   ASSERT_EQ(groups->size(), 1u);
   EXPECT_EQ((*groups)[0].name, "from-cert");
+}
+
+TEST_F(TlsTest, ACallerNamedByItsCertificateStepsOverTheWireAndSharedMemoryAsksForAToken) {
+  StartDaemon({"--tls_client_ca=" + certs_->ca, "--tls_trust_domain=test.example"});
+  ClientOptions by_cert = TlsOptions();
+  by_cert.token = "";
+  by_cert.tls_cert_file = certs_->client_cert;
+  by_cert.tls_key_file = certs_->client_key;
+  std::vector<float> grad(64, 0.25f), params(64);
+  // kAuto: the region socket cannot authenticate it, so the step takes the wire.
+  by_cert.data_plane = DataPlane::kAuto;
+  absl::StatusOr<std::unique_ptr<Client>> automatic = Client::Connect(daemon_->target(), by_cert);
+  ASSERT_TRUE(automatic.ok());
+  ASSERT_TRUE((*automatic)->RegisterGroup("w", 64).ok());
+  ASSERT_TRUE((*automatic)->Step("w", 1, grad, absl::MakeSpan(params)).ok());
+  ASSERT_TRUE((*automatic)->Step("w", 2, grad, absl::MakeSpan(params)).ok());
+  // kSharedMemory: refused, saying what to send.
+  by_cert.data_plane = DataPlane::kSharedMemory;
+  absl::StatusOr<std::unique_ptr<Client>> shared = Client::Connect(daemon_->target(), by_cert);
+  ASSERT_TRUE(shared.ok());
+  absl::Status refused = (*shared)->Step("w", 3, grad, absl::MakeSpan(params));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("needs a token"));
+  EXPECT_THAT(refused.message(), HasSubstr("authorization: Bearer"));
+  // With the tenant's token the same certificate gets shared memory.
+  by_cert.token = kToken;
+  absl::StatusOr<std::unique_ptr<Client>> with_token = Client::Connect(daemon_->target(), by_cert);
+  ASSERT_TRUE(with_token.ok());
+  EXPECT_TRUE((*with_token)->Step("w", 3, grad, absl::MakeSpan(params)).ok());
+  absl::StatusOr<GroupInfo> info = (*with_token)->DescribeGroup("w");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->min_step, 3u) << "steps 1-2 by certificate, 3 by token: one tenant";
 }
 
 TEST_F(TlsTest, AReplacedCertificateReachesNewConnectionsWhileAnOpenStreamGoesOn) {

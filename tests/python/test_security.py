@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import daemon_logs
 import optstate
 from models import MLP
 from optstate.torch import RemoteAdamW
@@ -34,6 +35,7 @@ def setup_dir(tmp_path_factory):
     openssl = "".join(doc_blocks("Set up, step by step")[:2])
     script = openssl + 'printf %s "$TOKEN" > token\n'
     subprocess.run(["bash", "-euc", script], cwd=d, check=True, capture_output=True)
+    daemon_logs.record_secrets((d / "token").read_text())
     return d
 
 
@@ -56,6 +58,7 @@ class SecureDaemon:
         self.process.terminate()
         assert self.process.wait(timeout=20) == 0
         self.process.stdout.close()
+        daemon_logs.keep_log(self.log)
         return self.log.read_text()
 
 
@@ -129,6 +132,22 @@ def test_client_errors_say_what_is_wrong(secure_daemons, setup_dir, monkeypatch)
                         max_attempts=1).list_groups()
     with pytest.raises(optstate.InvalidArgument, match="tls_root_ca"):
         optstate.Client(f"localhost:{d.port}", tls_root_ca=str(setup_dir / "missing.pem"))
+    # A certificate from another CA, and one that has expired: OpenSSL's reason for each.
+    other = setup_dir / "other"
+    other.mkdir(exist_ok=True)
+    subprocess.run(["bash", "-euc", doc_blocks("Set up, step by step")[0].split("TOKEN=")[0]],
+                   cwd=other, check=True, capture_output=True)
+    with pytest.raises(optstate.Unavailable,
+                       match="daemon's certificate: unable to get local issuer certificate"):
+        optstate.Client(f"localhost:{d.port}", tls_root_ca=str(other / "ca.pem"),
+                        token="x", max_attempts=1).list_groups()
+    subprocess.run(["openssl", "x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey",
+                    "ca.key", "-CAcreateserial", "-days", "-1", "-extfile", "server.ext", "-out",
+                    "expired.pem"], cwd=setup_dir, check=True, capture_output=True)
+    expired = secure_daemons(f"--tls_cert={setup_dir / 'expired.pem'}",
+                             f"--tls_key={setup_dir / 'server.key'}", tls=False)
+    with pytest.raises(optstate.Unavailable, match="daemon's certificate: certificate has expired"):
+        optstate.Client(f"localhost:{expired.port}", tls_root_ca=ca, max_attempts=1).list_groups()
 
 
 def grpcurl_binary():

@@ -1,6 +1,6 @@
 // Certificates made at test time with the openssl command: two CAs, server
-// certificates for localhost and 127.0.0.1, client certificates (with a
-// SPIFFE URI SAN) from either CA.
+// certificates for localhost and 127.0.0.1 (one of them expired), client
+// certificates (with a SPIFFE URI SAN) from either CA.
 #ifndef OPTSTATE_TESTS_TESTING_TEST_CERTIFICATES_H_
 #define OPTSTATE_TESTS_TESTING_TEST_CERTIFICATES_H_
 
@@ -15,6 +15,7 @@ struct TestCertificates {
   std::string ca, other_ca;
   std::string server_one_cert, server_one_key;  // CN optstate-server-one
   std::string server_two_cert, server_two_key;  // CN optstate-server-two
+  std::string expired_server_cert, expired_server_key;  // Not valid after yesterday.
   std::string client_cert, client_key;
   std::string other_client_cert, other_client_key;
 };
