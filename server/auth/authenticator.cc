@@ -128,7 +128,9 @@ absl::StatusOr<Caller> Authenticator::Authenticate(std::optional<absl::string_vi
   }
   for (const std::string& uri : peer_uris) {
     if (std::optional<std::string> tenant = TenantOfSpiffeId(uri, options_.spiffe_trust_domain)) {
-      return CallerOf(*current, *tenant);
+      Caller caller = CallerOf(*current, *tenant);
+      caller.by_certificate = true;
+      return caller;
     }
   }
   return absl::UnauthenticatedError(

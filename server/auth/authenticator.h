@@ -21,6 +21,9 @@ namespace optstate {
 struct Caller {
   std::string tenant;  // "" when the daemon has no tenants.
   bool admin = false;  // Sees and may delete every tenant's groups.
+  // Named by its client certificate's SPIFFE ID, not by a token (so it
+  // cannot authenticate on the region socket, which sees no certificate).
+  bool by_certificate = false;
 };
 
 struct AuthOptions {

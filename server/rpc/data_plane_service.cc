@@ -10,8 +10,19 @@ grpc::ServerUnaryReactor* DataPlaneService::GetDataPlane(grpc::CallbackServerCon
                                                          const v1::GetDataPlaneRequest*,
                                                          v1::GetDataPlaneResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::StatusOr<Caller> caller = AuthenticateCall(authenticator_, context); !caller.ok()) {
+  absl::StatusOr<Caller> caller = AuthenticateCall(authenticator_, context);
+  if (!caller.ok()) {
     reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
+  if (caller->by_certificate) {
+    // The region socket authenticates with tokens: it sees no certificate.
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        "the shared-memory data plane needs a token: this caller's tenant '" + caller->tenant +
+            "' comes from its client certificate, which the region socket cannot see; send "
+            "'authorization: Bearer TOKEN' (a tokens-file line for the tenant) to use shared "
+            "memory, or step over the wire (DataPlane::kWire, data_plane=\"wire\")"));
     return reactor;
   }
   absl::MutexLock lock(&mu_);
