@@ -104,6 +104,8 @@ LAYERS = {
     "client/include": PUBLIC_COMMON,
     # step: transport-free step logic (chunks, narrowing, checks).
     "client/step": ["client/include"] + PUBLIC_COMMON,
+    # placement: which member holds a group (rendezvous hashing); no gRPC.
+    "client/placement": ["client/include"] + PUBLIC_COMMON,
     # call: gRPC calls (status mapping, the retry loop, deadlines, the channel).
     "client/call": ["client/include", "proto"] + PUBLIC_COMMON + RPC,
     # transport: the StepTransport interface and what both transports share.
@@ -119,7 +121,8 @@ LAYERS = {
     # client: Client itself, assembled from the folders above; it holds the
     # channel and stub and makes the unary calls, so it sees gRPC.
     "client": ["client/transport/wire", "client/transport/shared_memory", "client/transport",
-               "client/call", "client/step", "client/include", "proto"] + PUBLIC_COMMON + RPC,
+               "client/call", "client/step", "client/placement", "client/include",
+               "proto"] + PUBLIC_COMMON + RPC,
     # python/src: the nanobind binding, on the public API only.
     "client/python/src": ["client/include", NANOBIND] + PUBLIC_COMMON,
 
