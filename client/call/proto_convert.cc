@@ -96,6 +96,7 @@ absl::StatusOr<GroupInfo> GroupInfoFromProto(const v1::GroupInfo& proto) {
   info.placement = PlacementFromProto(proto.placement());
   info.pages_awaiting_values = proto.pages_awaiting_values();
   info.tenant = proto.tenant();
+  info.moved_to = proto.moved_to();
   if (proto.has_lease()) {
     const v1::Lease& l = proto.lease();
     info.lease = Lease{l.holder(), l.job(), l.host(), l.pid(), l.last_call_unix_micros(),

@@ -161,6 +161,7 @@ absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& ke
     return placed;
   }
   groups_.emplace(key, *group);
+  moved_.erase(key);
   Log(LogLevel::kInfo, "registered group '", key.name, "': ", config.num_elements, " elements, ",
       (*group)->num_pages(), " pages, ", needed, " host bytes");
   return Registration{*group, true};
@@ -218,6 +219,7 @@ absl::StatusOr<std::shared_ptr<Group>> StateStore::Publish(StagedGroup& staged) 
   registering_.erase(key);
   if (!placed.ok()) return placed;
   groups_.emplace(key, staged.group_);
+  moved_.erase(key);
   staged.reserved_ = 0;  // The store counts it now.
   Log(LogLevel::kInfo, "group '", key.name,
       "' installed with its whole state: ", group.num_elements(), " elements, ", group.num_pages(),
@@ -230,6 +232,12 @@ absl::StatusOr<std::shared_ptr<Group>> StateStore::Find(const GroupKey& key) con
   absl::MutexLock lock(&mu_);
   auto it = groups_.find(key);
   if (it == groups_.end()) {
+    if (auto moved = moved_.find(key); moved != moved_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "group '", key.name, "' moved to daemon '", moved->second,
+          "' (a client's Rebalance moves groups when the daemons change): it is not here; use "
+          "it there, with the client given the new list of daemons"));
+    }
     return absl::NotFoundError(absl::StrCat("no group named '", key.name,
                                             "'; register it first (ListGroups lists them)",
                                             not_found_note_));
@@ -273,6 +281,15 @@ absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key, const LeaseClai
       groups_.erase(it);
       ReleaseLocked(key.tenant, group->host_bytes());
       removed_counters_.Add(group->counters());
+      if (group->move().sealed()) {
+        if (moved_.insert_or_assign(key, group->move().moved_to()).second) {
+          moved_order_.push_back(key);
+        }
+        while (moved_order_.size() > kMaxMoveNotes) {
+          moved_.erase(moved_order_.front());
+          moved_order_.pop_front();
+        }
+      }
     }
     group->mark_deleted();
     backend_->DetachGroup(*group);
@@ -283,6 +300,37 @@ absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key, const LeaseClai
   group.reset();  // Frees the memory unless a chunk in flight still holds it.
   if (trimmer_ != nullptr) trimmer_->RequestTrim();
   return freed;
+}
+
+absl::StatusOr<std::shared_ptr<Group>> StateStore::Seal(const GroupKey& key,
+                                                        const std::string& moved_to,
+                                                        const LeaseClaim& claim) {
+  const bool printable = std::all_of(moved_to.begin(), moved_to.end(),
+                                     [](char c) { return c > ' ' && c <= '~'; });
+  if (moved_to.empty() || moved_to.size() > 512 || !printable) {
+    return absl::InvalidArgumentError(
+        "a move must name the daemon the group moves to: 1 to 512 printable ASCII characters "
+        "without spaces");
+  }
+  absl::StatusOr<std::shared_ptr<Group>> group = Find(key);
+  if (!group.ok()) return group.status();
+  // Every page held: no chunk is in flight, and none applies after the seal.
+  PageRangeLock all_pages(**group);
+  if (absl::Status s = (*group)->lease().Check(claim, key.name, absl::Now()); !s.ok()) return s;
+  if ((*group)->deleted()) {
+    return absl::NotFoundError(absl::StrCat("no group named '", key.name, "' to move"));
+  }
+  (*group)->move().Seal(moved_to);
+  Log(LogLevel::kInfo, "group '", key.name, "' sealed at step ", (*group)->MaxStep(),
+      " for its move to ", moved_to);
+  return group;
+}
+
+std::optional<std::string> StateStore::MovedTo(const GroupKey& key) const {
+  absl::MutexLock lock(&mu_);
+  auto it = moved_.find(key);
+  if (it == moved_.end()) return std::nullopt;
+  return it->second;
 }
 
 bool StateStore::Unregister(const std::shared_ptr<Group>& group) {

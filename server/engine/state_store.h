@@ -5,7 +5,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,8 +84,9 @@ class StateStore {
   // on error nothing is visible and `staged` still owns the group.
   absl::StatusOr<std::shared_ptr<Group>> Publish(StagedGroup& staged);
 
-  // NOT_FOUND names the group; INVALID_ARGUMENT (without quoting it) for a
-  // name no group can have (ValidateGroupName), before any lookup.
+  // NOT_FOUND names the group; FAILED_PRECONDITION naming the daemon for a
+  // group deleted after a move (Seal); INVALID_ARGUMENT (without quoting it)
+  // for a name no group can have (ValidateGroupName), before any lookup.
   absl::StatusOr<std::shared_ptr<Group>> Find(const GroupKey& key) const;
 
   // Removes the group; its memory is freed once in-flight steps let go of it.
@@ -91,6 +94,19 @@ class StateStore {
   // INVALID_ARGUMENT for a name no group can have; FAILED_PRECONDITION when
   // another holder than `claim`'s leases it (GroupLease::Check).
   absl::StatusOr<uint64_t> Delete(const GroupKey& key, const LeaseClaim& claim = LeaseClaim());
+
+  // Seals the group for a move to the daemon `moved_to` names (GroupMove):
+  // waits for its chunks in flight, then no step applies to it. Deleting a
+  // sealed group leaves a note of the move (MovedTo) until a group of that
+  // key is registered or imported again. NOT_FOUND, INVALID_ARGUMENT and
+  // FAILED_PRECONDITION (the lease) as Delete; INVALID_ARGUMENT for an empty
+  // `moved_to`.
+  absl::StatusOr<std::shared_ptr<Group>> Seal(const GroupKey& key, const std::string& moved_to,
+                                              const LeaseClaim& claim = LeaseClaim());
+  // Where a deleted sealed group went; nullopt when no note is kept (the
+  // newest kMaxMoveNotes notes are).
+  std::optional<std::string> MovedTo(const GroupKey& key) const ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr size_t kMaxMoveNotes = 1 << 16;
 
   // Undoes the registration that created `group` (a RegisterGroup stream
   // that was refused or broke): removes it if it is still the group
@@ -167,6 +183,10 @@ class StateStore {
   CounterTotals removed_counters_ ABSL_GUARDED_BY(mu_);  // Of the groups no longer in groups_.
   std::atomic<int64_t> lease_term_us_{60'000'000};
   std::string not_found_note_ ABSL_GUARDED_BY(mu_);
+  // Deleted sealed groups: where each went, and the order the notes came in
+  // (the oldest is dropped past kMaxMoveNotes).
+  absl::flat_hash_map<GroupKey, std::string> moved_ ABSL_GUARDED_BY(mu_);
+  std::deque<GroupKey> moved_order_ ABSL_GUARDED_BY(mu_);
 };
 
 // INVALID_ARGUMENT unless `name` is 1 to 512 printable ASCII characters

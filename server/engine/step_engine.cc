@@ -2,6 +2,8 @@
 #include "server/engine/step_engine.h"
 
 #include <cmath>
+#include <optional>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -57,6 +59,14 @@ absl::Status NotFoundAfterDelete(const Group& group) {
   return absl::NotFoundError(absl::StrCat("group '", group.key().name, "' was deleted"));
 }
 
+// A step for a group sealed for a move, or moved away (StateStore::Seal).
+absl::Status MovedGroup(const std::string& name, const std::string& moved_to) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "group '", name, "' moved to daemon '", moved_to,
+      "' (a client's Rebalance moves groups when the daemons change); nothing was applied "
+      "here: step it there, with the client given the new list of daemons"));
+}
+
 absl::Status BrokenGroup(const Group& group) {
   return absl::DataLossError(absl::StrCat(
       "group '", group.key().name,
@@ -70,8 +80,9 @@ absl::StatusOr<ValidatedChunk> StepEngine::Validate(const StepChunk& chunk, Valu
   ValidatedChunk validated;
   validated.started = absl::Now();
   absl::StatusOr<std::shared_ptr<Group>> found = store_->Find(chunk.group);
-  if (!found.ok()) return found.status();
+  if (!found.ok()) return found.status();  // Moved away: FAILED_PRECONDITION saying where.
   Group& group = **found;
+  if (group.move().sealed()) return MovedGroup(group.key().name, group.move().moved_to());
   if (absl::Status s = group.lease().Check(ClaimOf(chunk), group.key().name, validated.started);
       !s.ok()) {
     return s;
@@ -194,6 +205,8 @@ absl::StatusOr<StepChunkResult> StepEngine::Apply(const StepChunk& chunk,
             chunk.step, "; a replay must name the page's current step"));
       }
     }
+    // Under the page locks: a seal (taken with every page lock) is seen here.
+    if (group.move().sealed()) return MovedGroup(group.key().name, group.move().moved_to());
     if (absl::Status s = group.lease().Admit(ClaimOf(chunk), group.key().name, absl::Now(),
                                              store_->lease_term());
         !s.ok()) {

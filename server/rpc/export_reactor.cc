@@ -16,7 +16,8 @@ constexpr uint64_t kChunkBytes = (1 << 20) - kMessageFieldRoomBytes;
 
 }  // namespace
 
-ExportReactor::ExportReactor(StepEngine* engine, const GroupKey& key, StreamRegistry* streams)
+ExportReactor::ExportReactor(StepEngine* engine, const GroupKey& key, StreamRegistry* streams,
+                             const std::string& moved_to, const LeaseClaim& lease)
     : engine_(engine), streams_(streams) {
   if (!streams_->Add(this)) {
     FinishOnce(StreamRegistry::ShuttingDownError());
@@ -26,7 +27,9 @@ ExportReactor::ExportReactor(StepEngine* engine, const GroupKey& key, StreamRegi
     absl::MutexLock lock(&mu_);
     in_registry_ = true;
   }
-  absl::StatusOr<std::shared_ptr<Group>> group = engine_->store()->Find(key);
+  absl::StatusOr<std::shared_ptr<Group>> group =
+      moved_to.empty() ? engine_->store()->Find(key)
+                       : engine_->store()->Seal(key, moved_to, lease);
   if (!group.ok()) {
     FinishOnce(group.status());
     return;

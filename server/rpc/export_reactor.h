@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
@@ -33,8 +34,12 @@ namespace optstate {
 class ExportReactor : public grpc::ServerWriteReactor<v1::ExportStateResponse>,
                       public ManagedStream {
  public:
-  // `streams` must outlive the reactor.
-  ExportReactor(StepEngine* engine, const GroupKey& key, StreamRegistry* streams);
+  // `streams` must outlive the reactor. `moved_to` non-empty: the group is
+  // sealed for its move there first (StateStore::Seal, under `lease`; it
+  // waits for the group's chunks in flight), and a refused seal ends the
+  // call with its status before anything is written.
+  ExportReactor(StepEngine* engine, const GroupKey& key, StreamRegistry* streams,
+                const std::string& moved_to = "", const LeaseClaim& lease = LeaseClaim());
 
   void OnWriteDone(bool ok) override;
   void OnDone() override;

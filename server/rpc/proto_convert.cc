@@ -89,6 +89,7 @@ void GroupInfoToProto(const Group& group, v1::GroupInfo* proto) {
     out->set_expires_unix_micros(absl::ToUnixMicros(lease->expires));
     out->set_expired(lease->expired);
   }
+  if (group.move().sealed()) proto->set_moved_to(group.move().moved_to());
   if (std::optional<SteppedWith> last = group.last_step().Get(); last.has_value()) {
     v1::LastStep* out = proto->mutable_last_step();
     const AdamWHyperparameters& h = last->hyperparameters;

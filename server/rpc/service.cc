@@ -246,10 +246,12 @@ grpc::ServerUnaryReactor* OptimizerStateService::DeleteGroup(grpc::CallbackServe
 grpc::ServerWriteReactor<v1::ExportStateResponse>* OptimizerStateService::ExportState(
     grpc::CallbackServerContext* context, const v1::ExportStateRequest* request) {
   absl::StatusOr<Caller> caller = CallerOf(context);
-  if (!caller.ok()) {
-    return new RefusedWriteReactor<v1::ExportStateResponse>(ToGrpcStatus(caller.status()));
+  absl::StatusOr<LeaseClaim> lease = caller.ok() ? LeaseClaimOf(context) : caller.status();
+  if (!lease.ok()) {
+    return new RefusedWriteReactor<v1::ExportStateResponse>(ToGrpcStatus(lease.status()));
   }
-  return new ExportReactor(engine_, GroupKey{caller->tenant, request->name()}, &streams_);
+  return new ExportReactor(engine_, GroupKey{caller->tenant, request->name()}, &streams_,
+                           request->moved_to(), *lease);
 }
 
 grpc::ServerReadReactor<v1::ImportStateRequest>* OptimizerStateService::ImportState(

@@ -4,7 +4,7 @@
 // (group_key.h), what registration fixes (group_config.h), where it lives
 // (placement.h), per-page steps (page_table.h), counters (group_counters.h),
 // the job that holds it (group_lease.h), its last step's hyperparameters
-// (last_step_record.h).
+// (last_step_record.h), whether it is sealed for a move (group_move.h).
 #ifndef OPTSTATE_SERVER_STATE_GROUP_H_
 #define OPTSTATE_SERVER_STATE_GROUP_H_
 
@@ -21,6 +21,7 @@
 #include "server/state/group_counters.h"
 #include "server/state/group_key.h"
 #include "server/state/group_lease.h"
+#include "server/state/group_move.h"
 #include "server/state/host_allocator.h"
 #include "server/state/last_step_record.h"
 #include "server/state/page_table.h"
@@ -81,6 +82,8 @@ class Group {
   GroupLease& lease() const { return lease_; }
   // What the last applied step used (thread-safe).
   LastStepRecord& last_step() const { return last_step_; }
+  // Whether it is sealed for a move to another daemon (thread-safe).
+  GroupMove& move() const { return move_; }
 
   // Set, with every page mutex held, when the group is deleted; a step that
   // finds it set after taking its page mutexes must not touch the state.
@@ -115,6 +118,7 @@ class Group {
   mutable GroupCounters counters_;
   mutable GroupLease lease_;
   mutable LastStepRecord last_step_;
+  mutable GroupMove move_;
 };
 
 }  // namespace optstate

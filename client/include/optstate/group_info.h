@@ -75,6 +75,12 @@ struct GroupInfo {
   std::optional<Lease> lease;  // Unset: no job holds it.
   // Unset: not stepped since the daemon registered, imported or restored it.
   std::optional<LastStep> last_step;
+  // A client of several daemons (docs/scale-out.md): the identity of the
+  // one that answered for the group. Empty from a client of one daemon.
+  std::string member;
+  // Set while the group is sealed for a move to that daemon (a Rebalance
+  // under way): its steps are refused here.
+  std::string moved_to;
 };
 
 }  // namespace optstate
