@@ -77,6 +77,15 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
 }
 
 absl::Status Client::WaitUntilReachable(absl::Duration timeout) {
+  if (impl_->several) {
+    for (const auto& m : impl_->MembersNow()) {
+      if (absl::Status s = m->shared->WaitUntilReachable(timeout); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("daemon '", m->target.identity, "' (",
+                                                   m->target.target, "): ", s.message()));
+      }
+    }
+    return absl::OkStatus();
+  }
   const absl::Time deadline = absl::Now() + timeout;
   if (impl_->channel->WaitForConnected(absl::ToChronoTime(deadline))) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat(
@@ -167,6 +176,11 @@ absl::StatusOr<GroupInfo> Client::Impl::Register(const v1::GroupSpec& spec,
 absl::StatusOr<GroupInfo> Client::RegisterGroup(const std::string& name,
                                                 absl::Span<const float> initial_values,
                                                 const Hyperparameters& h) {
+  if (Client* owner = OwnerClient(name)) {
+    absl::StatusOr<GroupInfo> info = owner->RegisterGroup(name, initial_values, h);
+    if (info.ok()) info->member = MemberOf(name);
+    return info;
+  }
   if (initial_values.empty()) {
     return absl::InvalidArgumentError("RegisterGroup needs at least one initial value");
   }
@@ -181,10 +195,20 @@ absl::StatusOr<GroupInfo> Client::RegisterGroup(const std::string& name,
 
 absl::StatusOr<GroupInfo> Client::RegisterGroup(const std::string& name, uint64_t num_elements,
                                                 const Hyperparameters& h) {
+  if (Client* owner = OwnerClient(name)) {
+    absl::StatusOr<GroupInfo> info = owner->RegisterGroup(name, num_elements, h);
+    if (info.ok()) info->member = MemberOf(name);
+    return info;
+  }
   return impl_->Register(MakeSpec(name, num_elements, h, false), {});
 }
 
 absl::StatusOr<GroupInfo> Client::DescribeGroup(const std::string& name) {
+  if (Client* owner = OwnerClient(name)) {
+    absl::StatusOr<GroupInfo> info = owner->DescribeGroup(name);
+    if (info.ok()) info->member = MemberOf(name);
+    return info;
+  }
   v1::DescribeGroupRequest request;
   request.set_name(name);
   v1::DescribeGroupResponse response;
@@ -196,6 +220,7 @@ absl::StatusOr<GroupInfo> Client::DescribeGroup(const std::string& name) {
 }
 
 absl::StatusOr<std::vector<GroupInfo>> Client::ListGroups() {
+  if (impl_->several) return ListMembers();
   // Page by page (each retried on its own) until the daemon says none is left.
   std::vector<GroupInfo> out;
   v1::ListGroupsRequest request;
@@ -216,6 +241,7 @@ absl::StatusOr<std::vector<GroupInfo>> Client::ListGroups() {
 }
 
 absl::StatusOr<Stats> Client::GetStats() {
+  if (impl_->several) return StatsOfMembers();
   // Page by page (each retried on its own): the totals as the first page
   // gives them, then every page's groups.
   std::optional<Stats> out;
@@ -239,6 +265,7 @@ absl::StatusOr<Stats> Client::GetStats() {
 }
 
 absl::Status Client::DeleteGroup(const std::string& name) {
+  if (Client* owner = OwnerClient(name)) return owner->DeleteGroup(name);
   grpc::ClientContext context;
   PrepareContext(&context, impl_->options);
   v1::DeleteGroupRequest request;

@@ -25,11 +25,13 @@ uint64_t ChunkBytes(const ClientOptions& options) {
 
 absl::StatusOr<Client::GroupState> ExportOnce(v1::OptimizerState::Stub& stub,
                                               const ClientOptions& options,
-                                              const std::string& name) {
+                                              const std::string& name,
+                                              const std::string& moved_to) {
   grpc::ClientContext context;
   PrepareContext(&context, options);
   v1::ExportStateRequest request;
   request.set_name(name);
+  request.set_moved_to(moved_to);
   std::unique_ptr<grpc::ClientReader<v1::ExportStateResponse>> reader =
       stub.ExportState(&context, request);
   v1::ExportStateResponse response;
@@ -142,9 +144,15 @@ absl::Status ImportOnce(v1::OptimizerState::Stub& stub, const ClientOptions& opt
 }  // namespace
 
 absl::StatusOr<Client::GroupState> Client::ExportState(const std::string& name) {
+  if (Client* owner = OwnerClient(name)) return owner->ExportState(name);
+  return ExportStateForMove(name, "");
+}
+
+absl::StatusOr<Client::GroupState> Client::ExportStateForMove(const std::string& name,
+                                                              const std::string& moved_to) {
   absl::StatusOr<GroupState> state;
   absl::Status status = WithRetries(impl_->options, [&](int) {
-    state = ExportOnce(*impl_->stub, impl_->options, name);
+    state = ExportOnce(*impl_->stub, impl_->options, name, moved_to);
     return state.status();
   });
   if (!status.ok()) return impl_->Explain(status);
@@ -152,6 +160,7 @@ absl::StatusOr<Client::GroupState> Client::ExportState(const std::string& name) 
 }
 
 absl::Status Client::ImportState(const GroupState& state) {
+  if (Client* owner = OwnerClient(state.name)) return owner->ImportState(state);
   const size_t n = state.params.size();
   if (n == 0 || state.exp_avg.size() != n || state.exp_avg_sq.size() != n) {
     return absl::InvalidArgumentError(
@@ -177,6 +186,7 @@ absl::Status Client::ImportState(const GroupState& state) {
 
 absl::StatusOr<Client::CheckpointResult> Client::Checkpoint(
     const CheckpointRequestOptions& options) {
+  if (impl_->several) return CheckpointMembers(options);
   grpc::ClientContext context;
   PrepareContext(&context, impl_->options);
   v1::CheckpointRequest request;
@@ -190,6 +200,7 @@ absl::StatusOr<Client::CheckpointResult> Client::Checkpoint(
 
 absl::StatusOr<Client::RewindResult> Client::RewindJob(const std::string& prefix,
                                                       std::optional<uint64_t> step) {
+  if (impl_->several) return RewindMembers(prefix, step);
   grpc::ClientContext context;
   PrepareContext(&context, impl_->options);
   v1::RewindJobRequest request;

@@ -19,6 +19,18 @@
 
 namespace optstate {
 
+namespace client_internal {
+
+// One daemon of a client of several.
+struct ClientMember {
+  MemberTarget target;  // identity filled in (the target when none given).
+  // Shared by the member lists before and after a Rebalance that keeps it.
+  std::shared_ptr<Client> shared;
+};
+using MemberList = std::vector<std::shared_ptr<const ClientMember>>;
+
+}  // namespace client_internal
+
 // Shared by every thread that calls the Client: the first five members are
 // set by Connect and only read after it; the layout cache is under `mu`.
 struct Client::Impl {
@@ -30,6 +42,15 @@ struct Client::Impl {
   std::unique_ptr<grpc::internal::RpcMethod> raw_step;
   // Wire or shared memory (ClientOptions::data_plane); holds the region.
   client_internal::DataPlaneChoice data_plane;
+
+  // A client of several daemons (client_members.cc): each member's own
+  // client of one daemon, in the order given. Empty for a client of one
+  // daemon (then channel, stub, raw_step and data_plane serve); channel is
+  // null otherwise. Replaced whole by Rebalance: callers take a snapshot.
+  bool several = false;  // Set by Connect, never changed.
+  mutable absl::Mutex members_mu;
+  client_internal::MemberList members ABSL_GUARDED_BY(members_mu);
+  client_internal::MemberList MembersNow() const ABSL_LOCKS_EXCLUDED(members_mu);
 
   // Layouts of groups this client has seen (page size, element count).
   absl::Mutex mu;

@@ -77,7 +77,29 @@ absl::Status Client::Impl::Send(StepTransport& transport, size_t messages, const
 
 absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
                           const StepOptions& options) {
+  return Step(groups, step, options, nullptr);
+}
+
+absl::Status Client::Step(absl::Span<const GroupStep> groups, uint64_t step,
+                          const StepOptions& options, StepReport* report) {
   if (absl::Status s = client_internal::CheckStep(groups, step, options); !s.ok()) return s;
+  if (impl_->several) return StepMembers(groups, step, options, report);
+  absl::Status status = StepOneDaemon(groups, step, options);
+  if (report != nullptr) {
+    *report = StepReport();
+    for (const GroupStep& g : groups) {
+      if (status.ok()) {
+        report->stepped.push_back(g.group);
+      } else {
+        report->failed.push_back({g.group, impl_->target, status});
+      }
+    }
+  }
+  return status;
+}
+
+absl::Status Client::StepOneDaemon(absl::Span<const GroupStep> groups, uint64_t step,
+                                   const StepOptions& options) {
   const ChunkLimits limits{impl_->options.chunk_bytes,
                            static_cast<uint64_t>(impl_->options.max_message_bytes),
                            options.gradient_dtype, options.param_dtype};
@@ -115,6 +137,11 @@ absl::Status Client::Step(const std::string& group, uint64_t step, ConstBufferVi
 }
 
 absl::StatusOr<std::unique_ptr<SharedBuffer>> Client::AllocateSharedBuffer(uint64_t bytes) {
+  if (impl_->several) {
+    return absl::FailedPreconditionError(
+        "a SharedBuffer is one daemon's region; a client of several daemons steps from the "
+        "caller's own memory (each daemon on this host still gets shared memory)");
+  }
   absl::StatusOr<std::shared_ptr<client_internal::SharedMapping>> mapping =
       impl_->data_plane.AllocateShared(impl_->channel.get(), impl_->options, bytes);
   if (!mapping.ok()) return mapping.status();

@@ -15,6 +15,7 @@ include(CMakePackageConfigHelpers)
 set(OPTSTATE_CLIENT_EXPORT_TARGETS
   optstate_client optstate_client_layer_wire optstate_client_layer_shared_memory
   optstate_client_layer_transport optstate_client_layer_call optstate_client_layer_step
+  optstate_client_layer_placement
   optstate_proto optstate_region_protocol optstate_common)
 # Folders holding the client's public headers (their optstate/ subfolder is
 # installed as include/optstate/).

@@ -4,6 +4,7 @@
 #define OPTSTATE_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -106,6 +107,47 @@ struct ClientOptions {
   // this long after the first failed one, beyond max_attempts.
   // Zero: max_attempts alone bounds them.
   absl::Duration reconnect_timeout = absl::ZeroDuration();
+
+  // Several daemons (docs/scale-out.md): with one target given, resolve it
+  // (a DNS name of several addresses: a Kubernetes headless Service) at
+  // Connect and make each address a member, named by its reverse-DNS name
+  // (a StatefulSet pod's) where it has one, else by "IP:PORT".
+  bool members_from_dns = false;
+};
+
+// One daemon of a client of several (docs/scale-out.md).
+struct MemberTarget {
+  std::string target;    // Where to connect ("host:port").
+  std::string identity;  // What placement hashes; empty: the target.
+  double weight = 1.0;   // Relative capacity, finite and > 0.
+};
+
+// What a Step of several daemons did: the groups that stepped, and those
+// that did not, each with its daemon and why. Retry the step with the
+// groups of `failed` alone (resending the others would be answered from the
+// daemons' replay, never applied twice, but costs their bytes again).
+struct StepReport {
+  struct Failure {
+    std::string group;
+    std::string member;  // The daemon's identity (the target with one daemon).
+    absl::Status status;
+  };
+  std::vector<std::string> stepped;
+  std::vector<Failure> failed;
+};
+
+struct RebalanceOptions {
+  // Called before each action, in order (a test stops the process at one).
+  // `what` is "export NAME from ID to ID", "import NAME into ID" or
+  // "delete NAME from ID".
+  std::function<void(const std::string& what)> before_each;
+};
+
+struct RebalanceResult {
+  uint64_t moved = 0;               // Groups moved to their new owner.
+  uint64_t copies_deleted = 0;      // Stale or finished-move copies removed.
+  uint64_t untouched = 0;           // Groups already on their owner alone.
+  std::vector<std::string> log;     // Every action, as passed to before_each.
 };
 
 // One group's part of a step: its whole gradient, and where the updated
@@ -151,6 +193,36 @@ class Client {
   // scheme.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& target,
                                                          const ClientOptions& options = {});
+  // A client of several daemons (docs/scale-out.md): each group lives on the
+  // member that rendezvous hashing of (group name, member identity) ranks
+  // first; calls naming a group go to its member, ListGroups, GetStats,
+  // Checkpoint and RewindJob to all, and Step runs one stream per member in
+  // parallel. One target: the same as Connect(target). INVALID_ARGUMENT for
+  // no targets, a repeated identity or a weight that is not finite and > 0.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::vector<std::string>& targets,
+                                                         const ClientOptions& options = {});
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::vector<MemberTarget>& members,
+                                                         const ClientOptions& options = {});
+  // The members, in the order given (one entry, with the target as its
+  // identity, for a client of one daemon).
+  std::vector<MemberTarget> Members() const;
+  // The identity of the member that holds (or would hold) `group`.
+  std::string MemberOf(const std::string& group) const;
+
+  // Moves every group whose owner changes to `members` (called between
+  // steps, by one process of the job): for each, ExportState from the copy
+  // that is current (the highest page steps; ExportStateRequest.moved_to
+  // seals it there first, so it cannot step on), ImportState into the new
+  // owner, then DeleteGroup of the old copy, one group at a time. A crash at
+  // any point leaves every group whole on at least one member, and the next
+  // Rebalance finishes the move: it finds the copies by listing every old
+  // and new member, keeps the one with the highest (max_step, min_step),
+  // preferring the owner's on a tie, and deletes the rest. Afterwards this
+  // client uses `members`. A daemon that cannot be listed stops it before
+  // anything moves (UNAVAILABLE naming it); a failed action stops it there
+  // (call it again).
+  absl::StatusOr<RebalanceResult> Rebalance(const std::vector<MemberTarget>& members,
+                                            const RebalanceOptions& options = {});
 
   // Waits until the channel is connected, up to `timeout`: UNAVAILABLE
   // saying so when no daemon answered by then (a trainer's first check that
@@ -201,6 +273,15 @@ class Client {
   // The same for one group.
   absl::Status Step(const std::string& group, uint64_t step, ConstBufferView gradient,
                     BufferView params_out, const StepOptions& options = {});
+  // The same, saying which groups stepped (`report`). With several daemons a
+  // daemon that fails fails its groups only: the others' groups are stepped
+  // and their params returned; the status is that daemon's (UNAVAILABLE when
+  // any daemon was unreachable), its message names each failed daemon and
+  // its groups, and carries them as the payload kNotSteppedPayload (the
+  // group names, one per line).
+  absl::Status Step(absl::Span<const GroupStep> groups, uint64_t step, const StepOptions& options,
+                    StepReport* report);
+  static constexpr const char* kNotSteppedPayload = "type.optstate.dev/not_stepped";
 
   // `bytes` (> 0) of memory shared with the daemon, registered as a region
   // of this client's (SharedBuffer says how Step uses it). Allocate one
@@ -290,6 +371,22 @@ class Client {
  private:
   struct Impl;
   explicit Client(std::unique_ptr<Impl> impl);
+  // The same calls on a client of several daemons (client_members.cc).
+  absl::Status StepMembers(absl::Span<const GroupStep> groups, uint64_t step,
+                           const StepOptions& options, StepReport* report);
+  absl::StatusOr<std::vector<GroupInfo>> ListMembers();
+  absl::StatusOr<Stats> StatsOfMembers();
+  absl::StatusOr<CheckpointResult> CheckpointMembers(const CheckpointRequestOptions& options);
+  absl::StatusOr<RewindResult> RewindMembers(const std::string& prefix,
+                                             std::optional<uint64_t> step);
+  // Step on a client of one daemon (client_step.cc).
+  absl::Status StepOneDaemon(absl::Span<const GroupStep> groups, uint64_t step,
+                             const StepOptions& options);
+  // The member client that holds `group` (with several daemons), else null.
+  Client* OwnerClient(const std::string& group) const;
+  // ExportState with ExportStateRequest.moved_to (Rebalance).
+  absl::StatusOr<GroupState> ExportStateForMove(const std::string& name,
+                                                const std::string& moved_to);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -81,6 +81,17 @@ struct HeapStats {
   uint64_t trims = 0;           // Trims since the daemon started.
 };
 
+// One daemon of a client of several (docs/scale-out.md).
+struct MemberStats {
+  std::string identity;  // What placement hashes.
+  std::string target;    // Where the client connects.
+  double weight = 1.0;
+  uint64_t num_groups = 0;  // The caller's groups it holds...
+  uint64_t total_elements = 0;
+  uint64_t host_bytes = 0;  // ...and its daemon-wide host memory and limit.
+  uint64_t max_host_bytes = 0;
+};
+
 struct Stats {
   std::string backend;      // "cpu" or "cuda".
   uint64_t num_groups = 0;  // The caller's groups; the counters below sum over them...
@@ -111,6 +122,10 @@ struct Stats {
   bool has_state_dir = false;
   uint64_t restored_groups = 0;
   int64_t lease_seconds = 0;
+  // A client of several daemons: one entry per daemon, and the totals above
+  // summed over them (host_bytes and max_host_bytes too; the daemon facts
+  // after `threads` are the first daemon's). Empty from a client of one.
+  std::vector<MemberStats> members;
 };
 
 }  // namespace optstate

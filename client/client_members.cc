@@ -1,0 +1,411 @@
+// A Client of several daemons: placement by rendezvous hashing
+// (placement/rendezvous.h), one member Client of one daemon each; a Step
+// splits its groups by member and runs the members' steps in parallel;
+// Rebalance moves groups between members (docs/scale-out.md).
+#include <algorithm>
+#include <map>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/client_impl.h"
+#include "client/step/finite_check.h"
+#include "client/placement/dns_members.h"
+#include "client/placement/rendezvous.h"
+
+namespace optstate {
+
+namespace {
+
+using client_internal::OwnerOf;
+using client_internal::PlacementMember;
+
+std::vector<MemberTarget> WithIdentities(std::vector<MemberTarget> members) {
+  for (MemberTarget& m : members) {
+    if (m.identity.empty()) m.identity = m.target;
+  }
+  return members;
+}
+
+std::vector<PlacementMember> PlacementOf(const std::vector<MemberTarget>& members) {
+  std::vector<PlacementMember> out;
+  out.reserve(members.size());
+  for (const MemberTarget& m : members) out.push_back({m.identity, m.weight});
+  return out;
+}
+
+absl::Status CheckMemberTargets(const std::vector<MemberTarget>& members) {
+  for (const MemberTarget& m : members) {
+    if (m.target.empty()) {
+      return absl::InvalidArgumentError("a member's target is empty: give host:port");
+    }
+  }
+  return client_internal::CheckMembers(PlacementOf(members));
+}
+
+using client_internal::ClientMember;
+using client_internal::MemberList;
+
+// Connects each of `members`, reusing the member clients of `reuse` whose
+// identity and target are the same.
+absl::StatusOr<MemberList> ConnectAll(const std::vector<MemberTarget>& members,
+                                   const ClientOptions& options, const MemberList& reuse) {
+  MemberList out;
+  for (const MemberTarget& m : members) {
+    auto same = std::find_if(reuse.begin(), reuse.end(), [&](const auto& r) {
+      return r->target.identity == m.identity && r->target.target == m.target;
+    });
+    if (same != reuse.end()) {
+      // Shared: the reused Member keeps its client; its weight may change.
+      auto member = std::make_shared<ClientMember>();
+      member->target = m;
+      member->shared = (*same)->shared;
+      out.push_back(std::move(member));
+      continue;
+    }
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(m.target, options);
+    if (!client.ok()) {
+      return absl::Status(client.status().code(), absl::StrCat("member '", m.identity, "' (",
+                                                               m.target, "): ",
+                                                               client.status().message()));
+    }
+    auto member = std::make_shared<ClientMember>();
+    member->target = m;
+    member->shared = std::shared_ptr<Client>(std::move(*client));
+    out.push_back(std::move(member));
+  }
+  return out;
+}
+
+std::vector<MemberTarget> TargetsOf(const MemberList& members) {
+  std::vector<MemberTarget> out;
+  for (const auto& m : members) out.push_back(m->target);
+  return out;
+}
+
+const ClientMember& OwnerIn(const MemberList& members, const std::string& group) {
+  return *members[OwnerOf(PlacementOf(TargetsOf(members)), "", group)];
+}
+
+// Runs fn(i) for i in [0, n) on threads of their own, and waits.
+template <typename Fn>
+void ForEachInParallel(size_t n, Fn fn) {
+  if (n == 1) {
+    fn(0);
+    return;
+  }
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (size_t i = 0; i < n; ++i) threads.emplace_back([&fn, i] { fn(i); });
+  for (std::thread& t : threads) t.join();
+}
+
+absl::Status InMember(const MemberTarget& m, const absl::Status& status) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat("daemon '", m.identity, "' (", m.target,
+                                                  "): ", status.message()));
+}
+
+}  // namespace
+
+MemberList Client::Impl::MembersNow() const {
+  absl::MutexLock lock(&members_mu);
+  return members;
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::vector<std::string>& targets,
+                                                        const ClientOptions& options) {
+  std::vector<MemberTarget> members;
+  for (const std::string& t : targets) members.push_back({t, "", 1.0});
+  return Connect(members, options);
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::vector<MemberTarget>& given,
+                                                        const ClientOptions& options) {
+  std::vector<MemberTarget> members = WithIdentities(given);
+  if (options.members_from_dns) {
+    if (members.size() != 1) {
+      return absl::InvalidArgumentError(
+          "ClientOptions.members_from_dns takes exactly one target (the DNS name)");
+    }
+    absl::StatusOr<std::vector<client_internal::ResolvedMember>> resolved =
+        client_internal::ResolveMembers(members[0].target);
+    if (!resolved.ok()) return resolved.status();
+    members.clear();
+    for (const auto& r : *resolved) members.push_back({r.target, r.identity, 1.0});
+  }
+  if (absl::Status s = CheckMemberTargets(members); !s.ok()) return s;
+  ClientOptions each = options;
+  each.members_from_dns = false;
+  absl::StatusOr<MemberList> connected = ConnectAll(members, each, {});
+  if (!connected.ok()) return connected.status();
+  auto impl = std::make_unique<Impl>();
+  impl->options = each;
+  impl->several = true;
+  impl->members = std::move(*connected);
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+std::vector<MemberTarget> Client::Members() const {
+  if (!impl_->several) return {MemberTarget{impl_->target, impl_->target, 1.0}};
+  return TargetsOf(impl_->MembersNow());
+}
+
+std::string Client::MemberOf(const std::string& group) const {
+  if (!impl_->several) return impl_->target;
+  return OwnerIn(impl_->MembersNow(), group).target.identity;
+}
+
+Client* Client::OwnerClient(const std::string& group) const {
+  if (!impl_->several) return nullptr;
+  return OwnerIn(impl_->MembersNow(), group).shared.get();
+}
+
+absl::Status Client::StepMembers(absl::Span<const GroupStep> groups, uint64_t step,
+                                 const StepOptions& options, StepReport* report) {
+  // Refused whole before any daemon is sent anything, as with one daemon:
+  // a gradient that is not finite (the members check again as they send).
+  for (const GroupStep& g : groups) {
+    if (g.gradient.data() == nullptr) continue;
+    if (absl::Status s = client_internal::CheckGivenFinite(g, options, 0, g.gradient.size());
+        !s.ok()) {
+      return s;
+    }
+  }
+  const MemberList members = impl_->MembersNow();
+  const std::vector<PlacementMember> placement = PlacementOf(TargetsOf(members));
+  std::vector<std::vector<GroupStep>> parts(members.size());
+  for (const GroupStep& g : groups) parts[OwnerOf(placement, "", g.group)].push_back(g);
+  std::vector<size_t> busy;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (!parts[i].empty()) busy.push_back(i);
+  }
+  std::vector<absl::Status> statuses(busy.size());
+  ForEachInParallel(busy.size(), [&](size_t k) {
+    statuses[k] = members[busy[k]]->shared->Step(parts[busy[k]], step, options);
+    // A daemon that stopped answering mid-step (its link is down) runs out
+    // the attempts' deadlines: to the caller it is unavailable, as one that
+    // refuses connections.
+    if (statuses[k].code() == absl::StatusCode::kDeadlineExceeded) {
+      statuses[k] = absl::UnavailableError(
+          absl::StrCat("did not answer in time: ", statuses[k].message()));
+    }
+  });
+  StepReport local;
+  StepReport& out = report != nullptr ? *report : local;
+  out = StepReport();
+  std::vector<std::string> faults, not_stepped;
+  absl::StatusCode code = absl::StatusCode::kOk;
+  for (size_t k = 0; k < busy.size(); ++k) {
+    const MemberTarget& m = members[busy[k]]->target;
+    std::vector<std::string> names;
+    for (const GroupStep& g : parts[busy[k]]) names.push_back(g.group);
+    if (statuses[k].ok()) {
+      out.stepped.insert(out.stepped.end(), names.begin(), names.end());
+      continue;
+    }
+    for (const std::string& n : names) out.failed.push_back({n, m.identity, statuses[k]});
+    not_stepped.insert(not_stepped.end(), names.begin(), names.end());
+    if (code == absl::StatusCode::kOk || statuses[k].code() == absl::StatusCode::kUnavailable) {
+      code = statuses[k].code();
+    }
+    faults.push_back(absl::StrCat("daemon '", m.identity, "' (", m.target, "): ",
+                                  statuses[k].message(), "; its ", names.size(),
+                                  " groups did not step: ", absl::StrJoin(names, ", ")));
+  }
+  if (faults.empty()) return absl::OkStatus();
+  absl::Status status(code, absl::StrCat("step ", step, ": ", absl::StrJoin(faults, "; "), ". ",
+                                         out.stepped.size(), " of ", groups.size(),
+                                         " groups stepped on the other daemons; retry the step "
+                                         "with the groups that did not"));
+  status.SetPayload(kNotSteppedPayload, absl::Cord(absl::StrJoin(not_stepped, "\n")));
+  return status;
+}
+
+absl::StatusOr<std::vector<GroupInfo>> Client::ListMembers() {
+  const MemberList members = impl_->MembersNow();
+  std::vector<absl::StatusOr<std::vector<GroupInfo>>> lists(members.size());
+  ForEachInParallel(members.size(), [&](size_t i) { lists[i] = members[i]->shared->ListGroups(); });
+  std::vector<GroupInfo> out;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (!lists[i].ok()) return InMember(members[i]->target, lists[i].status());
+    for (GroupInfo& g : *lists[i]) {
+      g.member = members[i]->target.identity;
+      out.push_back(std::move(g));
+    }
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const GroupInfo& a, const GroupInfo& b) { return a.name < b.name; });
+  return out;
+}
+
+absl::StatusOr<Stats> Client::StatsOfMembers() {
+  const MemberList members = impl_->MembersNow();
+  std::vector<absl::StatusOr<Stats>> each(members.size());
+  ForEachInParallel(members.size(), [&](size_t i) { each[i] = members[i]->shared->GetStats(); });
+  Stats out;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (!each[i].ok()) return InMember(members[i]->target, each[i].status());
+    Stats& s = *each[i];
+    if (i == 0) {
+      out = s;
+      out.groups.clear();
+      out.num_groups = out.total_elements = out.host_bytes = out.max_host_bytes = 0;
+      out.chunks_applied = out.chunks_replayed = out.bytes_received = out.bytes_sent = 0;
+    }
+    out.num_groups += s.num_groups;
+    out.total_elements += s.total_elements;
+    out.host_bytes += s.host_bytes;
+    out.max_host_bytes += s.max_host_bytes;
+    out.chunks_applied += s.chunks_applied;
+    out.chunks_replayed += s.chunks_replayed;
+    out.bytes_received += s.bytes_received;
+    out.bytes_sent += s.bytes_sent;
+    const MemberTarget& m = members[i]->target;
+    out.members.push_back(
+        {m.identity, m.target, m.weight, s.num_groups, s.total_elements, s.host_bytes,
+         s.max_host_bytes});
+    for (GroupStats& g : s.groups) {
+      g.info.member = m.identity;
+      out.groups.push_back(std::move(g));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<Client::CheckpointResult> Client::CheckpointMembers(
+    const CheckpointRequestOptions& options) {
+  const MemberList members = impl_->MembersNow();
+  const std::vector<PlacementMember> placement = PlacementOf(TargetsOf(members));
+  // Each member checkpoints its own part of `groups` (all of its groups when
+  // none are named); with wait_for_step, each waits for its own.
+  std::vector<CheckpointRequestOptions> parts(members.size());
+  for (CheckpointRequestOptions& p : parts) p.wait_for_step = options.wait_for_step;
+  for (const std::string& g : options.groups) parts[OwnerOf(placement, "", g)].groups.push_back(g);
+  std::vector<absl::StatusOr<CheckpointResult>> each(members.size());
+  ForEachInParallel(members.size(), [&](size_t i) {
+    if (!options.groups.empty() && parts[i].groups.empty()) {
+      each[i] = CheckpointResult{};
+      return;
+    }
+    each[i] = members[i]->shared->Checkpoint(parts[i]);
+  });
+  CheckpointResult out;
+  std::vector<std::string> ids;
+  bool first = true;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (!each[i].ok()) return InMember(members[i]->target, each[i].status());
+    if (each[i]->id.empty()) continue;
+    ids.push_back(absl::StrCat(members[i]->target.identity, "=", each[i]->id));
+    out.step = first ? each[i]->step : std::min(out.step, each[i]->step);
+    out.bytes += each[i]->bytes;
+    first = false;
+  }
+  out.id = absl::StrJoin(ids, ",");
+  return out;
+}
+
+absl::StatusOr<Client::RewindResult> Client::RewindMembers(const std::string& prefix,
+                                                          std::optional<uint64_t> step) {
+  const MemberList members = impl_->MembersNow();
+  std::vector<absl::StatusOr<RewindResult>> each(members.size());
+  ForEachInParallel(members.size(),
+                    [&](size_t i) { each[i] = members[i]->shared->RewindJob(prefix, step); });
+  RewindResult out;
+  std::vector<std::string> ids;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (!each[i].ok()) return InMember(members[i]->target, each[i].status());
+    ids.push_back(absl::StrCat(members[i]->target.identity, "=", each[i]->checkpoint_id));
+    out.step = each[i]->step;
+    out.groups.insert(out.groups.end(), each[i]->groups.begin(), each[i]->groups.end());
+    for (const std::string& p : each[i]->passed_over) {
+      out.passed_over.push_back(absl::StrCat(members[i]->target.identity, ": ", p));
+    }
+  }
+  out.checkpoint_id = absl::StrJoin(ids, ",");
+  return out;
+}
+
+absl::StatusOr<RebalanceResult> Client::Rebalance(const std::vector<MemberTarget>& given,
+                                                  const RebalanceOptions& options) {
+  if (!impl_->several) {
+    return absl::FailedPreconditionError(
+        "Rebalance needs a client of several daemons: connect with a list of targets "
+        "(Client::Connect(std::vector<...>), one target is enough to start from)");
+  }
+  const std::vector<MemberTarget> next = WithIdentities(given);
+  if (absl::Status s = CheckMemberTargets(next); !s.ok()) return s;
+  const MemberList old_members = impl_->MembersNow();
+  absl::StatusOr<MemberList> new_members = ConnectAll(next, impl_->options, old_members);
+  if (!new_members.ok()) return new_members.status();
+  // Every daemon that may hold a copy: the new members, and the old ones
+  // that leave.
+  MemberList all = *new_members;
+  for (const auto& m : old_members) {
+    const bool kept = std::any_of(all.begin(), all.end(), [&](const auto& n) {
+      return n->target.identity == m->target.identity;
+    });
+    if (!kept) all.push_back(m);
+  }
+  std::vector<absl::StatusOr<std::vector<GroupInfo>>> lists(all.size());
+  ForEachInParallel(all.size(), [&](size_t i) { lists[i] = all[i]->shared->ListGroups(); });
+  std::map<std::string, std::vector<std::pair<size_t, GroupInfo>>> copies;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (!lists[i].ok()) {
+      return InMember(all[i]->target,
+                      absl::Status(lists[i].status().code(),
+                                   absl::StrCat("cannot list its groups, so nothing moved: ",
+                                                lists[i].status().message())));
+    }
+    for (GroupInfo& g : *lists[i]) copies[g.name].emplace_back(i, std::move(g));
+  }
+  const std::vector<PlacementMember> placement = PlacementOf(TargetsOf(*new_members));
+  RebalanceResult result;
+  auto act = [&](std::string what) {
+    if (options.before_each) options.before_each(what);
+    result.log.push_back(std::move(what));
+  };
+  for (auto& [name, held] : copies) {
+    const size_t owner = OwnerOf(placement, "", name);  // An index into `all` too.
+    // The current copy: the highest (max_step, min_step); the owner's on a tie.
+    auto rank = [&](const std::pair<size_t, GroupInfo>& c) {
+      return std::make_tuple(c.second.max_step, c.second.min_step, c.first == owner);
+    };
+    const auto current = std::max_element(
+        held.begin(), held.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
+    const size_t from = current->first;
+    const std::string& owner_id = all[owner]->target.identity;
+    if (from != owner) {
+      act(absl::StrCat("export ", name, " from ", all[from]->target.identity, " to ", owner_id));
+      absl::StatusOr<GroupState> state = all[from]->shared->ExportStateForMove(name, owner_id);
+      if (!state.ok()) return InMember(all[from]->target, state.status());
+      // One page step when every page is at one step (daemons of different
+      // --page_elements then agree); the daemon's pages otherwise.
+      if (std::all_of(state->page_steps.begin(), state->page_steps.end(),
+                      [&](uint64_t s) { return s == state->page_steps.front(); })) {
+        state->page_steps.resize(1);
+      }
+      act(absl::StrCat("import ", name, " into ", owner_id));
+      if (absl::Status s = all[owner]->shared->ImportState(*state); !s.ok()) {
+        return InMember(all[owner]->target, s);
+      }
+      ++result.moved;
+    } else if (held.size() == 1) {
+      ++result.untouched;
+    }
+    for (const auto& [where, info] : held) {
+      if (where == owner) continue;
+      act(absl::StrCat("delete ", name, " from ", all[where]->target.identity));
+      absl::Status s = all[where]->shared->DeleteGroup(name);
+      if (!s.ok() && s.code() != absl::StatusCode::kNotFound) return InMember(all[where]->target, s);
+      if (where != from) ++result.copies_deleted;
+    }
+  }
+  {
+    absl::MutexLock lock(&impl_->members_mu);
+    impl_->members = *std::move(new_members);
+  }
+  return result;
+}
+
+}  // namespace optstate
