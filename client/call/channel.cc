@@ -99,6 +99,13 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ta
   // first SETTINGS frame included) is max(this, the reconnect backoff).
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(options.connect_timeout)));
+  // A connection whose peer went away without closing it (a cut link, a
+  // host gone) must fail its calls: a stream blocked writing into it does
+  // not end at its deadline while the socket holds unacknowledged bytes.
+  // Pings every 20 s while a call is open, answered within 10 s, and (gRPC
+  // sets it from these) TCP_USER_TIMEOUT of 10 s close such a connection.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   const bool tls = options.tls || !options.tls_root_ca_file.empty() ||
                    !options.tls_cert_file.empty() || !options.tls_key_file.empty();
   if (!tls) return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
