@@ -94,6 +94,14 @@ def _register_keywords(h: tuple) -> dict:
                 amsgrad=amsgrad)
 
 
+def _target_of(client: Client):
+    """What Client() takes to connect as `client` does: its target, or its members."""
+    members = client.members
+    if len(members) == 1 and members[0]["identity"] == members[0]["target"]:
+        return client.target
+    return members
+
+
 class RemoteAdamW(torch.optim.Optimizer):
     r"""torch.optim.AdamW whose state (fp32 master weights, exp_avg, exp_avg_sq, step) is
     held and stepped by an optstated daemon.
@@ -223,10 +231,15 @@ class RemoteAdamW(torch.optim.Optimizer):
         if client is None and not target:
             raise ValueError("RemoteAdamW needs target='host:port' of an optstated daemon (or "
                              "the OPTSTATE_TARGET environment variable, or client=)")
-        if client is None and (not isinstance(target, str) or "://" in target):
-            raise ValueError(f"target must be the daemon's 'host:port' (or 'unix:/path'), got "
-                             f"{target!r}: gRPC targets take no http:// or https:// scheme "
-                             "(for TLS pass tls=True or tls_root_ca=)")
+        # Several daemons (docs/scale-out.md): a list of 'host:port' (or of member dicts).
+        targets = list(target) if isinstance(target, (list, tuple)) else [target]
+        if client is None and (not targets or any(
+                not isinstance(t, (str, dict)) or (isinstance(t, str) and "://" in t)
+                for t in targets)):
+            raise ValueError(f"target must be the daemon's 'host:port' (or 'unix:/path'), or a "
+                             f"list of them for several daemons, got {target!r}: gRPC targets "
+                             "take no http:// or https:// scheme (for TLS pass tls=True or "
+                             "tls_root_ca=)")
         if resume not in RESUME_MODES:
             raise ValueError(f"resume must be one of {', '.join(map(repr, RESUME_MODES))}, got "
                              f"{resume!r}")
@@ -391,7 +404,7 @@ class RemoteAdamW(torch.optim.Optimizer):
                                 "state_dict() instead")
         names = {id(p): name for p, name, _ in self._names()}
         return {"defaults": self.defaults, "state": {}, "param_groups": self.param_groups,
-                "_optstate": {"target": self._client.target,
+                "_optstate": {"target": _target_of(self._client),
                               # Never the token: a pickle goes to disk and to other
                               # hosts. The copy takes OPTSTATE_TOKEN, as Client does.
                               "client_options": {k: v for k, v in self._client_options.items()
@@ -512,7 +525,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         if breaking and self._owns_client:
             self._client_options["lease_takeover"] = breaking
             replaced = self._client
-            self._client = Client(replaced.target, **self._client_options)
+            self._client = Client(_target_of(replaced), **self._client_options)
             replaced.close()
         if self._resume != "daemon":
             return

@@ -163,6 +163,8 @@ nb::dict ToDict(const Hyperparameters& h) {
 nb::dict ToDict(const GroupInfo& g) {
   nb::dict d;
   d["name"] = g.name;
+  d["member"] = g.member;
+  d["moved_to"] = g.moved_to;
   d["num_elements"] = g.num_elements;
   d["hyperparameters"] = ToDict(g.hyperparameters);
   d["page_elements"] = g.page_elements;
@@ -283,6 +285,19 @@ nb::dict ToDict(const Stats& s) {
   d["has_state_dir"] = s.has_state_dir;
   d["restored_groups"] = s.restored_groups;
   d["lease_seconds"] = s.lease_seconds;
+  nb::list members;
+  for (const MemberStats& m : s.members) {
+    nb::dict e;
+    e["identity"] = m.identity;
+    e["target"] = m.target;
+    e["weight"] = m.weight;
+    e["num_groups"] = m.num_groups;
+    e["total_elements"] = m.total_elements;
+    e["host_bytes"] = m.host_bytes;
+    e["max_host_bytes"] = m.max_host_bytes;
+    members.append(e);
+  }
+  d["members"] = members;
   return d;
 }
 

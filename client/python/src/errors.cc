@@ -5,6 +5,12 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include <optional>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_split.h"
+#include "optstate/client.h"
+
 namespace nb = nanobind;
 
 namespace optstate::python {
@@ -13,6 +19,14 @@ void RaiseStatus(const absl::Status& status, const std::string& target) {
   nb::object error = nb::module_::import_("optstate.errors")
                          .attr("from_status")(static_cast<int>(status.code()),
                                               std::string(status.message()), target);
+  // A step of several daemons that failed for some: the groups that did not step.
+  if (absl::optional<absl::Cord> payload = status.GetPayload(Client::kNotSteppedPayload)) {
+    nb::list names;
+    for (absl::string_view name : absl::StrSplit(std::string(*payload), '\n')) {
+      names.append(nb::str(name.data(), name.size()));
+    }
+    nb::setattr(error, "not_stepped", names);
+  }
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
   throw nb::python_error();
 }

@@ -67,6 +67,54 @@ DataPlane ParseDataPlane(const std::string& name) {
 
 // `options` as Client()'s keyword arguments (durations in seconds, the data
 // plane by name). Of a default ClientOptions, it is the keywords' defaults.
+// Client(target): "host:port", or a list of them or of dicts {target,
+// identity, weight} (several daemons).
+using TargetArg = nb::object;
+
+std::vector<MemberTarget> MemberTargetsOf(const TargetArg& arg) {
+  if (nb::isinstance<nb::str>(arg)) return {MemberTarget{nb::cast<std::string>(arg), "", 1.0}};
+  if (!nb::isinstance<nb::list>(arg) && !nb::isinstance<nb::tuple>(arg)) {
+    throw nb::type_error(
+        "target must be 'host:port', or a list of them (or of dicts with 'target', and "
+        "optionally 'identity' and 'weight') for several daemons");
+  }
+  std::vector<MemberTarget> members;
+  for (nb::handle item : arg) {
+    if (nb::isinstance<nb::str>(item)) {
+      members.push_back({nb::cast<std::string>(item), "", 1.0});
+    } else if (nb::isinstance<nb::dict>(item)) {
+      nb::dict d = nb::borrow<nb::dict>(item);
+      if (!d.contains("target")) throw nb::type_error("a member dict needs 'target'");
+      MemberTarget m{nb::cast<std::string>(d["target"]), "", 1.0};
+      if (d.contains("identity")) m.identity = nb::cast<std::string>(d["identity"]);
+      if (d.contains("weight")) m.weight = nb::cast<double>(d["weight"]);
+      members.push_back(std::move(m));
+    } else {
+      throw nb::type_error("each member is 'host:port' or a dict with 'target'");
+    }
+  }
+  return members;
+}
+
+// What errors name: the target, or the members' targets joined by ','.
+std::string TargetName(const std::vector<MemberTarget>& members) {
+  std::vector<std::string> targets;
+  for (const MemberTarget& m : members) targets.push_back(m.target);
+  return absl::StrJoin(targets, ",");
+}
+
+nb::list MembersList(const std::vector<MemberTarget>& members) {
+  nb::list out;
+  for (const MemberTarget& m : members) {
+    nb::dict d;
+    d["target"] = m.target;
+    d["identity"] = m.identity;
+    d["weight"] = m.weight;
+    out.append(d);
+  }
+  return out;
+}
+
 nb::dict ClientKeywords(const ClientOptions& options) {
   nb::dict d;
   d["max_attempts"] = options.max_attempts;
@@ -88,6 +136,7 @@ nb::dict ClientKeywords(const ClientOptions& options) {
   d["lease_job"] = options.lease_job;
   d["lease_takeover"] = options.lease_takeover;
   d["reconnect_timeout"] = absl::ToDoubleSeconds(options.reconnect_timeout);
+  d["members_from_dns"] = options.members_from_dns;
   return d;
 }
 
@@ -131,6 +180,10 @@ NB_MODULE(_optstate, m) {
                    "What the last applied step used: a dict of step, lr, betas, eps,\n"
                    "weight_decay and maximize; None: not stepped since the daemon registered,\n"
                    "imported or restored the group.")
+      .def_ro("member", &GroupInfo::member,
+              "With several daemons: the identity of the one that holds the group; '' with one.")
+      .def_ro("moved_to", &GroupInfo::moved_to,
+              "Set while the group is sealed for a move to that daemon (a rebalance under way).")
       .def("__repr__", &Repr);
 
   // Client()'s keyword defaults are a default ClientOptions' (client.h).
@@ -148,15 +201,16 @@ NB_MODULE(_optstate, m) {
   client
       .def(
           "__init__",
-          [](PyClient* self, const std::string& target, int max_attempts, double initial_backoff,
+          [](PyClient* self, const TargetArg& target_arg, int max_attempts, double initial_backoff,
              double max_backoff, double attempt_timeout, double connect_timeout,
              int max_message_bytes, uint64_t chunk_bytes, int max_chunks_in_flight,
              const std::string& data_plane, const std::string& token, bool tls,
              const std::string& tls_root_ca, const std::string& tls_cert,
              const std::string& tls_key, const std::string& tls_server_name,
              const std::string& lease_holder, const std::string& lease_job,
-             const std::string& lease_takeover, double reconnect_timeout) {
+             const std::string& lease_takeover, double reconnect_timeout, bool members_from_dns) {
             ClientOptions options;
+            options.members_from_dns = members_from_dns;
             options.data_plane = ParseDataPlane(data_plane);
             options.max_attempts = max_attempts;
             options.initial_backoff = Seconds(initial_backoff, "initial_backoff");
@@ -178,7 +232,12 @@ NB_MODULE(_optstate, m) {
             options.reconnect_timeout = reconnect_timeout == 0
                                             ? absl::ZeroDuration()
                                             : Seconds(reconnect_timeout, "reconnect_timeout");
-            absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(target, options);
+            std::vector<MemberTarget> members = MemberTargetsOf(target_arg);
+            const std::string target = TargetName(members);
+            absl::StatusOr<std::unique_ptr<Client>> connected =
+                nb::isinstance<nb::str>(target_arg) && !members_from_dns
+                    ? Client::Connect(members[0].target, options)
+                    : Client::Connect(members, options);
             ThrowIfError(connected.status(), target);
             new (self) PyClient{target, std::shared_ptr<Client>(*std::move(connected))};
           },
@@ -196,7 +255,12 @@ NB_MODULE(_optstate, m) {
           "lease_holder"_a = option("lease_holder"), "lease_job"_a = option("lease_job"),
           "lease_takeover"_a = option("lease_takeover"),
           "reconnect_timeout"_a = option("reconnect_timeout"),
-          "Creates a channel to `target` (\"host:port\"); does not wait for the daemon.\n\n"
+          "members_from_dns"_a = option("members_from_dns"),
+          "Creates a channel to `target` (\"host:port\"); does not wait for the daemon.\n"
+          "Several daemons (docs/scale-out.md): `target` a list of \"host:port\" strings, or\n"
+          "of dicts {target, identity, weight}; each group lives on the daemon rendezvous\n"
+          "hashing ranks first. `members_from_dns`: one DNS name whose addresses are the\n"
+          "daemons (a Kubernetes headless Service).\n\n"
           "Transient failures (UNAVAILABLE, broken streams, deadlines) are retried up to\n"
           "`max_attempts` times with backoff doubling from `initial_backoff` to `max_backoff`\n"
           "seconds; `attempt_timeout` (seconds, float('inf') for none) bounds one attempt,\n"
@@ -219,7 +283,49 @@ NB_MODULE(_optstate, m) {
           "once. `reconnect_timeout` (seconds): how long a call waits for a daemon that went\n"
           "away (restarting) before it fails Unavailable; 0: max_attempts alone.")
       .def_prop_ro(
-          "target", [](const PyClient& c) { return c.target; }, "The daemon's address.")
+          "target", [](const PyClient& c) { return c.target; },
+          "The daemon's address (several daemons: their targets joined by ',').")
+      .def_prop_ro(
+          "members", [](const PyClient& c) { return MembersList(c.live()->Members()); },
+          "The daemons: a list of dicts {target, identity, weight} (one for one daemon).")
+      .def(
+          "member_of",
+          [](const PyClient& c, const std::string& group) { return c.live()->MemberOf(group); },
+          "group"_a, "The identity of the daemon that holds (or would hold) `group`.")
+      .def(
+          "rebalance",
+          [](PyClient& self, const TargetArg& targets, nb::object before_each) {
+            std::vector<MemberTarget> members = MemberTargetsOf(targets);
+            RebalanceOptions options;
+            if (!before_each.is_none()) {
+              options.before_each = [before_each](const std::string& what) {
+                nb::gil_scoped_acquire acquire;
+                before_each(what);
+              };
+            }
+            std::shared_ptr<Client> live = self.live();
+            absl::StatusOr<RebalanceResult> result;
+            {
+              nb::gil_scoped_release release;
+              result = live->Rebalance(members, options);
+            }
+            ThrowIfError(result.status(), self.target);
+            self.target = TargetName(members);
+            nb::dict d;
+            d["moved"] = result->moved;
+            d["copies_deleted"] = result->copies_deleted;
+            d["untouched"] = result->untouched;
+            nb::list log;
+            for (const std::string& line : result->log) log.append(line);
+            d["log"] = log;
+            return d;
+          },
+          "targets"_a, nb::kw_only(), "before_each"_a = nb::none(),
+          "Moves every group whose daemon changes with the new member list `targets` (as for\n"
+          "Client(target=[...])), one group at a time: export from its current copy (sealed\n"
+          "there), import into its new daemon, delete the old copy. Call it between steps. After\n"
+          "a crash, call it again: it finishes the moves (docs/scale-out.md). `before_each(what)`\n"
+          "is called before each action. Returns {moved, copies_deleted, untouched, log}.")
       .def(
           "register",
           [](PyClient& self, const std::string& name, BufferOrCountArg initial_values, double lr,
