@@ -1,0 +1,318 @@
+"""Several daemons behind one client, across stand-in hosts (network namespaces,
+netns_hosts.py): placement spread, steps bit-identical to one daemon, a member added and
+the groups rebalanced, a cut link failing its daemon's groups only, a rebalance killed at
+several points and finished by the next, delay and a rate limit on every link, and
+RemoteAdamW over three daemons. The reference is always one daemon stepping the same
+inputs (on loopback)."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import optstate
+from models import MLP
+from netns_hosts import DelayProxy, Hosts
+from optstate.torch import RemoteAdamW
+
+WIRE = dict(data_plane="wire")
+
+
+@pytest.fixture
+def hosts():
+    """Hosts(n) of this test's own, closed (daemons stopped, namespaces removed) at the end,
+    also after a failure; every daemon not killed must exit cleanly."""
+    made = []
+
+    def make(n):
+        made.append(Hosts(n))
+        for h in made[-1]:
+            h.start()
+        return made[-1]
+
+    yield make
+    for m in made:
+        statuses = m.close()
+        assert all(s in (0, -9) for s in statuses), statuses
+
+
+def model(sizes, seed=0):
+    rng = np.random.default_rng(seed)
+    return {f"model.layers.{i:03d}.w{size}": rng.standard_normal(size).astype(np.float32)
+            for i, size in enumerate(sizes)}
+
+
+def mixed_sizes():
+    """300 groups from 1 element to 8 M, as a 24-layer transformer of width 384 has them
+    (an 8 M embedding, four attention and two MLP matrices and six norms and biases per
+    layer, a scalar and the final norm's pieces): 50 M elements in all."""
+    width = 384
+    layer = [width * width] * 4 + [4 * width * width] * 2 + [width] * 4 + [4 * width] * 2
+    return [8_000_000, 1] + layer * 24 + [width] * 10
+
+
+def register(client, groups):
+    for name, values in groups.items():
+        client.register(name, values, lr=1e-2, weight_decay=0.01)
+
+
+def step_all(client, groups, step, names=None, outs=None):
+    """Steps `names` (all) with gradients made from (step, name); returns the params."""
+    names = list(groups) if names is None else names
+    outs = {} if outs is None else outs
+    batch = []
+    for name in names:
+        seed = (step * 1_000_003 + sum(map(ord, name))) % (2 ** 32)
+        grad = np.random.default_rng(seed).standard_normal(groups[name].size).astype(np.float32)
+        outs[name] = np.empty_like(grad)
+        batch.append((name, grad, outs[name]))
+    client.step(batch, step)
+    return outs
+
+
+def assert_bit_identical(a, b, names=None):
+    for name in (a if names is None else names):
+        assert np.array_equal(a[name].view(np.uint32), b[name].view(np.uint32)), name
+
+
+def test_three_daemons_spread_step_like_one_and_a_fourth_takes_its_share(hosts, fresh_daemons):
+    h = hosts(3)
+    groups = model(mixed_sizes())
+    multi = optstate.Client([x.target for x in h], **WIRE)
+    one = optstate.Client(fresh_daemons().target, **WIRE)
+    register(multi, groups)
+    register(one, groups)
+    # Balanced: no daemon above 1.5x the mean bytes; each group where placement says.
+    members = multi.stats()["members"]
+    assert [m["identity"] for m in members] == [x.target for x in h]
+    held = [m["host_bytes"] for m in members]
+    assert max(held) <= 1.5 * (sum(held) / 3), held
+    listed = multi.list_groups()
+    assert sorted(g.name for g in listed) == sorted(groups)
+    assert all(g.member == multi.member_of(g.name) for g in listed)
+    for step in range(1, 21):
+        assert_bit_identical(step_all(multi, groups, step), step_all(one, groups, step))
+
+    # A fourth member: at most 35% of the groups move, all to it; the rest untouched.
+    h.add().start()
+    before = {g.name: g.member for g in multi.list_groups()}
+    result = multi.rebalance([x.target for x in h])
+    exports = [line for line in result["log"] if line.startswith("export ")]
+    assert result["moved"] == len(exports) <= 0.35 * len(groups), result["moved"]
+    assert result["moved"] > 0.15 * len(groups), result["moved"]
+    moved = {line.split()[1] for line in exports}
+    for line in result["log"]:
+        assert line.split()[1] in moved, f"{line}: an action on a group that does not move"
+    after = multi.list_groups()
+    assert sorted(g.name for g in after) == sorted(groups), "each group once"
+    for g in after:
+        assert g.member == multi.member_of(g.name)
+        assert (g.member == h[3].target) == (g.name in moved), g.name
+        assert g.name in moved or g.member == before[g.name]
+    for step in range(21, 41):
+        assert_bit_identical(step_all(multi, groups, step), step_all(one, groups, step))
+
+    # A client still on the old list reaches the old owner: refused, naming the move.
+    stale = optstate.Client([x.target for x in h][:3], **WIRE)
+    name = sorted(moved)[0]
+    with pytest.raises(optstate.FailedPrecondition, match=f"moved to daemon '{h[3].target}'"):
+        step_all(stale, groups, 41, names=[name])
+    assert_bit_identical(step_all(multi, groups, 41, names=[name]),
+                         step_all(one, groups, 41, names=[name]))
+
+
+def test_a_cut_link_fails_its_daemons_groups_only_and_the_retry_steps_them_once(
+        hosts, fresh_daemons):
+    h = hosts(3)
+    groups = model([300_000] * 30)
+    options = dict(max_attempts=2, attempt_timeout=2.0, connect_timeout=0.5, **WIRE)
+    multi = optstate.Client([x.target for x in h], **options)
+    one = optstate.Client(fresh_daemons().target, **WIRE)
+    register(multi, groups)
+    register(one, groups)
+    step_all(multi, groups, 1)
+    step_all(one, groups, 1)
+    cut = h[1]
+    on_cut = sorted(n for n in groups if multi.member_of(n) == cut.target)
+    assert 0 < len(on_cut) < len(groups)
+
+    # Cut before the step: UNAVAILABLE naming the daemon, for its groups only.
+    cut.link(False)
+    outs = {}
+    with pytest.raises(optstate.Unavailable, match=f"daemon '{cut.target}'") as refused:
+        step_all(multi, groups, 2, outs=outs)
+    assert sorted(refused.value.not_stepped) == on_cut
+    reference = step_all(one, groups, 2)
+    assert_bit_identical(outs, reference, [n for n in groups if n not in on_cut])
+    cut.link(True)
+    multi.wait_until_reachable(30)  # The channel's reconnect backoff grew while cut.
+    retried = step_all(multi, groups, 2, names=refused.value.not_stepped)
+    assert_bit_identical(retried, reference, on_cut)
+
+    # Cut while the step is in flight: whatever did not step is the cut daemon's, and the
+    # retry of just those is exactly-once.
+    outs = {}
+    failure = []
+
+    def stepping():
+        try:
+            step_all(multi, groups, 3, outs=outs)
+        except optstate.Unavailable as e:
+            failure.append(e)
+
+    thread = threading.Thread(target=stepping)
+    thread.start()
+    time.sleep(0.02)
+    cut.link(False)
+    thread.join()
+    cut.link(True)
+    multi.wait_until_reachable(30)
+    reference = step_all(one, groups, 3)
+    missed = failure[0].not_stepped if failure else []
+    assert set(missed) <= set(on_cut)
+    if missed:
+        retried = step_all(multi, groups, 3, names=missed)
+        assert_bit_identical(retried, reference, missed)
+    assert_bit_identical(outs, reference, [n for n in groups if n not in missed])
+    for g in multi.list_groups():
+        assert g.min_step == g.max_step == 3, g
+
+
+REBALANCE_CHILD = textwrap.dedent("""
+    import sys, optstate
+    old, new = sys.argv[1].split(","), sys.argv[2].split(",")
+    client = optstate.Client(old, data_plane="wire")
+    def announce(what):
+        print(what, flush=True)
+        sys.stdin.readline()  # The parent answers by killing this process.
+    client.rebalance(new, before_each=announce)
+""")
+
+
+def rebalance_killed_at(old, new, action, nth):
+    """Runs a rebalance from `old` to `new` in a child process and kills it (SIGKILL) as it
+    announces its nth action of kind `action` ("export", "import", "delete")."""
+    child = subprocess.Popen([sys.executable, "-c", REBALANCE_CHILD, ",".join(old), ",".join(new)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    seen = 0
+    try:
+        for line in child.stdout:
+            if line.startswith(action + " "):
+                seen += 1
+                if seen == nth:
+                    child.send_signal(signal.SIGKILL)
+                    child.wait(timeout=20)
+                    return line.strip()
+            child.stdin.write("\n")
+            child.stdin.flush()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=20)
+    raise AssertionError(f"the rebalance ended before its {action} number {nth}")
+
+
+def states(client, names):
+    return {n: client.export_state(n) for n in names}
+
+
+def assert_whole_once_on_owner(h, multi, expected):
+    """Every group on exactly one member, its owner, with the state it had."""
+    where = {}
+    for x in h:
+        for g in optstate.Client(x.target, **WIRE).list_groups():
+            assert g.name not in where, f"{g.name} on {where.get(g.name)} and {x.target}"
+            where[g.name] = x.target
+    assert sorted(where) == sorted(expected), "a group lost"
+    for name, state in expected.items():
+        assert where[name] == multi.member_of(name), name
+        now = multi.export_state(name)
+        for field in ("params", "exp_avg", "exp_avg_sq", "page_steps"):
+            assert np.array_equal(getattr(now, field), getattr(state, field)), (name, field)
+
+
+def test_a_rebalance_killed_at_any_point_is_finished_by_the_next(hosts):
+    h = hosts(3)
+    groups = model([int(s) for s in np.random.default_rng(60).integers(1, 20_000, 60)])
+    three = [x.target for x in h]
+    multi = optstate.Client(three, **WIRE)
+    register(multi, groups)
+    for step in (1, 2, 3):
+        step_all(multi, groups, step)
+    expected = states(multi, groups)
+    h.add().start()
+    four = [x.target for x in h]
+    rounds = [(three, four, "import", 1), (four, three, "delete", 1), (three, four, "export", 3),
+              (four, three, "delete", 4)]
+    for old, new, action, nth in rounds:
+        killed_at = rebalance_killed_at(old, new, action, nth)
+        # The groups sealed by the killed run refuse steps until the move is finished.
+        finished = optstate.Client(old, **WIRE).rebalance(new)
+        assert finished["moved"] + finished["copies_deleted"] >= 1, (killed_at, finished)
+        multi = optstate.Client(new, **WIRE)
+        assert_whole_once_on_owner(h, multi, expected)
+        assert all(not g.moved_to for g in multi.list_groups())
+    # And the moved groups step on, as one daemon would have had them.
+    step_all(multi, groups, 4)
+
+
+def test_three_daemons_behind_delay_and_a_rate_limit_step_like_one(hosts, fresh_daemons):
+    h = hosts(3)
+    for x in h:
+        x.limit_rate("1gbit")
+    proxies = [DelayProxy(x.target, delay=0.001) for x in h]
+    try:
+        groups = model([400_000] * 30)
+        # Identities are the hosts': placement as without the proxies.
+        members = [{"target": p.target, "identity": x.target} for p, x in zip(proxies, h)]
+        multi = optstate.Client(members, **WIRE)
+        one = optstate.Client(fresh_daemons().target, **WIRE)
+        register(multi, groups)
+        register(one, groups)
+        elements = sum(v.size for v in groups.values())
+        for step in (1, 2, 3):
+            started = time.perf_counter()
+            stepped = step_all(multi, groups, step)
+            seconds = time.perf_counter() - started
+            assert_bit_identical(stepped, step_all(one, groups, step))
+            # fp32 gradients in and params out over three 1 Gbit/s links.
+            share = 2 * 4 * elements * 8 / seconds / (3 * 1e9)
+            print(f"step {step}: {seconds:.3f} s, {share:.0%} of the three links' rate")
+    finally:
+        for p in proxies:
+            p.close()
+
+
+def train(opt, net, steps=10):
+    for step in range(steps):
+        gen = torch.Generator().manual_seed(step)
+        x, y = torch.randn(16, 32, generator=gen), torch.randn(16, 10, generator=gen)
+        opt.zero_grad()
+        F.mse_loss(net(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def test_remote_adamw_over_three_daemons_trains_like_one(hosts, fresh_daemons):
+    h = hosts(3)
+    torch.manual_seed(0)
+    net_a = MLP()
+    net_b = MLP()
+    net_b.load_state_dict(net_a.state_dict())
+    over_three = RemoteAdamW(net_a.parameters(), lr=1e-2, target=[x.target for x in h],
+                             name_prefix="parity.", data_plane="wire")
+    over_one = RemoteAdamW(net_b.parameters(), lr=1e-2, target=fresh_daemons().target,
+                           name_prefix="parity.", data_plane="wire")
+    for p, q in zip(train(over_three, net_a), train(over_one, net_b)):
+        assert torch.equal(p.view(torch.int32), q.view(torch.int32))
+    spread = {g.member for g in over_three._client.list_groups()}
+    assert len(spread) > 1, "the parity model's groups should span daemons"
+    over_three.close()
+    over_one.close()
