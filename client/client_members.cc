@@ -209,9 +209,14 @@ absl::Status Client::StepMembers(absl::Span<const GroupStep> groups, uint64_t st
     if (code == absl::StatusCode::kOk || statuses[k].code() == absl::StatusCode::kUnavailable) {
       code = statuses[k].code();
     }
+    // The first few names; StepReport and the payload hold them all.
+    constexpr size_t kNamed = 8;
+    std::string named = absl::StrJoin(names.begin(), names.begin() + std::min(names.size(), kNamed),
+                                      ", ");
+    if (names.size() > kNamed) absl::StrAppend(&named, " and ", names.size() - kNamed, " more");
     faults.push_back(absl::StrCat("daemon '", m.identity, "' (", m.target, "): ",
                                   statuses[k].message(), "; its ", names.size(),
-                                  " groups did not step: ", absl::StrJoin(names, ", ")));
+                                  " groups did not step: ", named));
   }
   if (faults.empty()) return absl::OkStatus();
   absl::Status status(code, absl::StrCat("step ", step, ": ", absl::StrJoin(faults, "; "), ". ",

@@ -4,7 +4,8 @@ Hosts(n) makes a bridge namespace and, per host, a namespace whose veth pair
 ends in the bridge; this process's namespace gets one more pair, so it reaches
 every host's address in 198.51.100.0/24 (the documentation range, RFC 5737) as
 across a network. Each host runs one optstated on HOST_IP:50051. Everything is
-named after this process's pid and removed by close(), also after a failure.
+named after this process's pid and removed by close(), also after a failure; what a killed
+run left is removed by the next.
 Test traffic goes to these addresses and to loopback only.
 """
 import os
@@ -77,22 +78,34 @@ class Host:
             "rate", rate, "burst", "256kb", "latency", "100ms")
 
 
+def _dead(pid):
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    return False
+
+
 def remove_leftovers():
-    """What a run killed before its cleanup left (namespaces and links named os<digits>...):
-    one Hosts is up at a time, and a stale one would take its addresses."""
+    """What a run killed before its cleanup left: namespaces and links named
+    os<pid>n<count>... whose process is gone (they would hold this range's addresses)."""
     for line in run("ip", "netns", "list").stdout.splitlines():
         name = line.split()[0] if line.strip() else ""
-        if re.fullmatch(r"os\d+(br|h\d+)", name):
+        match = re.fullmatch(r"os(\d+)n\d+(br|h\d+)", name)
+        if match and _dead(match.group(1)):
             run("ip", "netns", "del", name, check=False)
     for line in run("ip", "-br", "link").stdout.splitlines():
         name = line.split()[0].split("@")[0] if line.strip() else ""
-        if re.fullmatch(r"os\d+r", name):
+        match = re.fullmatch(r"os(\d+)n\d+r", name)
+        if match and _dead(match.group(1)):
             run("ip", "link", "del", name, check=False)
 
 
 class Hosts:
     def __init__(self, count):
-        self.tag = f"{os.getpid() % 10000}{next(_made) % 100}"
+        self.tag = f"{os.getpid()}n{next(_made) % 100}"
         self.bridge = f"os{self.tag}br"
         self.root_end = f"os{self.tag}r"
         self.hosts = []

@@ -190,7 +190,7 @@ def test_client_keyword_defaults_are_the_cpp_client_options_defaults():
                         "connect_timeout", "max_message_bytes", "chunk_bytes",
                         "max_chunks_in_flight", "data_plane", "token", "tls", "tls_root_ca",
                         "tls_cert", "tls_key", "tls_server_name", "lease_holder", "lease_job",
-                        "lease_takeover", "reconnect_timeout"}
+                        "lease_takeover", "reconnect_timeout", "members_from_dns"}
     optstate.Client("127.0.0.1:1", **cpp)  # valid options, as the C++ client takes them
 
 

@@ -4,7 +4,7 @@ the groups rebalanced, a cut link failing its daemon's groups only, a rebalance 
 several points and finished by the next, delay and a rate limit on every link, and
 RemoteAdamW over three daemons. The reference is always one daemon stepping the same
 inputs (on loopback)."""
-import os
+import hashlib
 import signal
 import subprocess
 import sys
@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import daemon_logs
 import optstate
 from models import MLP
 from netns_hosts import DelayProxy, Hosts
@@ -316,3 +317,36 @@ def test_remote_adamw_over_three_daemons_trains_like_one(hosts, fresh_daemons):
     assert len(spread) > 1, "the parity model's groups should span daemons"
     over_three.close()
     over_one.close()
+
+
+def test_checkpoints_and_tokens_go_to_every_member(hosts, tmp_path):
+    """Checkpoint{wait_for_step} reaches every member, each writing its own groups; a tokens
+    file on every daemon and one token for the client."""
+    token = "scale-out-token-5be1"
+    daemon_logs.record_secrets(token)
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"job {hashlib.sha256(token.encode()).hexdigest()}\n")
+    h = Hosts(0)
+    try:
+        for i in range(3):
+            state = tmp_path / f"state-{i}"
+            state.mkdir()
+            h.add().start(f"--state_dir={state}", f"--auth_tokens_file={tokens}")
+        with pytest.raises(optstate.Unauthenticated):
+            optstate.Client([x.target for x in h], max_attempts=1, **WIRE).list_groups()
+        multi = optstate.Client([x.target for x in h], token=token, **WIRE)
+        groups = model([1000] * 12)
+        register(multi, groups)
+        step_all(multi, groups, 1)
+        done = multi.checkpoint(wait_for_step=1)
+        assert done["step"] == 1
+        ids = dict(part.split("=", 1) for part in done["id"].split(","))
+        assert sorted(ids) == sorted(x.target for x in h), done
+        for x in h:
+            alone = optstate.Client(x.target, token=token, **WIRE).stats()
+            assert alone["last_checkpoint"]["id"] == ids[x.target]
+            assert alone["last_checkpoint"]["step"] == 1
+        assert sum(m["num_groups"] for m in multi.stats()["members"]) == len(groups)
+    finally:
+        statuses = h.close()
+    assert statuses == [0, 0, 0]

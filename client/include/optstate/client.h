@@ -277,8 +277,8 @@ class Client {
   // daemon that fails fails its groups only: the others' groups are stepped
   // and their params returned; the status is that daemon's (UNAVAILABLE when
   // any daemon was unreachable), its message names each failed daemon and
-  // its groups, and carries them as the payload kNotSteppedPayload (the
-  // group names, one per line).
+  // its first groups, and it carries all of them as the payload
+  // kNotSteppedPayload (the group names, one per line).
   absl::Status Step(absl::Span<const GroupStep> groups, uint64_t step, const StepOptions& options,
                     StepReport* report);
   static constexpr const char* kNotSteppedPayload = "type.optstate.dev/not_stepped";
