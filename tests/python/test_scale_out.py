@@ -283,8 +283,9 @@ def test_three_daemons_behind_delay_and_a_rate_limit_step_like_one(hosts, fresh_
             stepped = step_all(multi, groups, step)
             seconds = time.perf_counter() - started
             assert_bit_identical(stepped, step_all(one, groups, step))
-            # fp32 gradients in and params out over three 1 Gbit/s links.
-            share = 2 * 4 * elements * 8 / seconds / (3 * 1e9)
+            # fp32 gradients one way and params the other over three links of 1 Gbit/s
+            # each way: the share of the links' rate in one direction.
+            share = 4 * elements * 8 / seconds / (3 * 1e9)
             print(f"step {step}: {seconds:.3f} s, {share:.0%} of the three links' rate")
     finally:
         for p in proxies:
