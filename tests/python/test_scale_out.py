@@ -351,3 +351,35 @@ def test_checkpoints_and_tokens_go_to_every_member(hosts, tmp_path):
     finally:
         statuses = h.close()
     assert statuses == [0, 0, 0]
+
+
+def _sharded_run(tmp_path, tag, target, prefix, steps=4):
+    """Two gloo ranks of ddp_worker.run with shard=True against `target`; rank 0's record."""
+    import torch.multiprocessing as mp
+
+    import ddp_worker
+    outs = [str(tmp_path / f"{tag}-rank{r}.pt") for r in range(2)]
+    ctx = mp.get_context("spawn")
+    processes = [ctx.Process(target=ddp_worker.run,
+                             args=(r, 2, str(tmp_path / f"{tag}-init"), target, prefix, outs[r],
+                                   steps)) for r in range(2)]
+    for p in processes:
+        p.start()
+    for p in processes:
+        p.join(timeout=180)
+        assert p.exitcode == 0, f"a rank failed (exit code {p.exitcode})"
+    return [torch.load(o) for o in outs]
+
+
+def test_zero1_shards_over_three_daemons_train_like_over_one(fresh_daemons, tmp_path):
+    # Fixed identities: placement does not hang on the ports the daemons got.
+    three = [{"target": fresh_daemons().target, "identity": f"optstated-{i}"} for i in range(3)]
+    one = fresh_daemons().target
+    spread = _sharded_run(tmp_path, "three", three, "zero1.")
+    alone = _sharded_run(tmp_path, "one", one, "zero1.")
+    for rank in (0, 1):
+        for name, value in alone[rank]["final"].items():
+            assert torch.equal(spread[rank]["final"][name].view(torch.int32),
+                               value.view(torch.int32)), (rank, name)
+    members = {g.member for g in optstate.Client(three, **WIRE).list_groups()}
+    assert len(members) > 1, "the model's groups should span daemons"

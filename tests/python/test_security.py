@@ -10,6 +10,7 @@ import shlex
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -224,3 +225,23 @@ def test_reflection_answers_without_a_token_unless_turned_off(secure_daemons, se
     refused = subprocess.run([grpcurl, "-plaintext", f"127.0.0.1:{without.port}", "list"],
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "reflection" in refused.stderr.lower(), refused
+
+
+def test_a_client_of_several_tls_daemons_with_a_token_steps_on_each(secure_daemons, setup_dir):
+    """Tokens and TLS per member (docs/scale-out.md): each member's channel is TLS and
+    sends the token; a member's refusal is that member's."""
+    token = (setup_dir / "token").read_text()
+    ca = str(setup_dir / "ca.pem")
+    daemons = [secure_daemons(), secure_daemons()]
+    targets = [f"localhost:{d.port}" for d in daemons]
+    multi = optstate.Client(targets, token=token, tls_root_ca=ca, data_plane="wire")
+    grads = {f"tls.w{i}": np.full(1000, 0.5, np.float32) for i in range(24)}
+    for name in grads:
+        multi.register(name, 1000)
+    multi.step([(n, g, np.empty_like(g)) for n, g in grads.items()], 1)
+    listed = multi.list_groups()
+    assert sorted(g.name for g in listed) == sorted(grads)
+    assert {g.member for g in listed} == set(targets), "both daemons hold groups"
+    assert all(g.min_step == 1 for g in listed)
+    with pytest.raises(optstate.Unauthenticated, match="daemon 'localhost:"):
+        optstate.Client(targets, tls_root_ca=ca, max_attempts=1).list_groups()
