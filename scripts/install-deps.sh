@@ -13,9 +13,11 @@ if [ "${1:-}" = "fuzz" ]; then
   packages+=(clang libclang-rt-dev)
 fi
 # `install-deps.sh test`: also a Prometheus server, which a test runs to
-# scrape the daemon (tests/metrics; make test).
+# scrape the daemon (tests/metrics; make test), iproute2 (ip netns, veth
+# and tc tbf: the stand-in hosts of tests/python/test_scale_out.py) and
+# openssl (the certificates the TLS tests make).
 if [ "${1:-}" = "test" ]; then
-  packages+=(prometheus)
+  packages+=(prometheus iproute2 openssl)
 fi
 # `install-deps.sh containers`: also Debian's Docker engine (docker.io, 20.10),
 # docker-compose (1.29; the compose v2 plugin is not packaged for Debian 12)
