@@ -326,13 +326,6 @@ absl::StatusOr<std::shared_ptr<Group>> StateStore::Seal(const GroupKey& key,
   return group;
 }
 
-std::optional<std::string> StateStore::MovedTo(const GroupKey& key) const {
-  absl::MutexLock lock(&mu_);
-  auto it = moved_.find(key);
-  if (it == moved_.end()) return std::nullopt;
-  return it->second;
-}
-
 bool StateStore::Unregister(const std::shared_ptr<Group>& group) {
   // Page locks first (ascending, as steps take them), then the store's lock:
   // no path takes a page lock while holding mu_. With every page held, no

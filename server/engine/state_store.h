@@ -97,15 +97,13 @@ class StateStore {
 
   // Seals the group for a move to the daemon `moved_to` names (GroupMove):
   // waits for its chunks in flight, then no step applies to it. Deleting a
-  // sealed group leaves a note of the move (MovedTo) until a group of that
-  // key is registered or imported again. NOT_FOUND, INVALID_ARGUMENT and
+  // sealed group leaves a note of the move (Find answers with it) until a
+  // group of that key is registered or imported again. NOT_FOUND, INVALID_ARGUMENT and
   // FAILED_PRECONDITION (the lease) as Delete; INVALID_ARGUMENT for an empty
   // `moved_to`.
   absl::StatusOr<std::shared_ptr<Group>> Seal(const GroupKey& key, const std::string& moved_to,
                                               const LeaseClaim& claim = LeaseClaim());
-  // Where a deleted sealed group went; nullopt when no note is kept (the
-  // newest kMaxMoveNotes notes are).
-  std::optional<std::string> MovedTo(const GroupKey& key) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Notes of moves kept at most (the newest).
   static constexpr size_t kMaxMoveNotes = 1 << 16;
 
   // Undoes the registration that created `group` (a RegisterGroup stream

@@ -2,7 +2,6 @@
 #include "server/engine/step_engine.h"
 
 #include <cmath>
-#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
