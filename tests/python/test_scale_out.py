@@ -64,6 +64,21 @@ def register(client, groups):
         client.register(name, values, lr=1e-2, weight_decay=0.01)
 
 
+_NORMALS = []
+
+
+def gradient(seed, size):
+    """A gradient of `size` elements for `seed`: a window of one pool of standard normals
+    (made once), starting where the seed says. Windows of different seeds differ, and
+    making one costs nothing, so the 50 M-element steps spend their time in the daemons,
+    not in numpy's generator."""
+    if not _NORMALS:
+        _NORMALS.append(np.random.default_rng(0).standard_normal(12_000_000, dtype=np.float32))
+    pool = _NORMALS[0]
+    start = seed % (pool.size - size + 1)
+    return pool[start:start + size]
+
+
 def step_all(client, groups, step, names=None, outs=None):
     """Steps `names` (all) with gradients made from (step, name); returns the params."""
     names = list(groups) if names is None else names
@@ -71,7 +86,7 @@ def step_all(client, groups, step, names=None, outs=None):
     batch = []
     for name in names:
         seed = (step * 1_000_003 + sum(map(ord, name))) % (2 ** 32)
-        grad = np.random.default_rng(seed).standard_normal(groups[name].size).astype(np.float32)
+        grad = gradient(seed, groups[name].size)
         outs[name] = np.empty_like(grad)
         batch.append((name, grad, outs[name]))
     client.step(batch, step)
