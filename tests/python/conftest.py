@@ -1,6 +1,6 @@
 """Fixtures of the Python package's tests: real optstated processes.
 
-The daemon binary comes from $OPTSTATED (set by the ctest Python.Pytest to
+The daemon binary comes from $OPTSTATED (set by the ctests Python.test_* to
 this build's optstated). A skipped test fails the run: every test here must
 run wherever `make test` runs.
 """
@@ -20,7 +20,7 @@ class Daemon:
     def __init__(self, *flags):
         binary = os.environ.get("OPTSTATED")
         if not binary or not os.path.exists(binary):
-            raise RuntimeError("set OPTSTATED to the optstated binary (ctest Python.Pytest does)")
+            raise RuntimeError("set OPTSTATED to the optstated binary (ctest Python.test_* does)")
         # The log goes to the suite's daemon-log folder when there is one (daemon_logs.py).
         self.log = daemon_logs.new_log_path()
         self.process = subprocess.Popen(
