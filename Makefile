@@ -85,6 +85,12 @@ container-test: container-deps package
 test: build test-deps torch-deps emulator-deps python
 	@cd $(BUILD_DIR) && ctest --output-on-failure -LE gpu -j 2
 
+# The sanitizer and fuzz builds compile at -O1 with line tables only (-g1):
+# what ASan's reports need (function, file and line of every frame), at half
+# the compile time of RelWithDebInfo's -O2 -g (measured on one gRPC reactor
+# under ASan and UBSan: 14 s against 32 s).
+SANITIZE_OPT ?= -O1 -g1 -DNDEBUG
+
 # The CPU tests again under AddressSanitizer, LeakSanitizer and UBSan (the
 # daemon processes the tests start are instrumented too; a leak makes the
 # daemon exit non-zero, which the tests check). Tests labelled `rss` measure
@@ -92,6 +98,7 @@ test: build test-deps torch-deps emulator-deps python
 # heap, which ASan replaces: `make test` runs them.
 sanitize: test-deps torch-deps emulator-deps
 	@cmake -S . -B $(BUILD_DIR)-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOPTSTATE_WITH_CUDA=OFF \
+	  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$(SANITIZE_OPT)" \
 	  -DOPTSTATE_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
 	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > $(BUILD_DIR)-asan.configure.log
 	@cmake --build $(BUILD_DIR)-asan -j $(JOBS)
@@ -106,6 +113,7 @@ FUZZ_SECONDS ?= 60
 fuzz:
 	@bash scripts/install-deps.sh fuzz
 	@CC=clang CXX=clang++ cmake -S . -B $(BUILD_DIR)-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$(SANITIZE_OPT)" \
 	  -DOPTSTATE_WITH_CUDA=OFF -DOPTSTATE_BUILD_BENCH=OFF -DOPTSTATE_LIBFUZZER=ON \
 	  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
 	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > $(BUILD_DIR)-fuzz.configure.log
