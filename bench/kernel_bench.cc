@@ -3,12 +3,15 @@
 // traffic (the practical limit) and the textbook AdamW loop; and the step
 // that also writes the params out (CpuBackend::ApplyAndEncode, float32),
 // with plain and with streaming stores, as into a reply and into a
-// shared-memory region; and the step on each vector path the CPU runs.
+// shared-memory region; and the step on each vector path the CPU runs; and
+// the daemon's finite check of a gradient against a read-only pass over the
+// same bytes (what the check costs beside the step it guards).
 // Arguments of every benchmark: {elements, threads}. Counters: elem/s and
 // GB/s at 28 bytes per element (read p, g, m, v; write p, m, v), 32 for the
-// step that writes the params out too.
+// step that writes the params out too, 4 for the check and the read pass.
 #include <benchmark/benchmark.h>
 
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -207,6 +210,43 @@ void BM_PlainAdamWLoop(benchmark::State& bench) {
   SetCounters(bench, n);
 }
 
+// The daemon's finite check (FindNonFiniteGradient, as Validate and a
+// spread message's check run it) over a float32 gradient.
+void BM_FiniteCheck(benchmark::State& bench) {
+  const size_t n = static_cast<size_t>(bench.range(0));
+  const int threads = static_cast<int>(bench.range(1));
+  State& state = StateFor(n, Kind::kKernel);
+  ThreadPool& pool = PoolFor(threads);
+  for (auto _ : bench) {
+    Sharded(pool, n, threads, [&](size_t at, size_t count) {
+      benchmark::DoNotOptimize(
+          FindNonFiniteGradient(state.grad.data() + at, WireType::kFloat32, count, 1.0f));
+    });
+  }
+  SetCounters(bench, n, 4.0);
+}
+
+// Its baseline: the same bytes read once, OR-ed together (what any check of
+// every element must at least do).
+void BM_ReadPass(benchmark::State& bench) {
+  const size_t n = static_cast<size_t>(bench.range(0));
+  const int threads = static_cast<int>(bench.range(1));
+  State& state = StateFor(n, Kind::kKernel);
+  ThreadPool& pool = PoolFor(threads);
+  for (auto _ : bench) {
+    Sharded(pool, n, threads, [&](size_t at, size_t count) {
+      uint32_t bits = 0;
+      for (size_t i = 0; i < count; ++i) {
+        uint32_t word;
+        std::memcpy(&word, &state.grad[at + i], sizeof(word));
+        bits |= word;
+      }
+      benchmark::DoNotOptimize(bits);
+    });
+  }
+  SetCounters(bench, n, 4.0);
+}
+
 void Sizes(benchmark::internal::Benchmark* b) {
   for (int64_t n : {int64_t{1} << 20, int64_t{16} << 20, int64_t{64} << 20}) {
     for (int64_t threads : {1, 2}) b->Args({n, threads});
@@ -219,6 +259,8 @@ BENCHMARK(BM_MemoryPass)->Apply(Sizes);
 BENCHMARK(BM_PlainAdamWLoop)->Apply(Sizes);
 BENCHMARK(BM_AdamWKernelParamsOut_cached)->Apply(Sizes);
 BENCHMARK(BM_AdamWKernelParamsOut_streaming)->Apply(Sizes);
+BENCHMARK(BM_FiniteCheck)->Apply(Sizes);
+BENCHMARK(BM_ReadPass)->Apply(Sizes);
 // BM_AdamWKernelOnPath_avx2, _avx512, ...: the vector paths this CPU runs.
 const bool kPathBenchmarksRegistered = [] {
   for (KernelIsa isa : SupportedKernelIsas()) {
