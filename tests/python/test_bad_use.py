@@ -127,7 +127,8 @@ def test_a_parameter_not_on_the_cpu_is_refused_naming_it_and_nothing_is_sent(dae
                                                                              prefix):
     """A parameter (and so its gradient) on another device than the CPU: refused by name at
     construction, before any parameter is registered, and at step(), before anything is
-    sent. meta is the device a CPU-only torch can make; CUDA takes the same check."""
+    sent. meta is the device a CPU-only torch can make (CUDA parameters are staged:
+    test_staging.py)."""
     cpu, off = torch.nn.Parameter(torch.ones(8)), torch.nn.Parameter(torch.ones(8, device="meta"))
     with pytest.raises(ValueError, match=f"parameter '{prefix}off'.* on meta"):
         RemoteAdamW([("cpu", cpu), ("off", off)], target=daemon.target, name_prefix=prefix)
@@ -151,7 +152,8 @@ def test_a_parameter_not_on_the_cpu_is_refused_naming_it_and_nothing_is_sent(dae
         torch.__future__.set_swap_module_params_on_conversion(swap)
     assert moved.weight is b and b.device.type == "meta"
     a.grad, b.grad = torch.ones(6), torch.ones(5, 2, device="meta")
-    with pytest.raises(ValueError, match=f"parameter '{prefix}b': RemoteAdamW steps CPU tensors, "
+    with pytest.raises(ValueError, match=f"parameter '{prefix}b': RemoteAdamW steps CPU or CUDA "
+                                         "tensors with the gradient on the parameter's device, "
                                          "and this parameter is on device 'meta'"):
         opt.step()
     _assert_unchanged(client, before)

@@ -7,6 +7,7 @@ torch.optim.AdamW's default CPU step, op for op (docs/exactness.md).
 """
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from dataclasses import dataclass
@@ -20,11 +21,13 @@ from ._jobs import (RESUME_MODES, Attached, check_resume, job_name, new_holder_i
                     strip_wrappers, takeover_for)
 from ._optstate import Client
 from ._remote_state import RemoteState
+from ._staging import Staging
 from ._torch_args import check_hyperparameters, check_options
 
 __all__ = ["RemoteAdamW", "MASTER_PARAM"]
 
 _SIXTEEN_BIT = (torch.bfloat16, torch.float16)
+_STAGING_MODES = ("auto", "always")
 _WIRE_NAMES = {torch.float32: None, torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _WIRE_DTYPES = {name: dtype for dtype, name in _WIRE_NAMES.items() if name is not None}
 # The state dict entry of a parameter's float32 master weights (RemoteAdamW.state_dict).
@@ -180,6 +183,13 @@ class RemoteAdamW(torch.optim.Optimizer):
             registered, on a rank with parameters to place).
         delete_on_close: :meth:`close` (or the end of a ``with`` block) deletes the daemon
             groups of the parameters this optimizer registered, with their state.
+        staging: ``"auto"`` (default): CUDA parameters step through host staging slots of
+            their own (docs/python.md, "Models on a GPU"): each gradient copied to the host
+            on a side stream as soon as it is final, the new values copied back on it, the
+            next use waiting by an event; ``"always"``: CPU parameters too, through the
+            same slots and checks with plain copies (how that path is tested without a
+            GPU). See :meth:`clip_grad_norm_`, :meth:`wait_in_forward`,
+            :meth:`register_ddp_comm_hook` and :meth:`stats`.
         **client_options: passed to :class:`optstate.Client` (``max_attempts``, ...).
 
     ``opt.state[p]`` is torch's ``step``, ``exp_avg`` and ``exp_avg_sq`` (and
@@ -218,7 +228,7 @@ class RemoteAdamW(torch.optim.Optimizer):
                  delete_on_close: bool = False, resume: str = "never",
                  finish_torn_step: bool = False, takeover: bool = False,
                  reconnect_timeout: float = 60.0, connect_timeout: float = 10.0,
-                 **client_options):
+                 staging: str = "auto", **client_options):
         if isinstance(lr, str):  # torch would raise TypeError too, saying less
             raise TypeError(f"lr must be a float or a Tensor, not the str {lr!r}: lr is "
                             "RemoteAdamW's second positional argument, as torch's, and target "
@@ -243,6 +253,9 @@ class RemoteAdamW(torch.optim.Optimizer):
         if resume not in RESUME_MODES:
             raise ValueError(f"resume must be one of {', '.join(map(repr, RESUME_MODES))}, got "
                              f"{resume!r}")
+        if staging not in _STAGING_MODES:
+            raise ValueError(f"staging must be 'auto' (CUDA parameters are staged through host "
+                             f"memory) or 'always' (CPU parameters too), got {staging!r}")
         if finish_torn_step and resume != "daemon":
             raise ValueError("finish_torn_step=True needs resume='daemon'")
         if wire_dtype not in _WIRE_NAMES:
@@ -273,7 +286,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._shard = shard
         self._process_group = process_group
         self._delete_on_close = delete_on_close
-        self._init_bookkeeping(shared_buffers)
+        self._init_bookkeeping(shared_buffers, staging)
         # The keys of torch.optim.AdamW's param groups, so state dicts move both ways.
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                         maximize=maximize, foreach=foreach, capturable=capturable,
@@ -291,7 +304,7 @@ class RemoteAdamW(torch.optim.Optimizer):
             raise
         self.state = RemoteState(self._state_of, self._with_state)
 
-    def _init_bookkeeping(self, shared_buffers: bool) -> None:
+    def _init_bookkeeping(self, shared_buffers: bool, staging: str) -> None:
         """The per-parameter records, empty (construction and unpickling)."""
         # Both by id(parameter) (torch.Tensor's __hash__ is Python code); the registration
         # holds the parameter, so its id stays its own.
@@ -302,6 +315,12 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._shared_buffers = shared_buffers
         self._buffers: list[torch.Tensor] = []
         self._shared_grads: dict[int, torch.Tensor] = {}
+        # Parameters on a GPU (and with staging="always" on the CPU) step through host
+        # slots of their own (_staging.py); _grad_scale is clip_grad_norm_'s, for the next
+        # step.
+        self._staging_mode = staging
+        self._staging = Staging(cpu_test_switch=staging == "always")
+        self._grad_scale: Optional[torch.Tensor] = None
         self._constructed = False
         self._closed = False
 
@@ -353,6 +372,7 @@ class RemoteAdamW(torch.optim.Optimizer):
                 pass  # best effort: the refusal being raised says what went wrong
         for key in [k for k in self._owner if k not in present]:
             del self._owner[key]
+        self._staging.forget_all_but(present)
 
     # -- lifetime: close, context manager, pickling ----------------------------------------
 
@@ -364,6 +384,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         if self._closed:
             return
         self._closed = True
+        self._staging.close()  # the host slots, pinned or shared, are released here
         try:
             if self._delete_on_close:
                 for reg in list(self._registered.values()):
@@ -410,6 +431,7 @@ class RemoteAdamW(torch.optim.Optimizer):
                               "client_options": {k: v for k, v in self._client_options.items()
                                                  if k != "token"},
                               "name_prefix": self._name_prefix, "wire": self._wire,
+                              "staging": self._staging_mode,
                               # Per parameter (by position), the registration to attach to.
                               "registered": [
                                   self._registered[id(p)].hyperparameters
@@ -435,7 +457,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._finish_to = None
         self.resumed_step = 0
         self._resumed_lrs = {}
-        self._init_bookkeeping(shared_buffers=False)
+        self._init_bookkeeping(shared_buffers=False, staging=config.get("staging", "auto"))
         # The copy holds the original's lease (lease_holder is among the options): both
         # step the same groups, as the ranks of one job do.
         self._client = Client(config["target"], **self._client_options)
@@ -446,6 +468,9 @@ class RemoteAdamW(torch.optim.Optimizer):
             self._owner[id(p)] = 0
             if h is not None:
                 self._register(p, name, group, tuple(h[:1]) + (tuple(h[1]),) + tuple(h[2:]))
+        self._staging.add([(p, name) for (p, _), name, h in zip(params, config["names"],
+                                                                   config["registered"])
+                           if h is not None and self._staging.wants(p)], self._client)
         self._constructed = True
         self.state = RemoteState(self._state_of, self._with_state)
 
@@ -498,10 +523,13 @@ class RemoteAdamW(torch.optim.Optimizer):
                 found.append((p, group, self._register(p, name, group)))
             if attaching:
                 self._attach(found)
+            self._staging.add([(p, name) for p, name, _ in new if self._staging.wants(p)],
+                              self._client)
         except BaseException:
             # Leave the daemon as it was: the groups this call created go again.
             for p, _, info in found:
                 self._registered.pop(id(p), None)
+                self._staging.forget(p)
                 if info.created:
                     try:
                         self._client.delete(info.name)
@@ -573,6 +601,8 @@ class RemoteAdamW(torch.optim.Optimizer):
         for p in params:
             if p.dtype is torch.float32 and self._wire is not None:
                 continue  # narrowed by the client: it cannot be stepped in place
+            if self._staging.wants(p):
+                continue  # staged: its host slots are in a buffer of the staging's own
             nbytes = p.numel() * p.element_size()
             placed.append((p, total, total + (nbytes + 63) // 64 * 64, nbytes))
             total += 2 * ((nbytes + 63) // 64 * 64)
@@ -597,8 +627,8 @@ class RemoteAdamW(torch.optim.Optimizer):
 
     @staticmethod
     def _check_registrable(p: torch.Tensor, name: str) -> None:
-        if p.is_sparse or not p.is_cpu:
-            raise ValueError(f"parameter '{name}': RemoteAdamW steps dense CPU tensors "
+        if p.is_sparse or not (p.is_cpu or p.is_cuda):
+            raise ValueError(f"parameter '{name}': RemoteAdamW steps dense CPU or CUDA tensors "
                              f"(this one is {p.layout} on {p.device})")
         if p.dtype not in _WIRE_NAMES:
             raise TypeError(f"parameter '{name}': dtype {p.dtype} is not supported "
@@ -616,7 +646,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         the daemon's GroupInfo."""
         self._check_registrable(p, name)
         h = hyperparameters if hyperparameters is not None else _hyperparameters(group)
-        values = p.detach().reshape(-1).float().contiguous()
+        values = p.detach().reshape(-1).to("cpu", torch.float32).contiguous()
         info = self._client.register(name, values, **_register_keywords(h))
         self._remember(p, name, h, info.min_step, created=info.created)
         return info
@@ -628,7 +658,8 @@ class RemoteAdamW(torch.optim.Optimizer):
                                                 p.dtype, created)
 
     @staticmethod
-    def _check_step(p: torch.Tensor, grad: torch.Tensor, reg: _Registration) -> None:
+    def _check_step(p: torch.Tensor, grad: torch.Tensor, reg: _Registration,
+                    staged_on: Optional[torch.device] = None) -> None:
         """Refuses (before anything is sent) a parameter or gradient this step cannot take."""
         if p.shape != reg.shape:
             raise ValueError(
@@ -637,10 +668,17 @@ class RemoteAdamW(torch.optim.Optimizer):
         if p.dtype != reg.dtype:
             raise TypeError(f"parameter '{reg.name}' is {p.dtype} but was registered as "
                             f"{reg.dtype}; a parameter of another dtype needs a new optimizer")
-        if not (p.is_cpu and grad.is_cpu):
+        if staged_on is not None and p.device != staged_on:
             raise ValueError(
-                f"parameter '{reg.name}': RemoteAdamW steps CPU tensors, and this parameter is "
-                f"on device '{p.device}' with its gradient on '{grad.device}'; nothing was sent")
+                f"parameter '{reg.name}' was registered on device '{staged_on}' and is now on "
+                f"'{p.device}'; move the model before making the optimizer (or make a new "
+                "one); nothing was sent")
+        if not (p.is_cpu and grad.is_cpu) and not (staged_on is not None
+                                                   and grad.device == staged_on):
+            raise ValueError(
+                f"parameter '{reg.name}': RemoteAdamW steps CPU or CUDA tensors with the "
+                f"gradient on the parameter's device, and this parameter is on device "
+                f"'{p.device}' with its gradient on '{grad.device}'; nothing was sent")
         if grad.layout != torch.strided:
             raise ValueError(f"parameter '{reg.name}': sparse gradients are not supported "
                              f"(this one is {grad.layout})")
@@ -669,6 +707,9 @@ class RemoteAdamW(torch.optim.Optimizer):
         #    what registration fixed is in its _Registration.
         calls: dict[tuple, list] = {}
         stepped: dict[tuple, list] = {}
+        staged: dict[tuple, list] = {}  # by call: its parameters stepped through host slots
+        staging = self._staging
+        staging_engaged = staging.engaged  # False: no parameter of this step is staged
         registered = self._registered
         strided = torch.strided
         rank, _ = self._rank_and_world()
@@ -690,12 +731,21 @@ class RemoteAdamW(torch.optim.Optimizer):
                                      "registered; add parameters with add_param_group()")
                 if finish_to is not None and reg.step >= finish_to:
                     continue
+                # Staged: its host slots were made for the device it is on (a parameter
+                # frozen at registration gets them at its first gradient).
+                staged_on = (staging.device_of(p) if staging_engaged or not p.is_cpu
+                             else None)
+                if staged_on is None and staging.wants(p):
+                    staging.add([(p, reg.name)], self._client)
+                    staged_on = staging.device_of(p)
                 # All _check_step checks in one expression; it names what is wrong.
-                if not (p.is_cpu and grad.is_cpu and grad.layout is strided
+                if not ((p.device == staged_on and grad.device == staged_on
+                         if staged_on is not None else (p.is_cpu and grad.is_cpu))
+                        and grad.layout is strided
                         and p.dtype is reg.dtype and grad.dtype is reg.dtype
                         and p.shape == reg.shape and grad.shape == reg.shape
                         and grad.is_contiguous()):
-                    self._check_step(p, grad, reg)
+                    self._check_step(p, grad, reg, staged_on)
                 h = reg.hyperparameters
                 if h in overrides_by_registration:
                     overrides = overrides_by_registration[h]
@@ -704,19 +754,32 @@ class RemoteAdamW(torch.optim.Optimizer):
                 key = (reg.step + 1, reg.wire)
                 if grad.requires_grad:  # backward(create_graph=True)
                     grad = grad.detach()
-                if self._shared_grads:
-                    grad = self._into_shared(p, grad)
-                # p.data: the parameter's memory without autograd (cheaper than detach()).
-                entry = (reg.name, grad, p.data, lr, overrides)
+                if staged_on is not None:
+                    # Its host slots: the gradient copied there (unless a copy of this very
+                    # gradient is there already), the values written there by the daemon.
+                    entry = (reg.name, staging.gradient(p, grad), staging.values(p), lr,
+                             overrides)
+                    staged.setdefault(key, []).append(p)
+                else:
+                    if self._shared_grads:
+                        grad = self._into_shared(p, grad)
+                    # p.data: the parameter's memory without autograd (cheaper than detach()).
+                    entry = (reg.name, grad, p.data, lr, overrides)
                 if key in calls:
                     calls[key].append(entry)
                     stepped[key].append(reg)
                 else:
                     calls[key], stepped[key] = [entry], [reg]
+        for params in staged.values():
+            staging.wait_for_gradients(params)
+        # clip_grad_norm_'s scale, applied by the daemon to every gradient of this step.
+        grad_scale = None
+        if self._grad_scale is not None and calls:
+            grad_scale = staging.scalar_to_host(self._grad_scale)
         if len(calls) > 1:
             # One call checks its own gradients before it sends anything; with several,
             # a later call's refusal would come after earlier ones were applied.
-            self._check_finite(calls)
+            self._check_finite(calls, grad_scale)
         # 2. The calls; each writes the updated values into the parameters in place. The
         #    bookkeeping of a call is done before it, while this code's data is still in
         #    the caches (the call moves every byte of the model through them), and undone
@@ -728,17 +791,73 @@ class RemoteAdamW(torch.optim.Optimizer):
             for reg in regs:
                 reg.step = k
             try:
-                self._client.step(groups, k, wire_dtype=wire)
+                self._client.step(groups, k, wire_dtype=wire, grad_scale=grad_scale)
             except BaseException as e:
                 for reg in regs:  # key == (reg.step + 1, ...): each was at step k - 1
                     reg.step = k - 1
                 if isinstance(e, (errors.FailedPrecondition, errors.NotFound)):
                     self._explain_restart(e, k - 1)
                 raise
+            if key in staged:
+                staging.copy_values_back(staged[key])
         self._finish_to = None
+        if calls:
+            self._grad_scale = None  # clip_grad_norm_'s scale is for one step
         if self._shard:
             self._broadcast()
         return loss
+
+    # -- parameters on a GPU: clipping, overlap, DDP, memory -------------------------------
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
+                        error_if_nonfinite: bool = False,
+                        foreach: Optional[bool] = None) -> torch.Tensor:
+        """torch.nn.utils.clip_grad_norm_ over this optimizer's gradients, applied by the
+        daemon: the total norm is computed where the gradients are (torch's
+        ``get_total_norm``, so the same value), and torch's clipping coefficient
+        ``min(max_norm / (norm + 1e-6), 1)`` goes to the next ``step()`` as its
+        ``grad_scale``, one scalar, instead of rescaling every gradient in place (the
+        gradients' host copies, made while backward ran, stay valid). The daemon multiplies
+        each float32 gradient by it as torch's in-place multiply does, so the step is the
+        same bit for bit. ``.grad`` is left unscaled. Call it after the last backward of the
+        step; returns the total norm, as torch's. ``torch.nn.utils.clip_grad_norm_`` works
+        too: it changes the gradients in place, and ``step()`` then copies them again."""
+        grads = [p.grad for group in self.param_groups for p in group["params"]
+                 if p.grad is not None]
+        if not grads:
+            self._grad_scale = None
+            return torch.tensor(0.0)
+        total_norm = torch.nn.utils.get_total_norm(grads, norm_type, error_if_nonfinite,
+                                                   foreach)
+        self._grad_scale = torch.clamp(float(max_norm) / (total_norm + 1e-6), max=1.0)
+        return total_norm
+
+    def wait_in_forward(self, model: torch.nn.Module) -> None:
+        """Lets the next forward start before every parameter's new values are back on the
+        GPU: each module of `model` waits (a stream wait, in a forward pre-hook) for the
+        copies of its own staged parameters only. Without it, ``step()`` makes the current
+        stream wait for all of them before it returns (still no host synchronize). Use it
+        when every staged parameter is read inside the forward of a module that holds it."""
+        self._staging.wait_in_forward(model)
+
+    def register_ddp_comm_hook(self, ddp_model) -> None:
+        """Registers on `ddp_model` (a DistributedDataParallel) a comm hook that all-reduces
+        each bucket (the mean, as DDP's default) and then copies the bucket's gradients to
+        their host slots at once: the moment they are final, overlapped with the rest of
+        backward. Under ``no_sync()`` (gradient accumulation) DDP runs no comm hook, so only
+        the last micro-batch's gradients are copied. Give the DDP model
+        ``gradient_as_bucket_view=True``: otherwise DDP copies the bucket into ``.grad``
+        afterwards and ``step()`` copies the gradients again."""
+        ddp_model.register_comm_hook(None, self._staging.ddp_comm_hook(ddp_model.process_group))
+
+    def stats(self) -> dict:
+        """What this optimizer holds on this host: ``{"staging": {...}}`` with the host
+        staging memory of its GPU parameters (``bytes`` in all; ``parameters``: per group
+        name, bytes of its gradient and values slots, two times the parameter's bytes;
+        ``kinds``: "shared_buffer" (shared with a daemon on this host), "pinned" or
+        "host"), and how many gradients were copied early (in backward or DDP's comm hook)
+        and at ``step()``, and how many values were copied back."""
+        return {"staging": self._staging.stats()}
 
     def resume_scheduler(self, scheduler) -> None:
         """Puts a torch LR scheduler made for this optimizer where the resumed job's was:
@@ -808,7 +927,12 @@ class RemoteAdamW(torch.optim.Optimizer):
         return slot
 
     @staticmethod
-    def _check_finite(calls: dict) -> None:
+    def _check_finite(calls: dict, grad_scale: Optional[float]) -> None:
+        if grad_scale is not None and not math.isfinite(grad_scale):
+            raise errors.InvalidArgument(
+                f"the step's grad_scale (clip_grad_norm_'s clipping coefficient) is "
+                f"{grad_scale}: the gradients' norm is not finite; the whole step was refused "
+                "and nothing was sent")
         for (_, wire), groups in calls.items():
             narrow = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(wire)
             for name, grad, *_ in groups:
@@ -820,6 +944,7 @@ class RemoteAdamW(torch.optim.Optimizer):
 
     def _broadcast(self) -> None:
         """Every parameter from the rank that stepped it."""
+        self._staging.wait_for_values()
         for p, _, _ in self._names():
             src = self._owner[id(p)]
             if self._process_group is not None:
@@ -944,14 +1069,14 @@ class RemoteAdamW(torch.optim.Optimizer):
     def _master_weights(self, p: torch.Tensor, entry: dict) -> torch.Tensor:
         """The float32 master weights to import for p: the entry's master_param when it is
         the master of p's current values, else p's values widened."""
-        widened = p.detach().reshape(-1).float().contiguous()
+        widened = p.detach().reshape(-1).to("cpu", torch.float32).contiguous()
         master = entry.get(MASTER_PARAM)
         if (not isinstance(master, torch.Tensor) or master.dtype != torch.float32
                 or master.numel() != p.numel() or not self._travels_narrowed(p)):
             return widened
         master = master.detach().reshape(-1).contiguous()
         narrowed = master.to(p.dtype if p.dtype in _SIXTEEN_BIT else _WIRE_DTYPES[self._wire])
-        current = p.detach().reshape(-1).contiguous()
+        current = p.detach().reshape(-1).cpu().contiguous()
         if not torch.equal(narrowed.to(current.dtype).view(torch.uint8), current.view(torch.uint8)):
             return widened  # stale: the parameter moved on (e.g. steps of another optimizer)
         return master
