@@ -52,3 +52,42 @@ def run_wrapped(rank, world, init_file, target, prefix, out_path, steps):
     torch.save({"final": {n: p.detach().clone() for n, p in model.named_parameters()},
                 "holder": opt.lease_holder}, out_path)
     dist.destroy_process_group()
+
+
+def run_staged(rank, world, init_file, target, prefix, out_path, steps, staged):
+    """A rank of test_staging.py's DDP job: ZeRO-1 (shard=True), two micro-batches per step
+    (the first under no_sync), clipping; `staged`: the parameters go through host slots
+    (staging="always"), their gradients copied by RemoteAdamW's DDP comm hook and clipped
+    by the daemon's grad_scale; else the plain path with DDP's own all-reduce and torch's
+    clip_grad_norm_."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    model = MLP(seed=0)
+    ddp = DistributedDataParallel(model, gradient_as_bucket_view=True, bucket_cap_mb=0.004)
+    opt = RemoteAdamW(model.named_parameters(), target=target, name_prefix=prefix, lr=1e-2,
+                      shard=True, staging="always" if staged else "auto")
+    if staged:
+        opt.register_ddp_comm_hook(ddp)
+    params = []
+    for step in range(1, steps + 1):
+        opt.zero_grad()
+        for micro in range(2):
+            gen = torch.Generator().manual_seed(100 * step + 10 * micro + rank)
+            x, y = torch.randn(16, 32, generator=gen), torch.randn(16, 10, generator=gen)
+            if micro == 0:
+                with ddp.no_sync():
+                    (F.mse_loss(ddp(x), y) / 2).backward()
+            else:
+                (F.mse_loss(ddp(x), y) / 2).backward()
+        if staged:
+            opt.clip_grad_norm_(0.05)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        opt.step()
+        params.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    torch.save({"params": params, "stats": opt.stats()["staging"],
+                "owned": [n for n, p in model.named_parameters()
+                          if opt._owner[id(p)] == rank and p.requires_grad]}, out_path)
+    opt.close()
+    dist.destroy_process_group()

@@ -1,0 +1,319 @@
+"""RemoteAdamW's host staging of GPU parameters, driven on the CPU (staging="always": CPU
+tensors through the same slots, hooks, version checks and copies-back as CUDA ones; only
+the copy engine differs). Every staged run is compared bit for bit with the plain path and
+with the IEEE reference chain; the CUDA-only parts (streams, events, pinning) are in
+tests/gpu/test_cuda_staging.py."""
+import copy
+import gc
+import weakref
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import optstate
+from models import MLP
+from optstate.torch import RemoteAdamW
+from reference import bits_equal, ieee_adamw_
+
+STEPS = 50
+MICRO_BATCHES = 2
+MAX_NORM = 0.05  # small enough that most steps clip
+
+
+def _batch(step, micro):
+    gen = torch.Generator().manual_seed(1000 * step + micro)
+    return torch.randn(16, 32, generator=gen), torch.randn(16, 10, generator=gen)
+
+
+def _backward(model, step, accumulate=MICRO_BATCHES):
+    for micro in range(accumulate):
+        x, y = _batch(step, micro)
+        (F.mse_loss(model(x), y) / accumulate).backward()
+
+
+def _schedule(opt):
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 0.97 ** epoch)
+
+
+def _trainable(model):
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("data_plane,kind", [("shared_memory", "shared_buffer"),
+                                             ("wire", "host")])
+def test_staged_steps_equal_the_plain_path_and_the_reference_for_50_steps(
+        daemon, prefix, data_plane, kind):
+    """Clipping (the staged side by opt.clip_grad_norm_, i.e. the daemon's grad_scale; the
+    plain side by torch's in-place clip_grad_norm_), gradient accumulation over two
+    micro-batches, a LambdaLR schedule, frozen parameters: the staged model's params equal
+    the plain one's bit for bit after every step, and both the IEEE chain's."""
+    plain_model, staged_model = MLP(seed=3), MLP(seed=3)
+    plain = RemoteAdamW(plain_model.named_parameters(), lr=1e-2, target=daemon.target,
+                        name_prefix=prefix + "plain/", data_plane=data_plane)
+    staged = RemoteAdamW(staged_model.named_parameters(), lr=1e-2, target=daemon.target,
+                         name_prefix=prefix + "staged/", data_plane=data_plane,
+                         staging="always")
+    schedules = [_schedule(plain), _schedule(staged)]
+    chain = {n: [p.detach().clone(), torch.zeros_like(p), torch.zeros_like(p)]
+             for n, p in _trainable(plain_model).items()}
+    frozen = {n: p.detach().clone() for n, p in plain_model.named_parameters()
+              if not p.requires_grad}
+    clipped_steps = 0
+    for step in range(1, STEPS + 1):
+        lr = plain.param_groups[0]["lr"]
+        assert staged.param_groups[0]["lr"] == lr
+        for model, opt in ((plain_model, plain), (staged_model, staged)):
+            opt.zero_grad()
+            _backward(model, step)
+        norm = torch.nn.utils.clip_grad_norm_(plain_model.parameters(), MAX_NORM)
+        staged_norm = staged.clip_grad_norm_(MAX_NORM)
+        assert bits_equal(staged_norm.reshape(1), norm.reshape(1))
+        clipped_steps += bool(norm > MAX_NORM)
+        for n, p in _trainable(plain_model).items():  # the reference: torch-clipped grads
+            ieee_adamw_(chain[n][0], p.grad, chain[n][1], chain[n][2], step, lr)
+        plain.step()
+        staged.step()
+        for schedule in schedules:
+            schedule.step()
+        for (n, p), q in zip(plain_model.named_parameters(), staged_model.parameters()):
+            assert bits_equal(q.detach(), p.detach()), f"{n} at step {step}"
+            if n in chain:
+                assert bits_equal(p.detach(), chain[n][0]), f"{n} at step {step} (reference)"
+            else:
+                assert bits_equal(p.detach(), frozen[n]), n
+    assert clipped_steps > STEPS // 2, clipped_steps  # clipping was exercised
+    stats = staged.stats()["staging"]
+    trainable = _trainable(staged_model)
+    assert stats["kinds"] == [kind]
+    # Every gradient copied in backward (each micro-batch's), none again at step().
+    assert stats["gradients_copied_early"] == STEPS * MICRO_BATCHES * len(trainable)
+    assert stats["gradients_copied_at_step"] == 0
+    assert stats["values_copied"] == STEPS * len(trainable)
+    # Slots for the trainable parameters only: two times each one's bytes.
+    assert stats["parameters"] == {prefix + "staged/" + n: 2 * 4 * p.numel()
+                                   for n, p in trainable.items()}
+    assert stats["bytes"] >= sum(stats["parameters"].values())
+    # The daemon holds the same moments for both.
+    client = optstate.Client(daemon.target)
+    for n in trainable:
+        a = client.export_state(prefix + "plain/" + n)
+        b = client.export_state(prefix + "staged/" + n)
+        assert bits_equal(torch.from_numpy(b.exp_avg), torch.from_numpy(a.exp_avg)), n
+        assert bits_equal(torch.from_numpy(b.exp_avg_sq), torch.from_numpy(a.exp_avg_sq)), n
+        assert bits_equal(torch.from_numpy(b.exp_avg), chain[n][1].reshape(-1)), n
+    plain.close()
+    staged.close()
+
+
+def test_torchs_own_clip_grad_norm_works_as_is_by_copying_the_changed_gradients_again(
+        daemon, prefix):
+    """torch.nn.utils.clip_grad_norm_ rescales .grad in place after backward copied it:
+    step() sees the gradient's new version and copies it again, so the step is torch's."""
+    plain_model, staged_model = MLP(seed=5), MLP(seed=5)
+    plain = RemoteAdamW(plain_model.named_parameters(), lr=1e-2, target=daemon.target,
+                        name_prefix=prefix + "plain/")
+    staged = RemoteAdamW(staged_model.named_parameters(), lr=1e-2, target=daemon.target,
+                         name_prefix=prefix + "staged/", staging="always")
+    for step in range(1, 6):
+        for model, opt in ((plain_model, plain), (staged_model, staged)):
+            opt.zero_grad()
+            _backward(model, step, accumulate=1)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+            opt.step()
+        for (n, p), q in zip(plain_model.named_parameters(), staged_model.parameters()):
+            assert bits_equal(q.detach(), p.detach()), f"{n} at step {step}"
+    stats = staged.stats()["staging"]
+    assert stats["gradients_copied_at_step"] == 5 * len(_trainable(staged_model))
+
+
+def test_a_gradient_changed_after_backward_or_replaced_is_what_the_step_uses(daemon, prefix):
+    """The early copy never decides what is stepped: a gradient written in place after
+    backward, or a new .grad tensor (set by hand), reaches the daemon as it is at step()."""
+    p = torch.nn.Parameter(torch.linspace(-1, 1, 64))
+    q = torch.nn.Parameter(torch.linspace(-1, 1, 64))
+    staged = RemoteAdamW([p], lr=1e-2, target=daemon.target, name_prefix=prefix + "s/",
+                         staging="always")
+    plain = RemoteAdamW([q], lr=1e-2, target=daemon.target, name_prefix=prefix + "p/")
+    (p * p).sum().backward()
+    (q * q).sum().backward()
+    p.grad.mul_(3.0)  # after the hook copied it
+    q.grad.mul_(3.0)
+    staged.step()
+    plain.step()
+    assert bits_equal(p.detach(), q.detach())
+    p.grad = torch.full((64,), 0.25)  # a new tensor, never seen by a hook
+    q.grad = torch.full((64,), 0.25)
+    staged.step()
+    plain.step()
+    assert bits_equal(p.detach(), q.detach())
+    # The same gradient stepped twice without a change: the copy in the slot is reused.
+    before = staged.stats()["staging"]["gradients_copied_at_step"]
+    staged.step()
+    plain.step()
+    assert bits_equal(p.detach(), q.detach())
+    assert staged.stats()["staging"]["gradients_copied_at_step"] == before
+    staged.close()
+    plain.close()
+
+
+def test_a_16_bit_model_stages_its_own_bytes_and_the_daemon_keeps_fp32_masters(daemon, prefix):
+    """bfloat16 parameters: slots of 2 bytes per element for gradient and values; the
+    params and the daemon's fp32 master weights equal the plain path's bit for bit."""
+    plain_model = MLP(seed=7).to(torch.bfloat16)
+    staged_model = copy.deepcopy(plain_model)
+    plain = RemoteAdamW(plain_model.named_parameters(), lr=1e-2, target=daemon.target,
+                        name_prefix=prefix + "plain/")
+    staged = RemoteAdamW(staged_model.named_parameters(), lr=1e-2, target=daemon.target,
+                         name_prefix=prefix + "staged/", staging="always")
+    for step in range(1, 11):
+        for model, opt in ((plain_model, plain), (staged_model, staged)):
+            opt.zero_grad()
+            for micro in range(MICRO_BATCHES):
+                x, y = _batch(step, micro)
+                F.mse_loss(model(x.bfloat16()).float(), y).backward()
+        plain.clip_grad_norm_(1.0)
+        staged.clip_grad_norm_(1.0)
+        plain.step()
+        staged.step()
+        for (n, p), q in zip(plain_model.named_parameters(), staged_model.parameters()):
+            assert q.dtype == torch.bfloat16
+            assert bits_equal(q.detach(), p.detach()), f"{n} at step {step}"
+    masters = {k: v["master_param"] for k, v in plain.state_dict()["state"].items()}
+    for k, v in staged.state_dict()["state"].items():
+        assert bits_equal(v["master_param"], masters[k]), k
+    stats = staged.stats()["staging"]
+    assert stats["parameters"] == {prefix + "staged/" + n: 2 * 2 * p.numel()
+                                   for n, p in _trainable(staged_model).items()}
+    staged.close()
+    plain.close()
+
+
+def test_a_non_finite_gradient_or_norm_refuses_the_whole_staged_step(daemon, prefix):
+    """An inf gradient (so an inf norm and a clipping scale of 0, which makes inf * 0 a
+    NaN): optstate.InvalidArgument, nothing applied to any parameter, and the step repeats
+    with finite gradients."""
+    model = MLP(seed=9)
+    opt = RemoteAdamW(model.named_parameters(), lr=1e-2, target=daemon.target,
+                      name_prefix=prefix, staging="always")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    _backward(model, 1)
+    model.fc2.weight.grad[0, 0] = float("inf")
+    opt.clip_grad_norm_(1.0)
+    with pytest.raises(optstate.InvalidArgument, match="not finite"):
+        opt.step()
+    for n, p in model.named_parameters():
+        assert bits_equal(p.detach(), before[n]), n
+    opt.zero_grad()
+    _backward(model, 1)
+    opt.step()
+    assert not bits_equal(model.fc2.weight.detach(), before["fc2.weight"])
+    opt.close()
+
+
+def test_a_parameter_frozen_at_registration_gets_slots_when_it_first_has_a_gradient(
+        daemon, prefix):
+    model = MLP(seed=11)
+    opt = RemoteAdamW(model.named_parameters(), lr=1e-2, target=daemon.target,
+                      name_prefix=prefix, staging="always")
+    assert prefix + "fc1.bias" not in opt.stats()["staging"]["parameters"]
+    model.fc1.bias.requires_grad_(True)
+    _backward(model, 1)
+    opt.step()
+    assert opt.stats()["staging"]["parameters"][prefix + "fc1.bias"] == 2 * 4 * 64
+    opt.close()
+
+
+def test_staging_memory_does_not_grow_and_close_releases_it(daemon, prefix):
+    model = MLP(seed=13)
+    opt = RemoteAdamW(model.named_parameters(), lr=1e-2, target=daemon.target,
+                      name_prefix=prefix, staging="always", delete_on_close=True)
+    _backward(model, 1)
+    opt.step()
+    first = opt.stats()["staging"]["bytes"]
+    buffers = [weakref.ref(b.memory) for b in opt._staging._buffers]
+    for step in range(2, 12):
+        opt.zero_grad()
+        _backward(model, step)
+        opt.step()
+    assert opt.stats()["staging"]["bytes"] == first > 0
+    opt.close()
+    gc.collect()
+    assert opt.stats()["staging"]["bytes"] == 0
+    assert all(ref() is None for ref in buffers), "a staging buffer outlived close()"
+    # The hooks went with it: a backward after close() copies nothing.
+    _backward(model, 99)
+
+
+def test_wait_in_forward_defers_each_modules_wait_to_its_forward(daemon, prefix):
+    """With wait_in_forward(model), step() leaves the waits to the modules' forward
+    pre-hooks; every parameter's wait is taken by the next forward, and the results equal
+    the plain path's."""
+    plain_model, staged_model = MLP(seed=17), MLP(seed=17)
+    plain = RemoteAdamW(plain_model.named_parameters(), lr=1e-2, target=daemon.target,
+                        name_prefix=prefix + "plain/")
+    staged = RemoteAdamW(staged_model.named_parameters(), lr=1e-2, target=daemon.target,
+                         name_prefix=prefix + "staged/", staging="always")
+    staged.wait_in_forward(staged_model)
+    slots = staged._staging._slots
+    for step in range(1, 4):
+        for model, opt in ((plain_model, plain), (staged_model, staged)):
+            opt.zero_grad()
+            _backward(model, step, accumulate=1)
+            opt.step()
+        assert all(slot.waiting for slot in slots.values())
+        staged_model(torch.zeros(1, 32))
+        assert not any(slot.waiting for slot in slots.values())
+        for (n, p), q in zip(plain_model.named_parameters(), staged_model.parameters()):
+            assert bits_equal(q.detach(), p.detach()), f"{n} at step {step}"
+    staged.close()
+    plain.close()
+
+
+def test_staging_refuses_an_unknown_mode_and_other_devices_by_name(daemon, prefix):
+    with pytest.raises(ValueError, match="staging must be 'auto'"):
+        RemoteAdamW([torch.nn.Parameter(torch.ones(4))], target=daemon.target,
+                    name_prefix=prefix, staging="yes")
+    with pytest.raises(ValueError, match="dense CPU or CUDA tensors .*meta"):
+        RemoteAdamW([torch.nn.Parameter(torch.ones(4, device="meta"))], target=daemon.target,
+                    name_prefix=prefix, staging="always")
+
+
+def _ddp_job(target, prefix, tmp_path, staged, steps):
+    import multiprocessing as mp
+
+    import ddp_worker
+    init_file = tmp_path / f"init-{staged}"
+    outs = [str(tmp_path / f"rank{r}-{staged}.pt") for r in range(2)]
+    ctx = mp.get_context("spawn")
+    processes = [ctx.Process(target=ddp_worker.run_staged,
+                             args=(r, 2, str(init_file), target, prefix, outs[r], steps, staged))
+                 for r in range(2)]
+    for proc in processes:
+        proc.start()
+    for proc in processes:
+        proc.join(timeout=120)
+        assert proc.exitcode == 0, f"a rank failed (exit code {proc.exitcode})"
+    return [torch.load(o) for o in outs]
+
+
+def test_ddp_zero1_staged_through_the_comm_hook_equals_the_plain_path(daemon, prefix, tmp_path):
+    """Two gloo ranks, DDP with bucket views, ZeRO-1, accumulation under no_sync, clipping:
+    the staged job (gradients copied in RemoteAdamW's comm hook once all-reduced, the clip
+    as grad_scale) gives every rank the plain job's params bit for bit after every step;
+    each owned gradient was copied once per step, in the hook (never for the no_sync
+    micro-batch, never again at step())."""
+    steps = 8
+    plain = _ddp_job(daemon.target, prefix + "plain/", tmp_path, False, steps)
+    staged = _ddp_job(daemon.target, prefix + "staged/", tmp_path, True, steps)
+    for rank in range(2):
+        for step in range(steps):
+            for n, p in plain[rank]["params"][step].items():
+                assert bits_equal(staged[rank]["params"][step][n], p), (rank, step, n)
+        stats, owned = staged[rank]["stats"], staged[rank]["owned"]
+        assert owned, f"rank {rank} steps nothing"
+        assert stats["gradients_copied_early"] == steps * len(owned), (rank, stats)
+        assert stats["gradients_copied_at_step"] == 0, (rank, stats)
+    assert set(staged[0]["owned"]).isdisjoint(staged[1]["owned"])
+    first = plain[0]["params"][0]
+    assert any(not bits_equal(plain[0]["params"][-1][n], first[n]) for n in first)
