@@ -126,8 +126,39 @@ echo "== gpu benchmark"
 timeout 240 "$BENCH_BIN/gpu_step_bench" 2>&1 | tee "$OUT/bench.log"
 [[ ${PIPESTATUS[0]} -eq 0 ]] || { status=1; note "gpu benchmark" "FAILED"; }
 
+echo "== RemoteAdamW with CUDA parameters (test_cuda_staging.py) and the offload benchmark"
+# They need torch with CUDA and optstate's Python package built for this Python
+# (pip install ./client/python); without it they are reported NOT RUN and the run fails.
+PYTHON=${PYTHON:-python3}
+if "$PYTHON" -c 'import torch, optstate._optstate; assert torch.cuda.is_available()' \
+    >"$OUT/python-check.log" 2>&1; then
+  OPTSTATED="$SERVER_BIN/optstated" OPTSTATE_REQUIRE_GPU=1 timeout 300 "$PYTHON" -m pytest \
+    -p no:cacheprovider -q "$ROOT/tests/gpu/test_cuda_staging.py" 2>&1 | tee "$OUT/staging.log"
+  if [[ ${PIPESTATUS[0]} -eq 0 ]]; then
+    note "RemoteAdamW CUDA staging tests" "$(tail -1 "$OUT/staging.log")"
+  else
+    status=1
+    note "RemoteAdamW CUDA staging tests" "FAILED: $(tail -1 "$OUT/staging.log")"
+  fi
+  "$SERVER_BIN/optstated" --backend=cpu --listen=127.0.0.1:0 --threads="$JOBS" \
+    >"$OUT/optstated-offload.log" 2>&1 &
+  pid=$!
+  sleep 3
+  port=$(grep -Eo 'listening on port [0-9]+' "$OUT/optstated-offload.log" | grep -Eo '[0-9]+$')
+  timeout 420 "$PYTHON" "$ROOT/tests/gpu/bench_offload.py" --target "127.0.0.1:$port" \
+    --out "$OUT/bench_offload.json" 2>&1 | tee "$OUT/bench_offload.log"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || { status=1; note "offload benchmark" "FAILED"; }
+  kill -TERM $pid 2>/dev/null
+  wait $pid
+else
+  status=1
+  note "RemoteAdamW CUDA staging tests, offload benchmark" \
+    "NOT RUN: $PYTHON cannot import torch with CUDA and optstate._optstate ($OUT/python-check.log)"
+fi
+
 echo
 echo "== summary"
 printf '%s\n' "${SUMMARY[@]}"
 sed -n '/^figure/,$p' "$OUT/bench.log"
+[[ -f "$OUT/bench_offload.log" ]] && sed -n '/^optimizer/,$p' "$OUT/bench_offload.log"
 exit $status
