@@ -60,6 +60,8 @@ def run_staged(rank, world, init_file, target, prefix, out_path, steps, staged):
     (staging="always"), their gradients copied by RemoteAdamW's DDP comm hook and clipped
     by the daemon's grad_scale; else the plain path with DDP's own all-reduce and torch's
     clip_grad_norm_."""
+    import optstate._staging
+    optstate._staging.HOST_COPY_DELAY_S = 0.001  # as test_staging.py's slow_copies
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)

@@ -1,6 +1,7 @@
 """RemoteAdamW's host staging of GPU parameters, driven on the CPU (staging="always": CPU
-tensors through the same slots, hooks, version checks and copies-back as CUDA ones; only
-the copy engine differs). Every staged run is compared bit for bit with the plain path and
+tensors through the same slots, hooks, version checks, copies-back and waits as CUDA ones;
+only the copy engine differs: a worker thread runs the copies in order, each ending an
+event, as a side stream does). Every staged run is compared bit for bit with the plain path and
 with the IEEE reference chain; the CUDA-only parts (streams, events, pinning) are in
 tests/gpu/test_cuda_staging.py."""
 import copy
@@ -12,11 +13,21 @@ import torch
 import torch.nn.functional as F
 
 import optstate
+import optstate._staging
 from models import MLP
 from optstate.torch import RemoteAdamW
 from reference import bits_equal, ieee_adamw_
 
 STEPS = 50
+
+
+@pytest.fixture(autouse=True)
+def slow_copies(monkeypatch):
+    """Every staged copy runs 1 ms late on HostCopies' worker thread, so a wait the staging
+    logic misses (a slot read before its copy, a parameter before its values) reads stale
+    bytes and the comparisons fail."""
+    monkeypatch.setattr(optstate._staging, "HOST_COPY_DELAY_S", 0.001)
+
 MICRO_BATCHES = 2
 MAX_NORM = 0.05  # small enough that most steps clip
 

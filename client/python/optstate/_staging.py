@@ -12,12 +12,15 @@ copy earlier, they never decide what is stepped.
 
 The copy engines are the only device-specific part: CudaCopies (streams, events, pinned
 or cudaHostRegister-ed memory) and HostCopies, which stages CPU tensors through the same
-slots with plain copies (RemoteAdamW(staging="always"): how the path is tested without a
-GPU).
+slots with copies run in order by a worker thread, each ending an event, as a side stream
+does (RemoteAdamW(staging="always"): how the path, its waits included, is tested without
+a GPU).
 """
 from __future__ import annotations
 
+import queue
 import threading
+import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -26,29 +29,44 @@ import torch
 
 from . import errors
 
-__all__ = ["Staging", "HostCopies", "CudaCopies"]
+__all__ = ["Staging", "HostCopies", "CudaCopies", "HOST_COPY_DELAY_S"]
 
 _ALIGN = 64  # Each slot starts on a cache line (and the daemon's zero-copy path wants 64).
 
 
-class _Done:
-    """The event of a copy that finished when it was issued (HostCopies)."""
+# How long HostCopies' worker waits before each copy: 0, except in tests, which widen the
+# window a missing wait would lose (the copy then lands after the reader has read).
+HOST_COPY_DELAY_S = 0.0
+
+
+class _HostEvent:
+    """The end of one HostCopies copy (CUDA events' synchronize and query)."""
+
+    def __init__(self):
+        self._done = threading.Event()
+        self.error: Optional[BaseException] = None
 
     def synchronize(self) -> None:
-        pass
+        self._done.wait()
+        if self.error is not None:
+            raise self.error
 
     def query(self) -> bool:
-        return True
-
-
-_DONE = _Done()
+        return self._done.is_set()
 
 
 class HostCopies:
-    """Copies for CPU tensors staged as a device's would be (the test switch): each copy
-    happens when issued, every event is already done."""
+    """Copies for CPU tensors staged as a device's would be (staging="always"): a worker
+    thread runs them one after another in the order issued, as a side stream does, each
+    ending its event, so the waits the staging logic places are needed on the CPU too. The
+    host is the "current stream" here: what it did before a copy was issued is done, and
+    waiting on an event from it blocks until the copy is."""
 
     kind = "host"
+
+    def __init__(self):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._worker: Optional[threading.Thread] = None
 
     def host_buffer(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8)
@@ -59,16 +77,44 @@ class HostCopies:
     def unregister(self, buffer: torch.Tensor) -> None:
         pass
 
-    def to_host(self, source: torch.Tensor, slot: torch.Tensor):
-        slot.copy_(source)
-        return _DONE
+    def _issue(self, target: torch.Tensor, source: torch.Tensor) -> _HostEvent:
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._run, name="optstate-staging",
+                                            daemon=True)
+            self._worker.start()
+        event = _HostEvent()
+        self._queue.put((target, source, event))  # the tensors stay alive until copied
+        return event
 
-    def to_device(self, slot: torch.Tensor, target: torch.Tensor):
-        target.copy_(slot)
-        return _DONE
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            target, source, event = item
+            try:
+                if HOST_COPY_DELAY_S:
+                    time.sleep(HOST_COPY_DELAY_S)
+                target.copy_(source)
+            except BaseException as e:  # raised to whoever waits for it
+                event.error = e
+            event._done.set()
 
-    def wait_on_stream(self, event) -> None:
-        pass
+    def to_host(self, source: torch.Tensor, slot: torch.Tensor) -> _HostEvent:
+        return self._issue(slot, source)
+
+    def to_device(self, slot: torch.Tensor, target: torch.Tensor) -> _HostEvent:
+        return self._issue(target, slot)
+
+    def wait_on_stream(self, event: _HostEvent) -> None:
+        event.synchronize()
+
+    def stop(self) -> None:
+        """Ends the worker once the copies issued are done."""
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join()
+            self._worker = None
 
 
 class CudaCopies:
@@ -121,6 +167,9 @@ class CudaCopies:
     def wait_on_stream(self, event) -> None:
         """The current stream's later work waits for `event` (no host synchronize)."""
         torch.cuda.current_stream(self.device).wait_event(event)
+
+    def stop(self) -> None:
+        pass
 
 
 @dataclass(eq=False)
@@ -415,6 +464,9 @@ class Staging:
                 slot.values_copied.synchronize()
             if slot.grad_copied is not None:
                 slot.grad_copied.synchronize()
+        for copies in self._copies.values():
+            copies.stop()
+        self._copies.clear()
         for handle in self._module_hooks:
             handle.remove()
         self._module_hooks.clear()
