@@ -135,7 +135,8 @@ class CudaCopies:
 
     def register(self, buffer: torch.Tensor) -> None:
         """Pins memory allocated elsewhere (the daemon's shared buffer) for async copies."""
-        code = torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), buffer.numel(), 0)
+        # cudaHostRegisterPortable (1): pinned for every CUDA context, not only this one's.
+        code = torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), buffer.numel(), 1)
         if int(code) != 0:
             raise RuntimeError(f"cudaHostRegister of {buffer.numel()} bytes of the shared "
                                f"buffer failed (cudaError {int(code)})")
