@@ -8,7 +8,11 @@
 // 3. Apply: in order, stopping at the first refusal, or at once on the pool
 //    when the message is large, its chunks are of distinct groups (so no two
 //    touch one page) and none writes params where another chunk reads or
-//    writes (so their order cannot matter).
+//    writes (so their order cannot matter). A chunk whose sender checked its
+//    values (SenderChecked::kValues), if small enough, has them checked here,
+//    by the thread about to apply it, instead of in 1 and 2: its gradient is
+//    then read from memory once, not twice (BENCHMARKS.md, "The finite check
+//    as chunks are applied").
 #include "server/engine/message_step.h"
 
 #include <algorithm>
@@ -76,14 +80,19 @@ bool DistinctGroups(const std::vector<MessageChunk>& chunks) {
 
 }  // namespace
 
-MessageStep::MessageStep(StepEngine* engine, std::vector<MessageChunk> chunks)
+MessageStep::MessageStep(StepEngine* engine, std::vector<MessageChunk> chunks,
+                         SenderChecked sender_checked)
     : engine_(engine),
       chunks_(std::move(chunks)),
+      checked_as_applied_(chunks_.size(), false),
       validated_(chunks_.size()),
       results_(chunks_.size()) {
   uint64_t gradient_bytes = 0;
-  for (MessageChunk& chunk : chunks_) {
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    MessageChunk& chunk = chunks_[i];
     gradient_bytes += chunk.chunk.gradient.size();
+    checked_as_applied_[i] = sender_checked == SenderChecked::kValues &&
+                             chunk.chunk.gradient.size() <= kCheckedAsAppliedBytes;
     if (chunk.params_out != nullptr) {
       chunk.chunk.params_store = ParamsStore::kStreaming;  // The client reads them, not us.
     }
@@ -92,7 +101,8 @@ MessageStep::MessageStep(StepEngine* engine, std::vector<MessageChunk> chunks)
 }
 
 MessageRefusal MessageStep::Check() {
-  const ValueCheck values = spread_ ? ValueCheck::kDeferred : ValueCheck::kNow;
+  // How the values of chunks not left to Apply are checked.
+  const ValueCheck later = spread_ ? ValueCheck::kDeferred : ValueCheck::kNow;
   const size_t n = chunks_.size();
   // 1. In order, up to the first refusal. `values_checkable`: the refused
   //    chunk passed Validate, so a deferred value check of it still comes
@@ -103,6 +113,7 @@ MessageRefusal MessageStep::Check() {
     const MessageChunk& chunk = chunks_[i];
     absl::Status status = chunk.read_status;
     if (status.ok()) {
+      const ValueCheck values = checked_as_applied_[i] ? ValueCheck::kDeferred : later;
       absl::StatusOr<ValidatedChunk> checked = engine_->Validate(chunk.chunk, values);
       if (checked.ok()) {
         validated_[i] = std::move(*checked);
@@ -129,7 +140,7 @@ MessageRefusal MessageStep::Check() {
   }
   // 2. The values of the chunks before it (and of it, when it passed
   //    Validate), when deferred: the first bad one comes before the refusal.
-  if (values == ValueCheck::kDeferred) {
+  if (later == ValueCheck::kDeferred) {
     const size_t checked = refusal.ok() ? n : refusal.chunk + (values_checkable ? 1 : 0);
     MessageRefusal bad = CheckValuesSpread(checked);
     if (!bad.ok()) refusal = std::move(bad);
@@ -145,6 +156,7 @@ MessageRefusal MessageStep::CheckValuesSpread(size_t n) const {
   };
   std::vector<Part> parts;
   for (size_t i = 0; i < n; ++i) {
+    if (checked_as_applied_[i]) continue;
     for (uint64_t begin = 0; begin < validated_[i].count; begin += kValuePartElements) {
       parts.push_back({i, begin, std::min(validated_[i].count, begin + kValuePartElements)});
     }
@@ -174,6 +186,14 @@ bool MessageStep::AtOnce() const {
 MessageRefusal MessageStep::Apply(
     absl::FunctionRef<char*(size_t chunk, size_t bytes)> reserve_params) {
   auto apply = [&](size_t i) {
+    if (checked_as_applied_[i]) {
+      absl::Status values =
+          engine_->CheckGradientValues(chunks_[i].chunk, validated_[i], 0, validated_[i].count);
+      if (!values.ok()) {
+        results_[i] = std::move(values);
+        return false;
+      }
+    }
     char* const params_out = chunks_[i].params_out;
     results_[i] = engine_->Apply(chunks_[i].chunk, validated_[i], [&](size_t bytes) {
       return params_out != nullptr ? params_out : reserve_params(i, bytes);

@@ -43,6 +43,22 @@ struct MessageChunk {
   std::optional<RegionSpan> params_region;
 };
 
+// What the sender says it checked of a message (StepRequest.gradients_checked).
+enum class SenderChecked {
+  kNothing,  // Every chunk's values are checked before any chunk is applied.
+  // Every gradient value is finite after grad_scale, by the sender's own
+  // check: a chunk of at most kCheckedAsAppliedBytes of gradient has its
+  // values checked just before it is applied (in cache), so a bad one is
+  // still refused unapplied, but other chunks may be applied by then.
+  kValues,
+};
+
+// With SenderChecked::kValues, chunks with at most this many gradient bytes
+// are checked as they are applied (the check's read then leaves them in the
+// core's caches for the update's); larger ones before any chunk is applied,
+// as without.
+inline constexpr uint64_t kCheckedAsAppliedBytes = 1 << 20;
+
 // What of a message a refusal of one of its chunks left applied.
 enum class MessageApplied {
   kNothing,       // Refused before any chunk was applied.
@@ -73,18 +89,26 @@ struct MessageRefusal {
 // applied where they could be. Any other message is applied in order on the
 // calling thread (each chunk's update still split over the pool by the CPU
 // backend).
+//
+// With SenderChecked::kValues, the values of a chunk of at most
+// kCheckedAsAppliedBytes of gradient are checked by Apply, by the thread
+// that applies the chunk, just before it does, instead of by Check: every
+// other answer is the same, but a bad value there refuses its chunk with
+// the chunks before it applied (in order) or the others (at once).
 class MessageStep {
  public:
   // `engine`, and what the chunks' gradients and params_out point to, must
   // outlive this.
-  MessageStep(StepEngine* engine, std::vector<MessageChunk> chunks);
+  MessageStep(StepEngine* engine, std::vector<MessageChunk> chunks,
+              SenderChecked sender_checked = SenderChecked::kNothing);
 
   // Checks every chunk in order, up to the first refusal: its read_status,
   // StepEngine::Validate, and that a params_out region holds the chunk's
   // params exactly (INVALID_ARGUMENT). A bad gradient value comes before
   // every refusal of a later chunk, and before the params_out size of its
-  // own, as a check in order finds it. Changes nothing; applied is kNothing.
-  // Call once, before Apply.
+  // own, as a check in order finds it (but the values of chunks left to
+  // Apply, which are not checked here). Changes nothing; applied is
+  // kNothing. Call once, before Apply.
   MessageRefusal Check();
 
   // Bytes of chunk i's params that go into the reply (0 when they go to
@@ -108,13 +132,16 @@ class MessageStep {
   // Whether the chunks may be applied at once: spread, and no two of them
   // touch one page or write params where another reads or writes.
   bool AtOnce() const;
-  // The deferred value checks of chunks [0, n), in parts on the pool: the
-  // first bad value's refusal (in element order), or OK.
+  // The deferred value checks of chunks [0, n) but those left to Apply, in
+  // parts on the pool: the first bad value's refusal (in element order), or
+  // OK.
   MessageRefusal CheckValuesSpread(size_t n) const;
 
   StepEngine* const engine_;
   std::vector<MessageChunk> chunks_;
   bool spread_ = false;
+  // Per chunk: its values are checked by Apply, just before it is applied.
+  std::vector<bool> checked_as_applied_;
   std::vector<ValidatedChunk> validated_;
   // Default-constructed: UNKNOWN (not applied), with no message to allocate.
   std::vector<absl::StatusOr<StepChunkResult>> results_;

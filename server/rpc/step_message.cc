@@ -55,6 +55,11 @@ absl::Status ToChunk(const v1::StepRequest& request, const SegmentedBytes& gradi
         "a chunk packed in StepRequest.more packs chunks itself; put every chunk of the "
         "message in the outer request's more");
   }
+  if (packed && request.gradients_checked()) {
+    return absl::InvalidArgumentError(
+        "a chunk packed in StepRequest.more sets gradients_checked; it is the whole "
+        "message's: set it on the outer StepRequest");
+  }
   absl::StatusOr<WireType> gradient_type =
       WireTypeFromProto(request.gradient_dtype(), "gradient_dtype");
   if (!gradient_type.ok()) return gradient_type.status();
@@ -198,7 +203,8 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
     chunk.read_status = std::move(status);
   }
   // 2. Checked as a unit, and the reply bounded, before anything is applied.
-  MessageStep step(engine, std::move(chunks));
+  MessageStep step(engine, std::move(chunks),
+                   request.gradients_checked() ? SenderChecked::kValues : SenderChecked::kNothing);
   if (MessageRefusal refused = step.Check(); !refused.ok()) return Named(request, refused);
   if (absl::Status s = CheckReplyFits(request, step, max_reply_bytes); !s.ok()) return s;
   // 3. Applied, the params written straight into the replies' slices.

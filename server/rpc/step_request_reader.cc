@@ -33,6 +33,8 @@ constexpr uint32_t kBeta2Tag = WireTag(v1::StepRequest::kBeta2FieldNumber, kFixe
 constexpr uint32_t kEpsTag = WireTag(v1::StepRequest::kEpsFieldNumber, kFixed64);
 constexpr uint32_t kWeightDecayTag = WireTag(v1::StepRequest::kWeightDecayFieldNumber, kFixed64);
 constexpr uint32_t kMaximizeTag = WireTag(v1::StepRequest::kMaximizeFieldNumber, kVarint);
+constexpr uint32_t kGradientsCheckedTag =
+    WireTag(v1::StepRequest::kGradientsCheckedFieldNumber, kVarint);
 constexpr uint32_t kLrFloat32Tag = WireTag(v1::StepRequest::kLrFloat32FieldNumber, kFixed32);
 constexpr uint32_t kGradScaleTag = WireTag(v1::StepRequest::kGradScaleFieldNumber, kFixed32);
 constexpr uint32_t kParamDtypeTag = WireTag(v1::StepRequest::kParamDtypeFieldNumber, kVarint);
@@ -309,6 +311,10 @@ class RequestScanner {
       case kMaximizeTag:
         if (!input->ReadVarint64(&varint)) return false;
         fields->set_maximize(varint != 0);
+        return true;
+      case kGradientsCheckedTag:
+        if (!input->ReadVarint64(&varint)) return false;
+        fields->set_gradients_checked(varint != 0);
         return true;
       case kLrFloat32Tag:
         if (!input->ReadLittleEndian32(&fixed)) return false;

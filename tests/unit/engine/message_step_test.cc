@@ -7,7 +7,11 @@
 // refusal only when it comes first), nothing applied on a refusal before
 // the update, and a message that names a group more than once applied in
 // order. And on any message: a chunk the transport could not read is
-// refused in its turn, and a refusal says what it left applied.
+// refused in its turn, and a refusal says what it left applied. A message
+// whose sender checked its values (SenderChecked::kValues) steps the same
+// bits; its small chunks are checked as they are applied, so a bad value
+// there refuses that chunk unapplied and leaves others applied, while a
+// bad value in a large chunk still refuses the whole message.
 #include "server/engine/message_step.h"
 
 #include <gtest/gtest.h>
@@ -80,6 +84,19 @@ class MessageStepTest : public ::testing::Test {
         reinterpret_cast<const char*>(grad.data() + begin), (end - begin) * sizeof(float)));
   }
 
+  // One message: the first kSmallChunk elements of every group at `step`
+  // (chunks of kCheckedAsAppliedBytes: checked as applied when the sender
+  // checked them; 8 MiB in all, so spread and applied at once).
+  static constexpr uint64_t kSmallChunk = kCheckedAsAppliedBytes / sizeof(float);
+  std::vector<MessageChunk> SmallChunkStep(const std::string& prefix, uint64_t step,
+                                           const std::vector<std::vector<float>>& grads) {
+    std::vector<MessageChunk> message;
+    for (uint64_t g = 0; g < kGroups; ++g) {
+      AddChunk(&message, absl::StrCat(prefix, g), step, grads[g], 0, kSmallChunk);
+    }
+    return message;
+  }
+
   // One message: every group's whole gradient at `step`.
   std::vector<MessageChunk> WholeStep(const std::string& prefix, uint64_t step,
                                       const std::vector<std::vector<float>>& grads) {
@@ -92,8 +109,9 @@ class MessageStepTest : public ::testing::Test {
 
   // Checks and applies `message`, as the transport does, the params for
   // the reply written to buffers of its own.
-  MessageRefusal Step(std::vector<MessageChunk> message) {
-    MessageStep step(&engine_, std::move(message));
+  MessageRefusal Step(std::vector<MessageChunk> message,
+                      SenderChecked sender_checked = SenderChecked::kNothing) {
+    MessageStep step(&engine_, std::move(message), sender_checked);
     MessageRefusal refusal = step.Check();
     if (!refusal.ok()) return refusal;
     std::vector<std::string> out(step.size());
@@ -425,6 +443,114 @@ TEST_F(MessageStepTest, ABadValueComesBeforeTheSameChunksParamsRegionSize) {
     for (uint64_t g = 0; g < kGroups; ++g) {
       EXPECT_EQ(GroupOf(absl::StrCat("g.", g)).page_step(0), 0u) << "group " << g;
     }
+  }
+}
+
+}  // namespace
+}  // namespace optstate
+
+namespace optstate {
+namespace {
+
+// Two steps of small chunks, at once and in order (one group in four
+// chunks), sender-checked or not: the same bits.
+TEST_F(MessageStepTest, ASenderCheckedMessageStepsTheSameBitsAsAnUncheckedOne) {
+  Register("checked.");
+  Register("plain.");
+  for (uint64_t step = 1; step <= 2; ++step) {
+    ASSERT_TRUE(Step(SmallChunkStep("checked.", step, grads_), SenderChecked::kValues).ok());
+    ASSERT_TRUE(Step(SmallChunkStep("plain.", step, grads_)).ok());
+    std::vector<MessageChunk> checked_in_order, plain_in_order;
+    for (uint64_t k = 0; k < 4; ++k) {
+      AddChunk(&checked_in_order, "checked.7", step, grads_[7], kSmallChunk * (k + 1),
+               std::min(kElements, kSmallChunk * (k + 2)));
+      AddChunk(&plain_in_order, "plain.7", step, grads_[7], kSmallChunk * (k + 1),
+               std::min(kElements, kSmallChunk * (k + 2)));
+    }
+    ASSERT_TRUE(Step(std::move(checked_in_order), SenderChecked::kValues).ok());
+    ASSERT_TRUE(Step(std::move(plain_in_order)).ok());
+    for (uint64_t g = 0; g < kGroups; ++g) {
+      ASSERT_EQ(StateBits(absl::StrCat("checked.", g)), StateBits(absl::StrCat("plain.", g)))
+          << "group " << g << " after step " << step;
+    }
+  }
+}
+
+// Applied at once: the chunk with the bad value is refused and left as it
+// was, bit for bit; the others are applied, and the refusal says so.
+TEST_F(MessageStepTest, ABadValueInASenderCheckedSmallChunkRefusesItAndLeavesTheOthersApplied) {
+  Register("g.");
+  std::vector<std::vector<float>> grads = grads_;
+  grads[5][17] = std::nanf("");
+  const std::vector<uint32_t> before = StateBits("g.5");
+  MessageRefusal refusal = Step(SmallChunkStep("g.", 1, grads), SenderChecked::kValues);
+  EXPECT_EQ(refusal.status.code(), absl::StatusCode::kInvalidArgument) << refusal.status;
+  EXPECT_EQ(refusal.chunk, 5u);
+  EXPECT_EQ(refusal.applied, MessageApplied::kOthers);
+  EXPECT_NE(refusal.status.message().find("gradient of group 'g.5' at element 17 is not finite"),
+            std::string::npos)
+      << refusal.status;
+  EXPECT_EQ(StateBits("g.5"), before) << "the refused chunk changed its group";
+  for (uint64_t g = 0; g < kGroups; ++g) {
+    EXPECT_EQ(GroupOf(absl::StrCat("g.", g)).page_step(0), g == 5 ? 0u : 1u) << "group " << g;
+  }
+  // Unchecked, the same message is refused whole.
+  Register("plain.");
+  refusal = Step(SmallChunkStep("plain.", 1, grads));
+  EXPECT_EQ(refusal.chunk, 5u);
+  EXPECT_EQ(refusal.applied, MessageApplied::kNothing);
+  for (uint64_t g = 0; g < kGroups; ++g) {
+    EXPECT_EQ(GroupOf(absl::StrCat("plain.", g)).page_step(0), 0u) << "group " << g;
+  }
+}
+
+// Applied in order (small messages, and a large one naming one group in
+// several chunks): the chunks before the bad one are applied, it and those
+// after it are not.
+TEST_F(MessageStepTest, InOrderABadValueInASenderCheckedChunkLeavesTheChunksBeforeItApplied) {
+  Register("g.");
+  std::vector<std::vector<float>> grads = grads_;
+  const uint64_t bad = 2 * kSmallChunk + 99;  // In the third chunk.
+  grads[3][bad] = INFINITY;
+  for (uint64_t chunks : {3, 4}) {  // 3 MiB: not spread; 4 MiB: spread, one group so in order.
+    SCOPED_TRACE(absl::StrCat(chunks, " chunks"));
+    const std::string name = absl::StrCat("g.", chunks);
+    std::vector<MessageChunk> message;
+    for (uint64_t k = 0; k < chunks; ++k) {
+      AddChunk(&message, name, 1, grads[3], k * kSmallChunk, (k + 1) * kSmallChunk);
+    }
+    MessageRefusal refusal = Step(std::move(message), SenderChecked::kValues);
+    EXPECT_EQ(refusal.status.code(), absl::StatusCode::kInvalidArgument) << refusal.status;
+    EXPECT_EQ(refusal.chunk, 2u);
+    EXPECT_EQ(refusal.applied, MessageApplied::kChunksBefore);
+    EXPECT_NE(refusal.status.message().find(absl::StrCat("at element ", bad, " ")),
+              std::string::npos)
+        << refusal.status;
+    Group& group = GroupOf(name);
+    for (uint64_t page = 0; page < chunks * kSmallChunk / kPage; ++page) {
+      ASSERT_EQ(group.page_step(page), page < 2 * kSmallChunk / kPage ? 1u : 0u) << "page " << page;
+    }
+  }
+}
+
+// A chunk larger than kCheckedAsAppliedBytes is checked before anything is
+// applied even when the sender checked: a bad value in it refuses the whole
+// message, and a field refusal after the small chunks still comes first.
+TEST_F(MessageStepTest, SenderCheckedLargeChunksAndFieldsAreStillCheckedBeforeAnyIsApplied) {
+  Register("g.");
+  std::vector<std::vector<float>> grads = grads_;
+  grads[6][kElements - 1] = std::nanf("");
+  MessageRefusal refusal = Step(WholeStep("g.", 1, grads), SenderChecked::kValues);
+  EXPECT_EQ(refusal.status.code(), absl::StatusCode::kInvalidArgument) << refusal.status;
+  EXPECT_EQ(refusal.chunk, 6u);
+  EXPECT_EQ(refusal.applied, MessageApplied::kNothing);
+  std::vector<MessageChunk> message = SmallChunkStep("g.", 1, grads_);
+  message[7].chunk.group_elements = kElements + 1;
+  refusal = Step(std::move(message), SenderChecked::kValues);
+  EXPECT_EQ(refusal.chunk, 7u);
+  EXPECT_EQ(refusal.applied, MessageApplied::kNothing);
+  for (uint64_t g = 0; g < kGroups; ++g) {
+    EXPECT_EQ(GroupOf(absl::StrCat("g.", g)).page_step(0), 0u) << "group " << g;
   }
 }
 
