@@ -182,6 +182,18 @@ struct StepOptions {
   WireType param_dtype = WireType::kFloat32;     // Params come back in it (GroupStep::params_out).
   std::optional<double> lr;  // Overrides the groups' lr for this step (unless GroupStep::lr).
   std::optional<float> grad_scale;  // Multiplied into every gradient.
+  // The caller has checked every gradient finite after grad_scale, in
+  // gradient_dtype (a finite clip_grad_norm_ or GradScaler's found_inf == 0
+  // show it), so the client does not read gradients only to check them, and
+  // the daemon checks each group's as it applies it, while it is in cache,
+  // instead of all before any (StepRequest.gradients_checked): a step of
+  // SharedBuffers then costs one read of its gradients, not two. A gradient
+  // that is not finite after all is still refused (INVALID_ARGUMENT) and
+  // its group left as it was, but other groups of the step may have been
+  // applied by then (the refusal says so; repeating the step replays them).
+  // False: a step with any non-finite gradient is refused whole, nothing
+  // applied.
+  bool gradients_checked = false;
 };
 
 // Thread-safe: one Client may serve many threads; each call is independent.

@@ -61,6 +61,7 @@ absl::StatusOr<size_t> SharedMemoryTransport::Prepare() {
   const absl::Span<const GroupStep> groups = input_.groups;
   const StepOptions& options = input_.options;
   plane_.BeginStep();
+  one_message_ = false;
   const size_t grad_size = WireTypeSize(options.gradient_dtype);
   const size_t param_size = WireTypeSize(options.param_dtype);
   // 1. Which buffers lie in a SharedBuffer in the wire type.
@@ -99,6 +100,7 @@ absl::StatusOr<size_t> SharedMemoryTransport::Prepare() {
   if (std::optional<std::vector<PlannedPieces>> one_message =
           OneMessagePlan(input_.layouts, through_areas.empty(), options_)) {
     plan_ = *std::move(one_message);
+    one_message_ = true;
     return plan_.size();
   }
   if (absl::Status s = ForEachGroupSplit(groups, [this](size_t i) { return CopyInAndCheck(i); });
@@ -119,6 +121,7 @@ absl::Status SharedMemoryTransport::CopyInAndCheck(size_t i) const {
   const StepOptions& options = input_.options;
   const size_t n = group.gradient.size();
   if (gradient_at_[i].region != SIZE_MAX) {
+    if (options.gradients_checked) return absl::OkStatus();  // The caller's word.
     return CheckWireFinite(group, options, group.gradient.data(), 0, n);
   }
   // Copied block by block, each checked while it is still in cache (one
@@ -155,6 +158,12 @@ grpc::ByteBuffer SharedMemoryTransport::Request(size_t i) {
     const GroupStep& group = input_.groups[piece.group];
     v1::StepRequest* fields = k == 0 ? &outer : outer.add_more();
     ChunkFields(group, piece, input_.step, options, fields);
+    if (k == 0 && (options.gradients_checked || !one_message_)) {
+      // The caller's word, or this client's own check of the whole step
+      // (CopyInAndCheck, before anything was sent): the daemon may check each
+      // chunk as it applies it.
+      fields->set_gradients_checked(true);
+    }
     fields->set_region_session(plane_.session_key());
     const InPlace& gi = gradient_at_[piece.group];
     const InPlace& pi = params_at_[piece.group];

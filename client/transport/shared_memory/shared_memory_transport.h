@@ -28,7 +28,10 @@ namespace optstate::client_internal {
 //    their areas (the one copy, narrowed to the wire type), every gradient
 //    checked finite where the daemon will read it (a large step on several
 //    threads: the daemon has nothing to do meanwhile), and the step planned
-//    as on the wire but in messages of at least 4 MiB of gradient.
+//    as on the wire but in messages of at least 4 MiB of gradient, each
+//    marked gradients_checked (the daemon then checks each small chunk as
+//    it applies it). With StepOptions::gradients_checked the one message is
+//    marked too, and gradients in place are not read here.
 // 3. Each reply says the daemon wrote the chunk's params where the chunk
 //    named; those in the region are copied into params_out then. Before
 //    each attempt a lost region socket is reconnected (the daemon
@@ -66,6 +69,9 @@ class SharedMemoryTransport : public StepTransport {
   std::vector<std::shared_ptr<SharedMapping>> held_;  // SharedBuffers the step names.
   std::vector<InPlace> gradient_at_, params_at_;      // One per group.
   std::vector<PlannedPieces> plan_;
+  // The step goes as one message of SharedBuffer slices (OneMessagePlan),
+  // checked by the daemon; false: this client checked every gradient first.
+  bool one_message_ = false;
   bool layout_refused_ = false;
 };
 
