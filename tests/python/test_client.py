@@ -396,3 +396,70 @@ def test_a_shared_buffer_steps_in_place_bit_identically_to_the_wire(fresh_daemon
     assert shared.describe(f"{prefix}s0").max_step == 3
     with pytest.raises(optstate.FailedPrecondition):
         wire.allocate_shared_buffer(4096)
+
+
+def test_gradients_checked_steps_the_same_bits_and_a_false_word_refuses_only_its_group(
+        fresh_daemons, prefix):
+    # Sixteen groups of 65,536 elements in one SharedBuffer: one message (4 MiB: applied
+    # at once on a daemon of several threads, else in order), its chunks small enough to be
+    # checked as the daemon applies them. Vouched for, the step gives the same bits as
+    # unvouched; a NaN the caller vouched for is still refused with its group left as it
+    # was bit for bit, the groups before it applied, the others as the refusal says, and a
+    # repeat with the gradient fixed replays them and applies the refused one; unvouched,
+    # the same NaN refuses the whole step.
+    daemon = fresh_daemons()
+    client = optstate.Client(daemon.target, data_plane="shared_memory")
+    groups, n = 16, 65_536
+    raw = client.allocate_shared_buffer(4 * 2 * groups * n * 2)
+    floats = torch.from_numpy(raw).view(torch.float32)
+    gen = torch.Generator().manual_seed(5)
+    views = {}
+    initial = [torch.randn(n, generator=gen) for _ in range(groups)]
+    for kind in ("vouched", "plain"):
+        base = 0 if kind == "vouched" else 2 * groups * n
+        for i in range(groups):
+            name = f"{prefix}{kind}{i}"
+            client.register(name, initial[i])
+            g = floats[base + i * n:base + (i + 1) * n]
+            p = floats[base + (groups + i) * n:base + (groups + i + 1) * n]
+            views[name] = (g, p)
+
+    def step(kind, k, **kw):
+        client.step([(f"{prefix}{kind}{i}", *views[f"{prefix}{kind}{i}"]) for i in range(groups)],
+                    k, **kw)
+
+    for k in (1, 2):
+        for i in range(groups):
+            g = torch.randn(n, generator=gen)
+            views[f"{prefix}vouched{i}"][0].copy_(g)
+            views[f"{prefix}plain{i}"][0].copy_(g)
+        step("vouched", k, gradients_checked=True)
+        step("plain", k)
+        for i in range(groups):
+            assert bits_equal(views[f"{prefix}vouched{i}"][1], views[f"{prefix}plain{i}"][1]), (
+                f"step {k}, group {i}")
+    for kind in ("vouched", "plain"):
+        for i in range(groups):
+            views[f"{prefix}{kind}{i}"][0].copy_(torch.randn(n, generator=gen))
+        views[f"{prefix}{kind}5"][0][123] = float("nan")
+    bad = f"{prefix}vouched5"
+    before = client.export_state(bad)
+    with pytest.raises(optstate.InvalidArgument) as e:
+        step("vouched", 3, gradients_checked=True)
+    assert bad in str(e.value) and "at element 123 " in str(e.value), str(e.value)
+    assert "nothing in its message was applied" not in str(e.value), str(e.value)
+    after = client.export_state(bad)
+    for field in ("params", "exp_avg", "exp_avg_sq"):
+        assert np.array_equal(getattr(after, field), getattr(before, field)), field
+    assert client.describe(bad).max_step == 2
+    at_once = "the other chunks of its message were applied" in str(e.value)
+    assert at_once or "the chunks before it in its message were applied" in str(e.value)
+    assert [client.describe(f"{prefix}vouched{i}").max_step for i in range(groups)] == [
+        2 if i == 5 or (i > 5 and not at_once) else 3 for i in range(groups)]
+    views[bad][0][123] = 0.0
+    step("vouched", 3, gradients_checked=True)
+    assert all(client.describe(f"{prefix}vouched{i}").min_step == 3 for i in range(groups))
+    with pytest.raises(optstate.InvalidArgument) as e:
+        step("plain", 3)
+    assert f"{prefix}plain5" in str(e.value)
+    assert all(client.describe(f"{prefix}plain{i}").max_step == 2 for i in range(groups))

@@ -298,3 +298,52 @@ def test_shared_buffers_step_in_place_and_match_the_copying_optimizer(fresh_daem
                     shared_buffers=True, data_plane="wire")
     assert not [g for g in shared.client.list_groups() if g.name.startswith(prefix + "wire/")], \
         "refused before anything was registered"
+
+
+class RecordingClient(CountingClient):
+    """A CountingClient that records each step call's gradients_checked."""
+
+    def __init__(self, target):
+        super().__init__(target)
+        self.checked = []
+
+    def step(self, *args, **kwargs):
+        self.checked.append(kwargs.get("gradients_checked", False))
+        return super().step(*args, **kwargs)
+
+
+@pytest.mark.parametrize("wire_dtype", [torch.float32, torch.bfloat16])
+def test_step_vouches_for_its_gradients_only_after_a_finite_clip_norm_it_computed(
+        daemon, prefix, wire_dtype):
+    # The daemon checks vouched-for gradients as it applies them (a refusal then leaves
+    # other groups applied), so RemoteAdamW vouches only when it knows: after its own
+    # clip_grad_norm_ found a finite norm and nothing is narrowed on the way. Not after
+    # torch's clip_grad_norm_, without clipping, with an infinite norm (a clipping
+    # coefficient of 0), or with float32 gradients sent as bfloat16.
+    model = MLP(seed=21)
+    client = RecordingClient(daemon.target)
+    opt = RemoteAdamW(model.named_parameters(), lr=1e-2, client=client, name_prefix=prefix,
+                      wire_dtype=wire_dtype)
+    narrowed = wire_dtype is not torch.float32
+    expected = []
+    for step, clip in enumerate(("ours", "none", "torch", "ours"), start=1):
+        opt.zero_grad()
+        F.mse_loss(model(_batch(step)[0]), _batch(step)[1]).backward()
+        if clip == "ours":
+            opt.clip_grad_norm_(1.0)
+        elif clip == "torch":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        expected.append(clip == "ours" and not narrowed)
+    assert client.checked == expected
+    opt.zero_grad()
+    F.mse_loss(model(_batch(5)[0]), _batch(5)[1]).backward()
+    model.fc1.weight.grad[0, 0] = float("inf")
+    opt.clip_grad_norm_(1.0)
+    with pytest.raises(optstate.InvalidArgument, match="not finite"):
+        opt.step()
+    assert client.checked[-1] is False
+    steps = {n: client.describe(prefix + n).max_step for n, p in model.named_parameters()
+             if p.requires_grad}
+    assert steps == {n: 4 for n in steps}, steps
+    opt.close()

@@ -321,6 +321,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._staging_mode = staging
         self._staging = Staging(cpu_test_switch=staging == "always")
         self._grad_scale: Optional[torch.Tensor] = None
+        self._grad_norm_type = 2.0  # clip_grad_norm_'s, with _grad_scale
         self._constructed = False
         self._closed = False
 
@@ -780,6 +781,13 @@ class RemoteAdamW(torch.optim.Optimizer):
             # One call checks its own gradients before it sends anything; with several,
             # a later call's refusal would come after earlier ones were applied.
             self._check_finite(calls, grad_scale)
+        # Whether every gradient is known finite as sent, so the daemon may check each as
+        # it applies it (one read of it, not two; Client.step's gradients_checked): checked
+        # just above, or clip_grad_norm_'s norm was finite (its coefficient > 0: an
+        # infinite norm gives 0, NaN gives NaN), which every gradient then is, unless a
+        # float32 one is narrowed to a 16-bit wire type on the way.
+        norm_finite = (grad_scale is not None and self._grad_norm_type > 0
+                       and 0.0 < grad_scale <= 1.0)
         # 2. The calls; each writes the updated values into the parameters in place. The
         #    bookkeeping of a call is done before it, while this code's data is still in
         #    the caches (the call moves every byte of the model through them), and undone
@@ -790,8 +798,11 @@ class RemoteAdamW(torch.optim.Optimizer):
             regs = stepped[key]
             for reg in regs:
                 reg.step = k
+            checked = len(calls) > 1 or (norm_finite and (wire is None or not any(
+                grad.dtype is torch.float32 for _, grad, *_ in groups)))
             try:
-                self._client.step(groups, k, wire_dtype=wire, grad_scale=grad_scale)
+                self._client.step(groups, k, wire_dtype=wire, grad_scale=grad_scale,
+                                  gradients_checked=checked)
             except BaseException as e:
                 for reg in regs:  # key == (reg.step + 1, ...): each was at step k - 1
                     reg.step = k - 1
@@ -830,6 +841,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         total_norm = torch.nn.utils.get_total_norm(grads, norm_type, error_if_nonfinite,
                                                    foreach)
         self._grad_scale = torch.clamp(float(max_norm) / (total_norm + 1e-6), max=1.0)
+        self._grad_norm_type = float(norm_type)
         return total_norm
 
     def wait_in_forward(self, model: torch.nn.Module) -> None:

@@ -308,7 +308,7 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
       "step",
       [](PyClient& self, StepGroupsArg groups, uint64_t step, BufferArg gradient,
          BufferArg params_out, std::optional<double> lr, std::optional<float> grad_scale,
-         WireDtypeArg wire_dtype) {
+         WireDtypeArg wire_dtype, bool gradients_checked) {
         // 1. Every buffer viewed and checked, with the GIL, before anything is sent.
         std::vector<StepEntry> entries;
         if (nb::isinstance<nb::str>(groups)) {
@@ -363,6 +363,7 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
         options.param_dtype = ResolveWire(outs, wire, "params_out");
         options.lr = lr;
         options.grad_scale = grad_scale;
+        options.gradients_checked = gradients_checked;
         std::vector<GroupStep> steps;
         steps.reserve(entries.size());
         for (const StepEntry& e : entries) steps.push_back(ToGroupStep(e));
@@ -377,6 +378,7 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
       },
       "groups"_a, "step"_a, "gradient"_a = nb::none(), "params_out"_a = nb::none(), nb::kw_only(),
       "lr"_a = nb::none(), "grad_scale"_a = nb::none(), "wire_dtype"_a = nb::none(),
+      "gradients_checked"_a = false,
       "Applies step `step` (1, 2, ...) to one group or to many in one stream.\n\n"
       "`groups` is a group name (then give `gradient` and optionally `params_out`) or a list\n"
       "of tuples (name, gradient[, params_out[, lr[, hyperparameters]]]), `lr` that group's own\n"
@@ -387,7 +389,13 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
       "float32 buffers travel as `wire_dtype` (float32 unless set to 'bfloat16' or 'float16',\n"
       "or an optstate.WireType); 16-bit buffers travel as they are.\n"
       "`lr` overrides the groups' lr for this step (unless a tuple gives its own),\n"
-      "`grad_scale` multiplies every gradient.\n\n"
+      "`grad_scale` multiplies every gradient.\n"
+      "`gradients_checked=True`: the caller has checked every gradient finite after grad_scale,\n"
+      "as sent (a finite clip_grad_norm_ shows it); the daemon then checks each group's as it\n"
+      "applies it, in cache, instead of all before any (StepOptions::gradients_checked): a\n"
+      "gradient that is not finite after all is still refused (InvalidArgument) and its group\n"
+      "left as it was, but other groups of the step may have been applied (repeating the step\n"
+      "replays them).\n\n"
       "Nothing is sent when a buffer is of the wrong kind or on another device than the CPU\n"
       "(TypeError/ValueError naming its group and buffer)\n"
       "or a gradient is not finite or has the wrong length (InvalidArgument). Transient\n"
