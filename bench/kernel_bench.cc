@@ -11,7 +11,9 @@
 // step that writes the params out too, 4 for the check and the read pass.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -247,6 +249,63 @@ void BM_ReadPass(benchmark::State& bench) {
   SetCounters(bench, n, 4.0);
 }
 
+// The finite check and the step with params streamed out, as the daemon runs
+// them on a zero-copy message, three ways (each thread takes one shard):
+// kSeparate, the whole range checked before any of it is stepped (today's
+// whole-message refusal); kReverse, the same, but each shard stepped from its
+// end back, so the gradient checked last is stepped first while it may still
+// be in cache; kByBlock, each block of 64 Ki elements checked and then
+// stepped at once, while it is in L2 (refusal before a block's first write).
+enum class CheckOrder { kSeparate, kReverse, kByBlock };
+
+void BM_CheckAndStep(benchmark::State& bench, CheckOrder order) {
+  const size_t n = static_cast<size_t>(bench.range(0));
+  const int threads = static_cast<int>(bench.range(1));
+  constexpr size_t kBlock = 64 * 1024;
+  State& state = StateFor(n, Kind::kKernel);
+  ThreadPool& pool = PoolFor(threads);
+  Group& g = *state.group;
+  std::vector<float> params_out(n);
+  AdamWStepInputs inputs;
+  uint64_t step = 1;
+  auto step_block = [&](const AdamWConstants& c, size_t at, size_t count) {
+    AdamWUpdateAndEncode(c, g.params() + at, g.exp_avg() + at, g.exp_avg_sq() + at,
+                         state.grad.data() + at, WireType::kFloat32, count, params_out.data() + at,
+                         WireType::kFloat32, ParamsStore::kStreaming);
+  };
+  auto check = [&](size_t at, size_t count) {
+    if (FindNonFiniteGradient(state.grad.data() + at, WireType::kFloat32, count, 1.0f) != count) {
+      std::abort();  // The gradient is finite by construction.
+    }
+  };
+  for (auto _ : bench) {
+    inputs.step = step++;
+    const AdamWConstants c = ComputeAdamWConstants(inputs);
+    if (order != CheckOrder::kByBlock) Sharded(pool, n, threads, check);
+    Sharded(pool, n, threads, [&](size_t at, size_t count) {
+      const size_t blocks = (count + kBlock - 1) / kBlock;
+      for (size_t b = 0; b < blocks; ++b) {
+        const size_t k = order == CheckOrder::kReverse ? blocks - 1 - b : b;
+        const size_t first = at + k * kBlock;
+        const size_t len = std::min(kBlock, at + count - first);
+        if (order == CheckOrder::kByBlock) check(first, len);
+        step_block(c, first, len);
+      }
+    });
+    benchmark::ClobberMemory();
+  }
+  SetCounters(bench, n, kBytesPerElement + 4);
+}
+void BM_CheckAndStep_separate(benchmark::State& bench) {
+  BM_CheckAndStep(bench, CheckOrder::kSeparate);
+}
+void BM_CheckAndStep_reverse(benchmark::State& bench) {
+  BM_CheckAndStep(bench, CheckOrder::kReverse);
+}
+void BM_CheckAndStep_by_block(benchmark::State& bench) {
+  BM_CheckAndStep(bench, CheckOrder::kByBlock);
+}
+
 void Sizes(benchmark::internal::Benchmark* b) {
   for (int64_t n : {int64_t{1} << 20, int64_t{16} << 20, int64_t{64} << 20}) {
     for (int64_t threads : {1, 2}) b->Args({n, threads});
@@ -261,6 +320,9 @@ BENCHMARK(BM_AdamWKernelParamsOut_cached)->Apply(Sizes);
 BENCHMARK(BM_AdamWKernelParamsOut_streaming)->Apply(Sizes);
 BENCHMARK(BM_FiniteCheck)->Apply(Sizes);
 BENCHMARK(BM_ReadPass)->Apply(Sizes);
+BENCHMARK(BM_CheckAndStep_separate)->Apply(Sizes);
+BENCHMARK(BM_CheckAndStep_reverse)->Apply(Sizes);
+BENCHMARK(BM_CheckAndStep_by_block)->Apply(Sizes);
 // BM_AdamWKernelOnPath_avx2, _avx512, ...: the vector paths this CPU runs.
 const bool kPathBenchmarksRegistered = [] {
   for (KernelIsa isa : SupportedKernelIsas()) {

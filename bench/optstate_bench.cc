@@ -61,7 +61,9 @@ ABSL_FLAG(std::vector<std::string>, data_plane, {"wire"},
           "Data planes to measure optstate's step on (ClientOptions::data_plane): wire, "
           "shared_memory (the caller's buffers copied through the client's region), "
           "shared_buffer (shared memory with gradients and params kept in a SharedBuffer: "
-          "nothing copied); several are measured interleaved, and each shared one over the "
+          "nothing copied), shared_buffer_checked (the same with StepOptions::gradients_checked: "
+          "the caller vouches, the daemon checks each group as it applies it); several are "
+          "measured interleaved, and each shared one over the "
           "wire printed, with the kernel alone and torch's fused AdamW on the same elements.");
 ABSL_FLAG(int, kernel_threads, 0,
           "Threads of the kernel-alone and torch fused baselines (measured when a shared "
@@ -171,7 +173,10 @@ struct Config {
   int clients;
   std::string plane_name;  // --data_plane's word.
   DataPlane plane;
-  bool shared_buffer;  // Buffers in a SharedBuffer (--data_plane=shared_buffer).
+  bool shared_buffer;  // Buffers in a SharedBuffer (--data_plane=shared_buffer...).
+  // StepOptions::gradients_checked (--data_plane=shared_buffer_checked): the
+  // caller vouches for its gradients, as after a finite clip_grad_norm_.
+  bool gradients_checked;
   std::vector<std::unique_ptr<ClientState>> states;
 };
 
@@ -376,6 +381,7 @@ Measurement MeasureOptstate(Config& config, pid_t server_pid) {
   StepOptions options;
   options.gradient_dtype = config.wire;
   options.param_dtype = config.wire;
+  options.gradients_checked = config.gradients_checked;
   return RunClients(config, server_pid, [&](ClientState& state) {
     std::vector<GroupStep> groups;
     uint64_t at = 0;
@@ -659,7 +665,8 @@ int Main() {
           return 2;
         }
         for (const std::string& plane : absl::GetFlag(FLAGS_data_plane)) {
-          if (plane != "wire" && plane != "shared_memory" && plane != "shared_buffer") {
+          if (plane != "wire" && plane != "shared_memory" && plane != "shared_buffer" &&
+              plane != "shared_buffer_checked") {
             std::fprintf(stderr, "optstate-bench: bad --data_plane '%s'\n", plane.c_str());
             return 2;
           }
@@ -670,7 +677,8 @@ int Main() {
                                    n,
                                    plane,
                                    plane == "wire" ? DataPlane::kWire : DataPlane::kSharedMemory,
-                                   plane == "shared_buffer",
+                                   plane.rfind("shared_buffer", 0) == 0,
+                                   plane == "shared_buffer_checked",
                                    {}});
         }
       }
