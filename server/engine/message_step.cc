@@ -190,7 +190,12 @@ MessageRefusal MessageStep::Apply(
       absl::Status values =
           engine_->CheckGradientValues(chunks_[i].chunk, validated_[i], 0, validated_[i].count);
       if (!values.ok()) {
-        results_[i] = std::move(values);
+        results_[i] = absl::Status(
+            values.code(),
+            absl::StrCat(values.message(),
+                         " [the message is marked gradients_checked, so each chunk is checked as "
+                         "it is applied: send the step again with this gradient finite, and the "
+                         "chunks already applied replay]"));
         return false;
       }
     }
