@@ -255,8 +255,11 @@ void BM_ReadPass(benchmark::State& bench) {
 // whole-message refusal); kReverse, the same, but each shard stepped from its
 // end back, so the gradient checked last is stepped first while it may still
 // be in cache; kByBlock, each block of 64 Ki elements checked and then
-// stepped at once, while it is in L2 (refusal before a block's first write).
-enum class CheckOrder { kSeparate, kReverse, kByBlock };
+// stepped at once, while it is in L2 (refusal before a block's first write);
+// kAhead, block k+1 checked in pieces of 4 Ki elements between the pieces of
+// block k's step, so the check's loads run among the update's (block k+1
+// still wholly checked before its first write).
+enum class CheckOrder { kSeparate, kReverse, kByBlock, kAhead };
 
 void BM_CheckAndStep(benchmark::State& bench, CheckOrder order) {
   const size_t n = static_cast<size_t>(bench.range(0));
@@ -284,6 +287,21 @@ void BM_CheckAndStep(benchmark::State& bench, CheckOrder order) {
     if (order != CheckOrder::kByBlock) Sharded(pool, n, threads, check);
     Sharded(pool, n, threads, [&](size_t at, size_t count) {
       const size_t blocks = (count + kBlock - 1) / kBlock;
+      if (order == CheckOrder::kAhead) {
+        constexpr size_t kPiece = 4096;
+        check(at, std::min(kBlock, count));
+        for (size_t k = 0; k < blocks; ++k) {
+          const size_t first = at + k * kBlock;
+          const size_t len = std::min(kBlock, at + count - first);
+          const size_t next = first + len;
+          const size_t next_len = k + 1 < blocks ? std::min(kBlock, at + count - next) : 0;
+          for (size_t piece = 0; piece < std::max(len, next_len); piece += kPiece) {
+            if (piece < len) step_block(c, first + piece, std::min(kPiece, len - piece));
+            if (piece < next_len) check(next + piece, std::min(kPiece, next_len - piece));
+          }
+        }
+        return;
+      }
       for (size_t b = 0; b < blocks; ++b) {
         const size_t k = order == CheckOrder::kReverse ? blocks - 1 - b : b;
         const size_t first = at + k * kBlock;
@@ -305,6 +323,9 @@ void BM_CheckAndStep_reverse(benchmark::State& bench) {
 void BM_CheckAndStep_by_block(benchmark::State& bench) {
   BM_CheckAndStep(bench, CheckOrder::kByBlock);
 }
+void BM_CheckAndStep_ahead(benchmark::State& bench) {
+  BM_CheckAndStep(bench, CheckOrder::kAhead);
+}
 
 void Sizes(benchmark::internal::Benchmark* b) {
   for (int64_t n : {int64_t{1} << 20, int64_t{16} << 20, int64_t{64} << 20}) {
@@ -323,6 +344,7 @@ BENCHMARK(BM_ReadPass)->Apply(Sizes);
 BENCHMARK(BM_CheckAndStep_separate)->Apply(Sizes);
 BENCHMARK(BM_CheckAndStep_reverse)->Apply(Sizes);
 BENCHMARK(BM_CheckAndStep_by_block)->Apply(Sizes);
+BENCHMARK(BM_CheckAndStep_ahead)->Apply(Sizes);
 // BM_AdamWKernelOnPath_avx2, _avx512, ...: the vector paths this CPU runs.
 const bool kPathBenchmarksRegistered = [] {
   for (KernelIsa isa : SupportedKernelIsas()) {
