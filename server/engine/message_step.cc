@@ -10,9 +10,11 @@
 //    touch one page) and none writes params where another chunk reads or
 //    writes (so their order cannot matter). A chunk whose sender checked its
 //    values (SenderChecked::kValues), if small enough, has them checked here,
-//    by the thread about to apply it, instead of in 1 and 2: its gradient is
-//    then read from memory once, not twice (BENCHMARKS.md, "The finite check
-//    as chunks are applied").
+//    by the thread about to apply it, instead of in 1 and 2: applied at once,
+//    that thread also runs its update (the others are busy with chunks of
+//    their own), so its gradient is read from memory once, not twice
+//    (BENCHMARKS.md, "The finite check as chunks are applied"); in order, the
+//    CPU backend may still split the update over idle threads.
 #include "server/engine/message_step.h"
 
 #include <algorithm>
@@ -194,8 +196,9 @@ MessageRefusal MessageStep::Apply(
             values.code(),
             absl::StrCat(values.message(),
                          " [the message is marked gradients_checked, so each chunk is checked as "
-                         "it is applied: send the step again with this gradient finite, and the "
-                         "chunks already applied replay]"));
+                         "it is applied and other chunks may be applied: rather than skip the "
+                         "step, send it again with this gradient finite (the chunks already "
+                         "applied replay)]"));
         return false;
       }
     }

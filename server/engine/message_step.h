@@ -54,9 +54,9 @@ enum class SenderChecked {
 };
 
 // With SenderChecked::kValues, chunks with at most this many gradient bytes
-// are checked as they are applied (the check's read then leaves them in the
-// core's caches for the update's); larger ones before any chunk is applied,
-// as without.
+// are checked as they are applied (applied at once, the check's read leaves
+// them in the core's caches for the update's); larger ones before any chunk
+// is applied, as without.
 inline constexpr uint64_t kCheckedAsAppliedBytes = 1 << 20;
 
 // What of a message a refusal of one of its chunks left applied.

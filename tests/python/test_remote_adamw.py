@@ -317,8 +317,9 @@ def test_step_vouches_for_its_gradients_only_after_a_finite_clip_norm_it_compute
         daemon, prefix, wire_dtype):
     # The daemon checks vouched-for gradients as it applies them (a refusal then leaves
     # other groups applied), so RemoteAdamW vouches only when it knows: after its own
-    # clip_grad_norm_ found a finite norm and nothing is narrowed on the way. Not after
-    # torch's clip_grad_norm_, without clipping, with an infinite norm (a clipping
+    # clip_grad_norm_ found a finite norm of the gradients it sends, unchanged since, and
+    # nothing is narrowed on the way. Not after torch's clip_grad_norm_, without clipping,
+    # after a gradient was written to since the clip, with an infinite norm (a clipping
     # coefficient of 0), or with float32 gradients sent as bfloat16.
     model = MLP(seed=21)
     client = RecordingClient(daemon.target)
@@ -326,18 +327,21 @@ def test_step_vouches_for_its_gradients_only_after_a_finite_clip_norm_it_compute
                       wire_dtype=wire_dtype)
     narrowed = wire_dtype is not torch.float32
     expected = []
-    for step, clip in enumerate(("ours", "none", "torch", "ours"), start=1):
+    for step, clip in enumerate(("ours", "none", "torch", "ours", "ours, then touched"),
+                                start=1):
         opt.zero_grad()
         F.mse_loss(model(_batch(step)[0]), _batch(step)[1]).backward()
-        if clip == "ours":
+        if clip.startswith("ours"):
             opt.clip_grad_norm_(1.0)
+        if clip == "ours, then touched":
+            model.fc1.weight.grad.mul_(1.0)  # the same values, written to since the clip
         elif clip == "torch":
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         expected.append(clip == "ours" and not narrowed)
     assert client.checked == expected
     opt.zero_grad()
-    F.mse_loss(model(_batch(5)[0]), _batch(5)[1]).backward()
+    F.mse_loss(model(_batch(6)[0]), _batch(6)[1]).backward()
     model.fc1.weight.grad[0, 0] = float("inf")
     opt.clip_grad_norm_(1.0)
     with pytest.raises(optstate.InvalidArgument, match="not finite"):
@@ -345,5 +349,5 @@ def test_step_vouches_for_its_gradients_only_after_a_finite_clip_norm_it_compute
     assert client.checked[-1] is False
     steps = {n: client.describe(prefix + n).max_step for n, p in model.named_parameters()
              if p.requires_grad}
-    assert steps == {n: 4 for n in steps}, steps
+    assert steps == {n: 5 for n in steps}, steps
     opt.close()

@@ -184,15 +184,18 @@ struct StepOptions {
   std::optional<float> grad_scale;  // Multiplied into every gradient.
   // The caller has checked every gradient finite after grad_scale, in
   // gradient_dtype (a finite clip_grad_norm_ or GradScaler's found_inf == 0
-  // show it), so the client does not read gradients only to check them, and
-  // the daemon checks each group's as it applies it, while it is in cache,
-  // instead of all before any (StepRequest.gradients_checked): a step of
-  // SharedBuffers then costs one read of its gradients, not two. A gradient
-  // that is not finite after all is still refused (INVALID_ARGUMENT) and
-  // its group left as it was, but other groups of the step may have been
-  // applied by then (the refusal says so; repeating the step replays them).
-  // False: a step with any non-finite gradient is refused whole, nothing
-  // applied.
+  // show it). On the shared-memory plane the client then does not read
+  // gradients that lie in SharedBuffers only to check them, and the daemon
+  // checks each chunk of at most 1 MiB of gradient (a group of up to 256 Ki
+  // fp32 elements) as it applies it, while it is in cache, instead of all
+  // before any (StepRequest.gradients_checked): a step of SharedBuffers then
+  // reads those gradients once, not twice. A gradient that is not finite
+  // after all is still refused (INVALID_ARGUMENT) and its group left as it
+  // was, but other groups of the step may have been applied by then (the
+  // refusal says so; repeating the step with the gradient fixed replays
+  // them and applies the rest). On the wire it changes nothing (the client
+  // checks every gradient as it narrows it into the messages). False: a step
+  // with any non-finite gradient is refused whole, nothing applied.
   bool gradients_checked = false;
 };
 
@@ -265,7 +268,9 @@ class Client {
   // group is listed twice, or a 16-bit buffer's dtype is not the wire type
   // StepOptions gives it (GroupStep); nothing is sent then, except for a step
   // wholly in SharedBuffers, which goes as one message that the daemon
-  // checks whole, and refuses, before applying any of it. On a transient
+  // checks whole, and refuses, before applying any of it (with
+  // StepOptions::gradients_checked, gradients in SharedBuffers are not read
+  // here and a non-finite one refuses only its group: see there). On a transient
   // failure it resends the chunks not yet answered; the server applies each
   // page exactly once, so a retried or repeated step never applies an
   // element twice. When the step fails, params_out may hold the new params

@@ -322,6 +322,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._staging = Staging(cpu_test_switch=staging == "always")
         self._grad_scale: Optional[torch.Tensor] = None
         self._grad_norm_type = 2.0  # clip_grad_norm_'s, with _grad_scale
+        self._clipped: list = []  # (gradient, its _version) as clip_grad_norm_ measured them
         self._constructed = False
         self._closed = False
 
@@ -783,11 +784,13 @@ class RemoteAdamW(torch.optim.Optimizer):
             self._check_finite(calls, grad_scale)
         # Whether every gradient is known finite as sent, so the daemon may check each as
         # it applies it (one read of it, not two; Client.step's gradients_checked): checked
-        # just above, or clip_grad_norm_'s norm was finite (its coefficient > 0: an
-        # infinite norm gives 0, NaN gives NaN), which every gradient then is, unless a
-        # float32 one is narrowed to a 16-bit wire type on the way.
+        # just above (and a grad_scale of at most 1 in magnitude cannot make it overflow),
+        # or clip_grad_norm_'s norm of these very gradients was finite (its coefficient
+        # > 0: an infinite norm gives 0, NaN gives NaN), which every gradient then is,
+        # unless a float32 one is narrowed to a 16-bit wire type on the way.
+        checked_here = len(calls) > 1 and (grad_scale is None or abs(grad_scale) <= 1.0)
         norm_finite = (grad_scale is not None and self._grad_norm_type > 0
-                       and 0.0 < grad_scale <= 1.0)
+                       and 0.0 < grad_scale <= 1.0 and self._clipped_unchanged())
         # 2. The calls; each writes the updated values into the parameters in place. The
         #    bookkeeping of a call is done before it, while this code's data is still in
         #    the caches (the call moves every byte of the model through them), and undone
@@ -798,7 +801,7 @@ class RemoteAdamW(torch.optim.Optimizer):
             regs = stepped[key]
             for reg in regs:
                 reg.step = k
-            checked = len(calls) > 1 or (norm_finite and (wire is None or not any(
+            checked = checked_here or (norm_finite and (wire is None or not any(
                 grad.dtype is torch.float32 for _, grad, *_ in groups)))
             try:
                 self._client.step(groups, k, wire_dtype=wire, grad_scale=grad_scale,
@@ -814,6 +817,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._finish_to = None
         if calls:
             self._grad_scale = None  # clip_grad_norm_'s scale is for one step
+            self._clipped = []
         if self._shard:
             self._broadcast()
         return loss
@@ -837,12 +841,22 @@ class RemoteAdamW(torch.optim.Optimizer):
                  if p.grad is not None]
         if not grads:
             self._grad_scale = None
+            self._clipped = []
             return torch.tensor(0.0)
         total_norm = torch.nn.utils.get_total_norm(grads, norm_type, error_if_nonfinite,
                                                    foreach)
         self._grad_scale = torch.clamp(float(max_norm) / (total_norm + 1e-6), max=1.0)
         self._grad_norm_type = float(norm_type)
+        self._clipped = [(g, g._version) for g in grads]
         return total_norm
+
+    def _clipped_unchanged(self) -> bool:
+        """Whether the gradients are those clip_grad_norm_ measured, unchanged since: the
+        same tensors in .grad, none written to since (their version counters)."""
+        grads = [p.grad for group in self.param_groups for p in group["params"]
+                 if p.grad is not None]
+        return len(grads) == len(self._clipped) and all(
+            g is c and g._version == v for g, (c, v) in zip(grads, self._clipped))
 
     def wait_in_forward(self, model: torch.nn.Module) -> None:
         """Lets the next forward start before every parameter's new values are back on the
