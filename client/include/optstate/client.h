@@ -270,9 +270,9 @@ class Client {
   // wholly in SharedBuffers, which goes as one message that the daemon
   // checks whole, and refuses, before applying any of it (with
   // StepOptions::gradients_checked, gradients in SharedBuffers are not read
-  // here and a non-finite one refuses only its group: see there). On a transient
-  // failure it resends the chunks not yet answered; the server applies each
-  // page exactly once, so a retried or repeated step never applies an
+  // here and a non-finite one refuses only its group: see there). On a
+  // transient failure it resends the chunks not yet answered; the server
+  // applies each page exactly once, so a retried or repeated step never applies an
   // element twice. When the step fails, params_out may hold the new params
   // of the chunks applied so far (a params_out in a SharedBuffer is written
   // by the daemon as it applies).
