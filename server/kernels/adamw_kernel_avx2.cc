@@ -106,14 +106,40 @@ OPTSTATE_AVX2 inline __m256i NonFiniteMask(__m256 x) {
   return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(x), exponent), exponent);
 }
 
+// Whether any element of [0, vector_end) (a multiple of 8) has a scaled
+// gradient that is not finite. The range is read as kCheckStreams stretches
+// side by side, so that many streams' loads are in flight at once: one read
+// stream per core reaches only part of what the core can read
+// (BENCHMARKS.md, "The finite check as chunks are applied").
+template <WireType kType>
+OPTSTATE_AVX2 bool AnyNonFinite(const unsigned char* grad, size_t vector_end, __m256 scale) {
+  const size_t stretch = vector_end / kCheckStreams / 8 * 8;
+  const size_t grad_size = WireTypeSize(kType);
+  const unsigned char* starts[kCheckStreams];
+  for (size_t s = 0; s < kCheckStreams; ++s) starts[s] = grad + s * stretch * grad_size;
+  __m256i bad = _mm256_setzero_si256();
+  for (size_t i = 0; i < stretch; i += 8) {
+    for (size_t s = 0; s < kCheckStreams; ++s) {
+      bad = _mm256_or_si256(bad, NonFiniteMask(_mm256_mul_ps(LoadGradient8(starts[s], kType, i),
+                                                             scale)));
+    }
+  }
+  for (size_t i = kCheckStreams * stretch; i < vector_end; i += 8) {
+    bad = _mm256_or_si256(bad, NonFiniteMask(_mm256_mul_ps(LoadGradient8(grad, kType, i), scale)));
+  }
+  return !_mm256_testz_si256(bad, bad);
+}
+
 // Index of the first element of [0, vector_end) whose scaled gradient is not
-// finite, or vector_end. Blocks are checked branch-free; only a block with a
-// bad value is searched element by element.
+// finite, or vector_end. The whole range is checked at once (AnyNonFinite);
+// only when it holds a bad value is it searched in order: blocks branch-free,
+// and the block with the first bad value element by element.
 template <WireType kType>
 OPTSTATE_AVX2 size_t FindNonFiniteLoop(const unsigned char* grad, size_t vector_end,
                                        float grad_scale) {
   constexpr size_t kBlock = 256;
   const __m256 scale = _mm256_set1_ps(grad_scale);
+  if (!AnyNonFinite<kType>(grad, vector_end, scale)) return vector_end;
   for (size_t begin = 0; begin < vector_end; begin += kBlock) {
     const size_t end = begin + kBlock < vector_end ? begin + kBlock : vector_end;
     __m256i bad = _mm256_setzero_si256();

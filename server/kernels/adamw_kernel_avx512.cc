@@ -127,11 +127,35 @@ OPTSTATE_AVX512 inline __mmask16 NonFiniteLanes(__m512 x) {
   return _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(x), exponent), exponent);
 }
 
+// Whether any element of [0, vector_end) (a multiple of 16) has a scaled
+// gradient that is not finite, read as kCheckStreams stretches side by side
+// (as the AVX2 path's AnyNonFinite).
+template <WireType kType>
+OPTSTATE_AVX512 bool AnyNonFinite(const unsigned char* grad, size_t vector_end, __m512 scale) {
+  const size_t stretch = vector_end / kCheckStreams / 16 * 16;
+  const size_t grad_size = kType == WireType::kFloat32 ? 4 : 2;
+  const unsigned char* starts[kCheckStreams];
+  for (size_t s = 0; s < kCheckStreams; ++s) starts[s] = grad + s * stretch * grad_size;
+  __mmask16 bad = 0;
+  for (size_t i = 0; i < stretch; i += 16) {
+    for (size_t s = 0; s < kCheckStreams; ++s) {
+      bad |= NonFiniteLanes(_mm512_mul_ps(LoadGradient16(starts[s], kType, i), scale));
+    }
+  }
+  for (size_t i = kCheckStreams * stretch; i < vector_end; i += 16) {
+    bad |= NonFiniteLanes(_mm512_mul_ps(LoadGradient16(grad, kType, i), scale));
+  }
+  return bad != 0;
+}
+
+// The first bad element's index, or vector_end: the whole range checked at
+// once, and searched in order only when it holds a bad value.
 template <WireType kType>
 OPTSTATE_AVX512 size_t FindNonFiniteLoop(const unsigned char* grad, size_t vector_end,
                                          float grad_scale) {
   constexpr size_t kBlock = 256;
   const __m512 scale = _mm512_set1_ps(grad_scale);
+  if (!AnyNonFinite<kType>(grad, vector_end, scale)) return vector_end;
   for (size_t begin = 0; begin < vector_end; begin += kBlock) {
     const size_t end = begin + kBlock < vector_end ? begin + kBlock : vector_end;
     __mmask16 bad = 0;

@@ -1063,6 +1063,41 @@ TEST_P(FindNonFiniteGradientTest, MatchesTheElementwiseDefinitionOnRandomGradien
   }
 }
 
+// The vector paths read a range as 8 stretches side by side before they
+// search it in order: a bad value at either end of any stretch (for the
+// stretch lengths of 8- and 16-lane vectors), or in what follows the last
+// stretch, is found, and an earlier one in another stretch comes first.
+TEST_P(FindNonFiniteGradientTest, FindsABadValueAtEveryEdgeOfTheStretchesReadSideBySide) {
+  const WireType type = GetParam();
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  const SpecialValues specials = Specials(type);
+  constexpr size_t kCount = 16411;
+  std::vector<size_t> edges = {kCount - 1};
+  for (size_t lanes : {size_t{8}, size_t{16}}) {
+    const size_t stretch = kCount / lanes * lanes / 8 / lanes * lanes;
+    for (size_t s = 0; s <= 8; ++s) {
+      if (s > 0) edges.push_back(s * stretch - 1);
+      if (s < 8 || s * stretch < kCount) edges.push_back(s * stretch);
+    }
+  }
+  const std::vector<unsigned char> finite =
+      EncodeGradient(RandomGradient(kCount, rng, 1.0f), type);
+  for (size_t at : edges) {
+    std::vector<unsigned char> grad = finite;
+    PutRaw(grad, type, at, specials.nans[0]);
+    GuardedGradient guarded(grad);
+    EXPECT_EQ(FirstNonFiniteOnEveryPath(guarded.data(), type, kCount, 1.0f), at) << "at " << at;
+    if (at + 1 < kCount) {
+      PutRaw(grad, type, kCount - 1 - (kCount - 1 - at) / 2, specials.plus_infinity);
+      GuardedGradient two(grad);
+      EXPECT_EQ(FirstNonFiniteOnEveryPath(two.data(), type, kCount, 1.0f), at)
+          << "at " << at << ", another bad value after it";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, FindNonFiniteGradientTest,
                          ::testing::Values(WireType::kFloat32, WireType::kBFloat16,
                                            WireType::kFloat16),
