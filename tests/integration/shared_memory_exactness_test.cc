@@ -3,9 +3,11 @@
 // data plane), twin groups, and the store's arrays compared bit for bit.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -133,6 +135,54 @@ TEST_F(SharedMemoryExactnessTest, ThreeHundredPackedSmallGroupsInOneStreamAreBit
   std::vector<uint64_t> sizes(300);
   for (size_t i = 0; i < sizes.size(); ++i) sizes[i] = 64 + (i * 37) % 900;
   StepTwins("packed", sizes, WireType::kFloat32, WireType::kFloat32, false, 3);
+}
+
+// A step that copies 32 MiB or more through the region streams its plain
+// copies (CopyStreaming) and checks the caller's own buffers: the same bits
+// as the wire, odd sizes and a grad_scale above 1 (step 4) included.
+const std::vector<uint64_t> kStreamed = {5 * 1024 * 1024 + 123, 3 * 1024 * 1024 + 77};
+
+TEST_F(SharedMemoryExactnessTest, AStepLargeEnoughToStreamItsCopiesIsBitIdentical) {
+  StepTwins("streamed", kStreamed, WireType::kFloat32, WireType::kFloat32, false, 4);
+}
+
+TEST_F(SharedMemoryExactnessTest, SixteenBitBuffersOfAStepLargeEnoughToStreamAreBitIdentical) {
+  StepTwins("streamed16", {9 * 1024 * 1024 + 5, 8 * 1024 * 1024}, WireType::kBFloat16,
+            WireType::kBFloat16, true, 2);
+}
+
+// In such a step a gradient that is not finite, anywhere in any group, is
+// still found before anything is sent: the step is refused and no group's
+// state moves.
+TEST_F(SharedMemoryExactnessTest, ANonFiniteGradientInAStreamedStepRefusesItWhole) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  std::vector<std::vector<float>> grads, out;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < kStreamed.size(); ++i) {
+    names.push_back(absl::StrCat("refused.", i));
+    ASSERT_TRUE(shm_->RegisterGroup(names[i], RandomNormal(rng_, kStreamed[i], 1.0f)).ok());
+    grads.push_back(RandomNormal(rng_, kStreamed[i], 1e-2f));
+    out.emplace_back(kStreamed[i]);
+  }
+  auto step = [&](uint64_t t) {
+    std::vector<GroupStep> groups;
+    for (size_t i = 0; i < names.size(); ++i) {
+      groups.push_back({names[i], grads[i], absl::MakeSpan(out[i])});
+    }
+    return shm_->Step(groups, t);
+  };
+  ASSERT_TRUE(step(1).ok());
+  const std::vector<uint32_t> before0 = StateBits(names[0]), before1 = StateBits(names[1]);
+  for (auto [group, at] : {std::pair<size_t, size_t>{1, kStreamed[1] - 1}, {0, 0}, {1, 4096}}) {
+    const float kept = grads[group][at];
+    grads[group][at] = group == 0 ? INFINITY : NAN;
+    absl::Status refused = step(2);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    EXPECT_EQ(StateBits(names[0]), before0) << "group " << group << " element " << at;
+    EXPECT_EQ(StateBits(names[1]), before1) << "group " << group << " element " << at;
+    grads[group][at] = kept;
+  }
+  EXPECT_TRUE(step(2).ok());
 }
 
 TEST_F(SharedMemoryExactnessTest, SharedMemoryMatchesTheReference) {

@@ -14,10 +14,18 @@
 #include "client/step/group_ranges.h"
 #include "client/transport/chunk_fields.h"
 #include "optstate/message_limits.h"
+#include "optstate/streaming_copy.h"
 #include "optstate/v1/optstate.pb.h"
 
 namespace optstate::client_internal {
 namespace {
+
+// A step that copies at least this many gradient bytes through the region
+// copies them, and its params back, with non-temporal stores
+// (CopyStreaming) where no conversion is needed: larger than most of a
+// last-level cache, so the daemon reads the region, and the trainer its
+// params, from memory anyway (BENCHMARKS.md, "Copies through the region").
+constexpr uint64_t kStreamingCopyBytes = 32 << 20;
 
 // Region chunks carry no payload, so messages may cover more of a step
 // than the wire's chunk_bytes: fewer messages, less gRPC cost per step.
@@ -85,11 +93,14 @@ absl::StatusOr<size_t> SharedMemoryTransport::Prepare() {
     }
   }
   std::vector<GroupStep> through_areas;
+  uint64_t copied_bytes = 0;
   for (size_t i = 0; i < groups.size(); ++i) {
     if (gradient_at_[i].region == SIZE_MAX || params_at_[i].region == SIZE_MAX) {
       through_areas.push_back(groups[i]);
     }
+    if (gradient_at_[i].region == SIZE_MAX) copied_bytes += groups[i].gradient.size() * grad_size;
   }
+  stream_copies_ = copied_bytes >= kStreamingCopyBytes;
   if (!through_areas.empty()) {
     if (absl::Status s = plane_.EnsureAreas(through_areas, options); !s.ok()) {
       layout_refused_ = true;
@@ -127,21 +138,30 @@ absl::Status SharedMemoryTransport::CopyInAndCheck(size_t i) const {
   // Copied block by block, each checked while it is still in cache (one
   // pass over memory: bench/copy-check-bench measured blocks of 16-256 Ki
   // elements alike, and 1.5-2x faster than a 64 MiB group copied, then
-  // checked); CheckWireFinite names the first bad element if any.
+  // checked); CheckWireFinite names the first bad element if any. A plain
+  // copy (the wire's bits are the buffer's) in a large step is streamed and
+  // checked in the caller's buffer, which the copy has just brought into
+  // cache: the same bits.
   const size_t grad_size = WireTypeSize(options.gradient_dtype);
   char* dst = plane_.base() + plane_.area(group.group).gradient_offset;
+  const auto* src = static_cast<const char*>(group.gradient.data());
+  const bool plain_copy = Is16Bit(group.gradient) || options.gradient_dtype == WireType::kFloat32;
+  const bool streamed = stream_copies_ && plain_copy;
   bool finite = std::fabs(options.grad_scale.value_or(1.0f)) <= 1.0f;
   constexpr size_t kBlock = 16384;
   for (size_t begin = 0; begin < n; begin += kBlock) {
     const size_t count = std::min(kBlock, n - begin);
     char* block = dst + begin * grad_size;
-    if (Is16Bit(group.gradient)) {
-      std::memcpy(block, static_cast<const uint16_t*>(group.gradient.data()) + begin, count * 2);
+    const char* from = src + begin * grad_size;  // For a plain copy.
+    if (streamed) {
+      CopyStreaming(block, from, count * grad_size);
+    } else if (plain_copy) {
+      std::memcpy(block, from, count * grad_size);
     } else {
       EncodeFromFloat(options.gradient_dtype,
                       static_cast<const float*>(group.gradient.data()) + begin, block, count);
     }
-    if (finite) finite = AllWireFinite(options.gradient_dtype, block, count);
+    if (finite) finite = AllWireFinite(options.gradient_dtype, streamed ? from : block, count);
   }
   if (finite) return absl::OkStatus();
   return CheckWireFinite(group, options, dst, 0, n);
@@ -210,7 +230,10 @@ absl::Status SharedMemoryTransport::TakeReply(size_t i, grpc::ByteBuffer* buffer
     if (group.params_out.empty() || params_at_[piece.group].region != SIZE_MAX) continue;
     const char* src =
         plane_.base() + plane_.area(group.group).params_offset + piece.offset * param_size;
-    if (Is16Bit(group.params_out)) {
+    if (stream_copies_ && (Is16Bit(group.params_out) || options.param_dtype == WireType::kFloat32)) {
+      CopyStreaming(static_cast<char*>(group.params_out.data()) + piece.offset * param_size, src,
+                    piece.count * param_size);
+    } else if (Is16Bit(group.params_out)) {
       std::memcpy(static_cast<uint16_t*>(group.params_out.data()) + piece.offset, src,
                   piece.count * 2);
     } else {

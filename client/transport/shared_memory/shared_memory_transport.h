@@ -58,8 +58,8 @@ class SharedMemoryTransport : public StepTransport {
 
  private:
   using InPlace = SharedMemoryPlane::InPlace;
-  // Copies group `i`'s gradient into its area, checking it there, or checks
-  // it in place.
+  // Copies group `i`'s gradient into its area, checking it as it goes, or
+  // checks it in place.
   absl::Status CopyInAndCheck(size_t i) const;
 
   SharedMemoryPlane& plane_;
@@ -73,6 +73,9 @@ class SharedMemoryTransport : public StepTransport {
   // checked by the daemon; false: this client checked every gradient first.
   bool one_message_ = false;
   bool layout_refused_ = false;
+  // The step copies enough through the region (kStreamingCopyBytes) that
+  // plain copies (no conversion) into and out of it use CopyStreaming.
+  bool stream_copies_ = false;
 };
 
 }  // namespace optstate::client_internal
