@@ -24,7 +24,7 @@ namespace {
 // copies them, and its params back, with non-temporal stores
 // (CopyStreaming) where no conversion is needed: larger than most of a
 // last-level cache, so the daemon reads the region, and the trainer its
-// params, from memory anyway (BENCHMARKS.md, "Copies through the region").
+// params, from memory anyway (BENCHMARKS.md, "Eight read streams, streamed copies").
 constexpr uint64_t kStreamingCopyBytes = 32 << 20;
 
 // Region chunks carry no payload, so messages may cover more of a step
