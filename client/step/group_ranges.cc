@@ -1,8 +1,7 @@
-// Ranges of about equal gradient bytes, the first on the calling thread.
+// Parts of about equal bytes, the first on the calling thread.
 #include "client/step/group_ranges.h"
 
 #include <algorithm>
-#include <cstdint>
 #include <thread>
 #include <vector>
 
@@ -12,42 +11,66 @@ namespace {
 constexpr size_t kMaxPrepareThreads = 4;
 constexpr uint64_t kBytesPerPrepareThread = 8 << 20;
 
+// A part's first element: `item`, element `element` of it.
+struct Cut {
+  size_t item;
+  uint64_t element;
+};
+
 }  // namespace
 
-absl::Status ForEachGroupSplit(absl::Span<const GroupStep> groups,
-                               const std::function<absl::Status(size_t)>& prepare) {
+absl::Status ForEachElementSplit(
+    absl::Span<const ElementItem> items,
+    const std::function<absl::Status(size_t item, uint64_t begin, uint64_t end)>& run) {
   uint64_t total = 0;
-  for (const GroupStep& group : groups) {
-    total += group.gradient.size() * group.gradient.element_bytes();
-  }
+  for (const ElementItem& item : items) total += item.elements * item.element_bytes;
   const size_t cpus = std::max(1u, std::thread::hardware_concurrency());
-  const size_t ranges = std::min<uint64_t>(
+  const size_t parts = std::min<uint64_t>(
       {kMaxPrepareThreads, cpus, std::max<uint64_t>(1, total / kBytesPerPrepareThread)});
-  // Range r covers groups [bounds[r], bounds[r + 1]).
-  std::vector<size_t> bounds = {0};
-  uint64_t seen = 0;
-  for (size_t i = 0; i < groups.size() && bounds.size() < ranges; ++i) {
-    seen += groups[i].gradient.size() * groups[i].gradient.element_bytes();
-    if (seen * ranges >= total * bounds.size()) bounds.push_back(i + 1);
+  // Part p runs from cuts[p] up to cuts[p + 1]; the last cut is the end.
+  std::vector<Cut> cuts = {{0, 0}};
+  uint64_t before = 0;  // Bytes of the items before item i.
+  for (size_t i = 0; i < items.size() && cuts.size() < parts; ++i) {
+    const uint64_t size = items[i].element_bytes;
+    const uint64_t bytes = items[i].elements * size;
+    // Every part boundary that falls inside item i, at an aligned element.
+    while (cuts.size() < parts) {
+      const uint64_t boundary = total * cuts.size() / parts;  // In bytes of the step.
+      if (boundary >= before + bytes) break;
+      // (A boundary before item i fell inside an item too small to cut: it
+      // becomes item i's start.)
+      const uint64_t element = boundary <= before || size == 0
+                                   ? 0
+                                   : (boundary - before) / size / kElementSplitAlignment *
+                                         kElementSplitAlignment;
+      const Cut cut{i, element};
+      if (cut.item == cuts.back().item && cut.element <= cuts.back().element) {
+        break;  // Item i is too small to cut there: a later item may be.
+      }
+      cuts.push_back(cut);
+    }
+    before += bytes;
   }
-  bounds.push_back(groups.size());
-  std::vector<absl::Status> first_error(bounds.size() - 1);
-  std::vector<size_t> failed_at(bounds.size() - 1, SIZE_MAX);
-  auto run = [&](size_t r) {
-    for (size_t i = bounds[r]; i < bounds[r + 1]; ++i) {
-      absl::Status s = prepare(i);
-      if (s.ok()) continue;
-      first_error[r] = std::move(s);
-      failed_at[r] = i;
-      return;
+  cuts.push_back({items.size(), 0});
+  std::vector<absl::Status> failed(cuts.size() - 1);
+  auto run_part = [&](size_t p) {
+    const Cut from = cuts[p], to = cuts[p + 1];
+    for (size_t i = from.item; i <= to.item && i < items.size(); ++i) {
+      const uint64_t begin = i == from.item ? from.element : 0;
+      const uint64_t end = i == to.item ? to.element : items[i].elements;
+      if (begin >= end) continue;
+      if (absl::Status s = run(i, begin, end); !s.ok()) {
+        failed[p] = std::move(s);
+        return;
+      }
     }
   };
   std::vector<std::thread> helpers;
-  for (size_t r = 1; r + 1 < bounds.size(); ++r) helpers.emplace_back(run, r);
-  run(0);
+  for (size_t p = 1; p + 1 < cuts.size(); ++p) helpers.emplace_back(run_part, p);
+  run_part(0);
   for (std::thread& helper : helpers) helper.join();
-  for (size_t r = 0; r < failed_at.size(); ++r) {
-    if (failed_at[r] != SIZE_MAX) return first_error[r];  // Ranges are in order.
+  for (absl::Status& status : failed) {
+    if (!status.ok()) return std::move(status);  // Parts are in element order.
   }
   return absl::OkStatus();
 }

@@ -114,7 +114,12 @@ absl::StatusOr<size_t> SharedMemoryTransport::Prepare() {
     one_message_ = true;
     return plan_.size();
   }
-  if (absl::Status s = ForEachGroupSplit(groups, [this](size_t i) { return CopyInAndCheck(i); });
+  std::vector<ElementItem> gradients(groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) gradients[i] = {groups[i].gradient.size(), grad_size};
+  if (absl::Status s = ForEachElementSplit(gradients,
+                                           [this](size_t i, uint64_t begin, uint64_t end) {
+                                             return CopyInAndCheck(i, begin, end);
+                                           });
       !s.ok()) {
     return s;
   }
@@ -127,13 +132,15 @@ absl::StatusOr<size_t> SharedMemoryTransport::Prepare() {
   return plan_.size();
 }
 
-absl::Status SharedMemoryTransport::CopyInAndCheck(size_t i) const {
+absl::Status SharedMemoryTransport::CopyInAndCheck(size_t i, uint64_t begin, uint64_t end) const {
   const GroupStep& group = input_.groups[i];
   const StepOptions& options = input_.options;
-  const size_t n = group.gradient.size();
+  const size_t grad_size = WireTypeSize(options.gradient_dtype);
   if (gradient_at_[i].region != SIZE_MAX) {
     if (options.gradients_checked) return absl::OkStatus();  // The caller's word.
-    return CheckWireFinite(group, options, group.gradient.data(), 0, n);
+    return CheckWireFinite(group, options,
+                           static_cast<const char*>(group.gradient.data()) + begin * grad_size,
+                           begin, end - begin);
   }
   // Copied block by block, each checked while it is still in cache (one
   // pass over memory: bench/copy-check-bench measured blocks of 16-256 Ki
@@ -142,29 +149,28 @@ absl::Status SharedMemoryTransport::CopyInAndCheck(size_t i) const {
   // copy (the wire's bits are the buffer's) in a large step is streamed and
   // checked in the caller's buffer, which the copy has just brought into
   // cache: the same bits.
-  const size_t grad_size = WireTypeSize(options.gradient_dtype);
   char* dst = plane_.base() + plane_.area(group.group).gradient_offset;
   const auto* src = static_cast<const char*>(group.gradient.data());
   const bool plain_copy = Is16Bit(group.gradient) || options.gradient_dtype == WireType::kFloat32;
   const bool streamed = stream_copies_ && plain_copy;
   bool finite = std::fabs(options.grad_scale.value_or(1.0f)) <= 1.0f;
-  constexpr size_t kBlock = 16384;
-  for (size_t begin = 0; begin < n; begin += kBlock) {
-    const size_t count = std::min(kBlock, n - begin);
-    char* block = dst + begin * grad_size;
-    const char* from = src + begin * grad_size;  // For a plain copy.
+  constexpr uint64_t kBlock = 16384;
+  for (uint64_t at = begin; at < end; at += kBlock) {
+    const size_t count = std::min(kBlock, end - at);
+    char* block = dst + at * grad_size;
+    const char* from = src + at * grad_size;  // For a plain copy.
     if (streamed) {
       CopyStreaming(block, from, count * grad_size);
     } else if (plain_copy) {
       std::memcpy(block, from, count * grad_size);
     } else {
       EncodeFromFloat(options.gradient_dtype,
-                      static_cast<const float*>(group.gradient.data()) + begin, block, count);
+                      static_cast<const float*>(group.gradient.data()) + at, block, count);
     }
     if (finite) finite = AllWireFinite(options.gradient_dtype, streamed ? from : block, count);
   }
   if (finite) return absl::OkStatus();
-  return CheckWireFinite(group, options, dst, 0, n);
+  return CheckWireFinite(group, options, dst + begin * grad_size, begin, end - begin);
 }
 
 grpc::ByteBuffer SharedMemoryTransport::Request(size_t i) {

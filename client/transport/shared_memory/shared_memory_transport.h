@@ -58,9 +58,10 @@ class SharedMemoryTransport : public StepTransport {
 
  private:
   using InPlace = SharedMemoryPlane::InPlace;
-  // Copies group `i`'s gradient into its area, checking it as it goes, or
-  // checks it in place.
-  absl::Status CopyInAndCheck(size_t i) const;
+  // Copies elements [begin, end) of group `i`'s gradient into its area,
+  // checking them as it goes, or checks them in place; the refusal names
+  // the first bad one.
+  absl::Status CopyInAndCheck(size_t i, uint64_t begin, uint64_t end) const;
 
   SharedMemoryPlane& plane_;
   grpc::Channel* const channel_;
