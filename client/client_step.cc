@@ -67,6 +67,7 @@ absl::Status Client::Impl::Send(StepTransport& transport, size_t messages, const
                                               &pending);
       },
       absl::StrCat("step ", input.step, " (", transport.name(), ")"));
+  if (absl::Status finished = transport.Finish(); status.ok()) status = std::move(finished);
   // A group deleted or registered anew elsewhere: look its layout up again next time.
   if (status.code() == absl::StatusCode::kNotFound ||
       status.code() == absl::StatusCode::kInvalidArgument) {

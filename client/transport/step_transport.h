@@ -13,6 +13,7 @@
 //    TakeReply(i) on the reading thread, message by message in order. The
 //    daemon applies each page once, so a resent message never applies an
 //    element twice.
+// 4. Finish, once, after the last attempt.
 // A new data plane (or a client of several daemons) is one more
 // implementation of this interface, not another copy of the pipeline.
 #ifndef OPTSTATE_CLIENT_TRANSPORT_STEP_TRANSPORT_H_
@@ -45,6 +46,10 @@ class StepTransport {
   // writes its params out. INTERNAL, naming what is wrong, when it does not
   // (the step is abandoned). Called on the reading thread only.
   virtual absl::Status TakeReply(size_t i, grpc::ByteBuffer* reply) = 0;
+  // Called once after the step's last attempt, whatever its outcome, on
+  // the calling thread: writes out what the replies taken left for the end
+  // of the step (INTERNAL when it cannot).
+  virtual absl::Status Finish() { return absl::OkStatus(); }
   // Messages written and not yet answered, at most, per stream.
   virtual size_t max_in_flight() const = 0;
   // The data plane, as the client's messages name it ("wire", "shared memory").

@@ -112,6 +112,7 @@ absl::StatusOr<size_t> SharedMemoryTransport::Prepare() {
           OneMessagePlan(input_.layouts, through_areas.empty(), options_)) {
     plan_ = *std::move(one_message);
     one_message_ = true;
+    answered_.assign(plan_.size(), false);
     return plan_.size();
   }
   std::vector<ElementItem> gradients(groups.size());
@@ -129,6 +130,7 @@ absl::StatusOr<size_t> SharedMemoryTransport::Prepare() {
   absl::StatusOr<std::vector<PlannedPieces>> plan = PlanChunks(input_.layouts, limits);
   if (!plan.ok()) return plan.status();
   plan_ = *std::move(plan);
+  answered_.assign(plan_.size(), false);
   return plan_.size();
 }
 
@@ -212,8 +214,6 @@ grpc::ByteBuffer SharedMemoryTransport::Request(size_t i) {
 }
 
 absl::Status SharedMemoryTransport::TakeReply(size_t i, grpc::ByteBuffer* buffer) {
-  const StepOptions& options = input_.options;
-  const size_t param_size = WireTypeSize(options.param_dtype);
   const PlannedPieces& pieces = plan_[i];
   std::string bytes;
   v1::StepResponse reply;
@@ -231,23 +231,44 @@ absl::Status SharedMemoryTransport::TakeReply(size_t i, grpc::ByteBuffer* buffer
                                               piece.offset, " with its params in the region"));
     }
   }
-  for (const ChunkPiece& piece : pieces) {
-    const GroupStep& group = input_.groups[piece.group];
-    if (group.params_out.empty() || params_at_[piece.group].region != SIZE_MAX) continue;
-    const char* src =
-        plane_.base() + plane_.area(group.group).params_offset + piece.offset * param_size;
-    if (stream_copies_ && (Is16Bit(group.params_out) || options.param_dtype == WireType::kFloat32)) {
-      CopyStreaming(static_cast<char*>(group.params_out.data()) + piece.offset * param_size, src,
-                    piece.count * param_size);
-    } else if (Is16Bit(group.params_out)) {
-      std::memcpy(static_cast<uint16_t*>(group.params_out.data()) + piece.offset, src,
-                  piece.count * 2);
-    } else {
-      DecodeToFloat(options.param_dtype, src,
-                    static_cast<float*>(group.params_out.data()) + piece.offset, piece.count);
+  answered_[i] = true;
+  return absl::OkStatus();
+}
+
+absl::Status SharedMemoryTransport::Finish() {
+  // The params of every answered message's chunks in the region, copied out
+  // together once the daemon is done: on several threads for a large step
+  // (the daemon has nothing left to do meanwhile), where copying each as
+  // its reply came took a core from the daemon's update of the next.
+  const StepOptions& options = input_.options;
+  const size_t param_size = WireTypeSize(options.param_dtype);
+  std::vector<const ChunkPiece*> copies;
+  std::vector<ElementItem> items;
+  for (size_t i = 0; i < plan_.size(); ++i) {
+    if (!answered_[i]) continue;
+    for (const ChunkPiece& piece : plan_[i]) {
+      const GroupStep& group = input_.groups[piece.group];
+      if (group.params_out.empty() || params_at_[piece.group].region != SIZE_MAX) continue;
+      copies.push_back(&piece);
+      items.push_back({piece.count, param_size});
     }
   }
-  return absl::OkStatus();
+  return ForEachElementSplit(items, [&](size_t k, uint64_t begin, uint64_t end) {
+    const ChunkPiece& piece = *copies[k];
+    const GroupStep& group = input_.groups[piece.group];
+    const uint64_t first = piece.offset + begin, count = end - begin;
+    const char* src = plane_.base() + plane_.area(group.group).params_offset + first * param_size;
+    if (stream_copies_ && (Is16Bit(group.params_out) || options.param_dtype == WireType::kFloat32)) {
+      CopyStreaming(static_cast<char*>(group.params_out.data()) + first * param_size, src,
+                    count * param_size);
+    } else if (Is16Bit(group.params_out)) {
+      std::memcpy(static_cast<uint16_t*>(group.params_out.data()) + first, src, count * 2);
+    } else {
+      DecodeToFloat(options.param_dtype, src, static_cast<float*>(group.params_out.data()) + first,
+                    count);
+    }
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace optstate::client_internal

@@ -33,9 +33,11 @@ namespace optstate::client_internal {
 //    it applies it). With StepOptions::gradients_checked the one message is
 //    marked too, and gradients in place are not read here.
 // 3. Each reply says the daemon wrote the chunk's params where the chunk
-//    named; those in the region are copied into params_out then. Before
-//    each attempt a lost region socket is reconnected (the daemon
-//    restarted) and the same memfds registered again.
+//    named; those in the region are copied into params_out at the end of
+//    the step (Finish), those of every answered message, on several threads
+//    for a large step. Before each attempt a lost region socket is
+//    reconnected (the daemon restarted) and the same memfds registered
+//    again.
 class SharedMemoryTransport : public StepTransport {
  public:
   SharedMemoryTransport(SharedMemoryPlane& plane, grpc::Channel* channel, const StepInput& input,
@@ -46,6 +48,7 @@ class SharedMemoryTransport : public StepTransport {
   absl::Status BeforeAttempt() override { return plane_.ReconnectIfLost(channel_, options_); }
   grpc::ByteBuffer Request(size_t i) override;
   absl::Status TakeReply(size_t i, grpc::ByteBuffer* reply) override;
+  absl::Status Finish() override;
   // Region messages are small: gRPC's flow control and the daemon's
   // read-ahead bound what is in flight.
   size_t max_in_flight() const override { return SIZE_MAX; }
@@ -70,6 +73,8 @@ class SharedMemoryTransport : public StepTransport {
   std::vector<std::shared_ptr<SharedMapping>> held_;  // SharedBuffers the step names.
   std::vector<InPlace> gradient_at_, params_at_;      // One per group.
   std::vector<PlannedPieces> plan_;
+  std::vector<bool> answered_;  // Per message: its reply taken (TakeReply).
+
   // The step goes as one message of SharedBuffer slices (OneMessagePlan),
   // checked by the daemon; false: this client checked every gradient first.
   bool one_message_ = false;
