@@ -28,9 +28,9 @@ namespace optstate::client_internal {
 //    their areas (the one copy, narrowed to the wire type), every gradient
 //    checked finite where the daemon will read it (a large step on several
 //    threads: the daemon has nothing to do meanwhile), and the step planned
-//    as on the wire but in messages of at least 4 MiB of gradient, each
-//    marked gradients_checked (the daemon then checks each small chunk as
-//    it applies it). With StepOptions::gradients_checked the one message is
+//    as on the wire but in messages of up to 64 MiB of gradient (or
+//    ClientOptions::chunk_bytes, if larger), each marked gradients_checked
+//    (the daemon then checks each small chunk as it applies it). With StepOptions::gradients_checked the one message is
 //    marked too, and gradients in place are not read here.
 // 3. Each reply says the daemon wrote the chunk's params where the chunk
 //    named; those in the region are copied into params_out at the end of
