@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -112,6 +113,39 @@ inline ::testing::AssertionResult SameState(const StateOfGroups& got,
     if (g.page_steps != e.page_steps) {
       return ::testing::AssertionFailure() << name << ": page steps differ (first "
                                            << g.page_steps[0] << " vs " << e.page_steps[0] << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// True when every page of group `name` in `got` equals, in params, m and v,
+// the page of `references` at that page's own step (which must be one of
+// theirs): the state of a group written without waiting for it, whose pages
+// may each be caught before or after a step in flight.
+inline ::testing::AssertionResult EachPageAtItsOwnStep(
+    const StateOfGroups& got, const std::map<uint64_t, StateOfGroups>& references,
+    const std::string& name) {
+  auto it = got.find(name);
+  if (it == got.end()) return ::testing::AssertionFailure() << "group " << name << " missing";
+  const Client::GroupState& g = it->second;
+  for (size_t page = 0; page < g.page_steps.size(); ++page) {
+    const uint64_t step = g.page_steps[page];
+    auto ref = references.find(step);
+    if (ref == references.end()) {
+      return ::testing::AssertionFailure() << name << " page " << page << " is at step " << step
+                                           << ", which has no reference";
+    }
+    const Client::GroupState& e = ref->second.at(name);
+    if (g.params.size() != e.params.size()) {
+      return ::testing::AssertionFailure() << name << ": size " << g.params.size();
+    }
+    const size_t begin = page * kCkptPage;
+    const size_t bytes = (std::min<size_t>(begin + kCkptPage, e.params.size()) - begin) * 4;
+    if (std::memcmp(g.params.data() + begin, e.params.data() + begin, bytes) != 0 ||
+        std::memcmp(g.exp_avg.data() + begin, e.exp_avg.data() + begin, bytes) != 0 ||
+        std::memcmp(g.exp_avg_sq.data() + begin, e.exp_avg_sq.data() + begin, bytes) != 0) {
+      return ::testing::AssertionFailure()
+             << name << " page " << page << " differs from step " << step << "'s";
     }
   }
   return ::testing::AssertionSuccess();
