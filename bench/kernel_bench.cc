@@ -259,7 +259,9 @@ void BM_ReadPass(benchmark::State& bench) {
 // kAhead, block k+1 checked in pieces of 4 Ki elements between the pieces of
 // block k's step, so the check's loads run among the update's (block k+1
 // still wholly checked before its first write).
-enum class CheckOrder { kSeparate, kReverse, kByBlock, kAhead };
+// kPrefetchAhead, block k+1's gradient prefetched into the caches among the
+// pieces of block k's step, then checked there just before its own step.
+enum class CheckOrder { kSeparate, kReverse, kByBlock, kAhead, kPrefetchAhead };
 
 void BM_CheckAndStep(benchmark::State& bench, CheckOrder order) {
   const size_t n = static_cast<size_t>(bench.range(0));
@@ -284,9 +286,35 @@ void BM_CheckAndStep(benchmark::State& bench, CheckOrder order) {
   for (auto _ : bench) {
     inputs.step = step++;
     const AdamWConstants c = ComputeAdamWConstants(inputs);
-    if (order != CheckOrder::kByBlock) Sharded(pool, n, threads, check);
+    if (order == CheckOrder::kSeparate || order == CheckOrder::kReverse) {
+      Sharded(pool, n, threads, check);
+    }
     Sharded(pool, n, threads, [&](size_t at, size_t count) {
       const size_t blocks = (count + kBlock - 1) / kBlock;
+      if (order == CheckOrder::kPrefetchAhead) {
+        constexpr size_t kPiece = 4096;
+        check(at, std::min(kBlock, count));
+        for (size_t k = 0; k < blocks; ++k) {
+          const size_t first = at + k * kBlock;
+          const size_t len = std::min(kBlock, at + count - first);
+          const size_t next = first + len;
+          const size_t next_len = k + 1 < blocks ? std::min(kBlock, at + count - next) : 0;
+          // Block k+1's gradient lines, spread over block k's pieces.
+          const size_t pieces = (len + kPiece - 1) / kPiece;
+          const size_t lines = (next_len * 4 + 63) / 64;
+          const size_t lines_per_piece = (lines + pieces - 1) / std::max<size_t>(pieces, 1);
+          const char* next_bytes = reinterpret_cast<const char*>(state.grad.data() + next);
+          size_t line = 0;
+          for (size_t piece = 0; piece < len; piece += kPiece) {
+            for (size_t end = std::min(lines, line + lines_per_piece); line < end; ++line) {
+              __builtin_prefetch(next_bytes + line * 64, 0, 2);
+            }
+            step_block(c, first + piece, std::min(kPiece, len - piece));
+          }
+          if (next_len != 0) check(next, next_len);
+        }
+        return;
+      }
       if (order == CheckOrder::kAhead) {
         constexpr size_t kPiece = 4096;
         check(at, std::min(kBlock, count));
@@ -326,6 +354,9 @@ void BM_CheckAndStep_by_block(benchmark::State& bench) {
 void BM_CheckAndStep_ahead(benchmark::State& bench) {
   BM_CheckAndStep(bench, CheckOrder::kAhead);
 }
+void BM_CheckAndStep_prefetch_ahead(benchmark::State& bench) {
+  BM_CheckAndStep(bench, CheckOrder::kPrefetchAhead);
+}
 
 void Sizes(benchmark::internal::Benchmark* b) {
   for (int64_t n : {int64_t{1} << 20, int64_t{16} << 20, int64_t{64} << 20}) {
@@ -345,6 +376,7 @@ BENCHMARK(BM_CheckAndStep_separate)->Apply(Sizes);
 BENCHMARK(BM_CheckAndStep_reverse)->Apply(Sizes);
 BENCHMARK(BM_CheckAndStep_by_block)->Apply(Sizes);
 BENCHMARK(BM_CheckAndStep_ahead)->Apply(Sizes);
+BENCHMARK(BM_CheckAndStep_prefetch_ahead)->Apply(Sizes);
 // BM_AdamWKernelOnPath_avx2, _avx512, ...: the vector paths this CPU runs.
 const bool kPathBenchmarksRegistered = [] {
   for (KernelIsa isa : SupportedKernelIsas()) {
