@@ -22,9 +22,11 @@ struct Cut {
 absl::Status ForEachElementSplit(
     absl::Span<const ElementItem> items,
     const std::function<absl::Status(size_t item, uint64_t begin, uint64_t end)>& run) {
+  if (items.empty()) return absl::OkStatus();
   uint64_t total = 0;
   for (const ElementItem& item : items) total += item.elements * item.element_bytes;
-  const size_t cpus = std::max(1u, std::thread::hardware_concurrency());
+  // Read once: glibc reads it from /sys on every call (60 us a step).
+  static const size_t cpus = std::max(1u, std::thread::hardware_concurrency());
   const size_t parts = std::min<uint64_t>(
       {kMaxPrepareThreads, cpus, std::max<uint64_t>(1, total / kBytesPerPrepareThread)});
   // Part p runs from cuts[p] up to cuts[p + 1]; the last cut is the end.
