@@ -93,27 +93,54 @@ struct RegionUse {
   char* params = nullptr;   // The params' slice, when it names one.
 };
 
+// The regions a message's chunks name, each looked up in the registry once
+// per message (a zero-copy step names one buffer in all its chunks) and
+// held, mapped, until the message is applied.
+class MessageRegions {
+ public:
+  MessageRegions(const RegionRegistry* registry, const std::string& tenant)
+      : registry_(registry), tenant_(tenant) {}
+
+  // RegionRegistry::Find's answer for (session, id).
+  absl::StatusOr<const MappedRegion*> Find(absl::string_view session, uint64_t id) {
+    for (const Held& held : held_) {
+      if (held.id == id && held.session == session) return held.region.get();
+    }
+    absl::StatusOr<std::shared_ptr<const MappedRegion>> region =
+        registry_->Find(tenant_, session, id);
+    if (!region.ok()) return region.status();
+    held_.push_back(Held{std::string(session), id, std::move(*region)});
+    return held_.back().region.get();
+  }
+
+ private:
+  struct Held {
+    std::string session;
+    uint64_t id;
+    std::shared_ptr<const MappedRegion> region;
+  };
+  const RegionRegistry* const registry_;
+  const std::string& tenant_;
+  std::vector<Held> held_;  // Few: one or two per client.
+};
+
 // Looks up the regions `request` names, if any: its gradient (into
 // use->gradient; the chunk must carry none itself, `wire_gradient` empty)
-// and its params. `held` keeps the mappings alive while the message is
-// applied.
-absl::Status ResolveRegions(const v1::StepRequest& request, const std::string& tenant,
-                            const RegionRegistry* regions, const SegmentedBytes& wire_gradient,
-                            RegionUse* use,
-                            std::vector<std::shared_ptr<const MappedRegion>>* held) {
+// and its params.
+absl::Status ResolveRegions(const v1::StepRequest& request, const RegionRegistry* registry,
+                            MessageRegions* regions, const SegmentedBytes& wire_gradient,
+                            RegionUse* use) {
   if (!request.has_gradient_region() && !request.has_params_region()) return absl::OkStatus();
-  if (regions == nullptr) {
+  if (registry == nullptr) {
     return absl::FailedPreconditionError(
         "this daemon offers no shared-memory regions (started with --region_socket=none); send "
         "the gradient in StepRequest.gradient");
   }
   auto find = [&](const v1::RegionSlice& slice, absl::string_view what) -> absl::StatusOr<char*> {
-    absl::StatusOr<std::shared_ptr<const MappedRegion>> region =
-        regions->Find(tenant, request.region_session(), slice.region());
+    absl::StatusOr<const MappedRegion*> region =
+        regions->Find(request.region_session(), slice.region());
     if (!region.ok()) return region.status();
-    absl::StatusOr<char*> at = (*region)->Slice(slice.offset(), slice.bytes(), what);
-    if (at.ok()) held->push_back(std::move(*region));
-    return at;
+    return (*region)->Slice(slice.offset(), slice.bytes(), what);
   };
   if (request.has_gradient_region()) {
     if (wire_gradient.size() != 0) {
@@ -184,12 +211,11 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
   //    that cannot be is refused in its turn by MessageStep::Check.
   std::vector<MessageChunk> chunks(pieces);
   std::vector<RegionUse> uses(pieces);
-  std::vector<std::shared_ptr<const MappedRegion>> held;
+  MessageRegions held(regions, tenant);
   for (size_t i = 0; i < pieces; ++i) {
     const v1::StepRequest& piece = PieceOf(request, i);
     MessageChunk& chunk = chunks[i];
-    absl::Status status =
-        ResolveRegions(piece, tenant, regions, message.gradients[i], &uses[i], &held);
+    absl::Status status = ResolveRegions(piece, regions, &held, message.gradients[i], &uses[i]);
     if (status.ok()) {
       status = ToChunk(piece, piece.has_gradient_region() ? uses[i].gradient : message.gradients[i],
                        tenant, i > 0, &chunk.chunk);
