@@ -13,6 +13,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "optstate/message_limits.h"
 #include "server/engine/step_engine.h"
 
 namespace optstate {
@@ -53,11 +54,10 @@ enum class SenderChecked {
   kValues,
 };
 
-// With SenderChecked::kValues, chunks with at most this many gradient bytes
-// are checked as they are applied (applied at once, the check's read leaves
-// them in the core's caches for the update's); larger ones before any chunk
-// is applied, as without.
-inline constexpr uint64_t kCheckedAsAppliedBytes = 1 << 20;
+// With SenderChecked::kValues, chunks with at most kCheckedAsAppliedBytes
+// (optstate/message_limits.h) of gradient are checked as they are applied
+// (applied at once, the check's read leaves them in the core's caches for the
+// update's); larger ones before any chunk is applied, as without.
 
 // What of a message a refusal of one of its chunks left applied.
 enum class MessageApplied {

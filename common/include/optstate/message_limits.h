@@ -34,6 +34,13 @@ inline constexpr size_t kMaxPackedChunks = 4096;
 // daemon would refuse what it packed.
 inline constexpr uint64_t kReplyFieldsBytes = 96;
 
+// In a message that sets StepRequest.gradients_checked, the daemon checks the
+// values of each chunk of at most this many bytes of gradient just before it
+// applies it (in cache), not with the others before any; so a sender that
+// vouches for its gradients cuts a large group into chunks of at most this
+// size (whole pages), or the daemon reads that group's gradient twice.
+inline constexpr uint64_t kCheckedAsAppliedBytes = 1 << 20;
+
 }  // namespace optstate
 
 #endif  // OPTSTATE_MESSAGE_LIMITS_H_
