@@ -6,8 +6,8 @@
 //    the first bad value there is the refusal, as a check in order finds it.
 // 2. (The caller's checks of the whole message, such as its reply's size.)
 // 3. Apply: in order, stopping at the first refusal, or at once on the pool
-//    when the message is large, its chunks are of distinct groups (so no two
-//    touch one page) and none writes params where another chunk reads or
+//    when the message is large, no two of its chunks touch one page (they
+//    are of distinct groups, or of disjoint pages of one) and none writes params where another chunk reads or
 //    writes (so their order cannot matter). A chunk whose sender checked its
 //    values (SenderChecked::kValues), if small enough, has them checked here,
 //    by the thread about to apply it, instead of in 1 and 2: applied at once,
@@ -18,9 +18,9 @@
 #include "server/engine/message_step.h"
 
 #include <algorithm>
+#include <functional>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
@@ -70,12 +70,26 @@ bool NoParamsOverlapAcrossChunks(const std::vector<MessageChunk>& chunks) {
   return true;
 }
 
-// Whether no two chunks name the same group.
-bool DistinctGroups(const std::vector<MessageChunk>& chunks) {
-  absl::flat_hash_set<absl::string_view> seen;
-  seen.reserve(chunks.size());
-  for (const MessageChunk& chunk : chunks) {
-    if (!seen.insert(chunk.chunk.group.name).second) return false;
+// Whether no two validated chunks cover a page of the same group (chunks of
+// distinct groups, or of one group's disjoint page ranges, as a sender that
+// vouched for its gradients cuts a large group).
+bool NoSharedPages(const std::vector<ValidatedChunk>& chunks) {
+  struct Pages {
+    const Group* group;
+    uint64_t first, end;
+    bool operator<(const Pages& other) const {
+      return group != other.group ? std::less<const Group*>()(group, other.group)
+                                  : first < other.first;
+    }
+  };
+  std::vector<Pages> pages;
+  pages.reserve(chunks.size());
+  for (const ValidatedChunk& chunk : chunks) {
+    pages.push_back({chunk.group.get(), chunk.first_page, chunk.end_page});
+  }
+  std::sort(pages.begin(), pages.end());
+  for (size_t i = 1; i < pages.size(); ++i) {  // Sorted: each must end before the next.
+    if (pages[i].group == pages[i - 1].group && pages[i].first < pages[i - 1].end) return false;
   }
   return true;
 }
@@ -181,7 +195,7 @@ uint64_t MessageStep::reply_params_bytes(size_t i) const {
 }
 
 bool MessageStep::AtOnce() const {
-  return spread_ && chunks_.size() > 1 && DistinctGroups(chunks_) &&
+  return spread_ && chunks_.size() > 1 && NoSharedPages(validated_) &&
          NoParamsOverlapAcrossChunks(chunks_);
 }
 

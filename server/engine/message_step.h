@@ -80,7 +80,8 @@ struct MessageRefusal {
 //
 // A message of at least 4 MiB of gradients, on a pool of more than one
 // thread, is spread over the pool: the gradients' values are checked in
-// parts on its threads, and when no two chunks name one group and no
+// parts on its threads, and when no two chunks cover one page of a group
+// (chunks of distinct groups, or of disjoint pages of one) and no
 // chunk's params_region shares a byte with another chunk's region slices,
 // the chunks are applied at once, one ParallelFor over them (the CPU backend
 // may still split a chunk's update over idle threads). Every answer is the

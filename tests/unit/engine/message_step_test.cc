@@ -1,11 +1,12 @@
 // MessageStep on a large message (4 MiB of gradients or more), which it
 // spreads over the pool: the values of every chunk checked in parts on
-// several threads, the chunks of distinct groups applied at once. The
+// several threads, chunks that share no page (of distinct groups, or of
+// disjoint pages of one) applied at once. The
 // answers must be those of the message applied in order on one thread: the
 // same state bit for bit, the same refusal (the first bad chunk and its
 // first bad element; a value refusal before an earlier-checked field
 // refusal only when it comes first), nothing applied on a refusal before
-// the update, and a message that names a group more than once applied in
+// the update, and a message that covers a page more than once applied in
 // order. And on any message: a chunk the transport could not read is
 // refused in its turn, and a refusal says what it left applied. A message
 // whose sender checked its values (SenderChecked::kValues) steps the same
@@ -324,8 +325,8 @@ TEST_F(MessageStepTest, InOrderAPageRefusalLeavesTheChunksBeforeItApplied) {
   EXPECT_EQ(GroupOf("g.2").page_step(0), 0u);
 }
 
-// A message that names one group several times (steps 1 to 6 of it) is
-// applied in order even when large: every step applies, as one at a time.
+// A message that covers a group's pages several times (steps 1 to 6 of it)
+// is applied in order even when large: every step applies, as one at a time.
 TEST_F(MessageStepTest, ALargeMessageNamingAGroupSeveralTimesIsAppliedInOrder) {
   Register("repeated.");
   Register("once.");
@@ -504,31 +505,75 @@ TEST_F(MessageStepTest, ABadValueInASenderCheckedSmallChunkRefusesItAndLeavesThe
   }
 }
 
-// Applied in order (small messages, and a large one naming one group in
-// several chunks): the chunks before the bad one are applied, it and those
-// after it are not.
+// Applied in order (a small message): the chunks before the bad one are
+// applied, it and those after it are not.
 TEST_F(MessageStepTest, InOrderABadValueInASenderCheckedChunkLeavesTheChunksBeforeItApplied) {
   Register("g.");
   std::vector<std::vector<float>> grads = grads_;
   const uint64_t bad = 2 * kSmallChunk + 99;  // In the third chunk.
   grads[3][bad] = INFINITY;
-  for (uint64_t chunks : {3, 4}) {  // 3 MiB: not spread; 4 MiB: spread, one group so in order.
-    SCOPED_TRACE(absl::StrCat(chunks, " chunks"));
-    const std::string name = absl::StrCat("g.", chunks);
+  constexpr uint64_t kChunks = 3;  // 3 MiB: not spread.
+  std::vector<MessageChunk> message;
+  for (uint64_t k = 0; k < kChunks; ++k) {
+    AddChunk(&message, "g.3", 1, grads[3], k * kSmallChunk, (k + 1) * kSmallChunk);
+  }
+  MessageRefusal refusal = Step(std::move(message), SenderChecked::kValues);
+  EXPECT_EQ(refusal.status.code(), absl::StatusCode::kInvalidArgument) << refusal.status;
+  EXPECT_EQ(refusal.chunk, 2u);
+  EXPECT_EQ(refusal.applied, MessageApplied::kChunksBefore);
+  EXPECT_NE(refusal.status.message().find(absl::StrCat("at element ", bad, " ")),
+            std::string::npos)
+      << refusal.status;
+  Group& group = GroupOf("g.3");
+  for (uint64_t page = 0; page < kChunks * kSmallChunk / kPage; ++page) {
+    ASSERT_EQ(group.page_step(page), page < 2 * kSmallChunk / kPage ? 1u : 0u) << "page " << page;
+  }
+}
+
+// One group cut into chunks of disjoint pages (as a sender that vouched for
+// its gradients cuts a large group) in a spread message: applied at once,
+// with the bits of the whole group stepped in one chunk; a bad value in one
+// of them refuses only that chunk, unapplied, and the others are applied.
+TEST_F(MessageStepTest, ChunksOfOneGroupsDisjointPagesAreAppliedAtOnce) {
+  Register("cut.");
+  Register("whole.");
+  constexpr uint64_t kChunks = 4;  // 4 MiB: spread.
+  auto cut_step = [&](const std::string& name, uint64_t step, const std::vector<float>& grad) {
     std::vector<MessageChunk> message;
-    for (uint64_t k = 0; k < chunks; ++k) {
-      AddChunk(&message, name, 1, grads[3], k * kSmallChunk, (k + 1) * kSmallChunk);
+    for (uint64_t k = 0; k < kChunks; ++k) {
+      AddChunk(&message, name, step, grad, k * kSmallChunk,
+               k + 1 == kChunks ? kElements : (k + 1) * kSmallChunk);
     }
-    MessageRefusal refusal = Step(std::move(message), SenderChecked::kValues);
-    EXPECT_EQ(refusal.status.code(), absl::StatusCode::kInvalidArgument) << refusal.status;
-    EXPECT_EQ(refusal.chunk, 2u);
-    EXPECT_EQ(refusal.applied, MessageApplied::kChunksBefore);
-    EXPECT_NE(refusal.status.message().find(absl::StrCat("at element ", bad, " ")),
-              std::string::npos)
-        << refusal.status;
-    Group& group = GroupOf(name);
-    for (uint64_t page = 0; page < chunks * kSmallChunk / kPage; ++page) {
-      ASSERT_EQ(group.page_step(page), page < 2 * kSmallChunk / kPage ? 1u : 0u) << "page " << page;
+    return message;
+  };
+  for (uint64_t step = 1; step <= 3; ++step) {
+    ASSERT_TRUE(Step(cut_step("cut.0", step, grads_[step]), SenderChecked::kValues).ok());
+    std::vector<MessageChunk> whole;
+    AddChunk(&whole, "whole.0", step, grads_[step], 0, kElements);
+    ASSERT_TRUE(Step(std::move(whole)).ok());
+  }
+  EXPECT_EQ(StateBits("cut.0"), StateBits("whole.0"));
+
+  std::vector<float> grad = grads_[4];
+  const uint64_t bad = kSmallChunk + 5;  // In the second chunk.
+  grad[bad] = NAN;
+  const std::vector<uint32_t> before = StateBits("cut.1");
+  MessageRefusal refusal = Step(cut_step("cut.1", 1, grad), SenderChecked::kValues);
+  EXPECT_EQ(refusal.status.code(), absl::StatusCode::kInvalidArgument) << refusal.status;
+  EXPECT_EQ(refusal.chunk, 1u);
+  EXPECT_EQ(refusal.applied, MessageApplied::kOthers);
+  EXPECT_NE(refusal.status.message().find(absl::StrCat("at element ", bad, " ")),
+            std::string::npos)
+      << refusal.status;
+  Group& group = GroupOf("cut.1");
+  const std::vector<uint32_t> after = StateBits("cut.1");
+  for (uint64_t page = 0; page < (kElements + kPage - 1) / kPage; ++page) {
+    const bool in_bad_chunk = page >= kSmallChunk / kPage && page < 2 * kSmallChunk / kPage;
+    ASSERT_EQ(group.page_step(page), in_bad_chunk ? 0u : 1u) << "page " << page;
+  }
+  for (uint64_t i = kSmallChunk; i < 2 * kSmallChunk; ++i) {  // The refused chunk's state.
+    for (uint64_t array = 0; array < 3; ++array) {
+      ASSERT_EQ(after[array * kElements + i], before[array * kElements + i]) << "element " << i;
     }
   }
 }
