@@ -463,3 +463,63 @@ def test_gradients_checked_steps_the_same_bits_and_a_false_word_refuses_only_its
         step("plain", 3)
     assert f"{prefix}plain5" in str(e.value)
     assert all(client.describe(f"{prefix}plain{i}").max_step == 2 for i in range(groups))
+
+
+def test_a_vouched_large_group_is_checked_a_chunk_at_a_time_and_a_false_word_refuses_one_chunk(
+        fresh_daemons, prefix):
+    # One group of four default pages (1 MiB of float32 gradient each) in a SharedBuffer:
+    # vouched for, the client cuts it into chunks of at most 1 MiB, which the daemon checks
+    # as it applies them, at once. The bits are those of the unvouched step; a NaN the
+    # caller vouched for refuses only the chunk that holds it, whose pages stay as they were
+    # bit for bit while the group's other pages step; a repeat with the gradient fixed
+    # replays them and applies the refused one.
+    daemon = fresh_daemons()
+    client = optstate.Client(daemon.target, data_plane="shared_memory")
+    page, pages = 262_144, 4
+    n = page * pages
+    raw = client.allocate_shared_buffer(4 * 4 * n)
+    floats = torch.from_numpy(raw).view(torch.float32)
+    gen = torch.Generator().manual_seed(11)
+    initial = torch.randn(n, generator=gen)
+    views = {}
+    for k, kind in enumerate(("vouched", "plain")):
+        client.register(f"{prefix}{kind}", initial)
+        views[kind] = (floats[2 * k * n:(2 * k + 1) * n], floats[(2 * k + 1) * n:(2 * k + 2) * n])
+    assert client.describe(f"{prefix}vouched").page_elements == page
+
+    def step(kind, k, **kw):
+        client.step([(f"{prefix}{kind}", *views[kind])], k, **kw)
+
+    for k in (1, 2):
+        g = torch.randn(n, generator=gen)
+        for kind in ("vouched", "plain"):
+            views[kind][0].copy_(g)
+        step("vouched", k, gradients_checked=True)
+        step("plain", k)
+        assert bits_equal(views["vouched"][1], views["plain"][1]), f"step {k}"
+    g = torch.randn(n, generator=gen)
+    bad_at = page + 123  # In the second chunk.
+    for kind in ("vouched", "plain"):
+        views[kind][0].copy_(g)
+        views[kind][0][bad_at] = float("nan")
+    name = f"{prefix}vouched"
+    before = client.export_state(name)
+    with pytest.raises(optstate.InvalidArgument) as e:
+        step("vouched", 3, gradients_checked=True)
+    assert f"at element {bad_at} " in str(e.value), str(e.value)
+    assert "the other chunks of its message were applied" in str(e.value), str(e.value)
+    after = client.export_state(name)
+    assert list(after.page_steps) == [3, 2, 3, 3]
+    refused = slice(page, 2 * page)
+    for field in ("params", "exp_avg", "exp_avg_sq"):
+        assert np.array_equal(getattr(after, field)[refused], getattr(before, field)[refused]), field
+        assert not np.array_equal(getattr(after, field)[:page], getattr(before, field)[:page]), field
+    for kind in ("vouched", "plain"):
+        views[kind][0][bad_at] = 0.0
+    step("vouched", 3, gradients_checked=True)
+    step("plain", 3)
+    assert client.describe(name).min_step == 3
+    assert bits_equal(views["vouched"][1], views["plain"][1])
+    for field in ("params", "exp_avg", "exp_avg_sq"):
+        assert np.array_equal(getattr(client.export_state(name), field),
+                              getattr(client.export_state(f"{prefix}plain"), field)), field

@@ -35,26 +35,53 @@ constexpr uint64_t kStreamingCopyBytes = 32 << 20;
 // copying path's copies on every core").
 constexpr uint64_t kMinRegionChunkBytes = 64 << 20;
 
-// The step as one message of whole-group chunks, when every gradient and
-// params_out lies in a SharedBuffer (`in_place`), the step has at most
-// kMaxOneMessageGroups groups, and the message takes at most half of
-// max_message_bytes; std::nullopt otherwise.
-constexpr size_t kMaxOneMessageGroups = 1024;
-static_assert(kMaxOneMessageGroups <= kMaxPackedChunks);
+// The step as one message, when every gradient and params_out lies in a
+// SharedBuffer (`in_place`), the message has at most kMaxOneMessageChunks
+// chunks, and it takes at most half of max_message_bytes; std::nullopt
+// otherwise. Its chunks are whole groups, unless the caller vouched for its
+// gradients (`checked`): then each group is cut into chunks of whole pages
+// of at most kCheckedAsAppliedBytes of gradient (at least one page), which
+// the daemon checks one by one as it applies them, in cache, on the threads
+// that apply them, instead of reading a large group's gradient twice; if
+// that makes more than kMaxOneMessageChunks chunks, whole groups.
+constexpr size_t kMaxOneMessageChunks = 1024;
+static_assert(kMaxOneMessageChunks <= kMaxPackedChunks);
 // A chunk's fields beside its group name, generously: ids, offsets, sizes,
 // dtypes, lr, grad_scale, the session key and their framing.
 constexpr uint64_t kRegionChunkFieldsBytes = 160;
 
 std::optional<std::vector<PlannedPieces>> OneMessagePlan(absl::Span<const ChunkGroup> layouts,
-                                                         bool in_place,
+                                                         bool in_place, bool checked,
+                                                         size_t grad_size,
                                                          const ClientOptions& options) {
-  if (!in_place || layouts.empty() || layouts.size() > kMaxOneMessageGroups) return std::nullopt;
-  uint64_t bytes = 0;
-  for (const ChunkGroup& group : layouts) bytes += group.name.size() + kRegionChunkFieldsBytes;
-  if (bytes > static_cast<uint64_t>(options.max_message_bytes) / 2) return std::nullopt;
-  PlannedPieces message;
-  for (size_t g = 0; g < layouts.size(); ++g) message.push_back({g, 0, layouts[g].num_elements});
-  return std::vector<PlannedPieces>{std::move(message)};
+  if (!in_place || layouts.empty()) return std::nullopt;
+  auto plan = [&](bool cut) -> std::optional<std::vector<PlannedPieces>> {
+    PlannedPieces message;
+    uint64_t bytes = 0;
+    for (size_t g = 0; g < layouts.size(); ++g) {
+      const ChunkGroup& group = layouts[g];
+      const uint64_t n = group.num_elements;
+      uint64_t piece = n;  // Elements a chunk; the last one may be shorter.
+      if (cut && group.page_elements > 0) {
+        piece = group.page_elements *
+                std::max<uint64_t>(1, kCheckedAsAppliedBytes / (group.page_elements * grad_size));
+      }
+      uint64_t at = 0;
+      do {
+        if (message.size() == kMaxOneMessageChunks) return std::nullopt;
+        const uint64_t count = std::min(piece, n - at);
+        message.push_back({g, at, count});
+        bytes += group.name.size() + kRegionChunkFieldsBytes;
+        at += count;
+      } while (at < n);
+    }
+    if (bytes > static_cast<uint64_t>(options.max_message_bytes) / 2) return std::nullopt;
+    return std::vector<PlannedPieces>{std::move(message)};
+  };
+  if (checked) {
+    if (std::optional<std::vector<PlannedPieces>> cut = plan(true)) return cut;
+  }
+  return plan(false);
 }
 
 // The bytes of a reply, gathered (region replies carry no payload).
@@ -113,7 +140,8 @@ absl::StatusOr<size_t> SharedMemoryTransport::Prepare() {
   }
   // 2. One message when wholly in place; else copy in, check, plan.
   if (std::optional<std::vector<PlannedPieces>> one_message =
-          OneMessagePlan(input_.layouts, through_areas.empty(), options_)) {
+          OneMessagePlan(input_.layouts, through_areas.empty(), options.gradients_checked,
+                         grad_size, options_)) {
     plan_ = *std::move(one_message);
     one_message_ = true;
     answered_.assign(plan_.size(), false);
