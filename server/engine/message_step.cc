@@ -7,14 +7,15 @@
 // 2. (The caller's checks of the whole message, such as its reply's size.)
 // 3. Apply: in order, stopping at the first refusal, or at once on the pool
 //    when the message is large, no two of its chunks touch one page (they
-//    are of distinct groups, or of disjoint pages of one) and none writes params where another chunk reads or
-//    writes (so their order cannot matter). A chunk whose sender checked its
-//    values (SenderChecked::kValues), if small enough, has them checked here,
-//    by the thread about to apply it, instead of in 1 and 2: applied at once,
+//    are of distinct groups, or of disjoint pages of one) and none writes
+//    params where another chunk reads or writes (so their order cannot
+//    matter). A chunk whose sender checked its values
+//    (SenderChecked::kValues), if small enough, has them checked here, by
+//    the thread about to apply it, instead of in 1 and 2: applied at once,
 //    that thread also runs its update (the others are busy with chunks of
 //    their own), so its gradient is read from memory once, not twice
-//    (BENCHMARKS.md, "The finite check as chunks are applied"); in order, the
-//    CPU backend may still split the update over idle threads.
+//    (BENCHMARKS.md, "The finite check as chunks are applied"); in order,
+//    the CPU backend may still split the update over idle threads.
 #include "server/engine/message_step.h"
 
 #include <algorithm>

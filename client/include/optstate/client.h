@@ -189,11 +189,12 @@ struct StepOptions {
   // checks each chunk of at most 1 MiB of gradient (a group of up to 256 Ki
   // fp32 elements) as it applies it, while it is in cache, instead of all
   // before any (StepRequest.gradients_checked): a step of SharedBuffers then
-  // reads those gradients once, not twice. A gradient that is not finite
-  // after all is still refused (INVALID_ARGUMENT) and its group left as it
-  // was, but other groups of the step may have been applied by then (the
-  // refusal says so; repeating the step with the gradient fixed replays
-  // them and applies the rest). On the wire it changes nothing (the client
+  // reads those gradients once, not twice (a larger group goes in chunks of
+  // whole pages of at most 1 MiB). A gradient that is not finite after all
+  // is still refused (INVALID_ARGUMENT) and its chunk (its group, or that
+  // part of a larger one) left as it was, but other chunks of the step may
+  // have been applied by then (the refusal says so; repeating the step with
+  // the gradient fixed replays them and applies the rest). On the wire it changes nothing (the client
   // checks every gradient as it narrows it into the messages). False: a step
   // with any non-finite gradient is refused whole, nothing applied.
   bool gradients_checked = false;
@@ -270,7 +271,7 @@ class Client {
   // wholly in SharedBuffers, which goes as one message that the daemon
   // checks whole, and refuses, before applying any of it (with
   // StepOptions::gradients_checked, gradients in SharedBuffers are not read
-  // here and a non-finite one refuses only its group: see there). On a
+  // here and a non-finite one refuses only its chunk: see there). On a
   // transient failure it resends the chunks not yet answered; the server
   // applies each page exactly once, so a retried or repeated step never applies an
   // element twice. When the step fails, params_out may hold the new params

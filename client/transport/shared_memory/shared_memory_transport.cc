@@ -139,9 +139,8 @@ absl::StatusOr<size_t> SharedMemoryTransport::Prepare() {
     }
   }
   // 2. One message when wholly in place; else copy in, check, plan.
-  if (std::optional<std::vector<PlannedPieces>> one_message =
-          OneMessagePlan(input_.layouts, through_areas.empty(), options.gradients_checked,
-                         grad_size, options_)) {
+  if (std::optional<std::vector<PlannedPieces>> one_message = OneMessagePlan(
+          input_.layouts, through_areas.empty(), options.gradients_checked, grad_size, options_)) {
     plan_ = *std::move(one_message);
     one_message_ = true;
     answered_.assign(plan_.size(), false);
