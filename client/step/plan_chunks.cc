@@ -46,6 +46,8 @@ absl::StatusOr<std::vector<PlannedPieces>> PlanChunks(absl::Span<const ChunkGrou
                                                       const ChunkLimits& limits) {
   const uint64_t widest = WidestElementBytes(limits);
   const uint64_t message_limit = limits.max_message_bytes - kMessageFieldRoomBytes;
+  const uint64_t packed_gradient_limit =
+      limits.message_gradient_bytes != 0 ? limits.message_gradient_bytes : limits.chunk_bytes;
   std::vector<PlannedPieces> messages;
   uint64_t packed_gradient_bytes = 0;  // Of messages.back().
   uint64_t packed_message_bytes = 0;
@@ -59,7 +61,7 @@ absl::StatusOr<std::vector<PlannedPieces>> PlanChunks(absl::Span<const ChunkGrou
       const uint64_t gradient_bytes = piece.count * WireTypeSize(limits.gradient_dtype);
       const uint64_t message_bytes = piece.count * widest + group.name.size() + kPieceOverheadBytes;
       if (!messages.empty() && messages.back().size() < kMaxPiecesPerMessage &&
-          packed_gradient_bytes + gradient_bytes <= limits.chunk_bytes &&
+          packed_gradient_bytes + gradient_bytes <= packed_gradient_limit &&
           packed_message_bytes + message_bytes <= message_limit) {
         messages.back().push_back(piece);
         packed_gradient_bytes += gradient_bytes;

@@ -28,6 +28,8 @@ struct ChunkLimits {
   uint64_t max_message_bytes = 0;  // ClientOptions::max_message_bytes (> kMessageFieldRoomBytes).
   WireType gradient_dtype = WireType::kFloat32;
   WireType param_dtype = WireType::kFloat32;
+  // Gradient bytes a message packs at most; 0: chunk_bytes.
+  uint64_t message_gradient_bytes = 0;
 };
 
 // Elements [offset, offset + count) of group `group` (an index into the
@@ -51,7 +53,7 @@ absl::StatusOr<uint64_t> PagesPerChunk(const ChunkGroup& group, const ChunkLimit
 // The step's messages, in the order of `groups` and of their elements. Every
 // group is cut into chunks of PagesPerChunk pages (the last one to its end);
 // a chunk is packed into the message before it while that message keeps to
-// chunk_bytes of gradient, to at most 1024 chunks, and to max_message_bytes
+// chunk_bytes (or message_gradient_bytes) of gradient, to at most 1024 chunks, and to max_message_bytes
 // less kMessageFieldRoomBytes, counting per chunk its widest payload, its group name and 96
 // bytes of fields and framing (no less than the daemon reckons a chunk's
 // reply takes beyond its params). Fails as PagesPerChunk for the first group

@@ -155,9 +155,13 @@ absl::StatusOr<size_t> SharedMemoryTransport::Prepare() {
       !s.ok()) {
     return s;
   }
-  const ChunkLimits limits{std::max(options_.chunk_bytes, kMinRegionChunkBytes),
-                           static_cast<uint64_t>(options_.max_message_bytes),
-                           options.gradient_dtype, options.param_dtype};
+  // Chunks of at most kCheckedAsAppliedBytes, packed into messages of up to
+  // kMinRegionChunkBytes: the messages are marked gradients_checked (checked
+  // here), so the daemon checks each chunk as it applies it, in cache, where
+  // a larger chunk it would read twice.
+  ChunkLimits limits{kCheckedAsAppliedBytes, static_cast<uint64_t>(options_.max_message_bytes),
+                     options.gradient_dtype, options.param_dtype};
+  limits.message_gradient_bytes = std::max(options_.chunk_bytes, kMinRegionChunkBytes);
   absl::StatusOr<std::vector<PlannedPieces>> plan = PlanChunks(input_.layouts, limits);
   if (!plan.ok()) return plan.status();
   plan_ = *std::move(plan);

@@ -115,6 +115,21 @@ TEST(PlanChunks, SmallTensorsArePackedUpToChunkBytes) {
             (Plan{{{0, 0, 100}, {1, 0, 100}, {2, 0, 100}}, {{3, 0, 100}, {4, 0, 100}}}));
 }
 
+TEST(PlanChunks, MessageGradientBytesPacksChunksOfChunkBytesIntoLargerMessages) {
+  // 9,500 elements in pages of 1,000, 4,000-byte chunks (one page) packed up
+  // to 12,000 bytes of gradient: three chunks a message, the tail of 500
+  // with the tenth page's chunk.
+  const ChunkGroup groups[] = {{"w", 9500, 1000}};
+  ChunkLimits limits = Limits(4000);
+  limits.message_gradient_bytes = 12000;
+  absl::StatusOr<std::vector<PlannedPieces>> plan = PlanChunks(groups, limits);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(Flatten(*plan), (Plan{{{0, 0, 1000}, {0, 1000, 1000}, {0, 2000, 1000}},
+                                  {{0, 3000, 1000}, {0, 4000, 1000}, {0, 5000, 1000}},
+                                  {{0, 6000, 1000}, {0, 7000, 1000}, {0, 8000, 1000}},
+                                  {{0, 9000, 500}}}));
+}
+
 TEST(PlanChunks, AMessagePacksAtMost1024Chunks) {
   std::vector<ChunkGroup> groups(2000, ChunkGroup{"g", 1, 1000});
   absl::StatusOr<std::vector<PlannedPieces>> plan = PlanChunks(groups, Limits(1 << 20));
