@@ -201,7 +201,8 @@ bool MessageStep::AtOnce() const {
 }
 
 MessageRefusal MessageStep::Apply(
-    absl::FunctionRef<char*(size_t chunk, size_t bytes)> reserve_params) {
+    absl::FunctionRef<char*(size_t chunk, size_t bytes)> reserve_params,
+    absl::FunctionRef<void(size_t chunk)> applied) {
   auto apply = [&](size_t i) {
     if (checked_as_applied_[i]) {
       absl::Status values =
@@ -221,7 +222,9 @@ MessageRefusal MessageStep::Apply(
     results_[i] = engine_->Apply(chunks_[i].chunk, validated_[i], [&](size_t bytes) {
       return params_out != nullptr ? params_out : reserve_params(i, bytes);
     });
-    return results_[i].ok();
+    if (!results_[i].ok()) return false;
+    applied(i);
+    return true;
   };
   const size_t n = chunks_.size();
   const bool at_once = AtOnce();

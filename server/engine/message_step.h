@@ -118,11 +118,17 @@ class MessageStep {
 
   // Applies the checked chunks (StepEngine::Apply), in order or at once (see
   // the class comment). `reserve_params(i, bytes)` gives where chunk i's
-  // params go when they go into the reply; applied at once it is called on
-  // the pool's threads, once per chunk. The first refused chunk (in message
+  // params go when they go into the reply; `applied(i)` is called once chunk
+  // i is applied (result(i) is then set), by the thread that applied it, so
+  // its answer can be made there; applied at once, both are called on the
+  // pool's threads, once per chunk. The first refused chunk (in message
   // order) is returned, with kChunksBefore (in order: the rest was not
   // tried) or kOthers (at once). Call once, after Check passed.
-  MessageRefusal Apply(absl::FunctionRef<char*(size_t chunk, size_t bytes)> reserve_params);
+  MessageRefusal Apply(absl::FunctionRef<char*(size_t chunk, size_t bytes)> reserve_params,
+                       absl::FunctionRef<void(size_t chunk)> applied);
+  MessageRefusal Apply(absl::FunctionRef<char*(size_t chunk, size_t bytes)> reserve_params) {
+    return Apply(reserve_params, [](size_t) {});
+  }
 
   size_t size() const { return chunks_.size(); }
   const StepChunk& chunk(size_t i) const { return chunks_[i].chunk; }

@@ -3,6 +3,7 @@
 #include "server/rpc/step_message.h"
 
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -233,16 +234,19 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
                    request.gradients_checked() ? SenderChecked::kValues : SenderChecked::kNothing);
   if (MessageRefusal refused = step.Check(); !refused.ok()) return Named(request, refused);
   if (absl::Status s = CheckReplyFits(request, step, max_reply_bytes); !s.ok()) return s;
-  // 3. Applied, the params written straight into the replies' slices.
-  std::vector<std::unique_ptr<StepReplyBuilder>> builders(pieces);
-  for (size_t i = 0; i < pieces; ++i) {
-    builders[i] =
-        std::make_unique<StepReplyBuilder>(PieceOf(request, i).group().size(), /*packed=*/i > 0);
-  }
-  MessageRefusal refused =
-      step.Apply([&builders](size_t i, size_t bytes) { return builders[i]->ReserveParams(bytes); });
-  if (!refused.ok()) return Named(request, refused);
-  for (size_t i = 0; i < pieces; ++i) {
+  // 3. Applied, the params written straight into the replies' slices, and
+  //    each chunk's reply finished by the thread that applied it (applied
+  //    at once, on the pool's threads while the other chunks are applied).
+  std::vector<std::optional<StepReplyBuilder>> builders(pieces);
+  std::vector<grpc::Slice> replies(pieces);
+  auto builder = [&](size_t i) -> StepReplyBuilder& {
+    if (!builders[i].has_value()) {
+      builders[i].emplace(PieceOf(request, i).group().size(), /*packed=*/i > 0);
+    }
+    return *builders[i];
+  };
+  auto reserve_params = [&](size_t i, size_t bytes) { return builder(i).ReserveParams(bytes); };
+  auto answer = [&](size_t i) {
     const v1::StepRequest& piece = PieceOf(request, i);
     const StepChunkResult& result = step.result(i);
     v1::StepResponse response;
@@ -254,8 +258,11 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
     response.set_pages_applied(result.pages_applied);
     response.set_pages_replayed(result.pages_replayed);
     response.set_params_in_region(uses[i].params != nullptr);
-    reply->push_back(builders[i]->Finish(response));
-  }
+    replies[i] = builder(i).Finish(response);
+  };
+  MessageRefusal refused = step.Apply(reserve_params, answer);
+  if (!refused.ok()) return Named(request, refused);
+  for (grpc::Slice& slice : replies) reply->push_back(std::move(slice));
   return absl::OkStatus();
 }
 
