@@ -53,8 +53,8 @@ absl::StatusOr<uint64_t> PagesPerChunk(const ChunkGroup& group, const ChunkLimit
 // The step's messages, in the order of `groups` and of their elements. Every
 // group is cut into chunks of PagesPerChunk pages (the last one to its end);
 // a chunk is packed into the message before it while that message keeps to
-// chunk_bytes (or message_gradient_bytes) of gradient, to at most 1024 chunks, and to max_message_bytes
-// less kMessageFieldRoomBytes, counting per chunk its widest payload, its group name and 96
+// chunk_bytes (or message_gradient_bytes) of gradient, to at most 1024
+// chunks, and to max_message_bytes less kMessageFieldRoomBytes, counting per chunk its widest payload, its group name and 96
 // bytes of fields and framing (no less than the daemon reckons a chunk's
 // reply takes beyond its params). Fails as PagesPerChunk for the first group
 // that fails it.

@@ -48,16 +48,14 @@ struct MessageChunk {
 enum class SenderChecked {
   kNothing,  // Every chunk's values are checked before any chunk is applied.
   // Every gradient value is finite after grad_scale, by the sender's own
-  // check: a chunk of at most kCheckedAsAppliedBytes of gradient has its
-  // values checked just before it is applied (in cache), so a bad one is
-  // still refused unapplied, but other chunks may be applied by then.
+  // check: a chunk of at most kCheckedAsAppliedBytes
+  // (optstate/message_limits.h) of gradient has its values checked just
+  // before it is applied (in cache: applied at once, by the thread that
+  // then updates it), so a bad one is still refused unapplied, but other
+  // chunks may be applied by then; larger chunks are checked before any is
+  // applied, as without.
   kValues,
 };
-
-// With SenderChecked::kValues, chunks with at most kCheckedAsAppliedBytes
-// (optstate/message_limits.h) of gradient are checked as they are applied
-// (applied at once, the check's read leaves them in the core's caches for the
-// update's); larger ones before any chunk is applied, as without.
 
 // What of a message a refusal of one of its chunks left applied.
 enum class MessageApplied {

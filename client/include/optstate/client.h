@@ -194,9 +194,10 @@ struct StepOptions {
   // is still refused (INVALID_ARGUMENT) and its chunk (its group, or that
   // part of a larger one) left as it was, but other chunks of the step may
   // have been applied by then (the refusal says so; repeating the step with
-  // the gradient fixed replays them and applies the rest). On the wire it changes nothing (the client
-  // checks every gradient as it narrows it into the messages). False: a step
-  // with any non-finite gradient is refused whole, nothing applied.
+  // the gradient fixed replays them and applies the rest). On the wire it
+  // changes nothing (the client checks every gradient as it narrows it into
+  // the messages). False: a step with any non-finite gradient is refused
+  // whole, nothing applied.
   bool gradients_checked = false;
 };
 
