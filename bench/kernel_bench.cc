@@ -291,7 +291,7 @@ void BM_CheckAndStep(benchmark::State& bench, CheckOrder order) {
     }
     Sharded(pool, n, threads, [&](size_t at, size_t count) {
       const size_t blocks = (count + kBlock - 1) / kBlock;
-      if (order == CheckOrder::kPrefetchAhead) {
+      if (order == CheckOrder::kAhead || order == CheckOrder::kPrefetchAhead) {
         constexpr size_t kPiece = 4096;
         check(at, std::min(kBlock, count));
         for (size_t k = 0; k < blocks; ++k) {
@@ -299,6 +299,13 @@ void BM_CheckAndStep(benchmark::State& bench, CheckOrder order) {
           const size_t len = std::min(kBlock, at + count - first);
           const size_t next = first + len;
           const size_t next_len = k + 1 < blocks ? std::min(kBlock, at + count - next) : 0;
+          if (order == CheckOrder::kAhead) {
+            for (size_t piece = 0; piece < std::max(len, next_len); piece += kPiece) {
+              if (piece < len) step_block(c, first + piece, std::min(kPiece, len - piece));
+              if (piece < next_len) check(next + piece, std::min(kPiece, next_len - piece));
+            }
+            continue;
+          }
           // Block k+1's gradient lines, spread over block k's pieces.
           const size_t pieces = (len + kPiece - 1) / kPiece;
           const size_t lines = (next_len * 4 + 63) / 64;
@@ -312,21 +319,6 @@ void BM_CheckAndStep(benchmark::State& bench, CheckOrder order) {
             step_block(c, first + piece, std::min(kPiece, len - piece));
           }
           if (next_len != 0) check(next, next_len);
-        }
-        return;
-      }
-      if (order == CheckOrder::kAhead) {
-        constexpr size_t kPiece = 4096;
-        check(at, std::min(kBlock, count));
-        for (size_t k = 0; k < blocks; ++k) {
-          const size_t first = at + k * kBlock;
-          const size_t len = std::min(kBlock, at + count - first);
-          const size_t next = first + len;
-          const size_t next_len = k + 1 < blocks ? std::min(kBlock, at + count - next) : 0;
-          for (size_t piece = 0; piece < std::max(len, next_len); piece += kPiece) {
-            if (piece < len) step_block(c, first + piece, std::min(kPiece, len - piece));
-            if (piece < next_len) check(next + piece, std::min(kPiece, next_len - piece));
-          }
         }
         return;
       }
