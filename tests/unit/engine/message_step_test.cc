@@ -122,6 +122,18 @@ class MessageStepTest : public ::testing::Test {
     });
   }
 
+  // That `refusal` is of chunk `chunk` for a non-finite value at `element`,
+  // with `applied` left as it says.
+  static void ExpectBadValue(const MessageRefusal& refusal, size_t chunk, uint64_t element,
+                             MessageApplied applied) {
+    EXPECT_EQ(refusal.status.code(), absl::StatusCode::kInvalidArgument) << refusal.status;
+    EXPECT_EQ(refusal.chunk, chunk);
+    EXPECT_EQ(refusal.applied, applied);
+    EXPECT_NE(refusal.status.message().find(absl::StrCat("at element ", element, " ")),
+              std::string::npos)
+        << refusal.status;
+  }
+
   // Region tests: a buffer standing in for region kRegion, of `slices`
   // slices of one group's float32 elements, slice i holding grads_[i %
   // kGroups].
@@ -517,13 +529,8 @@ TEST_F(MessageStepTest, InOrderABadValueInASenderCheckedChunkLeavesTheChunksBefo
   for (uint64_t k = 0; k < kChunks; ++k) {
     AddChunk(&message, "g.3", 1, grads[3], k * kSmallChunk, (k + 1) * kSmallChunk);
   }
-  MessageRefusal refusal = Step(std::move(message), SenderChecked::kValues);
-  EXPECT_EQ(refusal.status.code(), absl::StatusCode::kInvalidArgument) << refusal.status;
-  EXPECT_EQ(refusal.chunk, 2u);
-  EXPECT_EQ(refusal.applied, MessageApplied::kChunksBefore);
-  EXPECT_NE(refusal.status.message().find(absl::StrCat("at element ", bad, " ")),
-            std::string::npos)
-      << refusal.status;
+  ExpectBadValue(Step(std::move(message), SenderChecked::kValues), 2, bad,
+                 MessageApplied::kChunksBefore);
   Group& group = GroupOf("g.3");
   for (uint64_t page = 0; page < kChunks * kSmallChunk / kPage; ++page) {
     ASSERT_EQ(group.page_step(page), page < 2 * kSmallChunk / kPage ? 1u : 0u) << "page " << page;
@@ -558,13 +565,8 @@ TEST_F(MessageStepTest, ChunksOfOneGroupsDisjointPagesAreAppliedAtOnce) {
   const uint64_t bad = kSmallChunk + 5;  // In the second chunk.
   grad[bad] = NAN;
   const std::vector<uint32_t> before = StateBits("cut.1");
-  MessageRefusal refusal = Step(cut_step("cut.1", 1, grad), SenderChecked::kValues);
-  EXPECT_EQ(refusal.status.code(), absl::StatusCode::kInvalidArgument) << refusal.status;
-  EXPECT_EQ(refusal.chunk, 1u);
-  EXPECT_EQ(refusal.applied, MessageApplied::kOthers);
-  EXPECT_NE(refusal.status.message().find(absl::StrCat("at element ", bad, " ")),
-            std::string::npos)
-      << refusal.status;
+  ExpectBadValue(Step(cut_step("cut.1", 1, grad), SenderChecked::kValues), 1, bad,
+                 MessageApplied::kOthers);
   Group& group = GroupOf("cut.1");
   const std::vector<uint32_t> after = StateBits("cut.1");
   for (uint64_t page = 0; page < (kElements + kPage - 1) / kPage; ++page) {
