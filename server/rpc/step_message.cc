@@ -102,7 +102,15 @@ class MessageRegions {
   MessageRegions(const RegionRegistry* registry, const std::string& tenant)
       : registry_(registry), tenant_(tenant) {}
 
-  // RegionRegistry::Find's answer for (session, id).
+  // FAILED_PRECONDITION when the daemon offers no regions, else OK.
+  absl::Status Offered() const {
+    if (registry_ != nullptr) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        "this daemon offers no shared-memory regions (started with --region_socket=none); send "
+        "the gradient in StepRequest.gradient");
+  }
+
+  // RegionRegistry::Find's answer for (session, id). Only when Offered().
   absl::StatusOr<const MappedRegion*> Find(absl::string_view session, uint64_t id) {
     for (const Held& held : held_) {
       if (held.id == id && held.session == session) return held.region.get();
@@ -128,15 +136,10 @@ class MessageRegions {
 // Looks up the regions `request` names, if any: its gradient (into
 // use->gradient; the chunk must carry none itself, `wire_gradient` empty)
 // and its params.
-absl::Status ResolveRegions(const v1::StepRequest& request, const RegionRegistry* registry,
-                            MessageRegions* regions, const SegmentedBytes& wire_gradient,
-                            RegionUse* use) {
+absl::Status ResolveRegions(const v1::StepRequest& request, MessageRegions* regions,
+                            const SegmentedBytes& wire_gradient, RegionUse* use) {
   if (!request.has_gradient_region() && !request.has_params_region()) return absl::OkStatus();
-  if (registry == nullptr) {
-    return absl::FailedPreconditionError(
-        "this daemon offers no shared-memory regions (started with --region_socket=none); send "
-        "the gradient in StepRequest.gradient");
-  }
+  if (absl::Status offered = regions->Offered(); !offered.ok()) return offered;
   auto find = [&](const v1::RegionSlice& slice, absl::string_view what) -> absl::StatusOr<char*> {
     absl::StatusOr<const MappedRegion*> region =
         regions->Find(request.region_session(), slice.region());
@@ -212,11 +215,11 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
   //    that cannot be is refused in its turn by MessageStep::Check.
   std::vector<MessageChunk> chunks(pieces);
   std::vector<RegionUse> uses(pieces);
-  MessageRegions held(regions, tenant);
+  MessageRegions message_regions(regions, tenant);
   for (size_t i = 0; i < pieces; ++i) {
     const v1::StepRequest& piece = PieceOf(request, i);
     MessageChunk& chunk = chunks[i];
-    absl::Status status = ResolveRegions(piece, regions, &held, message.gradients[i], &uses[i]);
+    absl::Status status = ResolveRegions(piece, &message_regions, message.gradients[i], &uses[i]);
     if (status.ok()) {
       status = ToChunk(piece, piece.has_gradient_region() ? uses[i].gradient : message.gradients[i],
                        tenant, i > 0, &chunk.chunk);
