@@ -1,4 +1,8 @@
-"""One rank of the DDP test (test_distributed.py), started with the spawn method."""
+"""One rank of the DDP tests (test_distributed.py, test_jobs.py, test_scale_out.py,
+test_staging.py), started with the spawn method."""
+import faulthandler
+import gc
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -8,8 +12,26 @@ from models import MLP
 from optstate.torch import RemoteAdamW
 
 
-def run(rank, world, init_file, target, prefix, out_path, steps):
+def start_rank():
+    """A rank that dies of a signal (abort, segfault) prints every thread's Python stack
+    first, so the test's captured stderr says where it died."""
+    faulthandler.enable(all_threads=True)
     torch.set_num_threads(1)
+
+
+def end_rank():
+    """Ends the rank's process group while the interpreter is alive; the caller has dropped
+    its DDP module and optimizer first. Both hold the group, the module in reference cycles
+    that only the collector frees; a gloo group that outlives destroy_process_group() so is
+    destroyed during interpreter exit, and a finished work that its threads still hold then
+    takes the GIL of a finalizing interpreter: SIGABRT, "terminate called without an active
+    exception" (torch 2.15, about one run in a hundred under load)."""
+    gc.collect()
+    dist.destroy_process_group()
+
+
+def run(rank, world, init_file, target, prefix, out_path, steps):
+    start_rank()
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
     model = MLP(seed=0)  # the same initial weights on every rank
@@ -31,13 +53,14 @@ def run(rank, world, init_file, target, prefix, out_path, steps):
     record["final"] = {n: p.detach().clone() for n, p in model.named_parameters()}
     record["names"] = names
     torch.save(record, out_path)
-    dist.destroy_process_group()
+    del ddp, opt
+    end_rank()
 
 
 def run_wrapped(rank, world, init_file, target, prefix, out_path, steps):
     """A rank of test_jobs.py's DDP job: the optimizer over the DDP module's names
     (module.*), without shard (both ranks step every group under the job's one lease)."""
-    torch.set_num_threads(1)
+    start_rank()
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
     model = MLP(seed=0)
@@ -51,7 +74,8 @@ def run_wrapped(rank, world, init_file, target, prefix, out_path, steps):
         opt.step()
     torch.save({"final": {n: p.detach().clone() for n, p in model.named_parameters()},
                 "holder": opt.lease_holder}, out_path)
-    dist.destroy_process_group()
+    del ddp, opt
+    end_rank()
 
 
 def run_staged(rank, world, init_file, target, prefix, out_path, steps, staged):
@@ -62,7 +86,7 @@ def run_staged(rank, world, init_file, target, prefix, out_path, steps, staged):
     clip_grad_norm_."""
     import optstate._staging
     optstate._staging.HOST_COPY_DELAY_S = 0.001  # as test_staging.py's slow_copies
-    torch.set_num_threads(1)
+    start_rank()
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
     model = MLP(seed=0)
@@ -92,4 +116,5 @@ def run_staged(rank, world, init_file, target, prefix, out_path, steps, staged):
                 "owned": [n for n, p in model.named_parameters()
                           if opt._owner[id(p)] == rank and p.requires_grad]}, out_path)
     opt.close()
-    dist.destroy_process_group()
+    del ddp, opt
+    end_rank()
