@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "buffers.h"
 #include "errors.h"
@@ -78,12 +79,14 @@ void ReadOverrides(nb::handle overrides, const std::string& where, StepEntry* en
   }
 }
 
+// `where` names the entry in refusals; it is made only for one.
 StepEntry MakeEntry(const std::string& name, nb::handle gradient, nb::handle params_out,
-                    const std::string& where) {
-  StepEntry entry{name, ViewHostBuffer(gradient, where + "gradient", false), std::nullopt,
-                  std::nullopt};
+                    absl::FunctionRef<std::string()> where) {
+  StepEntry entry{name, ViewHostBuffer(gradient, [&] { return where() + "gradient"; }, false),
+                  std::nullopt, std::nullopt};
   if (!params_out.is_none()) {
-    entry.params_out = ViewHostBuffer(params_out, where + "params_out", true);
+    entry.params_out =
+        ViewHostBuffer(params_out, [&] { return where() + "params_out"; }, true);
   }
   return entry;
 }
@@ -314,8 +317,8 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
         if (nb::isinstance<nb::str>(groups)) {
           if (gradient.is_none()) throw nb::type_error("step: gradient is required with one group");
           const std::string name = nb::cast<std::string>(groups);
-          entries.push_back(
-              MakeEntry(name, gradient, params_out, absl::StrCat("group '", name, "' ")));
+          entries.push_back(MakeEntry(name, gradient, params_out,
+                                      [&] { return absl::StrCat("group '", name, "' "); }));
         } else {
           if (!gradient.is_none() || !params_out.is_none()) {
             throw nb::type_error(
@@ -325,27 +328,24 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
           }
           size_t i = 0;
           for (nb::handle item : groups) {
-            const std::string where = absl::StrCat("groups[", i++, "].");
+            const size_t index = i++;
             nb::tuple t;
             if (!nb::try_cast<nb::tuple>(item, t) || t.size() < 2 || t.size() > 5) {
-              throw nb::type_error(
-                  absl::StrCat(where.substr(0, where.size() - 1),
-                               ": expected a tuple (name, gradient[, params_out[, lr[, "
-                               "hyperparameters]]])")
-                      .c_str());
+              throw nb::type_error(absl::StrCat("groups[", index,
+                                                "]: expected a tuple (name, gradient[, "
+                                                "params_out[, lr[, hyperparameters]]])")
+                                       .c_str());
             }
             const std::string name = nb::cast<std::string>(t[0]);
-            entries.push_back(MakeEntry(name, t[1], t.size() >= 3 ? nb::handle(t[2]) : nb::none(),
-                                        absl::StrCat("group '", name, "', ", where)));
-            if (t.size() == 5 && !t[4].is_none()) {
-              ReadOverrides(t[4], absl::StrCat("group '", name, "', ", where), &entries.back());
-            }
+            // "group 'NAME', groups[I].", made only for a refusal.
+            auto where = [&] { return absl::StrCat("group '", name, "', groups[", index, "]."); };
+            entries.push_back(
+                MakeEntry(name, t[1], t.size() >= 3 ? nb::handle(t[2]) : nb::none(), where));
+            if (t.size() == 5 && !t[4].is_none()) ReadOverrides(t[4], where(), &entries.back());
             if (t.size() >= 4 && !t[3].is_none()) {
               double group_lr;
               if (!nb::try_cast<double>(t[3], group_lr)) {
-                throw nb::type_error(
-                    absl::StrCat("group '", name, "', ", where, "lr: expected a float or None")
-                        .c_str());
+                throw nb::type_error(absl::StrCat(where(), "lr: expected a float or None").c_str());
               }
               entries.back().lr = group_lr;
             }

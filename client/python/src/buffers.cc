@@ -22,10 +22,14 @@ std::string Describe(nb::handle object) {
 // Python code taking about 20 us a call, and __dlpack_device__ as much again;
 // torch.utils.dlpack.to_dlpack makes the same capsule in C in well under one,
 // and the caster takes a capsule as it is. Both are looked up once torch is
-// imported (an object cannot be a torch tensor before that).
+// imported (an object cannot be a torch tensor before that). The attribute
+// names every view reads are interned once: a C string would be made into a
+// Python string at every lookup.
 struct TorchExport {
   PyObject* tensor_type = nullptr;
   PyObject* to_dlpack = nullptr;
+  PyObject* requires_grad = nullptr;
+  PyObject* is_cpu = nullptr;
 };
 
 const TorchExport& Torch() {
@@ -40,10 +44,19 @@ const TorchExport& Torch() {
     nb::module_ dlpack = nb::module_::import_("torch.utils.dlpack");
     nb::object type = nb::module_::import_("torch").attr("Tensor");
     nb::object to_dlpack = dlpack.attr("to_dlpack");
-    torch.to_dlpack = to_dlpack.release().ptr();  // Both kept for the process.
+    torch.to_dlpack = to_dlpack.release().ptr();  // All kept for the process.
+    torch.requires_grad = PyUnicode_InternFromString("requires_grad");
+    torch.is_cpu = PyUnicode_InternFromString("is_cpu");
     torch.tensor_type = type.release().ptr();
   }
   return torch;
+}
+
+// A tensor's boolean attribute `name` (interned).
+bool TensorFlag(nb::handle tensor, PyObject* name) {
+  nb::object value = nb::steal(PyObject_GetAttr(tensor.ptr(), name));
+  if (!value.is_valid()) throw nb::python_error();
+  return nb::cast<bool>(value);
 }
 
 std::string DtypeName(const nb::dlpack::dtype& d) {
@@ -98,24 +111,29 @@ WireType ParseWireType(nb::handle dtype, const std::string& what) {
 }
 
 HostBuffer ViewHostBuffer(nb::handle object, const std::string& what, bool writable) {
+  return ViewHostBuffer(object, [&] { return what; }, writable);
+}
+
+HostBuffer ViewHostBuffer(nb::handle object, absl::FunctionRef<std::string()> what,
+                          bool writable) {
   HostBuffer view;
   nb::object source = nb::borrow(object);
   const TorchExport& torch = Torch();
   const bool is_tensor =
       torch.tensor_type != nullptr && PyObject_IsInstance(object.ptr(), torch.tensor_type) == 1;
   if (is_tensor) {
-    if (nb::cast<bool>(object.attr("requires_grad"))) {
+    if (TensorFlag(object, torch.requires_grad)) {
       throw nb::type_error(
-          absl::StrCat(what,
+          absl::StrCat(what(),
                        ": a tensor that requires grad cannot be viewed; pass tensor.detach() "
                        "(it shares the memory)")
               .c_str());
     }
     // Any device but the CPU (cuda, meta, ...) is refused by name before
     // DLPack is asked (it cannot export some devices, e.g. meta).
-    if (!nb::cast<bool>(object.attr("is_cpu"))) {
+    if (!TensorFlag(object, torch.is_cpu)) {
       const nb::object device = object.attr("device");
-      throw nb::value_error(absl::StrCat(what, ": the tensor is on device '",
+      throw nb::value_error(absl::StrCat(what(), ": the tensor is on device '",
                                          nb::cast<std::string>(nb::str(nb::handle(device.ptr()))),
                                          "', not the CPU; move it with .cpu() first")
                                 .c_str());
@@ -123,12 +141,12 @@ HostBuffer ViewHostBuffer(nb::handle object, const std::string& what, bool writa
     source = nb::steal(PyObject_CallOneArg(torch.to_dlpack, object.ptr()));
     if (!source.is_valid()) {  // A sparse or otherwise unexportable tensor.
       nb::python_error error;
-      throw nb::type_error(absl::StrCat(what, ": ", error.what()).c_str());
+      throw nb::type_error(absl::StrCat(what(), ": ", error.what()).c_str());
     }
   }
   if (!nb::try_cast<nb::ndarray<nb::ro>>(source, view.array, /*convert=*/false)) {
     PyErr_Clear();
-    throw nb::type_error(absl::StrCat(what,
+    throw nb::type_error(absl::StrCat(what(),
                                       ": expected a numpy array or a torch CPU tensor (float32, "
                                       "bfloat16 or float16), got ",
                                       Describe(object))
@@ -145,12 +163,12 @@ HostBuffer ViewHostBuffer(nb::handle object, const std::string& what, bool writa
              d.lanes == 1) {
     view.type = WireType::kFloat16;
   } else {
-    throw nb::type_error(absl::StrCat(what, ": dtype ", DtypeName(d),
+    throw nb::type_error(absl::StrCat(what(), ": dtype ", DtypeName(d),
                                       " is not supported; use float32, bfloat16 or float16")
                              .c_str());
   }
   if (a.device_type() != nb::device::cpu::value) {
-    throw nb::value_error(absl::StrCat(what,
+    throw nb::value_error(absl::StrCat(what(),
                                        ": the array is not in CPU memory (DLPack device type ",
                                        a.device_type(), "); move it with .cpu() first")
                               .c_str());
@@ -160,7 +178,7 @@ HostBuffer ViewHostBuffer(nb::handle object, const std::string& what, bool writa
   int64_t expected = 1;
   for (size_t i = a.ndim(); i-- > 0;) {
     if (a.shape(i) != 1 && a.stride(i) != expected) {
-      throw nb::value_error(absl::StrCat(what, ": the array is not contiguous (dimension ", i,
+      throw nb::value_error(absl::StrCat(what(), ": the array is not contiguous (dimension ", i,
                                          " has stride ", a.stride(i), ", expected ", expected,
                                          "); pass .contiguous() or a copy")
                                 .c_str());
@@ -170,7 +188,7 @@ HostBuffer ViewHostBuffer(nb::handle object, const std::string& what, bool writa
   if (writable && !is_tensor && nb::hasattr(object, "flags") &&
       nb::hasattr(object.attr("flags"), "writeable") &&
       !nb::cast<bool>(object.attr("flags").attr("writeable"))) {
-    throw nb::value_error(absl::StrCat(what, ": the array is read-only").c_str());
+    throw nb::value_error(absl::StrCat(what(), ": the array is read-only").c_str());
   }
   view.data = const_cast<void*>(a.data());
   view.size = a.size();

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/types/span.h"
 #include "optstate/dtype.h"
 
@@ -44,6 +45,10 @@ struct HostBuffer {
 // ValueError when it is not contiguous or not in CPU memory, or, with
 // `writable`, is read-only.
 HostBuffer ViewHostBuffer(nanobind::handle object, const std::string& what, bool writable);
+// The same, with `what` made only when an error is thrown (a step views two
+// buffers a group, and its groups may be hundreds).
+HostBuffer ViewHostBuffer(nanobind::handle object, absl::FunctionRef<std::string()> what,
+                          bool writable);
 
 }  // namespace optstate::python
 
