@@ -309,6 +309,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         # Both by id(parameter) (torch.Tensor's __hash__ is Python code); the registration
         # holds the parameter, so its id stays its own.
         self._registered: dict[int, _Registration] = {}
+        self._hyperparameter_tuples: dict[tuple, tuple] = {}  # each registered tuple, once
         self._owner: dict[int, int] = {}
         # shared_buffers: the buffers (kept alive here) and, by id(parameter), the view of
         # one where its gradient goes.
@@ -656,6 +657,9 @@ class RemoteAdamW(torch.optim.Optimizer):
     def _remember(self, p: torch.Tensor, name: str, hyperparameters: tuple, step: int,
                   created: bool = False) -> None:
         wire = _WIRE_NAMES[p.dtype] if p.dtype in _SIXTEEN_BIT else self._wire
+        # Equal tuples shared, so step() knows them by id (overrides_by_registration).
+        hyperparameters = self._hyperparameter_tuples.setdefault(hyperparameters,
+                                                                 hyperparameters)
         self._registered[id(p)] = _Registration(p, name, p.shape, hyperparameters, step, wire,
                                                 p.dtype, created)
 
@@ -714,13 +718,16 @@ class RemoteAdamW(torch.optim.Optimizer):
         staging_engaged = staging.engaged  # False: no parameter of this step is staged
         registered = self._registered
         strided = torch.strided
+        shared_grads = self._shared_grads
         rank, _ = self._rank_and_world()
         if self._closed:
             raise ValueError("this RemoteAdamW was closed; make a new one to step")
         finish_to = self._finish_to  # a torn step being finished: only the groups behind
         for index, group in enumerate(self.param_groups):
             lr = _as_float(group["lr"])
-            overrides_by_registration: dict[tuple, Optional[dict]] = {}
+            # By the id of a registration's hyperparameters tuple (_remember shares equal
+            # ones): hashing the tuple itself cost more than the lookup.
+            overrides_by_registration: dict[int, Optional[dict]] = {}
             for p in group["params"]:
                 grad = p.grad
                 if grad is None:
@@ -734,21 +741,25 @@ class RemoteAdamW(torch.optim.Optimizer):
                 if finish_to is not None and reg.step >= finish_to:
                     continue
                 # Staged: its host slots were made for the device it is on (a parameter
-                # frozen at registration gets them at its first gradient).
-                staged_on = (staging.device_of(p) if staging_engaged or not p.is_cpu
-                             else None)
-                if staged_on is None and staging.wants(p):
-                    staging.add([(p, reg.name)], self._client)
+                # frozen at registration gets them at its first gradient). A CPU parameter
+                # while staging is not engaged is neither staged nor wanted (wants(p)).
+                on_cpu = p.is_cpu
+                if staging_engaged or not on_cpu:
                     staged_on = staging.device_of(p)
+                    if staged_on is None and staging.wants(p):
+                        staging.add([(p, reg.name)], self._client)
+                        staged_on = staging.device_of(p)
+                else:
+                    staged_on = None
                 # All _check_step checks in one expression; it names what is wrong.
                 if not ((p.device == staged_on and grad.device == staged_on
-                         if staged_on is not None else (p.is_cpu and grad.is_cpu))
+                         if staged_on is not None else (on_cpu and grad.is_cpu))
                         and grad.layout is strided
                         and p.dtype is reg.dtype and grad.dtype is reg.dtype
                         and p.shape == reg.shape and grad.shape == reg.shape
                         and grad.is_contiguous()):
                     self._check_step(p, grad, reg, staged_on)
-                h = reg.hyperparameters
+                h = id(reg.hyperparameters)
                 if h in overrides_by_registration:
                     overrides = overrides_by_registration[h]
                 else:
@@ -763,7 +774,7 @@ class RemoteAdamW(torch.optim.Optimizer):
                              overrides)
                     staged.setdefault(key, []).append(p)
                 else:
-                    if self._shared_grads:
+                    if shared_grads:
                         grad = self._into_shared(p, grad)
                     # p.data: the parameter's memory without autograd (cheaper than detach()).
                     entry = (reg.name, grad, p.data, lr, overrides)
