@@ -9,13 +9,13 @@
 #include <string>
 #include <vector>
 
-#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "buffers.h"
 #include "errors.h"
 #include "lease_objects.h"
 #include "optstate/stats.h"
 #include "py_client.h"
+#include "step_entries.h"
 #include "type_hints.h"
 
 namespace nb = nanobind;
@@ -23,121 +23,6 @@ using namespace nb::literals;
 
 namespace optstate::python {
 namespace {
-
-// One group of a step as the caller gave it.
-struct StepEntry {
-  std::string name;
-  HostBuffer gradient;
-  std::optional<HostBuffer> params_out;
-  std::optional<double> lr;  // This group's own lr for the step.
-  // Its other hyperparameters for the step (GroupStep's overrides).
-  std::optional<double> beta1 = std::nullopt, beta2 = std::nullopt, eps = std::nullopt,
-                        weight_decay = std::nullopt;
-  std::optional<bool> maximize = std::nullopt;
-};
-
-// The overrides of a tuple's fifth element: a dict of some of "betas" (a
-// pair), "eps", "weight_decay" and "maximize"; any other key is a TypeError.
-void ReadOverrides(nb::handle overrides, const std::string& where, StepEntry* entry) {
-  nb::dict d;
-  if (!nb::try_cast<nb::dict>(overrides, d)) {
-    throw nb::type_error(
-        (where + "hyperparameters: expected a dict of betas, eps, weight_decay, maximize").c_str());
-  }
-  for (auto [key, value] : d) {
-    std::string name;
-    if (!nb::try_cast<std::string>(key, name)) name = "?";
-    auto as_double = [&](nb::handle v, const char* what) {
-      double x;
-      if (!nb::try_cast<double>(v, x)) {
-        throw nb::type_error((where + what + ": expected a float").c_str());
-      }
-      return x;
-    };
-    if (name == "betas") {
-      nb::tuple t;
-      if (!nb::try_cast<nb::tuple>(value, t) || t.size() != 2) {
-        throw nb::type_error((where + "betas: expected a pair of floats").c_str());
-      }
-      entry->beta1 = as_double(t[0], "betas[0]");
-      entry->beta2 = as_double(t[1], "betas[1]");
-    } else if (name == "eps") {
-      entry->eps = as_double(value, "eps");
-    } else if (name == "weight_decay") {
-      entry->weight_decay = as_double(value, "weight_decay");
-    } else if (name == "maximize") {
-      bool b;
-      if (!nb::try_cast<bool>(value, b)) {
-        throw nb::type_error((where + "maximize: expected a bool").c_str());
-      }
-      entry->maximize = b;
-    } else {
-      throw nb::type_error((where + "hyperparameters: unknown key '" + name +
-                            "' (betas, eps, weight_decay, maximize)")
-                               .c_str());
-    }
-  }
-}
-
-// `where` names the entry in refusals; it is made only for one.
-StepEntry MakeEntry(const std::string& name, nb::handle gradient, nb::handle params_out,
-                    absl::FunctionRef<std::string()> where) {
-  StepEntry entry{name, ViewHostBuffer(gradient, [&] { return where() + "gradient"; }, false),
-                  std::nullopt, std::nullopt};
-  if (!params_out.is_none()) {
-    entry.params_out =
-        ViewHostBuffer(params_out, [&] { return where() + "params_out"; }, true);
-  }
-  return entry;
-}
-
-// The wire type of one direction of the call: a 16-bit buffer travels as it
-// is (so all 16-bit buffers of a call must agree, and agree with an explicit
-// `wire`); float32 buffers are narrowed to `wire` (float32 when unset).
-WireType ResolveWire(const std::vector<const HostBuffer*>& buffers,
-                     const std::optional<WireType>& wire, const char* what) {
-  std::optional<WireType> sixteen;
-  for (const HostBuffer* b : buffers) {
-    if (b->type == WireType::kFloat32) continue;
-    if (sixteen && *sixteen != b->type) {
-      throw nb::value_error(absl::StrCat("step: the ", what, " buffers mix ",
-                                         WireTypeName(*sixteen), " and ", WireTypeName(b->type),
-                                         "; one call carries one 16-bit type")
-                                .c_str());
-    }
-    sixteen = b->type;
-  }
-  if (!sixteen) return wire.value_or(WireType::kFloat32);
-  if (wire && *wire != *sixteen) {
-    throw nb::value_error(absl::StrCat("step: ", what, " buffers of ", WireTypeName(*sixteen),
-                                       " travel as they are; wire_dtype must be unset or ",
-                                       WireTypeName(*sixteen))
-                              .c_str());
-  }
-  return *sixteen;
-}
-
-// The C++ client's view of one entry.
-GroupStep ToGroupStep(const StepEntry& e) {
-  GroupStep g;
-  g.group = e.name;
-  g.lr = e.lr;
-  g.beta1 = e.beta1;
-  g.beta2 = e.beta2;
-  g.eps = e.eps;
-  g.weight_decay = e.weight_decay;
-  g.maximize = e.maximize;
-  g.gradient = e.gradient.type == WireType::kFloat32
-                   ? ConstBufferView(e.gradient.floats())
-                   : ConstBufferView::Of16Bit(e.gradient.halves(), e.gradient.type);
-  if (e.params_out) {
-    const HostBuffer& out = *e.params_out;
-    g.params_out = out.type == WireType::kFloat32
-                       ? BufferView(out.mutable_floats())
-                       : BufferView::Of16Bit(out.mutable_halves(), out.type);
-  }
-  return g;
-}
 
 const char* PlacementName(Placement p) {
   switch (p) {
