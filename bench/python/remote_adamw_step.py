@@ -33,6 +33,7 @@ import time
 import torch
 
 import optstate
+from optstate._optstate import _prepare_param_step
 from optstate.torch import RemoteAdamW
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -112,11 +113,17 @@ class TimedClient:
         return getattr(self.client, name)
 
 
-def binding_seconds(client, model, prefix, wire, calls=200):
+def binding_seconds(client, optimizer, model, prefix, wire, calls=200):
     """Wall time of one Client.step call that views and checks every buffer of the model's
-    step, as RemoteAdamW passes them, and that the C++ client then refuses at once (step 0,
-    before anything is sent): the binding's own work per call, an exception included."""
-    entries = [(prefix + n, p.grad, p.data, 1e-3) for n, p in model.named_parameters()]
+    step, as RemoteAdamW passes them (the _PreparedStep its step reads from the parameters,
+    or tuples where it takes its Python loop), and that the C++ client then refuses at once
+    (step 0, before anything is sent): the binding's own work per call, an exception
+    included."""
+    entries = _prepare_param_step(
+        [(group["params"], float(group["lr"]), group) for group in optimizer.param_groups],
+        optimizer._registered, optimizer._owner, 0)
+    if entries is None:
+        entries = [(prefix + n, p.grad, p.data, 1e-3) for n, p in model.named_parameters()]
     start = time.perf_counter()
     for _ in range(calls):
         try:
@@ -236,11 +243,11 @@ def main():
                     daemon_cpu[name].append(d1 - d0)
         cpp.close()
         binding = {"RemoteAdamW fp32": binding_seconds(
-                       timed["RemoteAdamW fp32"].client, models["RemoteAdamW fp32"],
-                       "bench/py/fp32/", "float32"),
+                       timed["RemoteAdamW fp32"].client, optimizers["RemoteAdamW fp32"],
+                       models["RemoteAdamW fp32"], "bench/py/fp32/", "float32"),
                    "RemoteAdamW bf16 wire": binding_seconds(
-                       timed["RemoteAdamW bf16 wire"].client, models["RemoteAdamW bf16 wire"],
-                       "bench/py/bf16/", "bfloat16")}
+                       timed["RemoteAdamW bf16 wire"].client, optimizers["RemoteAdamW bf16 wire"],
+                       models["RemoteAdamW bf16 wire"], "bench/py/bf16/", "bfloat16")}
 
         best = {name: min(t) for name, t in times.items()}
         median = {name: statistics.median(t) for name, t in times.items()}

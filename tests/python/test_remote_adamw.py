@@ -351,3 +351,72 @@ def test_step_vouches_for_its_gradients_only_after_a_finite_clip_norm_it_compute
              if p.requires_grad}
     assert steps == {n: 5 for n in steps}, steps
     opt.close()
+
+
+@pytest.mark.parametrize("dtype,wire_dtype", [(torch.float32, torch.float32),
+                                              (torch.float32, torch.bfloat16),
+                                              (torch.bfloat16, torch.float32)])
+def test_the_common_case_read_in_cpp_steps_the_bits_the_python_loop_steps(
+        daemon, prefix, monkeypatch, dtype, wire_dtype):
+    # RemoteAdamW.step reads CPU parameters that need nothing special in C++
+    # (_prepare_param_step) and leaves every other case to its Python loop. A plain model
+    # must take the C++ path at every step (or it only costs), and both paths must step the
+    # same bits: two param groups with their own lr and weight_decay under a schedule, frozen
+    # parameters, vouched steps after a finite clip, and betas changed half-way in one group.
+    import optstate.torch as remote
+    real = remote._prepare_param_step
+    taken = []
+
+    def spy(*args):
+        prepared = real(*args)
+        taken.append(prepared is not None)
+        return prepared
+
+    def run(prepare, tag):
+        monkeypatch.setattr(remote, "_prepare_param_step", prepare)
+        model = MLP(seed=3).to(dtype)
+        opt = RemoteAdamW(two_groups(model), target=daemon.target, name_prefix=prefix + tag,
+                          wire_dtype=wire_dtype)
+        schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+        for step in range(6):
+            x, y = _batch(step)
+            opt.zero_grad()
+            F.mse_loss(model(x.to(dtype)).float(), y).backward()
+            if step % 2:
+                opt.clip_grad_norm_(0.5)
+            if step == 3:
+                opt.param_groups[1]["betas"] = (0.8, 0.99)
+            opt.step()
+            schedule.step()
+        opt.close()
+        return [p.detach().clone() for p in model.parameters()]
+
+    fast = run(spy, "cpp/")
+    assert taken == [True] * 6
+    slow = run(lambda *args: None, "python/")
+    start = MLP(seed=3).to(dtype)
+    for (name, before), after_fast, after_slow in zip(start.named_parameters(), fast, slow):
+        assert bits_equal(after_fast, after_slow), name
+        assert bits_equal(after_fast, before.detach()) == (not before.requires_grad), name
+
+
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
+def test_a_step_the_cpp_loop_does_not_cover_is_stepped_by_the_python_loop(daemon, prefix,
+                                                                           monkeypatch):
+    # A gradient that requires grad (backward(create_graph=True)) is detached by the Python
+    # loop; the C++ loop leaves that step to it, and the step is torch's.
+    import optstate.torch as remote
+    real = remote._prepare_param_step
+    taken = []
+    monkeypatch.setattr(remote, "_prepare_param_step",
+                        lambda *args: taken.append(real(*args) is not None))
+    p = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 300))
+    p_ref, m_ref, v_ref = p.detach().clone(), torch.zeros(300), torch.zeros(300)
+    opt = RemoteAdamW([p], target=daemon.target, name_prefix=prefix)
+    (p * p).sum().backward(create_graph=True)
+    assert p.grad.requires_grad
+    ieee_adamw_(p_ref, p.grad.detach(), m_ref, v_ref, 1, 1e-3)
+    opt.step()
+    assert taken == [False]
+    assert bits_equal(p.detach(), p_ref)
+    p.grad = None  # the reference cycle create_graph makes

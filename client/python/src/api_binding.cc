@@ -14,6 +14,7 @@
 #include "errors.h"
 #include "lease_objects.h"
 #include "optstate/stats.h"
+#include "prepared_step.h"
 #include "py_client.h"
 #include "step_entries.h"
 #include "type_hints.h"
@@ -197,13 +198,22 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
       [](PyClient& self, StepGroupsArg groups, uint64_t step, BufferArg gradient,
          BufferArg params_out, std::optional<double> lr, std::optional<float> grad_scale,
          WireDtypeArg wire_dtype, bool gradients_checked) {
-        // 1. Every buffer viewed and checked, with the GIL, before anything is sent.
-        std::vector<StepEntry> entries;
-        if (nb::isinstance<nb::str>(groups)) {
+        // 1. Every buffer viewed and checked, with the GIL, before anything is sent
+        //    (a _PreparedStep's were when it was made).
+        std::vector<StepEntry> given;
+        const std::vector<StepEntry>* entries = &given;
+        if (nb::isinstance<PreparedStep>(groups)) {
+          if (!gradient.is_none() || !params_out.is_none()) {
+            throw nb::type_error(
+                "step: a _PreparedStep holds its groups' buffers; give no "
+                "gradient=/params_out=");
+          }
+          entries = &nb::cast<const PreparedStep&>(groups).entries;
+        } else if (nb::isinstance<nb::str>(groups)) {
           if (gradient.is_none()) throw nb::type_error("step: gradient is required with one group");
           const std::string name = nb::cast<std::string>(groups);
-          entries.push_back(MakeEntry(name, gradient, params_out,
-                                      [&] { return absl::StrCat("group '", name, "' "); }));
+          given.push_back(MakeEntry(name, gradient, params_out,
+                                    [&] { return absl::StrCat("group '", name, "' "); }));
         } else {
           if (!gradient.is_none() || !params_out.is_none()) {
             throw nb::type_error(
@@ -224,22 +234,22 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
             const std::string name = nb::cast<std::string>(t[0]);
             // "group 'NAME', groups[I].", made only for a refusal.
             auto where = [&] { return absl::StrCat("group '", name, "', groups[", index, "]."); };
-            entries.push_back(
+            given.push_back(
                 MakeEntry(name, t[1], t.size() >= 3 ? nb::handle(t[2]) : nb::none(), where));
-            if (t.size() == 5 && !t[4].is_none()) ReadOverrides(t[4], where(), &entries.back());
+            if (t.size() == 5 && !t[4].is_none()) ReadOverrides(t[4], where(), &given.back());
             if (t.size() >= 4 && !t[3].is_none()) {
               double group_lr;
               if (!nb::try_cast<double>(t[3], group_lr)) {
                 throw nb::type_error(absl::StrCat(where(), "lr: expected a float or None").c_str());
               }
-              entries.back().lr = group_lr;
+              given.back().lr = group_lr;
             }
           }
         }
         std::optional<WireType> wire;
         if (!wire_dtype.is_none()) wire = ParseWireType(wire_dtype, "wire_dtype");
         std::vector<const HostBuffer*> gradients, outs;
-        for (const StepEntry& e : entries) {
+        for (const StepEntry& e : *entries) {
           gradients.push_back(&e.gradient);
           if (e.params_out) outs.push_back(&*e.params_out);
         }
@@ -250,9 +260,10 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
         options.grad_scale = grad_scale;
         options.gradients_checked = gradients_checked;
         std::vector<GroupStep> steps;
-        steps.reserve(entries.size());
-        for (const StepEntry& e : entries) steps.push_back(ToGroupStep(e));
-        // 2. The whole step without the GIL; `entries` keeps the arrays alive.
+        steps.reserve(entries->size());
+        for (const StepEntry& e : *entries) steps.push_back(ToGroupStep(e));
+        // 2. The whole step without the GIL; `entries` keeps the arrays alive (`groups`
+        //    keeps a _PreparedStep's).
         absl::Status status;
         {
           const std::shared_ptr<Client> live = self.live();
@@ -268,7 +279,8 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
       "`groups` is a group name (then give `gradient` and optionally `params_out`) or a list\n"
       "of tuples (name, gradient[, params_out[, lr[, hyperparameters]]]), `lr` that group's own\n"
       "for this step, `hyperparameters` a dict of its other ones for this step where they\n"
-      "differ from the registered ones: any of betas (a pair), eps, weight_decay, maximize.\n"
+      "differ from the registered ones: any of betas (a pair), eps, weight_decay, maximize\n"
+      "(RemoteAdamW passes a _PreparedStep instead: its parameters read in C++).\n"
       "Buffers are numpy arrays or torch CPU tensors, C-contiguous float32, bfloat16 or\n"
       "float16, read and written in place (a tensor that requires grad: pass .detach()).\n"
       "float32 buffers travel as `wire_dtype` (float32 unless set to 'bfloat16' or 'float16',\n"

@@ -26,9 +26,11 @@ inline constexpr WireType kWireTypes[] = {WireType::kFloat32, WireType::kBFloat1
 WireType ParseWireType(nanobind::handle dtype, const std::string& what);
 
 // A view of a caller's array. `array` keeps the caller's object alive (and
-// with it the memory) while the view is used, without the GIL.
+// with it the memory) while the view is used, without the GIL; or, for a
+// torch tensor read by its attributes (prepared_step.h), `owner` does.
 struct HostBuffer {
   nanobind::ndarray<nanobind::ro> array;
+  nanobind::object owner;
   WireType type = WireType::kFloat32;  // The element type, as it would travel.
   void* data = nullptr;
   size_t size = 0;  // Elements.

@@ -21,6 +21,7 @@
 #include "errors.h"
 #include "hyperparameters.h"
 #include "lease_objects.h"
+#include "prepared_step.h"
 #include "py_client.h"
 #include "type_hints.h"
 
@@ -444,4 +445,5 @@ NB_MODULE(_optstate, m) {
   BindStepAndStats(client);
   BindSharedBuffer(client);
   BindState(m, client);
+  BindPreparedStep(m);
 }

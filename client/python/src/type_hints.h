@@ -11,7 +11,7 @@ namespace optstate::python {
 
 struct BufferHint {};         // "Buffer": a numpy array or torch CPU tensor (buffers.h).
 struct BufferOrCountHint {};  // register()'s initial_values: "Buffer | int".
-struct StepGroupsHint {};     // step()'s groups: a name or (name, gradient, ...) tuples.
+struct StepGroupsHint {};     // step()'s groups: a name, (name, gradient, ...) tuples or a _PreparedStep.
 struct WireDtypeHint {};      // step()'s wire_dtype (ParseWireType).
 
 using BufferArg = nanobind::typed<nanobind::handle, BufferHint>;
@@ -35,7 +35,7 @@ struct type_caster<optstate::python::BufferOrCountHint> {
 };
 template <>
 struct type_caster<optstate::python::StepGroupsHint> {
-  static constexpr auto Name = const_name("str | collections.abc.Sequence[GroupBuffers]");
+  static constexpr auto Name = const_name("str | collections.abc.Sequence[GroupBuffers] | _PreparedStep");
 };
 template <>
 struct type_caster<optstate::python::WireDtypeHint> {

@@ -1,0 +1,289 @@
+#include "prepared_step.h"
+
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace optstate::python {
+namespace {
+
+// Thrown where RemoteAdamW.step's Python loop must run instead.
+struct TakeThePythonLoop {};
+
+// What the loop reads: torch's types and singletons, and the attribute names
+// (interned), looked up once and kept for the process. Only RemoteAdamW
+// calls in here, so torch is imported by then.
+struct TorchObjects {
+  PyObject* tensor_type;
+  PyObject* parameter_type;
+  PyObject* strided;
+  PyObject* float32;
+  PyObject* bfloat16;
+  PyObject* float16;
+  // Of a tensor.
+  PyObject* grad;
+  PyObject* is_cpu;
+  PyObject* layout;
+  PyObject* dtype;
+  PyObject* shape;
+  PyObject* is_contiguous;
+  PyObject* requires_grad;
+  PyObject* data;
+  PyObject* data_ptr;
+  // Of a _Registration.
+  PyObject* name;
+  PyObject* step;
+  PyObject* wire;
+  PyObject* hyperparameters;
+  PyObject* overrides;
+};
+
+const TorchObjects& Objects() {
+  static const TorchObjects objects = [] {
+    nb::module_ torch = nb::module_::import_("torch");
+    auto keep = [](nb::object o) { return o.release().ptr(); };
+    auto intern = [](const char* s) { return PyUnicode_InternFromString(s); };
+    TorchObjects t;
+    t.tensor_type = keep(torch.attr("Tensor"));
+    t.parameter_type = keep(torch.attr("nn").attr("Parameter"));
+    t.strided = keep(torch.attr("strided"));
+    t.float32 = keep(torch.attr("float32"));
+    t.bfloat16 = keep(torch.attr("bfloat16"));
+    t.float16 = keep(torch.attr("float16"));
+    t.grad = intern("grad");
+    t.is_cpu = intern("is_cpu");
+    t.layout = intern("layout");
+    t.dtype = intern("dtype");
+    t.shape = intern("shape");
+    t.is_contiguous = intern("is_contiguous");
+    t.requires_grad = intern("requires_grad");
+    t.data = intern("data");
+    t.data_ptr = intern("data_ptr");
+    t.name = intern("name");
+    t.step = intern("step");
+    t.wire = intern("wire");
+    t.hyperparameters = intern("hyperparameters");
+    t.overrides = intern("overrides");
+    return t;
+  }();
+  return objects;
+}
+
+nb::object Attr(nb::handle object, PyObject* name) {
+  PyObject* value = PyObject_GetAttr(object.ptr(), name);
+  if (value == nullptr) throw nb::python_error();
+  return nb::steal(value);
+}
+
+// A _Registration's field, from its instance dict (a dataclass's fields are
+// plain instance attributes; reading the dict skips the attribute protocol).
+nb::object Field(nb::handle fields, PyObject* name) {
+  PyObject* value = PyDict_GetItemWithError(fields.ptr(), name);
+  if (value == nullptr) {
+    if (PyErr_Occurred()) throw nb::python_error();
+    throw TakeThePythonLoop{};
+  }
+  return nb::borrow(value);
+}
+
+nb::object CallMethod(nb::handle object, PyObject* name) {
+  PyObject* value = PyObject_CallMethodNoArgs(object.ptr(), name);
+  if (value == nullptr) throw nb::python_error();
+  return nb::steal(value);
+}
+
+// `value` is True (a bool; anything else is not the common case).
+bool IsTrue(nb::handle value) {
+  if (!PyBool_Check(value.ptr())) throw TakeThePythonLoop{};
+  return value.ptr() == Py_True;
+}
+
+uint64_t AsUnsigned(nb::handle value) {
+  if (!PyLong_Check(value.ptr())) throw TakeThePythonLoop{};
+  const unsigned long long n = PyLong_AsUnsignedLongLong(value.ptr());
+  if (PyErr_Occurred()) throw nb::python_error();
+  return n;
+}
+
+// The elements of a torch.Size (a tuple of ints).
+uint64_t Elements(nb::handle shape) {
+  if (!PyTuple_Check(shape.ptr())) throw TakeThePythonLoop{};
+  uint64_t n = 1;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape.ptr()); ++i) {
+    n *= AsUnsigned(PyTuple_GET_ITEM(shape.ptr(), i));
+  }
+  return n;
+}
+
+// A view of a CPU tensor's memory, checked by the caller, kept alive by it.
+HostBuffer ViewOf(nb::object tensor, WireType type, uint64_t elements) {
+  HostBuffer view;
+  view.type = type;
+  view.data = reinterpret_cast<void*>(
+      static_cast<uintptr_t>(AsUnsigned(CallMethod(tensor, Objects().data_ptr))));
+  view.size = elements;
+  view.owner = std::move(tensor);
+  return view;
+}
+
+// The loop of RemoteAdamW.step for one param group, over `params` (its
+// "params" list), appending to `prepared`.
+void PrepareGroup(nb::handle params, double lr, nb::handle group, nb::handle registered,
+                  nb::handle owner, nb::handle rank, PreparedStep* prepared) {
+  const TorchObjects& t = Objects();
+  if (!PyList_Check(params.ptr())) throw TakeThePythonLoop{};
+  // The overrides of each registration's hyperparameters in this group, by
+  // the tuple's identity (registration shares equal tuples).
+  std::vector<std::pair<nb::object, nb::object>> overrides_by_registration;
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(params.ptr()); ++i) {
+    // Held: reg.overrides(group) below is Python code.
+    const nb::object p = nb::borrow(PyList_GET_ITEM(params.ptr(), i));
+    if (Py_TYPE(p.ptr()) != reinterpret_cast<PyTypeObject*>(t.tensor_type) &&
+        Py_TYPE(p.ptr()) != reinterpret_cast<PyTypeObject*>(t.parameter_type)) {
+      throw TakeThePythonLoop{};
+    }
+    nb::object grad = Attr(p, t.grad);
+    if (grad.is_none()) continue;
+    if (Py_TYPE(grad.ptr()) != reinterpret_cast<PyTypeObject*>(t.tensor_type)) {
+      throw TakeThePythonLoop{};
+    }
+    const nb::object id = nb::steal(PyLong_FromVoidPtr(p.ptr()));  // id(p)
+    if (!id.is_valid()) throw nb::python_error();
+    PyObject* found = PyDict_GetItemWithError(registered.ptr(), id.ptr());
+    if (found == nullptr) {
+      if (PyErr_Occurred()) throw nb::python_error();
+      PyObject* rank_of = PyDict_GetItemWithError(owner.ptr(), id.ptr());
+      if (rank_of == nullptr && PyErr_Occurred()) throw nb::python_error();
+      if (rank_of != nullptr) {
+        const int other = PyObject_RichCompareBool(rank_of, rank.ptr(), Py_NE);
+        if (other < 0) throw nb::python_error();
+        if (other == 1) continue;  // Another rank steps it.
+      }
+      throw TakeThePythonLoop{};  // Never registered: the loop says so.
+    }
+    const nb::object reg = nb::borrow(found);
+    const nb::object fields = nb::steal(PyObject_GenericGetDict(reg.ptr(), nullptr));
+    if (!fields.is_valid()) throw nb::python_error();
+    if (!PyDict_Check(fields.ptr())) throw TakeThePythonLoop{};
+    if (!IsTrue(Attr(p, t.is_cpu)) || !IsTrue(Attr(grad, t.is_cpu)) ||
+        !Attr(grad, t.layout).is(nb::handle(t.strided))) {
+      throw TakeThePythonLoop{};
+    }
+    const nb::object dtype = Field(fields, t.dtype);
+    if (!Attr(p, t.dtype).is(dtype) || !Attr(grad, t.dtype).is(dtype)) throw TakeThePythonLoop{};
+    const nb::object shape = Field(fields, t.shape);
+    for (nb::handle tensor : {nb::handle(p), nb::handle(grad)}) {
+      const int equal = PyObject_RichCompareBool(Attr(tensor, t.shape).ptr(), shape.ptr(), Py_EQ);
+      if (equal < 0) throw nb::python_error();
+      if (equal == 0) throw TakeThePythonLoop{};
+    }
+    if (!IsTrue(CallMethod(grad, t.is_contiguous))) throw TakeThePythonLoop{};
+    const nb::object hyperparameters = Field(fields, t.hyperparameters);
+    nb::object overrides;
+    for (const auto& [tuple, known] : overrides_by_registration) {
+      if (tuple.is(hyperparameters)) {
+        overrides = known;
+        break;
+      }
+    }
+    if (!overrides.is_valid()) {
+      overrides = nb::steal(PyObject_CallMethodOneArg(reg.ptr(), t.overrides, group.ptr()));
+      if (!overrides.is_valid()) throw nb::python_error();
+      overrides_by_registration.emplace_back(hyperparameters, overrides);
+    }
+    // One call: one step and one wire type for all.
+    const uint64_t step = AsUnsigned(Field(fields, t.step)) + 1;
+    nb::object wire = Field(fields, t.wire);
+    if (!prepared->wire.is_valid()) {
+      prepared->step = step;
+      prepared->wire = wire;
+    } else if (step != prepared->step) {
+      throw TakeThePythonLoop{};
+    } else if (!(wire.is_none() && prepared->wire.is_none())) {
+      const int same = PyObject_RichCompareBool(wire.ptr(), prepared->wire.ptr(), Py_EQ);
+      if (same < 0) throw nb::python_error();
+      if (same == 0) throw TakeThePythonLoop{};
+    }
+    if (IsTrue(Attr(grad, t.requires_grad))) throw TakeThePythonLoop{};  // The loop detaches it.
+    // p.data: the parameter's memory without autograd, a tensor of its own
+    // (it keeps the storage even if p.data is replaced meanwhile).
+    nb::object data = Attr(p, t.data);
+    if (!IsTrue(CallMethod(data, t.is_contiguous))) throw TakeThePythonLoop{};
+    WireType type;
+    if (dtype.is(nb::handle(t.float32))) {
+      type = WireType::kFloat32;
+    } else if (dtype.is(nb::handle(t.bfloat16))) {
+      type = WireType::kBFloat16;
+    } else if (dtype.is(nb::handle(t.float16))) {
+      type = WireType::kFloat16;
+    } else {
+      throw TakeThePythonLoop{};
+    }
+    const uint64_t elements = Elements(shape);
+    if (elements == 0) throw TakeThePythonLoop{};
+    StepEntry entry{nb::cast<std::string>(Field(fields, t.name)),
+                    ViewOf(std::move(grad), type, elements),
+                    ViewOf(std::move(data), type, elements), lr};
+    if (!overrides.is_none()) ReadOverrides(overrides, "", &entry);
+    prepared->entries.push_back(std::move(entry));
+    prepared->registrations.append(reg);
+    prepared->any_float32 = prepared->any_float32 || type == WireType::kFloat32;
+  }
+}
+
+nb::object PrepareParamStep(nb::handle param_groups, nb::handle registered, nb::handle owner,
+                            nb::handle rank) {
+  try {
+    if (!PyList_Check(param_groups.ptr()) || !PyDict_Check(registered.ptr()) ||
+        !PyDict_Check(owner.ptr())) {
+      throw TakeThePythonLoop{};
+    }
+    PreparedStep prepared;
+    for (nb::handle item : nb::borrow<nb::list>(param_groups)) {
+      if (!PyTuple_Check(item.ptr()) || PyTuple_GET_SIZE(item.ptr()) != 3) {
+        throw TakeThePythonLoop{};
+      }
+      const nb::handle lr = PyTuple_GET_ITEM(item.ptr(), 1);
+      if (!PyFloat_Check(lr.ptr())) throw TakeThePythonLoop{};
+      PrepareGroup(PyTuple_GET_ITEM(item.ptr(), 0), PyFloat_AS_DOUBLE(lr.ptr()),
+                   PyTuple_GET_ITEM(item.ptr(), 2), registered, owner, rank, &prepared);
+    }
+    if (!prepared.wire.is_valid()) prepared.wire = nb::none();
+    return nb::cast(std::move(prepared));
+  } catch (const TakeThePythonLoop&) {
+    return nb::none();
+  } catch (nb::python_error& e) {
+    if (!e.matches(PyExc_Exception)) throw;  // KeyboardInterrupt, SystemExit: not ours to drop.
+    return nb::none();
+  } catch (const nb::builtin_exception&) {  // ReadOverrides' TypeError, a failed cast.
+    return nb::none();
+  } catch (const nb::cast_error&) {
+    return nb::none();
+  }
+}
+
+}  // namespace
+
+void BindPreparedStep(nb::module_& m) {
+  nb::class_<PreparedStep>(m, "_PreparedStep",
+                           "One Client.step call's groups read from torch's parameters by "
+                           "_prepare_param_step (RemoteAdamW's step); pass it as step()'s groups.")
+      .def_ro("step", &PreparedStep::step)
+      .def_ro("wire", &PreparedStep::wire)
+      .def_ro("registrations", &PreparedStep::registrations)
+      .def_ro("any_float32", &PreparedStep::any_float32)
+      .def("__len__", [](const PreparedStep& s) { return s.entries.size(); });
+  m.def("_prepare_param_step", &PrepareParamStep, "param_groups"_a, "registered"_a, "owner"_a,
+        "rank"_a,
+        "RemoteAdamW.step's loop over its parameters in C++, for the common case: a "
+        "_PreparedStep, or None where the Python loop must run (prepared_step.h).");
+}
+
+}  // namespace optstate::python
