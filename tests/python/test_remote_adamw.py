@@ -365,11 +365,12 @@ def test_the_common_case_read_in_cpp_steps_the_bits_the_python_loop_steps(
     # parameters, vouched steps after a finite clip, and betas changed half-way in one group.
     import optstate.torch as remote
     real = remote._prepare_param_step
-    taken = []
+    taken, last = [], []
 
     def spy(*args):
         prepared = real(*args)
         taken.append(prepared is not None)
+        last[:] = [prepared]
         return prepared
 
     def run(prepare, tag):
@@ -393,6 +394,14 @@ def test_the_common_case_read_in_cpp_steps_the_bits_the_python_loop_steps(
 
     fast = run(spy, "cpp/")
     assert taken == [True] * 6
+    # Read as a sequence, the last step's groups are the Python loop's tuples: fc2's group
+    # (lr 3e-3 halved twice by the schedule) with its betas changed, the others without.
+    groups = list(last[0])
+    assert [name for name, *_ in groups] == [prefix + "cpp/" + n for n in (
+        "fc1.weight", "norm.weight", "fc2.weight", "fc2.bias")]
+    assert [(lr, overrides) for *_, lr, overrides in groups] == [
+        (1e-2 * 0.25, None), (1e-2 * 0.25, None), (3e-3 * 0.25, {"betas": (0.8, 0.99)}),
+        (3e-3 * 0.25, {"betas": (0.8, 0.99)})]
     slow = run(lambda *args: None, "python/")
     start = MLP(seed=3).to(dtype)
     for (name, before), after_fast, after_slow in zip(start.named_parameters(), fast, slow):

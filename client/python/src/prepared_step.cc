@@ -269,6 +269,25 @@ nb::object PrepareParamStep(nb::handle param_groups, nb::handle registered, nb::
   }
 }
 
+// Entry i as the Python loop makes it: (name, gradient, p.data, lr,
+// overrides or None), for a caller that reads a step's groups.
+nb::tuple EntryTuple(const PreparedStep& prepared, Py_ssize_t i) {
+  const Py_ssize_t n = static_cast<Py_ssize_t>(prepared.entries.size());
+  if (i < 0) i += n;
+  if (i < 0 || i >= n) throw nb::index_error("_PreparedStep index out of range");
+  const StepEntry& e = prepared.entries[static_cast<size_t>(i)];
+  nb::object overrides = nb::none();
+  if (e.beta1 || e.eps || e.weight_decay || e.maximize) {
+    nb::dict d;
+    if (e.beta1) d["betas"] = nb::make_tuple(*e.beta1, *e.beta2);
+    if (e.eps) d["eps"] = *e.eps;
+    if (e.weight_decay) d["weight_decay"] = *e.weight_decay;
+    if (e.maximize) d["maximize"] = *e.maximize;
+    overrides = d;
+  }
+  return nb::make_tuple(e.name, e.gradient.owner, e.params_out->owner, *e.lr, overrides);
+}
+
 }  // namespace
 
 void BindPreparedStep(nb::module_& m) {
@@ -279,7 +298,10 @@ void BindPreparedStep(nb::module_& m) {
       .def_ro("wire", &PreparedStep::wire)
       .def_ro("registrations", &PreparedStep::registrations)
       .def_ro("any_float32", &PreparedStep::any_float32)
-      .def("__len__", [](const PreparedStep& s) { return s.entries.size(); });
+      .def("__len__", [](const PreparedStep& s) { return s.entries.size(); })
+      .def("__getitem__", &EntryTuple, "i"_a,
+           "Group i as RemoteAdamW's Python loop makes it: (name, gradient, p.data, lr, "
+           "overrides or None).");
   m.def("_prepare_param_step", &PrepareParamStep, "param_groups"_a, "registered"_a, "owner"_a,
         "rank"_a,
         "RemoteAdamW.step's loop over its parameters in C++, for the common case: a "

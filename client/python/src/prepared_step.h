@@ -20,7 +20,9 @@ namespace optstate::python {
 
 // One Client.step call's groups, read from torch's parameters: its entries
 // (each gradient and parameter viewed in place and kept alive), and what the
-// caller's bookkeeping needs. Not changed after it is made.
+// caller's bookkeeping needs. Not changed after it is made. In Python also a
+// sequence of the tuples the Python loop makes (name, gradient, p.data, lr,
+// overrides or None), for code that reads a step's groups.
 struct PreparedStep {
   std::vector<StepEntry> entries;
   nanobind::list registrations;  // Each entry's _Registration, in entry order.
