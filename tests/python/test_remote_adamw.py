@@ -252,12 +252,25 @@ def test_a_restarted_job_resumes_at_the_daemons_step(daemon, client, prefix):
     assert bits_equal(p.detach(), p_ref) and client.describe(prefix + "w").min_step == 4
 
 
-def test_shared_buffers_step_in_place_and_match_the_copying_optimizer(fresh_daemons, prefix):
+def test_shared_buffers_step_in_place_and_match_the_copying_optimizer(fresh_daemons, prefix,
+                                                                      monkeypatch):
     # shared_buffers=True moves the parameters (and, at the first step, the gradients) into
     # one buffer shared with the daemon: the steps copy nothing, and every value, m and v is
     # bit for bit that of the same model stepped through the client's copying region. Both
     # ways of zeroing: set_to_none=False keeps the gradients in the buffer (backward
-    # accumulates into it), set_to_none=True has them copied in at the next step.
+    # accumulates into it), set_to_none=True has them copied in at the next step (by the
+    # Python loop: the C++ one takes only steps whose gradients are in their slots).
+    import optstate.torch as remote
+    real = remote._prepare_param_step
+    shared_took_cpp = []
+
+    def spy(param_groups, registered, *rest):
+        prepared = real(param_groups, registered, *rest)
+        if registered is shared._registered:
+            shared_took_cpp.append(prepared is not None)
+        return prepared
+
+    monkeypatch.setattr(remote, "_prepare_param_step", spy)
     daemon = fresh_daemons()
     shared_model, plain_model = MLP(), MLP()
     shared = RemoteAdamW(two_groups(shared_model), target=daemon.target,
@@ -285,6 +298,7 @@ def test_shared_buffers_step_in_place_and_match_the_copying_optimizer(fresh_daem
         for (name, a), b in zip(shared_model.named_parameters(), plain_model.parameters()):
             assert in_buffer(a), name
             assert bits_equal(a.detach(), b.detach()), f"{name} after step {step}"
+    assert shared_took_cpp == [False, True, False, True, True, False]
     regions = shared.client.stats()["regions"]  # the daemon's: both clients'
     assert regions["sessions"] == 2 and regions["regions"] == 2, regions
     mine, theirs = shared.state_dict()["state"], plain.state_dict()["state"]

@@ -732,13 +732,14 @@ class RemoteAdamW(torch.optim.Optimizer):
             raise ValueError("this RemoteAdamW was closed; make a new one to step")
         finish_to = self._finish_to  # a torn step being finished: only the groups behind
         # The common case (CPU parameters, none staged or torn, all at one step and wire
-        # type) in C++, which leaves the rest to the loop below: a model's hundreds of
-        # tensors then cost about half as much Python a step (prepared_step.h).
+        # type, gradients in their shared slots if any) in C++, which leaves the rest to
+        # the loop below: a model's hundreds of tensors then cost about half as much a step
+        # (prepared_step.h).
         prepared = None
-        if not staging_engaged and finish_to is None and not shared_grads:
+        if not staging_engaged and finish_to is None:
             prepared = _prepare_param_step(
                 [(group["params"], _as_float(group["lr"]), group) for group in self.param_groups],
-                registered, self._owner, rank)
+                registered, self._owner, rank, shared_grads)
         if prepared is not None:
             if len(prepared):
                 key = (prepared.step, prepared.wire)

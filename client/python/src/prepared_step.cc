@@ -122,12 +122,14 @@ uint64_t Elements(nb::handle shape) {
   return n;
 }
 
-// A view of a CPU tensor's memory, checked by the caller, kept alive by it.
-HostBuffer ViewOf(nb::object tensor, WireType type, uint64_t elements) {
+uint64_t DataPtr(nb::handle tensor) { return AsUnsigned(CallMethod(tensor, Objects().data_ptr)); }
+
+// A view of a CPU tensor's memory at `data`, checked by the caller, kept alive
+// by it.
+HostBuffer ViewOf(nb::object tensor, uint64_t data, WireType type, uint64_t elements) {
   HostBuffer view;
   view.type = type;
-  view.data = reinterpret_cast<void*>(
-      static_cast<uintptr_t>(AsUnsigned(CallMethod(tensor, Objects().data_ptr))));
+  view.data = reinterpret_cast<void*>(static_cast<uintptr_t>(data));
   view.size = elements;
   view.owner = std::move(tensor);
   return view;
@@ -136,7 +138,8 @@ HostBuffer ViewOf(nb::object tensor, WireType type, uint64_t elements) {
 // The loop of RemoteAdamW.step for one param group, over `params` (its
 // "params" list), appending to `prepared`.
 void PrepareGroup(nb::handle params, double lr, nb::handle group, nb::handle registered,
-                  nb::handle owner, nb::handle rank, PreparedStep* prepared) {
+                  nb::handle owner, nb::handle rank, nb::handle shared_grads,
+                  PreparedStep* prepared) {
   const TorchObjects& t = Objects();
   if (!PyList_Check(params.ptr())) throw TakeThePythonLoop{};
   // The overrides of each registration's hyperparameters in this group, by
@@ -212,6 +215,11 @@ void PrepareGroup(nb::handle params, double lr, nb::handle group, nb::handle reg
       if (same == 0) throw TakeThePythonLoop{};
     }
     if (IsTrue(Attr(grad, t.requires_grad))) throw TakeThePythonLoop{};  // The loop detaches it.
+    // With shared buffers, a gradient outside its slot is copied in by the loop.
+    const uint64_t grad_data = DataPtr(grad);
+    PyObject* slot = PyDict_GetItemWithError(shared_grads.ptr(), id.ptr());
+    if (slot == nullptr && PyErr_Occurred()) throw nb::python_error();
+    if (slot != nullptr && DataPtr(slot) != grad_data) throw TakeThePythonLoop{};
     // p.data: the parameter's memory without autograd, a tensor of its own
     // (it keeps the storage even if p.data is replaced meanwhile).
     nb::object data = Attr(p, t.data);
@@ -229,8 +237,8 @@ void PrepareGroup(nb::handle params, double lr, nb::handle group, nb::handle reg
     const uint64_t elements = Elements(shape);
     if (elements == 0) throw TakeThePythonLoop{};
     StepEntry entry{nb::cast<std::string>(Field(fields, t.name)),
-                    ViewOf(std::move(grad), type, elements),
-                    ViewOf(std::move(data), type, elements), lr};
+                    ViewOf(std::move(grad), grad_data, type, elements),
+                    ViewOf(std::move(data), DataPtr(data), type, elements), lr};
     if (!overrides.is_none()) ReadOverrides(overrides, "", &entry);
     prepared->entries.push_back(std::move(entry));
     prepared->registrations.append(reg);
@@ -239,10 +247,10 @@ void PrepareGroup(nb::handle params, double lr, nb::handle group, nb::handle reg
 }
 
 nb::object PrepareParamStep(nb::handle param_groups, nb::handle registered, nb::handle owner,
-                            nb::handle rank) {
+                            nb::handle rank, nb::handle shared_grads) {
   try {
     if (!PyList_Check(param_groups.ptr()) || !PyDict_Check(registered.ptr()) ||
-        !PyDict_Check(owner.ptr())) {
+        !PyDict_Check(owner.ptr()) || !PyDict_Check(shared_grads.ptr())) {
       throw TakeThePythonLoop{};
     }
     PreparedStep prepared;
@@ -253,7 +261,8 @@ nb::object PrepareParamStep(nb::handle param_groups, nb::handle registered, nb::
       const nb::handle lr = PyTuple_GET_ITEM(item.ptr(), 1);
       if (!PyFloat_Check(lr.ptr())) throw TakeThePythonLoop{};
       PrepareGroup(PyTuple_GET_ITEM(item.ptr(), 0), PyFloat_AS_DOUBLE(lr.ptr()),
-                   PyTuple_GET_ITEM(item.ptr(), 2), registered, owner, rank, &prepared);
+                   PyTuple_GET_ITEM(item.ptr(), 2), registered, owner, rank, shared_grads,
+                   &prepared);
     }
     if (!prepared.wire.is_valid()) prepared.wire = nb::none();
     return nb::cast(std::move(prepared));
@@ -303,7 +312,7 @@ void BindPreparedStep(nb::module_& m) {
            "Group i as RemoteAdamW's Python loop makes it: (name, gradient, p.data, lr, "
            "overrides or None).");
   m.def("_prepare_param_step", &PrepareParamStep, "param_groups"_a, "registered"_a, "owner"_a,
-        "rank"_a,
+        "rank"_a, "shared_grads"_a,
         "RemoteAdamW.step's loop over its parameters in C++, for the common case: a "
         "_PreparedStep, or None where the Python loop must run (prepared_step.h).");
 }

@@ -32,16 +32,18 @@ struct PreparedStep {
 };
 
 // optstate._optstate._PreparedStep and _prepare_param_step(param_groups,
-// registered, owner, rank): a PreparedStep of every parameter with a
-// gradient, or None where RemoteAdamW.step's Python loop must run.
+// registered, owner, rank, shared_grads): a PreparedStep of every parameter
+// with a gradient, or None where RemoteAdamW.step's Python loop must run.
 // `param_groups` is a list of (params list, lr float, the param group
 // dict); `registered` maps id(p) to its _Registration; `owner` id(p) to the
 // rank that steps it (a parameter not registered here is skipped when its
-// owner is another rank). None unless every parameter with a gradient is a
+// owner is another rank); `shared_grads` id(p) to its gradient's slot in a
+// shared buffer. None unless every parameter with a gradient is a
 // registered torch.Tensor or Parameter on the CPU, its gradient a plain
-// contiguous CPU tensor that does not require grad, both of the registered
-// dtype (float32, bfloat16 or float16) and shape, the parameter's data
-// contiguous, and all at one step with one wire type. An error of Python's
+// contiguous CPU tensor that does not require grad (and is its slot, if it
+// has one), both of the registered dtype (float32, bfloat16 or float16) and
+// shape, the parameter's data contiguous, and all at one step with one wire
+// type. An error of Python's
 // in here (other than KeyboardInterrupt and the like) also gives None: the
 // loop meets it again and raises it there.
 void BindPreparedStep(nanobind::module_& m);
