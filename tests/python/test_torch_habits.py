@@ -172,6 +172,82 @@ def test_the_four_state_dict_hooks_run_as_torchs(daemon, prefix):
     opt.close()
 
 
+def _step_hook_events(make_optimizer, subclass=False):
+    """What torch's step hooks see over two steps of `make_optimizer`'s optimizer (of a
+    subclass whose step calls super().step() when `subclass`): each hook's name and the
+    arguments it was given, and what step() returned. The pre-hook gives the first step a
+    closure, replacing its arguments as torch allows."""
+    from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                       register_optimizer_step_pre_hook)
+    events, closure_calls = [], []
+
+    def closure():
+        closure_calls.append(1)
+        return torch.tensor(7.0)
+
+    def seen(name):
+        return lambda opt, args, kwargs: events.append(
+            (name, len(args), sorted(kwargs), args[0] is opt))
+
+    def own_pre(opt, args, kwargs):
+        events.append(("pre", len(args), sorted(kwargs), args[0] is opt))
+        if not closure_calls:
+            return args, {"closure": closure}
+        return None
+
+    params = _params()
+    _grads(params, 0)
+    opt = make_optimizer(params)
+    if subclass:
+        opt.__class__ = type("Sub" + type(opt).__name__, (type(opt),),
+                             {"step": lambda self, closure=None: super(type(self), self).step(
+                                 closure)})
+        opt._patch_step_function()
+    handles = [register_optimizer_step_pre_hook(seen("global pre")),
+               register_optimizer_step_post_hook(seen("global post")),
+               opt.register_step_pre_hook(own_pre), opt.register_step_post_hook(seen("post"))]
+    try:
+        results = [opt.step(), opt.step()]
+    finally:
+        for handle in handles:
+            handle.remove()
+    return events, [None if r is None else float(r) for r in results], len(closure_calls)
+
+
+@pytest.mark.parametrize("subclass", [False, True])
+def test_step_hooks_run_as_torchs(daemon, prefix, subclass):
+    # RemoteAdamW wraps its step as torch's Optimizer wraps every step (its own wrapper,
+    # _step_hooks.py): global and own pre- and post-hooks in torch's order with torch's
+    # arguments, and a pre-hook may replace the arguments. A subclass whose step calls
+    # super().step() runs each hook once a step too (torch runs them twice there once its
+    # own class's step was wrapped, so the reference is torch's AdamW itself).
+    ours = _step_hook_events(
+        lambda params: RemoteAdamW(params, target=daemon.target, name_prefix=prefix), subclass)
+    torchs = _step_hook_events(lambda params: torch.optim.AdamW(params))
+    assert ours == torchs
+    assert ours[0][:4] == [("global pre", 1, [], True), ("pre", 1, [], True),
+                           ("post", 1, ["closure"], True), ("global post", 1, ["closure"], True)]
+    assert ours[1:] == ([7.0, None], 1)
+
+
+def test_a_profiler_records_one_optimizer_step_range_a_step_as_torchs(daemon, prefix):
+    # Torch's wrapper opens the profiler's range at every step; RemoteAdamW's only while a
+    # profiler runs, which then records it as torch's does.
+    def recorded(opt, params):
+        _grads(params, 0)
+        opt.step()  # not profiled
+        _grads(params, 1)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            opt.step()
+        return [e.name for e in prof.events() if e.name.startswith("Optimizer.step#")]
+
+    params = _params()
+    assert recorded(RemoteAdamW(params, target=daemon.target, name_prefix=prefix), params) == [
+        "Optimizer.step#RemoteAdamW.step"]
+    params = _params()
+    assert recorded(torch.optim.AdamW(params), params) == ["Optimizer.step#AdamW.step"]
+
+
 def test_pickle_and_deepcopy_give_an_optimizer_that_steps_the_same_groups(daemon, prefix):
     params = _params(2)
     opt = RemoteAdamW(params, target=daemon.target, name_prefix=prefix, max_attempts=3)
