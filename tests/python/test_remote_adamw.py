@@ -443,3 +443,60 @@ def test_a_step_the_cpp_loop_does_not_cover_is_stepped_by_the_python_loop(daemon
     assert taken == [False]
     assert bits_equal(p.detach(), p_ref)
     p.grad = None  # the reference cycle create_graph makes
+
+
+def test_the_cpp_loop_steps_a_parameter_whose_data_was_replaced_in_its_new_memory(
+        daemon, prefix, monkeypatch):
+    # The C++ loop keeps each parameter's p.data from one step to the next while the
+    # parameter's memory starts where it did. Data replaced by other memory is stepped
+    # there (the old memory is not written again); data viewed in the same memory but not
+    # contiguously is left to the Python loop, which refuses it by name, applying nothing.
+    import optstate.torch as remote
+    real = remote._prepare_param_step
+    taken = []
+
+    def spy(*args):
+        prepared = real(*args)
+        taken.append(prepared is not None)
+        return prepared
+
+    monkeypatch.setattr(remote, "_prepare_param_step", spy)
+    p = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 256).reshape(16, 16))
+    p_ref, m_ref, v_ref = p.detach().clone(), torch.zeros(16, 16), torch.zeros(16, 16)
+    opt = RemoteAdamW([p], target=daemon.target, name_prefix=prefix)
+    gen = torch.Generator().manual_seed(5)
+    for step in (1, 2, 3):
+        if step == 2:
+            old = p.data
+            p.data = p.data.clone()
+            old_bits = old.clone()
+        p.grad = torch.randn(16, 16, generator=gen)
+        ieee_adamw_(p_ref, p.grad, m_ref, v_ref, step, 1e-3)
+        opt.step()
+        assert bits_equal(p.detach(), p_ref), step
+    assert bits_equal(old, old_bits)
+    assert taken == [True, True, True]
+    p.data = p.data.t()  # the same memory, transposed: same shape, not contiguous
+    p.grad = torch.randn(16, 16, generator=gen)
+    before = p.detach().clone()
+    with pytest.raises(ValueError, match="not contiguous"):
+        opt.step()
+    assert taken == [True, True, True, False]
+    assert bits_equal(p.detach(), before)
+    info = opt.client.describe(prefix + "param.0")
+    assert (info.min_step, info.max_step) == (3, 3)
+    opt.close()
+
+
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks")
+def test_a_sparse_gradient_is_refused_by_name_and_nothing_is_applied(daemon, prefix):
+    # The C++ loop cannot describe it (DLPack refuses sparse tensors) and leaves the step to
+    # the Python loop, which names it.
+    p = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 10))
+    opt = RemoteAdamW([p], target=daemon.target, name_prefix=prefix)
+    p.grad = torch.linspace(0.0, 1.0, 10).to_sparse()
+    with pytest.raises(ValueError, match="sparse gradients are not supported"):
+        opt.step()
+    assert bits_equal(p.detach(), torch.linspace(-1.0, 1.0, 10))
+    assert opt.client.describe(prefix + "param.0").max_step == 0
+    opt.close()

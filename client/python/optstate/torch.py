@@ -50,6 +50,11 @@ class _Registration:
     wire: Optional[str]
     dtype: torch.dtype  # The parameter's, at registration.
     created: bool = False  # Whether this optimizer's registration created the daemon's group.
+    # step()'s C++ loop (prepared_step.h): p.data as it last found it, and where its memory
+    # starts, reused while the parameter's memory still starts there. It holds that memory
+    # until the next step when `p.data` is replaced meanwhile.
+    data_view: Optional[torch.Tensor] = None
+    data_view_ptr: int = 0
 
     def overrides(self, group: dict) -> Optional[dict]:
         """What this step must tell the daemon beyond lr: the hyperparameters of `group`

@@ -1,5 +1,6 @@
 #include "prepared_step.h"
 
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
 #include <cstdint>
@@ -23,26 +24,25 @@ struct TakeThePythonLoop {};
 struct TorchObjects {
   PyObject* tensor_type;
   PyObject* parameter_type;
-  PyObject* strided;
+  PyObject* to_dlpack;  // torch.utils.dlpack.to_dlpack
   PyObject* float32;
   PyObject* bfloat16;
   PyObject* float16;
   // Of a tensor.
   PyObject* grad;
-  PyObject* is_cpu;
-  PyObject* layout;
-  PyObject* dtype;
-  PyObject* shape;
-  PyObject* is_contiguous;
   PyObject* requires_grad;
   PyObject* data;
   PyObject* data_ptr;
   // Of a _Registration.
   PyObject* name;
+  PyObject* dtype;
+  PyObject* shape;
   PyObject* step;
   PyObject* wire;
   PyObject* hyperparameters;
   PyObject* overrides;
+  PyObject* data_view;
+  PyObject* data_view_ptr;
 };
 
 const TorchObjects& Objects() {
@@ -53,24 +53,23 @@ const TorchObjects& Objects() {
     TorchObjects t;
     t.tensor_type = keep(torch.attr("Tensor"));
     t.parameter_type = keep(torch.attr("nn").attr("Parameter"));
-    t.strided = keep(torch.attr("strided"));
+    t.to_dlpack = keep(nb::module_::import_("torch.utils.dlpack").attr("to_dlpack"));
     t.float32 = keep(torch.attr("float32"));
     t.bfloat16 = keep(torch.attr("bfloat16"));
     t.float16 = keep(torch.attr("float16"));
     t.grad = intern("grad");
-    t.is_cpu = intern("is_cpu");
-    t.layout = intern("layout");
-    t.dtype = intern("dtype");
-    t.shape = intern("shape");
-    t.is_contiguous = intern("is_contiguous");
     t.requires_grad = intern("requires_grad");
     t.data = intern("data");
     t.data_ptr = intern("data_ptr");
     t.name = intern("name");
+    t.dtype = intern("dtype");
+    t.shape = intern("shape");
     t.step = intern("step");
     t.wire = intern("wire");
     t.hyperparameters = intern("hyperparameters");
     t.overrides = intern("overrides");
+    t.data_view = intern("data_view");
+    t.data_view_ptr = intern("data_view_ptr");
     return t;
   }();
   return objects;
@@ -105,11 +104,67 @@ bool IsTrue(nb::handle value) {
   return value.ptr() == Py_True;
 }
 
+// (PyLong_AsUnsignedLongLong goes through a byte array for a pointer's
+// value; unsigned long is as wide here and read directly.)
+static_assert(sizeof(unsigned long) == sizeof(uint64_t));
 uint64_t AsUnsigned(nb::handle value) {
   if (!PyLong_Check(value.ptr())) throw TakeThePythonLoop{};
-  const unsigned long long n = PyLong_AsUnsignedLongLong(value.ptr());
+  const unsigned long n = PyLong_AsUnsignedLong(value.ptr());
   if (PyErr_Occurred()) throw nb::python_error();
   return n;
+}
+
+uint64_t DataPtr(nb::handle tensor) { return AsUnsigned(CallMethod(tensor, Objects().data_ptr)); }
+
+// DLPack's managed tensor (dlpack.h's DLManagedTensor, whose layout is
+// DLPack's ABI): what a "dltensor" capsule points to.
+struct ManagedTensor {
+  nb::dlpack::dltensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(ManagedTensor*);
+};
+
+constexpr int32_t kDLCPU = 1;
+
+nb::dlpack::dtype DlpackTypeOf(WireType type) {
+  switch (type) {
+    case WireType::kBFloat16:
+      return {static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
+    case WireType::kFloat16:
+      return {static_cast<uint8_t>(nb::dlpack::dtype_code::Float), 16, 1};
+    default:
+      return nb::dtype<float>();
+  }
+}
+
+// The start of `tensor`'s memory where it is a CPU tensor of `type` with
+// the shape `shape` (a torch.Size), C-contiguous (a dimension of length 1
+// may have any stride); anything else takes the Python loop. One call of
+// torch's C++ (torch.utils.dlpack.to_dlpack) reads all of that: the
+// attributes one by one cost twice as much. A tensor DLPack cannot describe
+// (sparse, ...) raises there, and the Python loop names what is wrong.
+uint64_t MemoryOf(nb::handle tensor, WireType type, nb::handle shape) {
+  const nb::object capsule = nb::steal(PyObject_CallOneArg(Objects().to_dlpack, tensor.ptr()));
+  if (!capsule.is_valid()) throw nb::python_error();
+  // Not consumed: the capsule's destructor gives the tensor back to torch.
+  auto* managed = static_cast<ManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
+  if (managed == nullptr) throw nb::python_error();
+  const nb::dlpack::dltensor& dl = managed->dl_tensor;
+  if (dl.device.device_type != kDLCPU || dl.dtype != DlpackTypeOf(type) ||
+      !PyTuple_Check(shape.ptr()) || dl.ndim != PyTuple_GET_SIZE(shape.ptr())) {
+    throw TakeThePythonLoop{};
+  }
+  int64_t contiguous_stride = 1;
+  for (int32_t i = dl.ndim; i-- > 0;) {
+    const long size = PyLong_AsLong(PyTuple_GET_ITEM(shape.ptr(), i));
+    if (size == -1 && PyErr_Occurred()) throw nb::python_error();
+    if (dl.shape[i] != size) throw TakeThePythonLoop{};
+    if (size != 1 && dl.strides != nullptr && dl.strides[i] != contiguous_stride) {
+      throw TakeThePythonLoop{};
+    }
+    contiguous_stride *= size;
+  }
+  return reinterpret_cast<uintptr_t>(dl.data) + dl.byte_offset;
 }
 
 // The elements of a torch.Size (a tuple of ints).
@@ -121,8 +176,6 @@ uint64_t Elements(nb::handle shape) {
   }
   return n;
 }
-
-uint64_t DataPtr(nb::handle tensor) { return AsUnsigned(CallMethod(tensor, Objects().data_ptr)); }
 
 // A view of a CPU tensor's memory at `data`, checked by the caller, kept alive
 // by it.
@@ -175,19 +228,21 @@ void PrepareGroup(nb::handle params, double lr, nb::handle group, nb::handle reg
     const nb::object fields = nb::steal(PyObject_GenericGetDict(reg.ptr(), nullptr));
     if (!fields.is_valid()) throw nb::python_error();
     if (!PyDict_Check(fields.ptr())) throw TakeThePythonLoop{};
-    if (!IsTrue(Attr(p, t.is_cpu)) || !IsTrue(Attr(grad, t.is_cpu)) ||
-        !Attr(grad, t.layout).is(nb::handle(t.strided))) {
+    // Both of the registered dtype and shape, on the CPU, contiguous.
+    const nb::object dtype = Field(fields, t.dtype);
+    WireType type;
+    if (dtype.is(nb::handle(t.float32))) {
+      type = WireType::kFloat32;
+    } else if (dtype.is(nb::handle(t.bfloat16))) {
+      type = WireType::kBFloat16;
+    } else if (dtype.is(nb::handle(t.float16))) {
+      type = WireType::kFloat16;
+    } else {
       throw TakeThePythonLoop{};
     }
-    const nb::object dtype = Field(fields, t.dtype);
-    if (!Attr(p, t.dtype).is(dtype) || !Attr(grad, t.dtype).is(dtype)) throw TakeThePythonLoop{};
     const nb::object shape = Field(fields, t.shape);
-    for (nb::handle tensor : {nb::handle(p), nb::handle(grad)}) {
-      const int equal = PyObject_RichCompareBool(Attr(tensor, t.shape).ptr(), shape.ptr(), Py_EQ);
-      if (equal < 0) throw nb::python_error();
-      if (equal == 0) throw TakeThePythonLoop{};
-    }
-    if (!IsTrue(CallMethod(grad, t.is_contiguous))) throw TakeThePythonLoop{};
+    const uint64_t data_ptr = MemoryOf(p, type, shape);
+    const uint64_t grad_data = MemoryOf(grad, type, shape);
     const nb::object hyperparameters = Field(fields, t.hyperparameters);
     nb::object overrides;
     for (const auto& [tuple, known] : overrides_by_registration) {
@@ -216,29 +271,29 @@ void PrepareGroup(nb::handle params, double lr, nb::handle group, nb::handle reg
     }
     if (IsTrue(Attr(grad, t.requires_grad))) throw TakeThePythonLoop{};  // The loop detaches it.
     // With shared buffers, a gradient outside its slot is copied in by the loop.
-    const uint64_t grad_data = DataPtr(grad);
     PyObject* slot = PyDict_GetItemWithError(shared_grads.ptr(), id.ptr());
     if (slot == nullptr && PyErr_Occurred()) throw nb::python_error();
     if (slot != nullptr && DataPtr(slot) != grad_data) throw TakeThePythonLoop{};
     // p.data: the parameter's memory without autograd, a tensor of its own
-    // (it keeps the storage even if p.data is replaced meanwhile).
-    nb::object data = Attr(p, t.data);
-    if (!IsTrue(CallMethod(data, t.is_contiguous))) throw TakeThePythonLoop{};
-    WireType type;
-    if (dtype.is(nb::handle(t.float32))) {
-      type = WireType::kFloat32;
-    } else if (dtype.is(nb::handle(t.bfloat16))) {
-      type = WireType::kBFloat16;
-    } else if (dtype.is(nb::handle(t.float16))) {
-      type = WireType::kFloat16;
-    } else {
-      throw TakeThePythonLoop{};
+    // (it keeps the storage even if p.data is replaced meanwhile). The one
+    // the registration kept from an earlier step while p's memory still
+    // starts where it did: that memory then is p's (its dtype, shape and
+    // contiguity were checked above), and no tensor is made.
+    nb::object data = Field(fields, t.data_view);
+    if (data.is_none() || AsUnsigned(Field(fields, t.data_view_ptr)) != data_ptr) {
+      data = Attr(p, t.data);
+      if (DataPtr(data) != data_ptr) throw TakeThePythonLoop{};
+      const nb::object ptr = nb::steal(PyLong_FromUnsignedLong(data_ptr));
+      if (!ptr.is_valid() || PyDict_SetItem(fields.ptr(), t.data_view, data.ptr()) != 0 ||
+          PyDict_SetItem(fields.ptr(), t.data_view_ptr, ptr.ptr()) != 0) {
+        throw nb::python_error();
+      }
     }
     const uint64_t elements = Elements(shape);
     if (elements == 0) throw TakeThePythonLoop{};
     StepEntry entry{nb::cast<std::string>(Field(fields, t.name)),
                     ViewOf(std::move(grad), grad_data, type, elements),
-                    ViewOf(std::move(data), DataPtr(data), type, elements), lr};
+                    ViewOf(std::move(data), data_ptr, type, elements), lr};
     if (!overrides.is_none()) ReadOverrides(overrides, "", &entry);
     prepared->entries.push_back(std::move(entry));
     prepared->registrations.append(reg);

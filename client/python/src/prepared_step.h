@@ -43,9 +43,10 @@ struct PreparedStep {
 // contiguous CPU tensor that does not require grad (and is its slot, if it
 // has one), both of the registered dtype (float32, bfloat16 or float16) and
 // shape, the parameter's data contiguous, and all at one step with one wire
-// type. An error of Python's
-// in here (other than KeyboardInterrupt and the like) also gives None: the
-// loop meets it again and raises it there.
+// type. Each _Registration keeps the p.data it made (data_view) for the next
+// step, while the parameter's memory starts where it did (prepared_step.cc).
+// An error of Python's in here (other than KeyboardInterrupt and the like)
+// also gives None: the loop meets it again and raises it there.
 void BindPreparedStep(nanobind::module_& m);
 
 }  // namespace optstate::python
