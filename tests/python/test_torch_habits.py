@@ -248,6 +248,35 @@ def test_a_profiler_records_one_optimizer_step_range_a_step_as_torchs(daemon, pr
     assert recorded(torch.optim.AdamW(params), params) == ["Optimizer.step#AdamW.step"]
 
 
+@pytest.mark.parametrize("enabled", [True, False])
+def test_step_runs_without_grad_and_gives_the_caller_its_grad_mode_back(daemon, prefix,
+                                                                       monkeypatch, enabled):
+    # As torch.optim.AdamW's step: the closure with grad, the step itself without, the
+    # caller's mode after, a refused step included.
+    import optstate.torch as remote
+    real, inside = remote._prepare_param_step, []
+    monkeypatch.setattr(remote, "_prepare_param_step",
+                        lambda *args: inside.append(torch.is_grad_enabled()) or real(*args))
+    params = _params()
+    opt = RemoteAdamW(params, target=daemon.target, name_prefix=prefix)
+    in_closure = []
+
+    def closure():
+        in_closure.append(torch.is_grad_enabled())
+        return torch.tensor(1.0)
+
+    _grads(params, 0)
+    with torch.set_grad_enabled(enabled):
+        assert float(opt.step(closure)) == 1.0
+        assert torch.is_grad_enabled() == enabled
+        params[0].grad = torch.zeros(16)[::2]  # not contiguous: refused
+        with pytest.raises(ValueError, match="not contiguous"):
+            opt.step()
+        assert torch.is_grad_enabled() == enabled
+    assert (in_closure, inside) == ([True], [False, False])
+    opt.close()
+
+
 def test_pickle_and_deepcopy_give_an_optimizer_that_steps_the_same_groups(daemon, prefix):
     params = _params(2)
     opt = RemoteAdamW(params, target=daemon.target, name_prefix=prefix, max_attempts=3)

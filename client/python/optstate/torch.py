@@ -22,7 +22,7 @@ from ._jobs import (RESUME_MODES, Attached, check_resume, job_name, new_holder_i
 from ._optstate import Client, _prepare_param_step, _PreparedStep
 from ._remote_state import RemoteState
 from ._staging import Staging
-from ._step_hooks import hooked_step
+from ._step_hooks import hooked_step, without_grad
 from ._torch_args import check_hyperparameters, check_options
 
 __all__ = ["RemoteAdamW", "MASTER_PARAM"]
@@ -712,7 +712,7 @@ class RemoteAdamW(torch.optim.Optimizer):
     # -- stepping -------------------------------------------------------------------------
 
     @hooked_step
-    @torch.no_grad()
+    @without_grad
     def step(self, closure: Optional[Callable[[], Any]] = None):
         """Performs one optimization step (see the class docstring). Returns the closure's
         loss when given one."""
