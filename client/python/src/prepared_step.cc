@@ -308,19 +308,17 @@ nb::object PrepareParamStep(nb::handle param_groups, nb::handle registered, nb::
         !PyDict_Check(owner.ptr()) || !PyDict_Check(shared_grads.ptr())) {
       throw TakeThePythonLoop{};
     }
+    // Room for every parameter's entry at once: an entry is a few hundred
+    // bytes, and growing the vector would move them all several times.
+    size_t params = 0;
     for (nb::handle item : nb::borrow<nb::list>(param_groups)) {
       if (!PyTuple_Check(item.ptr()) || PyTuple_GET_SIZE(item.ptr()) != 3 ||
           !PyList_Check(PyTuple_GET_ITEM(item.ptr(), 0))) {
         throw TakeThePythonLoop{};
       }
-    }
-    // Room for every parameter's entry at once: an entry is a few hundred
-    // bytes, and growing the vector would move them all several times.
-    PreparedStep prepared;
-    size_t params = 0;
-    for (nb::handle item : nb::borrow<nb::list>(param_groups)) {
       params += static_cast<size_t>(PyList_GET_SIZE(PyTuple_GET_ITEM(item.ptr(), 0)));
     }
+    PreparedStep prepared;
     prepared.entries.reserve(params);
     for (nb::handle item : nb::borrow<nb::list>(param_groups)) {
       const nb::handle lr = PyTuple_GET_ITEM(item.ptr(), 1);
