@@ -11,6 +11,10 @@ state (torch's model gets the daemon's params before every step, so both models 
 the same forward/backward and the same gradients), and torch's step against the reference's
 ops fed torch's own sqrt, bit for bit everywhere. Within 1 ulp of torch's p where the sqrt
 differs cannot hold for params that end far below their update (docs/exactness.md)."""
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -421,6 +425,20 @@ def test_the_common_case_read_in_cpp_steps_the_bits_the_python_loop_steps(
     for (name, before), after_fast, after_slow in zip(start.named_parameters(), fast, slow):
         assert bits_equal(after_fast, after_slow), name
         assert bits_equal(after_fast, before.detach()) == (not before.requires_grad), name
+
+
+@pytest.mark.parametrize("mode", ["exchange", "to_dlpack"])
+def test_the_cpp_loop_reads_tensors_through_torchs_exchange_table_or_to_dlpack(daemon, prefix,
+                                                                                mode):
+    # The C++ loop describes each tensor through torch's DLPack C exchange table, which
+    # allocates nothing, and through torch.utils.dlpack.to_dlpack where a torch has no such
+    # table. Each way in a process of its own (tensor_reads_worker.py): the C++ loop takes
+    # every step, reads the tensors that way and steps the Python loop's bits.
+    worker = Path(__file__).with_name("tensor_reads_worker.py")
+    done = subprocess.run([sys.executable, str(worker), daemon.target, prefix, mode],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith(f"{mode}: the C++ loop took 3 steps"), done.stdout
 
 
 @pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")

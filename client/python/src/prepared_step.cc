@@ -18,6 +18,58 @@ namespace {
 // Thrown where RemoteAdamW.step's Python loop must run instead.
 struct TakeThePythonLoop {};
 
+// DLPack's managed tensor (dlpack.h's DLManagedTensor, whose layout is
+// DLPack's ABI): what a "dltensor" capsule points to.
+struct ManagedTensor {
+  nb::dlpack::dltensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(ManagedTensor*);
+};
+
+// DLPack 1.3's C exchange table (dlpack.h's DLPackExchangeAPI, DLPack's
+// ABI), which a framework publishes on its tensor type as the capsule
+// __dlpack_c_exchange_api__ named "dlpack_exchange_api". Only
+// dltensor_from_py_object_no_sync is used: it describes a tensor in a
+// DLTensor the caller owns, pointing into the tensor's own shape and
+// strides, valid while the tensor lives and is not changed; it allocates
+// nothing (to_dlpack makes a strided view, a new tensor, for each export).
+struct DlpackExchangeApi {
+  struct {
+    uint32_t major;
+    uint32_t minor;
+  } version;
+  const void* prev_api;
+  void* managed_tensor_allocator;
+  void* managed_tensor_from_py_object_no_sync;
+  void* managed_tensor_to_py_object_no_sync;
+  int (*dltensor_from_py_object_no_sync)(void* py_object, nb::dlpack::dltensor* out);
+  void* current_work_stream;
+};
+
+// The table torch.Tensor publishes, where it is DLPack 1.3 or a later 1.x
+// (a minor version only adds at the end) and has the function; else null.
+const DlpackExchangeApi* ExchangeApiOf(nb::handle tensor_type) {
+  PyObject* capsule = PyObject_GetAttrString(tensor_type.ptr(), "__dlpack_c_exchange_api__");
+  if (capsule == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  // The table lives as long as the process (DLPack's contract): the capsule
+  // need not be kept.
+  auto* api =
+      static_cast<const DlpackExchangeApi*>(PyCapsule_GetPointer(capsule, "dlpack_exchange_api"));
+  Py_DECREF(capsule);
+  if (api == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  if (api->version.major != 1 || api->version.minor < 3 ||
+      api->dltensor_from_py_object_no_sync == nullptr) {
+    return nullptr;
+  }
+  return api;
+}
+
 // What the loop reads: torch's types and singletons, and the attribute names
 // (interned), looked up once and kept for the process. Only RemoteAdamW
 // calls in here, so torch is imported by then.
@@ -43,6 +95,8 @@ struct TorchObjects {
   PyObject* overrides;
   PyObject* data_view;
   PyObject* data_view_ptr;
+  // torch's DLPack C exchange table, where this torch has one; else null.
+  const DlpackExchangeApi* exchange;
 };
 
 const TorchObjects& Objects() {
@@ -70,6 +124,7 @@ const TorchObjects& Objects() {
     t.overrides = intern("overrides");
     t.data_view = intern("data_view");
     t.data_view_ptr = intern("data_view_ptr");
+    t.exchange = ExchangeApiOf(torch.attr("Tensor"));
     return t;
   }();
   return objects;
@@ -116,14 +171,6 @@ uint64_t AsUnsigned(nb::handle value) {
 
 uint64_t DataPtr(nb::handle tensor) { return AsUnsigned(CallMethod(tensor, Objects().data_ptr)); }
 
-// DLPack's managed tensor (dlpack.h's DLManagedTensor, whose layout is
-// DLPack's ABI): what a "dltensor" capsule points to.
-struct ManagedTensor {
-  nb::dlpack::dltensor dl_tensor;
-  void* manager_ctx;
-  void (*deleter)(ManagedTensor*);
-};
-
 constexpr int32_t kDLCPU = 1;
 
 nb::dlpack::dtype DlpackTypeOf(WireType type) {
@@ -137,19 +184,11 @@ nb::dlpack::dtype DlpackTypeOf(WireType type) {
   }
 }
 
-// The start of `tensor`'s memory where it is a CPU tensor of `type` with
-// the shape `shape` (a torch.Size), C-contiguous (a dimension of length 1
-// may have any stride); anything else takes the Python loop. One call of
-// torch's C++ (torch.utils.dlpack.to_dlpack) reads all of that: the
-// attributes one by one cost twice as much. A tensor DLPack cannot describe
-// (sparse, ...) raises there, and the Python loop names what is wrong.
-uint64_t MemoryOf(nb::handle tensor, WireType type, nb::handle shape) {
-  const nb::object capsule = nb::steal(PyObject_CallOneArg(Objects().to_dlpack, tensor.ptr()));
-  if (!capsule.is_valid()) throw nb::python_error();
-  // Not consumed: the capsule's destructor gives the tensor back to torch.
-  auto* managed = static_cast<ManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
-  if (managed == nullptr) throw nb::python_error();
-  const nb::dlpack::dltensor& dl = managed->dl_tensor;
+// The start of `tensor`'s memory where `dl` (its description) says it is a
+// CPU tensor of `type` with the shape `shape` (a torch.Size), C-contiguous (a
+// dimension of length 1 may have any stride); anything else takes the
+// Python loop.
+uint64_t MemoryIn(const nb::dlpack::dltensor& dl, WireType type, nb::handle shape) {
   if (dl.device.device_type != kDLCPU || dl.dtype != DlpackTypeOf(type) ||
       !PyTuple_Check(shape.ptr()) || dl.ndim != PyTuple_GET_SIZE(shape.ptr())) {
     throw TakeThePythonLoop{};
@@ -165,6 +204,27 @@ uint64_t MemoryOf(nb::handle tensor, WireType type, nb::handle shape) {
     contiguous_stride *= size;
   }
   return reinterpret_cast<uintptr_t>(dl.data) + dl.byte_offset;
+}
+
+// MemoryIn of `tensor`, described by torch's C exchange table where it has
+// one (no allocation; a tensor it cannot describe raises there, and the
+// Python loop names what is wrong), else by one torch.utils.dlpack.to_dlpack
+// (one C++ call: the attributes one by one cost more).
+uint64_t MemoryOf(nb::handle tensor, WireType type, nb::handle shape) {
+  const TorchObjects& t = Objects();
+  if (t.exchange != nullptr) {
+    nb::dlpack::dltensor dl{};
+    if (t.exchange->dltensor_from_py_object_no_sync(tensor.ptr(), &dl) != 0) {
+      throw nb::python_error();
+    }
+    return MemoryIn(dl, type, shape);
+  }
+  const nb::object capsule = nb::steal(PyObject_CallOneArg(t.to_dlpack, tensor.ptr()));
+  if (!capsule.is_valid()) throw nb::python_error();
+  // Not consumed: the capsule's destructor gives the tensor back to torch.
+  auto* managed = static_cast<ManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
+  if (managed == nullptr) throw nb::python_error();
+  return MemoryIn(managed->dl_tensor, type, shape);
 }
 
 // The elements of a torch.Size (a tuple of ints).
