@@ -209,7 +209,9 @@ uint64_t MemoryIn(const nb::dlpack::dltensor& dl, WireType type, nb::handle shap
 // MemoryIn of `tensor`, described by torch's C exchange table where it has
 // one (no allocation; a tensor it cannot describe raises there, and the
 // Python loop names what is wrong), else by one torch.utils.dlpack.to_dlpack
-// (one C++ call: the attributes one by one cost more).
+// (one C++ call: the attributes one by one cost more). The table describes a
+// negated view (torch._neg_view) by its memory, which holds the negation of
+// its values; the Python loop's views read that memory as it is too.
 uint64_t MemoryOf(nb::handle tensor, WireType type, nb::handle shape) {
   const TorchObjects& t = Objects();
   if (t.exchange != nullptr) {
