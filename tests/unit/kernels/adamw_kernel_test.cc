@@ -1054,11 +1054,42 @@ TEST_P(FindNonFiniteGradientTest, MatchesTheElementwiseDefinitionOnRandomGradien
         PutRaw(grad, type, std::uniform_int_distribution<size_t>(0, n - 1)(rng),
                bad[std::uniform_int_distribution<size_t>(0, bad.size() - 1)(rng)]);
       }
-      const float grad_scale = trial % 2 ? specials.overflow_scale : 1.0f;
+      // Scales at most 1 in magnitude take the vector paths' bits-only check,
+      // larger ones the multiply; 0 turns an infinity into NaN.
+      const float scales[] = {1.0f, specials.overflow_scale, -1.0f, 0.5f, 0.0f,
+                              -specials.overflow_scale};
+      const float grad_scale = scales[trial % 6];
       GuardedGradient guarded(grad);
       ASSERT_EQ(FirstNonFiniteOnEveryPath(guarded.data(), type, n, grad_scale),
                 FirstNonFiniteByDefinition(grad, type, grad_scale))
           << n << " elements, trial " << trial << ", grad_scale " << grad_scale;
+    }
+  }
+}
+
+// A 16-bit gradient whose whole vectors of 8 end half-way through a 32-byte
+// load (24 and 1064 elements: 48 and 2128 bytes) is read to its last element,
+// at scales that read bits alone and at one that multiplies.
+TEST_P(FindNonFiniteGradientTest, FindsABadValueInTheLastHalfVector) {
+  const WireType type = GetParam();
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  const SpecialValues specials = Specials(type);
+  for (size_t n : {size_t{24}, size_t{1064}}) {
+    const std::vector<unsigned char> finite = EncodeGradient(RandomGradient(n, rng, 1.0f), type);
+    for (float grad_scale : {1.0f, -0.5f, 1.5f}) {
+      GuardedGradient clean(finite);
+      EXPECT_EQ(FirstNonFiniteOnEveryPath(clean.data(), type, n, grad_scale), n);
+      for (size_t at = n - 16; at < n; ++at) {
+        for (uint32_t bad : {specials.nans[1], specials.minus_infinity}) {
+          std::vector<unsigned char> grad = finite;
+          PutRaw(grad, type, at, bad);
+          GuardedGradient guarded(grad);
+          EXPECT_EQ(FirstNonFiniteOnEveryPath(guarded.data(), type, n, grad_scale), at)
+              << n << " elements, at " << at << ", grad_scale " << grad_scale;
+        }
+      }
     }
   }
 }
@@ -1084,16 +1115,20 @@ TEST_P(FindNonFiniteGradientTest, FindsABadValueAtEveryEdgeOfTheStretchesReadSid
   }
   const std::vector<unsigned char> finite =
       EncodeGradient(RandomGradient(kCount, rng, 1.0f), type);
-  for (size_t at : edges) {
-    std::vector<unsigned char> grad = finite;
-    PutRaw(grad, type, at, specials.nans[0]);
-    GuardedGradient guarded(grad);
-    EXPECT_EQ(FirstNonFiniteOnEveryPath(guarded.data(), type, kCount, 1.0f), at) << "at " << at;
-    if (at + 1 < kCount) {
-      PutRaw(grad, type, kCount - 1 - (kCount - 1 - at) / 2, specials.plus_infinity);
-      GuardedGradient two(grad);
-      EXPECT_EQ(FirstNonFiniteOnEveryPath(two.data(), type, kCount, 1.0f), at)
-          << "at " << at << ", another bad value after it";
+  // 1 and 0.25 read bits alone, 1.5 multiplies first: two loops, one layout.
+  for (float grad_scale : {1.0f, 0.25f, 1.5f}) {
+    for (size_t at : edges) {
+      std::vector<unsigned char> grad = finite;
+      PutRaw(grad, type, at, specials.nans[0]);
+      GuardedGradient guarded(grad);
+      EXPECT_EQ(FirstNonFiniteOnEveryPath(guarded.data(), type, kCount, grad_scale), at)
+          << "at " << at << ", grad_scale " << grad_scale;
+      if (at + 1 < kCount) {
+        PutRaw(grad, type, kCount - 1 - (kCount - 1 - at) / 2, specials.plus_infinity);
+        GuardedGradient two(grad);
+        EXPECT_EQ(FirstNonFiniteOnEveryPath(two.data(), type, kCount, grad_scale), at)
+            << "at " << at << ", another bad value after it, grad_scale " << grad_scale;
+      }
     }
   }
 }
