@@ -1,14 +1,17 @@
 // bench/kernel: the CPU AdamW step (CpuBackend::Apply, so sharding is
 // included) against two same-run baselines: a memory pass with AdamW's
 // traffic (the practical limit) and the textbook AdamW loop; and the step
-// that also writes the params out (CpuBackend::ApplyAndEncode, float32),
-// with plain and with streaming stores, as into a reply and into a
-// shared-memory region; and the step on each vector path the CPU runs; and
-// the daemon's finite check of a gradient against a read-only pass over the
-// same bytes (what the check costs beside the step it guards).
+// that also writes the params out (CpuBackend::ApplyAndEncode, float32, and
+// bfloat16 in and out as a bf16 model's step), with plain and with
+// streaming stores, as into a reply and into a shared-memory region; and
+// the step on each vector path the CPU runs; and the daemon's finite check
+// of a gradient (float32 and bfloat16, scaled by 1 and by 2) against a
+// read-only pass over the same bytes (what the check costs beside the step
+// it guards).
 // Arguments of every benchmark: {elements, threads}. Counters: elem/s and
 // GB/s at 28 bytes per element (read p, g, m, v; write p, m, v), 32 for the
-// step that writes the params out too, 4 for the check and the read pass.
+// step that writes float32 params out too (26 for bfloat16 in and out), the
+// gradient's element size for the check, 4 for the read pass.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -82,6 +85,27 @@ ThreadPool& PoolFor(int threads) {
   return *pool;
 }
 
+// `n` zeroed floats on their own pages, as a region's or a reply's params
+// are. (A std::vector's large buffer starts 16 bytes into a page: the
+// streaming stores' scalar head then shifts the state's vectors off their
+// 32-byte alignment, which slowed the step by a third on a Zen 1 EPYC.)
+class PageAlignedFloats {
+ public:
+  explicit PageAlignedFloats(size_t n)
+      : data_(static_cast<float*>(
+            std::aligned_alloc(4096, (n * sizeof(float) + 4095) / 4096 * 4096))) {
+    if (data_ == nullptr) std::abort();
+    std::memset(data_, 0, n * sizeof(float));
+  }
+  ~PageAlignedFloats() { std::free(data_); }
+  PageAlignedFloats(const PageAlignedFloats&) = delete;
+  PageAlignedFloats& operator=(const PageAlignedFloats&) = delete;
+  float* data() { return data_; }
+
+ private:
+  float* const data_;
+};
+
 void SetCounters(benchmark::State& bench, size_t n, double bytes_per_element = kBytesPerElement) {
   const double elements = static_cast<double>(n) * static_cast<double>(bench.iterations());
   bench.counters["elem_per_s"] = benchmark::Counter(elements, benchmark::Counter::kIsRate);
@@ -124,28 +148,33 @@ void BM_AdamWKernel(benchmark::State& bench, WireType grad_type) {
 
 void BM_AdamWKernel_fp32(benchmark::State& bench) { BM_AdamWKernel(bench, WireType::kFloat32); }
 
-// The step with its params written out, float32, to memory in plain pages
-// (as a reply's buffer or a client's region is).
-void BM_AdamWKernelWithParamsOut(benchmark::State& bench, ParamsStore store) {
+// The step with its params written out to memory in plain pages (as a
+// reply's buffer or a client's region is), the gradient and the params in
+// `type`: float32, or bfloat16 as a bf16 model's own tensors are.
+void BM_AdamWKernelWithParamsOut(benchmark::State& bench, ParamsStore store,
+                                 WireType type = WireType::kFloat32) {
   const size_t n = static_cast<size_t>(bench.range(0));
   const int threads = static_cast<int>(bench.range(1));
   State& state = StateFor(n, Kind::kKernel);
   ThreadPool& pool = PoolFor(threads);
   CpuBackend backend(&pool);
-  std::vector<float> params_out(n);
-  const SegmentedBytes gradient(
-      absl::string_view(reinterpret_cast<const char*>(state.grad.data()), n * sizeof(float)));
+  const size_t size = WireTypeSize(type);
+  PageAlignedFloats params_out(n);  // Room for either type.
+  const void* grad = type == WireType::kFloat32 ? static_cast<const void*>(state.grad.data())
+                                                : state.grad_bf16.data();
+  const SegmentedBytes gradient(absl::string_view(static_cast<const char*>(grad), n * size));
   AdamWStepInputs inputs;
   uint64_t step = 1;
   for (auto _ : bench) {
     inputs.step = step++;
     const AdamWConstants constants = ComputeAdamWConstants(inputs);
-    benchmark::DoNotOptimize(backend.ApplyAndEncode(*state.group, 0, n, gradient, 0,
-                                                    WireType::kFloat32, constants,
-                                                    params_out.data(), WireType::kFloat32, store));
+    benchmark::DoNotOptimize(backend.ApplyAndEncode(*state.group, 0, n, gradient, 0, type,
+                                                    constants, params_out.data(), type, store));
     benchmark::ClobberMemory();
   }
-  SetCounters(bench, n, kBytesPerElement + 4);
+  // 28 bytes of float32 state and gradient, less what a 16-bit gradient
+  // saves, plus the params out.
+  SetCounters(bench, n, kBytesPerElement - 4.0 + 2.0 * static_cast<double>(size));
 }
 
 void BM_AdamWKernelParamsOut_cached(benchmark::State& bench) {
@@ -155,6 +184,10 @@ void BM_AdamWKernelParamsOut_streaming(benchmark::State& bench) {
   BM_AdamWKernelWithParamsOut(bench, ParamsStore::kStreaming);
 }
 void BM_AdamWKernel_bf16(benchmark::State& bench) { BM_AdamWKernel(bench, WireType::kBFloat16); }
+// A bf16 model's step on a shared buffer: bf16 gradient in, bf16 params out.
+void BM_AdamWKernelParamsOut_bf16_streaming(benchmark::State& bench) {
+  BM_AdamWKernelWithParamsOut(bench, ParamsStore::kStreaming, WireType::kBFloat16);
+}
 
 // The step on one named path (scalar, AVX2, AVX-512: each this CPU runs),
 // sharded as the baselines are: the paths side by side in one run.
@@ -213,19 +246,35 @@ void BM_PlainAdamWLoop(benchmark::State& bench) {
 }
 
 // The daemon's finite check (FindNonFiniteGradient, as Validate and a
-// spread message's check run it) over a float32 gradient.
-void BM_FiniteCheck(benchmark::State& bench) {
+// spread message's check run it) over a gradient of `type`, scaled by
+// `grad_scale`: at most 1 in magnitude (as a GradScaler's unscale is) the
+// check reads bits alone, above 1 it multiplies each element first.
+void FiniteCheck(benchmark::State& bench, WireType type, float grad_scale) {
   const size_t n = static_cast<size_t>(bench.range(0));
   const int threads = static_cast<int>(bench.range(1));
   State& state = StateFor(n, Kind::kKernel);
   ThreadPool& pool = PoolFor(threads);
+  const size_t size = WireTypeSize(type);
+  const auto* grad = type == WireType::kFloat32
+                         ? reinterpret_cast<const unsigned char*>(state.grad.data())
+                         : reinterpret_cast<const unsigned char*>(state.grad_bf16.data());
   for (auto _ : bench) {
     Sharded(pool, n, threads, [&](size_t at, size_t count) {
-      benchmark::DoNotOptimize(
-          FindNonFiniteGradient(state.grad.data() + at, WireType::kFloat32, count, 1.0f));
+      benchmark::DoNotOptimize(FindNonFiniteGradient(grad + at * size, type, count, grad_scale));
     });
   }
-  SetCounters(bench, n, 4.0);
+  SetCounters(bench, n, static_cast<double>(size));
+}
+
+void BM_FiniteCheck(benchmark::State& bench) { FiniteCheck(bench, WireType::kFloat32, 1.0f); }
+void BM_FiniteCheck_scaled(benchmark::State& bench) {
+  FiniteCheck(bench, WireType::kFloat32, 2.0f);
+}
+void BM_FiniteCheck_bf16(benchmark::State& bench) {
+  FiniteCheck(bench, WireType::kBFloat16, 1.0f);
+}
+void BM_FiniteCheck_bf16_scaled(benchmark::State& bench) {
+  FiniteCheck(bench, WireType::kBFloat16, 2.0f);
 }
 
 // Its baseline: the same bytes read once, OR-ed together (what any check of
@@ -270,7 +319,7 @@ void BM_CheckAndStep(benchmark::State& bench, CheckOrder order) {
   State& state = StateFor(n, Kind::kKernel);
   ThreadPool& pool = PoolFor(threads);
   Group& g = *state.group;
-  std::vector<float> params_out(n);
+  PageAlignedFloats params_out(n);
   AdamWStepInputs inputs;
   uint64_t step = 1;
   auto step_block = [&](const AdamWConstants& c, size_t at, size_t count) {
@@ -362,7 +411,11 @@ BENCHMARK(BM_MemoryPass)->Apply(Sizes);
 BENCHMARK(BM_PlainAdamWLoop)->Apply(Sizes);
 BENCHMARK(BM_AdamWKernelParamsOut_cached)->Apply(Sizes);
 BENCHMARK(BM_AdamWKernelParamsOut_streaming)->Apply(Sizes);
+BENCHMARK(BM_AdamWKernelParamsOut_bf16_streaming)->Apply(Sizes);
 BENCHMARK(BM_FiniteCheck)->Apply(Sizes);
+BENCHMARK(BM_FiniteCheck_scaled)->Apply(Sizes);
+BENCHMARK(BM_FiniteCheck_bf16)->Apply(Sizes);
+BENCHMARK(BM_FiniteCheck_bf16_scaled)->Apply(Sizes);
 BENCHMARK(BM_ReadPass)->Apply(Sizes);
 BENCHMARK(BM_CheckAndStep_separate)->Apply(Sizes);
 BENCHMARK(BM_CheckAndStep_reverse)->Apply(Sizes);
