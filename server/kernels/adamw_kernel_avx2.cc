@@ -144,8 +144,8 @@ OPTSTATE_AVX2 inline __m256i LargestBits(__m256i a, __m256i b) {
 // magnitude bits (the sign cleared) reach the all-ones exponent, so the
 // largest magnitude of the range answers for all of it: two operations per
 // vector of 8 float32 or 16 bfloat16 / float16 elements, with no widening
-// and no multiply, which a CPU whose step is bound by its arithmetic (Zen 1:
-// BENCHMARKS.md) feels. `bytes` is a multiple of 16; the range is read as
+// and no multiply (a bf16 step on a Zen 1 EPYC was bound by its operations:
+// BENCHMARKS.md). `bytes` is a multiple of 16; the range is read as
 // kCheckStreams stretches side by side, as AnyNonFinite reads it.
 template <WireType kType>
 OPTSTATE_AVX2 bool AnyNonFiniteBits(const unsigned char* grad, size_t bytes) {
