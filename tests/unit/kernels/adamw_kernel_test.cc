@@ -748,6 +748,48 @@ TEST_P(AdamWKernelPaths, VectorPathEqualsScalarPathBitwise) {
   }
 }
 
+// Gradients the daemon's check would refuse, and NaN state, through the
+// vector loops: NaN of every kind (signaling, quiet, payloads, either sign)
+// and infinities, where m and v are NaN too or not, bit for bit as the
+// scalar path. At grad_scale 1 with m's lerp from m the vector loops leave
+// out the multiply and the blend; the NaNs they return must not change.
+TEST(AdamWKernelPathsNonFinite, NaNAndInfiniteGradientsAndStateEqualTheScalarPathBitwise) {
+  if (CpuKernelIsa() == KernelIsa::kScalar) {
+    GTEST_SKIP() << "no AVX2+F16C+FMA here: AdamWUpdate is the scalar path";
+  }
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  constexpr size_t kCount = 1031;
+  const uint32_t specials[] = {0x7f800001u, 0x7fa00000u, 0x7fc00000u, 0x7fc12345u, 0xffc00001u,
+                               0xff800001u, 0x7f800000u, 0xff800000u};
+  for (const HyperparameterSet& h : {kTorchDefaults, kSmallBeta1}) {
+    for (float grad_scale : {1.0f, 0.37f}) {
+      SCOPED_TRACE(std::string(h.name) + (grad_scale == 1.0f ? ", scale 1" : ", scale 0.37"));
+      FloatState before = RandomState(kCount, rng);
+      std::vector<float> g = RandomGradient(kCount, rng);
+      for (size_t i = 0; i < kCount; i += 3) {
+        const uint32_t bits = specials[(i / 3) % std::size(specials)];
+        std::memcpy(&g[i], &bits, 4);
+        // Every fifth of them meets NaN state too: m's, or v's.
+        if (i % 5 == 0) std::memcpy(i % 2 ? &before.m[i] : &before.v[i], &specials[i % 6], 4);
+      }
+      std::vector<unsigned char> grad(kCount * 4);
+      std::memcpy(grad.data(), g.data(), grad.size());
+      const AdamWConstants c = ComputeAdamWConstants(Inputs(h, 7, grad_scale));
+      KernelState scalar_path(before);
+      scalar_path.Step(Path::kScalar, c, grad, WireType::kFloat32);
+      for (KernelIsa isa : SupportedKernelIsas()) {
+        if (isa == KernelIsa::kScalar) continue;
+        SCOPED_TRACE(KernelIsaName(isa));
+        KernelState vector_path(before);
+        vector_path.StepOn(isa, c, grad, WireType::kFloat32);
+        ExpectBitwiseEqualState(vector_path, scalar_path);
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(SizesTypesAndScales, AdamWKernelPaths,
                          ::testing::Combine(::testing::ValuesIn(kSizes),
                                             ::testing::Values(WireType::kFloat32,
