@@ -333,9 +333,13 @@ void PrepareGroup(nb::handle params, double lr, nb::handle group, nb::handle reg
     }
     if (IsTrue(Attr(grad, t.requires_grad))) throw TakeThePythonLoop{};  // The loop detaches it.
     // With shared buffers, a gradient outside its slot is copied in by the loop.
+    // p.grad that is the slot itself (as zero_grad(set_to_none=False) keeps it)
+    // is in it without asking: data_ptr() costs about a microsecond a call.
     PyObject* slot = PyDict_GetItemWithError(shared_grads.ptr(), id.ptr());
     if (slot == nullptr && PyErr_Occurred()) throw nb::python_error();
-    if (slot != nullptr && DataPtr(slot) != grad_data) throw TakeThePythonLoop{};
+    if (slot != nullptr && slot != grad.ptr() && DataPtr(slot) != grad_data) {
+      throw TakeThePythonLoop{};
+    }
     // p.data: the parameter's memory without autograd, a tensor of its own
     // (it keeps the storage even if p.data is replaced meanwhile). The one
     // the registration kept from an earlier step while p's memory still
