@@ -133,6 +133,18 @@ def binding_seconds(client, optimizer, model, prefix, wire, calls=200):
     return (time.perf_counter() - start) / calls
 
 
+def print_python_work(remote, outside, outside_cpu, binding, best):
+    """RemoteAdamW.step's own time around Client.step, and the binding's, per step."""
+    python = statistics.median(outside[remote])
+    python_cpu = statistics.median(outside_cpu[remote])
+    print(f"  {remote}: Python work around Client.step {python * 1e3:.3f} ms wall per "
+          f"step (median; best {min(outside[remote]) * 1e3:.3f}, worst "
+          f"{max(outside[remote]) * 1e3:.3f}), {python_cpu * 1e3:.3f} ms of the "
+          f"thread's CPU time (median); the binding's own {binding[remote] * 1e3:.3f} ms "
+          f"per call; wall and binding together "
+          f"{(python + binding[remote]) / best[remote]:.3%} of the best step")
+
+
 def cpu_seconds_of(pid):
     """CPU time of all threads of process `pid` (schedstat, nanoseconds), in seconds."""
     total = 0
@@ -247,7 +259,11 @@ def main():
                        models["RemoteAdamW fp32"], "bench/py/fp32/", "float32"),
                    "RemoteAdamW bf16 wire": binding_seconds(
                        timed["RemoteAdamW bf16 wire"].client, optimizers["RemoteAdamW bf16 wire"],
-                       models["RemoteAdamW bf16 wire"], "bench/py/bf16/", "bfloat16")}
+                       models["RemoteAdamW bf16 wire"], "bench/py/bf16/", "bfloat16"),
+                   "RemoteAdamW fp32 shared": binding_seconds(
+                       timed["RemoteAdamW fp32 shared"].client,
+                       optimizers["RemoteAdamW fp32 shared"], models["RemoteAdamW fp32 shared"],
+                       "bench/py/shared/", "float32")}
 
         best = {name: min(t) for name, t in times.items()}
         median = {name: statistics.median(t) for name, t in times.items()}
@@ -274,14 +290,10 @@ def main():
                   f"{by_median:+.2%} median against median, {paired:+.2%} the median of "
                   f"the repetitions' (interleaved pairs'); client CPU time "
                   f"{by_cpu:+.2%} of the step")
-            python = statistics.median(outside[remote])
-            python_cpu = statistics.median(outside_cpu[remote])
-            print(f"  {remote}: Python work around Client.step {python * 1e3:.3f} ms wall per "
-                  f"step (median; best {min(outside[remote]) * 1e3:.3f}, worst "
-                  f"{max(outside[remote]) * 1e3:.3f}), {python_cpu * 1e3:.3f} ms of the "
-                  f"thread's CPU time (median); the binding's own {binding[remote] * 1e3:.3f} ms "
-                  f"per call; wall and binding together "
-                  f"{(python + binding[remote]) / best[remote]:.3%} of the best step")
+            print_python_work(remote, outside, outside_cpu, binding, best)
+        # The shared buffers' step has no C++ run here (optstate-client-step copies through
+        # its own buffers): its Python work and binding against its own best step.
+        print_python_work("RemoteAdamW fp32 shared", outside, outside_cpu, binding, best)
         return 0 if ok else 1
     finally:
         if daemon is not None:
