@@ -984,7 +984,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         the gradient copied there first (and made p's .grad) when autograd put it
         elsewhere; `grad` itself for a parameter without a slice."""
         slot = self._shared_grads.get(id(p))
-        if slot is None or grad.data_ptr() == slot.data_ptr():
+        if slot is None or grad is slot or grad.data_ptr() == slot.data_ptr():
             return grad
         slot.copy_(grad)
         p.grad = slot
