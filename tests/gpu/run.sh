@@ -38,6 +38,17 @@ if ! nvidia-smi -L >"$OUT/nvidia-smi.txt" 2>&1; then
 fi
 cat "$OUT/nvidia-smi.txt"
 
+PYTHON=${PYTHON:-python3}
+extension_build=
+if [[ -n "${BUNDLE:-}" ]] && ! "$PYTHON" -c 'import optstate._optstate' >/dev/null 2>&1; then
+  # A bundle's Python extension is built here, for this machine's Python,
+  # while the GPU tests run; the Python checks below wait for it.
+  echo "== building the Python extension for $PYTHON (log: $OUT/python-extension.log)"
+  PYTHON="$PYTHON" bash "$ROOT/tests/gpu/build_python_extension.sh" "$BUNDLE/site" \
+    >"$OUT/python-extension.log" 2>&1 &
+  extension_build=$!
+fi
+
 if [[ -z "${SKIP_BUILD:-}" ]]; then
   echo "== build ($BUILD)"
   cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
@@ -128,8 +139,15 @@ timeout 240 "$BENCH_BIN/gpu_step_bench" 2>&1 | tee "$OUT/bench.log"
 
 echo "== RemoteAdamW with CUDA parameters (test_cuda_staging.py) and the offload benchmark"
 # They need torch with CUDA and optstate's Python package built for this Python
-# (pip install ./client/python); without it they are reported NOT RUN and the run fails.
-PYTHON=${PYTHON:-python3}
+# (pip install ./client/python, or from a bundle built above by build_python_extension.sh);
+# without it they are reported NOT RUN and the run fails.
+if [[ -n "$extension_build" ]]; then
+  if wait "$extension_build"; then
+    export PYTHONPATH="$BUNDLE/site${PYTHONPATH:+:$PYTHONPATH}"
+  else
+    tail -20 "$OUT/python-extension.log"
+  fi
+fi
 if "$PYTHON" -c 'import torch, optstate._optstate; assert torch.cuda.is_available()' \
     >"$OUT/python-check.log" 2>&1; then
   OPTSTATED="$SERVER_BIN/optstated" OPTSTATE_REQUIRE_GPU=1 timeout 300 "$PYTHON" -m pytest \
