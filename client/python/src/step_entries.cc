@@ -18,7 +18,7 @@ void ReadOverrides(nb::handle overrides, const std::string& where, StepEntry* en
     std::string name;
     if (!nb::try_cast<std::string>(key, name)) name = "?";
     auto as_double = [&](nb::handle v, const char* what) {
-      double x;
+      double x = 0;
       if (!nb::try_cast<double>(v, x)) {
         throw nb::type_error((where + what + ": expected a float").c_str());
       }
@@ -36,7 +36,7 @@ void ReadOverrides(nb::handle overrides, const std::string& where, StepEntry* en
     } else if (name == "weight_decay") {
       entry->weight_decay = as_double(value, "weight_decay");
     } else if (name == "maximize") {
-      bool b;
+      bool b = false;
       if (!nb::try_cast<bool>(value, b)) {
         throw nb::type_error((where + "maximize: expected a bool").c_str());
       }
