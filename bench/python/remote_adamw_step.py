@@ -121,7 +121,8 @@ def binding_seconds(client, optimizer, model, prefix, wire, calls=200):
     included."""
     entries = _prepare_param_step(
         [(group["params"], float(group["lr"]), group) for group in optimizer.param_groups],
-        optimizer._registered, optimizer._owner, 0, optimizer._shared_grads)
+        optimizer._registered, optimizer._owner, 0, optimizer._shared_grads,
+        optimizer._step_plan)
     if entries is None:
         entries = [(prefix + n, p.grad, p.data, 1e-3) for n, p in model.named_parameters()]
     start = time.perf_counter()

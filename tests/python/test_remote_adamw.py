@@ -506,6 +506,162 @@ def test_the_cpp_loop_steps_a_parameter_whose_data_was_replaced_in_its_new_memor
     opt.close()
 
 
+def test_the_step_plan_follows_the_param_groups_and_the_registrations(daemon, prefix,
+                                                                       monkeypatch):
+    # The C++ loop reads each parameter's registration once, into its plan (prepared_step.h),
+    # and steps from it while the param groups hold the same parameters and the
+    # registrations stand. A param group added, a group's parameters reordered and state
+    # loaded again (which registers anew) each have it read them again: every step still
+    # takes the C++ loop, steps the bits the Python loop steps, and moves each current
+    # registration's step with the daemon's. close() drops the plan (it holds the
+    # parameters' memory).
+    import optstate.torch as remote
+    real = remote._prepare_param_step
+    taken = []
+
+    def spy(*args):
+        prepared = real(*args)
+        taken.append(prepared is not None)
+        return prepared
+
+    def run(prepare, tag):
+        monkeypatch.setattr(remote, "_prepare_param_step", prepare)
+        model = MLP(seed=4)
+        # Added later in a group of its own, frozen (a parameter stepped from then on
+        # would be at another step than the others: the Python loop's case).
+        extra = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 64), requires_grad=False)
+        opt = RemoteAdamW(two_groups(model), target=daemon.target, name_prefix=prefix + tag)
+        planned = []
+        for step in range(8):
+            if step == 2:
+                opt.add_param_group({"params": [("extra", extra)], "lr": 5e-3})
+            if step == 4:
+                for key in ("params", "param_names"):
+                    opt.param_groups[0][key].reverse()
+            if step == 6:
+                opt.load_state_dict(opt.state_dict())
+            x, y = _batch(step)
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+            planned.append(len(opt._step_plan))
+        for reg in opt._registered.values():
+            assert reg.step == (8 if reg.param.requires_grad else 0), reg.name
+            assert opt.client.describe(reg.name).max_step == reg.step, reg.name
+        # A parameter the optimizer never registered, put in a group by hand, is named
+        # (the Python loop's refusal), however many records the plan has.
+        stranger = torch.nn.Parameter(torch.zeros(10, 16))
+        stranger.grad = torch.ones(10, 16)
+        opt.param_groups[1]["params"][0] = stranger
+        with pytest.raises(ValueError, match="never registered"):
+            opt.step()
+        opt.close()
+        assert len(opt._step_plan) == 0
+        return [p.detach().clone() for p in model.parameters()], planned
+
+    fast, planned = run(spy, "cpp/")
+    assert taken == [True] * 8 + [False]
+    assert planned == [6, 6, 7, 7, 7, 7, 7, 7]  # the MLP has six parameters
+    slow, planned = run(lambda *args: None, "python/")
+    assert planned == [0] * 8
+    for after_fast, after_slow in zip(fast, slow):
+        assert bits_equal(after_fast, after_slow)
+
+
+def test_every_change_of_the_dicts_the_step_plan_was_read_from_clears_it(daemon, prefix):
+    # The plan is valid while the registrations, the ranks' shares and the gradients' slots
+    # are as it read them: RemoteAdamW keeps them in dicts that clear it on every change.
+    model = MLP(seed=5)
+    opt = RemoteAdamW(model.parameters(), target=daemon.target, name_prefix=prefix,
+                      shared_buffers=True)
+
+    def again(d, key):
+        value = d[key]
+        del d[key]
+        d[key] = value
+
+    def popped(d, key):
+        k, value = d.popitem()
+        d[k] = value
+
+    changes = {"set": lambda d, key: d.__setitem__(key, d[key]), "del": again,
+               "pop": lambda d, key: d.__setitem__(key, d.pop(key)), "popitem": popped,
+               "update": lambda d, key: d.update({key: d[key]}),
+               "setdefault": lambda d, key: d.setdefault(key, d[key])}
+    for name in ("_registered", "_owner", "_shared_grads"):
+        d = getattr(opt, name)
+        for how, change in changes.items():
+            x, y = _batch(0)
+            opt.zero_grad(set_to_none=False)
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+            assert len(opt._step_plan) == 6
+            change(d, next(iter(d)))
+            assert len(opt._step_plan) == 0, (name, how)
+    opt.close()
+
+
+def test_a_plan_cleared_while_a_step_reads_it_leaves_that_step_to_the_python_loop(
+        daemon, prefix, monkeypatch):
+    # Python code runs in the middle of the C++ loop (a torch function mode sees each p.grad
+    # read). Where it changes the registrations there, the C++ loop uses nothing it read
+    # from the plan it had and leaves the step to the Python loop: the same bits.
+    import optstate.torch as remote
+    from torch.overrides import TorchFunctionMode
+    real = remote._prepare_param_step
+    taken = []
+
+    def spy(*args):
+        prepared = real(*args)
+        taken.append(prepared is not None)
+        return prepared
+
+    monkeypatch.setattr(remote, "_prepare_param_step", spy)
+    params = [torch.nn.Parameter(torch.linspace(-1.0, 1.0, 50) * (i + 1)) for i in range(3)]
+    refs = [(p.detach().clone(), torch.zeros(50), torch.zeros(50)) for p in params]
+    opt = RemoteAdamW(params, target=daemon.target, name_prefix=prefix)
+    reads = []
+
+    class ClearsThePlan(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            reads.append(len(opt._step_plan))
+            opt._registered.update({})  # a change of no entry: the plan is cleared all the same
+            return func(*args, **(kwargs or {}))
+
+    for step in (1, 2):
+        for p, (p_ref, m_ref, v_ref) in zip(params, refs):
+            p.grad = torch.cos(p.detach() * step)
+            ieee_adamw_(p_ref, p.grad, m_ref, v_ref, step, 1e-3)
+        if step == 1:
+            opt.step()
+        else:
+            with ClearsThePlan():
+                opt.step()
+    assert taken == [True, False]
+    assert reads and len(opt._step_plan) == 0
+    for p, (p_ref, _, _) in zip(params, refs):
+        assert bits_equal(p.detach(), p_ref)
+    opt.close()
+
+
+def test_an_optimizer_its_parameters_refer_to_is_collected(daemon, prefix):
+    # step()'s plan holds the parameters, so a parameter that holds its optimizer (an
+    # attribute, a hook's closure) closes a reference cycle through the plan: the garbage
+    # collector sees the plan's references and collects the optimizer, plan and all.
+    import gc
+    import weakref
+    p = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 100))
+    opt = RemoteAdamW([p], target=daemon.target, name_prefix=prefix)
+    p.grad = torch.ones(100)
+    opt.step()
+    assert len(opt._step_plan) == 1
+    p.optimizer = opt
+    gone = weakref.ref(opt)
+    del opt, p
+    gc.collect()
+    assert gone() is None
+
+
 @pytest.mark.filterwarnings("ignore:Sparse invariant checks")
 def test_a_sparse_gradient_is_refused_by_name_and_nothing_is_applied(daemon, prefix):
     # The C++ loop cannot describe it (DLPack refuses sparse tensors) and leaves the step to

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from . import errors
 from ._jobs import (RESUME_MODES, Attached, check_resume, job_name, new_holder_id,
                     strip_wrappers, takeover_for)
-from ._optstate import Client, _prepare_param_step, _PreparedStep
+from ._optstate import Client, _prepare_param_step, _PreparedStep, _StepPlan
 from ._remote_state import RemoteState
 from ._staging import Staging
 from ._step_hooks import hooked_step, without_grad
@@ -35,9 +35,50 @@ _WIRE_DTYPES = {name: dtype for dtype, name in _WIRE_NAMES.items() if name is no
 MASTER_PARAM = "master_param"
 
 
+class _PlanSource(dict):
+    """A dict step()'s plan was read from (prepared_step.h): every change clears the plan,
+    and the next step reads it anew."""
+
+    __slots__ = ("_plan",)
+
+    def __init__(self, plan: _StepPlan):
+        super().__init__()
+        self._plan = plan
+
+    def __setitem__(self, key, value):
+        self._plan.clear()
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key):
+        self._plan.clear()
+        super().__delitem__(key)
+
+    def pop(self, *args):
+        self._plan.clear()
+        return super().pop(*args)
+
+    def popitem(self):
+        self._plan.clear()
+        return super().popitem()
+
+    def setdefault(self, *args):
+        self._plan.clear()
+        return super().setdefault(*args)
+
+    def update(self, *args, **kwargs):
+        self._plan.clear()
+        super().update(*args, **kwargs)
+
+    def clear(self):
+        self._plan.clear()
+        super().clear()
+
+
 @dataclass(eq=False)
 class _Registration:
-    """What this optimizer registered for one parameter, and what its steps reuse."""
+    """What this optimizer registered for one parameter, and what its steps reuse. All but
+    `step` and `created` are fixed once made (step()'s plan reads them once:
+    prepared_step.h); a change is a new _Registration."""
 
     param: torch.Tensor
     name: str
@@ -50,11 +91,6 @@ class _Registration:
     wire: Optional[str]
     dtype: torch.dtype  # The parameter's, at registration.
     created: bool = False  # Whether this optimizer's registration created the daemon's group.
-    # step()'s C++ loop (prepared_step.h): p.data as it last found it, and where its memory
-    # starts, reused while the parameter's memory still starts there. It holds that memory
-    # until the next step when `p.data` is replaced meanwhile.
-    data_view: Optional[torch.Tensor] = None
-    data_view_ptr: int = 0
 
     def overrides(self, group: dict) -> Optional[dict]:
         """What this step must tell the daemon beyond lr: the hyperparameters of `group`
@@ -321,15 +357,17 @@ class RemoteAdamW(torch.optim.Optimizer):
     def _init_bookkeeping(self, shared_buffers: bool, staging: str) -> None:
         """The per-parameter records, empty (construction and unpickling)."""
         # Both by id(parameter) (torch.Tensor's __hash__ is Python code); the registration
-        # holds the parameter, so its id stays its own.
-        self._registered: dict[int, _Registration] = {}
+        # holds the parameter, so its id stays its own. step() reads them through its plan,
+        # which every change of these three dicts clears.
+        self._step_plan = _StepPlan()
+        self._registered: dict[int, _Registration] = _PlanSource(self._step_plan)
         self._hyperparameter_tuples: dict[tuple, tuple] = {}  # each registered tuple, once
-        self._owner: dict[int, int] = {}
+        self._owner: dict[int, int] = _PlanSource(self._step_plan)
         # shared_buffers: the buffers (kept alive here) and, by id(parameter), the view of
         # one where its gradient goes.
         self._shared_buffers = shared_buffers
         self._buffers: list[torch.Tensor] = []
-        self._shared_grads: dict[int, torch.Tensor] = {}
+        self._shared_grads: dict[int, torch.Tensor] = _PlanSource(self._step_plan)
         # Parameters on a GPU (and with staging="always" on the CPU) step through host
         # slots of their own (_staging.py); _grad_scale is clip_grad_norm_'s, for the next
         # step.
@@ -401,6 +439,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         if self._closed:
             return
         self._closed = True
+        self._step_plan.clear()  # it holds the parameters' data and slots
         self._staging.close()  # the host slots, pinned or shared, are released here
         try:
             if self._delete_on_close:
@@ -523,7 +562,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         rank, world = self._rank_and_world()
         total = sum(p.numel() for p, _, _ in entries) or 1
         before = 0
-        self._owner = {}
+        self._owner.clear()
         for p, _, _ in entries:
             middle = before + p.numel() / 2
             self._owner[id(p)] = min(world - 1, int(middle * world // total))
@@ -746,7 +785,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         if not staging_engaged and finish_to is None:
             prepared = _prepare_param_step(
                 [(group["params"], _as_float(group["lr"]), group) for group in self.param_groups],
-                registered, self._owner, rank, shared_grads)
+                registered, self._owner, rank, shared_grads, self._step_plan)
         if prepared is not None:
             if len(prepared):
                 key = (prepared.step, prepared.wire)

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/types/span.h"
+
 namespace nb = nanobind;
 using namespace nb::literals;
 
@@ -93,8 +95,6 @@ struct TorchObjects {
   PyObject* wire;
   PyObject* hyperparameters;
   PyObject* overrides;
-  PyObject* data_view;
-  PyObject* data_view_ptr;
   // torch's DLPack C exchange table, where this torch has one; else null.
   const DlpackExchangeApi* exchange;
 };
@@ -122,8 +122,6 @@ const TorchObjects& Objects() {
     t.wire = intern("wire");
     t.hyperparameters = intern("hyperparameters");
     t.overrides = intern("overrides");
-    t.data_view = intern("data_view");
-    t.data_view_ptr = intern("data_view_ptr");
     t.exchange = ExchangeApiOf(torch.attr("Tensor"));
     return t;
   }();
@@ -184,24 +182,21 @@ nb::dlpack::dtype DlpackTypeOf(WireType type) {
   }
 }
 
-// The start of `tensor`'s memory where `dl` (its description) says it is a
-// CPU tensor of `type` with the shape `shape` (a torch.Size), C-contiguous (a
-// dimension of length 1 may have any stride); anything else takes the
-// Python loop.
-uint64_t MemoryIn(const nb::dlpack::dltensor& dl, WireType type, nb::handle shape) {
+// The start of a tensor's memory where `dl` (its description) says it is a
+// CPU tensor of `type` and shape `shape`, C-contiguous (a dimension of length
+// 1 may have any stride); anything else takes the Python loop.
+uint64_t MemoryIn(const nb::dlpack::dltensor& dl, WireType type, absl::Span<const int64_t> shape) {
   if (dl.device.device_type != kDLCPU || dl.dtype != DlpackTypeOf(type) ||
-      !PyTuple_Check(shape.ptr()) || dl.ndim != PyTuple_GET_SIZE(shape.ptr())) {
+      dl.ndim != static_cast<int32_t>(shape.size())) {
     throw TakeThePythonLoop{};
   }
   int64_t contiguous_stride = 1;
   for (int32_t i = dl.ndim; i-- > 0;) {
-    const long size = PyLong_AsLong(PyTuple_GET_ITEM(shape.ptr(), i));
-    if (size == -1 && PyErr_Occurred()) throw nb::python_error();
-    if (dl.shape[i] != size) throw TakeThePythonLoop{};
-    if (size != 1 && dl.strides != nullptr && dl.strides[i] != contiguous_stride) {
+    if (dl.shape[i] != shape[i]) throw TakeThePythonLoop{};
+    if (shape[i] != 1 && dl.strides != nullptr && dl.strides[i] != contiguous_stride) {
       throw TakeThePythonLoop{};
     }
-    contiguous_stride *= size;
+    contiguous_stride *= shape[i];
   }
   return reinterpret_cast<uintptr_t>(dl.data) + dl.byte_offset;
 }
@@ -212,7 +207,7 @@ uint64_t MemoryIn(const nb::dlpack::dltensor& dl, WireType type, nb::handle shap
 // (one C++ call: the attributes one by one cost more). The table describes a
 // negated view (torch._neg_view) by its memory, which holds the negation of
 // its values; the Python loop's views read that memory as it is too.
-uint64_t MemoryOf(nb::handle tensor, WireType type, nb::handle shape) {
+uint64_t MemoryOf(nb::handle tensor, WireType type, absl::Span<const int64_t> shape) {
   const TorchObjects& t = Objects();
   if (t.exchange != nullptr) {
     nb::dlpack::dltensor dl{};
@@ -229,16 +224,6 @@ uint64_t MemoryOf(nb::handle tensor, WireType type, nb::handle shape) {
   return MemoryIn(managed->dl_tensor, type, shape);
 }
 
-// The elements of a torch.Size (a tuple of ints).
-uint64_t Elements(nb::handle shape) {
-  if (!PyTuple_Check(shape.ptr())) throw TakeThePythonLoop{};
-  uint64_t n = 1;
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape.ptr()); ++i) {
-    n *= AsUnsigned(PyTuple_GET_ITEM(shape.ptr(), i));
-  }
-  return n;
-}
-
 // A view of a CPU tensor's memory at `data`, checked by the caller, kept alive
 // by it.
 HostBuffer ViewOf(nb::object tensor, uint64_t data, WireType type, uint64_t elements) {
@@ -250,132 +235,256 @@ HostBuffer ViewOf(nb::object tensor, uint64_t data, WireType type, uint64_t elem
   return view;
 }
 
-// The loop of RemoteAdamW.step for one param group, over `params` (its
-// "params" list), appending to `prepared`.
-void PrepareGroup(nb::handle params, double lr, nb::handle group, nb::handle registered,
-                  nb::handle owner, nb::handle rank, nb::handle shared_grads,
-                  PreparedStep* prepared) {
+// The record of `p` (a parameter of the param groups) from what registration
+// made: `registered`, `owner` and `shared_grads` as _prepare_param_step's.
+PlannedParameter PlanParameter(nb::handle p, nb::handle registered, nb::handle owner,
+                               nb::handle rank, nb::handle shared_grads) {
   const TorchObjects& t = Objects();
-  if (!PyList_Check(params.ptr())) throw TakeThePythonLoop{};
+  PlannedParameter planned;
+  planned.param = nb::borrow(p);
+  if (Py_TYPE(p.ptr()) != reinterpret_cast<PyTypeObject*>(t.tensor_type) &&
+      Py_TYPE(p.ptr()) != reinterpret_cast<PyTypeObject*>(t.parameter_type)) {
+    return planned;  // kPythonLoop
+  }
+  const nb::object id = nb::steal(PyLong_FromVoidPtr(p.ptr()));  // id(p)
+  if (!id.is_valid()) throw nb::python_error();
+  PyObject* found = PyDict_GetItemWithError(registered.ptr(), id.ptr());
+  if (found == nullptr) {
+    if (PyErr_Occurred()) throw nb::python_error();
+    PyObject* rank_of = PyDict_GetItemWithError(owner.ptr(), id.ptr());
+    if (rank_of == nullptr && PyErr_Occurred()) throw nb::python_error();
+    if (rank_of != nullptr) {
+      const int other = PyObject_RichCompareBool(rank_of, rank.ptr(), Py_NE);
+      if (other < 0) throw nb::python_error();
+      if (other == 1) planned.kind = PlannedParameter::Kind::kOtherRank;
+    }
+    return planned;  // Never registered (unless another rank's): the loop says so.
+  }
+  const nb::object reg = nb::borrow(found);
+  const nb::object fields = nb::steal(PyObject_GenericGetDict(reg.ptr(), nullptr));
+  if (!fields.is_valid()) throw nb::python_error();
+  if (!PyDict_Check(fields.ptr())) throw TakeThePythonLoop{};
+  const nb::object dtype = Field(fields, t.dtype);
+  if (dtype.is(nb::handle(t.float32))) {
+    planned.type = WireType::kFloat32;
+  } else if (dtype.is(nb::handle(t.bfloat16))) {
+    planned.type = WireType::kBFloat16;
+  } else if (dtype.is(nb::handle(t.float16))) {
+    planned.type = WireType::kFloat16;
+  } else {
+    return planned;
+  }
+  const nb::object shape = Field(fields, t.shape);
+  if (!PyTuple_Check(shape.ptr())) return planned;
+  planned.elements = 1;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape.ptr()); ++i) {
+    const uint64_t size = AsUnsigned(PyTuple_GET_ITEM(shape.ptr(), i));
+    planned.shape.push_back(static_cast<int64_t>(size));
+    planned.elements *= size;
+  }
+  if (planned.elements == 0) return planned;
+  planned.name = nb::cast<std::string>(Field(fields, t.name));
+  planned.hyperparameters = Field(fields, t.hyperparameters);
+  planned.wire = Field(fields, t.wire);
+  PyObject* slot = PyDict_GetItemWithError(shared_grads.ptr(), id.ptr());
+  if (slot == nullptr && PyErr_Occurred()) throw nb::python_error();
+  if (slot != nullptr) {
+    planned.slot = nb::borrow(slot);
+    planned.slot_data = DataPtr(slot);
+  }
+  planned.registration = reg;
+  planned.kind = PlannedParameter::Kind::kStep;
+  return planned;
+}
+
+// `plan` read anew from the param groups and the dicts.
+void BuildPlan(nb::handle param_groups, nb::handle registered, nb::handle owner, nb::handle rank,
+               nb::handle shared_grads, StepPlan* plan) {
+  plan->Clear();
+  const uint64_t generation = plan->generation;
+  StepPlan built;
+  for (nb::handle item : nb::borrow<nb::list>(param_groups)) {
+    const nb::handle params = PyTuple_GET_ITEM(item.ptr(), 0);
+    const Py_ssize_t n = PyList_GET_SIZE(params.ptr());
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      built.parameters.push_back(
+          PlanParameter(PyList_GET_ITEM(params.ptr(), i), registered, owner, rank, shared_grads));
+    }
+    built.group_sizes.push_back(static_cast<size_t>(n));
+  }
+  built.registered = registered.ptr();
+  built.owner = owner.ptr();
+  built.shared_grads = shared_grads.ptr();
+  built.rank = nb::borrow(rank);
+  if (plan->generation != generation) throw TakeThePythonLoop{};  // Cleared meanwhile.
+  built.generation = generation;
+  *plan = std::move(built);
+}
+
+// Whether `plan` was read from these dicts and rank, for as many groups.
+bool PlanFits(const StepPlan& plan, nb::handle param_groups, nb::handle registered,
+              nb::handle owner, nb::handle rank, nb::handle shared_grads) {
+  if (plan.empty() || plan.registered != registered.ptr() || plan.owner != owner.ptr() ||
+      plan.shared_grads != shared_grads.ptr() ||
+      plan.group_sizes.size() != static_cast<size_t>(PyList_GET_SIZE(param_groups.ptr()))) {
+    return false;
+  }
+  const int same = PyObject_RichCompareBool(plan.rank.ptr(), rank.ptr(), Py_EQ);
+  if (same < 0) throw nb::python_error();
+  return same == 1;
+}
+
+// Thrown where a param group's parameters are not those the plan has.
+struct PlanOutOfDate {};
+
+// A plan's records, taken out of it for one step and given back after it
+// unless the plan was cleared meanwhile: a record is never used after a
+// Clear(), which would have destroyed it under the step's feet.
+class CheckedOutPlan {
+ public:
+  explicit CheckedOutPlan(StepPlan* plan)
+      : plan_(plan),
+        generation_(plan->generation),
+        parameters_(std::move(plan->parameters)),
+        group_sizes_(std::move(plan->group_sizes)) {
+    plan->parameters.clear();
+    plan->group_sizes.clear();
+  }
+  CheckedOutPlan(const CheckedOutPlan&) = delete;
+  CheckedOutPlan& operator=(const CheckedOutPlan&) = delete;
+  ~CheckedOutPlan() {
+    if (!cleared()) {
+      plan_->parameters = std::move(parameters_);
+      plan_->group_sizes = std::move(group_sizes_);
+    }
+  }
+
+  bool cleared() const { return plan_->generation != generation_; }
+  std::vector<PlannedParameter>& parameters() { return parameters_; }
+  const std::vector<size_t>& group_sizes() const { return group_sizes_; }
+
+ private:
+  StepPlan* plan_;
+  uint64_t generation_;
+  std::vector<PlannedParameter> parameters_;
+  std::vector<size_t> group_sizes_;
+};
+
+// The loop of RemoteAdamW.step for one param group, over `params` (its
+// "params" list), appending to `prepared`; `next` is the plan's record of the
+// group's first parameter, and is advanced past its last.
+void StepGroup(nb::handle params, double lr, nb::handle group, CheckedOutPlan* plan,
+               size_t group_index, size_t* next, PreparedStep* prepared) {
+  const TorchObjects& t = Objects();
+  const Py_ssize_t n = PyList_GET_SIZE(params.ptr());
+  if (static_cast<size_t>(n) != plan->group_sizes()[group_index]) throw PlanOutOfDate{};
   // The overrides of each registration's hyperparameters in this group, by
   // the tuple's identity (registration shares equal tuples).
-  std::vector<std::pair<nb::object, nb::object>> overrides_by_registration;
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(params.ptr()); ++i) {
-    // Held: reg.overrides(group) below is Python code.
-    const nb::object p = nb::borrow(PyList_GET_ITEM(params.ptr(), i));
-    if (Py_TYPE(p.ptr()) != reinterpret_cast<PyTypeObject*>(t.tensor_type) &&
-        Py_TYPE(p.ptr()) != reinterpret_cast<PyTypeObject*>(t.parameter_type)) {
-      throw TakeThePythonLoop{};
-    }
+  std::vector<std::pair<nb::handle, nb::object>> overrides_by_registration;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PlannedParameter& planned = plan->parameters()[(*next)++];
+    if (PyList_GET_ITEM(params.ptr(), i) != planned.param.ptr()) throw PlanOutOfDate{};
+    const nb::handle p = planned.param;
     nb::object grad = Attr(p, t.grad);
     if (grad.is_none()) continue;
     if (Py_TYPE(grad.ptr()) != reinterpret_cast<PyTypeObject*>(t.tensor_type)) {
       throw TakeThePythonLoop{};
     }
-    const nb::object id = nb::steal(PyLong_FromVoidPtr(p.ptr()));  // id(p)
-    if (!id.is_valid()) throw nb::python_error();
-    PyObject* found = PyDict_GetItemWithError(registered.ptr(), id.ptr());
-    if (found == nullptr) {
-      if (PyErr_Occurred()) throw nb::python_error();
-      PyObject* rank_of = PyDict_GetItemWithError(owner.ptr(), id.ptr());
-      if (rank_of == nullptr && PyErr_Occurred()) throw nb::python_error();
-      if (rank_of != nullptr) {
-        const int other = PyObject_RichCompareBool(rank_of, rank.ptr(), Py_NE);
-        if (other < 0) throw nb::python_error();
-        if (other == 1) continue;  // Another rank steps it.
-      }
-      throw TakeThePythonLoop{};  // Never registered: the loop says so.
-    }
-    const nb::object reg = nb::borrow(found);
-    const nb::object fields = nb::steal(PyObject_GenericGetDict(reg.ptr(), nullptr));
-    if (!fields.is_valid()) throw nb::python_error();
-    if (!PyDict_Check(fields.ptr())) throw TakeThePythonLoop{};
+    if (planned.kind == PlannedParameter::Kind::kOtherRank) continue;  // Another rank steps it.
+    if (planned.kind != PlannedParameter::Kind::kStep) throw TakeThePythonLoop{};
     // Both of the registered dtype and shape, on the CPU, contiguous.
-    const nb::object dtype = Field(fields, t.dtype);
-    WireType type;
-    if (dtype.is(nb::handle(t.float32))) {
-      type = WireType::kFloat32;
-    } else if (dtype.is(nb::handle(t.bfloat16))) {
-      type = WireType::kBFloat16;
-    } else if (dtype.is(nb::handle(t.float16))) {
-      type = WireType::kFloat16;
-    } else {
-      throw TakeThePythonLoop{};
+    const uint64_t data_ptr = MemoryOf(p, planned.type, planned.shape);
+    const uint64_t grad_data = MemoryOf(grad, planned.type, planned.shape);
+    // With shared buffers, a gradient outside its slot is copied in by the
+    // loop; p.grad that is the slot itself (as zero_grad(set_to_none=False)
+    // keeps it) is ours, and where it requires grad its memory is read all
+    // the same. Another gradient that requires grad (backward's create_graph)
+    // the loop detaches.
+    if (!grad.is(planned.slot)) {
+      if (planned.slot.is_valid() && grad_data != planned.slot_data) throw TakeThePythonLoop{};
+      if (IsTrue(Attr(grad, t.requires_grad))) throw TakeThePythonLoop{};
     }
-    const nb::object shape = Field(fields, t.shape);
-    const uint64_t data_ptr = MemoryOf(p, type, shape);
-    const uint64_t grad_data = MemoryOf(grad, type, shape);
-    const nb::object hyperparameters = Field(fields, t.hyperparameters);
     nb::object overrides;
     for (const auto& [tuple, known] : overrides_by_registration) {
-      if (tuple.is(hyperparameters)) {
+      if (tuple.is(planned.hyperparameters)) {
         overrides = known;
         break;
       }
     }
     if (!overrides.is_valid()) {
-      overrides = nb::steal(PyObject_CallMethodOneArg(reg.ptr(), t.overrides, group.ptr()));
+      overrides = nb::steal(
+          PyObject_CallMethodOneArg(planned.registration.ptr(), t.overrides, group.ptr()));
       if (!overrides.is_valid()) throw nb::python_error();
-      overrides_by_registration.emplace_back(hyperparameters, overrides);
+      overrides_by_registration.emplace_back(planned.hyperparameters, overrides);
     }
-    // One call: one step and one wire type for all.
+    // One call: one step and one wire type for all. The step is the
+    // registration's, which step() moves on.
+    const nb::object fields =
+        nb::steal(PyObject_GenericGetDict(planned.registration.ptr(), nullptr));
+    if (!fields.is_valid()) throw nb::python_error();
+    if (!PyDict_Check(fields.ptr())) throw TakeThePythonLoop{};
     const uint64_t step = AsUnsigned(Field(fields, t.step)) + 1;
-    nb::object wire = Field(fields, t.wire);
     if (!prepared->wire.is_valid()) {
       prepared->step = step;
-      prepared->wire = wire;
+      prepared->wire = planned.wire;
     } else if (step != prepared->step) {
       throw TakeThePythonLoop{};
-    } else if (!(wire.is_none() && prepared->wire.is_none())) {
-      const int same = PyObject_RichCompareBool(wire.ptr(), prepared->wire.ptr(), Py_EQ);
+    } else if (!(planned.wire.is_none() && prepared->wire.is_none())) {
+      const int same = PyObject_RichCompareBool(planned.wire.ptr(), prepared->wire.ptr(), Py_EQ);
       if (same < 0) throw nb::python_error();
       if (same == 0) throw TakeThePythonLoop{};
     }
-    if (IsTrue(Attr(grad, t.requires_grad))) throw TakeThePythonLoop{};  // The loop detaches it.
-    // With shared buffers, a gradient outside its slot is copied in by the loop.
-    // p.grad that is the slot itself (as zero_grad(set_to_none=False) keeps it)
-    // is in it without asking: data_ptr() costs about a microsecond a call.
-    PyObject* slot = PyDict_GetItemWithError(shared_grads.ptr(), id.ptr());
-    if (slot == nullptr && PyErr_Occurred()) throw nb::python_error();
-    if (slot != nullptr && slot != grad.ptr() && DataPtr(slot) != grad_data) {
-      throw TakeThePythonLoop{};
-    }
     // p.data: the parameter's memory without autograd, a tensor of its own
     // (it keeps the storage even if p.data is replaced meanwhile). The one
-    // the registration kept from an earlier step while p's memory still
-    // starts where it did: that memory then is p's (its dtype, shape and
-    // contiguity were checked above), and no tensor is made.
-    nb::object data = Field(fields, t.data_view);
-    if (data.is_none() || AsUnsigned(Field(fields, t.data_view_ptr)) != data_ptr) {
-      data = Attr(p, t.data);
+    // an earlier step made while p's memory still starts where it did: that
+    // memory then is p's (its dtype, shape and contiguity were checked
+    // above), and no tensor is made.
+    if (!planned.data.is_valid() || planned.data_ptr != data_ptr) {
+      nb::object data = Attr(p, t.data);
       if (DataPtr(data) != data_ptr) throw TakeThePythonLoop{};
-      const nb::object ptr = nb::steal(PyLong_FromUnsignedLong(data_ptr));
-      if (!ptr.is_valid() || PyDict_SetItem(fields.ptr(), t.data_view, data.ptr()) != 0 ||
-          PyDict_SetItem(fields.ptr(), t.data_view_ptr, ptr.ptr()) != 0) {
-        throw nb::python_error();
-      }
+      planned.data = std::move(data);
+      planned.data_ptr = data_ptr;
     }
-    const uint64_t elements = Elements(shape);
-    if (elements == 0) throw TakeThePythonLoop{};
-    StepEntry entry{nb::cast<std::string>(Field(fields, t.name)),
-                    ViewOf(std::move(grad), grad_data, type, elements),
-                    ViewOf(std::move(data), data_ptr, type, elements), lr};
+    StepEntry entry{planned.name,
+                    ViewOf(std::move(grad), grad_data, planned.type, planned.elements),
+                    ViewOf(planned.data, data_ptr, planned.type, planned.elements), lr};
     if (!overrides.is_none()) ReadOverrides(overrides, "", &entry);
     prepared->entries.push_back(std::move(entry));
-    prepared->registrations.append(reg);
-    prepared->any_float32 = prepared->any_float32 || type == WireType::kFloat32;
+    prepared->registrations.append(planned.registration);
+    prepared->any_float32 = prepared->any_float32 || planned.type == WireType::kFloat32;
   }
 }
 
+// The step's entries from `plan`, which fits the param groups' number.
+PreparedStep StepFromPlan(nb::handle param_groups, size_t params, StepPlan* plan) {
+  if (plan->parameters.size() != params) throw PlanOutOfDate{};
+  CheckedOutPlan checked_out(plan);
+  PreparedStep prepared;
+  // Room for every parameter's entry at once: an entry is a few hundred
+  // bytes, and growing the vector would move them all several times.
+  prepared.entries.reserve(params);
+  size_t next = 0;
+  size_t group_index = 0;
+  for (nb::handle item : nb::borrow<nb::list>(param_groups)) {
+    const nb::handle lr = PyTuple_GET_ITEM(item.ptr(), 1);
+    if (!PyFloat_Check(lr.ptr())) throw TakeThePythonLoop{};
+    StepGroup(PyTuple_GET_ITEM(item.ptr(), 0), PyFloat_AS_DOUBLE(lr.ptr()),
+              PyTuple_GET_ITEM(item.ptr(), 2), &checked_out, group_index++, &next, &prepared);
+  }
+  // What changed the registrations meanwhile may have changed this step: the
+  // Python loop reads it all again.
+  if (checked_out.cleared()) throw TakeThePythonLoop{};
+  if (!prepared.wire.is_valid()) prepared.wire = nb::none();
+  return prepared;
+}
+
 nb::object PrepareParamStep(nb::handle param_groups, nb::handle registered, nb::handle owner,
-                            nb::handle rank, nb::handle shared_grads) {
+                            nb::handle rank, nb::handle shared_grads, StepPlan& plan) {
   try {
     if (!PyList_Check(param_groups.ptr()) || !PyDict_Check(registered.ptr()) ||
         !PyDict_Check(owner.ptr()) || !PyDict_Check(shared_grads.ptr())) {
       throw TakeThePythonLoop{};
     }
-    // Room for every parameter's entry at once: an entry is a few hundred
-    // bytes, and growing the vector would move them all several times.
     size_t params = 0;
     for (nb::handle item : nb::borrow<nb::list>(param_groups)) {
       if (!PyTuple_Check(item.ptr()) || PyTuple_GET_SIZE(item.ptr()) != 3 ||
@@ -384,17 +493,20 @@ nb::object PrepareParamStep(nb::handle param_groups, nb::handle registered, nb::
       }
       params += static_cast<size_t>(PyList_GET_SIZE(PyTuple_GET_ITEM(item.ptr(), 0)));
     }
-    PreparedStep prepared;
-    prepared.entries.reserve(params);
-    for (nb::handle item : nb::borrow<nb::list>(param_groups)) {
-      const nb::handle lr = PyTuple_GET_ITEM(item.ptr(), 1);
-      if (!PyFloat_Check(lr.ptr())) throw TakeThePythonLoop{};
-      PrepareGroup(PyTuple_GET_ITEM(item.ptr(), 0), PyFloat_AS_DOUBLE(lr.ptr()),
-                   PyTuple_GET_ITEM(item.ptr(), 2), registered, owner, rank, shared_grads,
-                   &prepared);
+    if (!PlanFits(plan, param_groups, registered, owner, rank, shared_grads)) {
+      BuildPlan(param_groups, registered, owner, rank, shared_grads, &plan);
     }
-    if (!prepared.wire.is_valid()) prepared.wire = nb::none();
-    return nb::cast(std::move(prepared));
+    try {
+      return nb::cast(StepFromPlan(param_groups, params, &plan));
+    } catch (const PlanOutOfDate&) {
+      // A param group's parameters changed (added, removed or reordered):
+      // read them again, once.
+      BuildPlan(param_groups, registered, owner, rank, shared_grads, &plan);
+      return nb::cast(StepFromPlan(param_groups, params, &plan));
+    }
+  } catch (const PlanOutOfDate&) {
+    plan.Clear();
+    return nb::none();
   } catch (const TakeThePythonLoop&) {
     return nb::none();
   } catch (nb::python_error& e) {
@@ -406,6 +518,30 @@ nb::object PrepareParamStep(nb::handle param_groups, nb::handle registered, nb::
     return nb::none();
   }
 }
+
+// The garbage collector's view of a _StepPlan: the references it holds.
+int StepPlanTraverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));  // A heap type's instance refers to its type.
+  if (!nb::inst_ready(self)) return 0;
+  const StepPlan* plan = nb::inst_ptr<StepPlan>(self);
+  for (const PlannedParameter& planned : plan->parameters) {
+    for (const nb::object* o : {&planned.param, &planned.registration, &planned.hyperparameters,
+                                &planned.wire, &planned.slot, &planned.data}) {
+      Py_VISIT(o->ptr());
+    }
+  }
+  Py_VISIT(plan->rank.ptr());
+  return 0;
+}
+
+int StepPlanClear(PyObject* self) {
+  if (nb::inst_ready(self)) nb::inst_ptr<StepPlan>(self)->Clear();
+  return 0;
+}
+
+PyType_Slot step_plan_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(StepPlanTraverse)},
+                                 {Py_tp_clear, reinterpret_cast<void*>(StepPlanClear)},
+                                 {0, nullptr}};
 
 // Entry i as the Python loop makes it: (name, gradient, p.data, lr,
 // overrides or None), for a caller that reads a step's groups.
@@ -440,8 +576,14 @@ void BindPreparedStep(nb::module_& m) {
       .def("__getitem__", &EntryTuple, "i"_a,
            "Group i as RemoteAdamW's Python loop makes it: (name, gradient, p.data, lr, "
            "overrides or None).");
+  nb::class_<StepPlan>(m, "_StepPlan", nb::type_slots(step_plan_slots),
+                       "What RemoteAdamW's steps read of its parameters' registrations, in "
+                       "param group order (prepared_step.h); clear() it on every change of them.")
+      .def(nb::init<>())
+      .def("clear", &StepPlan::Clear)
+      .def("__len__", [](const StepPlan& plan) { return plan.parameters.size(); });
   m.def("_prepare_param_step", &PrepareParamStep, "param_groups"_a, "registered"_a, "owner"_a,
-        "rank"_a, "shared_grads"_a,
+        "rank"_a, "shared_grads"_a, "plan"_a,
         "RemoteAdamW.step's loop over its parameters in C++, for the common case: a "
         "_PreparedStep, or None where the Python loop must run (prepared_step.h).");
 }
