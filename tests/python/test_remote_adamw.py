@@ -42,6 +42,22 @@ class CountingClient:
         return getattr(self.client, name)
 
 
+def _steps_the_cpp_loop_takes(monkeypatch):
+    """A list that gets, for each step() from now on, whether RemoteAdamW's C++ loop
+    (_prepare_param_step) took it."""
+    import optstate.torch as remote
+    real = remote._prepare_param_step
+    taken = []
+
+    def spy(*args):
+        prepared = real(*args)
+        taken.append(prepared is not None)
+        return prepared
+
+    monkeypatch.setattr(remote, "_prepare_param_step", spy)
+    return taken
+
+
 def _batch(step, inputs=32, outputs=10):
     gen = torch.Generator().manual_seed(1000 + step)
     return torch.randn(128, inputs, generator=gen), torch.randn(128, outputs, generator=gen)
@@ -469,16 +485,7 @@ def test_the_cpp_loop_steps_a_parameter_whose_data_was_replaced_in_its_new_memor
     # parameter's memory starts where it did. Data replaced by other memory is stepped
     # there (the old memory is not written again); data viewed in the same memory but not
     # contiguously is left to the Python loop, which refuses it by name, applying nothing.
-    import optstate.torch as remote
-    real = remote._prepare_param_step
-    taken = []
-
-    def spy(*args):
-        prepared = real(*args)
-        taken.append(prepared is not None)
-        return prepared
-
-    monkeypatch.setattr(remote, "_prepare_param_step", spy)
+    taken = _steps_the_cpp_loop_takes(monkeypatch)
     p = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 256).reshape(16, 16))
     p_ref, m_ref, v_ref = p.detach().clone(), torch.zeros(16, 16), torch.zeros(16, 16)
     opt = RemoteAdamW([p], target=daemon.target, name_prefix=prefix)
@@ -516,16 +523,8 @@ def test_the_step_plan_follows_the_param_groups_and_the_registrations(daemon, pr
     # registration's step with the daemon's. close() drops the plan (it holds the
     # parameters' memory).
     import optstate.torch as remote
-    real = remote._prepare_param_step
-    taken = []
 
-    def spy(*args):
-        prepared = real(*args)
-        taken.append(prepared is not None)
-        return prepared
-
-    def run(prepare, tag):
-        monkeypatch.setattr(remote, "_prepare_param_step", prepare)
+    def run(tag):
         model = MLP(seed=4)
         # Added later in a group of its own, frozen (a parameter stepped from then on
         # would be at another step than the others: the Python loop's case).
@@ -559,10 +558,12 @@ def test_the_step_plan_follows_the_param_groups_and_the_registrations(daemon, pr
         assert len(opt._step_plan) == 0
         return [p.detach().clone() for p in model.parameters()], planned
 
-    fast, planned = run(spy, "cpp/")
+    taken = _steps_the_cpp_loop_takes(monkeypatch)
+    fast, planned = run("cpp/")
     assert taken == [True] * 8 + [False]
     assert planned == [6, 6, 7, 7, 7, 7, 7, 7]  # the MLP has six parameters
-    slow, planned = run(lambda *args: None, "python/")
+    monkeypatch.setattr(remote, "_prepare_param_step", lambda *args: None)
+    slow, planned = run("python/")
     assert planned == [0] * 8
     for after_fast, after_slow in zip(fast, slow):
         assert bits_equal(after_fast, after_slow)
@@ -606,17 +607,8 @@ def test_a_plan_cleared_while_a_step_reads_it_leaves_that_step_to_the_python_loo
     # Python code runs in the middle of the C++ loop (a torch function mode sees each p.grad
     # read). Where it changes the registrations there, the C++ loop uses nothing it read
     # from the plan it had and leaves the step to the Python loop: the same bits.
-    import optstate.torch as remote
     from torch.overrides import TorchFunctionMode
-    real = remote._prepare_param_step
-    taken = []
-
-    def spy(*args):
-        prepared = real(*args)
-        taken.append(prepared is not None)
-        return prepared
-
-    monkeypatch.setattr(remote, "_prepare_param_step", spy)
+    taken = _steps_the_cpp_loop_takes(monkeypatch)
     params = [torch.nn.Parameter(torch.linspace(-1.0, 1.0, 50) * (i + 1)) for i in range(3)]
     refs = [(p.detach().clone(), torch.zeros(50), torch.zeros(50)) for p in params]
     opt = RemoteAdamW(params, target=daemon.target, name_prefix=prefix)
