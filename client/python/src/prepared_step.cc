@@ -305,12 +305,13 @@ void BuildPlan(nb::handle param_groups, nb::handle registered, nb::handle owner,
   StepPlan built;
   for (nb::handle item : nb::borrow<nb::list>(param_groups)) {
     const nb::handle params = PyTuple_GET_ITEM(item.ptr(), 0);
-    const Py_ssize_t n = PyList_GET_SIZE(params.ptr());
-    for (Py_ssize_t i = 0; i < n; ++i) {
+    // The list's size read at each parameter: reading one runs Python code.
+    Py_ssize_t i = 0;
+    for (; i < PyList_GET_SIZE(params.ptr()); ++i) {
       built.parameters.push_back(
           PlanParameter(PyList_GET_ITEM(params.ptr(), i), registered, owner, rank, shared_grads));
     }
-    built.group_sizes.push_back(static_cast<size_t>(n));
+    built.group_sizes.push_back(static_cast<size_t>(i));
   }
   built.registered = registered.ptr();
   built.owner = owner.ptr();
@@ -378,10 +379,14 @@ void StepGroup(nb::handle params, double lr, nb::handle group, CheckedOutPlan* p
   const TorchObjects& t = Objects();
   const Py_ssize_t n = PyList_GET_SIZE(params.ptr());
   if (static_cast<size_t>(n) != plan->group_sizes()[group_index]) throw PlanOutOfDate{};
+  // Python code runs for each parameter (torch's getters): a list changed
+  // meanwhile is found by its size at each parameter, and its parameters by
+  // identity.
   // The overrides of each registration's hyperparameters in this group, by
   // the tuple's identity (registration shares equal tuples).
   std::vector<std::pair<nb::handle, nb::object>> overrides_by_registration;
   for (Py_ssize_t i = 0; i < n; ++i) {
+    if (PyList_GET_SIZE(params.ptr()) != n) throw TakeThePythonLoop{};
     PlannedParameter& planned = plan->parameters()[(*next)++];
     if (PyList_GET_ITEM(params.ptr(), i) != planned.param.ptr()) throw PlanOutOfDate{};
     const nb::handle p = planned.param;
