@@ -44,7 +44,11 @@ for source in "$ROOT"/client/python/src/*.cc; do
   name=$(basename "$source" .cc)
   # As client/python/CMakeLists.txt: the per-tensor loops for speed, the rest for size.
   case $name in prepared_step | step_entries | buffers) speed=-O2 ;; *) speed= ;; esac
-  compile "$source" "$WORK/$name.o" -Os $speed -Wall -Wextra -Wno-unused-parameter \
+  # <cstdint> first: some of Abseil 20220623's headers use its types without
+  # including it, and GCC 13's standard headers (Ubuntu 24.04's) may not bring
+  # it in on the way as GCC 12's do.
+  compile "$source" "$WORK/$name.o" -Os $speed -include cstdint -Wall -Wextra \
+    -Wno-unused-parameter \
     -I"$ROOT/client/python/src" -I"$ROOT/client/include" -I"$ROOT/common/include" \
     -isystem "$BUNDLE/python/include" &
   pids+=($!)
