@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """One optimizer step of a stack of Linear layers (100M parameters by default):
-optstate.torch.RemoteAdamW (fp32 wire and bf16 wire) against torch.optim.AdamW with
+optstate.torch.RemoteAdamW (fp32 wire and bf16 wire; and with shared_buffers=True, a float32
+and a bfloat16 model, whose Python work is reported against their own step) against
+torch.optim.AdamW with
 foreach=True and fused=True on the same machine in the same run, and against the C++
 client stepping the same bytes (optstate-client-step, bench/python/client_step_timing.cc:
 groups of the same sizes registered with the same initial values, stepped with the same
@@ -186,15 +188,19 @@ def main():
               f"in {len(sizes)} tensors; torch {torch.__version__}, "
               f"{torch.get_num_threads()} torch threads; load average "
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-        names = ["RemoteAdamW fp32", "RemoteAdamW bf16 wire", "RemoteAdamW fp32 shared"]
+        names = ["RemoteAdamW fp32", "RemoteAdamW bf16 wire", "RemoteAdamW fp32 shared",
+                 "RemoteAdamW bf16 shared"]
         if not args.skip_torch:
             names = ["torch foreach", "torch fused"] + names
         models = {name: copy.deepcopy(base) for name in names}
         gen = torch.Generator().manual_seed(1)
         grads = [torch.randn(p.shape, generator=gen) * 1e-2 for p in base.parameters()]
+        # A bfloat16 model (its parameters and gradients in 16 bits, stepped in place in a
+        # shared buffer, the daemon's master weights in float32).
+        models["RemoteAdamW bf16 shared"].to(torch.bfloat16)
         for model in models.values():  # the same gradients for every optimizer
             for p, g in zip(model.parameters(), grads):
-                p.grad = g.clone()
+                p.grad = g.to(p.dtype)
         timed = {name: TimedClient(target) for name in names if name.startswith("Remote")}
         optimizers = {
             "RemoteAdamW fp32": RemoteAdamW(models["RemoteAdamW fp32"].named_parameters(),
@@ -208,6 +214,10 @@ def main():
             "RemoteAdamW fp32 shared": RemoteAdamW(
                 models["RemoteAdamW fp32 shared"].named_parameters(),
                 client=timed["RemoteAdamW fp32 shared"], name_prefix="bench/py/shared/",
+                shared_buffers=True),
+            "RemoteAdamW bf16 shared": RemoteAdamW(
+                models["RemoteAdamW bf16 shared"].named_parameters(),
+                client=timed["RemoteAdamW bf16 shared"], name_prefix="bench/py/shared-bf16/",
                 shared_buffers=True),
         }
         if not args.skip_torch:
@@ -264,7 +274,11 @@ def main():
                    "RemoteAdamW fp32 shared": binding_seconds(
                        timed["RemoteAdamW fp32 shared"].client,
                        optimizers["RemoteAdamW fp32 shared"], models["RemoteAdamW fp32 shared"],
-                       "bench/py/shared/", "float32")}
+                       "bench/py/shared/", "float32"),
+                   "RemoteAdamW bf16 shared": binding_seconds(
+                       timed["RemoteAdamW bf16 shared"].client,
+                       optimizers["RemoteAdamW bf16 shared"], models["RemoteAdamW bf16 shared"],
+                       "bench/py/shared-bf16/", "bfloat16")}
 
         best = {name: min(t) for name, t in times.items()}
         median = {name: statistics.median(t) for name, t in times.items()}
@@ -292,9 +306,10 @@ def main():
                   f"the repetitions' (interleaved pairs'); client CPU time "
                   f"{by_cpu:+.2%} of the step")
             print_python_work(remote, outside, outside_cpu, binding, best)
-        # The shared buffers' step has no C++ run here (optstate-client-step copies through
-        # its own buffers): its Python work and binding against its own best step.
+        # The shared buffers' steps have no C++ run here (optstate-client-step copies through
+        # its own buffers): their Python work and binding against their own best step.
         print_python_work("RemoteAdamW fp32 shared", outside, outside_cpu, binding, best)
+        print_python_work("RemoteAdamW bf16 shared", outside, outside_cpu, binding, best)
         return 0 if ok else 1
     finally:
         if daemon is not None:
