@@ -200,7 +200,7 @@ def main():
         models["RemoteAdamW bf16 shared"].to(torch.bfloat16)
         for model in models.values():  # the same gradients for every optimizer
             for p, g in zip(model.parameters(), grads):
-                p.grad = g.to(p.dtype)
+                p.grad = g.to(p.dtype, copy=True)  # each model its own gradients
         timed = {name: TimedClient(target) for name in names if name.startswith("Remote")}
         optimizers = {
             "RemoteAdamW fp32": RemoteAdamW(models["RemoteAdamW fp32"].named_parameters(),
