@@ -59,9 +59,13 @@ OPTSTATE_AVX512 inline __m256i FloatToBFloat16x16(__m512 values) {
 enum class ParamsOut { kNone, kFloat32, kBFloat16 };
 
 // kAmsgrad: vmax (max_exp_avg_sq) is kept and the denominator takes it.
-template <WireType kType, ParamsOut kOut, bool kStream, bool kAmsgrad>
-OPTSTATE_AVX512 void UpdateLoop(const AdamWConstants& c, float* p, float* m, float* v,
-                                float* vmax, const unsigned char* grad, size_t vector_end,
+// kPlain: grad_scale is 1 and m's lerp starts from m (AdamW's default
+// betas), so the loop leaves out the multiply by 1 and the blend that would
+// pick m anyway, as the AVX2 path's kPlain does; no bit changes, a NaN
+// gradient's payload included.
+template <WireType kType, ParamsOut kOut, bool kStream, bool kAmsgrad, bool kPlain>
+OPTSTATE_AVX512 void UpdateLoop(const AdamWConstants& c, float* p, float* m, float* v, float* vmax,
+                                const unsigned char* grad, size_t vector_end,
                                 unsigned char* params_out) {
   const __m512 grad_scale = _mm512_set1_ps(c.grad_scale);
   const __m512 decay = _mm512_set1_ps(c.decay);
@@ -73,11 +77,13 @@ OPTSTATE_AVX512 void UpdateLoop(const AdamWConstants& c, float* p, float* m, flo
   const __m512 bias_correction2_sqrt = _mm512_set1_ps(c.bias_correction2_sqrt);
   const __m512 eps = _mm512_set1_ps(c.eps);
   for (size_t i = 0; i < vector_end; i += 16) {
-    const __m512 g = _mm512_mul_ps(LoadGradient16(grad, kType, i), grad_scale);
+    __m512 g = LoadGradient16(grad, kType, i);
+    if constexpr (!kPlain) g = _mm512_mul_ps(g, grad_scale);
     __m512 pv = _mm512_mul_ps(_mm512_loadu_ps(p + i), decay);
     const __m512 m_old = _mm512_loadu_ps(m + i);
-    const __m512 mv = _mm512_fmadd_ps(lerp_coefficient, _mm512_sub_ps(g, m_old),
-                                      _mm512_mask_blend_ps(lerp_from_gradient, m_old, g));
+    __m512 lerp_start = m_old;
+    if constexpr (!kPlain) lerp_start = _mm512_mask_blend_ps(lerp_from_gradient, m_old, g);
+    const __m512 mv = _mm512_fmadd_ps(lerp_coefficient, _mm512_sub_ps(g, m_old), lerp_start);
     const __m512 vv = _mm512_fmadd_ps(_mm512_mul_ps(one_minus_beta2, g), g,
                                       _mm512_mul_ps(_mm512_loadu_ps(v + i), beta2));
     __m512 second = vv;
@@ -110,13 +116,19 @@ template <ParamsOut kOut, bool kStream>
 OPTSTATE_AVX512 void UpdateLoopFor(WireType grad_type, const AdamWConstants& c, float* p, float* m,
                                    float* v, float* vmax, const unsigned char* grad,
                                    size_t vector_end, unsigned char* params_out) {
+  const bool plain = c.grad_scale == 1.0f && !c.lerp_from_gradient;
   WithGradientType(grad_type, [&](auto type) {
-    if (vmax != nullptr) {
-      UpdateLoop<decltype(type)::value, kOut, kStream, true>(c, p, m, v, vmax, grad, vector_end,
-                                                             params_out);
+    constexpr WireType kType = decltype(type)::value;
+    if (vmax != nullptr && plain) {
+      UpdateLoop<kType, kOut, kStream, true, true>(c, p, m, v, vmax, grad, vector_end, params_out);
+    } else if (vmax != nullptr) {
+      UpdateLoop<kType, kOut, kStream, true, false>(c, p, m, v, vmax, grad, vector_end, params_out);
+    } else if (plain) {
+      UpdateLoop<kType, kOut, kStream, false, true>(c, p, m, v, nullptr, grad, vector_end,
+                                                    params_out);
     } else {
-      UpdateLoop<decltype(type)::value, kOut, kStream, false>(c, p, m, v, nullptr, grad,
-                                                              vector_end, params_out);
+      UpdateLoop<kType, kOut, kStream, false, false>(c, p, m, v, nullptr, grad, vector_end,
+                                                     params_out);
     }
   });
 }

@@ -16,9 +16,13 @@ leaf function in the emulator, and checks:
     (kernel_reference_driver: AdamWUpdateScalar and per-element narrowing)
     bit for bit; outside it nothing was written; every guard is intact; the
     gradient ends at the arena's end, so a read past it faults.
+Some cases put NaN of every kind and infinities in the gradient, with NaN m
+or v, at grad_scale 1 (the loop without the multiply and the blend) and not.
 FindNonFiniteVectorsAvx512 is held against the definition (widen, scale in
 float32, test) with NaN, infinities and overflowing values planted around
-vector and block boundaries. CpuHasAvx512f, which picks the path, must say
+vector and block boundaries and at the edges of the stretches it reads side
+by side, at scales of magnitude at most 1 (it reads the bits alone) and
+above (it multiplies). CpuHasAvx512f, which picks the path, must say
 yes where the guest's OS saves the ZMM state and no where it does not (where
 the path's first instruction faults).
 
@@ -181,12 +185,38 @@ def first_difference(got: bytes, want: bytes, element: int):
     return None
 
 
+# NaN of every kind (signaling, quiet, payloads, either sign) and infinities.
+NON_FINITE_FLOAT32 = np.array([0x7F800001, 0x7FA00000, 0x7FC00000, 0x7FC12345, 0xFFC00001,
+                               0xFF800001, 0x7F800000, 0xFF800000], np.uint32)
+
+
+def with_non_finite_state(p, m, v, grad: np.ndarray):
+    """Every third gradient one of NON_FINITE_FLOAT32's, and every fifth of those
+    meeting a NaN m or v; params finite (where a NaN param meets a NaN update,
+    the sum's payload is open: see random_state)."""
+    p = np.where(np.isfinite(p), p, np.float32(0.5)).astype(np.float32)
+    grad = grad.astype(np.float32)
+    for i in range(0, grad.size, 3):
+        grad.view(np.uint32)[i] = NON_FINITE_FLOAT32[(i // 3) % NON_FINITE_FLOAT32.size]
+        if i % 5 == 0:
+            (m if i % 2 else v).view(np.uint32)[i] = NON_FINITE_FLOAT32[i % 6]
+    return p, m, v, grad
+
+
 class UpdateCase:
-    def __init__(self, n, grad_type, params_type, store, shift, h, rng, amsgrad=False):
+    """grad_scale None: 1 or 0.37 at random. non_finite_state: NaN and
+    infinite gradients meeting NaN m or v (with_non_finite_state)."""
+
+    def __init__(self, n, grad_type, params_type, store, shift, h, rng, amsgrad=False,
+                 grad_scale=None, non_finite_state=False):
         self.n, self.grad_type, self.params_type, self.store, self.shift = (
             n, grad_type, params_type, store, shift)
-        self.c = constants(h, int(rng.integers(1, 2000)), 1.0 if rng.integers(2) else 0.37)
+        if grad_scale is None:
+            grad_scale = 1.0 if rng.integers(2) else 0.37
+        self.c = constants(h, int(rng.integers(1, 2000)), grad_scale)
         self.p, self.m, self.v, grad = random_state(n, rng)
+        if non_finite_state:
+            self.p, self.m, self.v, grad = with_non_finite_state(self.p, self.m, self.v, grad)
         self.grad = encode_gradient(grad, grad_type)
         # amsgrad: max_exp_avg_sq above and below the new v by turns.
         self.amsgrad = amsgrad
@@ -194,7 +224,9 @@ class UpdateCase:
                      if amsgrad else np.zeros(0, np.float32))
         self.name = (f"update n={n} grad={TYPE_NAMES[grad_type]} params={TYPE_NAMES[params_type]} "
                      f"store={'streaming' if store == STREAMING else 'cached'} shift={shift} "
-                     f"{h['name']}{' amsgrad' if amsgrad else ''}")
+                     f"{h['name']} grad_scale={self.c['grad_scale']:g}"
+                     f"{' amsgrad' if amsgrad else ''}"
+                     f"{' non-finite gradients and state' if non_finite_state else ''}")
 
     def driver_input(self) -> bytes:
         return (pack_header(self.c, self.grad_type, self.params_type, self.store) +
@@ -404,6 +436,13 @@ def main() -> int:
                         h = HYPERPARAMETERS[len(cases) % 2]
                         cases.append(UpdateCase(n, grad_type, params_type, store, shift, h, rng,
                                                 amsgrad=len(cases) % 3 == 0))
+    # At grad_scale 1 with m's lerp from m (non-default's beta1) the loop
+    # leaves out the multiply and the blend; the NaNs it returns must not change.
+    for h in HYPERPARAMETERS:
+        for grad_scale in (1.0, 0.37):
+            for amsgrad in (False, True):
+                cases.append(UpdateCase(1031, FLOAT32, FLOAT32, CACHED, 4, h, rng, amsgrad=amsgrad,
+                                        grad_scale=grad_scale, non_finite_state=True))
 
     with tempfile.TemporaryDirectory() as tmp:
         inputs, outputs = os.path.join(tmp, "in.bin"), os.path.join(tmp, "out.bin")
