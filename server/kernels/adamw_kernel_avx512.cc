@@ -160,14 +160,64 @@ OPTSTATE_AVX512 bool AnyNonFinite(const unsigned char* grad, size_t vector_end, 
   return bad != 0;
 }
 
+// AnyNonFinite's answer when |grad_scale| <= 1, from the bits alone, as the
+// AVX2 path's AnyNonFiniteBits: such a scale keeps a finite gradient finite
+// and a non-finite one non-finite. AVX-512F has no 16-bit compare or max, so
+// each element's magnitude (its sign cleared) is added to the distance from
+// the type's infinity to its sign bit: the sum reaches the sign bit exactly
+// where the magnitude reaches infinity, and no sum carries out of its
+// element (0x7fff + 0x0400 < 0x10000), so two 16-bit elements share a
+// 32-bit lane safely. Three operations per 64 bytes, no widening and no
+// multiply. `bytes` is a multiple of 32; the range is read as kCheckStreams
+// stretches side by side, as AnyNonFinite reads it.
+template <WireType kType>
+OPTSTATE_AVX512 bool AnyNonFiniteBits(const unsigned char* grad, size_t bytes) {
+  constexpr uint32_t kMagnitude = kType == WireType::kFloat32 ? 0x7fffffffu : 0x7fff7fffu;
+  constexpr uint32_t kToSign = kType == WireType::kFloat32 ? 0x00800000u  // 0x80000000 - 0x7f800000
+                               : kType == WireType::kBFloat16 ? 0x00800080u   // 0x8000 - 0x7f80
+                                                              : 0x04000400u;  // 0x8000 - 0x7c00
+  const __m512i magnitude = _mm512_set1_epi32(static_cast<int>(kMagnitude));
+  const __m512i to_sign = _mm512_set1_epi32(static_cast<int>(kToSign));
+  const size_t stretch = bytes / kCheckStreams / 64 * 64;
+  __m512i reached[kCheckStreams];
+  for (size_t s = 0; s < kCheckStreams; ++s) reached[s] = _mm512_setzero_si512();
+  for (size_t i = 0; i < stretch; i += 64) {
+    for (size_t s = 0; s < kCheckStreams; ++s) {
+      const __m512i bits = _mm512_loadu_si512(grad + s * stretch + i);
+      reached[s] =
+          _mm512_or_si512(reached[s], _mm512_add_epi32(_mm512_and_si512(bits, magnitude), to_sign));
+    }
+  }
+  size_t i = kCheckStreams * stretch;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m512i bits = _mm512_loadu_si512(grad + i);
+    reached[0] =
+        _mm512_or_si512(reached[0], _mm512_add_epi32(_mm512_and_si512(bits, magnitude), to_sign));
+  }
+  if (i < bytes) {  // The last 32 bytes, in the low half of a vector.
+    const __m512i bits = _mm512_inserti64x4(
+        _mm512_setzero_si512(), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(grad + i)), 0);
+    reached[0] =
+        _mm512_or_si512(reached[0], _mm512_add_epi32(_mm512_and_si512(bits, magnitude), to_sign));
+  }
+  for (size_t s = 1; s < kCheckStreams; ++s) reached[0] = _mm512_or_si512(reached[0], reached[s]);
+  // Any element's sign bit: the bits the magnitude mask clears.
+  return _mm512_test_epi32_mask(reached[0], _mm512_set1_epi32(static_cast<int>(~kMagnitude))) != 0;
+}
+
 // The first bad element's index, or vector_end: the whole range checked at
-// once, and searched in order only when it holds a bad value.
+// once (AnyNonFiniteBits where |grad_scale| <= 1, else AnyNonFinite), and
+// searched in order only when it holds a bad value.
 template <WireType kType>
 OPTSTATE_AVX512 size_t FindNonFiniteLoop(const unsigned char* grad, size_t vector_end,
                                          float grad_scale) {
   constexpr size_t kBlock = 256;
   const __m512 scale = _mm512_set1_ps(grad_scale);
-  if (!AnyNonFinite<kType>(grad, vector_end, scale)) return vector_end;
+  // __builtin_fabsf is inlined: this file calls nothing (see the top).
+  const bool any = __builtin_fabsf(grad_scale) <= 1.0f
+                       ? AnyNonFiniteBits<kType>(grad, vector_end * WireTypeSize(kType))
+                       : AnyNonFinite<kType>(grad, vector_end, scale);
+  if (!any) return vector_end;
   for (size_t begin = 0; begin < vector_end; begin += kBlock) {
     const size_t end = begin + kBlock < vector_end ? begin + kBlock : vector_end;
     __mmask16 bad = 0;

@@ -328,19 +328,61 @@ def first_non_finite(raw: np.ndarray, grad_type: int, grad_scale: float) -> int:
     return int(bad[0]) if bad.size else raw.size
 
 
+CHECK_STREAMS = 8  # kCheckStreams: the stretches a range is read as, side by side
+
+
+def stretch_edges(n: int, grad_type: int) -> set[int]:
+    """The first and last element of each of the CHECK_STREAMS stretches and of
+    what follows them, for both of the path's whole-range checks: from the
+    bits alone (stretches of whole 64-byte vectors) and with the multiply
+    (whole 16-element vectors)."""
+    size = TYPE_SIZES[grad_type]
+    edges = set()
+    for stretch in (n * size // CHECK_STREAMS // 64 * 64 // size, n // CHECK_STREAMS // 16 * 16):
+        for s in range(CHECK_STREAMS + 1):
+            edges.update({s * stretch - 1, s * stretch})
+    edges.add(n - 1)
+    return {e for e in edges if 0 <= e < n}
+
+
 def find_cases(rng: np.random.Generator):
-    """(name, grad_type, raw bits, grad_scale)."""
+    """(name, grad_type, raw bits, grad_scale). Scales of magnitude at most 1
+    take the bits-only check, larger ones the multiply; 0 turns an infinity
+    into NaN."""
     for grad_type in (FLOAT32, BFLOAT16, FLOAT16):
         dtype = np.uint32 if grad_type == FLOAT32 else np.uint16
         nans, plus_inf, minus_inf, largest, overflow_scale = SPECIALS[grad_type]
+        scales = (1.0, overflow_scale, -1.0, 0.5, 0.0, -overflow_scale)
 
         def finite(n):
             return np.frombuffer(encode_gradient(rng.standard_normal(n), grad_type), dtype).copy()
 
         name = TYPE_NAMES[grad_type]
         for n in (16, 256, 272, 3008):
-            yield f"find {name} n={n} all finite", grad_type, finite(n), 1.0
+            for scale in scales:
+                yield f"find {name} n={n} all finite, scale {scale:g}", grad_type, finite(n), scale
+        # Whole vectors that end half-way through a 64-byte load (16-bit
+        # types: 16 and 1040 elements, 32 and 2080 bytes), read to the last.
+        for n in (16, 1040):
+            clean = finite(n)
+            for at in range(n - 16, n):
+                for bits in (nans[1], minus_inf):
+                    raw = clean.copy()
+                    raw[at] = bits
+                    for scale in (1.0, -0.5, 1.5):
+                        yield (f"find {name} n={n} {bits:#x} at {at}, scale {scale:g}", grad_type,
+                               raw, scale)
         n = 3008
+        for at in sorted(stretch_edges(n, grad_type)):
+            raw = finite(n)
+            raw[at] = nans[0]
+            for scale in (1.0, 0.25, 1.5):
+                yield f"find {name} stretch edge {at}, scale {scale:g}", grad_type, raw.copy(), scale
+            if at + 1 < n:
+                raw[n - 1 - (n - 1 - at) // 2] = plus_inf
+                for scale in (1.0, 0.25, 1.5):
+                    yield (f"find {name} stretch edge {at} and a later one, scale {scale:g}",
+                           grad_type, raw.copy(), scale)
         for first in (0, 1, 15, 16, 17, 255, 256, 257, 1023, 2047, 2048, 2990, 3007):
             for bits in (*nans, plus_inf, minus_inf):
                 raw = finite(n)
@@ -361,8 +403,8 @@ def find_cases(rng: np.random.Generator):
             raw = finite(n)
             for _ in range(int(rng.integers(0, 4))):
                 raw[int(rng.integers(0, n))] = rng.choice([*nans, plus_inf, minus_inf, largest])
-            scale = overflow_scale if trial % 2 else 1.0
-            yield f"find {name} random trial {trial}", grad_type, raw, scale
+            scale = scales[trial % len(scales)]
+            yield f"find {name} random trial {trial}, scale {scale:g}", grad_type, raw, scale
 
 
 def run_find(guest, grad_type: int, raw: np.ndarray, grad_scale: float) -> list[str]:
