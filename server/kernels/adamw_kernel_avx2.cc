@@ -79,17 +79,19 @@ OPTSTATE_AVX2 void UpdateLoop(const AdamWConstants& c, float* p, float* m, float
     _mm256_storeu_ps(v + i, vv);
     _mm256_storeu_ps(p + i, pv);
     // Streaming stores need params_out + 4i (float32) or + 2i (bfloat16)
-    // aligned to the store's width; the caller sees to it.
+    // aligned to the store's width; the caller sees to it. pv is the result
+    // of an addition, so a NaN in it is quiet: QuietFloatToBFloat16x8's
+    // condition.
     if constexpr (kOut == ParamsOut::kFloat32 && kStream) {
       _mm256_stream_ps(reinterpret_cast<float*>(params_out + 4 * i), pv);
     } else if constexpr (kOut == ParamsOut::kFloat32) {
       _mm256_storeu_ps(reinterpret_cast<float*>(params_out + 4 * i), pv);
     } else if constexpr (kOut == ParamsOut::kBFloat16 && kStream) {
       _mm_stream_si128(reinterpret_cast<__m128i*>(params_out + 2 * i),
-                       dtype_internal::FloatToBFloat16x8(pv));
+                       dtype_internal::QuietFloatToBFloat16x8(pv));
     } else if constexpr (kOut == ParamsOut::kBFloat16) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(params_out + 2 * i),
-                       dtype_internal::FloatToBFloat16x8(pv));
+                       dtype_internal::QuietFloatToBFloat16x8(pv));
     }
   }
 }

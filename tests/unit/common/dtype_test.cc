@@ -18,6 +18,8 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+
+#include "common/bfloat16_avx2.h"
 #endif
 
 #include "tests/testing/test_seed.h"
@@ -238,6 +240,45 @@ TEST(BFloat16, EveryNonNaNPatternRoundTripsThroughFloat) {
     }
   }
 }
+
+#if defined(__x86_64__)
+// QuietFloatToBFloat16x8 (common/bfloat16_avx2.h), the AdamW kernel's
+// narrowing, is FloatToBFloat16 on every float32 pattern but the signaling
+// NaNs, which arithmetic never returns: all 2^32 minus those, eight lanes a
+// call, each lane against its own scalar answer.
+__attribute__((target("avx2"))) bool QuietNarrowingEqualsScalarFrom(uint64_t first, uint64_t end,
+                                                                    uint32_t* differs) {
+  alignas(32) uint32_t lanes[8];
+  alignas(16) uint16_t narrowed[8];
+  for (uint64_t base = first; base < end; base += 8) {
+    for (uint32_t k = 0; k < 8; ++k) {
+      uint32_t bits = static_cast<uint32_t>(base + k);
+      const bool signaling = (bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0 &&
+                             (bits & 0x00400000u) == 0;
+      if (signaling) bits |= 0x00400000u;  // Quieted, as arithmetic would.
+      lanes[k] = bits;
+    }
+    _mm_store_si128(reinterpret_cast<__m128i*>(narrowed),
+                    dtype_internal::QuietFloatToBFloat16x8(
+                        _mm256_load_ps(reinterpret_cast<const float*>(lanes))));
+    for (uint32_t k = 0; k < 8; ++k) {
+      if (narrowed[k] != FloatToBFloat16(FromBits(lanes[k]))) {
+        *differs = lanes[k];
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+TEST(BFloat16, QuietNarrowingOfEightLanesEqualsTheScalarOneOnEveryPattern) {
+  if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "no AVX2 here";
+  uint32_t differs = 0;
+  EXPECT_TRUE(QuietNarrowingEqualsScalarFrom(0, uint64_t{1} << 32, &differs))
+      << "first difference at " << Hex(differs) << ": " << Hex(FloatToBFloat16(FromBits(differs)))
+      << " wanted";
+}
+#endif
 
 // ---------------------------------------------------------------------------
 // float16.
