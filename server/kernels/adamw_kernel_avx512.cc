@@ -40,19 +40,22 @@ OPTSTATE_AVX512 inline __m512 LoadGradient16(const unsigned char* grad, WireType
   return _mm512_setzero_ps();
 }
 
-// float32 to bfloat16 for sixteen lanes, exactly as FloatToBFloat16 rounds
-// each one (round-to-nearest-even; NaN stays NaN, quiet), as
-// dtype_internal::FloatToBFloat16x8 does for eight.
-OPTSTATE_AVX512 inline __m256i FloatToBFloat16x16(__m512 values) {
+// float32 to bfloat16 for sixteen lanes whose NaNs are quiet, exactly as
+// FloatToBFloat16 rounds each one (round to nearest, ties to even), as
+// dtype_internal::QuietFloatToBFloat16x8 does for eight: the kernel narrows
+// results of an addition, whose NaNs are quiet, so a NaN needs only its high
+// half (FloatToBFloat16's truncation; its quiet bit is set already). The
+// rounding bias is added where the lane is a number (a masked add), so no
+// second candidate and no blend: seven operations, not ten.
+OPTSTATE_AVX512 inline __m256i QuietFloatToBFloat16x16(__m512 values) {
   const __m512i bits = _mm512_castps_si512(values);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __mmask16 number = _mm512_cmp_ps_mask(values, values, _CMP_ORD_Q);
   const __m512i rounded = _mm512_srli_epi32(
-      _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
-  const __m512i nan = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x0040));
-  const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(
-      _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-  // Both candidates are below 2^16, so the truncating narrowing keeps them whole.
-  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, nan));
+      _mm512_mask_add_epi32(bits, number, bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))),
+      16);
+  // Every lane is below 2^16, so the truncating narrowing keeps it whole.
+  return _mm512_cvtepi32_epi16(rounded);
 }
 
 // Where UpdateLoop also writes each updated param: nowhere, or narrowed.
@@ -105,9 +108,9 @@ OPTSTATE_AVX512 void UpdateLoop(const AdamWConstants& c, float* p, float* m, flo
     } else if constexpr (kOut == ParamsOut::kFloat32) {
       _mm512_storeu_ps(reinterpret_cast<float*>(params_out + 4 * i), pv);
     } else if constexpr (kOut == ParamsOut::kBFloat16 && kStream) {
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(params_out + 2 * i), FloatToBFloat16x16(pv));
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(params_out + 2 * i), QuietFloatToBFloat16x16(pv));
     } else if constexpr (kOut == ParamsOut::kBFloat16) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(params_out + 2 * i), FloatToBFloat16x16(pv));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(params_out + 2 * i), QuietFloatToBFloat16x16(pv));
     }
   }
 }
