@@ -100,20 +100,11 @@ template <ParamsOut kOut, bool kStream = false>
 OPTSTATE_AVX2 void UpdateLoopFor(WireType grad_type, const AdamWConstants& c, float* p, float* m,
                                  float* v, float* vmax, const unsigned char* grad,
                                  size_t vector_end, unsigned char* params_out) {
-  const bool plain = c.grad_scale == 1.0f && !c.lerp_from_gradient;
   WithGradientType(grad_type, [&](auto type) {
-    constexpr WireType kType = decltype(type)::value;
-    if (vmax != nullptr && plain) {
-      UpdateLoop<kType, kOut, kStream, true, true>(c, p, m, v, vmax, grad, vector_end, params_out);
-    } else if (vmax != nullptr) {
-      UpdateLoop<kType, kOut, kStream, true, false>(c, p, m, v, vmax, grad, vector_end, params_out);
-    } else if (plain) {
-      UpdateLoop<kType, kOut, kStream, false, true>(c, p, m, v, nullptr, grad, vector_end,
-                                                    params_out);
-    } else {
-      UpdateLoop<kType, kOut, kStream, false, false>(c, p, m, v, nullptr, grad, vector_end,
-                                                     params_out);
-    }
+    WithUpdateVariant(c, vmax, [&](auto amsgrad, auto plain) {
+      UpdateLoop<decltype(type)::value, kOut, kStream, decltype(amsgrad)::value,
+                 decltype(plain)::value>(c, p, m, v, vmax, grad, vector_end, params_out);
+    });
   });
 }
 

@@ -69,6 +69,26 @@ inline auto WithGradientType(WireType type, Fn&& fn) {
   return fn(std::integral_constant<WireType, WireType::kFloat32>());
 }
 
+// Calls fn(amsgrad, plain), each a std::bool_constant: how a vector path
+// picks its update loop's variant. amsgrad: max_exp_avg_sq is kept (`vmax`
+// is not null). plain: grad_scale is 1 and m's lerp starts from m (AdamW's
+// default betas), so the loop may leave out the multiply by grad_scale and
+// the blend that would pick m, which change no bit there.
+template <typename Fn>
+inline void WithUpdateVariant(const AdamWConstants& c, const float* vmax, Fn&& fn) {
+  const bool amsgrad = vmax != nullptr;
+  const bool plain = c.grad_scale == 1.0f && !c.lerp_from_gradient;
+  if (amsgrad && plain) {
+    fn(std::true_type(), std::true_type());
+  } else if (amsgrad) {
+    fn(std::true_type(), std::false_type());
+  } else if (plain) {
+    fn(std::false_type(), std::true_type());
+  } else {
+    fn(std::false_type(), std::false_type());
+  }
+}
+
 // AVX2 + F16C + FMA path; defined only on x86-64.
 void AdamWUpdateAvx2(const AdamWConstants& c, float* p, float* m, float* v, float* vmax,
                      const void* grad, WireType grad_type, size_t count);
