@@ -50,7 +50,8 @@ ABSL_FLAG(std::string, daemon, "",
           "this binary.");
 ABSL_FLAG(std::vector<std::string>, daemon_args, {}, "Extra flags for the started daemon.");
 ABSL_FLAG(std::vector<std::string>, shape, {"lora7b"},
-          "Model shapes: lora7b (256 tensors of 65,536 elements) or dense:N (one tensor).");
+          "Model shapes: lora7b (256 tensors of 65,536 elements), dense:N (one tensor) or "
+          "groups:CxN (C tensors of N elements each).");
 ABSL_FLAG(std::vector<std::string>, wire, {"fp32"},
           "Wire dtypes (gradient and returned params): fp32, bf16 (from and into float "
           "buffers), bf16-native (from and into bf16 buffers: GroupStep's gradient and "
@@ -107,13 +108,22 @@ struct Shape {
   }
 };
 
+// "CxN" (C tensors of N elements, both positive) into *count and *elements.
+bool ParseGroups(absl::string_view text, uint64_t* count, uint64_t* elements) {
+  const std::vector<absl::string_view> parts = absl::StrSplit(text, 'x');
+  return parts.size() == 2 && absl::SimpleAtoi(parts[0], count) && *count > 0 &&
+         absl::SimpleAtoi(parts[1], elements) && *elements > 0;
+}
+
 Shape ParseShape(const std::string& text) {
   Shape shape{text, {}};
-  uint64_t n = 0;
+  uint64_t n = 0, count = 0;
   if (text == "lora7b") {
     shape.tensors.assign(256, 65536);
   } else if (absl::StartsWith(text, "dense:") && absl::SimpleAtoi(text.substr(6), &n) && n > 0) {
     shape.tensors.push_back(n);
+  } else if (absl::StartsWith(text, "groups:") && ParseGroups(text.substr(7), &count, &n)) {
+    shape.tensors.assign(count, n);
   } else {
     std::fprintf(stderr, "optstate-bench: unknown shape '%s'\n", text.c_str());
     std::exit(2);
