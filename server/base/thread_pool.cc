@@ -34,12 +34,8 @@ void ThreadPool::WorkerLoop() {
       if (tasks_.empty()) return;  // Stopping and drained.
       task = std::move(tasks_.front());
       tasks_.pop_front();
-      ++busy_;
     }
     task();
-    task = nullptr;  // Destroyed outside the lock, before the worker counts as idle.
-    absl::MutexLock lock(&mu_);
-    --busy_;
   }
 }
 
@@ -77,21 +73,9 @@ void ThreadPool::ParallelFor(size_t shards, const std::function<void(size_t)>& f
     fn(0);
     return;
   }
-  std::shared_ptr<ParallelForState> state;
-  {
-    absl::MutexLock lock(&mu_);
-    // Workers not running a task, less those a queued task will take.
-    const size_t idle = workers_.size() - busy_;
-    const size_t helpers = std::min(shards - 1, idle > tasks_.size() ? idle - tasks_.size() : 0);
-    if (helpers > 0) {
-      state = std::make_shared<ParallelForState>(shards, fn);
-      for (size_t i = 0; i < helpers; ++i) tasks_.push_back([state] { state->Drain(); });
-    }
-  }
-  if (state == nullptr) {  // No worker to help: no state to share.
-    for (size_t i = 0; i < shards; ++i) fn(i);
-    return;
-  }
+  auto state = std::make_shared<ParallelForState>(shards, fn);
+  size_t helpers = std::min(shards - 1, workers_.size());
+  for (size_t i = 0; i < helpers; ++i) Schedule([state] { state->Drain(); });
   state->Drain();
   absl::MutexLock lock(&state->mu);
   state->mu.Await(absl::Condition(state.get(), &ParallelForState::AllFinished));

@@ -30,10 +30,7 @@ class ThreadPool {
 
   // Calls fn(i) for every i in [0, shards) and returns when all calls have
   // returned. The caller runs shards too, so calling this from a worker never
-  // deadlocks; workers idle at the call (running no task, with no task
-  // waiting for them) take the rest. With none idle, as for a ParallelFor
-  // inside another's shard while every worker has one, the caller runs every
-  // shard itself and nothing is scheduled.
+  // deadlocks; idle workers take the rest.
   void ParallelFor(size_t shards, const std::function<void(size_t)>& fn) ABSL_LOCKS_EXCLUDED(mu_);
 
   int size() const { return static_cast<int>(workers_.size()); }
@@ -48,7 +45,6 @@ class ThreadPool {
   absl::Mutex mu_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  size_t busy_ ABSL_GUARDED_BY(mu_) = 0;  // Workers running a task.
   std::vector<std::thread> workers_;  // Set by the constructor only.
 };
 

@@ -142,31 +142,6 @@ TEST(ThreadPool, ParallelForCompletesWhileEveryWorkerIsBusy) {
   EXPECT_EQ(Snapshot(calls), std::vector<int>(calls.size(), 1));
 }
 
-// With every worker busy at the call, nothing is left for them: a worker
-// freed while the shards still run (here by the first shard) finds no helper
-// task of this call queued, and the caller runs every shard.
-TEST(ThreadPool, ParallelForWithEveryWorkerBusyRunsEveryShardOnTheCaller) {
-  Gate release;
-  std::atomic<int> blocked{0};
-  ThreadPool pool(2);
-  for (int i = 0; i < pool.size(); ++i) {
-    pool.Schedule([&] {
-      blocked.fetch_add(1);
-      release.Wait();
-    });
-  }
-  while (blocked.load() < pool.size()) std::this_thread::sleep_for(milliseconds(1));
-  std::mutex mu;
-  std::vector<std::thread::id> ids;
-  pool.ParallelFor(16, [&](size_t i) {
-    if (i == 0) release.Open();
-    std::this_thread::sleep_for(milliseconds(2));  // Time for a freed worker to take a shard.
-    std::lock_guard<std::mutex> lock(mu);
-    ids.push_back(std::this_thread::get_id());
-  });
-  EXPECT_EQ(ids, std::vector<std::thread::id>(16, std::this_thread::get_id()));
-}
-
 // Every worker runs a task that itself calls ParallelFor: no worker is left
 // to help, and none may wait for one.
 TEST(ThreadPool, ParallelForFromInsidePoolTasksDoesNotDeadlock) {
