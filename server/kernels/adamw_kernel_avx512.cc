@@ -108,9 +108,11 @@ OPTSTATE_AVX512 void UpdateLoop(const AdamWConstants& c, float* p, float* m, flo
     } else if constexpr (kOut == ParamsOut::kFloat32) {
       _mm512_storeu_ps(reinterpret_cast<float*>(params_out + 4 * i), pv);
     } else if constexpr (kOut == ParamsOut::kBFloat16 && kStream) {
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(params_out + 2 * i), QuietFloatToBFloat16x16(pv));
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(params_out + 2 * i),
+                          QuietFloatToBFloat16x16(pv));
     } else if constexpr (kOut == ParamsOut::kBFloat16) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(params_out + 2 * i), QuietFloatToBFloat16x16(pv));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(params_out + 2 * i),
+                          QuietFloatToBFloat16x16(pv));
     }
   }
 }
