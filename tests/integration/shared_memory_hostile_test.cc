@@ -22,12 +22,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/region_protocol.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/client.h"
 #include "optstate/v1/optstate.grpc.pb.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/random_tensors.h"
+#include "tests/testing/raw_region.h"
 #include "tests/testing/resident_memory.h"
 
 extern char** environ;
@@ -35,70 +35,17 @@ extern char** environ;
 namespace optstate {
 namespace {
 
-namespace rp = region_protocol;
 using ::optstate::testing::DaemonProcess;
 using ::optstate::testing::FreshSeed;
 using ::optstate::testing::GroupModel;
+using ::optstate::testing::OpenRegion;
 using ::optstate::testing::RandomNormal;
+using ::optstate::testing::RawRegion;
+using ::optstate::testing::RegionSocketOf;
 using ::optstate::testing::ResidentBytes;
 
 constexpr uint64_t kPage = 256 * 1024;  // The daemon's default.
 constexpr uint64_t kElements = 4 * kPage;
-
-// A region registered by hand, as a hostile or buggy client would.
-struct RawRegion {
-  int socket = -1;
-  std::string key;
-  int memfd = -1;
-  char* base = nullptr;
-  uint64_t bytes = 0;
-  uint64_t id = 0;
-
-  ~RawRegion() {
-    if (base != nullptr) munmap(base, bytes);
-    if (memfd >= 0) close(memfd);
-    if (socket >= 0) close(socket);
-  }
-  absl::Status Unregister() {
-    rp::Request request;
-    request.op = static_cast<uint32_t>(rp::Op::kUnregister);
-    request.region = id;
-    absl::StatusOr<rp::Reply> reply = rp::Call(socket, request);
-    return reply.ok() ? rp::StatusOf(*reply) : reply.status();
-  }
-};
-
-std::string RegionSocketOf(const std::string& target) {
-  auto stub =
-      v1::DataPlane::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  v1::GetDataPlaneRequest request;
-  v1::GetDataPlaneResponse response;
-  EXPECT_TRUE(stub->GetDataPlane(&context, request, &response).ok());
-  return response.region_socket();
-}
-
-std::unique_ptr<RawRegion> OpenRegion(const std::string& path, uint64_t bytes) {
-  auto region = std::make_unique<RawRegion>();
-  rp::Reply hello;
-  absl::StatusOr<int> socket = rp::Connect(path, &hello);
-  EXPECT_TRUE(socket.ok()) << socket.status();
-  if (!socket.ok()) return nullptr;
-  region->socket = *socket;
-  region->key.assign(reinterpret_cast<char*>(hello.session_key), rp::kKeyBytes);
-  absl::StatusOr<int> memfd = rp::CreateSealedMemfd("hostile", bytes);
-  EXPECT_TRUE(memfd.ok());
-  region->memfd = *memfd;
-  region->bytes = bytes;
-  region->base = static_cast<char*>(
-      mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, region->memfd, 0));
-  rp::Request request;
-  request.op = static_cast<uint32_t>(rp::Op::kRegister);
-  absl::StatusOr<rp::Reply> reply = rp::Call(region->socket, request, region->memfd);
-  EXPECT_TRUE(reply.ok() && rp::StatusOf(*reply).ok());
-  region->id = reply->region;
-  return region;
-}
 
 // One float32 chunk of group `group` at page `page` (one page) naming
 // `region`: gradient at `grad_offset`, params at `params_offset`.
