@@ -42,7 +42,7 @@ class DataPlaneAssembly {
   grpc::Service* service();
   // The regions Step chunks may name; null with --region_socket=none (with
   // no socket started it holds no region: every lookup is NOT_FOUND).
-  const RegionRegistry* registry() const { return registry_.get(); }
+  RegionRegistry* registry() const { return registry_.get(); }
 
   // Starts the region socket for a server listening on `listen` at `port`
   // (no-op when none is offered). UNAVAILABLE / FAILED_PRECONDITION as

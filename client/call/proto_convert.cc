@@ -136,8 +136,10 @@ absl::StatusOr<Stats> StatsFromProto(const v1::GetStatsResponse& proto) {
   out.cpu_kernel = proto.cpu_kernel();
   out.restore_refusals.assign(proto.restore_refusals().begin(), proto.restore_refusals().end());
   const v1::RegionStats& regions = proto.regions();
-  out.regions = RegionStats{regions.sessions(), regions.regions(), regions.registered_bytes(),
-                            regions.mapped_bytes(), regions.registrations()};
+  out.regions =
+      RegionStats{regions.sessions(),      regions.regions(),       regions.registered_bytes(),
+                  regions.mapped_bytes(),  regions.registrations(), regions.step_plans(),
+                  regions.step_plan_uses()};
   out.heap = HeapStats{proto.heap_in_use_bytes(), proto.heap_free_bytes(),
                        proto.heap_resident_bytes(), proto.heap_trims()};
   out.started_unix_micros = proto.started_unix_micros();

@@ -236,6 +236,10 @@ void CollectRegions(const RegionRegistry& regions, std::vector<MetricFamily>& ou
         static_cast<double>(stats.mapped_bytes));
   Counter(out, "optstate_region_registrations_total", "Regions registered since the start",
           static_cast<double>(stats.registrations));
+  Gauge(out, "optstate_step_plans", "Step plans the shared-memory sessions keep",
+        static_cast<double>(stats.kept));
+  Counter(out, "optstate_step_plan_uses_total", "Step messages that named a kept step plan",
+          static_cast<double>(stats.kept_found));
 }
 
 void CollectProcess(const MetricsSources& sources, std::vector<MetricFamily>& out) {

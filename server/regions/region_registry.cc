@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -184,6 +185,72 @@ absl::StatusOr<std::shared_ptr<const MappedRegion>> RegionRegistry::Find(const s
       "client's); register it on the region socket and name its session key"));
 }
 
+RegionRegistry::Session* RegionRegistry::SessionOf(const std::string& tenant,
+                                                   absl::string_view key) {
+  auto it = sessions_.find(key);
+  if (it == sessions_.end() || it->second.tenant != tenant) return nullptr;
+  return &it->second;
+}
+
+namespace {
+
+absl::Status UnknownSession() {
+  return absl::NotFoundError(
+      "the region session is not this client's (unknown, its client gone, or another "
+      "client's); name the session key the region socket gave this client");
+}
+
+}  // namespace
+
+absl::Status RegionRegistry::Keep(const std::string& tenant, absl::string_view key, uint64_t number,
+                                  std::shared_ptr<const void> object) {
+  std::shared_ptr<const void> replaced;  // Destroyed outside the lock.
+  absl::MutexLock lock(&mu_);
+  Session* session = SessionOf(tenant, key);
+  if (session == nullptr) return UnknownSession();
+  std::vector<KeptObject>& kept = session->kept;
+  auto slot = std::find_if(kept.begin(), kept.end(),
+                           [&](const KeptObject& k) { return k.number == number; });
+  if (slot == kept.end() && kept.size() >= kMaxKeptPerSession) {
+    slot = std::min_element(kept.begin(), kept.end(), [](const KeptObject& a, const KeptObject& b) {
+      return a.last_use < b.last_use;
+    });
+  }
+  if (slot == kept.end()) slot = kept.insert(kept.end(), KeptObject{});
+  replaced = std::move(slot->object);
+  *slot = KeptObject{number, ++use_clock_, std::move(object)};
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const void>> RegionRegistry::Kept(const std::string& tenant,
+                                                                 absl::string_view key,
+                                                                 uint64_t number) {
+  absl::MutexLock lock(&mu_);
+  Session* session = SessionOf(tenant, key);
+  if (session == nullptr) return UnknownSession();
+  for (KeptObject& k : session->kept) {
+    if (k.number != number) continue;
+    k.last_use = ++use_clock_;
+    ++kept_found_;
+    return k.object;
+  }
+  return std::shared_ptr<const void>();
+}
+
+void RegionRegistry::Unkeep(const std::string& tenant, absl::string_view key, uint64_t number) {
+  std::shared_ptr<const void> gone;  // Destroyed outside the lock.
+  absl::MutexLock lock(&mu_);
+  Session* session = SessionOf(tenant, key);
+  if (session == nullptr) return;
+  std::vector<KeptObject>& kept = session->kept;
+  for (auto it = kept.begin(); it != kept.end(); ++it) {
+    if (it->number != number) continue;
+    gone = std::move(it->object);
+    kept.erase(it);
+    return;
+  }
+}
+
 size_t RegionRegistry::num_sessions() const {
   absl::MutexLock lock(&mu_);
   return sessions_.size();
@@ -204,6 +271,8 @@ RegionRegistryStats RegionRegistry::Stats() const {
   stats.registered_bytes = registered_bytes_;
   stats.mapped_bytes = mapped_bytes_->load();
   stats.registrations = registrations_;
+  for (const auto& [key, session] : sessions_) stats.kept += session.kept.size();
+  stats.kept_found = kept_found_;
   return stats;
 }
 

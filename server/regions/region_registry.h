@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -67,6 +68,8 @@ struct RegionRegistryStats {
   uint64_t registered_bytes = 0;  // Of the registered regions.
   uint64_t mapped_bytes = 0;      // Registered, or unregistered and still used by a step.
   uint64_t registrations = 0;     // Since the registry was made.
+  uint64_t kept = 0;              // Objects the sessions keep (Keep).
+  uint64_t kept_found = 0;        // Kept objects found by Kept, since the registry was made.
 };
 
 // Thread-safe.
@@ -109,6 +112,24 @@ class RegionRegistry {
                                                            absl::string_view key, uint64_t id) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Objects a session keeps for its client until it ends (the rpc layer's
+  // step plans, StepRequest.plan), by the client's number for them: opaque
+  // here, the registry never looks into them. Keep replaces the object of
+  // that number; past kMaxKeptPerSession objects it forgets the one least
+  // recently kept or looked up. NOT_FOUND (as Find's) for a session that
+  // does not exist or is another tenant's. An object goes with its session
+  // (CloseSession), or when kept over or pushed out.
+  static constexpr size_t kMaxKeptPerSession = 8;
+  absl::Status Keep(const std::string& tenant, absl::string_view key, uint64_t number,
+                    std::shared_ptr<const void> object) ABSL_LOCKS_EXCLUDED(mu_);
+  // The object of `number`, or null when the session keeps none of that
+  // number; NOT_FOUND as for Keep.
+  absl::StatusOr<std::shared_ptr<const void>> Kept(const std::string& tenant, absl::string_view key,
+                                                   uint64_t number) ABSL_LOCKS_EXCLUDED(mu_);
+  // Forgets the object of `number`, if the session keeps one.
+  void Unkeep(const std::string& tenant, absl::string_view key, uint64_t number)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Bytes mapped now (regions unregistered but still used by a step included).
   uint64_t mapped_bytes() const { return mapped_bytes_->load(); }
   size_t num_sessions() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -116,10 +137,19 @@ class RegionRegistry {
   RegionRegistryStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  struct KeptObject {
+    uint64_t number = 0;
+    uint64_t last_use = 0;  // Of the registry's use_clock_.
+    std::shared_ptr<const void> object;
+  };
   struct Session {
     std::string tenant;
     absl::flat_hash_map<uint64_t, std::shared_ptr<const MappedRegion>> regions;
+    std::vector<KeptObject> kept;  // At most kMaxKeptPerSession.
   };
+  // The session `key` of `tenant`, or null.
+  Session* SessionOf(const std::string& tenant, absl::string_view key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const RegionLimits limits_;
   const std::shared_ptr<std::atomic<uint64_t>> mapped_bytes_;
@@ -129,6 +159,8 @@ class RegionRegistry {
   size_t regions_ ABSL_GUARDED_BY(mu_) = 0;  // Registered, all sessions.
   uint64_t registered_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t use_clock_ ABSL_GUARDED_BY(mu_) = 0;  // Orders kept objects' uses.
+  uint64_t kept_found_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace optstate

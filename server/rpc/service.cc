@@ -128,6 +128,8 @@ absl::Status OptimizerStateService::FillStats(const Caller& caller,
     proto->set_registered_bytes(r.registered_bytes);
     proto->set_mapped_bytes(r.mapped_bytes);
     proto->set_registrations(r.registrations);
+    proto->set_step_plans(r.kept);
+    proto->set_step_plan_uses(r.kept_found);
   }
   v1::PagingCounters* paging = response->mutable_paging();
   for (const auto& group : groups) {

@@ -54,9 +54,8 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   // streams one tenant may hold open at once (0: no limit).
   OptimizerStateService(StepEngine* engine, size_t max_reply_bytes,
                         absl::Duration stream_idle_timeout = absl::InfiniteDuration(),
-                        Checkpointer* checkpointer = nullptr,
-                        const RegionRegistry* regions = nullptr, HeapTrimmer* trimmer = nullptr,
-                        StepStreamMetrics* step_metrics = nullptr,
+                        Checkpointer* checkpointer = nullptr, RegionRegistry* regions = nullptr,
+                        HeapTrimmer* trimmer = nullptr, StepStreamMetrics* step_metrics = nullptr,
                         const Authenticator* authenticator = nullptr, int tenant_max_streams = 0)
       : engine_(engine),
         max_reply_bytes_(max_reply_bytes),
@@ -133,7 +132,7 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   const size_t max_reply_bytes_;
   StreamRegistry streams_;
   Checkpointer* const checkpointer_;
-  const RegionRegistry* const regions_;
+  RegionRegistry* const regions_;
   HeapTrimmer* const trimmer_;
   StepStreamMetrics* const step_metrics_;
   const Authenticator* const authenticator_;

@@ -2,6 +2,7 @@
 // regions looked up), stepped by MessageStep, and answered.
 #include "server/rpc/step_message.h"
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -10,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "optstate/v1/step_wire_format.h"
 #include "server/rpc/proto_convert.h"
+#include "server/rpc/step_plan.h"
 #include "server/rpc/step_reply_builder.h"
 
 namespace optstate {
@@ -20,10 +22,11 @@ const v1::StepRequest& PieceOf(const v1::StepRequest& request, size_t index) {
   return index == 0 ? request : request.more(static_cast<int>(index - 1));
 }
 
-// The refusal, naming the packed chunk it is about and what of its message
-// was applied; a refusal of the message's own chunk is left as it is, unless
-// the other chunks were applied at once.
-absl::Status Named(const v1::StepRequest& request, const MessageRefusal& refusal) {
+// The refusal, naming the packed chunk it is about (of `request`, or of step
+// plan `plan` when not 0) and what of its message was applied; a refusal of
+// the message's own chunk is left as it is, unless the other chunks were
+// applied at once or it is a plan's.
+absl::Status Named(const v1::StepRequest& request, uint64_t plan, const MessageRefusal& refusal) {
   absl::string_view consequence;
   switch (refusal.applied) {
     case MessageApplied::kNothing:
@@ -37,6 +40,12 @@ absl::Status Named(const v1::StepRequest& request, const MessageRefusal& refusal
       break;
   }
   const absl::Status& status = refusal.status;
+  if (plan != 0) {
+    return absl::Status(status.code(),
+                        absl::StrCat("chunk ", refusal.chunk, " of step plan ", plan, " (group '",
+                                     PieceOf(request, refusal.chunk).group(),
+                                     "'): ", status.message(), " (", consequence, ")"));
+  }
   if (refusal.chunk == 0) {
     if (refusal.applied != MessageApplied::kOthers) return status;
     return absl::Status(status.code(), absl::StrCat(status.message(), " (", consequence, ")"));
@@ -48,9 +57,12 @@ absl::Status Named(const v1::StepRequest& request, const MessageRefusal& refusal
 }
 
 // The chunk `request` carries (`packed`: one of an outer message's `more`)
-// with `gradient`, for the engine; `chunk` points into both.
+// with `gradient`, for the engine; `chunk` points into both. For a chunk of
+// a step plan, `plan_use` is the message that uses it: its step, and its
+// per-step fields where set, replace the chunk's.
 absl::Status ToChunk(const v1::StepRequest& request, const SegmentedBytes& gradient,
-                     const std::string& tenant, bool packed, StepChunk* chunk) {
+                     const std::string& tenant, bool packed, const v1::StepRequest* plan_use,
+                     StepChunk* chunk) {
   if (packed && !request.more().empty()) {
     return absl::InvalidArgumentError(
         "a chunk packed in StepRequest.more packs chunks itself; put every chunk of the "
@@ -85,6 +97,16 @@ absl::Status ToChunk(const v1::StepRequest& request, const SegmentedBytes& gradi
   if (request.has_grad_scale()) chunk->grad_scale = request.grad_scale();
   chunk->gradient_type = *gradient_type;
   chunk->param_type = *param_type;
+  if (plan_use != nullptr) {
+    chunk->step = plan_use->step();
+    if (plan_use->has_lr()) chunk->lr = plan_use->lr();
+    if (plan_use->has_beta1()) chunk->beta1 = plan_use->beta1();
+    if (plan_use->has_beta2()) chunk->beta2 = plan_use->beta2();
+    if (plan_use->has_eps()) chunk->eps = plan_use->eps();
+    if (plan_use->has_weight_decay()) chunk->weight_decay = plan_use->weight_decay();
+    if (plan_use->has_maximize()) chunk->maximize = plan_use->maximize();
+    if (plan_use->has_grad_scale()) chunk->grad_scale = plan_use->grad_scale();
+  }
   return absl::OkStatus();
 }
 
@@ -204,25 +226,41 @@ absl::Status CheckReplyFits(const v1::StepRequest& request, const MessageStep& s
 
 absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, size_t max_reply_bytes,
                               const StepMessage& message, std::vector<grpc::Slice>* reply,
-                              const RegionRegistry* regions, const LeaseClaim* lease) {
+                              RegionRegistry* regions, const LeaseClaim* lease) {
   const v1::StepRequest& request = message.request;
-  const size_t pieces = 1 + static_cast<size_t>(request.more_size());
-  if (message.gradients.size() != pieces) {
+  // The chunks: the message's own, or those of the step plan it uses (whose
+  // gradients are all in regions).
+  const StepPlan* plan = message.plan.get();
+  const v1::StepRequest& chunks_of = plan != nullptr ? plan->chunks : request;
+  const uint64_t plan_used = plan != nullptr ? request.plan() : 0;
+  const size_t pieces = 1 + static_cast<size_t>(chunks_of.more_size());
+  if (plan == nullptr && message.gradients.size() != pieces) {
     return absl::InternalError(absl::StrCat("a Step message with ", pieces, " chunks carries ",
                                             message.gradients.size(), " gradients"));
   }
+  if (plan == nullptr && UsesStepPlan(request)) {
+    return absl::InternalError(
+        "a Step message that uses a step plan reached the engine without it");
+  }
+  const bool defines_plan = DefinesStepPlan(request);
+  if (defines_plan) {
+    ForgetStepPlan(regions, tenant, request);  // Until this message passes its checks.
+    if (absl::Status s = CheckStepPlanDefinition(request); !s.ok()) return s;
+  }
+  static const SegmentedBytes kNoGradient;
   // 1. Every chunk read into the engine's terms, its regions looked up; one
   //    that cannot be is refused in its turn by MessageStep::Check.
   std::vector<MessageChunk> chunks(pieces);
   std::vector<RegionUse> uses(pieces);
   MessageRegions message_regions(regions, tenant);
   for (size_t i = 0; i < pieces; ++i) {
-    const v1::StepRequest& piece = PieceOf(request, i);
+    const v1::StepRequest& piece = PieceOf(chunks_of, i);
+    const SegmentedBytes& sent = plan != nullptr ? kNoGradient : message.gradients[i];
     MessageChunk& chunk = chunks[i];
-    absl::Status status = ResolveRegions(piece, &message_regions, message.gradients[i], &uses[i]);
+    absl::Status status = ResolveRegions(piece, &message_regions, sent, &uses[i]);
     if (status.ok()) {
-      status = ToChunk(piece, piece.has_gradient_region() ? uses[i].gradient : message.gradients[i],
-                       tenant, i > 0, &chunk.chunk);
+      status = ToChunk(piece, piece.has_gradient_region() ? uses[i].gradient : sent, tenant, i > 0,
+                       plan != nullptr ? &request : nullptr, &chunk.chunk);
     }
     if (status.ok()) {
       chunk.chunk.lease = lease;
@@ -235,8 +273,18 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
   // 2. Checked as a unit, and the reply bounded, before anything is applied.
   MessageStep step(engine, std::move(chunks),
                    request.gradients_checked() ? SenderChecked::kValues : SenderChecked::kNothing);
-  if (MessageRefusal refused = step.Check(); !refused.ok()) return Named(request, refused);
-  if (absl::Status s = CheckReplyFits(request, step, max_reply_bytes); !s.ok()) return s;
+  if (MessageRefusal refused = step.Check(); !refused.ok()) {
+    return Named(chunks_of, plan_used, refused);
+  }
+  if (plan == nullptr) {  // A plan's reply is one small StepResponse.
+    if (absl::Status s = CheckReplyFits(request, step, max_reply_bytes); !s.ok()) return s;
+  }
+  if (defines_plan) {
+    // Kept whatever Apply finds of the pages' state: the chunks are sound.
+    // A session closed meanwhile keeps nothing; the plan's next use is then
+    // refused NOT_FOUND and the client defines it again.
+    KeepStepPlan(regions, tenant, request).IgnoreError();
+  }
   // 3. Applied, the params written straight into the replies' slices, and
   //    each chunk's reply finished by the thread that applied it (applied
   //    at once, on the pool's threads while the other chunks are applied).
@@ -249,9 +297,17 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
     return *builders[i];
   };
   auto reserve_params = [&](size_t i, size_t bytes) { return builder(i).ReserveParams(bytes); };
+  // A plan's use is answered once, with its chunks' counts summed.
+  std::atomic<uint64_t> plan_elements{0}, plan_applied{0}, plan_replayed{0};
   auto answer = [&](size_t i) {
-    const v1::StepRequest& piece = PieceOf(request, i);
     const StepChunkResult& result = step.result(i);
+    if (plan != nullptr) {
+      plan_elements.fetch_add(result.num_elements, std::memory_order_relaxed);
+      plan_applied.fetch_add(result.pages_applied, std::memory_order_relaxed);
+      plan_replayed.fetch_add(result.pages_replayed, std::memory_order_relaxed);
+      return;
+    }
+    const v1::StepRequest& piece = PieceOf(request, i);
     v1::StepResponse response;
     response.set_group(piece.group());
     response.set_step(piece.step());
@@ -264,7 +320,18 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
     replies[i] = builder(i).Finish(response);
   };
   MessageRefusal refused = step.Apply(reserve_params, answer);
-  if (!refused.ok()) return Named(request, refused);
+  if (!refused.ok()) return Named(chunks_of, plan_used, refused);
+  if (plan != nullptr) {
+    v1::StepResponse response;
+    response.set_plan(plan_used);
+    response.set_step(request.step());
+    response.set_num_elements(plan_elements.load());
+    response.set_pages_applied(plan_applied.load());
+    response.set_pages_replayed(plan_replayed.load());
+    response.set_params_in_region(true);
+    reply->push_back(grpc::Slice(response.SerializeAsString()));
+    return absl::OkStatus();
+  }
   for (grpc::Slice& slice : replies) reply->push_back(std::move(slice));
   return absl::OkStatus();
 }

@@ -42,10 +42,15 @@ namespace optstate {
 // until the message is done, even if unregistered meanwhile.
 // `lease` (null: none) is the caller's lease claim, held to every chunk's
 // group (StepChunk::lease; FAILED_PRECONDITION for another holder's group).
+// Step plans (server/rpc/step_plan.h): a message that defines one
+// (INVALID_ARGUMENT when a chunk names no regions, or another session) is
+// kept as its session's plan in `regions` once its chunks pass Check; a
+// message that uses one (message.plan set) has the plan's chunks, stepped
+// at its step with its per-step fields where set, checked and applied as
+// above, and is answered with one StepResponse of the chunks' counts summed.
 absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, size_t max_reply_bytes,
                               const StepMessage& message, std::vector<grpc::Slice>* reply,
-                              const RegionRegistry* regions = nullptr,
-                              const LeaseClaim* lease = nullptr);
+                              RegionRegistry* regions = nullptr, const LeaseClaim* lease = nullptr);
 
 }  // namespace optstate
 

@@ -7,11 +7,12 @@
 #include "optstate/v1/step_wire_format.h"
 #include "server/rpc/proto_convert.h"
 #include "server/rpc/step_message.h"
+#include "server/rpc/step_plan.h"
 
 namespace optstate {
 
 StepReactor::StepReactor(StepEngine* engine, std::string tenant, size_t max_reply_bytes,
-                         StreamRegistry* streams, const RegionRegistry* regions,
+                         StreamRegistry* streams, RegionRegistry* regions,
                          StepStreamMetrics* metrics, StreamSlot slot, LeaseClaim lease)
     : engine_(engine),
       tenant_(std::move(tenant)),
@@ -76,15 +77,15 @@ void StepReactor::Advance(int tokens_released) {
       }
       // In stream order: the head waits while a chunk of one of its groups is applied.
       while (!failed && in_flight_ < max_in_flight_ && !queued_.empty() &&
-             !AnyGroupInFlightLocked(queued_.front().message.request)) {
+             !AnyGroupInFlightLocked(ChunksOf(queued_.front().message))) {
         auto task = std::make_shared<ChunkTask>();
         task->seq = next_seq_++;
         task->chunk = std::move(queued_.front());
         queued_.pop_front();
-        groups_in_flight_.insert(task->chunk.message.request.group());
-        for (const v1::StepRequest& packed : task->chunk.message.request.more()) {
+        const v1::StepRequest& chunks = ChunksOf(task->chunk.message);
+        groups_in_flight_.insert(chunks.group());
+        for (const v1::StepRequest& packed : chunks.more())
           groups_in_flight_.insert(packed.group());
-        }
         ++in_flight_;
         dispatch.push_back(std::move(task));
       }
@@ -125,6 +126,16 @@ void StepReactor::OnReadDone(bool ok) {
     const absl::Time started = metrics_ != nullptr ? absl::Now() : absl::InfinitePast();
     const size_t bytes = metrics_ != nullptr ? incoming_.Length() : 0;
     chunk.parse_status = ReadStepRequest(&incoming_, kMaxPackedChunks, &chunk.message);
+    if (chunk.parse_status.ok() && UsesStepPlan(chunk.message.request)) {
+      // Found now: dispatch must know the plan's groups.
+      absl::StatusOr<std::shared_ptr<const StepPlan>> plan =
+          FindStepPlan(regions_, tenant_, chunk.message);
+      if (plan.ok()) {
+        chunk.message.plan = *std::move(plan);
+      } else {
+        chunk.parse_status = plan.status();
+      }
+    }
     if (metrics_ != nullptr) {
       metrics_->receive.Observe(absl::Now() - started);
       metrics_->wire_bytes_in.fetch_add(bytes, std::memory_order_relaxed);
@@ -144,7 +155,7 @@ void StepReactor::OnReadDone(bool ok) {
 }
 
 void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
-  const v1::StepRequest& request = task->chunk.message.request;
+  const v1::StepRequest& chunks = ChunksOf(task->chunk.message);
   absl::Status status = task->chunk.parse_status;
   std::vector<grpc::Slice> slices;
   if (status.ok()) {
@@ -153,7 +164,7 @@ void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
                               regions_, &lease_);
     if (metrics_ != nullptr) {
       metrics_->compute.Observe(absl::Now() - started);
-      if (status.ok()) CountRegionBytes(request);
+      if (status.ok()) CountRegionBytes(chunks);
     }
   }
   grpc::ByteBuffer reply;
@@ -161,8 +172,8 @@ void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
   {
     absl::MutexLock lock(&mu_);
     --in_flight_;
-    groups_in_flight_.erase(request.group());
-    for (const v1::StepRequest& packed : request.more()) groups_in_flight_.erase(packed.group());
+    groups_in_flight_.erase(chunks.group());
+    for (const v1::StepRequest& packed : chunks.more()) groups_in_flight_.erase(packed.group());
     ++starting_;  // Keeps the call open until this thread is done with it.
     if (task->seq < error_seq_) {
       if (status.ok()) {
@@ -184,10 +195,10 @@ void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
   Advance(1);
 }
 
-void StepReactor::CountRegionBytes(const v1::StepRequest& request) {
-  uint64_t in = request.gradient_region().bytes();
-  uint64_t out = request.params_region().bytes();
-  for (const v1::StepRequest& packed : request.more()) {
+void StepReactor::CountRegionBytes(const v1::StepRequest& chunks) {
+  uint64_t in = chunks.gradient_region().bytes();
+  uint64_t out = chunks.params_region().bytes();
+  for (const v1::StepRequest& packed : chunks.more()) {
     in += packed.gradient_region().bytes();
     out += packed.params_region().bytes();
   }

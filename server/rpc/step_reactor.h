@@ -38,7 +38,10 @@ namespace optstate {
 // checked, then applied (ApplyStepMessage: in order on its worker, or, for a
 // large message of independent chunks, at once over the pool; see
 // MessageStep), and the message waits while a message naming any of its
-// groups is applied; its reply packs theirs the same way.
+// groups is applied; its reply packs theirs the same way. A message that
+// uses a step plan (step_plan.h) has its plan found as it is read (not
+// found, or malformed: refused in its turn) and is, from then on, a message
+// of the plan's chunks.
 // The first refused chunk ends the call with its status, after the replies to
 // every earlier message; it changed nothing, while later messages of other
 // groups may already have been applied, and so may, when it was refused for
@@ -62,7 +65,7 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   // phases and bytes are recorded (null: not measured).
   // `lease`: the call's lease claim (call_lease.h), held to every chunk.
   StepReactor(StepEngine* engine, std::string tenant, size_t max_reply_bytes,
-              StreamRegistry* streams, const RegionRegistry* regions = nullptr,
+              StreamRegistry* streams, RegionRegistry* regions = nullptr,
               StepStreamMetrics* metrics = nullptr, StreamSlot slot = StreamSlot(),
               LeaseClaim lease = LeaseClaim());
 
@@ -102,12 +105,14 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   // Applies a message (ApplyStepMessage) and queues its reply, or its
   // refusal.
   void ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) ABSL_LOCKS_EXCLUDED(mu_);
-  // Adds the region bytes an applied message named to metrics_ (not null).
-  void CountRegionBytes(const v1::StepRequest& request);
-  bool AnyGroupInFlightLocked(const v1::StepRequest& request) const
+  // Adds the region bytes an applied message's chunks (`chunks`, as
+  // ChunksOf) named to metrics_ (not null).
+  void CountRegionBytes(const v1::StepRequest& chunks);
+  // Whether a group of `chunks` (a message's, as ChunksOf) is in flight.
+  bool AnyGroupInFlightLocked(const v1::StepRequest& chunks) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (groups_in_flight_.contains(request.group())) return true;
-    for (const v1::StepRequest& packed : request.more()) {
+    if (groups_in_flight_.contains(chunks.group())) return true;
+    for (const v1::StepRequest& packed : chunks.more()) {
       if (groups_in_flight_.contains(packed.group())) return true;
     }
     return false;
@@ -120,7 +125,7 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   const std::string tenant_;
   const LeaseClaim lease_;
   const size_t max_reply_bytes_;
-  const RegionRegistry* const regions_;
+  RegionRegistry* const regions_;
   const int max_in_flight_;  // Messages applied at once: the pool's size.
   StreamRegistry* const streams_;
   StepStreamMetrics* const metrics_;
@@ -133,7 +138,10 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;        // Of the next message dispatched.
   uint64_t next_write_seq_ ABSL_GUARDED_BY(mu_) = 0;  // Of the next reply to queue.
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_set<std::string> groups_in_flight_ ABSL_GUARDED_BY(mu_);
+  // The groups of the messages on workers: views of their names in those
+  // messages (or their plans), which their tasks keep until the names are
+  // erased; no group is in two such messages (dispatch waits).
+  absl::flat_hash_set<absl::string_view> groups_in_flight_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, grpc::ByteBuffer> completed_ ABSL_GUARDED_BY(mu_);  // Out of order.
   std::deque<grpc::ByteBuffer> to_write_ ABSL_GUARDED_BY(mu_);           // Front is in flight.
   bool read_in_flight_ ABSL_GUARDED_BY(mu_) = false;

@@ -39,6 +39,7 @@ constexpr uint32_t kLrFloat32Tag = WireTag(v1::StepRequest::kLrFloat32FieldNumbe
 constexpr uint32_t kGradScaleTag = WireTag(v1::StepRequest::kGradScaleFieldNumber, kFixed32);
 constexpr uint32_t kParamDtypeTag = WireTag(v1::StepRequest::kParamDtypeFieldNumber, kVarint);
 constexpr uint32_t kGroupElementsTag = WireTag(v1::StepRequest::kGroupElementsFieldNumber, kVarint);
+constexpr uint32_t kPlanTag = WireTag(v1::StepRequest::kPlanFieldNumber, kVarint);
 constexpr uint32_t kGradientRegionTag =
     LengthDelimitedTag(v1::StepRequest::kGradientRegionFieldNumber);
 constexpr uint32_t kParamsRegionTag = LengthDelimitedTag(v1::StepRequest::kParamsRegionFieldNumber);
@@ -315,6 +316,10 @@ class RequestScanner {
       case kGradientsCheckedTag:
         if (!input->ReadVarint64(&varint)) return false;
         fields->set_gradients_checked(varint != 0);
+        return true;
+      case kPlanTag:
+        if (!input->ReadVarint64(&varint)) return false;
+        fields->set_plan(varint);
         return true;
       case kLrFloat32Tag:
         if (!input->ReadLittleEndian32(&fixed)) return false;

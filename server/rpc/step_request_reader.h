@@ -6,6 +6,7 @@
 #define OPTSTATE_SERVER_RPC_STEP_REQUEST_READER_H_
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -15,6 +16,8 @@
 #include "server/base/segmented_bytes.h"
 
 namespace optstate {
+
+struct StepPlan;  // server/rpc/step_plan.h
 
 // A Step request as read. Move-only: `gradients` point into `slices`, whose
 // bytes must not move (an inlined slice holds its bytes in itself).
@@ -31,6 +34,9 @@ struct StepMessage {
   std::vector<SegmentedBytes> gradients;
   // The message's bytes, kept for the gradients.
   std::vector<grpc::Slice> slices;
+  // The plan the message uses (StepRequest.plan, no group), once found by
+  // the Step reactor: its chunks are the message's. Null otherwise.
+  std::shared_ptr<const StepPlan> plan;
 };
 
 // Reads `buffer` (emptied) into `message`. INVALID_ARGUMENT, saying what to

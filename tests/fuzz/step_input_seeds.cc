@@ -89,6 +89,18 @@ std::vector<std::string> StepInputSeeds() {
   seeds.push_back(
       Input(0x21, in_region(Chunk("a", 2, 1024, 1024, v1::DTYPE_BFLOAT16), 4096, UINT64_MAX)));
   seeds.push_back(Input(0x00, in_region(Chunk("b", 4, 0, 1024), 65536 - 100, 8192)));
+  // Step plans: b's chunk kept as plan 3, a use of it with an lr, and a use
+  // of a plan never defined.
+  v1::StepRequest definition = in_region(Chunk("b", 3, 0, 1024), 0, 8192);
+  definition.set_plan(3);
+  seeds.push_back(Input(0x00, definition));
+  v1::StepRequest use;
+  use.set_plan(3);
+  use.set_step(4);
+  use.set_lr(5e-4);
+  seeds.push_back(Input(0x00, use));
+  use.set_plan(4);
+  seeds.push_back(Input(0x00, use));
   return seeds;
 }
 

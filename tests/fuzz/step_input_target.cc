@@ -18,6 +18,7 @@
 #include "server/base/log.h"
 #include "server/rpc/proto_convert.h"
 #include "server/rpc/step_message.h"
+#include "server/rpc/step_plan.h"
 #include "server/rpc/step_request_reader.h"
 #include "tests/testing/random_cuts.h"
 
@@ -142,12 +143,26 @@ std::string StepInputTarget::Run(const uint8_t* data, size_t size) {
     }
   }
 
-  // Apply as the reactor does.
+  // A use of a step plan (in our session) finds its plan as the reactor
+  // does; one it cannot find changes nothing.
+  const bool uses_plan = UsesStepPlan(message.request);
   const std::string before = Snapshot();
+  if (uses_plan) {
+    message.request.set_region_session(session_);
+    absl::StatusOr<std::shared_ptr<const StepPlan>> plan = FindStepPlan(&regions_, "", message);
+    if (!plan.ok()) {
+      ++outcomes_[absl::StrCat("plan ", absl::StatusCodeToString(plan.status().code()))];
+      return "";
+    }
+    message.plan = *std::move(plan);
+  }
+
+  // Apply as the reactor does.
   std::vector<grpc::Slice> slices;
   const absl::Status applied =
       ApplyStepMessage(&engine_, "", kMaxReplyBytes, message, &slices, &regions_);
-  ++outcomes_[applied.ok() ? "applied" : absl::StatusCodeToString(applied.code())];
+  ++outcomes_[absl::StrCat(uses_plan ? "plan " : "",
+                           applied.ok() ? "applied" : absl::StatusCodeToString(applied.code()))];
   if (applied.code() == absl::StatusCode::kInvalidArgument ||
       applied.code() == absl::StatusCode::kOutOfRange) {
     if (Snapshot() != before) {
@@ -160,15 +175,20 @@ std::string StepInputTarget::Run(const uint8_t* data, size_t size) {
   v1::StepResponse reply;
   if (!ParseReply(slices, &reply)) return "the reply is not a StepResponse";
   const v1::StepRequest& request = message.request;
-  if (reply.more_size() != request.more_size()) {
+  const v1::StepRequest& chunks = ChunksOf(message);  // A plan's use: the plan's.
+  if (uses_plan ? reply.more_size() != 0 || reply.plan() != request.plan() ||
+                      reply.step() != request.step() || !reply.params_in_region()
+                : reply.more_size() != request.more_size()) {
     return absl::StrCat("the reply packs ", reply.more_size(), " replies for ", request.more_size(),
-                        " packed chunks");
+                        " packed chunks", uses_plan ? " (a plan's use: one, naming it)" : "");
   }
-  for (int i = 0; i <= request.more_size(); ++i) {
-    const v1::StepRequest& chunk = i == 0 ? request : request.more(i - 1);
-    const v1::StepResponse& answer = i == 0 ? reply : reply.more(i - 1);
+  uint64_t plan_elements = 0;
+  for (int i = 0; i <= chunks.more_size(); ++i) {
+    const v1::StepRequest& chunk = i == 0 ? chunks : chunks.more(i - 1);
+    const v1::StepResponse& answer = i == 0 || uses_plan ? reply : reply.more(i - 1);
+    const uint64_t step = uses_plan ? request.step() : chunk.step();
     // The gradient as the chunk gave it: from its region slice, or its bytes.
-    std::string gradient = Gather(message.gradients[i]);
+    std::string gradient = uses_plan ? std::string() : Gather(message.gradients[i]);
     if (chunk.has_gradient_region()) {
       auto region = regions_.Find("", session_, chunk.gradient_region().region());
       if (!region.ok()) return absl::StrCat("chunk ", i, " was applied from a missing region");
@@ -181,18 +201,22 @@ std::string StepInputTarget::Run(const uint8_t* data, size_t size) {
         gradient.size() / WireTypeSize(*WireTypeFromProto(chunk.gradient_dtype(), ""));
     const size_t param_bytes = WireTypeSize(*WireTypeFromProto(chunk.param_dtype(), ""));
     const size_t reply_params = chunk.has_params_region() ? 0 : elements * param_bytes;
-    if (answer.group() != chunk.group() || answer.offset() != chunk.offset() ||
-        answer.step() != chunk.step() || answer.num_elements() != elements ||
-        answer.params().size() != reply_params ||
-        answer.params_in_region() != chunk.has_params_region() ||
-        (chunk.has_params_region() && chunk.params_region().bytes() != elements * param_bytes)) {
+    plan_elements += elements;
+    if (!uses_plan &&
+        (answer.group() != chunk.group() || answer.offset() != chunk.offset() ||
+         answer.step() != chunk.step() || answer.num_elements() != elements ||
+         answer.params().size() != reply_params ||
+         answer.params_in_region() != chunk.has_params_region() ||
+         (chunk.has_params_region() && chunk.params_region().bytes() != elements * param_bytes))) {
       return absl::StrCat("reply ", i, " does not answer its chunk");
     }
     // Only finite gradients (as widened, times grad_scale) are applied.
     std::vector<float> widened(elements);
     DecodeToFloat(*WireTypeFromProto(chunk.gradient_dtype(), ""), gradient.data(), widened.data(),
                   elements);
-    const float scale = chunk.has_grad_scale() ? chunk.grad_scale() : 1.0f;
+    const float scale = uses_plan && request.has_grad_scale() ? request.grad_scale()
+                        : chunk.has_grad_scale()              ? chunk.grad_scale()
+                                                              : 1.0f;
     for (uint64_t k = 0; k < elements; ++k) {
       if (!std::isfinite(widened[k] * scale)) {
         return absl::StrCat("chunk ", i, " was applied with a gradient not finite at ", k);
@@ -201,11 +225,15 @@ std::string StepInputTarget::Run(const uint8_t* data, size_t size) {
     auto group = store_.Find(GroupKey{"", chunk.group()});
     if (!group.ok()) return absl::StrCat("chunk ", i, " was applied to a group that is not there");
     for (uint64_t page = chunk.offset() / kPage; page * kPage < chunk.offset() + elements; ++page) {
-      if ((*group)->page_step(page) < chunk.step()) {
+      if ((*group)->page_step(page) < step) {
         return absl::StrCat("chunk ", i, " was answered but page ", page, " is at step ",
-                            (*group)->page_step(page), ", behind ", chunk.step());
+                            (*group)->page_step(page), ", behind ", step);
       }
     }
+  }
+  if (uses_plan && reply.num_elements() != plan_elements) {
+    return absl::StrCat("the reply to a plan's use counts ", reply.num_elements(), " elements of ",
+                        plan_elements);
   }
   return "";
 }

@@ -131,7 +131,9 @@ def test_every_value_matches_get_stats_after_known_steps(fresh_daemons, tmp_path
                           ("optstate_regions", "regions"),
                           ("optstate_region_registered_bytes", "registered_bytes"),
                           ("optstate_region_mapped_bytes", "mapped_bytes"),
-                          ("optstate_region_registrations_total", "registrations")]:
+                          ("optstate_region_registrations_total", "registrations"),
+                          ("optstate_step_plans", "step_plans"),
+                          ("optstate_step_plan_uses_total", "step_plan_uses")]:
         assert value(samples, metric) == regions[field], metric
     assert regions["regions"] >= 1
     # The heap and the process.

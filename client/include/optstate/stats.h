@@ -69,6 +69,8 @@ struct RegionStats {
   uint64_t registered_bytes = 0;  // Their bytes.
   uint64_t mapped_bytes = 0;      // Mapped now: registered, or unregistered but used by a step.
   uint64_t registrations = 0;     // Regions registered since the daemon started.
+  uint64_t step_plans = 0;        // Step plans kept now (steps wholly in SharedBuffers).
+  uint64_t step_plan_uses = 0;    // Steps that named a kept plan, since the daemon started.
 };
 
 // The daemon process's malloc heap, daemon-wide (GetStatsResponse's heap_*

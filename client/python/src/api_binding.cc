@@ -130,6 +130,8 @@ nb::dict ToDict(const RegionStats& r) {
   d["registered_bytes"] = r.registered_bytes;
   d["mapped_bytes"] = r.mapped_bytes;
   d["registrations"] = r.registrations;
+  d["step_plans"] = r.step_plans;
+  d["step_plan_uses"] = r.step_plan_uses;
   return d;
 }
 
