@@ -8,7 +8,8 @@
 // 4. Send: the client's one retry loop (call/retry.h) runs a stream per
 //    attempt (transport/step_stream.h) over the messages not yet answered.
 //    The daemon applies each page exactly once, so resends never apply an
-//    element twice. A group the daemon no longer knows as cached (NOT_FOUND,
+//    element twice. An attempt whose messages the transport sends otherwise
+//    after its refusal (StepTransport::ResendAfter) is made again at once. A group the daemon no longer knows as cached (NOT_FOUND,
 //    or a length it refuses) has its cached layout dropped.
 #include <optional>
 
@@ -63,8 +64,13 @@ absl::Status Client::Impl::Send(StepTransport& transport, size_t messages, const
       options,
       [&](int) {
         if (absl::Status s = transport.BeforeAttempt(); !s.ok()) return s;
-        return client_internal::RunStepStream(channel.get(), *raw_step, options, transport,
-                                              &pending);
+        absl::Status s =
+            client_internal::RunStepStream(channel.get(), *raw_step, options, transport, &pending);
+        if (!s.ok() && transport.ResendAfter(s)) {
+          s = client_internal::RunStepStream(channel.get(), *raw_step, options, transport,
+                                             &pending);
+        }
+        return s;
       },
       absl::StrCat("step ", input.step, " (", transport.name(), ")"));
   if (absl::Status finished = transport.Finish(); status.ok()) status = std::move(finished);

@@ -50,6 +50,11 @@ class StepTransport {
   // the calling thread: writes out what the replies taken left for the end
   // of the step (INTERNAL when it cannot).
   virtual absl::Status Finish() { return absl::OkStatus(); }
+  // After an attempt failed with `status`: whether the transport now sends
+  // its messages otherwise, so the attempt is to be made again at once (a
+  // step plan the daemon no longer keeps: the chunks are sent instead).
+  // Called on the calling thread between attempts.
+  virtual bool ResendAfter(const absl::Status& /*status*/) { return false; }
   // Messages written and not yet answered, at most, per stream.
   virtual size_t max_in_flight() const = 0;
   // The data plane, as the client's messages name it ("wire", "shared memory").

@@ -295,6 +295,78 @@ TEST_F(SharedMemoryBufferTest, ALargeStepCheckedOnSeveralThreadsNamesItsFirstBad
   }
 }
 
+// Steps wholly in SharedBuffers go as a step plan (StepRequest.plan) once
+// their chunks repeat: per-group hyperparameters that differ from group to
+// group, a step of fewer groups, dtypes that change, and a group deleted
+// are each what the wire does, bit for bit.
+TEST_F(SharedMemoryBufferTest, StepPlansFollowChangingHyperparametersLayoutsAndGroups) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  RegisterTwins("plan");
+  const uint64_t total = Total();
+  absl::StatusOr<std::unique_ptr<SharedBuffer>> buffer = shm_->AllocateSharedBuffer(8 * total);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  float* grads = static_cast<float*>((*buffer)->data());
+  float* params = grads + total;
+  std::vector<float> wire_grads(total), wire_params(total);
+  for (uint64_t t = 1; t <= 12; ++t) {
+    StepOptions options;
+    // 4-5: bf16 gradients (the buffer's floats narrowed: copied through
+    // the region); 6: a schedule's lr for every group; 7: each group its
+    // own lr; 8: one weight decay for all; from 9: all groups but the
+    // first; 11: grad_scale.
+    if (t == 4 || t == 5) options.gradient_dtype = WireType::kBFloat16;
+    if (t == 6) options.lr = 2e-3;
+    if (t == 11) options.grad_scale = 0.25f;
+    std::vector<float> g = RandomNormal(rng_, total, 1e-2f);
+    std::memcpy(grads, g.data(), total * 4);
+    std::memcpy(wire_grads.data(), g.data(), total * 4);
+    std::vector<GroupStep> through_wire, through_shm;
+    uint64_t at = 0;
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      const uint64_t n = kSizes[i];
+      if (i > 0 || t < 9) {
+        GroupStep w{absl::StrCat("plan.wire.", i), absl::MakeConstSpan(wire_grads.data() + at, n),
+                    absl::MakeSpan(wire_params.data() + at, n)};
+        GroupStep s{absl::StrCat("plan.shm.", i), absl::MakeConstSpan(grads + at, n),
+                    absl::MakeSpan(params + at, n)};
+        if (t == 7) w.lr = s.lr = 1e-3 * static_cast<double>(i + 1);
+        if (t == 8) w.weight_decay = s.weight_decay = 0.05;
+        through_wire.push_back(w);
+        through_shm.push_back(s);
+      }
+      at += n;
+    }
+    ASSERT_TRUE(wire_->Step(through_wire, t, options).ok()) << t;
+    absl::Status shared = shm_->Step(through_shm, t, options);
+    ASSERT_TRUE(shared.ok()) << t << " " << shared;
+    ASSERT_EQ(0, std::memcmp(wire_params.data(), params, total * 4)) << "step " << t;
+  }
+  ExpectSameState("plan");
+  // Plans were defined and used: steps 2, 3, 6 and 10 to 12 repeat an
+  // earlier step's chunks with per-step fields that are the plan's or one
+  // value for all groups (4 and 5 copy through the region: no plan); 7 and
+  // 8 redefine the plan of the three groups, 9 defines the two groups'.
+  const RegionStats regions = Regions();
+  EXPECT_EQ(regions.step_plans, 2u);
+  EXPECT_EQ(regions.step_plan_uses, 6u);
+  // A group deleted under the kept plan (groups 1 and 2 since step 9): the
+  // step is refused NOT_FOUND, naming it, and nothing else is stepped.
+  ASSERT_TRUE(wire_->DeleteGroup("plan.shm.1").ok());
+  std::vector<GroupStep> through_shm;
+  uint64_t at = kSizes[0];
+  for (size_t i = 1; i < kSizes.size(); ++i) {
+    through_shm.push_back({absl::StrCat("plan.shm.", i), absl::MakeConstSpan(grads + at, kSizes[i]),
+                           absl::MakeSpan(params + at, kSizes[i])});
+    at += kSizes[i];
+  }
+  absl::Status gone = shm_->Step(through_shm, 13, StepOptions());
+  EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound) << gone;
+  EXPECT_NE(gone.message().find("plan.shm.1"), std::string::npos) << gone;
+  absl::StatusOr<GroupInfo> last = shm_->DescribeGroup("plan.shm.2");
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(last->max_step, 12u);
+}
+
 TEST_F(SharedMemoryBufferTest, ADestroyedBufferIsUnregisteredAtTheNextStep) {
   RegisterTwins("gone");
   absl::StatusOr<std::unique_ptr<SharedBuffer>> buffer = shm_->AllocateSharedBuffer(1 << 20);

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "client/transport/shared_memory/step_plan_cache.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/client.h"
 
@@ -86,6 +87,9 @@ class SharedMemoryPlane {
   char* base() const { return base_; }
   uint64_t region_id() const { return region_id_; }
   const std::string& session_key() const { return session_key_; }
+  // The step plan kept with the daemon for this session's one-message steps
+  // (a plan of another session key never matches).
+  StepPlanCache& step_plan() { return step_plan_; }
   // When the daemon closed the region socket (it restarted, or closed our
   // session): connects again and registers the region and every live
   // SharedBuffer anew. UNAVAILABLE when that fails.
@@ -143,6 +147,7 @@ class SharedMemoryPlane {
     uint64_t id;
   };
   std::vector<SharedRegion> shared_;
+  StepPlanCache step_plan_;
 };
 
 }  // namespace optstate::client_internal

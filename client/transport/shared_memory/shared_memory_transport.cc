@@ -7,6 +7,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/step/buffer_parts.h"
@@ -210,12 +211,74 @@ absl::Status SharedMemoryTransport::CopyInAndCheck(size_t i, uint64_t begin, uin
   return CheckWireFinite(group, options, dst + begin * grad_size, begin, end - begin);
 }
 
+std::vector<PlanChunk> SharedMemoryTransport::OneMessageChunks() const {
+  const StepOptions& options = input_.options;
+  const size_t grad_size = WireTypeSize(options.gradient_dtype);
+  const size_t param_size = WireTypeSize(options.param_dtype);
+  std::vector<PlanChunk> chunks;
+  chunks.reserve(plan_[0].size());
+  for (const ChunkPiece& piece : plan_[0]) {
+    const GroupStep& group = input_.groups[piece.group];
+    const InPlace& gi = gradient_at_[piece.group];
+    const InPlace& pi = params_at_[piece.group];
+    PlanChunk& chunk = chunks.emplace_back();
+    chunk.group = group.group;
+    chunk.offset = piece.offset;
+    chunk.count = piece.count;
+    chunk.group_elements = group.gradient.size();
+    chunk.gradient_region = plane_.shared_region_id(gi.region);
+    chunk.gradient_offset = gi.offset + piece.offset * grad_size;
+    chunk.params_region = plane_.shared_region_id(pi.region);
+    chunk.params_offset = pi.offset + piece.offset * param_size;
+    PerStepFields& f = chunk.fields;
+    f.lr = group.lr ? group.lr : options.lr;
+    f.beta1 = group.beta1;
+    f.beta2 = group.beta2;
+    f.eps = group.eps;
+    f.weight_decay = group.weight_decay;
+    f.maximize = group.maximize;
+    f.grad_scale = options.grad_scale;
+  }
+  return chunks;
+}
+
 grpc::ByteBuffer SharedMemoryTransport::Request(size_t i) {
   const StepOptions& options = input_.options;
   const size_t grad_size = WireTypeSize(options.gradient_dtype);
   const size_t param_size = WireTypeSize(options.param_dtype);
   const PlannedPieces& pieces = plan_[i];
   v1::StepRequest outer;
+  // A one-message step: the plan kept with the daemon when its chunks are
+  // the same, else one defined with this message (step_plan_cache.h).
+  plan_used_ = plan_defined_ = 0;
+  if (one_message_) {
+    const std::vector<PlanChunk> chunks = OneMessageChunks();
+    StepPlanCache& cache = plane_.step_plan();
+    const std::optional<PlanUse> use =
+        resent_chunks_ ? std::nullopt
+                       : cache.Match(plane_.session_key(), options.gradient_dtype,
+                                     options.param_dtype, chunks);
+    if (use.has_value()) {
+      plan_used_ = use->plan;
+      outer.set_plan(use->plan);
+      outer.set_region_session(plane_.session_key());
+      outer.set_step(input_.step);
+      if (options.gradients_checked) outer.set_gradients_checked(true);
+      const PerStepFields& o = use->overrides;
+      if (o.lr) outer.set_lr(*o.lr);
+      if (o.beta1) outer.set_beta1(*o.beta1);
+      if (o.beta2) outer.set_beta2(*o.beta2);
+      if (o.eps) outer.set_eps(*o.eps);
+      if (o.weight_decay) outer.set_weight_decay(*o.weight_decay);
+      if (o.maximize) outer.set_maximize(*o.maximize);
+      if (o.grad_scale) outer.set_grad_scale(*o.grad_scale);
+      const std::string bytes = outer.SerializeAsString();
+      grpc::Slice slice(bytes);
+      return grpc::ByteBuffer(&slice, 1);
+    }
+    plan_defined_ =
+        cache.Define(plane_.session_key(), options.gradient_dtype, options.param_dtype, chunks);
+  }
   for (size_t k = 0; k < pieces.size(); ++k) {
     const ChunkPiece& piece = pieces[k];
     const GroupStep& group = input_.groups[piece.group];
@@ -228,6 +291,7 @@ grpc::ByteBuffer SharedMemoryTransport::Request(size_t i) {
       fields->set_gradients_checked(true);
     }
     fields->set_region_session(plane_.session_key());
+    if (k == 0 && plan_defined_ != 0) fields->set_plan(plan_defined_);
     const InPlace& gi = gradient_at_[piece.group];
     const InPlace& pi = params_at_[piece.group];
     const SharedMemoryPlane::Area* area =
@@ -252,6 +316,19 @@ absl::Status SharedMemoryTransport::TakeReply(size_t i, grpc::ByteBuffer* buffer
   const PlannedPieces& pieces = plan_[i];
   std::string bytes;
   v1::StepResponse reply;
+  if (plan_used_ != 0) {  // One reply for the plan's chunks.
+    uint64_t elements = 0;
+    for (const ChunkPiece& piece : pieces) elements += piece.count;
+    if (!Gather(buffer, &bytes) || !reply.ParseFromString(bytes) || reply.more_size() != 0 ||
+        reply.plan() != plan_used_ || reply.step() != input_.step ||
+        reply.num_elements() != elements || !reply.params_in_region()) {
+      return absl::InternalError(absl::StrCat("it is not the reply to step ", input_.step,
+                                              " of step plan ", plan_used_, " (", elements,
+                                              " elements, params in the region)"));
+    }
+    answered_[i] = true;
+    return absl::OkStatus();
+  }
   if (!Gather(buffer, &bytes) || !reply.ParseFromString(bytes) ||
       static_cast<size_t>(reply.more_size()) + 1 != pieces.size()) {
     return absl::InternalError("it is not a StepResponse of one reply per chunk");
@@ -266,8 +343,23 @@ absl::Status SharedMemoryTransport::TakeReply(size_t i, grpc::ByteBuffer* buffer
                                               piece.offset, " with its params in the region"));
     }
   }
+  if (plan_defined_ != 0) plane_.step_plan().Defined(plan_defined_);
   answered_[i] = true;
   return absl::OkStatus();
+}
+
+bool SharedMemoryTransport::ResendAfter(const absl::Status& status) {
+  // A use of a plan the daemon does not keep (its session's plans
+  // forgotten, or a daemon that never kept it) refuses it with NOT_FOUND
+  // before anything is applied: send the chunks, defining it anew. Any
+  // other refusal of the use is the chunks' own, and a resend of them gets
+  // the same one (with the chunk's name rather than the plan's).
+  if (plan_used_ == 0 || resent_chunks_ || status.code() != absl::StatusCode::kNotFound) {
+    return false;
+  }
+  plane_.step_plan().Forget(plan_used_);
+  resent_chunks_ = true;
+  return true;
 }
 
 absl::Status SharedMemoryTransport::Finish() {

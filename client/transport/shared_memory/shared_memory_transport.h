@@ -11,6 +11,7 @@
 #include "client/step/plan_chunks.h"
 #include "client/step/step_input.h"
 #include "client/transport/shared_memory/shared_memory_plane.h"
+#include "client/transport/shared_memory/step_plan_cache.h"
 #include "client/transport/step_transport.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/client.h"
@@ -31,7 +32,12 @@ namespace optstate::client_internal {
 //    as on the wire but in messages of up to 64 MiB of gradient (or
 //    ClientOptions::chunk_bytes, if larger), each marked gradients_checked
 //    (the daemon then checks each small chunk as it applies it). With StepOptions::gradients_checked the one message is
-//    marked too, and gradients in place are not read here.
+//    marked too, and gradients in place are not read here. The one
+//    message defines a step plan (StepPlanCache, StepRequest.plan); a later
+//    step of the same chunks sends only the plan's number, its step and the
+//    per-step fields that changed, and is answered once. A use the daemon
+//    refuses NOT_FOUND (it no longer keeps the plan) is sent again at once
+//    as the chunks (ResendAfter).
 // 3. Each reply says the daemon wrote the chunk's params where the chunk
 //    named; those in the region are copied into params_out at the end of
 //    the step (Finish), those of every answered message, on several threads
@@ -48,6 +54,7 @@ class SharedMemoryTransport : public StepTransport {
   absl::Status BeforeAttempt() override { return plane_.ReconnectIfLost(channel_, options_); }
   grpc::ByteBuffer Request(size_t i) override;
   absl::Status TakeReply(size_t i, grpc::ByteBuffer* reply) override;
+  bool ResendAfter(const absl::Status& status) override;
   absl::Status Finish() override;
   // Region messages are small: gRPC's flow control and the daemon's
   // read-ahead bound what is in flight.
@@ -65,6 +72,8 @@ class SharedMemoryTransport : public StepTransport {
   // checking them as it goes, or checks them in place; the refusal names
   // the first bad one.
   absl::Status CopyInAndCheck(size_t i, uint64_t begin, uint64_t end) const;
+  // The one message's chunks (one_message_), as its step plan holds them.
+  std::vector<PlanChunk> OneMessageChunks() const;
 
   SharedMemoryPlane& plane_;
   grpc::Channel* const channel_;
@@ -78,6 +87,12 @@ class SharedMemoryTransport : public StepTransport {
   // The step goes as one message of SharedBuffer slices (OneMessagePlan),
   // checked by the daemon; false: this client checked every gradient first.
   bool one_message_ = false;
+  // The step plan the last Request used (its whole message then being the
+  // plan's number), or defined with its chunks; 0: none.
+  uint64_t plan_used_ = 0;
+  uint64_t plan_defined_ = 0;
+  // A use of the plan was refused (ResendAfter): the chunks go instead.
+  bool resent_chunks_ = false;
   bool layout_refused_ = false;
   // The step copies enough through the region (kStreamingCopyBytes) that
   // plain copies (no conversion) into and out of it use CopyStreaming.
