@@ -314,7 +314,8 @@ def test_stats_report_regions_and_checkpoints(fresh_daemons, prefix, tmp_path):
     wire.step(prefix + "w", 1, torch.ones(4096), torch.empty(4096))
     stats = wire.stats()
     assert stats["regions"] == {"sessions": 0, "regions": 0, "registered_bytes": 0,
-                                "mapped_bytes": 0, "registrations": 0}
+                                "mapped_bytes": 0, "registrations": 0, "step_plans": 0,
+                                "step_plan_uses": 0}
     assert stats["last_checkpoint"] is None
     assert stats["checkpoints_written"] == 0 and stats["checkpoint_failures"] == 0
     assert stats["restored_checkpoint_id"] == "" and stats["restore_refusals"] == []
