@@ -99,10 +99,13 @@ class StepPlanTest : public ::testing::Test {
     ASSERT_NE(region_, nullptr);
   }
 
-  // Sends `requests` on one Step stream: its status, and the replies in `replies`.
+  // Sends `requests` on one Step stream (as lease holder `holder`, if not
+  // empty): its status, and the replies in `replies`.
   absl::Status SendAll(const std::vector<v1::StepRequest>& requests,
-                       std::vector<v1::StepResponse>* replies = nullptr) {
+                       std::vector<v1::StepResponse>* replies = nullptr,
+                       const std::string& holder = "") {
     grpc::ClientContext context;
+    if (!holder.empty()) context.AddMetadata("optstate-lease", "holder=" + holder);
     auto stream = stub_->Step(&context);
     for (const v1::StepRequest& r : requests) {
       if (!stream->Write(r)) break;
@@ -262,6 +265,23 @@ TEST_F(StepPlanTest, EveryUseIsCheckedAgainstTheGroupsAsTheyAreNow) {
   EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound) << gone;
   EXPECT_NE(gone.message().find("'b'"), std::string::npos) << gone;
   EXPECT_EQ(MinStep("a"), 1u);
+}
+
+TEST_F(StepPlanTest, AUseIsHeldToTheGroupsLeasesAsItsChunksWouldBe) {
+  // The plan's definition takes the lease of both groups for job-1.
+  NextGradients(1);
+  ASSERT_TRUE(SendAll({Definition(1, 7, *region_)}, nullptr, "job-1").ok());
+  // Another holder's use, and one without a holder, are refused; a is not stepped.
+  absl::Status other = SendAll({Use(2, 7, *region_)}, nullptr, "job-2");
+  EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition) << other;
+  EXPECT_NE(other.message().find("job-1"), std::string::npos) << other;
+  EXPECT_EQ(SendAll({Use(2, 7, *region_)}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(MinStep("a"), 1u);
+  EXPECT_EQ(MinStep("b"), 1u);
+  // The holder's own use steps.
+  NextGradients(2);
+  ASSERT_TRUE(SendAll({Use(2, 7, *region_)}, nullptr, "job-1").ok());
+  ExpectParamsOfModels("step 2 by the holder");
 }
 
 TEST_F(StepPlanTest, ASessionKeepsEightPlansAndItsEndForgetsThem) {

@@ -508,6 +508,41 @@ TEST_F(TenancyTest, TheRegionSocketNeedsATokenAndARegionIsNamedOnlyByItsTenant) 
   absl::StatusOr<GroupInfo> bobs = Connect(kBob)->DescribeGroup("w");
   ASSERT_TRUE(bobs.ok());
   EXPECT_EQ(bobs->max_step, 0u) << "bob's group was not stepped";
+
+  // alice's step of her group, kept as step plan 1 of her session; bob
+  // naming that plan with her session key finds nothing, and steps nothing.
+  ASSERT_TRUE(Connect(kAlice2)->RegisterGroup("a", kPage).ok());
+  {
+    grpc::ClientContext alices;
+    Authorize(&alices, kAlice2);
+    auto defining = Stub()->Step(&alices);
+    v1::StepRequest definition = chunk;
+    definition.set_group("a");
+    definition.set_plan(1);
+    ASSERT_TRUE(defining->Write(definition));
+    defining->WritesDone();
+    EXPECT_TRUE(defining->Read(&reply));
+    EXPECT_TRUE(defining->Finish().ok());
+  }
+  const std::vector<float> after_alices(base, base + 2 * kPage);
+  {
+    grpc::ClientContext bobs_use;
+    Authorize(&bobs_use, kBob);
+    auto using_plan = Stub()->Step(&bobs_use);
+    v1::StepRequest use;
+    use.set_plan(1);
+    use.set_step(2);
+    use.set_region_session(key);
+    ASSERT_TRUE(using_plan->Write(use));
+    using_plan->WritesDone();
+    EXPECT_FALSE(using_plan->Read(&reply));
+    EXPECT_EQ(using_plan->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  EXPECT_TRUE(std::equal(after_alices.begin(), after_alices.end(), base))
+      << "nothing was written into alice's region by bob's use of her plan";
+  absl::StatusOr<GroupInfo> alices_group = Connect(kAlice2)->DescribeGroup("a");
+  ASSERT_TRUE(alices_group.ok());
+  EXPECT_EQ(alices_group->max_step, 1u) << "alice's group was stepped by her step alone";
   munmap(base, bytes);
   close(*memfd);
   close(*socket);
