@@ -34,14 +34,16 @@ def _loss(model, step):
     return nn.functional.mse_loss(model(x), y)
 
 
-def _train_side_by_side(make_schedules, steps, prefix, target, fused=True, **kwargs):
-    """Trains two equal Nets, one with RemoteAdamW, one with torch.optim.AdamW(**kwargs,
+def _train_side_by_side(make_schedules, steps, prefix, target, fused=True, shared_buffers=False,
+                        **kwargs):
+    """Trains two equal Nets, one with RemoteAdamW (its parameters and gradients in buffers
+    shared with the daemon when `shared_buffers`), one with torch.optim.AdamW(**kwargs,
     fused=fused), each on its own gradients; `make_schedules(opt)` gives the schedulers
     (or a callable(opt, step) changing param_groups) applied after each step. Asserts the
     params, exp_avg and exp_avg_sq bit-equal at every step (fused) and returns the pair."""
     remote_model, torch_model = Net(), Net()
     opt = RemoteAdamW(remote_model.named_parameters(), target=target, name_prefix=prefix,
-                      **kwargs)
+                      shared_buffers=shared_buffers, **kwargs)
     ref = torch.optim.AdamW(torch_model.parameters(), fused=fused, **kwargs)
     remote_sched, ref_sched = make_schedules(opt), make_schedules(ref)
     for step in range(1, steps + 1):
@@ -65,11 +67,18 @@ def _train_side_by_side(make_schedules, steps, prefix, target, fused=True, **kwa
     return opt, ref
 
 
+@pytest.mark.parametrize("shared_buffers", [False, True])
 def test_onecyclelr_with_momentum_cycling_is_bit_identical_to_torch_fused_for_200_steps(
-        daemon, prefix):
+        daemon, prefix, shared_buffers):
+    # With shared buffers every step after the first is a use of the client's step plan,
+    # the lr and beta1 of each step sent once for all parameters (StepRequest.plan).
     def schedules(o):
         return torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.02, total_steps=201)
-    opt, ref = _train_side_by_side(schedules, 200, prefix, daemon.target)
+    opt, ref = _train_side_by_side(schedules, 200, prefix, daemon.target,
+                                   shared_buffers=shared_buffers)
+    if shared_buffers:
+        regions = opt.client.stats()["regions"]
+        assert regions["step_plans"] >= 1 and regions["step_plan_uses"] >= 199, regions
     # The momentum did cycle (betas changed every step), and the daemon's registration kept
     # the betas it was registered with: each step sent its own.
     assert opt.param_groups[0]["betas"][0] != 0.9
@@ -77,8 +86,9 @@ def test_onecyclelr_with_momentum_cycling_is_bit_identical_to_torch_fused_for_20
     opt.close()
 
 
-def test_a_schedule_of_weight_decay_eps_and_beta2_is_bit_identical_to_torch_fused(daemon,
-                                                                                 prefix):
+@pytest.mark.parametrize("shared_buffers", [False, True])
+def test_a_schedule_of_weight_decay_eps_and_beta2_is_bit_identical_to_torch_fused(
+        daemon, prefix, shared_buffers):
     def schedules(o):
         def change(step):
             for g in o.param_groups:
@@ -86,7 +96,8 @@ def test_a_schedule_of_weight_decay_eps_and_beta2_is_bit_identical_to_torch_fuse
                 g["eps"] = 1e-8 * (1 + step % 3)
                 g["betas"] = (g["betas"][0], 0.999 - 0.0005 * (step % 4))
         return change
-    opt, _ = _train_side_by_side(schedules, 60, prefix, daemon.target, lr=3e-3)
+    opt, _ = _train_side_by_side(schedules, 60, prefix, daemon.target, lr=3e-3,
+                                 shared_buffers=shared_buffers)
     opt.close()
 
 

@@ -117,6 +117,56 @@ TEST(RegionRegistry, ARegionIsInvisibleToOtherSessionsAndTenants) {
   EXPECT_TRUE(registry.Find("", a, id).ok()) << "another session cannot unregister it";
 }
 
+TEST(RegionRegistry, ASessionKeepsObjectsForItsTenantUntilItEnds) {
+  RegionRegistry registry(RegionLimits{});
+  const std::string a = registry.OpenSession("");
+  const std::string b = registry.OpenSession("");
+  auto first = std::make_shared<const int>(1);
+  std::weak_ptr<const int> first_alive = first;
+  ASSERT_TRUE(registry.Keep("", a, 1, first).ok());
+  first.reset();
+  absl::StatusOr<std::shared_ptr<const void>> kept = registry.Kept("", a, 1);
+  ASSERT_TRUE(kept.ok());
+  ASSERT_NE(*kept, nullptr);
+  EXPECT_EQ(*std::static_pointer_cast<const int>(*kept), 1);
+  kept = absl::StatusOr<std::shared_ptr<const void>>();
+  // Another number of the session: none; another session, tenant or key:
+  // NOT_FOUND, as Find answers, and nothing is kept for them.
+  ASSERT_TRUE(registry.Kept("", a, 2).ok());
+  EXPECT_EQ(*registry.Kept("", a, 2), nullptr);
+  EXPECT_EQ(*registry.Kept("", b, 1), nullptr);
+  EXPECT_EQ(registry.Kept("t2", a, 1).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.Keep("t2", a, 1, std::make_shared<const int>(5)).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.Keep("", "no such key", 1, std::make_shared<const int>(5)).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(*std::static_pointer_cast<const int>(*registry.Kept("", a, 1)), 1);
+  // Kept again under its number: replaced, the old object gone.
+  ASSERT_TRUE(registry.Keep("", a, 1, std::make_shared<const int>(11)).ok());
+  EXPECT_TRUE(first_alive.expired());
+  EXPECT_EQ(*std::static_pointer_cast<const int>(*registry.Kept("", a, 1)), 11);
+  // Past kMaxKeptPerSession the least recently kept or looked up goes: 2 is
+  // kept first, 1 is looked up after it, then 3 to 9 are kept.
+  ASSERT_TRUE(registry.Keep("", a, 2, std::make_shared<const int>(2)).ok());
+  ASSERT_NE(*registry.Kept("", a, 1), nullptr);
+  for (uint64_t n = 3; n <= RegionRegistry::kMaxKeptPerSession + 1; ++n) {
+    ASSERT_TRUE(registry.Keep("", a, n, std::make_shared<const int>(static_cast<int>(n))).ok());
+  }
+  EXPECT_EQ(*registry.Kept("", a, 2), nullptr) << "the least recently used";
+  EXPECT_NE(*registry.Kept("", a, 1), nullptr);
+  EXPECT_EQ(registry.Stats().kept, RegionRegistry::kMaxKeptPerSession);
+  registry.Unkeep("", a, 1);
+  EXPECT_EQ(*registry.Kept("", a, 1), nullptr);
+  // The session's end takes its objects.
+  auto last = std::make_shared<const int>(42);
+  std::weak_ptr<const int> last_alive = last;
+  ASSERT_TRUE(registry.Keep("", b, 1, std::move(last)).ok());
+  registry.CloseSession(b);
+  EXPECT_TRUE(last_alive.expired());
+  EXPECT_EQ(registry.Kept("", b, 1).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.Stats().kept, RegionRegistry::kMaxKeptPerSession - 1);
+}
+
 TEST(RegionRegistry, LimitsRegionsPerClientAndBytesMapped) {
   RegionRegistry registry(RegionLimits{2, 3 * 4096});
   const std::string a = registry.OpenSession("");
