@@ -87,6 +87,7 @@ void RegionRegistry::CloseSession(const std::string& key) {
     gone = std::move(it->second);
     regions_ -= gone.regions.size();
     for (const auto& [id, region] : gone.regions) registered_bytes_ -= region->bytes();
+    for (const KeptObject& k : gone.kept) kept_bytes_ -= k.bytes;
     sessions_.erase(it);
   }
   // `gone` unmaps its regions here, outside the lock (unless a step still uses one).
@@ -203,11 +204,16 @@ absl::Status UnknownSession() {
 }  // namespace
 
 absl::Status RegionRegistry::Keep(const std::string& tenant, absl::string_view key, uint64_t number,
-                                  std::shared_ptr<const void> object) {
-  std::shared_ptr<const void> replaced;  // Destroyed outside the lock.
+                                  std::shared_ptr<const void> object, uint64_t bytes) {
+  std::vector<std::shared_ptr<const void>> gone;  // Destroyed outside the lock.
   absl::MutexLock lock(&mu_);
   Session* session = SessionOf(tenant, key);
   if (session == nullptr) return UnknownSession();
+  if (bytes > limits_.max_kept_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("an object of ", bytes, " bytes is more than the ", limits_.max_kept_bytes,
+                     " the sessions may keep together"));
+  }
   std::vector<KeptObject>& kept = session->kept;
   auto slot = std::find_if(kept.begin(), kept.end(),
                            [&](const KeptObject& k) { return k.number == number; });
@@ -217,8 +223,29 @@ absl::Status RegionRegistry::Keep(const std::string& tenant, absl::string_view k
     });
   }
   if (slot == kept.end()) slot = kept.insert(kept.end(), KeptObject{});
-  replaced = std::move(slot->object);
-  *slot = KeptObject{number, ++use_clock_, std::move(object)};
+  kept_bytes_ -= slot->bytes;
+  gone.push_back(std::move(slot->object));
+  *slot = KeptObject{number, ++use_clock_, bytes, std::move(object)};
+  kept_bytes_ += bytes;
+  // Past the limit: the least recently used of every session's goes (never
+  // the one just kept, the most recent).
+  while (kept_bytes_ > limits_.max_kept_bytes) {
+    Session* oldest_session = nullptr;
+    size_t oldest = 0;
+    for (auto& [k, s] : sessions_) {
+      for (size_t i = 0; i < s.kept.size(); ++i) {
+        if (oldest_session == nullptr ||
+            s.kept[i].last_use < oldest_session->kept[oldest].last_use) {
+          oldest_session = &s;
+          oldest = i;
+        }
+      }
+    }
+    KeptObject& victim = oldest_session->kept[oldest];
+    kept_bytes_ -= victim.bytes;
+    gone.push_back(std::move(victim.object));
+    oldest_session->kept.erase(oldest_session->kept.begin() + static_cast<ptrdiff_t>(oldest));
+  }
   return absl::OkStatus();
 }
 
@@ -246,6 +273,7 @@ void RegionRegistry::Unkeep(const std::string& tenant, absl::string_view key, ui
   for (auto it = kept.begin(); it != kept.end(); ++it) {
     if (it->number != number) continue;
     gone = std::move(it->object);
+    kept_bytes_ -= it->bytes;
     kept.erase(it);
     return;
   }
@@ -273,6 +301,7 @@ RegionRegistryStats RegionRegistry::Stats() const {
   stats.registrations = registrations_;
   for (const auto& [key, session] : sessions_) stats.kept += session.kept.size();
   stats.kept_found = kept_found_;
+  stats.kept_bytes = kept_bytes_;
   return stats;
 }
 

@@ -26,6 +26,9 @@ struct RegionLimits {
   // per-process limit on mappings (vm.max_map_count, 65530 by default) is
   // shared with the daemon's own allocations.
   uint32_t max_regions = 4096;
+  // Bytes of the objects all sessions keep together (Keep: step plans);
+  // past it the least recently used anywhere is forgotten.
+  uint64_t max_kept_bytes = 256ull << 20;
 };
 
 // One mapped region. Unmapped when the last reference goes: the registry's
@@ -69,6 +72,7 @@ struct RegionRegistryStats {
   uint64_t mapped_bytes = 0;      // Registered, or unregistered and still used by a step.
   uint64_t registrations = 0;     // Since the registry was made.
   uint64_t kept = 0;              // Objects the sessions keep (Keep).
+  uint64_t kept_bytes = 0;        // Their bytes, as kept.
   uint64_t kept_found = 0;        // Kept objects found by Kept, since the registry was made.
 };
 
@@ -114,14 +118,17 @@ class RegionRegistry {
 
   // Objects a session keeps for its client until it ends (the rpc layer's
   // step plans, StepRequest.plan), by the client's number for them: opaque
-  // here, the registry never looks into them. Keep replaces the object of
-  // that number; past kMaxKeptPerSession objects it forgets the one least
-  // recently kept or looked up. NOT_FOUND (as Find's) for a session that
-  // does not exist or is another tenant's. An object goes with its session
-  // (CloseSession), or when kept over or pushed out.
+  // here, the registry never looks into them but for their `bytes` (the
+  // memory each holds, as its keeper counts it). Keep replaces the object
+  // of that number; past kMaxKeptPerSession objects it forgets the session's
+  // least recently kept or looked up, and past limits().max_kept_bytes the
+  // least recently used of all sessions. NOT_FOUND (as Find's) for a session
+  // that does not exist or is another tenant's; RESOURCE_EXHAUSTED, nothing
+  // kept, for an object of more than max_kept_bytes. An object goes with its
+  // session (CloseSession), or when kept over or pushed out.
   static constexpr size_t kMaxKeptPerSession = 8;
   absl::Status Keep(const std::string& tenant, absl::string_view key, uint64_t number,
-                    std::shared_ptr<const void> object) ABSL_LOCKS_EXCLUDED(mu_);
+                    std::shared_ptr<const void> object, uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   // The object of `number`, or null when the session keeps none of that
   // number; NOT_FOUND as for Keep.
   absl::StatusOr<std::shared_ptr<const void>> Kept(const std::string& tenant, absl::string_view key,
@@ -140,6 +147,7 @@ class RegionRegistry {
   struct KeptObject {
     uint64_t number = 0;
     uint64_t last_use = 0;  // Of the registry's use_clock_.
+    uint64_t bytes = 0;
     std::shared_ptr<const void> object;
   };
   struct Session {
@@ -161,6 +169,7 @@ class RegionRegistry {
   uint64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t use_clock_ ABSL_GUARDED_BY(mu_) = 0;  // Orders kept objects' uses.
   uint64_t kept_found_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t kept_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // Of the kept objects, all sessions.
 };
 
 }  // namespace optstate

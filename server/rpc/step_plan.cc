@@ -84,7 +84,8 @@ absl::Status KeepStepPlan(RegionRegistry* regions, const std::string& tenant,
   auto plan = std::make_shared<StepPlan>();
   plan->chunks = request;
   plan->chunks.set_gradients_checked(false);  // Each use says its own.
-  return regions->Keep(tenant, request.region_session(), request.plan(), std::move(plan));
+  const uint64_t bytes = sizeof(StepPlan) + plan->chunks.SpaceUsedLong();
+  return regions->Keep(tenant, request.region_session(), request.plan(), std::move(plan), bytes);
 }
 
 void ForgetStepPlan(RegionRegistry* regions, const std::string& tenant,

@@ -123,7 +123,7 @@ TEST(RegionRegistry, ASessionKeepsObjectsForItsTenantUntilItEnds) {
   const std::string b = registry.OpenSession("");
   auto first = std::make_shared<const int>(1);
   std::weak_ptr<const int> first_alive = first;
-  ASSERT_TRUE(registry.Keep("", a, 1, first).ok());
+  ASSERT_TRUE(registry.Keep("", a, 1, first, 100).ok());
   first.reset();
   absl::StatusOr<std::shared_ptr<const void>> kept = registry.Kept("", a, 1);
   ASSERT_TRUE(kept.ok());
@@ -136,21 +136,22 @@ TEST(RegionRegistry, ASessionKeepsObjectsForItsTenantUntilItEnds) {
   EXPECT_EQ(*registry.Kept("", a, 2), nullptr);
   EXPECT_EQ(*registry.Kept("", b, 1), nullptr);
   EXPECT_EQ(registry.Kept("t2", a, 1).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(registry.Keep("t2", a, 1, std::make_shared<const int>(5)).code(),
+  EXPECT_EQ(registry.Keep("t2", a, 1, std::make_shared<const int>(5), 100).code(),
             absl::StatusCode::kNotFound);
-  EXPECT_EQ(registry.Keep("", "no such key", 1, std::make_shared<const int>(5)).code(),
+  EXPECT_EQ(registry.Keep("", "no such key", 1, std::make_shared<const int>(5), 100).code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(*std::static_pointer_cast<const int>(*registry.Kept("", a, 1)), 1);
   // Kept again under its number: replaced, the old object gone.
-  ASSERT_TRUE(registry.Keep("", a, 1, std::make_shared<const int>(11)).ok());
+  ASSERT_TRUE(registry.Keep("", a, 1, std::make_shared<const int>(11), 100).ok());
   EXPECT_TRUE(first_alive.expired());
   EXPECT_EQ(*std::static_pointer_cast<const int>(*registry.Kept("", a, 1)), 11);
   // Past kMaxKeptPerSession the least recently kept or looked up goes: 2 is
   // kept first, 1 is looked up after it, then 3 to 9 are kept.
-  ASSERT_TRUE(registry.Keep("", a, 2, std::make_shared<const int>(2)).ok());
+  ASSERT_TRUE(registry.Keep("", a, 2, std::make_shared<const int>(2), 100).ok());
   ASSERT_NE(*registry.Kept("", a, 1), nullptr);
   for (uint64_t n = 3; n <= RegionRegistry::kMaxKeptPerSession + 1; ++n) {
-    ASSERT_TRUE(registry.Keep("", a, n, std::make_shared<const int>(static_cast<int>(n))).ok());
+    ASSERT_TRUE(
+        registry.Keep("", a, n, std::make_shared<const int>(static_cast<int>(n)), 100).ok());
   }
   EXPECT_EQ(*registry.Kept("", a, 2), nullptr) << "the least recently used";
   EXPECT_NE(*registry.Kept("", a, 1), nullptr);
@@ -160,11 +161,35 @@ TEST(RegionRegistry, ASessionKeepsObjectsForItsTenantUntilItEnds) {
   // The session's end takes its objects.
   auto last = std::make_shared<const int>(42);
   std::weak_ptr<const int> last_alive = last;
-  ASSERT_TRUE(registry.Keep("", b, 1, std::move(last)).ok());
+  ASSERT_TRUE(registry.Keep("", b, 1, std::move(last), 100).ok());
   registry.CloseSession(b);
   EXPECT_TRUE(last_alive.expired());
   EXPECT_EQ(registry.Kept("", b, 1).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(registry.Stats().kept, RegionRegistry::kMaxKeptPerSession - 1);
+  EXPECT_EQ(registry.Stats().kept_bytes, 100 * (RegionRegistry::kMaxKeptPerSession - 1));
+}
+
+TEST(RegionRegistry, KeptObjectsOfAllSessionsStayWithinTheirBytes) {
+  RegionLimits limits;
+  limits.max_kept_bytes = 1000;
+  RegionRegistry registry(limits);
+  const std::string a = registry.OpenSession("");
+  const std::string b = registry.OpenSession("");
+  ASSERT_TRUE(registry.Keep("", a, 1, std::make_shared<const int>(1), 400).ok());
+  ASSERT_TRUE(registry.Keep("", b, 1, std::make_shared<const int>(2), 400).ok());
+  // a's second object takes the bytes of the least recently used anywhere: a's first.
+  ASSERT_TRUE(registry.Keep("", a, 2, std::make_shared<const int>(3), 400).ok());
+  EXPECT_EQ(*registry.Kept("", a, 1), nullptr);
+  EXPECT_NE(*registry.Kept("", b, 1), nullptr);
+  EXPECT_NE(*registry.Kept("", a, 2), nullptr);
+  EXPECT_EQ(registry.Stats().kept_bytes, 800u);
+  // Larger than all the sessions may keep: refused, nothing pushed out.
+  EXPECT_EQ(registry.Keep("", b, 2, std::make_shared<const int>(4), 1001).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(registry.Stats().kept, 2u);
+  EXPECT_EQ(registry.Stats().kept_bytes, 800u);
+  registry.CloseSession(a);
+  EXPECT_EQ(registry.Stats().kept_bytes, 400u);
 }
 
 TEST(RegionRegistry, LimitsRegionsPerClientAndBytesMapped) {
