@@ -279,12 +279,10 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
   if (plan == nullptr) {  // A plan's reply is one small StepResponse.
     if (absl::Status s = CheckReplyFits(request, step, max_reply_bytes); !s.ok()) return s;
   }
-  if (defines_plan) {
-    // Kept whatever Apply finds of the pages' state: the chunks are sound.
-    // A session closed meanwhile keeps nothing; the plan's next use is then
-    // refused NOT_FOUND and the client defines it again.
-    KeepStepPlan(regions, tenant, request).IgnoreError();
-  }
+  // Kept whatever Apply finds of the pages' state: the chunks are sound.
+  // Not kept (a session closed meanwhile, a plan past the daemon's bytes for
+  // plans): the reply says nothing of a plan, and the sender sends chunks.
+  const bool plan_kept = defines_plan && KeepStepPlan(regions, tenant, request).ok();
   // 3. Applied, the params written straight into the replies' slices, and
   //    each chunk's reply finished by the thread that applied it (applied
   //    at once, on the pool's threads while the other chunks are applied).
@@ -317,6 +315,7 @@ absl::Status ApplyStepMessage(StepEngine* engine, const std::string& tenant, siz
     response.set_pages_applied(result.pages_applied);
     response.set_pages_replayed(result.pages_replayed);
     response.set_params_in_region(uses[i].params != nullptr);
+    if (i == 0 && plan_kept) response.set_plan(request.plan());
     replies[i] = builder(i).Finish(response);
   };
   MessageRefusal refused = step.Apply(reserve_params, answer);

@@ -159,8 +159,10 @@ TEST_F(StepPlanTest, UsesStepAsTheChunksWouldAndAreAnsweredOnce) {
   std::vector<v1::StepResponse> replies;
   ASSERT_TRUE(SendAll({Definition(1, 7, *region_)}, &replies).ok());
   ASSERT_EQ(replies.size(), 1u);
-  EXPECT_EQ(replies[0].group(), "a");  // A definition is answered chunk by chunk.
+  EXPECT_EQ(replies[0].group(), "a");  // A definition is answered chunk by chunk,
   EXPECT_EQ(replies[0].more_size(), 1);
+  EXPECT_EQ(replies[0].plan(), 7u);  // its own reply saying the plan is kept.
+  EXPECT_EQ(replies[0].more(0).plan(), 0u);
   ExpectParamsOfModels("step 1, the definition");
   for (uint64_t t = 2; t <= 4; ++t) {
     // Step 3 sets the lr of every chunk; the others keep the definition's (none: the groups').

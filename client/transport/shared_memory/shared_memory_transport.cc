@@ -343,7 +343,11 @@ absl::Status SharedMemoryTransport::TakeReply(size_t i, grpc::ByteBuffer* buffer
                                               piece.offset, " with its params in the region"));
     }
   }
-  if (plan_defined_ != 0) plane_.step_plan().Defined(plan_defined_);
+  // The plan is used from the next step on only if the daemon says it kept
+  // it (one that predates plans, or is past its bytes for them, does not).
+  if (plan_defined_ != 0 && reply.plan() == plan_defined_) {
+    plane_.step_plan().Defined(plan_defined_);
+  }
   answered_[i] = true;
   return absl::OkStatus();
 }

@@ -62,7 +62,8 @@ class StepPlanCache {
                                WireType param_dtype, absl::Span<const PlanChunk> chunks);
   // The number under which to define a plan of `chunks` (sent with their
   // message); the plan is kept once Defined(number) is called, when the
-  // message's reply came (until then no plan has that number).
+  // message's reply came and said the daemon kept it (until then no plan
+  // has that number).
   uint64_t Define(absl::string_view session, WireType gradient_dtype, WireType param_dtype,
                   absl::Span<const PlanChunk> chunks);
   void Defined(uint64_t number);
