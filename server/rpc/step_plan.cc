@@ -80,7 +80,9 @@ absl::StatusOr<std::shared_ptr<const StepPlan>> FindStepPlan(RegionRegistry* reg
 
 absl::Status KeepStepPlan(RegionRegistry* regions, const std::string& tenant,
                           const v1::StepRequest& request) {
-  if (regions == nullptr) return absl::OkStatus();  // No region: the message was refused.
+  if (regions == nullptr) {  // Unreached: a plan's chunks name regions, refused without any.
+    return absl::FailedPreconditionError("this daemon offers no regions, so it keeps no plans");
+  }
   auto plan = std::make_shared<StepPlan>();
   plan->chunks = request;
   plan->chunks.set_gradients_checked(false);  // Each use says its own.

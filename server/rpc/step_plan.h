@@ -59,8 +59,8 @@ absl::StatusOr<std::shared_ptr<const StepPlan>> FindStepPlan(RegionRegistry* reg
 // Keeps `request`'s chunks (CheckStepPlanDefinition passed) as its region
 // session's plan request.plan() for `tenant`, counted by the bytes they
 // take (RegionRegistry::Keep: NOT_FOUND once the session is gone,
-// RESOURCE_EXHAUSTED for a plan past the daemon's bytes for plans; OK
-// without keeping anything when `regions` is null).
+// RESOURCE_EXHAUSTED for a plan past the daemon's bytes for plans;
+// FAILED_PRECONDITION when `regions` is null).
 absl::Status KeepStepPlan(RegionRegistry* regions, const std::string& tenant,
                           const v1::StepRequest& request);
 
