@@ -230,14 +230,7 @@ std::vector<PlanChunk> SharedMemoryTransport::OneMessageChunks() const {
     chunk.gradient_offset = gi.offset + piece.offset * grad_size;
     chunk.params_region = plane_.shared_region_id(pi.region);
     chunk.params_offset = pi.offset + piece.offset * param_size;
-    PerStepFields& f = chunk.fields;
-    f.lr = group.lr ? group.lr : options.lr;
-    f.beta1 = group.beta1;
-    f.beta2 = group.beta2;
-    f.eps = group.eps;
-    f.weight_decay = group.weight_decay;
-    f.maximize = group.maximize;
-    f.grad_scale = options.grad_scale;
+    chunk.fields = PerStepFieldsOf(group, options);
   }
   return chunks;
 }
@@ -264,14 +257,7 @@ grpc::ByteBuffer SharedMemoryTransport::Request(size_t i) {
       outer.set_region_session(plane_.session_key());
       outer.set_step(input_.step);
       if (options.gradients_checked) outer.set_gradients_checked(true);
-      const PerStepFields& o = use->overrides;
-      if (o.lr) outer.set_lr(*o.lr);
-      if (o.beta1) outer.set_beta1(*o.beta1);
-      if (o.beta2) outer.set_beta2(*o.beta2);
-      if (o.eps) outer.set_eps(*o.eps);
-      if (o.weight_decay) outer.set_weight_decay(*o.weight_decay);
-      if (o.maximize) outer.set_maximize(*o.maximize);
-      if (o.grad_scale) outer.set_grad_scale(*o.grad_scale);
+      SetPerStepFields(use->overrides, &outer);
       const std::string bytes = outer.SerializeAsString();
       grpc::Slice slice(bytes);
       return grpc::ByteBuffer(&slice, 1);

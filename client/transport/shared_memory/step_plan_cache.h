@@ -12,16 +12,10 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "client/transport/chunk_fields.h"
 #include "optstate/dtype.h"
 
 namespace optstate::client_internal {
-
-// A chunk's fields that a plan's use may set for every chunk at once.
-struct PerStepFields {
-  std::optional<double> lr, beta1, beta2, eps, weight_decay;
-  std::optional<bool> maximize;
-  std::optional<float> grad_scale;
-};
 
 // One chunk as a step sends it, but for its step number.
 struct PlanChunk {
