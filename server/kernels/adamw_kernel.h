@@ -117,6 +117,30 @@ void AdamWUpdateAndEncode(const AdamWConstants& c, float* p, float* m, float* v,
                           ParamsStore store = ParamsStore::kCached,
                           float* max_exp_avg_sq = nullptr);
 
+// A gradient's elements for a finite check: `count` elements of `type` at
+// `data`, scaled by `grad_scale`.
+struct GradientRange {
+  const void* data = nullptr;
+  WireType type = WireType::kFloat32;
+  size_t count = 0;
+  float grad_scale = 1.0f;
+};
+
+// AdamWUpdateAndEncode (the same bits) that also reads `ahead`, another
+// range's gradient (the chunk the calling thread applies next), and returns
+// whether every element of it, scaled, is finite: FindNonFiniteGradient's
+// answer of `ahead.count`. The AVX2 path reads it among the update's own
+// loads when the params are streamed, |ahead.grad_scale| <= 1 and it is no
+// larger than this core's L2, where a check costs little beside an update
+// bound by its arithmetic
+// (BENCHMARKS.md, "The next chunk checked inside the update"); it checks
+// the rest, and other paths all of it, after the update. `ahead` must not
+// overlap what the update writes.
+bool AdamWUpdateAndEncodeCheckingAhead(const AdamWConstants& c, float* p, float* m, float* v,
+                                       const void* grad, WireType grad_type, size_t count,
+                                       void* params_out, WireType params_type, ParamsStore store,
+                                       float* max_exp_avg_sq, const GradientRange& ahead);
+
 // The portable path: the same formula, one element at a time.
 void AdamWUpdateScalar(const AdamWConstants& c, float* p, float* m, float* v, const void* grad,
                        WireType grad_type, size_t count, float* max_exp_avg_sq = nullptr);
@@ -125,7 +149,7 @@ void AdamWUpdateScalar(const AdamWConstants& c, float* p, float* m, float* v, co
 // not finite, or `count` when all are finite.
 size_t FindNonFiniteGradient(const void* grad, WireType grad_type, size_t count, float grad_scale);
 
-// The three calls above on a path the caller names, which must be one of
+// The calls above on a path the caller names, which must be one of
 // SupportedKernelIsas(): for the tests and benchmarks that compare paths.
 void AdamWUpdateOn(KernelIsa isa, const AdamWConstants& c, float* p, float* m, float* v,
                    const void* grad, WireType grad_type, size_t count,
@@ -136,6 +160,11 @@ void AdamWUpdateAndEncodeOn(KernelIsa isa, const AdamWConstants& c, float* p, fl
                             float* max_exp_avg_sq = nullptr);
 size_t FindNonFiniteGradientOn(KernelIsa isa, const void* grad, WireType grad_type, size_t count,
                                float grad_scale);
+bool AdamWUpdateAndEncodeCheckingAheadOn(KernelIsa isa, const AdamWConstants& c, float* p, float* m,
+                                         float* v, const void* grad, WireType grad_type,
+                                         size_t count, void* params_out, WireType params_type,
+                                         ParamsStore store, float* max_exp_avg_sq,
+                                         const GradientRange& ahead);
 
 }  // namespace optstate
 

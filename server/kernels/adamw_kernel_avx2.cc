@@ -34,6 +34,10 @@ OPTSTATE_AVX2 inline __m256 LoadGradient8(const unsigned char* grad, WireType ty
 // Where UpdateLoop also writes each updated param: nowhere, or narrowed.
 enum class ParamsOut { kNone, kFloat32, kBFloat16 };
 
+// The lanes in which UpdateLoop checks a gradient it reads ahead (AheadBits):
+// none read, float32 lanes, or 16-bit ones.
+enum class AheadLanes { kNone, k32, k16 };
+
 // kAmsgrad: vmax (max_exp_avg_sq) is kept and the denominator takes it.
 // kPlain: grad_scale is 1 and m's lerp starts from m (lerp_from_gradient
 // false; AdamW's default betas), so the loop leaves out the multiply by 1,
@@ -42,10 +46,21 @@ enum class ParamsOut { kNone, kFloat32, kBFloat16 };
 // blend that would pick m anyway. Two operations of the 8 elements'
 // twenty-odd, which a step bound by its operations (bf16 on a Zen 1 EPYC:
 // BENCHMARKS.md) feels.
-template <WireType kType, ParamsOut kOut, bool kStream, bool kAmsgrad, bool kPlain>
+// kAhead: `ahead` (else null) is read as AheadBits says, a vector an
+// iteration, its loads independent of the update's, so they overlap the
+// update's arithmetic instead of taking a pass of their own.
+template <WireType kType, ParamsOut kOut, bool kStream, bool kAmsgrad, bool kPlain,
+          AheadLanes kAhead = AheadLanes::kNone>
 OPTSTATE_AVX2 void UpdateLoop(const AdamWConstants& c, float* p, float* m, float* v, float* vmax,
                               const unsigned char* grad, size_t vector_end,
-                              unsigned char* params_out) {
+                              unsigned char* params_out, AheadBits* ahead = nullptr) {
+  const unsigned char* const ahead_data = kAhead == AheadLanes::kNone ? nullptr : ahead->data;
+  const size_t ahead_vectors_end =
+      kAhead == AheadLanes::kNone ? 0 : ahead->bytes / 32 * 32;  // Whole vectors only.
+  size_t ahead_read = 0;
+  const __m256i magnitude =
+      kAhead == AheadLanes::k32 ? _mm256_set1_epi32(0x7fffffff) : _mm256_set1_epi16(0x7fff);
+  __m256i most = _mm256_setzero_si256();
   const __m256 grad_scale = _mm256_set1_ps(c.grad_scale);
   const __m256 decay = _mm256_set1_ps(c.decay);
   const __m256 lerp_coefficient = _mm256_set1_ps(c.lerp_coefficient);
@@ -57,6 +72,16 @@ OPTSTATE_AVX2 void UpdateLoop(const AdamWConstants& c, float* p, float* m, float
   const __m256 bias_correction2_sqrt = _mm256_set1_ps(c.bias_correction2_sqrt);
   const __m256 eps = _mm256_set1_ps(c.eps);
   for (size_t i = 0; i < vector_end; i += 8) {
+    if constexpr (kAhead != AheadLanes::kNone) {
+      if (ahead_read < ahead_vectors_end) {
+        const __m256i bits =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ahead_data + ahead_read));
+        most = kAhead == AheadLanes::k32
+                   ? _mm256_max_epu32(most, _mm256_and_si256(bits, magnitude))
+                   : _mm256_max_epu16(most, _mm256_and_si256(bits, magnitude));
+        ahead_read += 32;
+      }
+    }
     __m256 g = LoadGradient8(grad, kType, i);
     if constexpr (!kPlain) g = _mm256_mul_ps(g, grad_scale);
     __m256 pv = _mm256_mul_ps(_mm256_loadu_ps(p + i), decay);
@@ -94,16 +119,47 @@ OPTSTATE_AVX2 void UpdateLoop(const AdamWConstants& c, float* p, float* m, float
                        dtype_internal::QuietFloatToBFloat16x8(pv));
     }
   }
+  if constexpr (kAhead != AheadLanes::kNone) {
+    // Not finite where the largest magnitude reaches the type's infinity.
+    const __m256i infinity =
+        kAhead == AheadLanes::k32
+            ? _mm256_set1_epi32(0x7f800000)
+            : _mm256_set1_epi16(ahead->type == WireType::kBFloat16 ? 0x7f80 : 0x7c00);
+    const __m256i reached = kAhead == AheadLanes::k32 ? _mm256_max_epu32(most, infinity)
+                                                      : _mm256_max_epu16(most, infinity);
+    const __m256i bad = kAhead == AheadLanes::k32 ? _mm256_cmpeq_epi32(reached, most)
+                                                  : _mm256_cmpeq_epi16(reached, most);
+    ahead->read = ahead_read;
+    ahead->bad = !_mm256_testz_si256(bad, bad);
+  }
 }
 
+// UpdateLoop for these types; `ahead` (streaming stores only, else left
+// unread) read as AheadBits says.
 template <ParamsOut kOut, bool kStream = false>
 OPTSTATE_AVX2 void UpdateLoopFor(WireType grad_type, const AdamWConstants& c, float* p, float* m,
                                  float* v, float* vmax, const unsigned char* grad,
-                                 size_t vector_end, unsigned char* params_out) {
+                                 size_t vector_end, unsigned char* params_out,
+                                 AheadBits* ahead = nullptr) {
   WithGradientType(grad_type, [&](auto type) {
     WithUpdateVariant(c, vmax, [&](auto amsgrad, auto plain) {
-      UpdateLoop<decltype(type)::value, kOut, kStream, decltype(amsgrad)::value,
-                 decltype(plain)::value>(c, p, m, v, vmax, grad, vector_end, params_out);
+      constexpr WireType kType = decltype(type)::value;
+      constexpr bool kAmsgrad = decltype(amsgrad)::value;
+      constexpr bool kPlain = decltype(plain)::value;
+      if constexpr (kStream && !kAmsgrad) {
+        if (ahead != nullptr) {
+          if (ahead->type == WireType::kFloat32) {
+            UpdateLoop<kType, kOut, kStream, kAmsgrad, kPlain, AheadLanes::k32>(
+                c, p, m, v, vmax, grad, vector_end, params_out, ahead);
+          } else {
+            UpdateLoop<kType, kOut, kStream, kAmsgrad, kPlain, AheadLanes::k16>(
+                c, p, m, v, vmax, grad, vector_end, params_out, ahead);
+          }
+          return;
+        }
+      }
+      UpdateLoop<kType, kOut, kStream, kAmsgrad, kPlain>(c, p, m, v, vmax, grad, vector_end,
+                                                         params_out);
     });
   });
 }
@@ -253,9 +309,9 @@ namespace {
 // False when params_out is not aligned to its element.
 template <ParamsOut kOut>
 OPTSTATE_AVX2 bool StreamingUpdateAndEncode(const AdamWConstants& c, float* p, float* m, float* v,
-                                            float* vmax, const unsigned char* grad, WireType grad_type,
-                                            size_t count, unsigned char* out,
-                                            WireType params_type) {
+                                            float* vmax, const unsigned char* grad,
+                                            WireType grad_type, size_t count, unsigned char* out,
+                                            WireType params_type, AheadBits* ahead) {
   const size_t size = WireTypeSize(params_type);
   const size_t width = 8 * size;  // The bytes one vector store writes.
   const uintptr_t address = reinterpret_cast<uintptr_t>(out);
@@ -265,10 +321,9 @@ OPTSTATE_AVX2 bool StreamingUpdateAndEncode(const AdamWConstants& c, float* p, f
   AdamWRangeScalar(c, p, m, v, vmax, grad, grad_type, 0, head);
   EncodeFromFloat(params_type, p, out, head);
   const size_t vector_end = head + (count - head) / 8 * 8;
-  UpdateLoopFor<kOut, /*kStream=*/true>(grad_type, c, p + head, m + head, v + head,
-                                        vmax == nullptr ? nullptr : vmax + head,
-                                        grad + head * grad_size, vector_end - head,
-                                        out + head * size);
+  UpdateLoopFor<kOut, /*kStream=*/true>(
+      grad_type, c, p + head, m + head, v + head, vmax == nullptr ? nullptr : vmax + head,
+      grad + head * grad_size, vector_end - head, out + head * size, ahead);
   _mm_sfence();
   AdamWRangeScalar(c, p, m, v, vmax, grad, grad_type, vector_end, count);
   EncodeFromFloat(params_type, p + vector_end, out + vector_end * size, count - vector_end);
@@ -278,20 +333,20 @@ OPTSTATE_AVX2 bool StreamingUpdateAndEncode(const AdamWConstants& c, float* p, f
 }  // namespace
 
 OPTSTATE_AVX2 bool AdamWUpdateAndEncodeAvx2(const AdamWConstants& c, float* p, float* m, float* v,
-                                            float* vmax, const void* grad, WireType grad_type, size_t count,
-                                            void* params_out, WireType params_type,
-                                            ParamsStore store) {
+                                            float* vmax, const void* grad, WireType grad_type,
+                                            size_t count, void* params_out, WireType params_type,
+                                            ParamsStore store, AheadBits* ahead) {
   const auto* bytes = static_cast<const unsigned char*>(grad);
   auto* out = static_cast<unsigned char*>(params_out);
   if (store == ParamsStore::kStreaming) {
     if (params_type == WireType::kFloat32 &&
         StreamingUpdateAndEncode<ParamsOut::kFloat32>(c, p, m, v, vmax, bytes, grad_type, count,
-                                                      out, params_type)) {
+                                                      out, params_type, ahead)) {
       return true;
     }
     if (params_type == WireType::kBFloat16 &&
         StreamingUpdateAndEncode<ParamsOut::kBFloat16>(c, p, m, v, vmax, bytes, grad_type, count,
-                                                       out, params_type)) {
+                                                       out, params_type, ahead)) {
       return true;
     }
   }

@@ -93,11 +93,28 @@ inline void WithUpdateVariant(const AdamWConstants& c, const float* vmax, Fn&& f
 void AdamWUpdateAvx2(const AdamWConstants& c, float* p, float* m, float* v, float* vmax,
                      const void* grad, WireType grad_type, size_t count);
 
+// A gradient the AVX2 update loop reads ahead, among its own loads, for
+// AdamWUpdateAndEncodeCheckingAhead: one 32-byte vector of `data` an
+// iteration while whole vectors remain of its `bytes`, each vector's
+// magnitude bits folded into the largest so far (AnyNonFiniteBits' check,
+// right only for a scale of at most 1 in magnitude). `wide`: float32
+// elements, else 16-bit ones of `type`. The loop leaves in `read` the bytes
+// it checked (a multiple of 32, from the start) and in `bad` whether any of
+// them is not finite.
+struct AheadBits {
+  const unsigned char* data = nullptr;
+  size_t bytes = 0;
+  WireType type = WireType::kFloat32;
+  size_t read = 0;
+  bool bad = false;
+};
+
 // AdamWUpdateAndEncode's AVX2 path; false (nothing done) for a params type
-// it does not narrow itself (float16).
-bool AdamWUpdateAndEncodeAvx2(const AdamWConstants& c, float* p, float* m, float* v,
-                              float* vmax, const void* grad, WireType grad_type, size_t count, void* params_out,
-                              WireType params_type, ParamsStore store);
+// it does not narrow itself (float16). With `ahead`, the streaming vector
+// loop also reads it (AheadBits); other stores leave it unread.
+bool AdamWUpdateAndEncodeAvx2(const AdamWConstants& c, float* p, float* m, float* v, float* vmax,
+                              const void* grad, WireType grad_type, size_t count, void* params_out,
+                              WireType params_type, ParamsStore store, AheadBits* ahead = nullptr);
 
 // FindNonFiniteGradient's AVX2 path, with the same answer for every input.
 size_t FindNonFiniteGradientAvx2(const void* grad, WireType grad_type, size_t count,

@@ -1181,6 +1181,111 @@ INSTANTIATE_TEST_SUITE_P(Types, FindNonFiniteGradientTest,
                          [](const auto& info) { return TypeName(info.param); });
 
 // ---------------------------------------------------------------------------
+// AdamWUpdateAndEncodeCheckingAhead: the update of one range, and the finite
+// check of another read among its loads.
+
+class CheckingAheadTest : public ::testing::TestWithParam<WireType> {};
+
+// On every path, with either store and any scale: the state and params are
+// AdamWUpdateAndEncode's, bit for bit, and the answer is FindNonFiniteGradient's
+// on the ahead range, for a bad value anywhere in it: inside the part read
+// with the update's loads, past it (an ahead range longer than the update
+// reads), in its tail of fewer than a vector's bytes.
+TEST_P(CheckingAheadTest, UpdatesAsAdamWUpdateAndEncodeAndAnswersAsFindNonFiniteGradient) {
+  const WireType ahead_type = GetParam();
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  const SpecialValues specials = Specials(ahead_type);
+  // Update lengths: shorter than the ahead range (the rest checked after),
+  // as long, and too short for a vector.
+  for (size_t n : {size_t{7}, size_t{1031}, kCheckCount}) {
+    for (WireType grad_type : {WireType::kFloat32, WireType::kBFloat16}) {
+      for (WireType params_type : {WireType::kFloat32, WireType::kBFloat16, WireType::kFloat16}) {
+        const FloatState before = RandomState(n, rng);
+        const std::vector<unsigned char> grad = EncodeGradient(RandomGradient(n, rng), grad_type);
+        const AdamWConstants c = ComputeAdamWConstants(Inputs(kNonDefault, RandomStep(rng), 1.0f));
+        const size_t size = WireTypeSize(params_type);
+        for (float scale : {1.0f, -0.5f, specials.overflow_scale}) {
+          // kCheckCount: none bad.
+          std::vector<size_t> bad_positions(std::begin(kCheckPositions), std::end(kCheckPositions));
+          bad_positions.push_back(kCheckCount);
+          for (size_t bad : bad_positions) {
+            std::vector<unsigned char> ahead =
+                EncodeGradient(RandomGradient(kCheckCount, rng, 1.0f), ahead_type);
+            if (bad < kCheckCount) {
+              PutRaw(ahead, ahead_type, bad,
+                     bad % 3 == 0   ? specials.nans[bad % specials.nans.size()]
+                     : bad % 3 == 1 ? specials.minus_infinity
+                                    : specials.plus_infinity);
+            }
+            if (scale > 1.0f) PutRaw(ahead, ahead_type, kCheckCount / 2, specials.largest_finite);
+            GuardedGradient guarded_ahead(ahead);
+            const size_t want_first = FindNonFiniteGradientOn(
+                KernelIsa::kScalar, guarded_ahead.data(), ahead_type, kCheckCount, scale);
+            for (KernelIsa isa : SupportedKernelIsas()) {
+              for (ParamsStore store : {ParamsStore::kCached, ParamsStore::kStreaming}) {
+                SCOPED_TRACE(
+                    absl::StrCat(KernelIsaName(isa), " path, n ", n, ", grad ", TypeName(grad_type),
+                                 ", params ", TypeName(params_type), ", scale ", scale, ", bad at ",
+                                 bad, store == ParamsStore::kCached ? ", cached" : ", streaming"));
+                GuardedFloats wp(before.p), wm(before.m), wv(before.v);
+                std::vector<unsigned char> want_out(n * size + 64);
+                AdamWUpdateAndEncodeOn(isa, c, wp.data(), wm.data(), wv.data(), grad.data(),
+                                       grad_type, n, want_out.data() + 4, params_type, store);
+                GuardedFloats p(before.p), m(before.m), v(before.v);
+                GuardedGradient guarded(grad);
+                std::vector<unsigned char> out(n * size + 64);
+                const bool finite = AdamWUpdateAndEncodeCheckingAheadOn(
+                    isa, c, p.data(), m.data(), v.data(), guarded.data(), grad_type, n,
+                    out.data() + 4, params_type, store, nullptr,
+                    {guarded_ahead.data(), ahead_type, kCheckCount, scale});
+                EXPECT_EQ(finite, want_first == kCheckCount);
+                EXPECT_TRUE(BitwiseEqual(p.ToVector(), wp.ToVector()));
+                EXPECT_TRUE(BitwiseEqual(m.ToVector(), wm.ToVector()));
+                EXPECT_TRUE(BitwiseEqual(v.ToVector(), wv.ToVector()));
+                EXPECT_EQ(std::memcmp(out.data(), want_out.data(), out.size()), 0);
+                EXPECT_TRUE(p.GuardsIntact() && m.GuardsIntact() && v.GuardsIntact() &&
+                            guarded.GuardsIntact() && guarded_ahead.GuardsIntact());
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// An empty ahead range is finite, and an update of nothing still checks it.
+TEST_P(CheckingAheadTest, ChecksTheWholeRangeBesideAnEmptyUpdate) {
+  const WireType ahead_type = GetParam();
+  const uint64_t seed = ref::TestSeed();
+  SCOPED_TRACE(ref::SeedTrace(seed));
+  std::mt19937_64 rng(seed);
+  std::vector<unsigned char> ahead =
+      EncodeGradient(RandomGradient(kCheckCount, rng, 1.0f), ahead_type);
+  const AdamWConstants c = ComputeAdamWConstants(Inputs(kNonDefault, 1, 1.0f));
+  float state = 0;
+  unsigned char out[4] = {};
+  for (KernelIsa isa : SupportedKernelIsas()) {
+    EXPECT_TRUE(AdamWUpdateAndEncodeCheckingAheadOn(
+        isa, c, &state, &state, &state, ahead.data(), WireType::kFloat32, 0, out,
+        WireType::kFloat32, ParamsStore::kStreaming, nullptr, {ahead.data(), ahead_type, 0, 1.0f}));
+    PutRaw(ahead, ahead_type, kCheckCount - 1, Specials(ahead_type).plus_infinity);
+    EXPECT_FALSE(AdamWUpdateAndEncodeCheckingAheadOn(isa, c, &state, &state, &state, ahead.data(),
+                                                     WireType::kFloat32, 0, out, WireType::kFloat32,
+                                                     ParamsStore::kStreaming, nullptr,
+                                                     {ahead.data(), ahead_type, kCheckCount, 1.0f}))
+        << KernelIsaName(isa);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AheadTypes, CheckingAheadTest,
+                         ::testing::Values(WireType::kFloat32, WireType::kBFloat16,
+                                           WireType::kFloat16),
+                         [](const auto& info) { return TypeName(info.param); });
+
+// ---------------------------------------------------------------------------
 // The scalar edges around a vector span (the AVX-512 path's, which only an
 // AVX-512 CPU runs; here with spans of any placement).
 
