@@ -25,6 +25,19 @@ absl::Status StepBackend::ApplyAndEncode(Group& group, uint64_t begin, uint64_t 
   return applied;
 }
 
+absl::Status StepBackend::ApplyAndEncodeCheckingAhead(
+    Group& group, uint64_t begin, uint64_t end, const SegmentedBytes& gradient, size_t grad_offset,
+    WireType grad_type, const AdamWConstants& constants, void* params_out, WireType params_type,
+    ParamsStore store, const GradientRange& ahead, bool* ahead_finite) {
+  absl::Status applied = ApplyAndEncode(group, begin, end, gradient, grad_offset, grad_type,
+                                        constants, params_out, params_type, store);
+  if (applied.ok()) {
+    *ahead_finite =
+        FindNonFiniteGradient(ahead.data, ahead.type, ahead.count, ahead.grad_scale) == ahead.count;
+  }
+  return applied;
+}
+
 namespace {
 
 absl::Status HostStateIsTheState(const Group& group, absl::string_view backend) {

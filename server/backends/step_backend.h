@@ -72,6 +72,17 @@ class StepBackend {
                                       WireType grad_type, const AdamWConstants& constants,
                                       void* params_out, WireType params_type, ParamsStore store);
 
+  // ApplyAndEncode that also checks `ahead`, the gradient of the chunk the
+  // calling thread applies next, for a value that is not finite (scaled by
+  // its grad_scale), on the calling thread: `*ahead_finite` is set to
+  // whether every element is finite when the call returns OK. This
+  // default checks it after ApplyAndEncode; the CPU backend reads it among
+  // the update's own loads (AdamWUpdateAndEncodeCheckingAhead).
+  virtual absl::Status ApplyAndEncodeCheckingAhead(
+      Group& group, uint64_t begin, uint64_t end, const SegmentedBytes& gradient,
+      size_t grad_offset, WireType grad_type, const AdamWConstants& constants, void* params_out,
+      WireType params_type, ParamsStore store, const GradientRange& ahead, bool* ahead_finite);
+
   // The host params of [begin, end) were overwritten (initial values); the
   // caller holds the page mutexes of the range.
   virtual absl::Status ParamsWritten(Group& group, uint64_t begin, uint64_t end) = 0;

@@ -14,11 +14,14 @@
 //    the thread about to apply it, instead of in 1 and 2: applied at once,
 //    that thread also runs its update (the others are busy with chunks of
 //    their own), so its gradient is read from memory once, not twice
-//    (BENCHMARKS.md, "The finite check as chunks are applied"); in order,
+//    (BENCHMARKS.md, "The finite check as chunks are applied"), and the
+//    check runs inside the update of the chunk the thread applied before
+//    (CheckAhead: "The next chunk checked inside the update"); in order,
 //    the CPU backend may still split the update over idle threads.
 #include "server/engine/message_step.h"
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <utility>
 
@@ -203,8 +206,11 @@ bool MessageStep::AtOnce() const {
 MessageRefusal MessageStep::Apply(
     absl::FunctionRef<char*(size_t chunk, size_t bytes)> reserve_params,
     absl::FunctionRef<void(size_t chunk)> applied) {
-  auto apply = [&](size_t i) {
-    if (checked_as_applied_[i]) {
+  // Chunk i applied, its values checked first if left to Apply and not
+  // already found finite (`values_finite`: checked ahead by the chunk this
+  // thread applied before it); `ahead`, if any, checked while it updates.
+  auto apply = [&](size_t i, bool values_finite, CheckAhead* ahead) {
+    if (checked_as_applied_[i] && !values_finite) {
       absl::Status values =
           engine_->CheckGradientValues(chunks_[i].chunk, validated_[i], 0, validated_[i].count);
       if (!values.ok()) {
@@ -219,19 +225,40 @@ MessageRefusal MessageStep::Apply(
       }
     }
     char* const params_out = chunks_[i].params_out;
-    results_[i] = engine_->Apply(chunks_[i].chunk, validated_[i], [&](size_t bytes) {
-      return params_out != nullptr ? params_out : reserve_params(i, bytes);
-    });
+    results_[i] = engine_->Apply(
+        chunks_[i].chunk, validated_[i],
+        [&](size_t bytes) { return params_out != nullptr ? params_out : reserve_params(i, bytes); },
+        ahead);
     if (!results_[i].ok()) return false;
     applied(i);
     return true;
   };
   const size_t n = chunks_.size();
   const bool at_once = AtOnce();
-  if (at_once) {
-    engine_->pool()->ParallelFor(n, [&](size_t i) { apply(i); });
+  if (at_once && std::find(checked_as_applied_.begin(), checked_as_applied_.end(), true) !=
+                     checked_as_applied_.end()) {
+    // Each thread (the calling one, and each of the pool's that is free)
+    // takes chunks in turn, and takes its next one before it applies the one
+    // it holds, so that chunk's values (when left to Apply) are checked by
+    // the update of the one before it (CheckAhead), still before its own
+    // first write.
+    std::atomic<size_t> next{0};
+    const size_t threads = static_cast<size_t>(engine_->pool()->size()) + 1;
+    engine_->pool()->ParallelFor(threads, [&](size_t) {
+      size_t i = next.fetch_add(1, std::memory_order_relaxed);
+      bool values_finite = false;
+      while (i < n) {
+        const size_t following = next.fetch_add(1, std::memory_order_relaxed);
+        std::optional<CheckAhead> ahead = CheckAheadOf(following);
+        apply(i, values_finite, ahead.has_value() ? &*ahead : nullptr);
+        values_finite = ahead.has_value() && ahead->checked && ahead->finite;
+        i = following;
+      }
+    });
+  } else if (at_once) {
+    engine_->pool()->ParallelFor(n, [&](size_t i) { apply(i, false, nullptr); });
   } else {
-    for (size_t i = 0; i < n && apply(i); ++i) {
+    for (size_t i = 0; i < n && apply(i, false, nullptr); ++i) {
     }
   }
   for (size_t i = 0; i < n; ++i) {
@@ -240,6 +267,18 @@ MessageRefusal MessageStep::Apply(
             at_once ? MessageApplied::kOthers : MessageApplied::kChunksBefore};
   }
   return {};
+}
+
+std::optional<CheckAhead> MessageStep::CheckAheadOf(size_t i) const {
+  if (i >= chunks_.size() || !checked_as_applied_[i]) return std::nullopt;
+  const StepChunk& chunk = chunks_[i].chunk;
+  const uint64_t count = validated_[i].count;
+  const size_t bytes = count * WireTypeSize(chunk.gradient_type);
+  const char* data = chunk.gradient.Contiguous(0, bytes);
+  if (data == nullptr) return std::nullopt;  // In pieces: checked on its own.
+  CheckAhead ahead;
+  ahead.gradient = {data, chunk.gradient_type, count, validated_[i].constants.grad_scale};
+  return ahead;
 }
 
 }  // namespace optstate

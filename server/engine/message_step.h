@@ -91,9 +91,14 @@ struct MessageRefusal {
 //
 // With SenderChecked::kValues, the values of a chunk of at most
 // kCheckedAsAppliedBytes of gradient are checked by Apply, by the thread
-// that applies the chunk, just before it does, instead of by Check: every
-// other answer is the same, but a bad value there refuses its chunk with
-// the chunks before it applied (in order) or the others (at once).
+// that applies the chunk, before its first write, instead of by Check:
+// every other answer is the same, but a bad value there refuses its chunk
+// with the chunks before it applied (in order) or the others (at once).
+// Applied at once, each thread takes its next chunk before it applies the
+// one it holds, and that update reads the next chunk's gradient among its
+// own loads (StepEngine::Apply's CheckAhead), where the check costs little
+// beside an update bound by its arithmetic; a chunk a thread takes first,
+// or whose gradient is in pieces, is checked on its own just before.
 class MessageStep {
  public:
   // `engine`, and what the chunks' gradients and params_out point to, must
@@ -141,6 +146,10 @@ class MessageStep {
   // parts on the pool: the first bad value's refusal (in element order), or
   // OK.
   MessageRefusal CheckValuesSpread(size_t n) const;
+  // Chunk i's gradient for the chunk before it to check as it updates: when
+  // there is a chunk i, its values are left to Apply and its gradient is in
+  // one piece.
+  std::optional<CheckAhead> CheckAheadOf(size_t i) const;
 
   StepEngine* const engine_;
   std::vector<MessageChunk> chunks_;

@@ -172,7 +172,8 @@ absl::Status StepEngine::CheckGradientValues(const StepChunk& chunk,
 
 absl::StatusOr<StepChunkResult> StepEngine::Apply(const StepChunk& chunk,
                                                   const ValidatedChunk& validated,
-                                                  absl::FunctionRef<char*(size_t)> reserve_params) {
+                                                  absl::FunctionRef<char*(size_t)> reserve_params,
+                                                  CheckAhead* ahead) {
   const absl::Time started = validated.started;
   Group& group = *validated.group;
   const AdamWConstants& constants = validated.constants;
@@ -231,10 +232,19 @@ absl::StatusOr<StepChunkResult> StepEngine::Apply(const StepChunk& chunk,
       while (run_end < validated.end_page && group.page_step(run_end) + 1 == chunk.step) ++run_end;
       const uint64_t begin = group.PageBegin(p);
       const uint64_t end = group.PageEnd(run_end - 1);
-      absl::Status applied = backend_->ApplyAndEncode(
-          group, begin, end, chunk.gradient, (begin - chunk.offset) * grad_size,
-          chunk.gradient_type, constants, params + (begin - chunk.offset) * param_size,
-          chunk.param_type, chunk.params_store);
+      const size_t grad_offset = (begin - chunk.offset) * grad_size;
+      char* const params_at = params + (begin - chunk.offset) * param_size;
+      absl::Status applied;
+      if (ahead != nullptr && !ahead->checked) {
+        applied = backend_->ApplyAndEncodeCheckingAhead(
+            group, begin, end, chunk.gradient, grad_offset, chunk.gradient_type, constants,
+            params_at, chunk.param_type, chunk.params_store, ahead->gradient, &ahead->finite);
+        ahead->checked = applied.ok();
+      } else {
+        applied = backend_->ApplyAndEncode(group, begin, end, chunk.gradient, grad_offset,
+                                           chunk.gradient_type, constants, params_at,
+                                           chunk.param_type, chunk.params_store);
+      }
       if (!applied.ok()) {
         // Part of the range may already hold the new state.
         group.mark_broken();

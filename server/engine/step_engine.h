@@ -62,6 +62,17 @@ struct StepChunkResult {
 // several threads, over parts of the chunk).
 enum class ValueCheck { kNow, kDeferred };
 
+// The gradient of the chunk a thread will apply after the one it applies
+// now, for Apply to check while it updates (MessageStep's chunks checked as
+// applied): the check's reads then overlap the update's arithmetic.
+struct CheckAhead {
+  GradientRange gradient;
+  // Set by Apply: whether it checked `gradient` (it does with the chunk's
+  // first range it updates), and then whether every element was finite.
+  bool checked = false;
+  bool finite = false;
+};
+
 // A chunk that passed every check that does not depend on its pages' state
 // (StepEngine::Validate), ready for StepEngine::Apply once its values are
 // checked too (by Validate itself, or by CheckGradientValues).
@@ -105,6 +116,8 @@ class StepEngine {
   // of the group (it is then refused for good). `reserve_params(bytes)` is
   // called once, after the page checks, and returns where the params go
   // (writable for `bytes`): the reply's own buffer, so they are written once.
+  // With `ahead`, the first range it updates also checks ahead's gradient
+  // (CheckAhead); a chunk refused or wholly replayed leaves it unchecked.
   absl::StatusOr<ValidatedChunk> Validate(const StepChunk& chunk,
                                           ValueCheck values = ValueCheck::kNow);
 
@@ -115,7 +128,8 @@ class StepEngine {
   absl::Status CheckGradientValues(const StepChunk& chunk, const ValidatedChunk& validated,
                                    uint64_t begin, uint64_t end) const;
   absl::StatusOr<StepChunkResult> Apply(const StepChunk& chunk, const ValidatedChunk& validated,
-                                        absl::FunctionRef<char*(size_t)> reserve_params);
+                                        absl::FunctionRef<char*(size_t)> reserve_params,
+                                        CheckAhead* ahead = nullptr);
 
   // Writes initial parameter values to the pages of [offset, offset+n) that
   // are still at step 0; pages already stepped are left alone. Same range

@@ -28,6 +28,42 @@ absl::Status CpuBackend::ApplyAndEncode(Group& group, uint64_t begin, uint64_t e
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::ApplyAndEncodeCheckingAhead(
+    Group& group, uint64_t begin, uint64_t end, const SegmentedBytes& gradient, size_t grad_offset,
+    WireType grad_type, const AdamWConstants& constants, void* params_out, WireType params_type,
+    ParamsStore store, const GradientRange& ahead, bool* ahead_finite) {
+  const size_t grad_size = WireTypeSize(grad_type);
+  const size_t params_size = WireTypeSize(params_type);
+  auto* out_bytes = static_cast<unsigned char*>(params_out);
+  float* const max_exp_avg_sq = group.max_exp_avg_sq();  // Null without amsgrad.
+  bool ahead_read = false;
+  bool finite = true;
+  gradient.ForEachElementRun(
+      grad_offset, grad_size, end - begin, [&](size_t first, size_t n, const char* grad) {
+        const uint64_t at = begin + first;
+        float* const vmax = max_exp_avg_sq == nullptr ? nullptr : max_exp_avg_sq + at;
+        float* const p = group.params() + at;
+        float* const m = group.exp_avg() + at;
+        float* const v = group.exp_avg_sq() + at;
+        unsigned char* const out = out_bytes + first * params_size;
+        if (ahead_read) {
+          AdamWUpdateAndEncode(constants, p, m, v, grad, grad_type, n, out, params_type, store,
+                               vmax);
+        } else {
+          finite = AdamWUpdateAndEncodeCheckingAhead(constants, p, m, v, grad, grad_type, n, out,
+                                                     params_type, store, vmax, ahead);
+          ahead_read = true;
+        }
+        return true;
+      });
+  if (!ahead_read) {  // An empty range.
+    finite =
+        FindNonFiniteGradient(ahead.data, ahead.type, ahead.count, ahead.grad_scale) == ahead.count;
+  }
+  *ahead_finite = finite;
+  return absl::OkStatus();
+}
+
 void CpuBackend::Run(Group& group, uint64_t begin, uint64_t end, const SegmentedBytes& gradient,
                      size_t grad_offset, WireType grad_type, const AdamWConstants& constants,
                      void* params_out, WireType params_type, ParamsStore store) {

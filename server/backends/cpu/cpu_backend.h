@@ -26,6 +26,15 @@ class CpuBackend : public StepBackend {
                               const SegmentedBytes& gradient, size_t grad_offset,
                               WireType grad_type, const AdamWConstants& constants, void* params_out,
                               WireType params_type, ParamsStore store) override;
+  // Runs the range on the calling thread, in one kernel call a piece of the
+  // gradient, the first of them reading `ahead` as well: the caller's
+  // other threads are busy with chunks of their own (MessageStep).
+  absl::Status ApplyAndEncodeCheckingAhead(Group& group, uint64_t begin, uint64_t end,
+                                           const SegmentedBytes& gradient, size_t grad_offset,
+                                           WireType grad_type, const AdamWConstants& constants,
+                                           void* params_out, WireType params_type,
+                                           ParamsStore store, const GradientRange& ahead,
+                                           bool* ahead_finite) override;
   absl::Status ParamsWritten(Group& group, uint64_t begin, uint64_t end) override {
     return absl::OkStatus();
   }

@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -514,6 +515,68 @@ TEST_F(MessageStepTest, ABadValueInASenderCheckedSmallChunkRefusesItAndLeavesThe
   EXPECT_EQ(refusal.applied, MessageApplied::kNothing);
   for (uint64_t g = 0; g < kGroups; ++g) {
     EXPECT_EQ(GroupOf(absl::StrCat("plain.", g)).page_step(0), 0u) << "group " << g;
+  }
+}
+
+// Applied at once, each thread checks the chunk it takes next while it
+// updates the one it holds (CheckAhead; read among the update's own loads
+// where the params go to a region, after it where they go into the reply):
+// a bad value is still found before its chunk's first write wherever the
+// chunk falls (taken first, or checked ahead), every bad chunk is refused
+// unapplied (its params_region slice unwritten), the first in message order
+// is named, and the others are applied.
+TEST_F(MessageStepTest, EveryBadSenderCheckedChunkIsRefusedUnappliedWhereverItFalls) {
+  const std::vector<std::vector<std::pair<uint64_t, uint64_t>>> cases = {
+      {{0, 0}, {3, kSmallChunk - 1}, {7, 12345}},  // (chunk, element)
+      {{1, kSmallChunk - 1}, {2, 0}},
+  };
+  constexpr uint64_t kSmallSlice = kSmallChunk * sizeof(float);
+  for (bool regions : {false, true}) {
+    for (size_t c = 0; c < cases.size(); ++c) {
+      const std::string prefix = absl::StrCat(regions ? "region" : "reply", c, ".");
+      SCOPED_TRACE(prefix);
+      Register(prefix);
+      std::vector<std::vector<float>> grads = grads_;
+      std::vector<std::vector<uint32_t>> before(kGroups);
+      for (const auto& [chunk, element] : cases[c]) {
+        grads[chunk][element] = chunk % 2 ? std::nanf("") : -INFINITY;
+        before[chunk] = StateBits(absl::StrCat(prefix, chunk));
+      }
+      // Regions: slot g the gradient of group g's chunk, slot kGroups + g
+      // its params, first filled with a pattern.
+      std::vector<float> region(2 * kGroups * kSmallChunk, -7.0f);
+      std::vector<MessageChunk> message;
+      if (regions) {
+        for (uint64_t g = 0; g < kGroups; ++g) {
+          std::memcpy(region.data() + g * kSmallChunk, grads[g].data(), kSmallSlice);
+          MessageChunk& chunk = message.emplace_back();
+          chunk.chunk.group = GroupKey{"", absl::StrCat(prefix, g)};
+          chunk.chunk.step = 1;
+          chunk.chunk.gradient = SegmentedBytes(absl::string_view(
+              reinterpret_cast<const char*>(region.data() + g * kSmallChunk), kSmallSlice));
+          chunk.params_out = reinterpret_cast<char*>(region.data() + (kGroups + g) * kSmallChunk);
+          chunk.gradient_region = RegionSpan{kRegion, g * kSmallSlice, kSmallSlice};
+          chunk.params_region = RegionSpan{kRegion, (kGroups + g) * kSmallSlice, kSmallSlice};
+        }
+      } else {
+        message = SmallChunkStep(prefix, 1, grads);
+      }
+      ExpectBadValue(Step(std::move(message), SenderChecked::kValues), cases[c].front().first,
+                     cases[c].front().second, MessageApplied::kOthers);
+      for (uint64_t g = 0; g < kGroups; ++g) {
+        const bool bad = !before[g].empty();
+        EXPECT_EQ(GroupOf(absl::StrCat(prefix, g)).page_step(0), bad ? 0u : 1u) << "group " << g;
+        if (bad) {
+          EXPECT_EQ(StateBits(absl::StrCat(prefix, g)), before[g]) << "bad group " << g;
+        }
+        if (regions) {
+          const float* params = region.data() + (kGroups + g) * kSmallChunk;
+          EXPECT_EQ(bad,
+                    std::all_of(params, params + kSmallChunk, [](float x) { return x == -7.0f; }))
+              << "params slice of group " << g;
+        }
+      }
+    }
   }
 }
 
