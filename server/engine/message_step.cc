@@ -235,21 +235,27 @@ MessageRefusal MessageStep::Apply(
   };
   const size_t n = chunks_.size();
   const bool at_once = AtOnce();
-  if (at_once && std::find(checked_as_applied_.begin(), checked_as_applied_.end(), true) !=
-                     checked_as_applied_.end()) {
-    // Each thread (the calling one, and each of the pool's that is free)
-    // takes chunks in turn, and takes its next one before it applies the one
-    // it holds, so that chunk's values (when left to Apply) are checked by
-    // the update of the one before it (CheckAhead), still before its own
-    // first write.
+  // The calling thread and each of the pool's.
+  const size_t threads = static_cast<size_t>(engine_->pool()->size()) + 1;
+  if (at_once && n >= 2 * threads &&
+      std::find(checked_as_applied_.begin(), checked_as_applied_.end(), true) !=
+          checked_as_applied_.end()) {
+    // Each thread takes chunks in turn, and takes its next one before it
+    // applies the one it holds, so that chunk's values (when left to Apply)
+    // are checked by the update of the one before it (CheckAhead), still
+    // before its own first write. Only with at least two chunks a thread:
+    // a chunk updated with a check ahead runs on its thread alone, where
+    // fewer chunks would leave threads idle that could share its update.
     std::atomic<size_t> next{0};
-    const size_t threads = static_cast<size_t>(engine_->pool()->size()) + 1;
     engine_->pool()->ParallelFor(threads, [&](size_t) {
       size_t i = next.fetch_add(1, std::memory_order_relaxed);
       bool values_finite = false;
       while (i < n) {
         const size_t following = next.fetch_add(1, std::memory_order_relaxed);
-        std::optional<CheckAhead> ahead = CheckAheadOf(following);
+        // A chunk checked with the others (a large one) keeps its update
+        // split over the pool, and its follower is checked on its own.
+        std::optional<CheckAhead> ahead =
+            checked_as_applied_[i] ? CheckAheadOf(following) : std::nullopt;
         apply(i, values_finite, ahead.has_value() ? &*ahead : nullptr);
         values_finite = ahead.has_value() && ahead->checked && ahead->finite;
         i = following;

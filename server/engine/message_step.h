@@ -94,11 +94,16 @@ struct MessageRefusal {
 // that applies the chunk, before its first write, instead of by Check:
 // every other answer is the same, but a bad value there refuses its chunk
 // with the chunks before it applied (in order) or the others (at once).
-// Applied at once, each thread takes its next chunk before it applies the
-// one it holds, and that update reads the next chunk's gradient among its
-// own loads (StepEngine::Apply's CheckAhead), where the check costs little
-// beside an update bound by its arithmetic; a chunk a thread takes first,
-// or whose gradient is in pieces, is checked on its own just before.
+// Applied at once, with at least two chunks for each thread (the calling
+// one and the pool's), each thread takes its next chunk before it applies
+// the one it holds, and that update reads the next chunk's gradient among
+// its own loads (StepEngine::Apply's CheckAhead), where the check costs
+// little beside an update bound by its arithmetic. A chunk that was not
+// checked so is checked on its own just before it is applied: the first a
+// thread takes, one whose gradient is in pieces, one after a large chunk
+// (checked with the others) or after a chunk that was refused, wholly
+// replayed or whose update failed, and one found with a bad value (the
+// check on its own names the first).
 class MessageStep {
  public:
   // `engine`, and what the chunks' gradients and params_out point to, must

@@ -519,61 +519,91 @@ TEST_F(MessageStepTest, ABadValueInASenderCheckedSmallChunkRefusesItAndLeavesThe
 }
 
 // Applied at once, each thread checks the chunk it takes next while it
-// updates the one it holds (CheckAhead; read among the update's own loads
-// where the params go to a region, after it where they go into the reply):
-// a bad value is still found before its chunk's first write wherever the
-// chunk falls (taken first, or checked ahead), every bad chunk is refused
-// unapplied (its params_region slice unwritten), the first in message order
-// is named, and the others are applied.
+// updates the one it holds (CheckAhead: read among the update's own loads
+// where the params go to a region and the chunk is no larger than the
+// core's L2, here 256 KiB chunks, two a group; after the update where the
+// params go into the reply, here 1 MiB chunks): a bad value is still found
+// before its chunk's first write wherever the chunk falls (taken first, or
+// checked ahead), every bad chunk is refused unapplied (its state and its
+// params_region slice as they were), the first in message order is named,
+// and the others are applied.
 TEST_F(MessageStepTest, EveryBadSenderCheckedChunkIsRefusedUnappliedWhereverItFalls) {
-  const std::vector<std::vector<std::pair<uint64_t, uint64_t>>> cases = {
-      {{0, 0}, {3, kSmallChunk - 1}, {7, 12345}},  // (chunk, element)
-      {{1, kSmallChunk - 1}, {2, 0}},
+  constexpr uint64_t kRegionChunk = 65536;  // 256 KiB of float32 gradient.
+  struct Bad {
+    uint64_t chunk, element;  // The chunk's index in the message, its element.
   };
-  constexpr uint64_t kSmallSlice = kSmallChunk * sizeof(float);
   for (bool regions : {false, true}) {
+    // Region chunks: chunk c is group c / 2's elements from (c % 2) *
+    // kRegionChunk; reply chunks: chunk c is group c's first kSmallChunk.
+    const uint64_t chunk_elements = regions ? kRegionChunk : kSmallChunk;
+    const uint64_t chunks = regions ? 2 * kGroups : kGroups;
+    const std::vector<std::vector<Bad>> cases = {
+        {{0, 0}, {chunks / 2 + 1, chunk_elements - 1}, {chunks - 1, 12345}},
+        {{1, chunk_elements - 1}, {2, 0}},
+    };
+    auto group_of = [&](uint64_t chunk) { return regions ? chunk / 2 : chunk; };
+    auto offset_of = [&](uint64_t chunk) { return regions ? chunk % 2 * kRegionChunk : 0; };
     for (size_t c = 0; c < cases.size(); ++c) {
       const std::string prefix = absl::StrCat(regions ? "region" : "reply", c, ".");
       SCOPED_TRACE(prefix);
       Register(prefix);
       std::vector<std::vector<float>> grads = grads_;
-      std::vector<std::vector<uint32_t>> before(kGroups);
-      for (const auto& [chunk, element] : cases[c]) {
-        grads[chunk][element] = chunk % 2 ? std::nanf("") : -INFINITY;
-        before[chunk] = StateBits(absl::StrCat(prefix, chunk));
+      std::vector<bool> bad_chunk(chunks, false);
+      for (const Bad& bad : cases[c]) {
+        grads[group_of(bad.chunk)][offset_of(bad.chunk) + bad.element] =
+            bad.chunk % 2 ? std::nanf("") : -INFINITY;
+        bad_chunk[bad.chunk] = true;
       }
-      // Regions: slot g the gradient of group g's chunk, slot kGroups + g
-      // its params, first filled with a pattern.
-      std::vector<float> region(2 * kGroups * kSmallChunk, -7.0f);
+      // The bits of each chunk's params, m and v before the step.
+      auto chunk_state = [&](uint64_t chunk) {
+        Group& group = GroupOf(absl::StrCat(prefix, group_of(chunk)));
+        const uint64_t at = offset_of(chunk);
+        std::vector<float> state;
+        for (const float* array : {group.params(), group.exp_avg(), group.exp_avg_sq()}) {
+          state.insert(state.end(), array + at, array + at + chunk_elements);
+        }
+        std::vector<uint32_t> bits(state.size());
+        std::memcpy(bits.data(), state.data(), state.size() * sizeof(float));
+        return bits;
+      };
+      std::vector<std::vector<uint32_t>> before(chunks);
+      for (uint64_t k = 0; k < chunks; ++k) before[k] = chunk_state(k);
+      // Regions: slot k the gradient of chunk k, slot chunks + k its params,
+      // first filled with a pattern.
+      const uint64_t slice = chunk_elements * sizeof(float);
+      std::vector<float> region(2 * chunks * chunk_elements, -7.0f);
       std::vector<MessageChunk> message;
       if (regions) {
-        for (uint64_t g = 0; g < kGroups; ++g) {
-          std::memcpy(region.data() + g * kSmallChunk, grads[g].data(), kSmallSlice);
+        for (uint64_t k = 0; k < chunks; ++k) {
+          std::memcpy(region.data() + k * chunk_elements, grads[group_of(k)].data() + offset_of(k),
+                      slice);
           MessageChunk& chunk = message.emplace_back();
-          chunk.chunk.group = GroupKey{"", absl::StrCat(prefix, g)};
+          chunk.chunk.group = GroupKey{"", absl::StrCat(prefix, group_of(k))};
           chunk.chunk.step = 1;
+          chunk.chunk.offset = offset_of(k);
           chunk.chunk.gradient = SegmentedBytes(absl::string_view(
-              reinterpret_cast<const char*>(region.data() + g * kSmallChunk), kSmallSlice));
-          chunk.params_out = reinterpret_cast<char*>(region.data() + (kGroups + g) * kSmallChunk);
-          chunk.gradient_region = RegionSpan{kRegion, g * kSmallSlice, kSmallSlice};
-          chunk.params_region = RegionSpan{kRegion, (kGroups + g) * kSmallSlice, kSmallSlice};
+              reinterpret_cast<const char*>(region.data() + k * chunk_elements), slice));
+          chunk.params_out = reinterpret_cast<char*>(region.data() + (chunks + k) * chunk_elements);
+          chunk.gradient_region = RegionSpan{kRegion, k * slice, slice};
+          chunk.params_region = RegionSpan{kRegion, (chunks + k) * slice, slice};
         }
       } else {
         message = SmallChunkStep(prefix, 1, grads);
       }
-      ExpectBadValue(Step(std::move(message), SenderChecked::kValues), cases[c].front().first,
-                     cases[c].front().second, MessageApplied::kOthers);
-      for (uint64_t g = 0; g < kGroups; ++g) {
-        const bool bad = !before[g].empty();
-        EXPECT_EQ(GroupOf(absl::StrCat(prefix, g)).page_step(0), bad ? 0u : 1u) << "group " << g;
-        if (bad) {
-          EXPECT_EQ(StateBits(absl::StrCat(prefix, g)), before[g]) << "bad group " << g;
+      const Bad& first = cases[c].front();
+      ExpectBadValue(Step(std::move(message), SenderChecked::kValues), first.chunk,
+                     offset_of(first.chunk) + first.element, MessageApplied::kOthers);
+      for (uint64_t k = 0; k < chunks; ++k) {
+        const Group& group = GroupOf(absl::StrCat(prefix, group_of(k)));
+        EXPECT_EQ(group.page_step(offset_of(k) / kPage), bad_chunk[k] ? 0u : 1u) << "chunk " << k;
+        if (bad_chunk[k]) {
+          EXPECT_EQ(chunk_state(k), before[k]) << "bad chunk " << k;
         }
         if (regions) {
-          const float* params = region.data() + (kGroups + g) * kSmallChunk;
-          EXPECT_EQ(bad,
-                    std::all_of(params, params + kSmallChunk, [](float x) { return x == -7.0f; }))
-              << "params slice of group " << g;
+          const float* params = region.data() + (chunks + k) * chunk_elements;
+          EXPECT_EQ(bad_chunk[k], std::all_of(params, params + chunk_elements,
+                                              [](float x) { return x == -7.0f; }))
+              << "params slice of chunk " << k;
         }
       }
     }
