@@ -130,9 +130,10 @@ struct GradientRange {
 // range's gradient (the chunk the calling thread applies next), and returns
 // whether every element of it, scaled, is finite: FindNonFiniteGradient's
 // answer of `ahead.count`. The AVX2 path reads it among the update's own
-// loads when the params are streamed, |ahead.grad_scale| <= 1 and it is no
-// larger than this core's L2, where a check costs little beside an update
-// bound by its arithmetic
+// loads when the params are streamed (bfloat16 or float32, aligned to their
+// element), the step has no amsgrad, |ahead.grad_scale| <= 1 and `ahead`
+// is no larger than this core's L2, where a check costs little beside an
+// update bound by its arithmetic
 // (BENCHMARKS.md, "The next chunk checked inside the update"); it checks
 // the rest, and other paths all of it, after the update. `ahead` must not
 // overlap what the update writes.

@@ -134,8 +134,8 @@ OPTSTATE_AVX2 void UpdateLoop(const AdamWConstants& c, float* p, float* m, float
   }
 }
 
-// UpdateLoop for these types; `ahead` (streaming stores only, else left
-// unread) read as AheadBits says.
+// UpdateLoop for these types; `ahead` read as AheadBits says with streaming
+// stores and without amsgrad, else left unread.
 template <ParamsOut kOut, bool kStream = false>
 OPTSTATE_AVX2 void UpdateLoopFor(WireType grad_type, const AdamWConstants& c, float* p, float* m,
                                  float* v, float* vmax, const unsigned char* grad,

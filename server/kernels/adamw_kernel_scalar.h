@@ -97,8 +97,8 @@ void AdamWUpdateAvx2(const AdamWConstants& c, float* p, float* m, float* v, floa
 // AdamWUpdateAndEncodeCheckingAhead: one 32-byte vector of `data` an
 // iteration while whole vectors remain of its `bytes`, each vector's
 // magnitude bits folded into the largest so far (AnyNonFiniteBits' check,
-// right only for a scale of at most 1 in magnitude). `wide`: float32
-// elements, else 16-bit ones of `type`. The loop leaves in `read` the bytes
+// right only for a scale of at most 1 in magnitude), as elements of
+// `type`. The loop leaves in `read` the bytes
 // it checked (a multiple of 32, from the start) and in `bad` whether any of
 // them is not finite.
 struct AheadBits {
@@ -111,7 +111,9 @@ struct AheadBits {
 
 // AdamWUpdateAndEncode's AVX2 path; false (nothing done) for a params type
 // it does not narrow itself (float16). With `ahead`, the streaming vector
-// loop also reads it (AheadBits); other stores leave it unread.
+// loop of a step without amsgrad also reads it (AheadBits); other stores
+// (plain ones, or params not aligned to their element) and amsgrad leave it
+// unread (`read` 0).
 bool AdamWUpdateAndEncodeAvx2(const AdamWConstants& c, float* p, float* m, float* v, float* vmax,
                               const void* grad, WireType grad_type, size_t count, void* params_out,
                               WireType params_type, ParamsStore store, AheadBits* ahead = nullptr);

@@ -27,8 +27,8 @@ class CpuBackend : public StepBackend {
                               WireType grad_type, const AdamWConstants& constants, void* params_out,
                               WireType params_type, ParamsStore store) override;
   // Runs the range on the calling thread, in one kernel call a piece of the
-  // gradient, the first of them reading `ahead` as well: the caller's
-  // other threads are busy with chunks of their own (MessageStep).
+  // gradient, the first of them reading `ahead` as well (MessageStep asks
+  // for it only when every thread has chunks of its own to apply).
   absl::Status ApplyAndEncodeCheckingAhead(Group& group, uint64_t begin, uint64_t end,
                                            const SegmentedBytes& gradient, size_t grad_offset,
                                            WireType grad_type, const AdamWConstants& constants,
