@@ -116,8 +116,6 @@ class StepEngine {
   // of the group (it is then refused for good). `reserve_params(bytes)` is
   // called once, after the page checks, and returns where the params go
   // (writable for `bytes`): the reply's own buffer, so they are written once.
-  // With `ahead`, the first range it updates also checks ahead's gradient
-  // (CheckAhead); a chunk refused or wholly replayed leaves it unchecked.
   absl::StatusOr<ValidatedChunk> Validate(const StepChunk& chunk,
                                           ValueCheck values = ValueCheck::kNow);
 
@@ -127,6 +125,9 @@ class StepEngine {
   // the message Validate would give. Thread-safe; reads only the gradient.
   absl::Status CheckGradientValues(const StepChunk& chunk, const ValidatedChunk& validated,
                                    uint64_t begin, uint64_t end) const;
+  // Apply (described above) with `ahead`: the first range it updates also
+  // checks ahead's gradient (CheckAhead); a chunk refused or wholly replayed
+  // leaves it unchecked.
   absl::StatusOr<StepChunkResult> Apply(const StepChunk& chunk, const ValidatedChunk& validated,
                                         absl::FunctionRef<char*(size_t)> reserve_params,
                                         CheckAhead* ahead = nullptr);

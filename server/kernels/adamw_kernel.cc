@@ -253,6 +253,7 @@ bool AdamWUpdateAndEncodeCheckingAheadOn(KernelIsa isa, const AdamWConstants& c,
                                          const GradientRange& ahead) {
   const size_t ahead_size = WireTypeSize(ahead.type);
   size_t checked = 0;  // Elements of `ahead` the update read, all finite.
+  bool updated = false;
 #if defined(__x86_64__)
   if (isa == KernelIsa::kAvx2 && params_type != WireType::kFloat16 &&
       std::fabs(ahead.grad_scale) <= 1.0f && ahead.count * ahead_size <= AheadInUpdateMaxBytes()) {
@@ -264,14 +265,13 @@ bool AdamWUpdateAndEncodeCheckingAheadOn(KernelIsa isa, const AdamWConstants& c,
                                               params_out, params_type, store, &bits);
     if (bits.bad) return false;
     checked = bits.read / ahead_size;
-  } else {
+    updated = true;
+  }
+#endif
+  if (!updated) {
     AdamWUpdateAndEncodeOn(isa, c, p, m, v, grad, grad_type, count, params_out, params_type, store,
                            max_exp_avg_sq);
   }
-#else
-  AdamWUpdateAndEncodeOn(isa, c, p, m, v, grad, grad_type, count, params_out, params_type, store,
-                         max_exp_avg_sq);
-#endif
   const size_t rest = ahead.count - checked;
   return FindNonFiniteGradientOn(
              isa, static_cast<const unsigned char*>(ahead.data) + checked * ahead_size, ahead.type,

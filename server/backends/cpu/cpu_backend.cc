@@ -4,6 +4,34 @@
 #include <algorithm>
 
 namespace optstate {
+namespace {
+
+// The kernel over the group's elements [at, at + n), their gradient at
+// `grad`, the updated params narrowed into `out` (null: not written). With
+// `ahead` (and `out`), the update also checks it, and the answer is whether
+// every element of it is finite (AdamWUpdateAndEncodeCheckingAhead); true
+// otherwise.
+bool UpdatePiece(Group& group, uint64_t at, size_t n, const char* grad, WireType grad_type,
+                 const AdamWConstants& constants, unsigned char* out, WireType params_type,
+                 ParamsStore store, const GradientRange* ahead = nullptr) {
+  float* const max_exp_avg_sq = group.max_exp_avg_sq();  // Null without amsgrad.
+  float* const vmax = max_exp_avg_sq == nullptr ? nullptr : max_exp_avg_sq + at;
+  float* const p = group.params() + at;
+  float* const m = group.exp_avg() + at;
+  float* const v = group.exp_avg_sq() + at;
+  if (out == nullptr) {
+    AdamWUpdate(constants, p, m, v, grad, grad_type, n, vmax);
+    return true;
+  }
+  if (ahead != nullptr) {
+    return AdamWUpdateAndEncodeCheckingAhead(constants, p, m, v, grad, grad_type, n, out,
+                                             params_type, store, vmax, *ahead);
+  }
+  AdamWUpdateAndEncode(constants, p, m, v, grad, grad_type, n, out, params_type, store, vmax);
+  return true;
+}
+
+}  // namespace
 
 absl::Status CpuBackend::AttachGroup(Group& group) {
   group.set_placement(Placement::kHost);
@@ -32,31 +60,20 @@ absl::Status CpuBackend::ApplyAndEncodeCheckingAhead(
     Group& group, uint64_t begin, uint64_t end, const SegmentedBytes& gradient, size_t grad_offset,
     WireType grad_type, const AdamWConstants& constants, void* params_out, WireType params_type,
     ParamsStore store, const GradientRange& ahead, bool* ahead_finite) {
-  const size_t grad_size = WireTypeSize(grad_type);
   const size_t params_size = WireTypeSize(params_type);
   auto* out_bytes = static_cast<unsigned char*>(params_out);
-  float* const max_exp_avg_sq = group.max_exp_avg_sq();  // Null without amsgrad.
-  bool ahead_read = false;
+  const GradientRange* unread = &ahead;  // Read by the first piece's update.
   bool finite = true;
-  gradient.ForEachElementRun(
-      grad_offset, grad_size, end - begin, [&](size_t first, size_t n, const char* grad) {
-        const uint64_t at = begin + first;
-        float* const vmax = max_exp_avg_sq == nullptr ? nullptr : max_exp_avg_sq + at;
-        float* const p = group.params() + at;
-        float* const m = group.exp_avg() + at;
-        float* const v = group.exp_avg_sq() + at;
-        unsigned char* const out = out_bytes + first * params_size;
-        if (ahead_read) {
-          AdamWUpdateAndEncode(constants, p, m, v, grad, grad_type, n, out, params_type, store,
-                               vmax);
-        } else {
-          finite = AdamWUpdateAndEncodeCheckingAhead(constants, p, m, v, grad, grad_type, n, out,
-                                                     params_type, store, vmax, ahead);
-          ahead_read = true;
-        }
-        return true;
-      });
-  if (!ahead_read) {  // An empty range.
+  gradient.ForEachElementRun(grad_offset, WireTypeSize(grad_type), end - begin,
+                             [&](size_t first, size_t n, const char* grad) {
+                               const bool piece_finite = UpdatePiece(
+                                   group, begin + first, n, grad, grad_type, constants,
+                                   out_bytes + first * params_size, params_type, store, unread);
+                               if (unread != nullptr) finite = piece_finite;
+                               unread = nullptr;
+                               return true;
+                             });
+  if (unread != nullptr) {  // An empty range.
     finite =
         FindNonFiniteGradient(ahead.data, ahead.type, ahead.count, ahead.grad_scale) == ahead.count;
   }
@@ -80,24 +97,16 @@ void CpuBackend::Run(Group& group, uint64_t begin, uint64_t end, const Segmented
   const size_t grad_size = WireTypeSize(grad_type);
   const size_t params_size = WireTypeSize(params_type);
   auto* out_bytes = static_cast<unsigned char*>(params_out);
-  float* const max_exp_avg_sq = group.max_exp_avg_sq();  // Null without amsgrad.
   pool_->ParallelFor(shards, [&](size_t i) {
     const uint64_t first = i * shard;
     const uint64_t last = std::min(count, first + shard);
     gradient.ForEachElementRun(
         grad_offset + first * grad_size, grad_size, last - first,
         [&](size_t run_first, size_t n, const char* grad) {
-          const uint64_t at = begin + first + run_first;
-          float* const vmax = max_exp_avg_sq == nullptr ? nullptr : max_exp_avg_sq + at;
-          if (out_bytes == nullptr) {
-            AdamWUpdate(constants, group.params() + at, group.exp_avg() + at,
-                        group.exp_avg_sq() + at, grad, grad_type, n, vmax);
-          } else {
-            AdamWUpdateAndEncode(constants, group.params() + at, group.exp_avg() + at,
-                                 group.exp_avg_sq() + at, grad, grad_type, n,
-                                 out_bytes + (first + run_first) * params_size, params_type, store,
-                                 vmax);
-          }
+          UpdatePiece(
+              group, begin + first + run_first, n, grad, grad_type, constants,
+              out_bytes == nullptr ? nullptr : out_bytes + (first + run_first) * params_size,
+              params_type, store);
           return true;
         });
   });
