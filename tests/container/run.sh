@@ -243,6 +243,7 @@ interrupted_run() {
   restored_before=$(grep -c "restored checkpoint" "$work/daemon.log" || true)
   restarts=$("$docker" inspect -f '{{.RestartCount}}' "$daemon")
   pid=$("$docker" inspect -f '{{.State.Pid}}' "$daemon")
+  : > "$log"  # created before the loop reads it; `&` opens it in the child
   "$docker" start -a "$trainer" > "$log" 2>&1 &
   attach=$!
   for _ in $(seq 12000); do

@@ -63,6 +63,9 @@ flags=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --cflags --libs optstate) \
   || fail "build with pkg-config --cflags --libs optstate ($flags)"
 
 # 3.
+# The shell opens a background command's redirection in the child, after `&`
+# has returned, so the log is created here before the loop reads it.
+: > "$work/daemon.log"
 "$prefix/bin/optstated" --listen=127.0.0.1:0 --threads=2 --log_level=warning > "$work/daemon.log" 2>&1 &
 daemon=$!
 port=""
