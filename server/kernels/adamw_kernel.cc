@@ -100,12 +100,14 @@ KernelIsa WidestKernelIsa() {
 }
 
 #if defined(__x86_64__)
-// The AVX-512 path: its vector span, the rest (and their params) scalar.
+// The AVX-512 path: its vector span, the rest (and their params) scalar;
+// `ahead` as AdamWUpdateVectorsAvx512 reads it.
 void AdamWUpdateAndEncodeAvx512(const AdamWConstants& c, float* p, float* m, float* v,
                                 float* vmax, const void* grad, WireType grad_type, size_t count,
-                                void* params_out, WireType params_type, ParamsStore store) {
+                                void* params_out, WireType params_type, ParamsStore store,
+                                kernel_internal::AheadBits* ahead = nullptr) {
   const kernel_internal::VectorSpan span = kernel_internal::AdamWUpdateVectorsAvx512(
-      c, p, m, v, vmax, grad, grad_type, count, params_out, params_type, store);
+      c, p, m, v, vmax, grad, grad_type, count, params_out, params_type, store, ahead);
   kernel_internal::UpdateAndEncodeOutside(span, c, p, m, v, vmax, grad, grad_type, count,
                                           params_out, params_type);
 }
@@ -255,14 +257,20 @@ bool AdamWUpdateAndEncodeCheckingAheadOn(KernelIsa isa, const AdamWConstants& c,
   size_t checked = 0;  // Elements of `ahead` the update read, all finite.
   bool updated = false;
 #if defined(__x86_64__)
-  if (isa == KernelIsa::kAvx2 && params_type != WireType::kFloat16 &&
-      std::fabs(ahead.grad_scale) <= 1.0f && ahead.count * ahead_size <= AheadInUpdateMaxBytes()) {
+  if ((isa == KernelIsa::kAvx2 || isa == KernelIsa::kAvx512) &&
+      params_type != WireType::kFloat16 && std::fabs(ahead.grad_scale) <= 1.0f &&
+      ahead.count * ahead_size <= AheadInUpdateMaxBytes()) {
     kernel_internal::AheadBits bits;
     bits.data = static_cast<const unsigned char*>(ahead.data);
     bits.bytes = ahead.count * ahead_size;
     bits.type = ahead.type;
-    kernel_internal::AdamWUpdateAndEncodeAvx2(c, p, m, v, max_exp_avg_sq, grad, grad_type, count,
-                                              params_out, params_type, store, &bits);
+    if (isa == KernelIsa::kAvx512) {
+      AdamWUpdateAndEncodeAvx512(c, p, m, v, max_exp_avg_sq, grad, grad_type, count, params_out,
+                                 params_type, store, &bits);
+    } else {
+      kernel_internal::AdamWUpdateAndEncodeAvx2(c, p, m, v, max_exp_avg_sq, grad, grad_type,
+                                                count, params_out, params_type, store, &bits);
+    }
     if (bits.bad) return false;
     checked = bits.read / ahead_size;
     updated = true;

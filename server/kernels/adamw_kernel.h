@@ -129,14 +129,14 @@ struct GradientRange {
 // AdamWUpdateAndEncode (the same bits) that also reads `ahead`, another
 // range's gradient (the chunk the calling thread applies next), and returns
 // whether every element of it, scaled, is finite: FindNonFiniteGradient's
-// answer of `ahead.count`. The AVX2 path reads it among the update's own
-// loads when the params are streamed (bfloat16 or float32, aligned to their
-// element), the step has no amsgrad, |ahead.grad_scale| <= 1 and `ahead`
-// is no larger than this core's L2, where a check costs little beside an
-// update bound by its arithmetic
-// (BENCHMARKS.md, "The next chunk checked inside the update"); it checks
-// the rest, and other paths all of it, after the update. `ahead` must not
-// overlap what the update writes.
+// answer of `ahead.count`. The AVX2 and AVX-512 paths read it among the
+// update's own loads when the params are streamed (bfloat16 or float32,
+// aligned to their element), the step has no amsgrad, |ahead.grad_scale| <=
+// 1 and `ahead` is no larger than this core's L2, where a check costs
+// little beside an update bound by its arithmetic (BENCHMARKS.md, "The next
+// chunk checked inside the update"); they check the rest, and the scalar
+// path all of it, after the update. `ahead` must not overlap what the
+// update writes.
 bool AdamWUpdateAndEncodeCheckingAhead(const AdamWConstants& c, float* p, float* m, float* v,
                                        const void* grad, WireType grad_type, size_t count,
                                        void* params_out, WireType params_type, ParamsStore store,

@@ -61,15 +61,47 @@ OPTSTATE_AVX512 inline __m256i QuietFloatToBFloat16x16(__m512 values) {
 // Where UpdateLoop also writes each updated param: nowhere, or narrowed.
 enum class ParamsOut { kNone, kFloat32, kBFloat16 };
 
+// For a 32-bit lane of elements of `type` (one float32, or two 16-bit
+// elements): the bits AnyNonFiniteBits keeps (each element's magnitude, its
+// sign cleared), and what it adds to them (for each element, the distance
+// from its type's infinity to its sign bit).
+constexpr uint32_t MagnitudeMask(WireType type) {
+  return type == WireType::kFloat32 ? 0x7fffffffu : 0x7fff7fffu;
+}
+constexpr uint32_t DistanceToSign(WireType type) {
+  switch (type) {
+    case WireType::kFloat32:
+      return 0x00800000u;  // 0x80000000 - 0x7f800000
+    case WireType::kBFloat16:
+      return 0x00800080u;  // 0x8000 - 0x7f80, twice
+    case WireType::kFloat16:
+      return 0x04000400u;  // 0x8000 - 0x7c00, twice
+  }
+  return 0;
+}
+
 // kAmsgrad: vmax (max_exp_avg_sq) is kept and the denominator takes it.
 // kPlain: grad_scale is 1 and m's lerp starts from m (AdamW's default
 // betas), so the loop leaves out the multiply by 1 and the blend that would
 // pick m anyway, as the AVX2 path's kPlain does; no bit changes, a NaN
 // gradient's payload included.
-template <WireType kType, ParamsOut kOut, bool kStream, bool kAmsgrad, bool kPlain>
+// kAhead: `ahead` is read as AheadBits says, one 64-byte vector an
+// iteration, each checked as AnyNonFiniteBits checks (its magnitude plus
+// the distance to the sign bit, or-ed into a running vector): loads
+// independent of the update's, which overlap its arithmetic instead of
+// taking a pass of their own.
+template <WireType kType, ParamsOut kOut, bool kStream, bool kAmsgrad, bool kPlain,
+          bool kAhead = false>
 OPTSTATE_AVX512 void UpdateLoop(const AdamWConstants& c, float* p, float* m, float* v, float* vmax,
                                 const unsigned char* grad, size_t vector_end,
-                                unsigned char* params_out) {
+                                unsigned char* params_out, AheadBits* ahead = nullptr) {
+  const unsigned char* const ahead_data = kAhead ? ahead->data : nullptr;
+  const size_t ahead_vectors_end = kAhead ? ahead->bytes / 64 * 64 : 0;  // Whole vectors only.
+  const WireType ahead_type = kAhead ? ahead->type : WireType::kFloat32;
+  const __m512i ahead_magnitude = _mm512_set1_epi32(static_cast<int>(MagnitudeMask(ahead_type)));
+  const __m512i ahead_to_sign = _mm512_set1_epi32(static_cast<int>(DistanceToSign(ahead_type)));
+  size_t ahead_read = 0;
+  __m512i reached = _mm512_setzero_si512();
   const __m512 grad_scale = _mm512_set1_ps(c.grad_scale);
   const __m512 decay = _mm512_set1_ps(c.decay);
   const __m512 lerp_coefficient = _mm512_set1_ps(c.lerp_coefficient);
@@ -80,6 +112,14 @@ OPTSTATE_AVX512 void UpdateLoop(const AdamWConstants& c, float* p, float* m, flo
   const __m512 bias_correction2_sqrt = _mm512_set1_ps(c.bias_correction2_sqrt);
   const __m512 eps = _mm512_set1_ps(c.eps);
   for (size_t i = 0; i < vector_end; i += 16) {
+    if constexpr (kAhead) {
+      if (ahead_read < ahead_vectors_end) {
+        const __m512i bits = _mm512_loadu_si512(ahead_data + ahead_read);
+        reached = _mm512_or_si512(
+            reached, _mm512_add_epi32(_mm512_and_si512(bits, ahead_magnitude), ahead_to_sign));
+        ahead_read += 64;
+      }
+    }
     __m512 g = LoadGradient16(grad, kType, i);
     if constexpr (!kPlain) g = _mm512_mul_ps(g, grad_scale);
     __m512 pv = _mm512_mul_ps(_mm512_loadu_ps(p + i), decay);
@@ -115,16 +155,36 @@ OPTSTATE_AVX512 void UpdateLoop(const AdamWConstants& c, float* p, float* m, flo
                           QuietFloatToBFloat16x16(pv));
     }
   }
+  if constexpr (kAhead) {
+    ahead->read = ahead_read;
+    // Any element's sign bit (the bits the magnitude mask clears): a
+    // magnitude that reached the type's infinity.
+    ahead->bad = _mm512_test_epi32_mask(reached, _mm512_set1_epi32(static_cast<int>(
+                                                     ~MagnitudeMask(ahead_type)))) != 0;
+  }
 }
 
+// UpdateLoop for these types; `ahead` (else null) read as AheadBits says
+// with streaming stores and without amsgrad, else left unread.
 template <ParamsOut kOut, bool kStream>
 OPTSTATE_AVX512 void UpdateLoopFor(WireType grad_type, const AdamWConstants& c, float* p, float* m,
                                    float* v, float* vmax, const unsigned char* grad,
-                                   size_t vector_end, unsigned char* params_out) {
+                                   size_t vector_end, unsigned char* params_out,
+                                   AheadBits* ahead = nullptr) {
   WithGradientType(grad_type, [&](auto type) {
     WithUpdateVariant(c, vmax, [&](auto amsgrad, auto plain) {
-      UpdateLoop<decltype(type)::value, kOut, kStream, decltype(amsgrad)::value,
-                 decltype(plain)::value>(c, p, m, v, vmax, grad, vector_end, params_out);
+      constexpr WireType kType = decltype(type)::value;
+      constexpr bool kAmsgrad = decltype(amsgrad)::value;
+      constexpr bool kPlain = decltype(plain)::value;
+      if constexpr (kStream && !kAmsgrad) {
+        if (ahead != nullptr) {
+          UpdateLoop<kType, kOut, kStream, kAmsgrad, kPlain, /*kAhead=*/true>(
+              c, p, m, v, vmax, grad, vector_end, params_out, ahead);
+          return;
+        }
+      }
+      UpdateLoop<kType, kOut, kStream, kAmsgrad, kPlain>(c, p, m, v, vmax, grad, vector_end,
+                                                         params_out);
     });
   });
 }
@@ -168,10 +228,8 @@ OPTSTATE_AVX512 bool AnyNonFinite(const unsigned char* grad, size_t vector_end, 
 // stretches side by side, as AnyNonFinite reads it.
 template <WireType kType>
 OPTSTATE_AVX512 bool AnyNonFiniteBits(const unsigned char* grad, size_t bytes) {
-  constexpr uint32_t kMagnitude = kType == WireType::kFloat32 ? 0x7fffffffu : 0x7fff7fffu;
-  constexpr uint32_t kToSign = kType == WireType::kFloat32 ? 0x00800000u  // 0x80000000 - 0x7f800000
-                               : kType == WireType::kBFloat16 ? 0x00800080u   // 0x8000 - 0x7f80
-                                                              : 0x04000400u;  // 0x8000 - 0x7c00
+  constexpr uint32_t kMagnitude = MagnitudeMask(kType);
+  constexpr uint32_t kToSign = DistanceToSign(kType);
   const __m512i magnitude = _mm512_set1_epi32(static_cast<int>(kMagnitude));
   const __m512i to_sign = _mm512_set1_epi32(static_cast<int>(kToSign));
   const size_t stretch = bytes / kCheckStreams / 64 * 64;
@@ -243,7 +301,8 @@ template <ParamsOut kOut>
 OPTSTATE_AVX512 VectorSpan UpdateSpan(const AdamWConstants& c, float* p, float* m, float* v,
                                       float* vmax, const unsigned char* grad,
                                       WireType grad_type, size_t count,
-                                      unsigned char* out, size_t out_size, bool stream) {
+                                      unsigned char* out, size_t out_size, bool stream,
+                                      AheadBits* ahead) {
   size_t begin = 0;
   if (stream) {
     // A 16-lane store writes 64 bytes of float32 or 32 of bfloat16.
@@ -259,7 +318,7 @@ OPTSTATE_AVX512 VectorSpan UpdateSpan(const AdamWConstants& c, float* p, float* 
   unsigned char* const os = out == nullptr ? nullptr : out + begin * out_size;
   if constexpr (kOut != ParamsOut::kNone) {  // Without params out, nothing to stream.
     if (stream) {
-      UpdateLoopFor<kOut, true>(grad_type, c, ps, ms, vs, vmaxs, gs, end - begin, os);
+      UpdateLoopFor<kOut, true>(grad_type, c, ps, ms, vs, vmaxs, gs, end - begin, os, ahead);
       _mm_sfence();
       return {begin, end};
     }
@@ -274,12 +333,12 @@ OPTSTATE_AVX512 VectorSpan AdamWUpdateVectorsAvx512(const AdamWConstants& c, flo
                                                     float* v, float* vmax, const void* grad,
                                                     WireType grad_type, size_t count,
                                                     void* params_out, WireType params_type,
-                                                    ParamsStore store) {
+                                                    ParamsStore store, AheadBits* ahead) {
   const auto* bytes = static_cast<const unsigned char*>(grad);
   auto* out = static_cast<unsigned char*>(params_out);
   if (out == nullptr) {
     return UpdateSpan<ParamsOut::kNone>(c, p, m, v, vmax, bytes, grad_type, count, nullptr, 0,
-                                        false);
+                                        false, nullptr);
   }
   const size_t size = WireTypeSize(params_type);
   // Streaming stores only where `out` is aligned to its element (else no
@@ -289,10 +348,10 @@ OPTSTATE_AVX512 VectorSpan AdamWUpdateVectorsAvx512(const AdamWConstants& c, flo
   switch (params_type) {
     case WireType::kFloat32:
       return UpdateSpan<ParamsOut::kFloat32>(c, p, m, v, vmax, bytes, grad_type, count, out, size,
-                                             stream);
+                                             stream, ahead);
     case WireType::kBFloat16:
       return UpdateSpan<ParamsOut::kBFloat16>(c, p, m, v, vmax, bytes, grad_type, count, out,
-                                              size, stream);
+                                              size, stream, ahead);
     case WireType::kFloat16:
       break;  // Narrowed by EncodeFromFloat (its NaN rule is not F16C's).
   }

@@ -93,14 +93,13 @@ inline void WithUpdateVariant(const AdamWConstants& c, const float* vmax, Fn&& f
 void AdamWUpdateAvx2(const AdamWConstants& c, float* p, float* m, float* v, float* vmax,
                      const void* grad, WireType grad_type, size_t count);
 
-// A gradient the AVX2 update loop reads ahead, among its own loads, for
-// AdamWUpdateAndEncodeCheckingAhead: one 32-byte vector of `data` an
-// iteration while whole vectors remain of its `bytes`, each vector's
-// magnitude bits folded into the largest so far (AnyNonFiniteBits' check,
-// right only for a scale of at most 1 in magnitude), as elements of
-// `type`. The loop leaves in `read` the bytes
-// it checked (a multiple of 32, from the start) and in `bad` whether any of
-// them is not finite.
+// A gradient a vector update loop reads ahead, among its own loads, for
+// AdamWUpdateAndEncodeCheckingAhead: one vector of `data` an iteration (32
+// bytes on the AVX2 path, 64 on the AVX-512 path) while whole vectors remain
+// of its `bytes`, each checked from its bits alone, as elements of `type`
+// (each path's AnyNonFiniteBits check, right only for a scale of at most 1
+// in magnitude). The loop leaves in `read` the bytes it checked (whole
+// vectors, from the start) and in `bad` whether any of them is not finite.
 struct AheadBits {
   const unsigned char* data = nullptr;
   size_t bytes = 0;
@@ -147,11 +146,15 @@ size_t FindNonFiniteScalarFrom(const void* grad, WireType grad_type, size_t begi
 // params go to a 64-byte (float32) or 32-byte (bfloat16) boundary of
 // params_out). params_out null: no params written. Float16 params: nothing
 // done ({0, 0}), as AVX2's path. Ends with a store fence after streaming
-// stores. Defined only on x86-64; a leaf function (it calls nothing).
+// stores. With `ahead`, the streaming loop of a step without amsgrad also
+// reads it (AheadBits); plain stores, no params, params not aligned to
+// their element and amsgrad leave it unread (`read` 0). Defined only on
+// x86-64; a leaf function (it calls nothing).
 VectorSpan AdamWUpdateVectorsAvx512(const AdamWConstants& c, float* p, float* m, float* v,
                                     float* vmax,
                                     const void* grad, WireType grad_type, size_t count,
-                                    void* params_out, WireType params_type, ParamsStore store);
+                                    void* params_out, WireType params_type, ParamsStore store,
+                                    AheadBits* ahead = nullptr);
 
 // FindNonFiniteGradient's AVX-512F path over `vector_count` elements, a
 // multiple of 16: the index of the first whose scaled gradient is not finite,

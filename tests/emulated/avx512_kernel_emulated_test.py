@@ -18,6 +18,12 @@ leaf function in the emulator, and checks:
     gradient ends at the arena's end, so a read past it faults.
 Some cases put NaN of every kind and infinities in the gradient, with NaN m
 or v, at grad_scale 1 (the loop without the multiply and the blend) and not.
+Others give the loop a second gradient to read ahead (AheadBits: the next
+chunk's finite check inside this chunk's update), of each type, with one bad
+value or none, around the edges of what the loop reads: the bytes it reports
+read and whether it found a bad one must be the definition's (one 64-byte
+vector for each 16 elements updated, where the params are streamed and there
+is no amsgrad; none elsewhere), and that gradient must stay unwritten.
 FindNonFiniteVectorsAvx512 is held against the definition (widen, scale in
 float32, test) with NaN, infinities and overflowing values planted around
 vector and block boundaries and at the edges of the stretches it reads side
@@ -166,6 +172,18 @@ class Placed:
         return set(before) <= {GUARD_BYTE} and set(after) <= {GUARD_BYTE}
 
 
+def ahead_read_bytes(case, begin: int, end: int, out_addr: int) -> int:
+    """The bytes of case.ahead the update loop reads: one 64-byte vector an
+    iteration (16 elements) while whole vectors remain, where the loop
+    streams params out (float32 or bfloat16, aligned to their element) and
+    keeps no max_exp_avg_sq; else none."""
+    if case.ahead is None or case.amsgrad or case.store != STREAMING:
+        return 0
+    if case.params_type not in (FLOAT32, BFLOAT16) or out_addr % TYPE_SIZES[case.params_type]:
+        return 0
+    return min(case.ahead[1].nbytes // 64 * 64, (end - begin) // 16 * 64)
+
+
 def expected_span(n: int, params_type: int, store: int, out_addr: int):
     if params_type == FLOAT16:
         return 0, 0
@@ -205,12 +223,15 @@ def with_non_finite_state(p, m, v, grad: np.ndarray):
 
 class UpdateCase:
     """grad_scale None: 1 or 0.37 at random. non_finite_state: NaN and
-    infinite gradients meeting NaN m or v (with_non_finite_state)."""
+    infinite gradients meeting NaN m or v (with_non_finite_state). ahead:
+    (type, raw bits) of another gradient for the loop to read ahead
+    (AheadBits), or None."""
 
     def __init__(self, n, grad_type, params_type, store, shift, h, rng, amsgrad=False,
-                 grad_scale=None, non_finite_state=False):
+                 grad_scale=None, non_finite_state=False, ahead=None, label=""):
         self.n, self.grad_type, self.params_type, self.store, self.shift = (
             n, grad_type, params_type, store, shift)
+        self.ahead = ahead
         if grad_scale is None:
             grad_scale = 1.0 if rng.integers(2) else 0.37
         self.c = constants(h, int(rng.integers(1, 2000)), grad_scale)
@@ -226,12 +247,23 @@ class UpdateCase:
                      f"store={'streaming' if store == STREAMING else 'cached'} shift={shift} "
                      f"{h['name']} grad_scale={self.c['grad_scale']:g}"
                      f"{' amsgrad' if amsgrad else ''}"
-                     f"{' non-finite gradients and state' if non_finite_state else ''}")
+                     f"{' non-finite gradients and state' if non_finite_state else ''}"
+                     f"{label}")
 
     def driver_input(self) -> bytes:
         return (pack_header(self.c, self.grad_type, self.params_type, self.store) +
                 struct.pack("<QQ", self.n, 1 if self.amsgrad else 0) + self.p.tobytes() +
                 self.m.tobytes() + self.v.tobytes() + self.vmax.tobytes() + self.grad)
+
+    def expected_ahead(self, begin: int, end: int, out_addr: int):
+        """(bad, read): whether the bytes read ahead hold a value that is not
+        finite, and how many were read (0 and False where none were)."""
+        read = ahead_read_bytes(self, begin, end, out_addr)
+        if read == 0:
+            return False, 0
+        ahead_type, raw = self.ahead
+        elements = read // TYPE_SIZES[ahead_type]
+        return first_non_finite(raw[:elements], ahead_type, 1.0) < elements, read
 
     def read_expected(self, stream) -> None:
         n = self.n
@@ -255,20 +287,34 @@ class UpdateCase:
         out_total = GUARD + 64 + n * out_size + GUARD
         guest.write(out_base, bytes([OUT_FILL]) * out_total)
         out_addr = out_base + GUARD + self.shift if self.params_type != NO_PARAMS else 0
+        # The gradient read ahead between guards of GUARD_BYTE, a NaN in
+        # every type: a read past its whole vectors would find one.
+        ahead = Placed(guest, self.ahead[1].tobytes(), 8) if self.ahead is not None else None
+        ahead_fields = ((ahead.addr, ahead.size, self.ahead[0]) if ahead is not None
+                        else (0, 0, FLOAT32))
         call = guest.put(pack_header(self.c, self.grad_type, self.params_type, self.store) +
                          struct.pack("<9Q", p.addr, m.addr, v.addr, grad.addr, out_addr, n, 0, 0,
-                                     vmax.addr if vmax is not None else 0))
+                                     vmax.addr if vmax is not None else 0) +
+                         struct.pack("<2QIIQ", *ahead_fields, 7, 1 << 63))
         try:
             guest.call("probe_update_vectors", call)
         except bochs_guest.BochsError as error:
             return [str(error)]
         begin, end = struct.unpack("<2Q", guest.get(call + 96, 16))
+        bad, read = struct.unpack("<IQ", guest.get(call + 140, 12))
 
         errors = []
         want_begin, want_end = expected_span(n, self.params_type, self.store, out_addr)
         if (begin, end) != (want_begin, want_end):
             errors.append(f"span [{begin}, {end}), want [{want_begin}, {want_end})")
             return errors
+        want_bad, want_read = self.expected_ahead(begin, end, out_addr)
+        if (bool(bad), read) != (want_bad, want_read):
+            errors.append(f"read ahead {read} bytes, bad {bad}; want {want_read} bytes, "
+                          f"bad {int(want_bad)}")
+        if ahead is not None and (ahead.data() != self.ahead[1].tobytes() or
+                                  not ahead.guards_intact()):
+            errors.append("the gradient read ahead, or a guard around it, was written")
         arrays = [("p", p, self.p.tobytes(), self.want_p), ("m", m, self.m.tobytes(), self.want_m),
                   ("v", v, self.v.tobytes(), self.want_v)]
         if vmax is not None:
@@ -407,6 +453,46 @@ def find_cases(rng: np.random.Generator):
             yield f"find {name} random trial {trial}, scale {scale:g}", grad_type, raw, scale
 
 
+def ahead_cases(rng: np.random.Generator) -> list:
+    """Updates that read another gradient ahead (AheadBits): of each type,
+    shorter than the loop reads (the rest left to the caller), as long, and
+    longer; one bad value at a vector's first and last element, just inside
+    and just past the part read, or none; with the stores, params, alignment
+    and amsgrad that read it and those that leave it unread."""
+    cases = []
+    for ahead_type in (FLOAT32, BFLOAT16, FLOAT16):
+        dtype = np.uint32 if ahead_type == FLOAT32 else np.uint16
+        nans, plus_inf, minus_inf, _, _ = SPECIALS[ahead_type]
+        size = TYPE_SIZES[ahead_type]
+        for n, ahead_bytes in ((1031, 64 * 7 + 36), (1031, 1024 * 4 + 20), (4099, 4099 * 4),
+                               (31, 256), (7, 128)):
+            elements = ahead_bytes // size
+            clean = np.frombuffer(encode_gradient(rng.standard_normal(elements), ahead_type),
+                                  dtype).copy()
+            # The loop reads 64 bytes for every 16 elements it updates.
+            read_max = min(ahead_bytes // 64 * 64, (n // 16) * 64) // size
+            positions = {None, 0, 64 // size - 1, 64 // size, elements - 1}
+            if read_max > 0:
+                positions |= {read_max - 1, min(read_max, elements - 1)}
+            for at in sorted(positions, key=lambda x: -1 if x is None else x):
+                raw = clean.copy()
+                if at is not None:
+                    raw[at] = (nans[at % 2], plus_inf, minus_inf)[at % 3]
+                for params_type, store, shift, amsgrad in (
+                        (FLOAT32, STREAMING, 0, False), (BFLOAT16, STREAMING, 2, False),
+                        (FLOAT32, STREAMING, 12, False), (BFLOAT16, STREAMING, 1, False),
+                        (FLOAT32, CACHED, 0, False), (FLOAT32, STREAMING, 0, True),
+                        (FLOAT16, STREAMING, 0, False), (NO_PARAMS, STREAMING, 0, False)):
+                    grad_type = (FLOAT32, BFLOAT16)[len(cases) % 2]
+                    h = HYPERPARAMETERS[len(cases) % 2]
+                    cases.append(UpdateCase(
+                        n, grad_type, params_type, store, shift, h, rng, amsgrad=amsgrad,
+                        ahead=(ahead_type, raw),
+                        label=(f" ahead {TYPE_NAMES[ahead_type]} {ahead_bytes} bytes, "
+                               f"{'none bad' if at is None else f'bad at {at}'}")))
+    return cases
+
+
 def run_find(guest, grad_type: int, raw: np.ndarray, grad_scale: float) -> list[str]:
     guest.reset_arena()
     grad = PlacedAtEnd(guest, raw.tobytes())
@@ -488,6 +574,8 @@ def main() -> int:
                     cases.append(UpdateCase(1031, FLOAT32, params_type, CACHED, 4, h, rng,
                                             amsgrad=amsgrad, grad_scale=grad_scale,
                                             non_finite_state=True))
+
+    cases += ahead_cases(rng)
 
     with tempfile.TemporaryDirectory() as tmp:
         inputs, outputs = os.path.join(tmp, "in.bin"), os.path.join(tmp, "out.bin")

@@ -29,12 +29,20 @@ struct UpdateCall {
   uint64_t p, m, v, grad, params_out, count;
   uint64_t span_begin, span_end;  // Written by the call.
   uint64_t vmax;                  // max_exp_avg_sq (amsgrad), or 0 for none.
+  // A gradient read ahead (AheadBits), or ahead 0 for none.
+  uint64_t ahead, ahead_bytes;
+  uint32_t ahead_type;  // WireType's value.
+  uint32_t ahead_bad;   // Written by the call: AheadBits::bad.
+  uint64_t ahead_read;  // Written by the call: AheadBits::read.
 };
 static_assert(offsetof(UpdateCall, lerp_from_gradient) == 32);
 static_assert(offsetof(UpdateCall, p) == 48);
 static_assert(offsetof(UpdateCall, span_begin) == 96);
 static_assert(offsetof(UpdateCall, vmax) == 112);
-static_assert(sizeof(UpdateCall) == 120);
+static_assert(offsetof(UpdateCall, ahead) == 120);
+static_assert(offsetof(UpdateCall, ahead_type) == 136);
+static_assert(offsetof(UpdateCall, ahead_read) == 144);
+static_assert(sizeof(UpdateCall) == 152);
 
 struct FindCall {
   uint64_t grad, count;
@@ -65,6 +73,10 @@ extern "C" void probe_update_vectors(UpdateCall* call) {
   c.eps = call->eps;
   c.grad_scale = call->grad_scale;
   const bool has_params = call->params_type != kNoParams;
+  optstate::kernel_internal::AheadBits ahead;
+  ahead.data = Pointer<const unsigned char>(call->ahead);
+  ahead.bytes = call->ahead_bytes;
+  ahead.type = static_cast<WireType>(call->ahead_type);
   const optstate::kernel_internal::VectorSpan span =
       optstate::kernel_internal::AdamWUpdateVectorsAvx512(
           c, Pointer<float>(call->p), Pointer<float>(call->m), Pointer<float>(call->v),
@@ -72,9 +84,11 @@ extern "C" void probe_update_vectors(UpdateCall* call) {
           Pointer<const void>(call->grad), static_cast<WireType>(call->grad_type), call->count,
           has_params ? Pointer<void>(call->params_out) : nullptr,
           has_params ? static_cast<WireType>(call->params_type) : WireType::kFloat32,
-          static_cast<ParamsStore>(call->store));
+          static_cast<ParamsStore>(call->store), call->ahead == 0 ? nullptr : &ahead);
   call->span_begin = span.begin;
   call->span_end = span.end;
+  call->ahead_bad = ahead.bad ? 1 : 0;
+  call->ahead_read = ahead.read;
 }
 
 extern "C" void probe_find_non_finite(FindCall* call) {
