@@ -172,18 +172,6 @@ class Placed:
         return set(before) <= {GUARD_BYTE} and set(after) <= {GUARD_BYTE}
 
 
-def ahead_read_bytes(case, begin: int, end: int, out_addr: int) -> int:
-    """The bytes of case.ahead the update loop reads: one 64-byte vector an
-    iteration (16 elements) while whole vectors remain, where the loop
-    streams params out (float32 or bfloat16, aligned to their element) and
-    keeps no max_exp_avg_sq; else none."""
-    if case.ahead is None or case.amsgrad or case.store != STREAMING:
-        return 0
-    if case.params_type not in (FLOAT32, BFLOAT16) or out_addr % TYPE_SIZES[case.params_type]:
-        return 0
-    return min(case.ahead[1].nbytes // 64 * 64, (end - begin) // 16 * 64)
-
-
 def expected_span(n: int, params_type: int, store: int, out_addr: int):
     if params_type == FLOAT16:
         return 0, 0
@@ -256,12 +244,19 @@ class UpdateCase:
                 self.m.tobytes() + self.v.tobytes() + self.vmax.tobytes() + self.grad)
 
     def expected_ahead(self, begin: int, end: int, out_addr: int):
-        """(bad, read): whether the bytes read ahead hold a value that is not
-        finite, and how many were read (0 and False where none were)."""
-        read = ahead_read_bytes(self, begin, end, out_addr)
-        if read == 0:
+        """(bad, read): how many bytes of self.ahead the update loop reads
+        (one 64-byte vector for each 16 elements of its span while whole
+        vectors remain, where it streams float32 or bfloat16 params aligned
+        to their element and keeps no max_exp_avg_sq; else none), and
+        whether they hold a value that is not finite."""
+        if (self.ahead is None or self.amsgrad or self.store != STREAMING or
+                self.params_type not in (FLOAT32, BFLOAT16) or
+                out_addr % TYPE_SIZES[self.params_type]):
             return False, 0
         ahead_type, raw = self.ahead
+        read = min(raw.nbytes // 64 * 64, (end - begin) // 16 * 64)
+        if read == 0:
+            return False, 0
         elements = read // TYPE_SIZES[ahead_type]
         return first_non_finite(raw[:elements], ahead_type, 1.0) < elements, read
 
