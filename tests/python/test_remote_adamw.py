@@ -666,3 +666,130 @@ def test_a_sparse_gradient_is_refused_by_name_and_nothing_is_applied(daemon, pre
     assert bits_equal(p.detach(), torch.linspace(-1.0, 1.0, 10))
     assert opt.client.describe(prefix + "param.0").max_step == 0
     opt.close()
+
+
+class _FailingOnceClient(CountingClient):
+    """An optstate.Client whose next step call fails (UNAVAILABLE) once `fail` is set."""
+
+    def __init__(self, target):
+        super().__init__(target)
+        self.fail = False
+
+    def step(self, *args, **kwargs):
+        if self.fail:
+            self.fail = False
+            raise optstate.Unavailable("injected: the daemon could not be reached")
+        return super().step(*args, **kwargs)
+
+
+def _reference_step(chain, grads, step, lr):
+    """The chained ieee reference (p, m, v per parameter) stepped with `grads`."""
+    for (p, m, v), g in zip(chain, grads):
+        ieee_adamw_(p, g, m, v, step, lr)
+
+
+def _torch_clip_(grads, max_norm):
+    """torch.nn.utils.clip_grad_norm_ over `grads` (scaled in place, as .grad)."""
+    holders = [torch.zeros_like(g, requires_grad=True) for g in grads]
+    for holder, g in zip(holders, grads):
+        holder.grad = g
+    return torch.nn.utils.clip_grad_norm_(holders, max_norm)
+
+
+def _assert_matches(opt, params, chain, label):
+    for i, (param, (p, m, v)) in enumerate(zip(params, chain)):
+        assert bits_equal(param.detach(), p), f"{label}: param {i}"
+        state = opt.state[param]
+        assert bits_equal(state["exp_avg"], m), f"{label}: exp_avg {i}"
+        assert bits_equal(state["exp_avg_sq"], v), f"{label}: exp_avg_sq {i}"
+
+
+def test_a_clip_coefficient_applies_only_to_the_gradients_it_measured(daemon, prefix):
+    # opt.clip_grad_norm_'s coefficient stands for torch's in-place clip of the gradients
+    # it measured. So after a step refused for a non-finite gradient (an infinite norm: a
+    # coefficient of 0), gradients set anew step unscaled, as they would after torch's
+    # clip; and when only some .grad are new tensors, the others are scaled as torch's clip
+    # scaled them (in place) and the new ones are not.
+    gen = torch.Generator().manual_seed(77)
+    params = [torch.nn.Parameter(torch.randn(n, generator=gen)) for n in (64, 33)]
+    chain = [[p.detach().clone(), torch.zeros_like(p), torch.zeros_like(p)] for p in params]
+    lr = 1e-2
+    opt = RemoteAdamW(params, lr=lr, target=daemon.target, name_prefix=prefix)
+
+    def gradients():
+        return [torch.randn(p.shape, generator=gen) for p in params]
+
+    first = gradients()
+    for p, g in zip(params, first):
+        p.grad = g.clone()
+    opt.step()
+    _reference_step(chain, first, 1, lr)
+    _assert_matches(opt, params, chain, "step 1")
+
+    bad = gradients()
+    bad[0][3] = float("inf")
+    for p, g in zip(params, bad):
+        p.grad = g.clone()
+    assert opt.clip_grad_norm_(1.0).item() == float("inf")
+    with pytest.raises(optstate.InvalidArgument, match="not finite"):
+        opt.step()
+    _assert_matches(opt, params, chain, "after the refused step")
+
+    fresh = gradients()  # new tensors, no clip: as after torch's clip, unscaled
+    for p, g in zip(params, fresh):
+        p.grad = g.clone()
+    opt.step()
+    _reference_step(chain, fresh, 2, lr)
+    _assert_matches(opt, params, chain, "step 2, gradients set anew after the refusal")
+
+    measured, replacement = gradients(), torch.randn(params[1].shape, generator=gen)
+    for p, g in zip(params, measured):
+        p.grad = g.clone()
+    opt.clip_grad_norm_(0.5)
+    params[1].grad = replacement.clone()  # a new tensor after the clip
+    torch_grads = [g.clone() for g in measured]
+    _torch_clip_(torch_grads, 0.5)  # torch's in-place clip of both
+    assert not bits_equal(torch_grads[0], measured[0]), "the clip must scale for this test"
+    torch_grads[1] = replacement  # then the second replaced: unscaled
+    opt.step()
+    assert bits_equal(params[0].grad, torch_grads[0]), "the measured one scaled in place"
+    _reference_step(chain, torch_grads, 3, lr)
+    _assert_matches(opt, params, chain, "step 3, one gradient replaced after the clip")
+
+    nan = gradients()
+    nan[1][0] = float("nan")
+    for p, g in zip(params, nan):
+        p.grad = g.clone()
+    opt.clip_grad_norm_(1.0)  # a NaN norm, so a NaN coefficient: refused, named
+    with pytest.raises(optstate.InvalidArgument, match="clip_grad_norm_ again"):
+        opt.step()
+    _assert_matches(opt, params, chain, "after the NaN coefficient")
+    opt.close()
+
+
+@pytest.mark.parametrize("shared_buffers", [False, True])
+def test_a_step_retried_after_a_failure_keeps_the_clip_coefficient(daemon, prefix,
+                                                                    shared_buffers):
+    # A step that failed on the way (here UNAVAILABLE before anything reached the daemon)
+    # and is retried with the same gradients is the clip-then-step it was: the coefficient
+    # still applies. With shared_buffers the first step moved the gradients into the
+    # buffer (a new .grad holding the measured values), which must not count as new.
+    model = MLP(seed=8)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    chain = [[p.detach().clone(), torch.zeros_like(p), torch.zeros_like(p)] for p in trained]
+    client = _FailingOnceClient(daemon.target)
+    opt = RemoteAdamW(trained, lr=1e-2, client=client, name_prefix=prefix,
+                      shared_buffers=shared_buffers)
+    x, y = _batch(3)
+    F.mse_loss(model(x), y).backward()
+    grads = [p.grad.clone() for p in trained]
+    opt.clip_grad_norm_(0.1)
+    client.fail = True
+    with pytest.raises(optstate.Unavailable):
+        opt.step()
+    opt.step()  # the retry
+    assert _torch_clip_(grads, 0.1).item() > 0.1, "the clip must scale for this test"
+    assert client.steps == 1
+    _reference_step(chain, grads, 1, 1e-2)
+    _assert_matches(opt, trained, chain, "the retried step")
+    opt.close()

@@ -376,6 +376,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._grad_scale: Optional[torch.Tensor] = None
         self._grad_norm_type = 2.0  # clip_grad_norm_'s, with _grad_scale
         self._clipped: list = []  # (gradient, its _version) as clip_grad_norm_ measured them
+        self._clipped_at: dict[int, int] = {}  # id(gradient) -> its index in _clipped
         self._constructed = False
         self._closed = False
 
@@ -776,6 +777,8 @@ class RemoteAdamW(torch.optim.Optimizer):
         rank, _ = self._rank_and_world()
         if self._closed:
             raise ValueError("this RemoteAdamW was closed; make a new one to step")
+        if self._grad_scale is not None:
+            self._keep_clip_for_the_gradients_it_measured()
         finish_to = self._finish_to  # a torn step being finished: only the groups behind
         # The common case (CPU parameters, none staged or torn, all at one step and wire
         # type, gradients in their shared slots if any) in C++, which leaves the rest to
@@ -856,10 +859,16 @@ class RemoteAdamW(torch.optim.Optimizer):
         grad_scale = None
         if self._grad_scale is not None and calls:
             grad_scale = staging.scalar_to_host(self._grad_scale)
+        if grad_scale is not None and not math.isfinite(grad_scale):
+            raise errors.InvalidArgument(
+                f"the step's grad_scale (clip_grad_norm_'s clipping coefficient) is "
+                f"{grad_scale}: the gradients' norm is not finite; the whole step was refused "
+                "and nothing was sent (make the gradients finite, then call clip_grad_norm_ "
+                "again or set new .grad tensors)")
         if len(calls) > 1:
             # One call checks its own gradients before it sends anything; with several,
             # a later call's refusal would come after earlier ones were applied.
-            self._check_finite(calls, grad_scale)
+            self._check_finite(calls)
         # Whether every gradient is known finite as sent, so the daemon may check each as
         # it applies it (one read of it, not two; Client.step's gradients_checked): checked
         # just above (and a grad_scale of at most 1 in magnitude cannot make it overflow),
@@ -894,7 +903,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._finish_to = None
         if calls:
             self._grad_scale = None  # clip_grad_norm_'s scale is for one step
-            self._clipped = []
+            self._clipped, self._clipped_at = [], {}
         if self._shard:
             self._broadcast()
         return loss
@@ -911,21 +920,46 @@ class RemoteAdamW(torch.optim.Optimizer):
         ``grad_scale``, one scalar, instead of rescaling every gradient in place (the
         gradients' host copies, made while backward ran, stay valid). The daemon multiplies
         each float32 gradient by it as torch's in-place multiply does, so the step is the
-        same bit for bit. ``.grad`` is left unscaled. Call it after the last backward of the
-        step; returns the total norm, as torch's. ``torch.nn.utils.clip_grad_norm_`` works
+        same bit for bit. ``.grad`` is left unscaled. The coefficient is for the gradients
+        it measured: a ``.grad`` that is a new tensor by ``step()`` steps unscaled, as after
+        torch's clip (see _keep_clip_for_the_gradients_it_measured); a refused or failed
+        step keeps it for its retry. Call it after the last backward of the step; returns
+        the total norm, as torch's. ``torch.nn.utils.clip_grad_norm_`` works
         too: it changes the gradients in place, and ``step()`` then copies them again."""
         grads = [p.grad for group in self.param_groups for p in group["params"]
                  if p.grad is not None]
         if not grads:
             self._grad_scale = None
-            self._clipped = []
+            self._clipped, self._clipped_at = [], {}
             return torch.tensor(0.0)
         total_norm = torch.nn.utils.get_total_norm(grads, norm_type, error_if_nonfinite,
                                                    foreach)
         self._grad_scale = torch.clamp(float(max_norm) / (total_norm + 1e-6), max=1.0)
         self._grad_norm_type = float(norm_type)
         self._clipped = [(g, g._version) for g in grads]
+        self._clipped_at = {id(g): i for i, g in enumerate(grads)}
         return total_norm
+
+    def _keep_clip_for_the_gradients_it_measured(self) -> None:
+        """clip_grad_norm_'s coefficient stands for torch's in-place scaling of the
+        gradients it measured, so it is not applied to a .grad that is a new tensor since
+        (a new backward with set_to_none, a gradient set by hand after a refused step):
+        torch's clip never scaled that one. When no gradient is one it measured, the
+        coefficient is dropped; when only some are, those are scaled now, in place, by
+        torch's own multiply (as its clip would have), and the step goes without it. A
+        gradient it measured that was written to since keeps it: the step scales what it
+        holds then."""
+        grads = [p.grad for group in self.param_groups for p in group["params"]
+                 if p.grad is not None]
+        at, clipped = self._clipped_at, self._clipped
+        measured = [g for g in grads if (i := at.get(id(g))) is not None and clipped[i][0] is g]
+        if len(measured) == len(grads):
+            return
+        scale = self._grad_scale
+        self._grad_scale = None
+        self._clipped, self._clipped_at = [], {}
+        for g in measured:
+            g.mul_(scale.to(g.device))
 
     def _clipped_unchanged(self) -> bool:
         """Whether the gradients are those clip_grad_norm_ measured, unchanged since: the
@@ -1027,15 +1061,21 @@ class RemoteAdamW(torch.optim.Optimizer):
             return grad
         slot.copy_(grad)
         p.grad = slot
+        # A gradient clip_grad_norm_ measured, moved here unchanged: the slot holds what it
+        # measured (so a step refused after this keeps the coefficient for these values).
+        i = self._clipped_at.pop(id(grad), None)
+        if i is not None and self._clipped[i][0] is grad:
+            if self._clipped[i][1] == grad._version:
+                self._clipped[i] = (slot, slot._version)
+            else:
+                self._clipped[i] = (slot, -1)  # written to since the clip: not unchanged
+            self._clipped_at[id(slot)] = i
         return slot
 
     @staticmethod
-    def _check_finite(calls: dict, grad_scale: Optional[float]) -> None:
-        if grad_scale is not None and not math.isfinite(grad_scale):
-            raise errors.InvalidArgument(
-                f"the step's grad_scale (clip_grad_norm_'s clipping coefficient) is "
-                f"{grad_scale}: the gradients' norm is not finite; the whole step was refused "
-                "and nothing was sent")
+    def _check_finite(calls: dict) -> None:
+        """Every gradient of `calls` finite as sent (before any grad_scale); else
+        InvalidArgument naming its group."""
         for (_, wire), groups in calls.items():
             narrow = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(wire)
             for name, grad, *_ in groups:
