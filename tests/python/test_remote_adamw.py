@@ -793,3 +793,35 @@ def test_a_step_retried_after_a_failure_keeps_the_clip_coefficient(daemon, prefi
     _reference_step(chain, grads, 1, 1e-2)
     _assert_matches(opt, trained, chain, "the retried step")
     opt.close()
+
+
+@pytest.mark.parametrize("wire_dtype", [torch.float16, torch.bfloat16])
+def test_a_clip_of_float32_gradients_is_applied_before_a_16_bit_wire_narrows_them(
+        daemon, prefix, wire_dtype):
+    # torch's clip scales the float32 gradients, and only then could anything narrow them:
+    # a gradient of 1e5 clipped to about 1 fits float16, unclipped it does not. The step is
+    # torch's clip, then the wire's rounding, then the step on the widened values.
+    gen = torch.Generator().manual_seed(5)
+    params = [torch.nn.Parameter(torch.randn(n, generator=gen)) for n in (40, 9)]
+    chain = [[p.detach().clone(), torch.zeros_like(p), torch.zeros_like(p)] for p in params]
+    opt = RemoteAdamW(params, lr=1e-2, target=daemon.target, name_prefix=prefix,
+                      wire_dtype=wire_dtype)
+    for step in (1, 2):
+        grads = [torch.randn(p.shape, generator=gen) * 100 for p in params]
+        grads[0][7] = 1e5
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        opt.clip_grad_norm_(1.0)
+        opt.step()
+        clipped = [g.clone() for g in grads]
+        _torch_clip_(clipped, 1.0)
+        _reference_step(chain, [g.to(wire_dtype).float() for g in clipped], step, 1e-2)
+        for i, (param, (p, m, v)) in enumerate(zip(params, chain)):
+            # The daemon keeps the float32 master; the model gets it in the wire's type.
+            assert bits_equal(param.detach(), p.to(wire_dtype).float()), f"step {step}: {i}"
+            master = torch.from_numpy(opt.client.export_state(prefix + f"param.{i}").params)
+            assert bits_equal(master, p), f"step {step}: master {i}"
+            assert bits_equal(opt.state[param]["exp_avg"], m), f"step {step}: exp_avg {i}"
+            assert bits_equal(opt.state[param]["exp_avg_sq"], v), f"step {step}: v {i}"
+        assert bits_equal(params[0].grad, grads[0]), ".grad left unscaled"
+    opt.close()

@@ -124,6 +124,12 @@ def _any_float32(groups) -> bool:
     return any(grad.dtype is torch.float32 for _, grad, *_ in groups)
 
 
+def _scaled(groups, scale: torch.Tensor) -> list:
+    """One Client.step call's groups (tuples, or a _PreparedStep) as tuples, each gradient
+    multiplied by `scale` (a new tensor, by torch's multiply: what its clip does in place)."""
+    return [(name, grad * scale.to(grad.device), *rest) for name, grad, *rest in groups]
+
+
 def _as_float(value) -> float:
     return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
 
@@ -865,6 +871,16 @@ class RemoteAdamW(torch.optim.Optimizer):
                 f"{grad_scale}: the gradients' norm is not finite; the whole step was refused "
                 "and nothing was sent (make the gradients finite, then call clip_grad_norm_ "
                 "again or set new .grad tensors)")
+        # torch's clip scales float32 gradients before anything narrows them. So a call
+        # that narrows float32 gradients to a 16-bit wire has its gradients scaled here, by
+        # torch's multiply, and goes without grad_scale: the wire carries clipped values (a
+        # float16 one could not hold some unclipped ones).
+        scaled_here = set()
+        if grad_scale is not None:
+            for key, groups in calls.items():
+                if key[1] is not None and _any_float32(groups):
+                    calls[key] = _scaled(groups, self._grad_scale)
+                    scaled_here.add(key)
         if len(calls) > 1:
             # One call checks its own gradients before it sends anything; with several,
             # a later call's refusal would come after earlier ones were applied.
@@ -890,7 +906,8 @@ class RemoteAdamW(torch.optim.Optimizer):
                 reg.step = k
             checked = checked_here or (norm_finite and (wire is None or not _any_float32(groups)))
             try:
-                self._client.step(groups, k, wire_dtype=wire, grad_scale=grad_scale,
+                self._client.step(groups, k, wire_dtype=wire,
+                                  grad_scale=None if key in scaled_here else grad_scale,
                                   gradients_checked=checked)
             except BaseException as e:
                 for reg in regs:  # key == (reg.step + 1, ...): each was at step k - 1
