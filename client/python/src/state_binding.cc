@@ -1,6 +1,6 @@
 // Client.export_state / import_state: a group's whole state (params, exp_avg,
-// exp_avg_sq, max_exp_avg_sq with amsgrad, page steps) out of and into the daemon, as numpy arrays; and
-// Client.checkpoint, the daemon's own durable copy of it.
+// exp_avg_sq, max_exp_avg_sq with amsgrad, page steps) out of and into the daemon, as numpy arrays;
+// and Client.checkpoint, the daemon's own durable copy of it.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -28,13 +28,38 @@ namespace {
 
 using GroupState = Client::GroupState;
 
-// A numpy view of one of the state's vectors, keeping the state object alive.
 template <typename T>
-nb::ndarray<nb::numpy, T, nb::ndim<1>> View(nb::handle self, std::vector<T> GroupState::*field) {
-  GroupState& state = nb::cast<GroupState&>(self);
-  std::vector<T>& v = state.*field;
-  return nb::ndarray<nb::numpy, T, nb::ndim<1>>(v.data(), {v.size()}, self);
+using Array = nb::ndarray<nb::numpy, T, nb::ndim<1>>;
+
+// A numpy array that owns `values` (moved into a capsule's vector): it, and a
+// torch tensor made from it, keep no Python object of this module alive, so
+// one still held when the interpreter exits is freed with it rather than
+// reported by nanobind as a leaked instance.
+template <typename T>
+Array<T> Owning(std::vector<T>&& values) {
+  auto* held = new std::vector<T>(std::move(values));
+  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return Array<T>(held->data(), {held->size()}, owner);
 }
+
+// Client::GroupState for Python: the same fields, each vector a numpy array
+// that owns its memory (Owning).
+struct ExportedState {
+  explicit ExportedState(GroupState&& state)
+      : name(std::move(state.name)),
+        hyperparameters(state.hyperparameters),
+        page_elements(state.page_elements),
+        params(Owning(std::move(state.params))),
+        exp_avg(Owning(std::move(state.exp_avg))),
+        exp_avg_sq(Owning(std::move(state.exp_avg_sq))),
+        max_exp_avg_sq(Owning(std::move(state.max_exp_avg_sq))),
+        page_steps(Owning(std::move(state.page_steps))) {}
+  std::string name;
+  Hyperparameters hyperparameters;
+  uint64_t page_elements;
+  Array<float> params, exp_avg, exp_avg_sq, max_exp_avg_sq;
+  Array<uint64_t> page_steps;
+};
 
 std::vector<float> CopyFloats(nb::handle array, const char* what) {
   HostBuffer view = ViewHostBuffer(array, what, false);
@@ -49,28 +74,32 @@ std::vector<float> CopyFloats(nb::handle array, const char* what) {
 }  // namespace
 
 void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
-  nb::class_<GroupState> group_state(
+  nb::class_<ExportedState> group_state(
       m, "GroupState",
       "A group's whole optimizer state as the daemon holds it (float32\n"
       "numpy arrays, flat; page_steps one per page of page_elements).");
-  group_state.def_ro("name", &GroupState::name);
+  group_state.def_ro("name", &ExportedState::name);
   DefHyperparameterProperties(group_state);
-  group_state.def_ro("page_elements", &GroupState::page_elements)
+  // Each array returned as itself, owned by its capsule (not by this object: a
+  // getter's default policy, reference_internal, would tie it to this object).
+  constexpr auto kOwned = nb::rv_policy::automatic;
+  group_state.def_ro("page_elements", &ExportedState::page_elements)
       .def_prop_ro(
-          "params", [](nb::handle self) { return View(self, &GroupState::params); },
+          "params", [](const ExportedState& self) { return self.params; }, kOwned,
           "The fp32 master weights.")
-      .def_prop_ro("exp_avg", [](nb::handle self) { return View(self, &GroupState::exp_avg); })
-      .def_prop_ro("exp_avg_sq",
-                   [](nb::handle self) { return View(self, &GroupState::exp_avg_sq); })
+      .def_prop_ro(
+          "exp_avg", [](const ExportedState& self) { return self.exp_avg; }, kOwned)
+      .def_prop_ro(
+          "exp_avg_sq", [](const ExportedState& self) { return self.exp_avg_sq; }, kOwned)
       .def_prop_ro(
           "max_exp_avg_sq",
-          [](nb::handle self) -> nb::object {
-            if (!nb::cast<GroupState&>(self).hyperparameters.amsgrad) return nb::none();
-            return nb::cast(View(self, &GroupState::max_exp_avg_sq));
+          [](const ExportedState& self) -> std::optional<Array<float>> {
+            if (!self.hyperparameters.amsgrad) return std::nullopt;
+            return self.max_exp_avg_sq;
           },
-          "torch's state['max_exp_avg_sq'] of an amsgrad group; None without amsgrad.")
+          kOwned, "torch's state['max_exp_avg_sq'] of an amsgrad group; None without amsgrad.")
       .def_prop_ro(
-          "page_steps", [](nb::handle self) { return View(self, &GroupState::page_steps); },
+          "page_steps", [](const ExportedState& self) { return self.page_steps; }, kOwned,
           "The step each page has reached (all equal unless a step is under way).");
 
   cls.def(
@@ -83,7 +112,7 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
           state = live->ExportState(name);
         }
         ThrowIfError(state.status(), self.target);
-        return *std::move(state);
+        return ExportedState(*std::move(state));
       },
       "name"_a,
       "Reads group `name`'s whole state (GroupState). Each page is read under its lock with\n"
