@@ -783,8 +783,9 @@ class RemoteAdamW(torch.optim.Optimizer):
         rank, _ = self._rank_and_world()
         if self._closed:
             raise ValueError("this RemoteAdamW was closed; make a new one to step")
-        if self._grad_scale is not None:
-            self._keep_clip_for_the_gradients_it_measured()
+        # Whether the gradients are those clip_grad_norm_ measured, unchanged since.
+        clip_unchanged = (self._grad_scale is not None
+                          and self._keep_clip_for_the_gradients_it_measured())
         finish_to = self._finish_to  # a torn step being finished: only the groups behind
         # The common case (CPU parameters, none staged or torn, all at one step and wire
         # type, gradients in their shared slots if any) in C++, which leaves the rest to
@@ -893,7 +894,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         # unless a float32 one is narrowed to a 16-bit wire type on the way.
         checked_here = len(calls) > 1 and (grad_scale is None or abs(grad_scale) <= 1.0)
         norm_finite = (grad_scale is not None and self._grad_norm_type > 0
-                       and 0.0 < grad_scale <= 1.0 and self._clipped_unchanged())
+                       and 0.0 < grad_scale <= 1.0 and clip_unchanged)
         # 2. The calls; each writes the updated values into the parameters in place. The
         #    bookkeeping of a call is done before it, while this code's data is still in
         #    the caches (the call moves every byte of the model through them), and undone
@@ -957,7 +958,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._clipped_at = {id(g): i for i, g in enumerate(grads)}
         return total_norm
 
-    def _keep_clip_for_the_gradients_it_measured(self) -> None:
+    def _keep_clip_for_the_gradients_it_measured(self) -> bool:
         """clip_grad_norm_'s coefficient stands for torch's in-place scaling of the
         gradients it measured, so it is not applied to a .grad that is a new tensor since
         (a new backward with set_to_none, a gradient set by hand after a refused step):
@@ -965,26 +966,31 @@ class RemoteAdamW(torch.optim.Optimizer):
         coefficient is dropped; when only some are, those are scaled now, in place, by
         torch's own multiply (as its clip would have), and the step goes without it. A
         gradient it measured that was written to since keeps it: the step scales what it
-        holds then."""
-        grads = [p.grad for group in self.param_groups for p in group["params"]
-                 if p.grad is not None]
+        holds then. Returns whether the gradients are all those it measured, unchanged
+        since (the same tensors in .grad, their version counters unmoved)."""
         at, clipped = self._clipped_at, self._clipped
-        measured = [g for g in grads if (i := at.get(id(g))) is not None and clipped[i][0] is g]
-        if len(measured) == len(grads):
-            return
+        measured, unchanged, count = [], True, 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                g = p.grad
+                if g is None:
+                    continue
+                count += 1
+                i = at.get(id(g))
+                if i is None or clipped[i][0] is not g:
+                    unchanged = False
+                    continue
+                measured.append(g)
+                if clipped[i][1] != g._version:
+                    unchanged = False
+        if len(measured) == count:
+            return unchanged and count == len(clipped)
         scale = self._grad_scale
         self._grad_scale = None
         self._clipped, self._clipped_at = [], {}
         for g in measured:
             g.mul_(scale.to(g.device))
-
-    def _clipped_unchanged(self) -> bool:
-        """Whether the gradients are those clip_grad_norm_ measured, unchanged since: the
-        same tensors in .grad, none written to since (their version counters)."""
-        grads = [p.grad for group in self.param_groups for p in group["params"]
-                 if p.grad is not None]
-        return len(grads) == len(self._clipped) and all(
-            g is c and g._version == v for g, (c, v) in zip(grads, self._clipped))
+        return False
 
     def wait_in_forward(self, model: torch.nn.Module) -> None:
         """Lets the next forward start before every parameter's new values are back on the
