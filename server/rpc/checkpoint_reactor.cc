@@ -3,6 +3,7 @@
 
 #include "absl/time/clock.h"
 #include "server/rpc/proto_convert.h"
+#include "server/rpc/raw_message.h"
 
 namespace optstate {
 
@@ -10,7 +11,7 @@ grpc::ServerUnaryReactor* StartCheckpointCall(Checkpointer* checkpointer,
                                               grpc::CallbackServerContext* context,
                                               const std::string& tenant, bool all_tenants,
                                               const v1::CheckpointRequest& request,
-                                              v1::CheckpointResponse* response) {
+                                              grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (checkpointer == nullptr) {
     reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -29,12 +30,15 @@ grpc::ServerUnaryReactor* StartCheckpointCall(Checkpointer* checkpointer,
   call.cancelled = [context] { return context->IsCancelled(); };
   checkpointer->CheckpointAsync(std::move(call),
                                 [reactor, response](absl::StatusOr<CheckpointOutcome> outcome) {
+                                  absl::Status status = outcome.status();
                                   if (outcome.ok()) {
-                                    response->set_id(outcome->id);
-                                    response->set_step(outcome->step);
-                                    response->set_bytes(outcome->bytes);
+                                    v1::CheckpointResponse reply;
+                                    reply.set_id(outcome->id);
+                                    reply.set_step(outcome->step);
+                                    reply.set_bytes(outcome->bytes);
+                                    status = SerializeRawMessage(reply, response);
                                   }
-                                  reactor->Finish(ToGrpcStatus(outcome.status()));
+                                  reactor->Finish(ToGrpcStatus(status));
                                 });
   return reactor;
 }

@@ -3,16 +3,19 @@
 
 #include "server/rpc/call_auth.h"
 #include "server/rpc/proto_convert.h"
+#include "server/rpc/raw_message.h"
 
 namespace optstate {
 
 grpc::ServerUnaryReactor* DataPlaneService::GetDataPlane(grpc::CallbackServerContext* context,
-                                                         const v1::GetDataPlaneRequest*,
-                                                         v1::GetDataPlaneResponse* response) {
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<Caller> caller = AuthenticateCall(authenticator_, context);
-  if (!caller.ok()) {
-    reactor->Finish(ToGrpcStatus(caller.status()));
+  v1::GetDataPlaneRequest parsed;  // No fields; its bytes must still be one.
+  absl::Status status = caller.ok() ? ParseRawMessage(*request, &parsed) : caller.status();
+  if (!status.ok()) {
+    reactor->Finish(ToGrpcStatus(status));
     return reactor;
   }
   if (caller->by_certificate) {
@@ -25,14 +28,17 @@ grpc::ServerUnaryReactor* DataPlaneService::GetDataPlane(grpc::CallbackServerCon
             "memory, or step over the wire (DataPlane::kWire, data_plane=\"wire\")"));
     return reactor;
   }
-  absl::MutexLock lock(&mu_);
-  if (!region_socket_.empty()) {
-    response->set_region_socket(region_socket_);
-    response->set_daemon_id(daemon_id_);
-    response->set_max_regions_per_client(limits_.max_regions_per_client);
-    response->set_max_region_bytes(limits_.max_region_bytes);
+  v1::GetDataPlaneResponse reply;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!region_socket_.empty()) {
+      reply.set_region_socket(region_socket_);
+      reply.set_daemon_id(daemon_id_);
+      reply.set_max_regions_per_client(limits_.max_regions_per_client);
+      reply.set_max_region_bytes(limits_.max_region_bytes);
+    }
   }
-  reactor->Finish(grpc::Status::OK);
+  reactor->Finish(ToGrpcStatus(SerializeRawMessage(reply, response)));
   return reactor;
 }
 

@@ -14,7 +14,11 @@ namespace optstate {
 
 // Thread-safe. Answers "no region socket" until SetRegionSocket (the path
 // may depend on the port gRPC bound).
-class DataPlaneService : public v1::DataPlane::CallbackService {
+// Raw (grpc::ByteBuffer in and out), as OptimizerStateService: a request that
+// is not a GetDataPlaneRequest gets INVALID_ARGUMENT naming it, not gRPC's
+// bare UNIMPLEMENTED.
+class DataPlaneService
+    : public v1::DataPlane::WithRawCallbackMethod_GetDataPlane<v1::DataPlane::Service> {
  public:
   // `authenticator` (may be null): GetDataPlane needs what every other
   // call needs (UNAUTHENTICATED otherwise).
@@ -28,8 +32,8 @@ class DataPlaneService : public v1::DataPlane::CallbackService {
   }
 
   grpc::ServerUnaryReactor* GetDataPlane(grpc::CallbackServerContext* context,
-                                         const v1::GetDataPlaneRequest* request,
-                                         v1::GetDataPlaneResponse* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
 
  private:
   const std::string daemon_id_;

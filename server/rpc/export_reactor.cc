@@ -5,6 +5,7 @@
 
 #include "optstate/message_limits.h"
 #include "server/rpc/proto_convert.h"
+#include "server/rpc/raw_message.h"
 
 namespace optstate {
 namespace {
@@ -84,11 +85,16 @@ void ExportReactor::Write() {
       write_started_ = absl::Now();
     }
   }
-  if (ending) {
-    FinishOnce(std::move(status));
-  } else {
-    StartWrite(&response_);
+  if (!ending) {
+    status = SerializeRawMessage(response_, &outgoing_);
+    if (status.ok()) {
+      StartWrite(&outgoing_);
+      return;
+    }
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
   }
+  FinishOnce(std::move(status));
 }
 
 void ExportReactor::OnWriteDone(bool ok) {

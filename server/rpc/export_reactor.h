@@ -31,8 +31,9 @@ namespace optstate {
 // first, and nothing more is written), lets go of the group and its copies,
 // and leaves the registry at once: a client that does not read cannot hold
 // the daemon's exit.
-class ExportReactor : public grpc::ServerWriteReactor<v1::ExportStateResponse>,
-                      public ManagedStream {
+// Messages are serialized here and written as bytes (the service is raw:
+// service.h).
+class ExportReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public ManagedStream {
  public:
   // `streams` must outlive the reactor. `moved_to` non-empty: the group is
   // sealed for its move there first (StateStore::Seal, under `lease`; it
@@ -67,6 +68,7 @@ class ExportReactor : public grpc::ServerWriteReactor<v1::ExportStateResponse>,
   int next_tensor_ = 0;
   CapturedPages pages_;
   v1::ExportStateResponse response_;
+  grpc::ByteBuffer outgoing_;  // response_ serialized; read by gRPC while a write is in flight.
 
   absl::Mutex mu_;
   bool in_registry_ ABSL_GUARDED_BY(mu_) = false;  // Added and not yet removed.

@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/rpc/proto_convert.h"
+#include "server/rpc/raw_message.h"
 
 namespace optstate {
 namespace {
@@ -30,7 +31,7 @@ absl::StatusOr<StateTensor> TensorFromProto(v1::StateTensor tensor) {
 }  // namespace
 
 ImportReactor::ImportReactor(StepEngine* engine, grpc::CallbackServerContext* context,
-                             std::string tenant, v1::ImportStateResponse* response,
+                             std::string tenant, grpc::ByteBuffer* response,
                              StreamRegistry* streams, LeaseClaim lease)
     : engine_(engine),
       context_(context),
@@ -47,7 +48,7 @@ ImportReactor::ImportReactor(StepEngine* engine, grpc::CallbackServerContext* co
     return;
   }
   in_registry_ = true;
-  StartRead(&request_);
+  StartRead(&incoming_);
 }
 
 bool ImportReactor::HoldIfIdleSince(absl::Time idle_since) {
@@ -113,14 +114,20 @@ void ImportReactor::OnReadDone(bool ok) {
 }
 
 void ImportReactor::HandleMessage() {
-  absl::Status status;
-  if (import_ == nullptr) {
-    if (!request_.has_header()) {
+  ++messages_;
+  v1::ImportStateRequest request;
+  absl::Status status = ParseRawMessage(
+      incoming_, &request, absl::StrCat("message ", messages_, " of the ImportState stream"));
+  incoming_.Clear();
+  if (!status.ok()) {
+    // Refused below; the import gathered so far is dropped with the call.
+  } else if (import_ == nullptr) {
+    if (!request.has_header()) {
       status = absl::InvalidArgumentError(
           "the first ImportState message must carry a header (name, num_elements, "
           "hyperparameters)");
     } else {
-      const v1::GroupStateHeader& h = request_.header();
+      const v1::GroupStateHeader& h = request.header();
       absl::StatusOr<AdamWHyperparameters> hyperparameters =
           HyperparametersFromProto(h.hyperparameters());
       if (!hyperparameters.ok()) {
@@ -136,16 +143,15 @@ void ImportReactor::HandleMessage() {
         }
       }
     }
-  } else if (!request_.has_chunk()) {
+  } else if (!request.has_chunk()) {
     status = absl::InvalidArgumentError(
         "only the first ImportState message may carry a header; later ones carry chunks");
   } else {
-    const v1::StateChunk& chunk = request_.chunk();
+    const v1::StateChunk& chunk = request.chunk();
     absl::StatusOr<StateTensor> tensor = TensorFromProto(chunk.tensor());
     status =
         tensor.ok() ? import_->AddChunk(*tensor, chunk.offset(), chunk.data()) : tensor.status();
   }
-  request_.Clear();
   bool read_on, held;
   {
     absl::MutexLock lock(&mu_);
@@ -158,7 +164,7 @@ void ImportReactor::HandleMessage() {
     held = status.ok() && !final_.has_value() && ending_;
   }
   if (read_on) {
-    StartRead(&request_);
+    StartRead(&incoming_);
   } else if (!held) {
     End(status);  // A refusal, or (status OK) the registry's status, already set.
   }
@@ -169,8 +175,10 @@ void ImportReactor::CommitAndFinish() {
   import_.reset();
   absl::Status status = result.status();
   if (result.ok()) {
-    GroupInfoToProto(*result->group, response_->mutable_group());
-    response_->set_replaced(result->replaced);
+    v1::ImportStateResponse response;
+    GroupInfoToProto(*result->group, response.mutable_group());
+    response.set_replaced(result->replaced);
+    status = SerializeRawMessage(response, response_);
   }
   {
     absl::MutexLock lock(&mu_);

@@ -30,11 +30,15 @@ namespace optstate {
 // commit is already on a worker is not held: it finishes with the commit's
 // outcome, so a client never hears UNAVAILABLE for an import that was
 // installed.
-class ImportReactor : public grpc::ServerReadReactor<v1::ImportStateRequest>, public ManagedStream {
+// Messages are read as bytes and parsed here (raw_message.h): a message that
+// is not an ImportStateRequest is refused as such, where gRPC's typed read
+// would report it as the end of the stream and the import would commit.
+class ImportReactor : public grpc::ServerReadReactor<grpc::ByteBuffer>, public ManagedStream {
  public:
-  // `streams` must outlive the reactor.
+  // `streams` must outlive the reactor; `response` gets the serialized
+  // ImportStateResponse.
   ImportReactor(StepEngine* engine, grpc::CallbackServerContext* context, std::string tenant,
-                v1::ImportStateResponse* response, StreamRegistry* streams,
+                grpc::ByteBuffer* response, StreamRegistry* streams,
                 LeaseClaim lease = LeaseClaim());
 
   void OnReadDone(bool ok) override;
@@ -57,10 +61,11 @@ class ImportReactor : public grpc::ServerReadReactor<v1::ImportStateRequest>, pu
   grpc::CallbackServerContext* const context_;
   const std::string tenant_;
   const LeaseClaim lease_;  // The call's (call_lease.h), held to an existing group.
-  v1::ImportStateResponse* const response_;
+  grpc::ByteBuffer* const response_;
   StreamRegistry* const streams_;
   bool in_registry_ = false;  // streams_->Add took it.
-  v1::ImportStateRequest request_;
+  grpc::ByteBuffer incoming_;  // Written by gRPC while a read is in flight.
+  uint64_t messages_ = 0;      // Read so far; touched by the thread handling one.
   // Set by the header. Touched by the one thread handling the current
   // message, and by FinishIfDue once nothing handles one any more.
   std::unique_ptr<StateImport> import_;

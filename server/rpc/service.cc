@@ -245,47 +245,57 @@ grpc::ServerUnaryReactor* OptimizerStateService::DeleteGroup(grpc::CallbackServe
   return reactor;
 }
 
-grpc::ServerWriteReactor<v1::ExportStateResponse>* OptimizerStateService::ExportState(
-    grpc::CallbackServerContext* context, const v1::ExportStateRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* OptimizerStateService::ExportState(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   absl::StatusOr<Caller> caller = CallerOf(context);
   absl::StatusOr<LeaseClaim> lease = caller.ok() ? LeaseClaimOf(context) : caller.status();
-  if (!lease.ok()) {
-    return new RefusedWriteReactor<v1::ExportStateResponse>(ToGrpcStatus(lease.status()));
+  v1::ExportStateRequest parsed;
+  if (lease.ok()) {
+    if (absl::Status s = ParseRawMessage(*request, &parsed); !s.ok()) lease = s;
   }
-  return new ExportReactor(engine_, GroupKey{caller->tenant, request->name()}, &streams_,
-                           request->moved_to(), *lease);
+  if (!lease.ok()) {
+    return new RefusedWriteReactor<grpc::ByteBuffer>(ToGrpcStatus(lease.status()));
+  }
+  return new ExportReactor(engine_, GroupKey{caller->tenant, parsed.name()}, &streams_,
+                           parsed.moved_to(), *lease);
 }
 
-grpc::ServerReadReactor<v1::ImportStateRequest>* OptimizerStateService::ImportState(
-    grpc::CallbackServerContext* context, v1::ImportStateResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* OptimizerStateService::ImportState(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   absl::StatusOr<Caller> caller = CallerOf(context);
   absl::StatusOr<LeaseClaim> lease = caller.ok() ? LeaseClaimOf(context) : caller.status();
   if (!lease.ok()) {
-    return new RefusedReadReactor<v1::ImportStateRequest>(ToGrpcStatus(lease.status()));
+    return new RefusedReadReactor<grpc::ByteBuffer>(ToGrpcStatus(lease.status()));
   }
   return new ImportReactor(engine_, context, caller->tenant, response, &streams_,
                            std::move(*lease));
 }
 
 grpc::ServerUnaryReactor* OptimizerStateService::Checkpoint(grpc::CallbackServerContext* context,
-                                                            const v1::CheckpointRequest* request,
-                                                            v1::CheckpointResponse* response) {
+                                                            const grpc::ByteBuffer* request,
+                                                            grpc::ByteBuffer* response) {
   absl::StatusOr<Caller> caller = CallerOf(context);
-  if (!caller.ok()) {
+  v1::CheckpointRequest parsed;
+  absl::Status status = caller.ok() ? ParseRawMessage(*request, &parsed) : caller.status();
+  if (!status.ok()) {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(ToGrpcStatus(caller.status()));
+    reactor->Finish(ToGrpcStatus(status));
     return reactor;
   }
-  return StartCheckpointCall(checkpointer_, context, caller->tenant,
-                             caller->admin || !tenancy(), *request, response);
+  return StartCheckpointCall(checkpointer_, context, caller->tenant, caller->admin || !tenancy(),
+                             parsed, response);
 }
 
 grpc::ServerUnaryReactor* OptimizerStateService::RewindJob(grpc::CallbackServerContext* context,
-                                                           const v1::RewindJobRequest* request,
-                                                           v1::RewindJobResponse* response) {
+                                                           const grpc::ByteBuffer* request,
+                                                           grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<Caller> caller = CallerOf(context);
   absl::StatusOr<LeaseClaim> lease = caller.ok() ? LeaseClaimOf(context) : caller.status();
+  v1::RewindJobRequest parsed;
+  if (lease.ok()) {
+    if (absl::Status s = ParseRawMessage(*request, &parsed); !s.ok()) lease = s;
+  }
   if (lease.ok() && checkpointer_ == nullptr) {
     lease = absl::FailedPreconditionError(
         "this optstated runs without --state_dir: it keeps no checkpoints to rewind a job to");
@@ -296,19 +306,20 @@ grpc::ServerUnaryReactor* OptimizerStateService::RewindJob(grpc::CallbackServerC
   }
   JobRewindRequest rewind;
   rewind.tenant = caller->tenant;
-  rewind.prefix = request->prefix();
-  if (request->has_step()) rewind.step = request->step();
+  rewind.prefix = parsed.prefix();
+  if (parsed.has_step()) rewind.step = parsed.step();
   rewind.lease = *std::move(lease);
   // Reading the checkpoint's files takes a while: on a worker.
   engine_->pool()->Schedule([this, reactor, rewind = std::move(rewind), response] {
     absl::StatusOr<JobRewindOutcome> outcome = checkpointer_->Rewind(rewind);
+    v1::RewindJobResponse reply;
     if (outcome.ok()) {
-      response->set_checkpoint_id(outcome->checkpoint_id);
-      response->set_step(outcome->step);
-      for (const std::string& g : outcome->groups) response->add_groups(g);
-      for (const std::string& p : outcome->passed_over) response->add_passed_over(p);
+      reply.set_checkpoint_id(outcome->checkpoint_id);
+      reply.set_step(outcome->step);
+      for (const std::string& g : outcome->groups) reply.add_groups(g);
+      for (const std::string& p : outcome->passed_over) reply.add_passed_over(p);
     }
-    reactor->Finish(ToGrpcStatus(outcome.status()));
+    Reply(reactor, outcome.status(), reply, response);
   });
   return reactor;
 }

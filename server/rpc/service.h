@@ -17,22 +17,22 @@
 
 namespace optstate {
 
-// Every method on the callback API, raw (grpc::ByteBuffer in and out) but
-// the durability ones: the service parses requests itself, so bytes that are
-// not the method's request get INVALID_ARGUMENT naming it (gRPC's own parsing
-// answers UNIMPLEMENTED with no message, or takes a bad RegisterGroup message
-// for a half-close); Step's reactor also writes replies itself
-// (server/rpc/step_reply_builder.h).
+// Every method on the callback API, raw (grpc::ByteBuffer in and out): the
+// service parses requests itself, so bytes that are not the method's request
+// get INVALID_ARGUMENT naming it (gRPC's own parsing answers UNIMPLEMENTED
+// with no message, or takes a bad message of a client stream, RegisterGroup's
+// or ImportState's, for a half-close, and the stream then ends as if whole);
+// Step's reactor also writes replies itself (server/rpc/step_reply_builder.h).
 using OptimizerStateCallbackBase = v1::OptimizerState::WithRawCallbackMethod_RegisterGroup<
     v1::OptimizerState::WithRawCallbackMethod_Step<
         v1::OptimizerState::WithRawCallbackMethod_GetStats<
             v1::OptimizerState::WithRawCallbackMethod_ListGroups<
                 v1::OptimizerState::WithRawCallbackMethod_DescribeGroup<
                     v1::OptimizerState::WithRawCallbackMethod_DeleteGroup<
-                        v1::OptimizerState::WithCallbackMethod_ExportState<
-                            v1::OptimizerState::WithCallbackMethod_ImportState<
-                                v1::OptimizerState::WithCallbackMethod_Checkpoint<
-                                    v1::OptimizerState::WithCallbackMethod_RewindJob<
+                        v1::OptimizerState::WithRawCallbackMethod_ExportState<
+                            v1::OptimizerState::WithRawCallbackMethod_ImportState<
+                                v1::OptimizerState::WithRawCallbackMethod_Checkpoint<
+                                    v1::OptimizerState::WithRawCallbackMethod_RewindJob<
                                         v1::OptimizerState::Service>>>>>>>>>>;
 
 // Thread-safe; `engine` must outlive the service.
@@ -91,16 +91,16 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   grpc::ServerUnaryReactor* DeleteGroup(grpc::CallbackServerContext* context,
                                         const grpc::ByteBuffer* request,
                                         grpc::ByteBuffer* response) override;
-  grpc::ServerWriteReactor<v1::ExportStateResponse>* ExportState(
-      grpc::CallbackServerContext* context, const v1::ExportStateRequest* request) override;
-  grpc::ServerReadReactor<v1::ImportStateRequest>* ImportState(
-      grpc::CallbackServerContext* context, v1::ImportStateResponse* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* ExportState(grpc::CallbackServerContext* context,
+                                                          const grpc::ByteBuffer* request) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* ImportState(grpc::CallbackServerContext* context,
+                                                         grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
-                                       const v1::CheckpointRequest* request,
-                                       v1::CheckpointResponse* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* RewindJob(grpc::CallbackServerContext* context,
-                                      const v1::RewindJobRequest* request,
-                                      v1::RewindJobResponse* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
 
   // How many groups the daemon restored from a checkpoint at start
   // (GetStatsResponse.restored_groups); call before serving.
