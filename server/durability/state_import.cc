@@ -87,11 +87,11 @@ absl::Status StateImport::AddChunk(StateTensor tensor, uint64_t offset, absl::st
     std::vector<uint64_t> steps(count);
     std::memcpy(steps.data(), data.data(), data.size());
     for (uint64_t i = 0; i < count; ++i) {
-      if (steps[i] == 0 || steps[i] == UINT64_MAX) {
+      if (steps[i] == UINT64_MAX) {
         return absl::InvalidArgumentError(absl::StrCat(
             "page step ", steps[i], " of page ", offset + i,
-            " is out of range; a page's step must be between 1 and 2^64-2 (the steps it has "
-            "taken; torch's state['step'])"));
+            " is out of range; a page's step must be between 0 (never stepped) and 2^64-2 (the "
+            "steps it has taken; torch's state['step'])"));
       }
     }
     page_steps_.insert(page_steps_.end(), steps.begin(), steps.end());

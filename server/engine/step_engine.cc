@@ -99,6 +99,11 @@ absl::StatusOr<ValidatedChunk> StepEngine::Validate(const StepChunk& chunk, Valu
   if (chunk.step == 0) {
     return absl::InvalidArgumentError("step must be at least 1 (the first step is 1)");
   }
+  if (chunk.step == UINT64_MAX) {
+    // A page at step 2^64-1 could be neither stepped nor replayed (its next
+    // step does not exist), nor exported and imported again.
+    return absl::InvalidArgumentError("step must be at most 2^64-2, the last step a page can take");
+  }
 
   AdamWStepInputs inputs;
   inputs.hyperparameters = group.config().hyperparameters;

@@ -23,6 +23,7 @@ absl::Status ParseRawMessage(const grpc::ByteBuffer& buffer, google::protobuf::M
 
 absl::Status SerializeRawMessage(const google::protobuf::Message& message,
                                  grpc::ByteBuffer* buffer) {
+  buffer->Clear();  // gRPC's writer needs an empty buffer (a reused one holds the last message).
   bool own_buffer = false;
   grpc::Status status =
       grpc::SerializationTraits<google::protobuf::Message>::Serialize(message, buffer, &own_buffer);

@@ -16,7 +16,8 @@ namespace optstate {
 absl::Status ParseRawMessage(const grpc::ByteBuffer& buffer, google::protobuf::Message* message,
                              absl::string_view where = "");
 
-// Serializes `message` into `buffer`; INTERNAL if protobuf cannot.
+// Serializes `message` into `buffer`, replacing what it held; INTERNAL if
+// protobuf cannot.
 absl::Status SerializeRawMessage(const google::protobuf::Message& message,
                                  grpc::ByteBuffer* buffer);
 

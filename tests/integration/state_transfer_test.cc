@@ -140,6 +140,92 @@ TEST(StateTransferTest, OneStepForEveryPageIsAccepted) {
   EXPECT_NE(params, state.params);
 }
 
+TEST(StateTransferTest, AGroupNotYetSteppedOrHalfSteppedMovesWithItsPagesAtStepZero) {
+  // ExportState gives a page never stepped at step 0: a group registered and
+  // not stepped, or one whose first step broke part-way. Such a state moves
+  // (as Rebalance moves it) and continues on the target bit for bit, and it
+  // answers a later RegisterGroup as the source does.
+  auto source_daemon = StartDaemon();
+  auto target_daemon = StartDaemon();
+  ASSERT_TRUE(source_daemon && target_daemon);
+  auto source = Connect(*source_daemon);
+  auto target = Connect(*target_daemon);
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  const Hyperparameters h = TestHyperparameters();
+  const std::vector<float> initial = RandomNormal(rng, kElements, 1.0f);
+  ASSERT_TRUE(source->RegisterGroup("fresh", initial, h).ok());
+  absl::StatusOr<Client::GroupState> fresh = source->ExportState("fresh");
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ(fresh->page_steps, std::vector<uint64_t>(8, 0));
+  ASSERT_TRUE(target->ImportState(*fresh).ok());
+  absl::StatusOr<Client::GroupState> moved = target->ExportState("fresh");
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  ExpectSameState(*fresh, *moved);
+  std::vector<std::vector<float>> grads;
+  for (int t = 0; t < 2; ++t) grads.push_back(RandomNormal(rng, kElements, 1e-2f));
+  GroupModel model(initial, h);
+  StepRange(*target, "fresh", 1, 2, grads, &model);
+
+  // Page 0 at step 1, the others at 0: the first step broke part-way.
+  Client::GroupState half = *fresh;
+  half.name = "half";
+  half.page_steps.assign(8, 0);
+  half.page_steps[0] = 1;
+  ASSERT_TRUE(target->ImportState(half).ok());
+  std::vector<float> params(kElements);
+  absl::Status step = target->Step("half", 1, grads[0], absl::MakeSpan(params));
+  ASSERT_TRUE(step.ok()) << step;
+  GroupModel first(initial, h);
+  first.Step(1, grads[0]);
+  EXPECT_EQ(0, std::memcmp(params.data(), initial.data(), kPage * 4)) << "page 0 replayed";
+  EXPECT_EQ(0, std::memcmp(params.data() + kPage, first.params_fp32().data() + kPage,
+                           (kElements - kPage) * 4))
+      << "pages 1-7 stepped";
+
+  // Imported at step 0, then registered again with other initial values:
+  // the group is found equal and keeps its values, as the source's does.
+  Client::GroupState unstepped = *fresh;
+  unstepped.name = "unstepped";
+  ASSERT_TRUE(target->ImportState(unstepped).ok());
+  const std::vector<float> other(kElements, 0.75f);
+  ASSERT_TRUE(target->RegisterGroup("unstepped", other, h).ok());
+  ASSERT_TRUE(source->RegisterGroup("fresh", other, h).ok());
+  for (auto [client, name] : {std::pair{target.get(), "unstepped"}, {source.get(), "fresh"}}) {
+    absl::StatusOr<Client::GroupState> kept = client->ExportState(name);
+    ASSERT_TRUE(kept.ok());
+    EXPECT_EQ(kept->params, initial) << name;
+  }
+}
+
+TEST(StateTransferTest, APageAtTheLastStepReplaysAndTakesNoStepBeyondIt) {
+  // 2^64-2 is the last step a page can reach (ImportState's range): a step
+  // beyond it is refused, not taken to a step that could be neither
+  // replayed nor exported and imported again.
+  auto daemon = StartDaemon();
+  ASSERT_TRUE(daemon);
+  auto client = Connect(*daemon);
+  Client::GroupState state;
+  state.name = "last";
+  state.hyperparameters = TestHyperparameters();
+  state.params.assign(kElements, 0.5f);
+  state.exp_avg.assign(kElements, 0.25f);
+  state.exp_avg_sq.assign(kElements, 0.125f);
+  state.page_steps = {UINT64_MAX - 1};
+  ASSERT_TRUE(client->ImportState(state).ok());
+  std::vector<float> grad(kElements, 0.01f), params(kElements);
+  absl::Status beyond = client->Step("last", UINT64_MAX, grad, absl::MakeSpan(params));
+  EXPECT_EQ(beyond.code(), absl::StatusCode::kInvalidArgument) << beyond;
+  EXPECT_THAT(beyond.message(), HasSubstr("at most 2^64-2"));
+  ASSERT_TRUE(client->Step("last", UINT64_MAX - 1, grad, absl::MakeSpan(params)).ok());
+  EXPECT_EQ(params, state.params) << "a replay applies nothing";
+  absl::StatusOr<Client::GroupState> back = client->ExportState("last");
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->page_steps, std::vector<uint64_t>(8, UINT64_MAX - 1));
+  ASSERT_TRUE(client->ImportState(*back).ok()) << "imports again";
+}
+
 TEST(StateTransferTest, ImportIntoAnEqualGroupReplacesItsWholeState) {
   auto daemon = StartDaemon();
   ASSERT_TRUE(daemon);
@@ -435,9 +521,6 @@ TEST_F(RawImportTest, NonFiniteValuesAndBadStepsAreRefused) {
   r[4] = Chunk(v1::STATE_TENSOR_EXP_AVG_SQ, 0, Floats(kElements, -1.0f));
   ExpectRefused(r, "exp_avg_sq must be finite and >= 0");
   r = Whole("w", kElements);
-  r[1] = Chunk(v1::STATE_TENSOR_PAGE_STEPS, 0, Steps({0}));
-  ExpectRefused(r, "page step 0 of page 0 is out of range");
-  r = Whole("w", kElements);
   r[1] = Chunk(v1::STATE_TENSOR_PAGE_STEPS, 0, Steps({3, 3, 3, 3, 3, 3, 3, UINT64_MAX}));
   ExpectRefused(r, "page step 18446744073709551615 of page 7 is out of range");
 }
@@ -452,7 +535,7 @@ TEST_F(RawImportTest, ARefusedImportLeavesAnExistingGroupAsItWas) {
   absl::StatusOr<Stats> stats = client_->GetStats();
   ASSERT_TRUE(stats.ok());
   std::vector<v1::ImportStateRequest> r = Whole("w", kElements);
-  r[1] = Chunk(v1::STATE_TENSOR_PAGE_STEPS, 0, Steps({0}));
+  r[1] = Chunk(v1::STATE_TENSOR_PAGE_STEPS, 0, Steps({UINT64_MAX}));
   EXPECT_EQ(Send(r).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   r = Whole("w", kElements);
   EXPECT_FALSE(Send(r, /*cancel=*/true).ok());

@@ -154,8 +154,9 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
       "`params`, `exp_avg`, `exp_avg_sq` are float32 arrays of one length, and\n"
       "`max_exp_avg_sq` too with amsgrad=True (None without); `page_steps`\n"
       "one step per daemon page, or exactly one for every page (torch's 'step'); steps are\n"
-      ">= 1. Nothing is visible to Step until all of it arrived and passed the daemon's\n"
-      "checks (InvalidArgument for non-finite values or a negative exp_avg_sq).");
+      "0 (never stepped) to 2^64-2. Nothing is visible to Step until all of it arrived and\n"
+      "passed the daemon's checks (InvalidArgument for non-finite values or a negative\n"
+      "exp_avg_sq).");
 
   cls.def(
       "checkpoint",
