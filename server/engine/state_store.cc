@@ -18,6 +18,14 @@ std::string DescribeConfig(const GroupConfig& c) {
                       " has_initial_values=", c.has_initial_values ? "true" : "false");
 }
 
+// HostBytesFor for a message: a size whose bytes do not fit 64 bits says so,
+// rather than print the wrapped product.
+std::string HostBytesText(const GroupConfig& config) {
+  const uint64_t per_element = StateBytesPerElement(config);
+  if (config.num_elements > UINT64_MAX / per_element) return "more than 2^64";
+  return absl::StrCat(HostBytesFor(config));
+}
+
 }  // namespace
 
 absl::Status ValidateGroupName(const std::string& name) {
@@ -75,21 +83,19 @@ absl::Status StateStore::Reserve(const GroupKey& key, const GroupConfig& config,
     if (needed != UINT64_MAX && quota.max_host_bytes != TenantQuota().max_host_bytes &&
         (needed > quota.max_host_bytes || used.host_bytes > quota.max_host_bytes - needed)) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "group '", key.name, "' needs ", HostBytesFor(config), " bytes of host memory (",
-          StateBytesPerElement(config), " per element) but tenant '",
-          key.tenant, "' uses ", used.host_bytes, " of its quota max_host_bytes=",
-          quota.max_host_bytes,
+          "group '", key.name, "' needs ", HostBytesText(config), " bytes of host memory (",
+          StateBytesPerElement(config), " per element) but tenant '", key.tenant, "' uses ",
+          used.host_bytes, " of its quota max_host_bytes=", quota.max_host_bytes,
           "; group not created: delete groups, or raise max_host_bytes for the tenant in the "
           "tokens file (or --tenant_max_host_bytes)"));
     }
   }
   if (needed == UINT64_MAX || host_bytes_ + needed > max_host_bytes_) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("group '", key.name, "' needs ", HostBytesFor(config),
-                     " bytes of host memory (", StateBytesPerElement(config),
-                     " per element) but only ",
-                     max_host_bytes_ - host_bytes_, " of --max_host_bytes=", max_host_bytes_,
-                     " are free; delete groups or raise --max_host_bytes"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "group '", key.name, "' needs ", HostBytesText(config), " bytes of host memory (",
+        StateBytesPerElement(config), " per element) but only ", max_host_bytes_ - host_bytes_,
+        " of --max_host_bytes=", max_host_bytes_,
+        " are free; delete groups or raise --max_host_bytes"));
   }
   host_bytes_ += needed;
   TenantUsage& usage = tenant_usage_[key.tenant];

@@ -118,9 +118,14 @@ TEST_F(StateStoreTest, TheBudgetTakesExactlyWhatFitsAndRefusesTheRest) {
 }
 
 TEST_F(StateStoreTest, ASizeBeyondAnyBudgetIsRefusedWithoutOverflow) {
-  // 12 * n would wrap around 2^64.
-  EXPECT_EQ(store_.Register({"", "huge"}, Config(uint64_t{1} << 62)).status().code(),
-            absl::StatusCode::kResourceExhausted);
+  // 12 * n would wrap around 2^64 (to 0, and to 60 bytes): the message says
+  // how much it is, not the wrapped product.
+  for (uint64_t n : {uint64_t{1} << 62, (uint64_t{1} << 63) + 5}) {
+    absl::Status refused = store_.Register({"", "huge"}, Config(n)).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_NE(refused.message().find("needs more than 2^64 bytes"), absl::string_view::npos)
+        << refused;
+  }
   EXPECT_EQ(store_.host_bytes(), 0u);
 }
 
