@@ -141,7 +141,10 @@ absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& ke
   {
     absl::MutexLock lock(&mu_);
     if (auto it = groups_.find(key); it != groups_.end()) {
-      if (it->second->config() == config) return Registration{it->second, false};
+      if (it->second->config() == config) {
+        it->second->mark_joined();
+        return Registration{it->second, false};
+      }
       return absl::AlreadyExistsError(
           absl::StrCat("group '", key.name, "' already exists with ",
                        DescribeConfig(it->second->config()), "; asked for ", DescribeConfig(config),
@@ -339,7 +342,7 @@ bool StateStore::Unregister(const std::shared_ptr<Group>& group) {
   bool removed = false;
   {
     PageRangeLock all_pages(*group);
-    if (!group->deleted() && group->MaxStep() == 0) {
+    if (!group->deleted() && group->MaxStep() == 0 && !group->joined()) {
       absl::MutexLock lock(&mu_);
       auto it = groups_.find(group->key());
       if (it != groups_.end() && it->second == group) {

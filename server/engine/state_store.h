@@ -69,7 +69,8 @@ class StateStore {
   // budget, past the tenant's quota (SetTenantQuotas; the message names the
   // quota and the tenant's use) or when the backend cannot place it; ABORTED
   // while another call is registering the same name. On error nothing
-  // changes. An existing equal group is returned even at the quota.
+  // changes. An existing equal group is returned even at the quota, and
+  // marked joined (Group::joined).
   absl::StatusOr<Registration> Register(const GroupKey& key, const GroupConfig& config);
 
   // Allocates a group outside the store, counted against the budget, for
@@ -108,9 +109,11 @@ class StateStore {
 
   // Undoes the registration that created `group` (a RegisterGroup stream
   // that was refused or broke): removes it if it is still the group
-  // registered under its key and no page of it has been stepped (another
-  // stream may have trained it meanwhile: then it stays). Returns whether it
-  // was removed. Steps that find it afterwards get NOT_FOUND.
+  // registered under its key, no page of it has been stepped (another
+  // stream may have trained it meanwhile) and no other registration was
+  // answered with it (Group::joined: that caller holds it as registered).
+  // Returns whether it was removed. Steps that find it afterwards get
+  // NOT_FOUND.
   bool Unregister(const std::shared_ptr<Group>& group);
 
   // The tenant's groups, sorted by name.

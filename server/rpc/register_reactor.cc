@@ -9,7 +9,9 @@
 //    removal on the pool (it waits for page locks, which a gRPC callback
 //    must not), shortly after the client saw the call fail.
 // 3. Unregister keeps a group that another stream has stepped meanwhile,
-//    and one that is no longer the group registered under its name.
+//    one another RegisterGroup call was answered with (it holds it as
+//    registered), and one that is no longer the group registered under its
+//    name.
 #include "server/rpc/register_reactor.h"
 
 #include "absl/strings/str_cat.h"

@@ -89,6 +89,11 @@ class Group {
   // finds it set after taking its page mutexes must not touch the state.
   bool deleted() const { return deleted_.load(std::memory_order_acquire); }
   void mark_deleted() { deleted_.store(true, std::memory_order_release); }
+  // Another RegisterGroup call found this group and answered it as the
+  // caller's (StateStore::Register): the call that created it no longer
+  // removes it when it fails (StateStore::Unregister).
+  bool joined() const { return joined_.load(std::memory_order_acquire); }
+  void mark_joined() { joined_.store(true, std::memory_order_release); }
 
   // Set when a backend failed part-way through an update: some pages of the
   // range may hold the new state while their step says otherwise, so a
@@ -114,6 +119,7 @@ class Group {
   mutable PageTable pages_;
   std::atomic<Placement> placement_{Placement::kHost};
   std::atomic<bool> deleted_{false};
+  std::atomic<bool> joined_{false};
   std::atomic<bool> broken_{false};
   mutable GroupCounters counters_;
   mutable GroupLease lease_;

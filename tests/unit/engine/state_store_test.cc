@@ -117,6 +117,23 @@ TEST_F(StateStoreTest, TheBudgetTakesExactlyWhatFitsAndRefusesTheRest) {
             absl::StatusCode::kResourceExhausted);
 }
 
+TEST_F(StateStoreTest, UnregisterKeepsAGroupAnotherRegistrationWasAnsweredWith) {
+  absl::StatusOr<StateStore::Registration> created = store_.Register({"", "g"}, Config(10));
+  ASSERT_TRUE(created.ok() && created->created);
+  absl::StatusOr<StateStore::Registration> joined = store_.Register({"", "g"}, Config(10));
+  ASSERT_TRUE(joined.ok());
+  EXPECT_FALSE(joined->created);
+  EXPECT_EQ(joined->group, created->group);
+  // The creating call failed after the second one got OK: the group stays.
+  EXPECT_FALSE(store_.Unregister(created->group));
+  EXPECT_TRUE(store_.Find({"", "g"}).ok());
+  // Without a second registration it goes.
+  absl::StatusOr<StateStore::Registration> alone = store_.Register({"", "h"}, Config(10));
+  ASSERT_TRUE(alone.ok() && alone->created);
+  EXPECT_TRUE(store_.Unregister(alone->group));
+  EXPECT_EQ(store_.Find({"", "h"}).status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(StateStoreTest, ASizeBeyondAnyBudgetIsRefusedWithoutOverflow) {
   // 12 * n would wrap around 2^64 (to 0, and to 60 bytes): the message says
   // how much it is, not the wrapped product.
