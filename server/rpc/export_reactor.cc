@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "optstate/message_limits.h"
 #include "server/rpc/proto_convert.h"
 #include "server/rpc/raw_message.h"
@@ -28,9 +29,18 @@ ExportReactor::ExportReactor(StepEngine* engine, const GroupKey& key, StreamRegi
     absl::MutexLock lock(&mu_);
     in_registry_ = true;
   }
-  absl::StatusOr<std::shared_ptr<Group>> group =
-      moved_to.empty() ? engine_->store()->Find(key)
-                       : engine_->store()->Seal(key, moved_to, lease);
+  // A group whose RegisterGroup upload is unfinished has pages with no
+  // values, which the export would give as zeros and an import take as
+  // values: refused, before a move seals it. (Pages only ever gain values,
+  // so none lacks them at the seal either.)
+  absl::StatusOr<std::shared_ptr<Group>> group = engine_->store()->Find(key);
+  if (group.ok() && (*group)->PagesAwaitingValues() > 0) {
+    group = absl::FailedPreconditionError(absl::StrCat(
+        "group '", key.name, "' has ", (*group)->PagesAwaitingValues(),
+        " pages with no initial values yet; finish uploading them with RegisterGroup, then "
+        "export it"));
+  }
+  if (group.ok() && !moved_to.empty()) group = engine_->store()->Seal(key, moved_to, lease);
   if (!group.ok()) {
     FinishOnce(group.status());
     return;

@@ -177,5 +177,42 @@ TEST_F(RegisterRefusalTest, AMessageAfterTheSpecThatDoesNotParseIsRefusedByName)
       << status.error_message();
 }
 
+TEST_F(RegisterRefusalTest, AGroupStillAwaitingValuesIsNotExportedOrSealedForAMove) {
+  // Its second page has no values: an export would give it as zeros, which
+  // an import would take as values (and a move would then train from them).
+  const std::vector<float> page(kPage, 0.5f);
+  v1::RegisterGroupResponse response;
+  ASSERT_TRUE(Register({Spec("part", kPage + 10, true), Values(0, page)}, &response).ok());
+  ASSERT_EQ(response.group().pages_awaiting_values(), 1u);
+  for (const std::string moved_to : {"", "127.0.0.1:1"}) {
+    grpc::ClientContext context;
+    v1::ExportStateRequest request;
+    request.set_name("part");
+    request.set_moved_to(moved_to);
+    auto reader = stub_->ExportState(&context, request);
+    v1::ExportStateResponse message;
+    EXPECT_FALSE(reader->Read(&message)) << "nothing exported";
+    grpc::Status status = reader->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << moved_to;
+    EXPECT_NE(status.error_message().find("1 pages with no initial values yet"), std::string::npos)
+        << status.error_message();
+  }
+  v1::DescribeGroupResponse described;
+  ASSERT_TRUE(Describe("part", &described).ok());
+  EXPECT_TRUE(described.group().info().moved_to().empty()) << "not sealed";
+  // With every value uploaded it exports.
+  ASSERT_TRUE(
+      Register({Spec("part", kPage + 10, true), Values(kPage, std::vector<float>(10, 0.5f))}).ok());
+  grpc::ClientContext context;
+  v1::ExportStateRequest request;
+  request.set_name("part");
+  auto reader = stub_->ExportState(&context, request);
+  v1::ExportStateResponse message;
+  int messages = 0;
+  while (reader->Read(&message)) ++messages;
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_GT(messages, 1);
+}
+
 }  // namespace
 }  // namespace optstate::testing
