@@ -825,3 +825,44 @@ def test_a_clip_of_float32_gradients_is_applied_before_a_16_bit_wire_narrows_the
             assert bits_equal(opt.state[param]["exp_avg_sq"], v), f"step {step}: v {i}"
         assert bits_equal(params[0].grad, grads[0]), ".grad left unscaled"
     opt.close()
+
+
+class _FailingCallClient(CountingClient):
+    """An optstate.Client whose step call number `fail_at` (counting from 1) fails
+    (UNAVAILABLE) before reaching the daemon."""
+
+    def __init__(self, target, fail_at):
+        super().__init__(target)
+        self.fail_at = fail_at
+
+    def step(self, *args, **kwargs):
+        if self.steps + 1 == self.fail_at:
+            self.steps += 1
+            raise optstate.Unavailable("injected: the daemon could not be reached")
+        return super().step(*args, **kwargs)
+
+
+def test_a_step_whose_second_call_failed_repeats_the_first_calls_step_when_retried(
+        daemon, prefix):
+    # A float32 and a bfloat16 parameter step in two Client.step calls (one per wire
+    # type). When the second fails after the first was applied, the retried step() must
+    # send the first call's groups at the same step again (the daemon replays them), not
+    # at the next step with the same gradient, which would apply it twice.
+    gen = torch.Generator().manual_seed(9)
+    a = torch.nn.Parameter(torch.randn(50, generator=gen))
+    b = torch.nn.Parameter(torch.randn(20, generator=gen).bfloat16())
+    chain = [a.detach().clone(), torch.zeros(50), torch.zeros(50)]
+    client = _FailingCallClient(daemon.target, fail_at=4)  # step 2's second call
+    opt = RemoteAdamW([a, b], lr=1e-2, client=client, name_prefix=prefix)
+    for step in (1, 2, 3):
+        ga, gb = torch.randn(50, generator=gen), torch.randn(20, generator=gen).bfloat16()
+        a.grad, b.grad = ga.clone(), gb.clone()
+        if step == 2:
+            with pytest.raises(optstate.Unavailable):
+                opt.step()
+        opt.step()
+        ieee_adamw_(*chain[:1], ga, *chain[1:], step, 1e-2)
+        assert bits_equal(a.detach(), chain[0]), f"a after step {step}"
+        assert bits_equal(opt.state[a]["exp_avg"], chain[1]), f"a's exp_avg after step {step}"
+        assert opt.state[a]["step"].item() == step == opt.state[b]["step"].item()
+    opt.close()

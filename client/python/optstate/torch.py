@@ -898,21 +898,26 @@ class RemoteAdamW(torch.optim.Optimizer):
         # 2. The calls; each writes the updated values into the parameters in place. The
         #    bookkeeping of a call is done before it, while this code's data is still in
         #    the caches (the call moves every byte of the model through them), and undone
-        #    when the call fails, so the next step() repeats step k (the daemon replays
-        #    what it applied).
+        #    when a call fails, for that call and every call before it that the daemon
+        #    answered: the next step() repeats step k for all of them (the daemon replays
+        #    what it applied), instead of stepping those answered to k + 1 with this
+        #    step's gradients.
+        made = []  # the keys of the calls made so far
         for key, groups in calls.items():
             k, wire = key
             regs = stepped[key]
             for reg in regs:
                 reg.step = k
+            made.append(key)
             checked = checked_here or (norm_finite and (wire is None or not _any_float32(groups)))
             try:
                 self._client.step(groups, k, wire_dtype=wire,
                                   grad_scale=None if key in scaled_here else grad_scale,
                                   gradients_checked=checked)
             except BaseException as e:
-                for reg in regs:  # key == (reg.step + 1, ...): each was at step k - 1
-                    reg.step = k - 1
+                for undone in made:  # key == (reg.step + 1, ...): each was at step k - 1
+                    for reg in stepped[undone]:
+                        reg.step = undone[0] - 1
                 if isinstance(e, (errors.FailedPrecondition, errors.NotFound)):
                     self._explain_restart(e, k - 1)
                 raise
