@@ -6,11 +6,16 @@
 // 3. The transport prepares the messages and checks every gradient finite
 //    as the daemon will read it.
 // 4. Send: the client's one retry loop (call/retry.h) runs a stream per
-//    attempt (transport/step_stream.h) over the messages not yet answered.
-//    The daemon applies each page exactly once, so resends never apply an
-//    element twice. An attempt whose messages the transport sends otherwise
-//    after its refusal (StepTransport::ResendAfter) is made again at once. A group the daemon no longer knows as cached (NOT_FOUND,
-//    or a length it refuses) has its cached layout dropped.
+//    attempt (transport/step_stream.h). A retry sends every message of the
+//    step again, the answered ones too: a daemon that restarted from a
+//    checkpoint between attempts has lost what it answered (resending only
+//    the unanswered messages then returned OK for a step whose answered
+//    pages were back at step k-1), and one that did not replays them (each
+//    page is applied exactly once, so resends never apply an element twice).
+//    An attempt whose messages the transport sends otherwise after its
+//    refusal (StepTransport::ResendAfter) is made again at once, over the
+//    messages not yet answered. A group the daemon no longer knows as cached
+//    (NOT_FOUND, or a length it refuses) has its cached layout dropped.
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -58,11 +63,12 @@ absl::StatusOr<std::vector<ChunkGroup>> Client::Impl::StepLayouts(
 }
 
 absl::Status Client::Impl::Send(StepTransport& transport, size_t messages, const StepInput& input) {
-  std::vector<size_t> pending(messages);
-  for (size_t i = 0; i < messages; ++i) pending[i] = i;
+  std::vector<size_t> pending;
   absl::Status status = client_internal::WithRetries(
       options,
       [&](int) {
+        pending.resize(messages);
+        for (size_t i = 0; i < messages; ++i) pending[i] = i;
         if (absl::Status s = transport.BeforeAttempt(); !s.ok()) return s;
         absl::Status s =
             client_internal::RunStepStream(channel.get(), *raw_step, options, transport, &pending);

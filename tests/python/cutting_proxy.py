@@ -6,7 +6,9 @@ import threading
 class CuttingProxy:
     """Forwards 127.0.0.1:<port> to `upstream`. After arm(n), once n more bytes went from
     the client to the daemon, every open connection is cut (both sockets shut down); new
-    connections are forwarded again."""
+    connections are forwarded again, after arm's `then` (if any) has run: new connections
+    wait for it, so it can replace the daemon (retarget() to its port) before any client
+    reaches one."""
 
     def __init__(self, upstream_port):
         self.upstream_port = upstream_port
@@ -16,13 +18,22 @@ class CuttingProxy:
         self.lock = threading.Lock()
         self.open = []  # (client socket, upstream socket)
         self.remaining = None
+        self.then = None
+        self.forwarding = threading.Event()
+        self.forwarding.set()
         self.cuts = 0
         self.connections = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def arm(self, nbytes):
+    def arm(self, nbytes, then=None):
         with self.lock:
             self.remaining = nbytes
+            self.then = then
+
+    def retarget(self, upstream_port):
+        """New connections go to `upstream_port` from now on."""
+        with self.lock:
+            self.upstream_port = upstream_port
 
     def _accept(self):
         while True:
@@ -30,7 +41,14 @@ class CuttingProxy:
                 downstream, _ = self.listener.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            self.forwarding.wait()
+            with self.lock:
+                upstream_port = self.upstream_port
+            try:
+                upstream = socket.create_connection(("127.0.0.1", upstream_port))
+            except OSError:
+                downstream.close()
+                continue
             pair = (downstream, upstream)
             with self.lock:
                 self.open.append(pair)
@@ -56,8 +74,16 @@ class CuttingProxy:
                         if self.remaining <= 0:
                             self.remaining = None
                             cut = True
+                            then, self.then = self.then, None
             if cut:
+                if then is not None:
+                    self.forwarding.clear()
                 self._cut_all()
+                if then is not None:
+                    try:
+                        then()
+                    finally:
+                        self.forwarding.set()
                 break
             try:
                 sink.sendall(data)

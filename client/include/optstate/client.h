@@ -273,9 +273,10 @@ class Client {
   // checks whole, and refuses, before applying any of it (with
   // StepOptions::gradients_checked, gradients in SharedBuffers are not read
   // here and a non-finite one refuses only its chunk: see there). On a
-  // transient failure it resends the chunks not yet answered; the server
-  // applies each page exactly once, so a retried or repeated step never applies an
-  // element twice. When the step fails, params_out may hold the new params
+  // transient failure it resends every chunk of the step (a daemon that
+  // restarted from a checkpoint meanwhile lost what it answered); the server
+  // applies each page exactly once, so a retried or repeated step never
+  // applies an element twice. When the step fails, params_out may hold the new params
   // of the chunks applied so far (a params_out in a SharedBuffer is written
   // by the daemon as it applies).
   // The daemon's refusals: NOT_FOUND for a group it does not hold (deleted,
