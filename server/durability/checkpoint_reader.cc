@@ -240,6 +240,7 @@ absl::StatusOr<RestoreOutcome> RestoreNewest(StateStore* store, const std::strin
       const std::string refusal = absl::StrCat("refused checkpoint ", dir, ": ", status.message());
       Log(LogLevel::kError, refusal);
       outcome.refusals.push_back(refusal);
+      outcome.refused_sequences.push_back(seq);
       continue;
     }
     outcome.restored_id = manifest.id;

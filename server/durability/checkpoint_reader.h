@@ -21,6 +21,7 @@ struct RestoreOutcome {
   uint64_t restored_step = 0;
   uint64_t next_sequence = 1;         // For the next checkpoint written.
   std::vector<std::string> refusals;  // One per refused checkpoint: file and fault.
+  std::vector<uint64_t> refused_sequences;  // Their sequence numbers.
 };
 
 // Loads checkpoint `dir` (a path) into staged groups, verifying the

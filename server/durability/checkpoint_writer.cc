@@ -321,14 +321,17 @@ absl::StatusOr<WrittenCheckpoint> CheckpointWriter::Write(
   return written;
 }
 
-absl::Status CheckpointWriter::Prune(int keep, const std::string& except) {
+absl::Status CheckpointWriter::Prune(int keep, const std::string& except,
+                                     const std::vector<uint64_t>& refused) {
   absl::StatusOr<std::vector<std::string>> names = ListDirectory(state_dir_);
   if (!names.ok()) return names.status();
   std::vector<uint64_t> complete;
   std::vector<std::string> temporary;
   for (const std::string& name : *names) {
     if (std::optional<uint64_t> seq = ParseCheckpointDirName(name)) {
-      complete.push_back(*seq);
+      if (std::find(refused.begin(), refused.end(), *seq) == refused.end()) {
+        complete.push_back(*seq);
+      }
     } else if (name.size() > 4 && name.substr(name.size() - 4) == kTemporarySuffix &&
                ParseCheckpointDirName(name.substr(0, name.size() - 4)) && name != except) {
       temporary.push_back(name);

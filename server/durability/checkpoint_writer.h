@@ -61,7 +61,11 @@ class CheckpointWriter {
 
   // Removes complete checkpoints older than the newest `keep` (at least 1)
   // and temporary directories other than `except` (the one being written).
-  absl::Status Prune(int keep, const std::string& except = "");
+  // Checkpoints `refused` (by sequence number: those a restore refused) are
+  // neither counted among the `keep` nor removed: a damaged newer one must
+  // not push out a good older one, and is left for its cause to be found.
+  absl::Status Prune(int keep, const std::string& except = "",
+                     const std::vector<uint64_t>& refused = {});
 
  private:
   absl::Status WriteGroup(uint64_t sequence, size_t index, const CheckpointTarget& target,

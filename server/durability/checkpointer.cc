@@ -48,6 +48,7 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::OpenAndRestore(
   {
     absl::MutexLock lock(&checkpointer->write_mu_);
     checkpointer->next_sequence_ = restored->next_sequence;
+    checkpointer->refused_at_start_ = restored->refused_sequences;
   }
   {
     absl::MutexLock lock(&checkpointer->mu_);
@@ -223,7 +224,7 @@ absl::StatusOr<CheckpointOutcome> Checkpointer::Checkpoint(const CheckpointCall&
       }
     }
     outcome = CheckpointOutcome{written->id, step, written->bytes};
-    if (absl::Status pruned = writer_.Prune(options_.keep); !pruned.ok()) {
+    if (absl::Status pruned = writer_.Prune(options_.keep, "", refused_at_start_); !pruned.ok()) {
       Log(LogLevel::kWarning, "checkpoint ", written->id,
           " is durable, but removing old ones failed: ", pruned.ToString());
     }

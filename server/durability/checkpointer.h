@@ -119,6 +119,8 @@ class Checkpointer {
   absl::Mutex write_mu_;  // Held while a checkpoint is written.
   CheckpointWriter writer_ ABSL_GUARDED_BY(write_mu_);
   uint64_t next_sequence_ ABSL_GUARDED_BY(write_mu_) = 1;
+  // The checkpoints refused at start: Prune neither counts nor removes them.
+  std::vector<uint64_t> refused_at_start_ ABSL_GUARDED_BY(write_mu_);
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

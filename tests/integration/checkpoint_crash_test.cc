@@ -205,6 +205,33 @@ TEST_F(DamagedCheckpointTest, AMissingDataFileIsRefused) {
   ExpectFallback("group-1.data", "is missing (the manifest names it)");
 }
 
+TEST_F(DamagedCheckpointTest, ARefusedCheckpointNeitherCountsAmongTheKeptNorIsRemoved) {
+  // ckpt 2 refused, ckpt 1 restored: new checkpoints are kept beside ckpt 1
+  // as if ckpt 2 were not there (counting it pushed ckpt 1, the only good
+  // older one, out at the first new checkpoint), and ckpt 2 stays for its
+  // cause to be found.
+  std::filesystem::remove(File("MANIFEST"));
+  auto daemon = DaemonProcess::Start(CkptFlags(dir_, {"--checkpoints_to_keep=2"}));
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto client = ConnectTo(**daemon);
+  absl::StatusOr<Stats> stats = client->GetStats();
+  ASSERT_TRUE(stats.ok());
+  ASSERT_EQ(stats->restored_checkpoint_id, kFirst);
+  ASSERT_EQ(stats->restore_refusals.size(), 1u);
+  auto exists = [&](const char* name) { return std::filesystem::exists(dir_ + "/" + name); };
+  work_.Steps(*client, 4, 4);
+  ASSERT_TRUE(client->Checkpoint({}).ok());  // ckpt 3
+  EXPECT_TRUE(exists(kFirst)) << "the good older checkpoint is kept";
+  EXPECT_TRUE(exists(kSecond)) << "the refused one is left";
+  EXPECT_TRUE(exists("ckpt-0000000000000003"));
+  work_.Steps(*client, 5, 5);
+  ASSERT_TRUE(client->Checkpoint({}).ok());  // ckpt 4: ckpt 1 is now the third good one
+  EXPECT_FALSE(exists(kFirst));
+  EXPECT_TRUE(exists(kSecond));
+  EXPECT_TRUE(exists("ckpt-0000000000000003"));
+  EXPECT_TRUE(exists("ckpt-0000000000000004"));
+}
+
 TEST_F(DamagedCheckpointTest, AManifestThatDoesNotParseIsRefused) {
   { std::ofstream(File("MANIFEST")) << "{\"this\": \"is not a manifest\"}\n"; }
   ExpectFallback("MANIFEST", "not a checkpoint manifest");
