@@ -55,8 +55,8 @@ absl::StatusOr<std::unique_ptr<StateImport>> StateImport::Begin(StateStore* stor
   GroupConfig config;
   config.num_elements = header.num_elements;
   config.hyperparameters = header.hyperparameters;
-  // Every page arrives with values and a step >= 1: a later RegisterGroup
-  // with initial values finds an equal group and never rewinds it.
+  // Every page arrives with values: a later RegisterGroup with initial
+  // values finds an equal group (pages past step 0 it never rewinds).
   config.has_initial_values = true;
   absl::StatusOr<StagedGroup> staged = store->Stage(header.key, config);
   if (!staged.ok()) return staged.status();
@@ -178,6 +178,10 @@ absl::StatusOr<StateImport::Result> StateImport::Commit(const LeaseClaim& claim)
     }
     if (absl::Status s = ReplaceGroupState(*backend_, group, **existing); !s.ok()) return s;
     (*existing)->last_step().Reset();  // The steps it recorded are not this state's.
+    // The imported state is the group's now: the RegisterGroup stream that
+    // created it no longer removes it when that stream fails, even with
+    // every page at step 0 (StateStore::Unregister).
+    (*existing)->mark_joined();
     // Taken after the state is in: a refused replace leaves the lease as it
     // was (another holder taking it between the check and here keeps it).
     (void)(*existing)->lease().Admit(claim, group.key().name, absl::Now(), store_->lease_term());

@@ -345,7 +345,9 @@ bool StateStore::Unregister(const std::shared_ptr<Group>& group) {
     if (!group->deleted() && group->MaxStep() == 0 && !group->joined()) {
       absl::MutexLock lock(&mu_);
       auto it = groups_.find(group->key());
-      if (it != groups_.end() && it->second == group) {
+      // joined() again under mu_, which Register marks it under: a call
+      // answered with it since the check above keeps it too.
+      if (it != groups_.end() && it->second == group && !group->joined()) {
         groups_.erase(it);
         ReleaseLocked(group->key().tenant, group->host_bytes());
         removed_counters_.Add(group->counters());

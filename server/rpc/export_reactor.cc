@@ -80,31 +80,31 @@ void ExportReactor::EndHeld(absl::Status status) {
 }
 
 void ExportReactor::Write() {
-  bool ending;
-  absl::Status status;
+  // Serialized first, while this thread still counts as on the worker
+  // (on_worker_): a registry ending the stream meanwhile then leaves the
+  // finish to this thread (EndHeld), and StartWrite follows the unlock at
+  // once.
+  absl::Status status = SerializeRawMessage(response_, &outgoing_);
+  bool write;
   {
     absl::MutexLock lock(&mu_);
     on_worker_ = false;
-    ending = ending_;
-    if (ending) {
+    if (ending_) {
       // Held: EndHeld has set final_, or will, and finishes it then (this
       // FinishOnce returns while the hold lasts).
       status = final_.value_or(StreamRegistry::ShuttingDownError());
-    } else {
+    }
+    write = status.ok() && !ending_;
+    if (write) {
       writing_ = true;
       write_started_ = absl::Now();
     }
   }
-  if (!ending) {
-    status = SerializeRawMessage(response_, &outgoing_);
-    if (status.ok()) {
-      StartWrite(&outgoing_);
-      return;
-    }
-    absl::MutexLock lock(&mu_);
-    writing_ = false;
+  if (write) {
+    StartWrite(&outgoing_);
+  } else {
+    FinishOnce(std::move(status));
   }
-  FinishOnce(std::move(status));
 }
 
 void ExportReactor::OnWriteDone(bool ok) {

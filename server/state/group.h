@@ -89,9 +89,10 @@ class Group {
   // finds it set after taking its page mutexes must not touch the state.
   bool deleted() const { return deleted_.load(std::memory_order_acquire); }
   void mark_deleted() { deleted_.store(true, std::memory_order_release); }
-  // Another RegisterGroup call found this group and answered it as the
-  // caller's (StateStore::Register): the call that created it no longer
-  // removes it when it fails (StateStore::Unregister).
+  // Another RegisterGroup call found this group (StateStore::Register), or
+  // an import replaced its state (StateImport::Commit): the RegisterGroup
+  // call that created it no longer removes it when that call fails
+  // (StateStore::Unregister). Set once, never cleared.
   bool joined() const { return joined_.load(std::memory_order_acquire); }
   void mark_joined() { joined_.store(true, std::memory_order_release); }
 
