@@ -866,3 +866,32 @@ def test_a_step_whose_second_call_failed_repeats_the_first_calls_step_when_retri
         assert bits_equal(opt.state[a]["exp_avg"], chain[1]), f"a's exp_avg after step {step}"
         assert opt.state[a]["step"].item() == step == opt.state[b]["step"].item()
     opt.close()
+
+
+def test_a_clip_in_a_call_that_mixes_float32_and_16_bit_gradients_is_the_daemons(
+        daemon, prefix):
+    # A float32 parameter over a bfloat16 wire shares its Client.step call with a bfloat16
+    # parameter: the coefficient then goes to the daemon for both, which scales the
+    # bfloat16 gradient after widening, in float32 (not rounded to 16 bits first), and the
+    # float32 one after its narrowing.
+    gen = torch.Generator().manual_seed(13)
+    a = torch.nn.Parameter(torch.randn(30, generator=gen))
+    b = torch.nn.Parameter(torch.randn(20, generator=gen).bfloat16())
+    masters = [a.detach().clone(), b.detach().float()]
+    chain = [[m, torch.zeros_like(m), torch.zeros_like(m)] for m in masters]
+    opt = RemoteAdamW([a, b], lr=1e-2, target=daemon.target, name_prefix=prefix,
+                      wire_dtype=torch.bfloat16)
+    ga, gb = torch.randn(30, generator=gen) * 10, (torch.randn(20, generator=gen) * 10).bfloat16()
+    a.grad, b.grad = ga.clone(), gb.clone()
+    norm = opt.clip_grad_norm_(1.0)
+    coefficient = torch.clamp(1.0 / (norm + 1e-6), max=1.0)
+    assert coefficient.item() < 1.0, "the clip must scale for this test"
+    opt.step()
+    for (p, m, v), g in zip(chain, (ga.bfloat16().float() * coefficient,
+                                    gb.float() * coefficient)):
+        ieee_adamw_(p, g, m, v, 1, 1e-2)
+    for i, (p, m, v) in enumerate(chain):
+        master = torch.from_numpy(opt.client.export_state(prefix + f"param.{i}").params)
+        assert bits_equal(master, p), f"master {i}"
+        assert bits_equal(opt.state[(a, b)[i]]["exp_avg"], m), f"exp_avg {i}"
+    opt.close()

@@ -127,7 +127,14 @@ def _any_float32(groups) -> bool:
 def _scaled(groups, scale: torch.Tensor) -> list:
     """One Client.step call's groups (tuples, or a _PreparedStep) as tuples, each gradient
     multiplied by `scale` (a new tensor, by torch's multiply: what its clip does in place)."""
-    return [(name, grad * scale.to(grad.device), *rest) for name, grad, *rest in groups]
+    on_device = {}  # scale on each gradient's device, moved once
+    scaled = []
+    for name, grad, *rest in groups:
+        s = on_device.get(grad.device)
+        if s is None:
+            s = on_device[grad.device] = scale.to(grad.device)
+        scaled.append((name, grad * s, *rest))
+    return scaled
 
 
 def _as_float(value) -> float:
@@ -873,13 +880,15 @@ class RemoteAdamW(torch.optim.Optimizer):
                 "and nothing was sent (make the gradients finite, then call clip_grad_norm_ "
                 "again or set new .grad tensors)")
         # torch's clip scales float32 gradients before anything narrows them. So a call
-        # that narrows float32 gradients to a 16-bit wire has its gradients scaled here, by
+        # that narrows only float32 gradients to a 16-bit wire has them scaled here, by
         # torch's multiply, and goes without grad_scale: the wire carries clipped values (a
-        # float16 one could not hold some unclipped ones).
+        # float16 one could not hold some unclipped ones). A call that also carries 16-bit
+        # gradients (of 16-bit parameters) keeps grad_scale for all of them: the daemon
+        # scales those after widening, in float32, which a multiply here would round.
         scaled_here = set()
         if grad_scale is not None:
             for key, groups in calls.items():
-                if key[1] is not None and _any_float32(groups):
+                if key[1] is not None and all(g.dtype is torch.float32 for _, g, *_ in groups):
                     calls[key] = _scaled(groups, self._grad_scale)
                     scaled_here.add(key)
         if len(calls) > 1:
