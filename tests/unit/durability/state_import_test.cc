@@ -92,6 +92,26 @@ TEST_F(StateImportTest, CommitMakesTheWholeStateVisibleAtOnce) {
   EXPECT_EQ(store_.host_bytes(), 12000u);  // Counted once, by the store now.
 }
 
+TEST_F(StateImportTest, AGroupWhoseStateAnImportReplacedStaysWhenItsRegistrationFails) {
+  // A RegisterGroup call created "g" (its pages at step 0); an import at step
+  // 0 replaced its state; the call then failed: the group stays (nothing of
+  // it was ever stepped, but the state is the import's now).
+  absl::StatusOr<StateStore::Registration> created = store_.Register({"", "g"}, [] {
+    GroupConfig config;
+    config.num_elements = 1000;
+    config.has_initial_values = true;
+    return config;
+  }());
+  ASSERT_TRUE(created.ok() && created->created);
+  auto import = BeginWhole("g", 1000, 1.0f, 0);
+  absl::StatusOr<StateImport::Result> result = import->Commit();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->replaced);
+  EXPECT_EQ(created->group->MaxStep(), 0u);
+  EXPECT_FALSE(store_.Unregister(created->group));
+  EXPECT_TRUE(store_.Find({"", "g"}).ok());
+}
+
 // An amsgrad group's import needs max_exp_avg_sq (every element, >= 0); one
 // without amsgrad refuses it; a replacement carries it over.
 TEST_F(StateImportTest, AnAmsgradGroupNeedsItsMaxExpAvgSqAndOthersRefuseIt) {
