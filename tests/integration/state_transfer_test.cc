@@ -110,17 +110,23 @@ TEST(StateTransferTest, ExportedStateImportedElsewhereContinuesBitForBit) {
   EXPECT_EQ(got->page_steps, std::vector<uint64_t>(8, 20));
 }
 
-TEST(StateTransferTest, OneStepForEveryPageIsAccepted) {
-  auto daemon = StartDaemon();
-  ASSERT_TRUE(daemon);
-  auto client = Connect(*daemon);
+// A state of kElements equal values, every page at `step`.
+Client::GroupState UniformState(const std::string& name, uint64_t step) {
   Client::GroupState state;
-  state.name = "one";
+  state.name = name;
   state.hyperparameters = TestHyperparameters();
   state.params.assign(kElements, 0.5f);
   state.exp_avg.assign(kElements, 0.25f);
   state.exp_avg_sq.assign(kElements, 0.125f);
-  state.page_steps = {7};
+  state.page_steps = {step};
+  return state;
+}
+
+TEST(StateTransferTest, OneStepForEveryPageIsAccepted) {
+  auto daemon = StartDaemon();
+  ASSERT_TRUE(daemon);
+  auto client = Connect(*daemon);
+  const Client::GroupState state = UniformState("one", 7);
   ASSERT_TRUE(client->ImportState(state).ok());
   absl::StatusOr<Client::GroupState> back = client->ExportState("one");
   ASSERT_TRUE(back.ok()) << back.status();
@@ -206,13 +212,7 @@ TEST(StateTransferTest, APageAtTheLastStepReplaysAndTakesNoStepBeyondIt) {
   auto daemon = StartDaemon();
   ASSERT_TRUE(daemon);
   auto client = Connect(*daemon);
-  Client::GroupState state;
-  state.name = "last";
-  state.hyperparameters = TestHyperparameters();
-  state.params.assign(kElements, 0.5f);
-  state.exp_avg.assign(kElements, 0.25f);
-  state.exp_avg_sq.assign(kElements, 0.125f);
-  state.page_steps = {UINT64_MAX - 1};
+  const Client::GroupState state = UniformState("last", UINT64_MAX - 1);
   ASSERT_TRUE(client->ImportState(state).ok());
   std::vector<float> grad(kElements, 0.01f), params(kElements);
   absl::Status beyond = client->Step("last", UINT64_MAX, grad, absl::MakeSpan(params));

@@ -668,16 +668,17 @@ def test_a_sparse_gradient_is_refused_by_name_and_nothing_is_applied(daemon, pre
     opt.close()
 
 
-class _FailingOnceClient(CountingClient):
-    """An optstate.Client whose next step call fails (UNAVAILABLE) once `fail` is set."""
+class _FailingCallClient(CountingClient):
+    """An optstate.Client whose step call number `fail_at` (counting from 1; None: none)
+    fails (UNAVAILABLE) before reaching the daemon."""
 
-    def __init__(self, target):
+    def __init__(self, target, fail_at):
         super().__init__(target)
-        self.fail = False
+        self.fail_at = fail_at
 
     def step(self, *args, **kwargs):
-        if self.fail:
-            self.fail = False
+        if self.steps + 1 == self.fail_at:
+            self.steps += 1
             raise optstate.Unavailable("injected: the daemon could not be reached")
         return super().step(*args, **kwargs)
 
@@ -719,32 +720,32 @@ def test_a_clip_coefficient_applies_only_to_the_gradients_it_measured(daemon, pr
     def gradients():
         return [torch.randn(p.shape, generator=gen) for p in params]
 
+    def set_grads(values):
+        for p, g in zip(params, values):
+            p.grad = g.clone()
+
     first = gradients()
-    for p, g in zip(params, first):
-        p.grad = g.clone()
+    set_grads(first)
     opt.step()
     _reference_step(chain, first, 1, lr)
     _assert_matches(opt, params, chain, "step 1")
 
     bad = gradients()
     bad[0][3] = float("inf")
-    for p, g in zip(params, bad):
-        p.grad = g.clone()
+    set_grads(bad)
     assert opt.clip_grad_norm_(1.0).item() == float("inf")
     with pytest.raises(optstate.InvalidArgument, match="not finite"):
         opt.step()
     _assert_matches(opt, params, chain, "after the refused step")
 
     fresh = gradients()  # new tensors, no clip: as after torch's clip, unscaled
-    for p, g in zip(params, fresh):
-        p.grad = g.clone()
+    set_grads(fresh)
     opt.step()
     _reference_step(chain, fresh, 2, lr)
     _assert_matches(opt, params, chain, "step 2, gradients set anew after the refusal")
 
     measured, replacement = gradients(), torch.randn(params[1].shape, generator=gen)
-    for p, g in zip(params, measured):
-        p.grad = g.clone()
+    set_grads(measured)
     opt.clip_grad_norm_(0.5)
     params[1].grad = replacement.clone()  # a new tensor after the clip
     torch_grads = [g.clone() for g in measured]
@@ -758,8 +759,7 @@ def test_a_clip_coefficient_applies_only_to_the_gradients_it_measured(daemon, pr
 
     nan = gradients()
     nan[1][0] = float("nan")
-    for p, g in zip(params, nan):
-        p.grad = g.clone()
+    set_grads(nan)
     opt.clip_grad_norm_(1.0)  # a NaN norm, so a NaN coefficient: refused, named
     with pytest.raises(optstate.InvalidArgument, match="clip_grad_norm_ again"):
         opt.step()
@@ -777,19 +777,19 @@ def test_a_step_retried_after_a_failure_keeps_the_clip_coefficient(daemon, prefi
     model = MLP(seed=8)
     trained = [p for p in model.parameters() if p.requires_grad]
     chain = [[p.detach().clone(), torch.zeros_like(p), torch.zeros_like(p)] for p in trained]
-    client = _FailingOnceClient(daemon.target)
+    client = _FailingCallClient(daemon.target, fail_at=None)
     opt = RemoteAdamW(trained, lr=1e-2, client=client, name_prefix=prefix,
                       shared_buffers=shared_buffers)
     x, y = _batch(3)
     F.mse_loss(model(x), y).backward()
     grads = [p.grad.clone() for p in trained]
     opt.clip_grad_norm_(0.1)
-    client.fail = True
+    client.fail_at = client.steps + 1  # the next call
     with pytest.raises(optstate.Unavailable):
         opt.step()
     opt.step()  # the retry
     assert _torch_clip_(grads, 0.1).item() > 0.1, "the clip must scale for this test"
-    assert client.steps == 1
+    assert client.steps == 2  # the failed call and the retry
     _reference_step(chain, grads, 1, 1e-2)
     _assert_matches(opt, trained, chain, "the retried step")
     opt.close()
@@ -825,21 +825,6 @@ def test_a_clip_of_float32_gradients_is_applied_before_a_16_bit_wire_narrows_the
             assert bits_equal(opt.state[param]["exp_avg_sq"], v), f"step {step}: v {i}"
         assert bits_equal(params[0].grad, grads[0]), ".grad left unscaled"
     opt.close()
-
-
-class _FailingCallClient(CountingClient):
-    """An optstate.Client whose step call number `fail_at` (counting from 1) fails
-    (UNAVAILABLE) before reaching the daemon."""
-
-    def __init__(self, target, fail_at):
-        super().__init__(target)
-        self.fail_at = fail_at
-
-    def step(self, *args, **kwargs):
-        if self.steps + 1 == self.fail_at:
-            self.steps += 1
-            raise optstate.Unavailable("injected: the daemon could not be reached")
-        return super().step(*args, **kwargs)
 
 
 def test_a_step_whose_second_call_failed_repeats_the_first_calls_step_when_retried(
