@@ -846,7 +846,7 @@ def test_a_step_whose_second_call_failed_repeats_the_first_calls_step_when_retri
             with pytest.raises(optstate.Unavailable):
                 opt.step()
         opt.step()
-        ieee_adamw_(*chain[:1], ga, *chain[1:], step, 1e-2)
+        ieee_adamw_(chain[0], ga, chain[1], chain[2], step, 1e-2)
         assert bits_equal(a.detach(), chain[0]), f"a after step {step}"
         assert bits_equal(opt.state[a]["exp_avg"], chain[1]), f"a's exp_avg after step {step}"
         assert opt.state[a]["step"].item() == step == opt.state[b]["step"].item()
