@@ -27,8 +27,9 @@
 //    first, so the previous complete checkpoint exists until the new one is
 //    durable. Each is first renamed to a temporary name (atomic), then its
 //    files are removed, so a crash part-way through a removal leaves a
-//    temporary directory (removed by the next Prune), never a damaged
-//    checkpoint under a name a restore reads.
+//    temporary directory (removed by the next Prune, or by RemoveUnfinished
+//    at the next start), never a damaged checkpoint under a name a restore
+//    reads.
 // 7. A restore verifies every size and checksum before it installs
 //    anything (checkpoint_reader.cc), so even a checkpoint damaged after it
 //    was written (a flipped byte, a truncated or deleted file) is refused,
@@ -74,6 +75,13 @@ void TestPause(uint64_t sequence, const std::string& point) {
   }
   Log(LogLevel::kWarning, "checkpoint writer paused at ", point, " for a test");
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+// ckpt-<16 digits>.tmp: a checkpoint being written or removed.
+bool IsTemporaryName(const std::string& name) {
+  const size_t n = sizeof(kTemporarySuffix) - 1;
+  return name.size() > n && name.compare(name.size() - n, n, kTemporarySuffix) == 0 &&
+         ParseCheckpointDirName(name.substr(0, name.size() - n)).has_value();
 }
 
 }  // namespace
@@ -332,8 +340,7 @@ absl::Status CheckpointWriter::Prune(int keep, const std::string& except,
       if (std::find(refused.begin(), refused.end(), *seq) == refused.end()) {
         complete.push_back(*seq);
       }
-    } else if (name.size() > 4 && name.substr(name.size() - 4) == kTemporarySuffix &&
-               ParseCheckpointDirName(name.substr(0, name.size() - 4)) && name != except) {
+    } else if (IsTemporaryName(name) && name != except) {
       temporary.push_back(name);
     }
   }
@@ -352,6 +359,21 @@ absl::Status CheckpointWriter::Prune(int keep, const std::string& except,
     if (absl::Status s = RemoveTree(absl::StrCat(state_dir_, "/", name)); !s.ok()) return s;
   }
   return SyncDirectory(state_dir_);
+}
+
+absl::StatusOr<std::vector<std::string>> CheckpointWriter::RemoveUnfinished() {
+  absl::StatusOr<std::vector<std::string>> names = ListDirectory(state_dir_);
+  if (!names.ok()) return names.status();
+  std::vector<std::string> removed;
+  for (const std::string& name : *names) {
+    if (!IsTemporaryName(name)) continue;
+    if (absl::Status s = RemoveTree(absl::StrCat(state_dir_, "/", name)); !s.ok()) return s;
+    removed.push_back(name);
+  }
+  if (removed.empty()) return removed;
+  if (absl::Status s = SyncDirectory(state_dir_); !s.ok()) return s;
+  std::sort(removed.begin(), removed.end());
+  return removed;
 }
 
 }  // namespace optstate

@@ -67,6 +67,13 @@ class CheckpointWriter {
   absl::Status Prune(int keep, const std::string& except = "",
                      const std::vector<uint64_t>& refused = {});
 
+  // Removes every temporary directory (ckpt-N.tmp: a checkpoint a crash cut
+  // short, or a removal a crash interrupted) and returns their names. Only
+  // for start-up, under the state_dir's lock, before any checkpoint is
+  // written: a crash loop would otherwise leave one more a crash, each as
+  // large as the state, until a checkpoint completed.
+  absl::StatusOr<std::vector<std::string>> RemoveUnfinished();
+
  private:
   absl::Status WriteGroup(uint64_t sequence, size_t index, const CheckpointTarget& target,
                           const std::string& path, ManifestGroup* entry, WriteTimes* times);

@@ -14,9 +14,10 @@
 
 namespace optstate {
 
-Checkpointer::Checkpointer(const CheckpointerOptions& options, StateStore* store,
+Checkpointer::Checkpointer(StateDirLock lock, const CheckpointerOptions& options, StateStore* store,
                            StepBackend* backend)
-    : options_(options),
+    : lock_(std::move(lock)),
+      options_(options),
       store_(store),
       backend_(backend),
       writer_(options.state_dir, store->page_elements(), backend, options.buffer_bytes) {}
@@ -35,6 +36,8 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::OpenAndRestore(
     return absl::InvalidArgumentError("--checkpoint_interval must not be negative");
   }
   if (absl::Status s = MakeDirectories(options.state_dir); !s.ok()) return s;
+  absl::StatusOr<StateDirLock> lock = StateDirLock::Acquire(options.state_dir);
+  if (!lock.ok()) return lock.status();
   absl::StatusOr<RestoreOutcome> restored = RestoreNewest(store, options.state_dir, pool);
   if (!restored.ok()) return restored.status();
   if (require_state && restored->restored_id.empty()) {
@@ -43,10 +46,18 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::OpenAndRestore(
         restored->refusals.empty() ? " (there is none)"
                                    : absl::StrCat(": ", absl::StrJoin(restored->refusals, "; "))));
   }
-  std::unique_ptr<Checkpointer> checkpointer(new Checkpointer(options, store, backend));
+  std::unique_ptr<Checkpointer> checkpointer(
+      new Checkpointer(*std::move(lock), options, store, backend));
   checkpointer->pool_ = pool;
   {
     absl::MutexLock lock(&checkpointer->write_mu_);
+    absl::StatusOr<std::vector<std::string>> unfinished = checkpointer->writer_.RemoveUnfinished();
+    if (!unfinished.ok()) return unfinished.status();
+    if (!unfinished->empty()) {
+      Log(LogLevel::kInfo, "removed ", unfinished->size(), " unfinished checkpoint director",
+          unfinished->size() == 1 ? "y" : "ies", " that earlier crashes left in ",
+          options.state_dir, ": ", absl::StrJoin(*unfinished, ", "));
+    }
     checkpointer->next_sequence_ = restored->next_sequence;
     checkpointer->refused_at_start_ = restored->refused_sequences;
   }

@@ -19,6 +19,7 @@
 #include "server/base/thread_pool.h"
 #include "server/durability/checkpoint_writer.h"
 #include "server/durability/job_rewind.h"
+#include "server/durability/state_dir_lock.h"
 #include "server/engine/state_store.h"
 
 namespace optstate {
@@ -60,9 +61,12 @@ struct CheckpointStats {
 // Thread-safe. Checkpoints are written one at a time, in the order asked.
 class Checkpointer {
  public:
-  // Creates state_dir if needed and restores its newest complete checkpoint
-  // into `store` (which must be empty and must outlive the checkpointer, as
-  // must `backend`). With `require_state`, FAILED_PRECONDITION (listing each
+  // Creates state_dir if needed, takes its lock (FAILED_PRECONDITION while
+  // another daemon holds it; state_dir_lock.h), restores its newest complete
+  // checkpoint into `store` (which must be empty and must outlive the
+  // checkpointer, as must `backend`) and removes the unfinished checkpoints
+  // earlier crashes left. The lock is held until the checkpointer is
+  // destroyed. With `require_state`, FAILED_PRECONDITION (listing each
   // refusal) when no checkpoint could be restored. `pool` (may be null)
   // reads each group's file in parallel pieces.
   static absl::StatusOr<std::unique_ptr<Checkpointer>> OpenAndRestore(
@@ -106,17 +110,19 @@ class Checkpointer {
   const std::string& writes_refused() const { return writes_refused_; }
 
  private:
-  Checkpointer(const CheckpointerOptions& options, StateStore* store, StepBackend* backend);
+  Checkpointer(StateDirLock lock, const CheckpointerOptions& options, StateStore* store,
+               StepBackend* backend);
   void RunTimer();
   absl::Status WaitForStep(const std::vector<std::shared_ptr<Group>>& groups, uint64_t step,
                            const CheckpointCall& call);
   void Record(const absl::StatusOr<CheckpointOutcome>& outcome, absl::Duration took);
 
+  StateDirLock lock_;  // First: released after everything else is done.
   const CheckpointerOptions options_;
   StateStore* const store_;
   StepBackend* const backend_;
   ThreadPool* pool_ = nullptr;  // Set before the checkpointer is shared; may stay null.
-  absl::Mutex write_mu_;  // Held while a checkpoint is written.
+  absl::Mutex write_mu_;        // Held while a checkpoint is written.
   CheckpointWriter writer_ ABSL_GUARDED_BY(write_mu_);
   uint64_t next_sequence_ ABSL_GUARDED_BY(write_mu_) = 1;
   // The checkpoints refused at start: Prune neither counts nor removes them.

@@ -90,8 +90,14 @@ TEST_P(KillDuringCheckpointTest, RestartFindsOneWholeCheckpointAndContinuesExact
     second.join();
     ASSERT_TRUE(reached) << "the writer never reached " << moment.point;
   }
+  if (!moment.second_is_complete) {
+    ASSERT_THAT(CheckpointNamesIn(dir), ::testing::Contains(std::string(kSecond) + ".tmp"))
+        << "the crash left the unfinished checkpoint behind";
+  }
   auto restarted = DaemonProcess::Start(CrashFlags(dir));
   ASSERT_TRUE(restarted.ok()) << restarted.status();
+  // Before it served, the restart removed the unfinished checkpoint.
+  EXPECT_THAT(CheckpointNamesIn(dir), ::testing::Each(::testing::Not(::testing::EndsWith(".tmp"))));
   auto client = ConnectTo(**restarted);
   absl::StatusOr<Stats> stats = client->GetStats();
   ASSERT_TRUE(stats.ok());
@@ -101,16 +107,12 @@ TEST_P(KillDuringCheckpointTest, RestartFindsOneWholeCheckpointAndContinuesExact
   EXPECT_TRUE(SameState(ExportAll(*client), reference.at(step)));
   work.Steps(*client, step + 1, 7);
   EXPECT_TRUE(SameState(ExportAll(*client), reference.at(7)));
-  // The next checkpoint of the restarted daemon gets a fresh id and clears
-  // what the crash left behind.
+  // The next checkpoint of the restarted daemon gets a fresh id (past the
+  // unfinished one's) and prunes the older ones.
   absl::StatusOr<Client::CheckpointResult> next = client->Checkpoint({});
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->id, "ckpt-0000000000000003");
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    names.push_back(entry.path().filename().string());
-  }
-  EXPECT_EQ(names, std::vector<std::string>{"ckpt-0000000000000003"});
+  EXPECT_EQ(CheckpointNamesIn(dir), std::vector<std::string>{"ckpt-0000000000000003"});
   std::filesystem::remove(paused);
 }
 

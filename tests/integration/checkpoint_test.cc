@@ -9,6 +9,7 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/kernels/adamw_kernel.h"
 #include "tests/integration/durability_testing.h"
@@ -55,6 +56,42 @@ TEST(CheckpointTest, RoundTripAcrossSigtermIsBitIdenticalToAnUninterruptedRun) {
   // Steps 21-40 use bias corrections of steps 21-40 (the steps survived).
   work.Steps(*client, 21, 40);
   EXPECT_TRUE(SameState(ExportAll(*client), reference[40]));
+}
+
+// Two daemons on one state_dir would remove each other's checkpoints: the
+// second is refused at start, naming the first, and the first goes on; once
+// the first has exited the directory is free again.
+TEST(CheckpointTest, ASecondDaemonOnTheSameStateDirIsRefusedAtStart) {
+  const CkptWorkload work(FreshSeed());
+  std::map<uint64_t, StateOfGroups> reference = ReferenceStates(work, {4});
+  const std::string dir = FreshDirectory("locked");
+  const std::string second_log = FreshDirectory("locked-log") + "/second.log";
+  auto first = DaemonProcess::Start(CkptFlags(dir));
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto client = ConnectTo(**first);
+  work.Register(*client);
+  work.Steps(*client, 1, 2);
+  ASSERT_TRUE(client->Checkpoint({}).ok());
+
+  auto second = DaemonProcess::Start(CkptFlags(dir), second_log);
+  EXPECT_FALSE(second.ok()) << "a second daemon served on the first one's state_dir";
+  std::ifstream log(second_log);
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text,
+              HasSubstr(absl::StrCat("--state_dir=", dir, " is in use by another optstated (pid ",
+                                     (*first)->pid(), ")")));
+
+  work.Steps(*client, 3, 4);
+  absl::StatusOr<Client::CheckpointResult> after = client->Checkpoint({});
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->id, "ckpt-0000000000000002");
+  client.reset();
+  ASSERT_TRUE((*first)->Stop().ok());
+
+  auto third = DaemonProcess::Start(CkptFlags(dir, {"--require_state"}));
+  ASSERT_TRUE(third.ok()) << third.status();
+  client = ConnectTo(**third);
+  EXPECT_TRUE(SameState(ExportAll(*client), reference[4]));
 }
 
 TEST(CheckpointTest, WaitForStepWaitsUntilEveryPageReachesIt) {
@@ -129,7 +166,7 @@ TEST(CheckpointTest, BadCheckpointCallsGetTheirCodesAndWriteNothing) {
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->checkpoints_written, 0u);
   EXPECT_FALSE(stats->last_checkpoint.has_value());
-  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  EXPECT_THAT(CheckpointNamesIn(dir), ::testing::IsEmpty());
   // The daemon still serves and steps.
   work.Steps(*client, 6, 6);
   r = client->Checkpoint({});
@@ -213,11 +250,7 @@ TEST(CheckpointTest, TheIntervalWritesCheckpointsAndOnlyTheNewestAreKept) {
   client.reset();
   ASSERT_TRUE((*daemon)->Stop().ok());
   // Two complete checkpoints remain, the newest ones, and no temporary ones.
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    names.push_back(entry.path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
+  const std::vector<std::string> names = CheckpointNamesIn(dir);
   ASSERT_EQ(names.size(), 2u);
   EXPECT_EQ(names[0].substr(0, 5), "ckpt-");
   EXPECT_EQ(names[0].find(".tmp"), std::string::npos);
@@ -233,7 +266,7 @@ TEST(CheckpointTest, ByDefaultNoTimerWrites) {
   work.Register(*client);
   absl::SleepFor(absl::Milliseconds(300));
   EXPECT_EQ(client->GetStats()->checkpoints_written, 0u);
-  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  EXPECT_THAT(CheckpointNamesIn(dir), ::testing::IsEmpty());
 }
 
 // An independent reader of the data file format (docs/durability.md): per

@@ -132,8 +132,8 @@ inline ::testing::AssertionResult EachPageAtItsOwnStep(
     const uint64_t step = g.page_steps[page];
     auto ref = references.find(step);
     if (ref == references.end()) {
-      return ::testing::AssertionFailure() << name << " page " << page << " is at step " << step
-                                           << ", which has no reference";
+      return ::testing::AssertionFailure()
+             << name << " page " << page << " is at step " << step << ", which has no reference";
     }
     const Client::GroupState& e = ref->second.at(name);
     if (g.params.size() != e.params.size()) {
@@ -172,6 +172,17 @@ inline std::string FreshDirectory(const std::string& name) {
   std::filesystem::create_directories(dir);
   made->push_back(dir);
   return dir;
+}
+
+// The names in a state_dir, sorted, but the daemon's LOCK: the checkpoints,
+// complete (ckpt-N) and unfinished (ckpt-N.tmp).
+inline std::vector<std::string> CheckpointNamesIn(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().filename() != "LOCK") names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 inline std::vector<std::string> CkptFlags(const std::string& state_dir,

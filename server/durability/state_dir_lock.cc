@@ -1,0 +1,42 @@
+// The state_dir lock: flock(LOCK_EX | LOCK_NB) on <state_dir>/LOCK.
+#include "server/durability/state_dir_lock.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace optstate {
+
+absl::StatusOr<StateDirLock> StateDirLock::Acquire(const std::string& state_dir) {
+  const std::string path = absl::StrCat(state_dir, "/", kStateDirLockName);
+  ScopedFd fd(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (fd.get() < 0) {
+    return absl::InternalError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  }
+  if (flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK) {
+      return absl::InternalError(absl::StrCat("cannot lock ", path, ": ", std::strerror(errno)));
+    }
+    char text[32] = {};
+    const ssize_t n = pread(fd.get(), text, sizeof(text) - 1, 0);
+    const std::string holder(absl::StripAsciiWhitespace(n > 0 ? std::string(text, n) : ""));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--state_dir=", state_dir, " is in use by another optstated",
+        holder.empty() ? "" : absl::StrCat(" (pid ", holder, ")"), ", which holds ", path,
+        "; two daemons writing one state_dir would remove each other's checkpoints: stop that "
+        "daemon first, or give this one its own --state_dir"));
+  }
+  const std::string pid = absl::StrCat(getpid(), "\n");
+  if (ftruncate(fd.get(), 0) != 0 || pwrite(fd.get(), pid.data(), pid.size(), 0) < 0) {
+    return absl::InternalError(absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+  }
+  return StateDirLock(std::move(fd));
+}
+
+}  // namespace optstate

@@ -1,0 +1,38 @@
+// One daemon per --state_dir: an exclusive flock on <state_dir>/LOCK, held
+// for the daemon's life and released by the kernel when the process ends,
+// however it ends (so a killed daemon never leaves it held).
+//
+// Two daemons writing one state_dir would number their checkpoints from the
+// same scan, remove each other's unfinished ones and prune each other's
+// complete ones; the lock refuses the second at start instead.
+#ifndef OPTSTATE_SERVER_DURABILITY_STATE_DIR_LOCK_H_
+#define OPTSTATE_SERVER_DURABILITY_STATE_DIR_LOCK_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/durability/file_util.h"
+
+namespace optstate {
+
+inline constexpr char kStateDirLockName[] = "LOCK";
+
+// Holds the lock until destroyed.
+class StateDirLock {
+ public:
+  StateDirLock(StateDirLock&&) = default;
+  // Takes the lock without waiting. FAILED_PRECONDITION naming the holder's
+  // process id when another process (or another lock in this one) holds it;
+  // the system's error when LOCK cannot be created. The holder's pid is
+  // written into LOCK for that message only: the flock, not the file's text,
+  // is the lock.
+  static absl::StatusOr<StateDirLock> Acquire(const std::string& state_dir);
+
+ private:
+  explicit StateDirLock(ScopedFd fd) : fd_(std::move(fd)) {}
+  ScopedFd fd_;
+};
+
+}  // namespace optstate
+
+#endif  // OPTSTATE_SERVER_DURABILITY_STATE_DIR_LOCK_H_
