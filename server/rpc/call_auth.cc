@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace optstate {
 
 absl::StatusOr<Caller> AuthenticateCall(const Authenticator* authenticator,
@@ -13,6 +15,12 @@ absl::StatusOr<Caller> AuthenticateCall(const Authenticator* authenticator,
   if (authenticator == nullptr || !authenticator->required()) return Caller();
   std::optional<absl::string_view> authorization;
   const auto& metadata = context->client_metadata();
+  if (const size_t n = metadata.count("authorization"); n > 1) {
+    // Which one would be meant is the caller's to say, not the daemon's to guess.
+    return absl::UnauthenticatedError(absl::StrCat(
+        "the call carries ", n, " 'authorization' metadata values; send exactly one, "
+        "'authorization: Bearer TOKEN'"));
+  }
   if (auto it = metadata.find("authorization"); it != metadata.end()) {
     authorization = absl::string_view(it->second.data(), it->second.size());
   }

@@ -12,8 +12,9 @@
 namespace optstate {
 
 // `authenticator` null: Caller() (tenant "", no admin). Else its answer for
-// the call's `authorization` metadata (the first value) and the URI SANs of
-// its peer's certificate (gRPC's "peer_uri": the leaf's only).
+// the call's `authorization` metadata and the URI SANs of its peer's
+// certificate (gRPC's "peer_uri": the leaf's only); UNAUTHENTICATED when the
+// call carries more than one `authorization` value.
 absl::StatusOr<Caller> AuthenticateCall(const Authenticator* authenticator,
                                         const grpc::CallbackServerContext* context);
 

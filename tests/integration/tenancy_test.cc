@@ -138,6 +138,17 @@ TEST_F(TenancyTest, CallsWithoutOrWithAWrongTokenAreUnauthenticated) {
     EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
   }
   {
+    // Two tokens, even both valid and of one tenant: which is meant is not
+    // the daemon's to guess.
+    grpc::ClientContext context;
+    Authorize(&context, kAlice1);
+    Authorize(&context, kAlice2);
+    v1::ListGroupsResponse reply;
+    grpc::Status status = Stub()->ListGroups(&context, v1::ListGroupsRequest(), &reply);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_THAT(status.error_message(), HasSubstr("2 'authorization' metadata values"));
+  }
+  {
     grpc::ClientContext context;
     context.AddMetadata("authorization", "Basic " + kBob);
     v1::ListGroupsResponse reply;
