@@ -2,7 +2,6 @@
 resends the step, the daemon applies every page exactly once, and training goes on
 matching the reference bit for bit; also when the daemon restarted from a checkpoint
 between the cut and the resend, having lost what it had answered."""
-import tempfile
 
 import torch
 
@@ -50,13 +49,13 @@ def test_training_continues_after_the_stream_is_cut_mid_step(daemon, client, pre
         proxy.close()
 
 
-def test_a_step_resent_to_a_daemon_restarted_from_a_checkpoint_applies_all_of_it(prefix):
+def test_a_step_resent_to_a_daemon_restarted_from_a_checkpoint_applies_all_of_it(prefix, tmp_path):
     # Step 2 is cut half way through its gradients; before the client reconnects, the
     # daemon is killed and started again from its checkpoint of step 1, so the pages it
     # had applied and answered are back at step 1. The resent step must apply them again:
     # resending only the messages that got no reply returned OK with those pages at
     # step 1 (and the next step then refused).
-    state_dir = tempfile.mkdtemp(prefix="optstate-restart-")
+    state_dir = tmp_path / "state"
     daemons = [Daemon(f"--state_dir={state_dir}")]
     proxy = CuttingProxy(daemons[0].port)
     try:

@@ -4,6 +4,8 @@
 
 #include <stdlib.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -20,9 +22,21 @@ std::string DigestHex(const std::string& token) {
 }
 
 std::string MakeTempDir(const std::string& tag) {
+  static std::vector<std::string>* const made = [] {
+    static std::vector<std::string> dirs;
+    std::atexit([] {
+      for (const std::string& dir : dirs) {
+        std::error_code ignored;
+        std::filesystem::remove_all(dir, ignored);
+      }
+    });
+    return &dirs;
+  }();
   const char* tmp = getenv("TMPDIR");
   std::string pattern = std::string(tmp != nullptr ? tmp : "/tmp") + "/optstate-" + tag + "-XXXXXX";
-  return mkdtemp(pattern.data()) != nullptr ? pattern : std::string();
+  if (mkdtemp(pattern.data()) == nullptr) return std::string();
+  made->push_back(pattern);
+  return pattern;
 }
 
 void WriteFile(const std::string& path, const std::string& text) {

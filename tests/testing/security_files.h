@@ -11,7 +11,9 @@ namespace optstate::testing {
 // The lowercase hex SHA-256 of `token` (what the tokens file holds).
 std::string DigestHex(const std::string& token);
 
-// A fresh directory under $TMPDIR (or /tmp) for one test.
+// A fresh directory under $TMPDIR (or /tmp) for one test, removed with what
+// it holds when the test process exits (daemons' logs are kept apart: see
+// DaemonProcess::Start).
 std::string MakeTempDir(const std::string& tag);
 
 void WriteFile(const std::string& path, const std::string& text);
