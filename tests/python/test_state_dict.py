@@ -6,6 +6,7 @@ run must equal torch-alone's bit for bit. The params of a run that switched are 
 for bit against the same switch made by the references: `ieee_adamw_` (the daemon's
 arithmetic) for the daemon's steps and torch.optim.AdamW for torch's."""
 import copy
+import re
 
 import pytest
 import torch
@@ -169,6 +170,56 @@ def test_loading_an_earlier_state_rewinds_the_daemon_group(daemon, prefix):
         assert again[n]["step"].item() == 10.0
         assert bits_equal(again[n]["exp_avg"], state_10[n]["exp_avg"])
         assert bits_equal(again[n]["exp_avg_sq"], state_10[n]["exp_avg_sq"])
+
+
+def test_a_refused_state_dict_changes_nothing(daemon, client, prefix):
+    # Each of these state dicts is refused. Before, the entries ahead of the bad one were
+    # already imported (or, without state, registered afresh) and the param groups'
+    # hyperparameters already set, so the next step trained on a half-loaded job.
+    model, reference, moments = _model(), _model(), {}
+    opt = RemoteAdamW(_groups(model, named=True), target=daemon.target, name_prefix=prefix)
+    for step in range(1, 6):
+        _set_grads(model, step)
+        opt.step()
+    saved = opt.state_dict()
+    for step in range(6, 8):
+        _set_grads(model, step)
+        opt.step()
+    _ieee_run(reference, moments, 7)
+    before = _daemon_state(client, prefix, {n: model[n] for n in ("w1", "b1", "w2")})
+    lrs = [g["lr"] for g in opt.param_groups]
+
+    def spoiled(change):
+        bad = copy.deepcopy(saved)
+        for g in bad["param_groups"]:
+            g["lr"] = 0.5
+        change(bad["state"])
+        return bad
+
+    last = max(saved["state"])  # w2's index
+    wrong_size = spoiled(lambda st: st[last].update(exp_avg=torch.zeros(3)))
+    fresh_and_wrong = spoiled(lambda st: (st.pop(0), st[last].update(exp_avg=torch.zeros(3))))
+    bad_step = spoiled(lambda st: st[last].update(step=torch.tensor(-1.0)))
+    half_step = spoiled(lambda st: st[last].update(step=torch.tensor(2.5)))
+    no_moment = spoiled(lambda st: st[last].pop("exp_avg_sq"))
+    for bad, says in ((wrong_size, "exp_avg/exp_avg_sq have 3/"),
+                      (fresh_and_wrong, "exp_avg/exp_avg_sq have 3/"),
+                      (bad_step, "the loaded step is -1.0"),
+                      (half_step, "the loaded step is 2.5"),
+                      (no_moment, "its state has no 'exp_avg_sq'")):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            opt.load_state_dict(bad)
+        assert [g["lr"] for g in opt.param_groups] == lrs
+        now = _daemon_state(client, prefix, {n: model[n] for n in ("w1", "b1", "w2")})
+        for n, (params, m, v, steps) in before.items():
+            assert steps == now[n][3] == [7], (says, n)
+            for a, b in zip((params, m, v), now[n][:3]):
+                assert bits_equal(a, b), (says, n)
+    _set_grads(model, 8)
+    opt.step()
+    _ieee_run(reference, moments, 1, start=8)
+    for n in SHAPES:
+        assert bits_equal(model[n].detach(), reference[n].detach()), n
 
 
 def _sixteen_bit_model(dtype, seed=3):

@@ -1234,15 +1234,22 @@ class RemoteAdamW(torch.optim.Optimizer):
         saved_state = state_dict["state"]
         rank, _ = self._rank_and_world()
         names = {id(p): name for p, name, _ in self._names()}
+        # Every entry is checked, and every import prepared, before anything changes: a
+        # refused state dict leaves the param groups and the daemon's state as they were.
+        loaded_groups, work = [], []
         for group, saved in zip(self.param_groups, saved_groups):
-            for key, value in saved.items():
-                if key not in ("params", "param_names"):
-                    group[key] = value
+            loaded = dict(group)
+            loaded.update((k, v) for k, v in saved.items() if k not in ("params", "param_names"))
+            loaded_groups.append(loaded)
             for index, p in zip(saved["params"], group["params"]):
                 if self._owner.get(id(p), rank) != rank:
                     continue
                 entry = saved_state.get(index, saved_state.get(str(index)))
-                self._import(p, names[id(p)], group, entry)
+                work.append(self._prepare_import(p, names[id(p)], loaded, entry))
+        for group, loaded in zip(self.param_groups, loaded_groups):
+            group.update((k, v) for k, v in loaded.items() if k != "params")
+        for prepared in work:
+            self._import(prepared)
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)
 
@@ -1261,23 +1268,34 @@ class RemoteAdamW(torch.optim.Optimizer):
             return widened  # stale: the parameter moved on (e.g. steps of another optimizer)
         return master
 
-    def _import(self, p: torch.Tensor, name: str, group: dict, entry: Optional[dict]) -> None:
+    def _prepare_import(self, p: torch.Tensor, name: str, group: dict,
+                        entry: Optional[dict]) -> tuple:
+        """Checks p's entry of a state dict being loaded (ValueError saying what is wrong)
+        and returns what _import sends: (p, name, group, hyperparameters, None) for a
+        parameter that starts afresh, else with the arrays to import."""
         reg = self._registered.get(id(p))
         # The daemon's group keeps the hyperparameters it was registered with (each step
         # sends those of the loaded param group that differ); a new one takes the group's.
         h = reg.hyperparameters if reg is not None else _hyperparameters(group)
         if entry is None:
-            # No state: the parameter starts afresh. The daemon has no step 0 to import,
-            # so this job's group is registered anew from the parameter's values.
-            if reg is not None:
-                self._client.delete(name)
-                del self._registered[id(p)]
-            self._register(p, name, group, h)
-            return
-        params = self._master_weights(p, entry)
+            self._check_registrable(p, name)
+            return (p, name, group, h, None)
+        if not isinstance(entry, dict):
+            raise ValueError(f"parameter '{name}': its state is a {type(entry).__name__}, not "
+                             "a dict of step, exp_avg and exp_avg_sq")
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            if key not in entry:
+                raise ValueError(f"parameter '{name}': its state has no '{key}'")
+        for key in ("exp_avg", "exp_avg_sq"):
+            if not isinstance(entry[key], torch.Tensor):
+                raise ValueError(f"parameter '{name}': the loaded {key} is a "
+                                 f"{type(entry[key]).__name__}, not a tensor")
+        step = _as_float(entry["step"])
+        if not (step >= 0 and step == int(step) and step < 2 ** 63):
+            raise ValueError(f"parameter '{name}': the loaded step is {step}; a step is a "
+                             "whole number, 0 or more")
         exp_avg = entry["exp_avg"].detach().reshape(-1).float().contiguous()
         exp_avg_sq = entry["exp_avg_sq"].detach().reshape(-1).float().contiguous()
-        step = int(_as_float(entry["step"]))
         if exp_avg.numel() != p.numel() or exp_avg_sq.numel() != p.numel():
             raise ValueError(f"parameter '{name}': the loaded exp_avg/exp_avg_sq have "
                              f"{exp_avg.numel()}/{exp_avg_sq.numel()} elements, the "
@@ -1293,6 +1311,22 @@ class RemoteAdamW(torch.optim.Optimizer):
                 raise ValueError(f"parameter '{name}': the loaded max_exp_avg_sq has "
                                  f"{max_exp_avg_sq.numel()} elements, the parameter "
                                  f"{p.numel()}")
+        params = self._master_weights(p, entry)
+        return (p, name, group, h, (params, exp_avg, exp_avg_sq, int(step), max_exp_avg_sq))
+
+    def _import(self, prepared: tuple) -> None:
+        """Sends what _prepare_import checked: p's state imported, or p registered anew."""
+        p, name, group, h, arrays = prepared
+        reg = self._registered.get(id(p))
+        if arrays is None:
+            # No state: the parameter starts afresh. The daemon has no step 0 to import,
+            # so this job's group is registered anew from the parameter's values.
+            if reg is not None:
+                self._client.delete(name)
+                del self._registered[id(p)]
+            self._register(p, name, group, h)
+            return
+        params, exp_avg, exp_avg_sq, step, max_exp_avg_sq = arrays
         self._client.import_state(name, params, exp_avg, exp_avg_sq, [step],
                                   max_exp_avg_sq=max_exp_avg_sq, **_register_keywords(h))
         self._remember(p, name, h, step, created=reg.created if reg is not None else True)
