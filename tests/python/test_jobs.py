@@ -235,6 +235,35 @@ def test_a_torn_step_is_refused_then_finished_or_loaded(fresh_daemons, prefix):
     opt.close()
 
 
+def test_groups_more_than_one_step_apart_are_not_finished_as_a_torn_step(fresh_daemons, prefix):
+    # One daemon of a job restored an older checkpoint (here: fc1.weight stepped twice on
+    # alone). finish_torn_step=True stepped the groups behind one step each with the
+    # gradients given, leaving them a step behind for good, with no error.
+    d = fresh_daemons("--lease_seconds=1")
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix)
+    train(model, opt, batches(2))
+    grad = torch.ones_like(model.fc1.weight)
+    for step in (3, 4):
+        opt.client.step([(prefix + "fc1.weight", grad)], step, lr=1e-2)
+    del opt
+    time.sleep(1.2)
+
+    def steps():
+        return sorted((g.name, g.min_step, g.max_step)
+                      for g in optstate.Client(d.target).list_groups() if g.name.startswith(prefix))
+
+    before = steps()
+    with pytest.raises(optstate.FailedPrecondition, match="more than one step apart") as apart:
+        RemoteAdamW(fresh_model(5).named_parameters(), 1e-2, target=d.target,
+                    name_prefix=prefix, resume="daemon", takeover=True, finish_torn_step=True)
+    assert "steps 2 to 4" in str(apart.value) and "resume='state_dict'" in str(apart.value)
+    with pytest.raises(optstate.FailedPrecondition, match="more than one step apart"):
+        RemoteAdamW(fresh_model(5).named_parameters(), 1e-2, target=d.target,
+                    name_prefix=prefix, resume="daemon", takeover=True)
+    assert steps() == before
+
+
 class Wrapper(torch.nn.Module):
     """Names its model as DDP and FSDP do: module.*."""
 

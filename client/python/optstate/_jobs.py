@@ -147,7 +147,8 @@ def check_resume(prefix: str, resume: str, attached: list[Attached], finish_torn
     groups at a step > 0; in every mode, new groups (created at step 0) beside groups at
     a step > 0 (renamed parameters, or a model that changed: add new parameters on
     purpose with add_param_group); under "daemon", groups at different steps (a torn
-    step) unless `finish_torn_step`."""
+    step) unless `finish_torn_step`, and groups more than one step apart even then (no
+    step() finishes that)."""
     trained = [a for a in attached if a.max_step > 0]
     if not trained:
         return
@@ -171,10 +172,21 @@ def check_resume(prefix: str, resume: str, attached: list[Attached], finish_torn
             "'module.' are stripped already; rename them back, or construct the optimizer "
             "without them and add them on purpose with add_param_group()")
     torn = [a for a in trained if a.min_step != a.max_step]
-    if resume == "daemon" and (len(steps) > 1 or torn) and not finish_torn_step:
-        low = min(a.min_step for a in trained)
-        high = max(a.max_step for a in trained)
-        lagging = [a.name for a in trained if a.min_step < high][:5]
+    if resume != "daemon" or not (len(steps) > 1 or torn):
+        return
+    low = min(a.min_step for a in trained)
+    high = max(a.max_step for a in trained)
+    lagging = [a.name for a in trained if a.min_step < high][:5]
+    if low < high - 1:
+        # One step moves each group one step on: no step() makes these meet (a daemon of
+        # the job restored an older checkpoint, or a rewind reached only some of them).
+        raise errors.FailedPrecondition(
+            f"job '{prefix}' has groups at steps {low} to {high} (behind: "
+            f"{', '.join(lagging)}), more than one step apart, which no step finishes: one of "
+            "its daemons restored an older checkpoint, or a rewind reached only some of them. "
+            "Attach with resume='state_dict' and load_state_dict() your checkpoint, or rewind "
+            "the job to one step on every daemon (Client.rewind_job) and attach again")
+    if not finish_torn_step:
         raise errors.FailedPrecondition(
             f"job '{prefix}' stopped part-way through step {high}: its groups are at steps "
             f"{low} to {high} (behind: {', '.join(lagging)}). Attach with "
