@@ -264,6 +264,39 @@ def test_groups_more_than_one_step_apart_are_not_finished_as_a_torn_step(fresh_d
     assert steps() == before
 
 
+def test_resume_state_dict_steps_only_after_load_state_dict(fresh_daemons, prefix):
+    # A restarted trainer that attached with resume='state_dict' and forgot to load its
+    # checkpoint: its step continued the daemon's step-2 state with the new model's
+    # gradients and overwrote the model with the daemon's values.
+    d = fresh_daemons("--lease_seconds=1")
+    expected = uninterrupted(d.target, "alone/", 4)
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
+    train(model, opt, batches(4)[:2], sched)
+    checkpoint = {"model": {k: v.clone() for k, v in model.state_dict().items()},
+                  "opt": opt.state_dict(), "sched": sched.state_dict()}
+    del opt, sched
+    time.sleep(1.2)
+
+    restarted = MLP(seed=9)
+    opt = RemoteAdamW(restarted.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
+                      resume="state_dict", takeover=True, delete_on_close=True)
+    before = params(restarted)
+    with pytest.raises(optstate.FailedPrecondition, match="load_state_dict\\(\\) has not been"):
+        train(restarted, opt, batches(4)[2:3])
+    assert same(params(restarted), before)
+    assert {g.max_step for g in opt.client.list_groups()
+            if g.name.startswith(prefix) and g.max_step > 0} == {2}
+    restarted.load_state_dict(checkpoint["model"])
+    opt.load_state_dict(checkpoint["opt"])
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
+    sched.load_state_dict(checkpoint["sched"])
+    train(restarted, opt, batches(4)[2:], sched)
+    assert same(params(restarted), expected)
+    opt.close()
+
+
 class Wrapper(torch.nn.Module):
     """Names its model as DDP and FSDP do: module.*."""
 

@@ -333,6 +333,9 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._finish_torn_step = finish_torn_step
         self._takeover = takeover
         self._finish_to: Optional[int] = None
+        # resume="state_dict" found the job's groups trained: why step() waits for
+        # load_state_dict() (None once loaded, or when there was nothing to load over).
+        self._awaiting_load: Optional[str] = None
         self.resumed_step = 0
         self._resumed_lrs: dict[int, float] = {}  # by id(param group): its last step's lr
         if client is None:
@@ -525,6 +528,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._delete_on_close = False  # the original may still step these groups
         self._resume, self._finish_torn_step, self._takeover = "state_dict", False, False
         self._finish_to = None
+        self._awaiting_load = None
         self.resumed_step = 0
         self._resumed_lrs = {}
         self._init_bookkeeping(shared_buffers=False, staging=config.get("staging", "auto"))
@@ -625,9 +629,13 @@ class RemoteAdamW(torch.optim.Optimizer):
             replaced = self._client
             self._client = Client(_target_of(replaced), **self._client_options)
             replaced.close()
+        high = max((info.max_step for _, _, info in found), default=0)
+        if self._resume == "state_dict" and high > 0:
+            example = next(info for _, _, info in found if info.max_step == high)
+            self._awaiting_load = (f"job '{self._name_prefix}' has state on the daemon (e.g. "
+                                   f"'{example.name}' at step {high})")
         if self._resume != "daemon":
             return
-        high = max((info.max_step for _, _, info in found), default=0)
         if high == 0:
             return
         restored_groups = set()
@@ -790,6 +798,13 @@ class RemoteAdamW(torch.optim.Optimizer):
         rank, _ = self._rank_and_world()
         if self._closed:
             raise ValueError("this RemoteAdamW was closed; make a new one to step")
+        if self._awaiting_load is not None:
+            raise errors.FailedPrecondition(
+                f"RemoteAdamW(resume='state_dict'): {self._awaiting_load}, and "
+                "load_state_dict() has not been called: a step now would continue the "
+                "daemon's state with this model's gradients and overwrite the model with the "
+                "daemon's values. Call load_state_dict() with your checkpoint's optimizer "
+                "state first, or attach with resume='daemon' to continue from the daemon's")
         # Whether the gradients are those clip_grad_norm_ measured, unchanged since.
         clip_unchanged = (self._grad_scale is not None
                           and self._keep_clip_for_the_gradients_it_measured())
@@ -1250,6 +1265,7 @@ class RemoteAdamW(torch.optim.Optimizer):
             group.update((k, v) for k, v in loaded.items() if k != "params")
         for prepared in work:
             self._import(prepared)
+        self._awaiting_load = None
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)
 
