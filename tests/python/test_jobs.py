@@ -125,6 +125,38 @@ def test_resume_daemon_continues_bit_identical_with_the_lr(fresh_daemons, prefix
     opt.close()
 
 
+def test_resume_takes_the_daemons_hyperparameters_over_the_constructors(fresh_daemons, prefix):
+    # A restarted trainer constructed with other hyperparameters than the run it resumes:
+    # registration answered ALREADY_EXISTS, "Delete it first", which would destroy the job.
+    d = fresh_daemons("--lease_seconds=1")
+    expected = uninterrupted(d.target, "alone/", 5)
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
+    data = batches(5)
+    train(model, opt, data[:3], sched)
+    del opt, sched
+    time.sleep(1.2)
+    other = dict(lr=5e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
+    restarted = fresh_model(7)
+    with pytest.raises(optstate.FailedPrecondition, match="already has state"):
+        RemoteAdamW(restarted.named_parameters(), **other, target=d.target, name_prefix=prefix,
+                    takeover=True)
+    with pytest.raises(optstate.AlreadyExists, match="amsgrad=False.*amsgrad=True"):
+        RemoteAdamW(restarted.named_parameters(), **other, amsgrad=True, target=d.target,
+                    name_prefix=prefix, resume="daemon", takeover=True)
+    opt = RemoteAdamW(restarted.named_parameters(), **other, target=d.target, name_prefix=prefix,
+                      resume="daemon", takeover=True)
+    group = opt.param_groups[0]
+    assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == \
+        ((1e-2 * 0.9) * 0.9, (0.9, 0.999), 1e-8, 1e-2)  # step 3's, from the daemon
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
+    opt.resume_scheduler(sched)
+    train(restarted, opt, data[3:], sched)
+    assert same(params(restarted), expected)
+    opt.close()
+
+
 def test_two_jobs_on_one_prefix_are_refused_and_apart_are_bit_identical(daemon, prefix):
     alone = uninterrupted(daemon.target, prefix + "alone/", 4)
     model_a, model_b = MLP(), MLP()

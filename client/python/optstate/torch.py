@@ -591,10 +591,17 @@ class RemoteAdamW(torch.optim.Optimizer):
             self._check_registrable(p, name)
         # The shared buffer first: a client that cannot have one registers nothing.
         shared = self._allocate_shared([p for p, _, _ in new]) if self._shared_buffers else None
-        found = []
+        found, refused = [], []
         try:
             for p, name, group in new:
-                found.append((p, group, self._register(p, name, group)))
+                try:
+                    found.append((p, group, self._register(p, name, group)))
+                except errors.AlreadyExists as error:
+                    if not attaching:
+                        raise
+                    refused.append((p, name, group, error))
+            if refused:
+                self._register_with_the_daemons(refused, found)
             if attaching:
                 self._attach(found)
             self._staging.add([(p, name) for p, name, _ in new if self._staging.wants(p)],
@@ -728,6 +735,35 @@ class RemoteAdamW(torch.optim.Optimizer):
         info = self._client.register(name, values, **_register_keywords(h))
         self._remember(p, name, h, info.min_step, created=info.created)
         return info
+
+    def _register_with_the_daemons(self, refused: list, found: list) -> None:
+        """Construction's registrations refused ALREADY_EXISTS ((parameter, name, param
+        group, the error) each): the job's groups, registered with other hyperparameters
+        than this optimizer was given (a restarted job given other values), when any of
+        the job's groups is trained; registered again with the daemon's, into `found`
+        (each step sends the param group's own values where they differ, and
+        check_resume judges them as any). Else, or for another number of elements, the
+        first refusal is raised again: untrained groups alone are another job's. Another
+        amsgrad is AlreadyExists saying so: amsgrad keeps one moment more."""
+        described = [(p, name, group, error, self._client.describe(name))
+                     for p, name, group, error in refused]
+        if not any(info.max_step > 0 for _, _, info in found) and \
+                not any(info.max_step > 0 for *_, info in described):
+            raise refused[0][3]
+        for p, name, group, error, info in described:
+            if info.num_elements != p.numel():
+                raise error
+            amsgrad = bool(group["amsgrad"])
+            if info.amsgrad != amsgrad:
+                raise errors.AlreadyExists(
+                    f"group '{name}' was registered with amsgrad={info.amsgrad}, and this "
+                    f"optimizer's param group has amsgrad={amsgrad}: amsgrad keeps one moment "
+                    "more (max_exp_avg_sq), so a job cannot change it on the daemon. "
+                    f"Construct the optimizer with amsgrad={info.amsgrad}, or start a new job "
+                    "(another name_prefix)")
+            registered = (info.lr, tuple(info.betas), info.eps, info.weight_decay,
+                          info.maximize, info.amsgrad)
+            found.append((p, group, self._register(p, name, group, registered)))
 
     def _remember(self, p: torch.Tensor, name: str, hyperparameters: tuple, step: int,
                   created: bool = False) -> None:
