@@ -88,9 +88,9 @@ absl::Status Client::WaitUntilReachable(absl::Duration timeout) {
   }
   const absl::Time deadline = absl::Now() + timeout;
   if (impl_->channel->WaitForConnected(absl::ToChronoTime(deadline))) return absl::OkStatus();
-  return absl::UnavailableError(absl::StrCat(
-      "could not connect to the daemon within ", absl::FormatDuration(timeout),
-      " (is optstated running there, and is this its address and port?)"));
+  return absl::UnavailableError(
+      absl::StrCat("could not connect to the daemon within ", absl::FormatDuration(timeout),
+                   " (is optstated running there, and is this its address and port?)"));
 }
 
 namespace {
@@ -155,7 +155,7 @@ absl::StatusOr<GroupInfo> Client::Impl::Register(const v1::GroupSpec& spec,
                                                  absl::Span<const float> initial_values) {
   bool created = false;  // By any attempt: a retry finds the group existing.
   absl::StatusOr<GroupInfo> info;
-  absl::Status status = WithRetries(options, [&](int) -> absl::Status {
+  absl::Status status = WithRetries(options, channel.get(), [&](int) -> absl::Status {
     // The spec alone first: it tells the page size and whether values are due.
     absl::StatusOr<v1::RegisterGroupResponse> first = RegisterOnce(*stub, options, spec, {}, 0);
     if (first.ok()) created |= first->created();
@@ -212,9 +212,10 @@ absl::StatusOr<GroupInfo> Client::DescribeGroup(const std::string& name) {
   v1::DescribeGroupRequest request;
   request.set_name(name);
   v1::DescribeGroupResponse response;
-  absl::Status status = UnaryWithRetries(impl_->options, [&](grpc::ClientContext* context) {
-    return impl_->stub->DescribeGroup(context, request, &response);
-  });
+  absl::Status status =
+      UnaryWithRetries(impl_->options, impl_->channel.get(), [&](grpc::ClientContext* context) {
+        return impl_->stub->DescribeGroup(context, request, &response);
+      });
   if (!status.ok()) return impl_->Explain(status);
   return GroupInfoFromProto(response.group().info());
 }
@@ -226,9 +227,10 @@ absl::StatusOr<std::vector<GroupInfo>> Client::ListGroups() {
   v1::ListGroupsRequest request;
   do {
     v1::ListGroupsResponse response;
-    absl::Status status = UnaryWithRetries(impl_->options, [&](grpc::ClientContext* context) {
-      return impl_->stub->ListGroups(context, request, &response);
-    });
+    absl::Status status =
+        UnaryWithRetries(impl_->options, impl_->channel.get(), [&](grpc::ClientContext* context) {
+          return impl_->stub->ListGroups(context, request, &response);
+        });
     if (!status.ok()) return impl_->Explain(status);
     for (const auto& g : response.groups()) {
       absl::StatusOr<GroupInfo> info = GroupInfoFromProto(g);
@@ -248,9 +250,10 @@ absl::StatusOr<Stats> Client::GetStats() {
   v1::GetStatsRequest request;
   do {
     v1::GetStatsResponse response;
-    absl::Status status = UnaryWithRetries(impl_->options, [&](grpc::ClientContext* context) {
-      return impl_->stub->GetStats(context, request, &response);
-    });
+    absl::Status status =
+        UnaryWithRetries(impl_->options, impl_->channel.get(), [&](grpc::ClientContext* context) {
+          return impl_->stub->GetStats(context, request, &response);
+        });
     if (!status.ok()) return impl_->Explain(status);
     absl::StatusOr<Stats> page = client_internal::StatsFromProto(response);
     if (!page.ok()) return page.status();

@@ -24,8 +24,7 @@ uint64_t ChunkBytes(const ClientOptions& options) {
 }
 
 absl::StatusOr<Client::GroupState> ExportOnce(v1::OptimizerState::Stub& stub,
-                                              const ClientOptions& options,
-                                              const std::string& name,
+                                              const ClientOptions& options, const std::string& name,
                                               const std::string& moved_to) {
   grpc::ClientContext context;
   PrepareContext(&context, options);
@@ -72,14 +71,13 @@ absl::StatusOr<Client::GroupState> ExportOnce(v1::OptimizerState::Stub& stub,
         std::memcpy(state.page_steps.data() + chunk.offset(), data.data(), data.size());
       }
     } else {
-      std::vector<float>* target = chunk.tensor() == v1::STATE_TENSOR_PARAMS    ? &state.params
-                                   : chunk.tensor() == v1::STATE_TENSOR_EXP_AVG ? &state.exp_avg
-                                   : chunk.tensor() == v1::STATE_TENSOR_EXP_AVG_SQ
-                                       ? &state.exp_avg_sq
-                                   : chunk.tensor() == v1::STATE_TENSOR_MAX_EXP_AVG_SQ &&
-                                           state.hyperparameters.amsgrad
-                                       ? &state.max_exp_avg_sq
-                                       : nullptr;
+      std::vector<float>* target =
+          chunk.tensor() == v1::STATE_TENSOR_PARAMS       ? &state.params
+          : chunk.tensor() == v1::STATE_TENSOR_EXP_AVG    ? &state.exp_avg
+          : chunk.tensor() == v1::STATE_TENSOR_EXP_AVG_SQ ? &state.exp_avg_sq
+          : chunk.tensor() == v1::STATE_TENSOR_MAX_EXP_AVG_SQ && state.hyperparameters.amsgrad
+              ? &state.max_exp_avg_sq
+              : nullptr;
       const uint64_t count = data.size() / sizeof(float);
       if (target == nullptr || data.size() % sizeof(float) != 0 || chunk.offset() > num_elements ||
           count > num_elements - chunk.offset()) {
@@ -111,8 +109,7 @@ absl::Status ImportOnce(v1::OptimizerState::Stub& stub, const ClientOptions& opt
   v1::GroupStateHeader* header = request.mutable_header();
   header->set_name(state.name);
   header->set_num_elements(state.params.size());
-  client_internal::HyperparametersToProto(state.hyperparameters,
-                                          header->mutable_hyperparameters());
+  client_internal::HyperparametersToProto(state.hyperparameters, header->mutable_hyperparameters());
   bool ok = writer->Write(request);
   const uint64_t chunk_bytes = ChunkBytes(options);
   auto send = [&](v1::StateTensor tensor, const char* data, uint64_t count, size_t size) {
@@ -151,7 +148,7 @@ absl::StatusOr<Client::GroupState> Client::ExportState(const std::string& name) 
 absl::StatusOr<Client::GroupState> Client::ExportStateForMove(const std::string& name,
                                                               const std::string& moved_to) {
   absl::StatusOr<GroupState> state;
-  absl::Status status = WithRetries(impl_->options, [&](int) {
+  absl::Status status = WithRetries(impl_->options, impl_->channel.get(), [&](int) {
     state = ExportOnce(*impl_->stub, impl_->options, name, moved_to);
     return state.status();
   });
@@ -180,8 +177,9 @@ absl::Status Client::ImportState(const GroupState& state) {
         "' has no page_steps; give one per daemon page, or exactly one for every page"));
   }
   impl_->Forget(state.name);
-  return impl_->Explain(WithRetries(
-      impl_->options, [&](int) { return ImportOnce(*impl_->stub, impl_->options, state); }));
+  return impl_->Explain(WithRetries(impl_->options, impl_->channel.get(), [&](int) {
+    return ImportOnce(*impl_->stub, impl_->options, state);
+  }));
 }
 
 absl::StatusOr<Client::CheckpointResult> Client::Checkpoint(
@@ -199,7 +197,7 @@ absl::StatusOr<Client::CheckpointResult> Client::Checkpoint(
 }
 
 absl::StatusOr<Client::RewindResult> Client::RewindJob(const std::string& prefix,
-                                                      std::optional<uint64_t> step) {
+                                                       std::optional<uint64_t> step) {
   if (impl_->several) return RewindMembers(prefix, step);
   grpc::ClientContext context;
   PrepareContext(&context, impl_->options);

@@ -65,7 +65,7 @@ absl::StatusOr<std::vector<ChunkGroup>> Client::Impl::StepLayouts(
 absl::Status Client::Impl::Send(StepTransport& transport, size_t messages, const StepInput& input) {
   std::vector<size_t> pending;
   absl::Status status = client_internal::WithRetries(
-      options,
+      options, channel.get(),
       [&](int) {
         pending.resize(messages);
         for (size_t i = 0; i < messages; ++i) pending[i] = i;

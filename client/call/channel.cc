@@ -99,6 +99,15 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ta
   // first SETTINGS frame included) is max(this, the reconnect backoff).
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(options.connect_timeout)));
+  // Between failed connection attempts gRPC waits its own backoff (1 s growing
+  // by 1.6x up to 120 s by default), during which every call fails at once
+  // without trying: a daemon back after a restart went unseen for up to 10 s
+  // of a client's retries. The client's own backoff bounds it instead
+  // (initial_backoff doubling up to max_backoff; gRPC's floor is 100 ms).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options.initial_backoff)));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options.max_backoff)));
   // A connection whose peer went away without closing it (a cut link, a
   // host gone) must fail its calls: a stream blocked writing into it does
   // not end at its deadline while the socket holds unacknowledged bytes.

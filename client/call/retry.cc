@@ -56,7 +56,24 @@ void PrepareContext(grpc::ClientContext* context, const ClientOptions& options) 
   context->set_deadline(absl::ToChronoTime(absl::Now() + options.attempt_timeout));
 }
 
-absl::Status WithRetries(const ClientOptions& options,
+namespace {
+
+// The wait before retry `attempt` after `last` failed (see WithRetries).
+void WaitBeforeRetry(const ClientOptions& options, grpc::Channel* channel, int attempt,
+                     const absl::Status& last) {
+  const absl::Duration wait = Backoff(options, attempt);
+  if (channel != nullptr && last.code() == absl::StatusCode::kUnavailable &&
+      channel->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY) {
+    // Polls the channel (and starts a connection attempt) while it waits.
+    channel->WaitForConnected(absl::ToChronoTime(absl::Now() + wait));
+    return;
+  }
+  absl::SleepFor(wait);
+}
+
+}  // namespace
+
+absl::Status WithRetries(const ClientOptions& options, grpc::Channel* channel,
                          absl::FunctionRef<absl::Status(int attempt)> attempt,
                          absl::string_view what) {
   absl::Status last;
@@ -65,7 +82,7 @@ absl::Status WithRetries(const ClientOptions& options,
   absl::Time reconnect_deadline = absl::InfinitePast();
   int n = 0;
   for (;; ++n) {
-    if (n > 0) absl::SleepFor(Backoff(options, n));
+    if (n > 0) WaitBeforeRetry(options, channel, n, last);
     last = attempt(n);
     if (last.ok() || !IsRetryable(last)) return last;
     if (last.code() == absl::StatusCode::kUnavailable &&
@@ -78,13 +95,13 @@ absl::Status WithRetries(const ClientOptions& options,
     if (n + 1 >= options.max_attempts && !waiting) break;
   }
   if (what.empty()) return last;
-  return absl::Status(last.code(), absl::StrCat(what, " failed after ", n + 1,
-                                                " attempts: ", last.message()));
+  return absl::Status(last.code(),
+                      absl::StrCat(what, " failed after ", n + 1, " attempts: ", last.message()));
 }
 
-absl::Status UnaryWithRetries(const ClientOptions& options,
+absl::Status UnaryWithRetries(const ClientOptions& options, grpc::Channel* channel,
                               absl::FunctionRef<grpc::Status(grpc::ClientContext*)> call) {
-  return WithRetries(options, [&](int) {
+  return WithRetries(options, channel, [&](int) {
     grpc::ClientContext context;
     PrepareContext(&context, options);
     return FromGrpcStatus(call(&context));

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/support/status.h"
 #include "optstate/client.h"
@@ -33,18 +34,25 @@ void PrepareContext(grpc::ClientContext* context, const ClientOptions& options);
 std::string LeaseMetadata(const ClientOptions& options);
 
 // Runs attempt(0), then attempt(1), ... (up to options.max_attempts in all,
-// sleeping Backoff before each retry) while it fails transiently
+// waiting Backoff before each retry) while it fails transiently
 // (IsRetryable); while it fails UNAVAILABLE, also beyond max_attempts until
-// options.reconnect_timeout after the first UNAVAILABLE. Returns the first OK or non-transient status. When every
-// attempt failed transiently, the last status: with `what` empty as it is,
-// else with its message as "WHAT failed after N attempts: MESSAGE".
-absl::Status WithRetries(const ClientOptions& options,
+// options.reconnect_timeout after the first UNAVAILABLE. Returns the first OK
+// or non-transient status. When every attempt failed transiently, the last
+// status: with `what` empty as it is, else with its message as "WHAT failed
+// after N attempts: MESSAGE".
+//
+// After an UNAVAILABLE while `channel` (may be null) is not connected, the
+// wait before the retry ends as soon as the channel connects again. A sleep
+// would not do: a connection attempt's outcome is only seen while a thread
+// polls the channel (gRPC's backup poller looks every 5 s), so a daemon back
+// from a restart went unnoticed for up to 10 s of retries.
+absl::Status WithRetries(const ClientOptions& options, grpc::Channel* channel,
                          absl::FunctionRef<absl::Status(int attempt)> attempt,
                          absl::string_view what = {});
 
 // WithRetries for a unary call: each attempt gets a fresh context with the
 // attempt's deadline. Only for calls that are safe to repeat.
-absl::Status UnaryWithRetries(const ClientOptions& options,
+absl::Status UnaryWithRetries(const ClientOptions& options, grpc::Channel* channel,
                               absl::FunctionRef<grpc::Status(grpc::ClientContext*)> call);
 
 }  // namespace optstate::client_internal

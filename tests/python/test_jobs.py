@@ -419,6 +419,31 @@ def test_a_daemon_killed_and_restarted_is_ridden_out_with_state_dir(fresh_daemon
     opt.close()
 
 
+def test_a_daemon_back_within_reconnect_timeout_is_found_in_time(fresh_daemons, prefix, tmp_path):
+    # The daemon is away 3 s of an 8 s reconnect_timeout. The client's retries slept
+    # between attempts while nothing polled the channel, so a connection attempt's outcome
+    # was seen only by gRPC's backup poller (every 5 s): the daemon went unnoticed 6-9 s
+    # after it was back, and the step failed UNAVAILABLE past the timeout.
+    d = fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0")
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
+                      reconnect_timeout=8)
+    data = batches(3)
+    train(model, opt, data[:2])
+    opt.client.checkpoint(groups=[prefix + n for n, p in model.named_parameters()
+                                  if p.requires_grad], wait_for_step=2)
+    d.process.kill()
+    d.process.wait()
+    thread = threading.Timer(3.0, lambda: fresh_daemons(
+        f"--state_dir={tmp_path}", "--checkpoint_interval=0", f"--listen=127.0.0.1:{d.port}"))
+    thread.start()
+    train(model, opt, data[2:])  # step 3 waits for the daemon, then goes on
+    thread.join()
+    assert {g.max_step for g in opt.client.list_groups()
+            if g.name.startswith(prefix) and g.max_step > 0} == {3}
+    opt.close()
+
+
 def test_after_both_crash_resume_daemon_gets_the_lr_from_the_checkpoint(fresh_daemons, prefix,
                                                                         tmp_path):
     d = fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0")

@@ -19,7 +19,7 @@ ClientOptions Quick(int attempts) {
 
 TEST(WithRetriesTest, RetriesTransientFailuresUntilOneSucceeds) {
   std::vector<int> attempts;
-  absl::Status status = WithRetries(Quick(5), [&](int n) {
+  absl::Status status = WithRetries(Quick(5), nullptr, [&](int n) {
     attempts.push_back(n);
     return n < 2 ? absl::UnavailableError("down") : absl::OkStatus();
   });
@@ -29,7 +29,7 @@ TEST(WithRetriesTest, RetriesTransientFailuresUntilOneSucceeds) {
 
 TEST(WithRetriesTest, ReturnsAPermanentFailureAtOnce) {
   int calls = 0;
-  absl::Status status = WithRetries(Quick(5), [&](int) {
+  absl::Status status = WithRetries(Quick(5), nullptr, [&](int) {
     ++calls;
     return absl::NotFoundError("no such group");
   });
@@ -43,9 +43,9 @@ TEST(WithRetriesTest, AfterTheLastAttemptSaysHowManyWhenNamed) {
     ++calls;
     return absl::DeadlineExceededError("slow");
   };
-  EXPECT_EQ(WithRetries(Quick(3), failing), absl::DeadlineExceededError("slow"));
+  EXPECT_EQ(WithRetries(Quick(3), nullptr, failing), absl::DeadlineExceededError("slow"));
   EXPECT_EQ(calls, 3);
-  absl::Status named = WithRetries(Quick(3), failing, "step 7 (wire)");
+  absl::Status named = WithRetries(Quick(3), nullptr, failing, "step 7 (wire)");
   EXPECT_EQ(named.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(named.message(), "step 7 (wire) failed after 3 attempts: slow");
   EXPECT_EQ(calls, 6);
@@ -56,7 +56,7 @@ TEST(WithRetriesTest, EveryTransientCodeIsRetriedAndNoOther) {
        {absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded,
         absl::StatusCode::kAborted, absl::StatusCode::kCancelled, absl::StatusCode::kUnknown}) {
     int calls = 0;
-    (void)WithRetries(Quick(2), [&](int) {
+    (void)WithRetries(Quick(2), nullptr, [&](int) {
       ++calls;
       return absl::Status(code, "x");
     });
@@ -67,7 +67,7 @@ TEST(WithRetriesTest, EveryTransientCodeIsRetriedAndNoOther) {
         absl::StatusCode::kAlreadyExists, absl::StatusCode::kResourceExhausted,
         absl::StatusCode::kInternal}) {
     int calls = 0;
-    (void)WithRetries(Quick(2), [&](int) {
+    (void)WithRetries(Quick(2), nullptr, [&](int) {
       ++calls;
       return absl::Status(code, "x");
     });
