@@ -197,13 +197,15 @@ absl::StatusOr<Client::CheckpointResult> Client::Checkpoint(
 }
 
 absl::StatusOr<Client::RewindResult> Client::RewindJob(const std::string& prefix,
-                                                       std::optional<uint64_t> step) {
-  if (impl_->several) return RewindMembers(prefix, step);
+                                                       std::optional<uint64_t> step,
+                                                       bool validate_only) {
+  if (impl_->several) return RewindMembers(prefix, step, validate_only);
   grpc::ClientContext context;
   PrepareContext(&context, impl_->options);
   v1::RewindJobRequest request;
   request.set_prefix(prefix);
   if (step.has_value()) request.set_step(*step);
+  request.set_validate_only(validate_only);
   v1::RewindJobResponse response;
   absl::Status status = FromGrpcStatus(impl_->stub->RewindJob(&context, request, &response));
   if (!status.ok()) return impl_->Explain(status);

@@ -9,9 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/client_impl.h"
-#include "client/step/finite_check.h"
 #include "client/placement/dns_members.h"
 #include "client/placement/rendezvous.h"
+#include "client/step/finite_check.h"
 
 namespace optstate {
 
@@ -49,7 +49,7 @@ using client_internal::MemberList;
 // Connects each of `members`, reusing the member clients of `reuse` whose
 // identity and target are the same.
 absl::StatusOr<MemberList> ConnectAll(const std::vector<MemberTarget>& members,
-                                   const ClientOptions& options, const MemberList& reuse) {
+                                      const ClientOptions& options, const MemberList& reuse) {
   MemberList out;
   for (const MemberTarget& m : members) {
     auto same = std::find_if(reuse.begin(), reuse.end(), [&](const auto& r) {
@@ -65,9 +65,9 @@ absl::StatusOr<MemberList> ConnectAll(const std::vector<MemberTarget>& members,
     }
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(m.target, options);
     if (!client.ok()) {
-      return absl::Status(client.status().code(), absl::StrCat("member '", m.identity, "' (",
-                                                               m.target, "): ",
-                                                               client.status().message()));
+      return absl::Status(
+          client.status().code(),
+          absl::StrCat("member '", m.identity, "' (", m.target, "): ", client.status().message()));
     }
     auto member = std::make_shared<ClientMember>();
     member->target = m;
@@ -187,8 +187,8 @@ absl::Status Client::StepMembers(absl::Span<const GroupStep> groups, uint64_t st
     // the attempts' deadlines: to the caller it is unavailable, as one that
     // refuses connections.
     if (statuses[k].code() == absl::StatusCode::kDeadlineExceeded) {
-      statuses[k] = absl::UnavailableError(
-          absl::StrCat("did not answer in time: ", statuses[k].message()));
+      statuses[k] =
+          absl::UnavailableError(absl::StrCat("did not answer in time: ", statuses[k].message()));
     }
   });
   StepReport local;
@@ -211,11 +211,11 @@ absl::Status Client::StepMembers(absl::Span<const GroupStep> groups, uint64_t st
     }
     // The first few names; StepReport and the payload hold them all.
     constexpr size_t kNamed = 8;
-    std::string named = absl::StrJoin(names.begin(), names.begin() + std::min(names.size(), kNamed),
-                                      ", ");
+    std::string named =
+        absl::StrJoin(names.begin(), names.begin() + std::min(names.size(), kNamed), ", ");
     if (names.size() > kNamed) absl::StrAppend(&named, " and ", names.size() - kNamed, " more");
-    faults.push_back(absl::StrCat("daemon '", m.identity, "' (", m.target, "): ",
-                                  statuses[k].message(), "; its ", names.size(),
+    faults.push_back(absl::StrCat("daemon '", m.identity, "' (", m.target,
+                                  "): ", statuses[k].message(), "; its ", names.size(),
                                   " groups did not step: ", named));
   }
   if (faults.empty()) return absl::OkStatus();
@@ -267,9 +267,8 @@ absl::StatusOr<Stats> Client::StatsOfMembers() {
     out.bytes_received += s.bytes_received;
     out.bytes_sent += s.bytes_sent;
     const MemberTarget& m = members[i]->target;
-    out.members.push_back(
-        {m.identity, m.target, m.weight, s.num_groups, s.total_elements, s.host_bytes,
-         s.max_host_bytes});
+    out.members.push_back({m.identity, m.target, m.weight, s.num_groups, s.total_elements,
+                           s.host_bytes, s.max_host_bytes});
     for (GroupStats& g : s.groups) {
       g.info.member = m.identity;
       out.groups.push_back(std::move(g));
@@ -311,15 +310,62 @@ absl::StatusOr<Client::CheckpointResult> Client::CheckpointMembers(
 }
 
 absl::StatusOr<Client::RewindResult> Client::RewindMembers(const std::string& prefix,
-                                                          std::optional<uint64_t> step) {
+                                                           std::optional<uint64_t> step,
+                                                           bool validate_only) {
   const MemberList members = impl_->MembersNow();
   std::vector<absl::StatusOr<RewindResult>> each(members.size());
-  ForEachInParallel(members.size(),
-                    [&](size_t i) { each[i] = members[i]->shared->RewindJob(prefix, step); });
+  // `validate` on every member at once; the first refusal, named.
+  auto on_all = [&](std::optional<uint64_t> at, bool validate) -> absl::Status {
+    ForEachInParallel(members.size(), [&](size_t i) {
+      each[i] = members[i]->shared->RewindJob(prefix, at, validate);
+    });
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (!each[i].ok()) return InMember(members[i]->target, each[i].status());
+    }
+    return absl::OkStatus();
+  };
+  // 1. Every member validates before any rewinds: a member refusing after
+  //    others rewound would leave the job at two steps.
+  if (absl::Status s = on_all(step, true); !s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat(s.message(), " (nothing was rewound on any daemon)"));
+  }
+  uint64_t low = each[0]->step, high = each[0]->step;
+  std::vector<std::string> newest;
+  for (size_t i = 0; i < members.size(); ++i) {
+    low = std::min(low, each[i]->step);
+    high = std::max(high, each[i]->step);
+    newest.push_back(absl::StrCat(members[i]->target.identity, ": ", each[i]->checkpoint_id,
+                                  " at step ", each[i]->step));
+  }
+  if (low != high) {
+    // Newest checkpoints at different steps (one daemon wrote another since):
+    // the oldest of those steps, if every member holds it.
+    if (absl::Status s = on_all(low, true); !s.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the daemons' newest checkpoints hold job '", prefix, "' at different steps (",
+          absl::StrJoin(newest, "; "), "), and not every daemon holds step ", low, ": ",
+          s.message(), ". Nothing was rewound; give a step every daemon holds"));
+    }
+  }
+  // 2. The rewind, at the one step every member validated.
+  if (!validate_only) {
+    if (absl::Status s = on_all(low, false); !s.ok()) {
+      std::vector<std::string> rewound;
+      for (size_t i = 0; i < members.size(); ++i) {
+        if (each[i].ok()) rewound.push_back(members[i]->target.identity);
+      }
+      return absl::Status(
+          s.code(),
+          absl::StrCat(s.message(), ". Every daemon had validated this rewind to step ", low,
+                       ", and it was done on ",
+                       rewound.empty() ? "none" : absl::StrJoin(rewound, ", "),
+                       ": the job is at two steps until a rewind succeeds on all; rewind again"));
+    }
+  }
   RewindResult out;
   std::vector<std::string> ids;
   for (size_t i = 0; i < members.size(); ++i) {
-    if (!each[i].ok()) return InMember(members[i]->target, each[i].status());
     ids.push_back(absl::StrCat(members[i]->target.identity, "=", each[i]->checkpoint_id));
     out.step = each[i]->step;
     out.groups.insert(out.groups.end(), each[i]->groups.begin(), each[i]->groups.end());
@@ -402,7 +448,8 @@ absl::StatusOr<RebalanceResult> Client::Rebalance(const std::vector<MemberTarget
       if (where == owner) continue;
       act(absl::StrCat("delete ", name, " from ", all[where]->target.identity));
       absl::Status s = all[where]->shared->DeleteGroup(name);
-      if (!s.ok() && s.code() != absl::StatusCode::kNotFound) return InMember(all[where]->target, s);
+      if (!s.ok() && s.code() != absl::StatusCode::kNotFound)
+        return InMember(all[where]->target, s);
       if (where != from) ++result.copies_deleted;
     }
   }

@@ -59,10 +59,8 @@ absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backe
     Manifest manifest;
     uint64_t step = 0;
     std::string why;
-    absl::StatusOr<std::vector<StagedGroup>> staged =
-        LoadCheckpoint(store, dir, &manifest, pool, [&](const ManifestGroup& g) {
-          return OfJob(request, g.key);
-        });
+    absl::StatusOr<std::vector<StagedGroup>> staged = LoadCheckpoint(
+        store, dir, &manifest, pool, [&](const ManifestGroup& g) { return OfJob(request, g.key); });
     if (!staged.ok()) {
       why = std::string(staged.status().message());
     } else {
@@ -82,13 +80,12 @@ absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backe
       restored.insert(source.key().name);
       absl::StatusOr<std::shared_ptr<Group>> live = store->Find(source.key());
       if (!live.ok()) continue;  // Deleted since: made again.
-      if (absl::Status s = CheckSameShape(**live, source.num_elements(),
-                                          source.config().hyperparameters);
+      if (absl::Status s =
+              CheckSameShape(**live, source.num_elements(), source.config().hyperparameters);
           !s.ok()) {
         return s;
       }
-      if (absl::Status s = (*live)->lease().Check(request.lease, source.key().name, now);
-          !s.ok()) {
+      if (absl::Status s = (*live)->lease().Check(request.lease, source.key().name, now); !s.ok()) {
         return s;
       }
       existing[i] = *std::move(live);
@@ -102,6 +99,12 @@ absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backe
             "): it was added since. Delete it first (it would be left at its own step), or "
             "rewind to a newer checkpoint"));
       }
+    }
+    if (request.validate_only) {
+      for (const StagedGroup& source : *staged) outcome.groups.push_back(source.group().key().name);
+      outcome.checkpoint_id = manifest.id;
+      outcome.step = step;
+      return outcome;  // The staged groups are dropped: nothing was published.
     }
     for (size_t i = 0; i < staged->size(); ++i) {
       StagedGroup& source = (*staged)[i];
@@ -118,10 +121,11 @@ absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backe
         if (published.ok()) target = *std::move(published);
       }
       if (!status.ok()) {
-        return absl::Status(status.code(), absl::StrCat(
-            "rewinding job '", request.prefix, "' to checkpoint ", manifest.id, ": group '", name,
-            "' failed (", status.message(), "); the groups before it were rewound: ",
-            absl::StrJoin(outcome.groups, ", ")));
+        return absl::Status(status.code(),
+                            absl::StrCat("rewinding job '", request.prefix, "' to checkpoint ",
+                                         manifest.id, ": group '", name, "' failed (",
+                                         status.message(), "); the groups before it were rewound: ",
+                                         absl::StrJoin(outcome.groups, ", ")));
       }
       target->last_step().Reset();
       if (recorded.has_value()) target->last_step().Record(*recorded);
@@ -136,8 +140,8 @@ absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backe
   }
   return absl::NotFoundError(absl::StrCat(
       "no checkpoint in --state_dir holds job '", request.prefix, "'",
-      request.step.has_value() ? absl::StrCat(" at step ", *request.step) : std::string(),
-      " whole", outcome.passed_over.empty() ? " (there is none)" : ": ",
+      request.step.has_value() ? absl::StrCat(" at step ", *request.step) : std::string(), " whole",
+      outcome.passed_over.empty() ? " (there is none)" : ": ",
       absl::StrJoin(outcome.passed_over, "; ")));
 }
 

@@ -22,6 +22,9 @@ struct JobRewindRequest {
   // The step to go back to; unset: the newest checkpoint's.
   std::optional<uint64_t> step;
   LeaseClaim lease;  // The caller's: it must be admitted to every group it replaces.
+  // Every check, then the outcome the rewind would have (groups: those it
+  // would rewind), changing nothing.
+  bool validate_only = false;
 };
 
 struct JobRewindOutcome {
@@ -39,14 +42,15 @@ struct JobRewindOutcome {
 // group of the same size and hyperparameters gets its whole state replaced
 // (ReplaceGroupState, so a step sees all of the old state or all of the new),
 // a deleted one is made again; each then has the checkpoint's record of its
-// last step (none when it held none) and is leased to the caller. Refused, changing nothing: INVALID_ARGUMENT for an
-// empty prefix; NOT_FOUND when no checkpoint holds such a state of the job
+// last step (none when it held none) and is leased to the caller. Refused, changing nothing:
+// INVALID_ARGUMENT for an empty prefix; NOT_FOUND when no checkpoint holds such a state of the job
 // (saying what was passed over); FAILED_PRECONDITION when a group of the job
 // that exists now is not in that checkpoint (added since: delete it first),
 // or when another holder leases one of its groups (GroupLease);
 // ALREADY_EXISTS when one differs in size or hyperparameters from the
 // checkpoint's. A backend that fails part-way leaves the groups before it
-// rewound and says which.
+// rewound and says which. With request.validate_only, returns after the
+// checks, having changed nothing.
 absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backend,
                                            const std::string& state_dir,
                                            const JobRewindRequest& request, ThreadPool* pool);

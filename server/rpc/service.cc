@@ -90,8 +90,8 @@ absl::Status OptimizerStateService::FillStats(const Caller& caller,
                                               v1::GetStatsResponse* response) {
   StateStore* store = engine_->store();
   const std::vector<std::shared_ptr<Group>> groups = VisibleGroups(caller);
-  absl::StatusOr<GroupPageStart> start = StartGroupPage(
-      groups, caller.tenant, caller.admin, request.page_size(), request.page_token());
+  absl::StatusOr<GroupPageStart> start = StartGroupPage(groups, caller.tenant, caller.admin,
+                                                        request.page_size(), request.page_token());
   if (!start.ok()) return start.status();
   // A tenant sees its own use and the most it may hold; the daemon-wide
   // figures (other tenants' bytes, every region) only an admin, or anyone
@@ -181,8 +181,8 @@ absl::Status OptimizerStateService::FillGroupList(const Caller& caller,
                                                   const v1::ListGroupsRequest& request,
                                                   v1::ListGroupsResponse* response) {
   const std::vector<std::shared_ptr<Group>> groups = VisibleGroups(caller);
-  absl::StatusOr<GroupPageStart> start = StartGroupPage(
-      groups, caller.tenant, caller.admin, request.page_size(), request.page_token());
+  absl::StatusOr<GroupPageStart> start = StartGroupPage(groups, caller.tenant, caller.admin,
+                                                        request.page_size(), request.page_token());
   if (!start.ok()) return start.status();
   response->set_num_groups(groups.size());
   size_t bytes = response->ByteSizeLong() + kPageTokenReserve;
@@ -235,13 +235,13 @@ grpc::ServerUnaryReactor* OptimizerStateService::DeleteGroup(grpc::CallbackServe
   }
   // Deleting waits for the group's in-flight chunks: do it on a worker.
   GroupKey key = KeyFor(*caller, parsed.tenant(), parsed.name());
-  engine_->pool()->Schedule([this, reactor, key = std::move(key), lease = std::move(*lease),
-                             response] {
-    absl::StatusOr<uint64_t> freed = engine_->store()->Delete(key, lease);
-    v1::DeleteGroupResponse reply;
-    if (freed.ok()) reply.set_freed_host_bytes(*freed);
-    Reply(reactor, freed.status(), reply, response);
-  });
+  engine_->pool()->Schedule(
+      [this, reactor, key = std::move(key), lease = std::move(*lease), response] {
+        absl::StatusOr<uint64_t> freed = engine_->store()->Delete(key, lease);
+        v1::DeleteGroupResponse reply;
+        if (freed.ok()) reply.set_freed_host_bytes(*freed);
+        Reply(reactor, freed.status(), reply, response);
+      });
   return reactor;
 }
 
@@ -308,6 +308,7 @@ grpc::ServerUnaryReactor* OptimizerStateService::RewindJob(grpc::CallbackServerC
   rewind.tenant = caller->tenant;
   rewind.prefix = parsed.prefix();
   if (parsed.has_step()) rewind.step = parsed.step();
+  rewind.validate_only = parsed.validate_only();
   rewind.lease = *std::move(lease);
   // Reading the checkpoint's files takes a while: on a worker.
   engine_->pool()->Schedule([this, reactor, rewind = std::move(rewind), response] {

@@ -398,3 +398,50 @@ def test_zero1_shards_over_three_daemons_train_like_over_one(fresh_daemons, tmp_
                                value.view(torch.int32)), (rank, name)
     members = {g.member for g in optstate.Client(three, **WIRE).list_groups()}
     assert len(members) > 1, "the model's groups should span daemons"
+
+
+def test_a_rewind_over_several_daemons_is_done_on_all_or_on_none(fresh_daemons, tmp_path):
+    # Member 2 pruned its checkpoint of step 3. The rewind to step 3 rewound members 0
+    # and 1, then failed on member 2: the job was left at steps 3 and 6, and the error
+    # did not say that two daemons were already rewound.
+    three = [{"target": fresh_daemons(f"--state_dir={tmp_path / f'state-{i}'}",
+                                      "--checkpoints_to_keep=2").target,
+              "identity": f"optstated-{i}"} for i in range(3)]
+    multi = optstate.Client(three, **WIRE)
+    groups = model([1000] * 12)
+    register(multi, groups)
+
+    def steps():
+        return {g.name: (g.min_step, g.max_step) for g in multi.list_groups()}
+
+    for step in range(1, 4):
+        step_all(multi, groups, step)
+    multi.checkpoint(wait_for_step=3)
+    for step in range(4, 7):
+        step_all(multi, groups, step)
+    member_2 = optstate.Client(three[2]["target"], **WIRE)
+    assert any(g.name in groups for g in member_2.list_groups())
+    member_2.checkpoint()
+    member_2.checkpoint()  # step 3's is pruned there (--checkpoints_to_keep=2)
+    at_6 = steps()
+    assert set(at_6.values()) == {(6, 6)}
+
+    for validate_only in (True, False):
+        with pytest.raises(optstate.NotFound, match="optstated-2") as refused:
+            multi.rewind_job("model.", step=3, validate_only=validate_only)
+        assert "nothing was rewound on any daemon" in str(refused.value)
+        assert steps() == at_6
+    # Without a step: the newest checkpoints are at 3 (members 0, 1) and 6 (member 2).
+    with pytest.raises(optstate.FailedPrecondition, match="different steps") as apart:
+        multi.rewind_job("model.")
+    assert "optstated-2: ckpt-0000000000000003 at step 6" in str(apart.value)
+    assert steps() == at_6
+
+    multi.checkpoint(wait_for_step=6)
+    step_all(multi, groups, 7)
+    checked = multi.rewind_job("model.", validate_only=True)
+    assert (checked["step"], sorted(checked["groups"])) == (6, sorted(groups))
+    assert set(steps().values()) == {(7, 7)}
+    rewound = multi.rewind_job("model.")
+    assert (rewound["step"], sorted(rewound["groups"])) == (6, sorted(groups))
+    assert set(steps().values()) == {(6, 6)}

@@ -144,10 +144,10 @@ struct RebalanceOptions {
 };
 
 struct RebalanceResult {
-  uint64_t moved = 0;               // Groups moved to their new owner.
-  uint64_t copies_deleted = 0;      // Stale or finished-move copies removed.
-  uint64_t untouched = 0;           // Groups already on their owner alone.
-  std::vector<std::string> log;     // Every action, as passed to before_each.
+  uint64_t moved = 0;            // Groups moved to their new owner.
+  uint64_t copies_deleted = 0;   // Stale or finished-move copies removed.
+  uint64_t untouched = 0;        // Groups already on their owner alone.
+  std::vector<std::string> log;  // Every action, as passed to before_each.
 };
 
 // One group's part of a step: its whole gradient, and where the updated
@@ -374,9 +374,9 @@ class Client {
 
   struct RewindResult {
     std::string checkpoint_id;
-    uint64_t step = 0;                      // The job's stepped groups are at this step now.
-    std::vector<std::string> groups;        // Those rewound.
-    std::vector<std::string> passed_over;   // Newer checkpoints passed over, each with why.
+    uint64_t step = 0;                     // The job's stepped groups are at this step now.
+    std::vector<std::string> groups;       // Those rewound.
+    std::vector<std::string> passed_over;  // Newer checkpoints passed over, each with why.
   };
   // Rewinds one job, this tenant's groups named `prefix` + ..., to the
   // newest checkpoint of the daemon's --state_dir that holds them at one step
@@ -385,8 +385,18 @@ class Client {
   // afterwards. FAILED_PRECONDITION without --state_dir, for a live group of
   // the job that the checkpoint lacks, or another holder's lease; NOT_FOUND
   // when no checkpoint holds the job so. Made once, never retried.
+  // `validate_only`: every check, and the result the rewind would have
+  // (groups: those it would rewind), changing nothing.
+  //
+  // A client of several daemons validates on every one first, and rewinds
+  // none unless all would: to `step`, or without it to the step of the
+  // daemons' newest checkpoints holding the job, the oldest of them where
+  // they differ (FAILED_PRECONDITION naming each daemon's when not every
+  // daemon holds that one). Should a daemon still refuse after every one
+  // validated, the error names the daemons already rewound.
   absl::StatusOr<RewindResult> RewindJob(const std::string& prefix,
-                                         std::optional<uint64_t> step = std::nullopt);
+                                         std::optional<uint64_t> step = std::nullopt,
+                                         bool validate_only = false);
 
  private:
   struct Impl;
@@ -398,7 +408,7 @@ class Client {
   absl::StatusOr<Stats> StatsOfMembers();
   absl::StatusOr<CheckpointResult> CheckpointMembers(const CheckpointRequestOptions& options);
   absl::StatusOr<RewindResult> RewindMembers(const std::string& prefix,
-                                             std::optional<uint64_t> step);
+                                             std::optional<uint64_t> step, bool validate_only);
   // Step on a client of one daemon (client_step.cc).
   absl::Status StepOneDaemon(absl::Span<const GroupStep> groups, uint64_t step,
                              const StepOptions& options);

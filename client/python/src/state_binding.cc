@@ -189,12 +189,13 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
 
   cls.def(
       "rewind_job",
-      [](PyClient& self, const std::string& prefix, std::optional<uint64_t> step) {
+      [](PyClient& self, const std::string& prefix, std::optional<uint64_t> step,
+         bool validate_only) {
         absl::StatusOr<Client::RewindResult> result;
         {
           const std::shared_ptr<Client> live = self.live();
           nb::gil_scoped_release release;
-          result = live->RewindJob(prefix, step);
+          result = live->RewindJob(prefix, step, validate_only);
         }
         ThrowIfError(result.status(), self.target);
         nb::dict d;
@@ -207,14 +208,17 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
         d["passed_over"] = passed_over;
         return StrDict(std::move(d));
       },
-      "prefix"_a, nb::kw_only(), "step"_a = nb::none(),
+      "prefix"_a, nb::kw_only(), "step"_a = nb::none(), "validate_only"_a = false,
       "Rewinds one job, this tenant's groups named `prefix` + ..., to the newest checkpoint\n"
       "of the daemon's --state_dir holding them at one step (`step` when given), while the\n"
       "daemon goes on stepping the other jobs (docs/jobs.md); returns {'checkpoint_id',\n"
       "'step', 'groups', 'passed_over'}. The groups are leased to this client's\n"
       "lease_holder. FailedPrecondition without --state_dir, for a live group of the job\n"
       "the checkpoint lacks, or another holder's lease; NotFound when no checkpoint holds\n"
-      "the job so. Made once, never retried.");
+      "the job so. Made once, never retried. validate_only=True: every check, and the\n"
+      "result the rewind would have, changing nothing. A client of several daemons\n"
+      "validates on all before it rewinds any, at one step (without `step`, the oldest of\n"
+      "their newest checkpoints' steps where they differ).");
 }
 
 }  // namespace optstate::python
