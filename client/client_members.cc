@@ -268,7 +268,8 @@ absl::StatusOr<Stats> Client::StatsOfMembers() {
     out.bytes_sent += s.bytes_sent;
     const MemberTarget& m = members[i]->target;
     out.members.push_back({m.identity, m.target, m.weight, s.num_groups, s.total_elements,
-                           s.host_bytes, s.max_host_bytes});
+                           s.host_bytes, s.max_host_bytes, s.started_unix_micros,
+                           s.has_state_dir});
     for (GroupStats& g : s.groups) {
       g.info.member = m.identity;
       out.groups.push_back(std::move(g));

@@ -92,6 +92,8 @@ struct MemberStats {
   uint64_t total_elements = 0;
   uint64_t host_bytes = 0;  // ...and its daemon-wide host memory and limit.
   uint64_t max_host_bytes = 0;
+  int64_t started_unix_micros = 0;  // When its daemon started (a restart changes it).
+  bool has_state_dir = false;
 };
 
 struct Stats {

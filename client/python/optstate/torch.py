@@ -141,6 +141,15 @@ def _as_float(value) -> float:
     return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
 
 
+def _started_times(stats: dict) -> dict:
+    """When each daemon behind a client started, from its stats(): member identity ->
+    (started_unix_micros, has_state_dir, target); one daemon is identity ""."""
+    if stats.get("members"):
+        return {m["identity"]: (m["started_unix_micros"], m["has_state_dir"], m["target"])
+                for m in stats["members"]}
+    return {"": (stats["started_unix_micros"], stats["has_state_dir"], None)}
+
+
 def _hyperparameters(group: dict) -> tuple:
     """The daemon's hyperparameters for a param group: (lr, (beta1, beta2), eps,
     weight_decay, maximize, amsgrad). lr is overridden on every step by the group's current
@@ -360,7 +369,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         try:
             if client is None:
                 self._client.wait_until_reachable(connect_timeout)
-            self._daemon_started = self._client.stats()["started_unix_micros"]
+            self._daemon_started = _started_times(self._client.stats())
             super().__init__(params, defaults)
             self._place_and_register(attaching=True)
             self._constructed = True
@@ -536,7 +545,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         # step the same groups, as the ranks of one job do.
         self._client = Client(config["target"], **self._client_options)
         self._lease_holder = self._client_options.get("lease_holder", "")
-        self._daemon_started = self._client.stats()["started_unix_micros"]
+        self._daemon_started = _started_times(self._client.stats())
         params = [(p, group) for group in self.param_groups for p in group["params"]]
         for (p, group), name, h in zip(params, config["names"], config["registered"]):
             self._owner[id(p)] = 0
@@ -1111,33 +1120,43 @@ class RemoteAdamW(torch.optim.Optimizer):
 
     def _explain_restart(self, refusal: errors.Error, at: int) -> None:
         """Raises what happened when `refusal` (of a step from step `at`) came from a
-        daemon that restarted since this optimizer attached: when, whether it restored
-        state and which step, and the ways on. Returns (the refusal stands) otherwise."""
+        daemon that restarted since this optimizer attached (with several daemons: the
+        first of them that did): when, whether it restored state and which step, and the
+        ways on. Returns (the refusal stands) otherwise."""
         try:
             stats = self._client.stats()
         except errors.Error:
             return
-        if self._daemon_started is None or stats["started_unix_micros"] == self._daemon_started:
+        now = _started_times(stats)
+        before = self._daemon_started or {}
+        restarted = [m for m in now if m in before and now[m][0] != before[m][0]]
+        if not restarted:
             return
+        member = restarted[0]
+        started, has_state_dir, target = now[member]
+        target = target or self._client.target
         import datetime
-        when = datetime.datetime.fromtimestamp(stats["started_unix_micros"] / 1e6,
+        when = datetime.datetime.fromtimestamp(started / 1e6,
                                                datetime.timezone.utc).isoformat(timespec="seconds")
-        target = self._client.target
-        if isinstance(refusal, errors.NotFound) or not stats["has_state_dir"]:
+        daemon = f"optstated '{member}' at {target}" if member else f"optstated at {target}"
+        if isinstance(refusal, errors.NotFound) or not has_state_dir:
             raise type(refusal)(
-                f"optstated at {target} restarted at {when} "
-                f"{'without --state_dir' if not stats['has_state_dir'] else 'without this group'}"
+                f"{daemon} restarted at {when} "
+                f"{'without --state_dir' if not has_state_dir else 'without this group'}"
                 f": this job's state (at step {at}) is gone there. Resume from your own "
                 "checkpoint: a new RemoteAdamW(resume='state_dict') and load_state_dict()",
                 target, refusal.code_value) from refusal
         restored = [g.min_step for g in self._client.list_groups()
-                    if g.name.startswith(self._name_prefix)]
+                    if g.name.startswith(self._name_prefix) and (not member or g.member == member)]
         step = min(restored) if restored else "?"
         raise type(refusal)(
-            f"optstated at {target} restarted at {when} and restored step {step} from its "
+            f"{daemon} restarted at {when} and restored step {step} from its "
             f"checkpoint; this job is at step {at}. Rewind the trainer to step {step} (its model, "
             "data loader and scheduler from your checkpoint of that step) and attach with "
-            "resume='daemon', or load_state_dict() your own checkpoint "
+            "resume='daemon'"
+            + (" (with several daemons, first rewind the job on all of them to that step: "
+               "Client.rewind_job)" if member else "")
+            + ", or load_state_dict() your own checkpoint "
             f"(daemon's refusal: {refusal.message})", target, refusal.code_value) from refusal
 
     def _into_shared(self, p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:

@@ -186,6 +186,8 @@ nb::dict ToDict(const Stats& s) {
     e["total_elements"] = m.total_elements;
     e["host_bytes"] = m.host_bytes;
     e["max_host_bytes"] = m.max_host_bytes;
+    e["started_unix_micros"] = m.started_unix_micros;
+    e["has_state_dir"] = m.has_state_dir;
     members.append(e);
   }
   d["members"] = members;
