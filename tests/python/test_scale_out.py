@@ -445,3 +445,24 @@ def test_a_rewind_over_several_daemons_is_done_on_all_or_on_none(fresh_daemons, 
     rewound = multi.rewind_job("model.")
     assert (rewound["step"], sorted(rewound["groups"])) == (6, sorted(groups))
     assert set(steps().values()) == {(6, 6)}
+
+
+def test_a_member_restarted_without_the_job_is_named_in_the_step_error(fresh_daemons):
+    # Over several daemons the members' raw refusals came through ("no group named ...;
+    # register it first", which would have restarted the group at step 0).
+    daemons = [fresh_daemons(), fresh_daemons()]
+    two = [{"target": d.target, "identity": f"optstated-{i}"} for i, d in enumerate(daemons)]
+    net = MLP()
+    opt = RemoteAdamW(net.named_parameters(), target=two, name_prefix="restart.", **WIRE)
+    train(opt, net, steps=2)
+    members = {g.member for g in opt.client.list_groups()}
+    assert members == {"optstated-0", "optstated-1"}, members
+    daemons[1].process.kill()
+    daemons[1].process.wait()
+    fresh_daemons(f"--listen=127.0.0.1:{daemons[1].port}")
+    with pytest.raises(optstate.NotFound) as gone:
+        train(opt, net, steps=1)
+    message = str(gone.value)
+    assert f"optstated 'optstated-1' at {daemons[1].target} restarted at" in message, message
+    assert "this job's state (at step 2) is gone there" in message, message
+    assert "resume='state_dict'" in message
