@@ -275,6 +275,7 @@ absl::Status Client::DeleteGroup(const std::string& name) {
   request.set_name(name);
   v1::DeleteGroupResponse response;
   impl_->Forget(name);
+  impl_->data_plane.ForgetGroup(name);
   return impl_->Explain(FromGrpcStatus(impl_->stub->DeleteGroup(&context, request, &response)));
 }
 

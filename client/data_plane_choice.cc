@@ -48,4 +48,9 @@ absl::StatusOr<std::shared_ptr<SharedMapping>> DataPlaneChoice::AllocateShared(
   return plane_->AllocateShared(channel, options, bytes);
 }
 
+void DataPlaneChoice::ForgetGroup(const std::string& group) {
+  absl::MutexLock lock(&mu_);
+  if (plane_ != nullptr) plane_->ForgetArea(group);
+}
+
 }  // namespace optstate::client_internal

@@ -31,6 +31,9 @@ class DataPlaneChoice {
       grpc::Channel* channel, const ClientOptions& options,
       absl::FunctionRef<std::optional<absl::Status>(SharedMemoryPlane&)> step)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // A group deleted: its area in the region is not kept when the region is
+  // next replaced (SharedMemoryPlane::ForgetArea). Waits for a step in flight.
+  void ForgetGroup(const std::string& group) ABSL_LOCKS_EXCLUDED(mu_);
   // Client::AllocateSharedBuffer: FAILED_PRECONDITION without a plane.
   absl::StatusOr<std::shared_ptr<SharedMapping>> AllocateShared(grpc::Channel* channel,
                                                                 const ClientOptions& options,

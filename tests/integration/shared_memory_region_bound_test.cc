@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -164,6 +165,40 @@ TEST_F(SharedMemoryRegionBoundTest, StartingWith16BitDtypesSettlesOnOneLayout) {
   // the larger capacity), then none move: at most one region per change.
   StepAlternating("alt16", kGroups, 40, /*first=*/1);
   EXPECT_LE(Regions().registrations, 3u);
+}
+
+// This process's resident shared memory (the region's pages, mapped by the
+// client and by the in-process daemon), in kB.
+uint64_t ResidentSharedKb() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("RssShmem:", 0) == 0) return std::stoull(line.substr(9));
+  }
+  return 0;
+}
+
+// A trainer that makes and deletes groups one after another (new names each
+// time): a deleted group's area was kept as live for 64 steps, so the region
+// grew to 64 deleted groups' worth (126 x the one live group in a probe) and
+// held their pages until the client closed.
+TEST_F(SharedMemoryRegionBoundTest, DeletedGroupsGiveTheirAreasAndPagesBack) {
+  constexpr uint64_t n = 1 << 20;  // 4 MiB of gradient and 4 MiB of params.
+  const uint64_t bound = RegionBound({n});
+  const uint64_t before = ResidentSharedKb();
+  std::vector<float> out(n);
+  for (int i = 0; i < 12; ++i) {
+    const std::string name = absl::StrCat("churn.", i);
+    ASSERT_TRUE(shm_->RegisterGroup(name, RandomNormal(rng_, n, 1.0f)).ok());
+    const std::vector<float> grad = RandomNormal(rng_, n, 1e-2f);
+    ASSERT_TRUE(shm_->Step({GroupStep{name, grad, absl::MakeSpan(out)}}, 1).ok()) << i;
+    EXPECT_GE(ResidentSharedKb(), before + 8 * 1024) << "the step's pages, group " << i;
+    ASSERT_TRUE(shm_->DeleteGroup(name).ok());
+    EXPECT_LE(ResidentSharedKb(), before + 64) << "pages kept after deleting group " << i;
+    const RegionStats regions = Regions();
+    ASSERT_LE(regions.registered_bytes, bound) << "group " << i;
+  }
+  EXPECT_EQ(Regions().registrations, 1u) << "the deleted groups' space was laid out again";
 }
 
 TEST_F(SharedMemoryRegionBoundTest, AClientThatGoesReleasesItsRegion) {

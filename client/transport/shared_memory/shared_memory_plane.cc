@@ -2,6 +2,7 @@
 // regions, lay groups out, find SharedBuffers, reconnect after a restart.
 #include "client/transport/shared_memory/shared_memory_plane.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -92,8 +93,8 @@ absl::Status SharedMemoryPlane::Connect(grpc::Channel* channel, const ClientOpti
     // without tenants answers OK).
     if (absl::Status s = rp::Authenticate(*socket, options.token); !s.ok()) {
       close(*socket);
-      return absl::Status(s.code(), absl::StrCat("the daemon's region socket refused the token: ",
-                                                 s.message()));
+      return absl::Status(
+          s.code(), absl::StrCat("the daemon's region socket refused the token: ", s.message()));
     }
   }
   if (socket_ >= 0) close(socket_);
@@ -204,6 +205,25 @@ absl::StatusOr<std::shared_ptr<SharedMapping>> SharedMemoryPlane::AllocateShared
   if (!id.ok()) return id.status();
   shared_.push_back({mapping, mapping->base, size, *id});
   return mapping;
+}
+
+void SharedMemoryPlane::ForgetArea(const std::string& group) {
+  auto it = areas_.find(group);
+  if (it == areas_.end()) return;
+  // Its whole pages go back to the system at once, in this process and in
+  // the daemon (the memfd's pages are shared): a hole reads as zeros, and
+  // the size (sealed) stays. Best effort: a failure only keeps the pages.
+  const uint64_t begin = AlignUp(it->second.gradient_offset, 4096);
+  const uint64_t end_of_area = (it->second.params_offset + it->second.params_capacity) & ~4095ull;
+  if (memfd_ >= 0 && end_of_area > begin) {
+    (void)fallocate(memfd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, begin, end_of_area - begin);
+  }
+  areas_.erase(it);
+  uint64_t end = 0;  // Areas are laid out one after another from the start.
+  for (const auto& [name, area] : areas_) {
+    end = std::max(end, area.params_offset + area.params_capacity);
+  }
+  used_ = end;
 }
 
 absl::Status SharedMemoryPlane::EnsureAreas(absl::Span<const GroupStep> groups,

@@ -105,10 +105,18 @@ class SharedMemoryPlane {
   // steps (dtypes, 16-bit or float buffers, groups) it sees: at most
   // max(1 MiB, 2 x the bytes of the areas live when it was last replaced),
   // rounded up to a page. An area is live while its group was stepped in
-  // the last kAreaLifetimeSteps steps, and takes at most
+  // the last kAreaLifetimeSteps steps and not deleted through this client
+  // (ForgetArea), and takes at most
   // AlignUp(4 n, 64) + AlignUp(4 n, 64) bytes for n elements.
   uint64_t region_bytes() const { return size_; }
   static constexpr uint64_t kAreaLifetimeSteps = 64;
+
+  // Forgets `group`'s area (the group was deleted): its whole pages are
+  // given back to the system (a hole punched in the memfd, for this process
+  // and the daemon), a region replaced later is sized without it, and the
+  // region's bytes past the areas left are laid out anew (between steps
+  // nothing of an area is read again).
+  void ForgetArea(const std::string& group);
 
   // Lays out every group given (a new region when they do not fit); a step
   // calls it for the groups not wholly in SharedBuffers. The region socket's refusal
