@@ -203,6 +203,19 @@ absl::StatusOr<CheckpointOutcome> Checkpointer::Checkpoint(const CheckpointCall&
     if (absl::Status s = WaitForStep(named, *call.wait_for_step, call); !s.ok()) return s;
   }
   absl::MutexLock write_lock(&write_mu_);
+  // The wait for the writer (one checkpoint at a time) may outlast the
+  // caller: a call whose caller has gone writes nothing (a client retrying
+  // with a short deadline would otherwise have every abandoned call write a
+  // whole checkpoint, one after another).
+  if (call.cancelled()) {
+    return absl::CancelledError(
+        "the Checkpoint call was cancelled while earlier checkpoints were written; nothing was "
+        "written");
+  }
+  if (absl::Now() >= call.deadline) {
+    return absl::DeadlineExceededError(
+        "the call's deadline passed while earlier checkpoints were written; nothing was written");
+  }
   const absl::Time started = absl::Now();
   std::vector<CheckpointTarget> targets;
   for (auto& group : store_->ListAll()) {

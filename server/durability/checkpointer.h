@@ -81,7 +81,9 @@ class Checkpointer {
   // it is durable. NOT_FOUND for an unknown group; FAILED_PRECONDITION naming
   // the step held when a page is past wait_for_step (nothing written);
   // DEADLINE_EXCEEDED when it is not reached by call.deadline; CANCELLED when
-  // call.cancelled() or Stop(); NOT_FOUND when a named group is deleted
+  // call.cancelled() or Stop(); DEADLINE_EXCEEDED or CANCELLED, writing
+  // nothing, when the deadline passed or the call was cancelled while it
+  // waited for earlier checkpoints to be written; NOT_FOUND when a named group is deleted
   // while it waits; FAILED_PRECONDITION, writing nothing, while the
   // checkpoints found at start were all refused (writes_refused()); the
   // writer's errors.

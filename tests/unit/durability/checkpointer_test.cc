@@ -1,0 +1,111 @@
+// Checkpointer around the writer: one checkpointer per state_dir (its LOCK),
+// the unfinished checkpoints earlier crashes left removed at open, and a
+// call whose caller has gone (cancelled, or past its deadline) by the time
+// it may write writes nothing.
+#include "server/durability/checkpointer.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/backends/cpu/cpu_backend.h"
+#include "server/base/thread_pool.h"
+#include "server/engine/state_store.h"
+
+namespace optstate {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::UnorderedElementsAre;
+
+constexpr uint64_t kPage = 64;
+
+class CheckpointerTest : public ::testing::Test {
+ public:
+  CheckpointerTest() : pool_(2), backend_(&pool_), store_(&backend_, uint64_t{1} << 30, kPage) {}
+
+  void SetUp() override {
+    // ctest runs each test in a process of its own, in parallel.
+    dir_ = ::testing::TempDir() + "/checkpointer-test-" + std::to_string(getpid());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    options_.state_dir = dir_;
+    GroupConfig config;
+    config.num_elements = 3 * kPage;
+    auto registered = store_.Register({"", "g"}, config);
+    ASSERT_TRUE(registered.ok()) << registered.status();
+    for (uint64_t p = 0; p < registered->group->num_pages(); ++p) {
+      registered->group->mark_page_has_values(p);
+    }
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::vector<std::string> Names() const {
+    std::vector<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+      names.push_back(entry.path().filename().string());
+    }
+    return names;
+  }
+
+  ThreadPool pool_;
+  CpuBackend backend_;
+  StateStore store_;
+  std::string dir_;
+  CheckpointerOptions options_;
+};
+
+TEST_F(CheckpointerTest, ASecondCheckpointerOnTheStateDirIsRefusedUntilTheFirstGoes) {
+  auto first = Checkpointer::OpenAndRestore(options_, &store_, &backend_, false, &pool_);
+  ASSERT_TRUE(first.ok()) << first.status();
+  StateStore other(&backend_, uint64_t{1} << 30, kPage);
+  auto second = Checkpointer::OpenAndRestore(options_, &other, &backend_, false, &pool_);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(second.status().message(),
+              HasSubstr(absl::StrCat("in use by another optstated (pid ", getpid(), ")")));
+  first->reset();
+  auto third = Checkpointer::OpenAndRestore(options_, &other, &backend_, false, &pool_);
+  EXPECT_TRUE(third.ok()) << third.status();
+}
+
+TEST_F(CheckpointerTest, OpenRemovesTheUnfinishedCheckpointsOfEarlierCrashes) {
+  for (const char* name : {"ckpt-0000000000000004.tmp", "ckpt-0000000000000007.tmp"}) {
+    std::filesystem::create_directories(dir_ + "/" + name);
+    std::ofstream(dir_ + "/" + name + "/group-0.data") << "part of a checkpoint";
+  }
+  std::filesystem::create_directories(dir_ + "/notes.tmp");  // Not a checkpoint's: kept.
+  auto checkpointer = Checkpointer::OpenAndRestore(options_, &store_, &backend_, false, &pool_);
+  ASSERT_TRUE(checkpointer.ok()) << checkpointer.status();
+  EXPECT_THAT(Names(), UnorderedElementsAre("LOCK", "notes.tmp"));
+  // Numbering goes on past them.
+  absl::StatusOr<CheckpointOutcome> written = (*checkpointer)->Checkpoint({});
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(written->id, "ckpt-0000000000000008");
+}
+
+TEST_F(CheckpointerTest, ACallWhoseCallerHasGoneWritesNothing) {
+  auto checkpointer = Checkpointer::OpenAndRestore(options_, &store_, &backend_, false, &pool_);
+  ASSERT_TRUE(checkpointer.ok()) << checkpointer.status();
+  CheckpointCall cancelled;
+  cancelled.cancelled = [] { return true; };
+  EXPECT_EQ((*checkpointer)->Checkpoint(cancelled).status().code(), absl::StatusCode::kCancelled);
+  CheckpointCall late;
+  late.deadline = absl::Now() - absl::Seconds(1);
+  absl::StatusOr<CheckpointOutcome> refused = (*checkpointer)->Checkpoint(late);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(refused.status().message(), HasSubstr("nothing was written"));
+  EXPECT_THAT(Names(), UnorderedElementsAre("LOCK"));
+  EXPECT_EQ((*checkpointer)->Stats().written, 0u);
+  EXPECT_EQ((*checkpointer)->Stats().failures, 0u);
+  EXPECT_TRUE((*checkpointer)->Checkpoint({}).ok());
+  EXPECT_EQ((*checkpointer)->Stats().written, 1u);
+}
+
+}  // namespace
+}  // namespace optstate
