@@ -6,6 +6,7 @@
 #include <map>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/client_impl.h"
@@ -268,8 +269,7 @@ absl::StatusOr<Stats> Client::StatsOfMembers() {
     out.bytes_sent += s.bytes_sent;
     const MemberTarget& m = members[i]->target;
     out.members.push_back({m.identity, m.target, m.weight, s.num_groups, s.total_elements,
-                           s.host_bytes, s.max_host_bytes, s.started_unix_micros,
-                           s.has_state_dir});
+                           s.host_bytes, s.max_host_bytes, s.started_unix_micros, s.has_state_dir});
     for (GroupStats& g : s.groups) {
       g.info.member = m.identity;
       out.groups.push_back(std::move(g));
@@ -315,30 +315,58 @@ absl::StatusOr<Client::RewindResult> Client::RewindMembers(const std::string& pr
                                                            bool validate_only) {
   const MemberList members = impl_->MembersNow();
   std::vector<absl::StatusOr<RewindResult>> each(members.size());
-  // `validate` on every member at once; the first refusal, named.
+  // Members with nothing to rewind: none of the job's groups there was ever
+  // stepped (frozen ones only, or none), and no checkpoint of theirs holds
+  // the job (a checkpoint of the trained groups skips them).
+  std::vector<bool> idle(members.size(), false);
+  // `validate` on every member not idle at once; the first refusal, named.
   auto on_all = [&](std::optional<uint64_t> at, bool validate) -> absl::Status {
     ForEachInParallel(members.size(), [&](size_t i) {
-      each[i] = members[i]->shared->RewindJob(prefix, at, validate);
+      if (!idle[i]) each[i] = members[i]->shared->RewindJob(prefix, at, validate);
     });
     for (size_t i = 0; i < members.size(); ++i) {
-      if (!each[i].ok()) return InMember(members[i]->target, each[i].status());
+      if (!idle[i] && !each[i].ok()) return InMember(members[i]->target, each[i].status());
     }
     return absl::OkStatus();
   };
+  // Whether member i answered NOT_FOUND while it holds no stepped group of the job.
+  auto untrained = [&](size_t i) {
+    if (each[i].ok() || each[i].status().code() != absl::StatusCode::kNotFound) return false;
+    absl::StatusOr<std::vector<GroupInfo>> groups = members[i]->shared->ListGroups();
+    return groups.ok() && std::none_of(groups->begin(), groups->end(), [&](const GroupInfo& g) {
+             return absl::StartsWith(g.name, prefix) && g.max_step > 0;
+           });
+  };
   // 1. Every member validates before any rewinds: a member refusing after
   //    others rewound would leave the job at two steps.
-  if (absl::Status s = on_all(step, true); !s.ok()) {
-    return absl::Status(s.code(),
-                        absl::StrCat(s.message(), " (nothing was rewound on any daemon)"));
+  absl::Status validated = on_all(step, true);
+  if (!validated.ok()) {
+    size_t refusing = 0;
+    for (size_t i = 0; i < members.size(); ++i) {
+      idle[i] = untrained(i);
+      refusing += !each[i].ok() && !idle[i];
+    }
+    if (refusing == 0 &&
+        static_cast<size_t>(std::count(idle.begin(), idle.end(), true)) < members.size()) {
+      validated = absl::OkStatus();
+    }
   }
-  uint64_t low = each[0]->step, high = each[0]->step;
+  if (!validated.ok()) {
+    return absl::Status(validated.code(),
+                        absl::StrCat(validated.message(), " (nothing was rewound on any daemon)"));
+  }
+  // A member answering step 0 holds frozen groups of the job only, which
+  // take any step: the others decide it.
+  uint64_t low = UINT64_MAX, high = 0;
   std::vector<std::string> newest;
   for (size_t i = 0; i < members.size(); ++i) {
+    if (idle[i] || each[i]->step == 0) continue;
     low = std::min(low, each[i]->step);
     high = std::max(high, each[i]->step);
     newest.push_back(absl::StrCat(members[i]->target.identity, ": ", each[i]->checkpoint_id,
                                   " at step ", each[i]->step));
   }
+  if (newest.empty()) low = high = step.value_or(0);
   if (low != high) {
     // Newest checkpoints at different steps (one daemon wrote another since):
     // the oldest of those steps, if every member holds it.
@@ -354,7 +382,7 @@ absl::StatusOr<Client::RewindResult> Client::RewindMembers(const std::string& pr
     if (absl::Status s = on_all(low, false); !s.ok()) {
       std::vector<std::string> rewound;
       for (size_t i = 0; i < members.size(); ++i) {
-        if (each[i].ok()) rewound.push_back(members[i]->target.identity);
+        if (!idle[i] && each[i].ok()) rewound.push_back(members[i]->target.identity);
       }
       return absl::Status(
           s.code(),
@@ -365,10 +393,11 @@ absl::StatusOr<Client::RewindResult> Client::RewindMembers(const std::string& pr
     }
   }
   RewindResult out;
+  out.step = low;
   std::vector<std::string> ids;
   for (size_t i = 0; i < members.size(); ++i) {
+    if (idle[i]) continue;
     ids.push_back(absl::StrCat(members[i]->target.identity, "=", each[i]->checkpoint_id));
-    out.step = each[i]->step;
     out.groups.insert(out.groups.end(), each[i]->groups.begin(), each[i]->groups.end());
     for (const std::string& p : each[i]->passed_over) {
       out.passed_over.push_back(absl::StrCat(members[i]->target.identity, ": ", p));

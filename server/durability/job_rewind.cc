@@ -20,7 +20,8 @@ bool OfJob(const JobRewindRequest& request, const GroupKey& key) {
 }
 
 // Why the job's state in `manifest` cannot be rewound to (request.step, or
-// any one step); "" when it can, with its step in `*step`.
+// any one step); "" when it can, with its step in `*step` (for a job's
+// frozen groups alone: request.step, or 0).
 std::string Unsuitable(const Manifest& manifest, const JobRewindRequest& request, uint64_t* step) {
   bool any = false;
   std::optional<uint64_t> at;
@@ -35,7 +36,13 @@ std::string Unsuitable(const Manifest& manifest, const JobRewindRequest& request
     at = g.max_step;
   }
   if (!any) return "it holds no group of the job";
-  *step = at.value_or(0);
+  if (!at.has_value()) {
+    // Frozen groups only (a daemon of a job spread over several may hold no
+    // other): they are the same at every step, so any step asked is theirs.
+    *step = request.step.value_or(0);
+    return "";
+  }
+  *step = *at;
   if (request.step.has_value() && *request.step != *step) {
     return absl::StrCat("it holds the job at step ", *step);
   }

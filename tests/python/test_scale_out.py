@@ -466,3 +466,35 @@ def test_a_member_restarted_without_the_job_is_named_in_the_step_error(fresh_dae
     assert f"optstated 'optstated-1' at {daemons[1].target} restarted at" in message, message
     assert "this job's state (at step 2) is gone there" in message, message
     assert "resume='state_dict'" in message
+
+
+def test_a_rewind_over_daemons_one_of_which_holds_frozen_groups_only(fresh_daemons, tmp_path):
+    # A daemon holding only never-stepped groups of the job answered step 0, and the
+    # all-or-none rewind took that for the oldest step: every other daemon refused it.
+    # Here it has no checkpoint at all (a checkpoint of the trained groups skips it):
+    # it has nothing to rewind.
+    three = [{"target": fresh_daemons(f"--state_dir={tmp_path / f'state-{i}'}").target,
+              "identity": f"optstated-{i}"} for i in range(3)]
+    multi = optstate.Client(three, **WIRE)
+    groups = model([1000] * 12)
+    register(multi, groups)
+    frozen = [g.name for g in multi.list_groups() if g.member == "optstated-2"]
+    trained = [name for name in groups if name not in frozen]
+    assert frozen and trained
+    for step in range(1, 3):
+        step_all(multi, groups, step, names=trained)
+    multi.checkpoint(groups=trained, wait_for_step=2)
+    step_all(multi, groups, 3, names=trained)
+    for step in (None, 2):
+        rewound = multi.rewind_job("model.", step=step)
+        assert rewound["step"] == 2 and sorted(rewound["groups"]) == sorted(trained)
+        steps = {g.name: (g.min_step, g.max_step) for g in multi.list_groups()}
+        assert {steps[n] for n in trained} == {(2, 2)} and {steps[n] for n in frozen} == {(0, 0)}
+    # With a checkpoint of every group, its frozen groups are rewound too, at any step.
+    multi.checkpoint()
+    step_all(multi, groups, 3, names=trained)
+    rewound = multi.rewind_job("model.")
+    assert rewound["step"] == 2 and sorted(rewound["groups"]) == sorted(groups)
+    # A job no daemon holds is still NOT_FOUND.
+    with pytest.raises(optstate.NotFound):
+        multi.rewind_job("no-such-job.")
