@@ -275,8 +275,9 @@ absl::Status Client::DeleteGroup(const std::string& name) {
   request.set_name(name);
   v1::DeleteGroupResponse response;
   impl_->Forget(name);
-  impl_->data_plane.ForgetGroup(name);
-  return impl_->Explain(FromGrpcStatus(impl_->stub->DeleteGroup(&context, request, &response)));
+  absl::Status status = FromGrpcStatus(impl_->stub->DeleteGroup(&context, request, &response));
+  if (status.ok()) impl_->data_plane.ForgetGroup(name);
+  return impl_->Explain(status);
 }
 
 }  // namespace optstate

@@ -213,17 +213,15 @@ void SharedMemoryPlane::ForgetArea(const std::string& group) {
   // Its whole pages go back to the system at once, in this process and in
   // the daemon (the memfd's pages are shared): a hole reads as zeros, and
   // the size (sealed) stays. Best effort: a failure only keeps the pages.
-  const uint64_t begin = AlignUp(it->second.gradient_offset, 4096);
-  const uint64_t end_of_area = (it->second.params_offset + it->second.params_capacity) & ~4095ull;
-  if (memfd_ >= 0 && end_of_area > begin) {
-    (void)fallocate(memfd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, begin, end_of_area - begin);
+  // Its offsets are not laid out again in this region: a chunk of an
+  // abandoned step may still be writing there on the daemon.
+  static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t begin = AlignUp(it->second.gradient_offset, page);
+  const uint64_t end = (it->second.params_offset + it->second.params_capacity) / page * page;
+  if (memfd_ >= 0 && end > begin) {
+    (void)fallocate(memfd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, begin, end - begin);
   }
   areas_.erase(it);
-  uint64_t end = 0;  // Areas are laid out one after another from the start.
-  for (const auto& [name, area] : areas_) {
-    end = std::max(end, area.params_offset + area.params_capacity);
-  }
-  used_ = end;
 }
 
 absl::Status SharedMemoryPlane::EnsureAreas(absl::Span<const GroupStep> groups,

@@ -113,9 +113,8 @@ class SharedMemoryPlane {
 
   // Forgets `group`'s area (the group was deleted): its whole pages are
   // given back to the system (a hole punched in the memfd, for this process
-  // and the daemon), a region replaced later is sized without it, and the
-  // region's bytes past the areas left are laid out anew (between steps
-  // nothing of an area is read again).
+  // and the daemon), and a region replaced later is sized without it. Its
+  // offsets are not reused in this region.
   void ForgetArea(const std::string& group);
 
   // Lays out every group given (a new region when they do not fit); a step
