@@ -52,8 +52,13 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::OpenAndRestore(
   {
     absl::MutexLock lock(&checkpointer->write_mu_);
     absl::StatusOr<std::vector<std::string>> unfinished = checkpointer->writer_.RemoveUnfinished();
-    if (!unfinished.ok()) return unfinished.status();
-    if (!unfinished->empty()) {
+    if (!unfinished.ok()) {
+      // Left over, not wrong: a restore never reads them, and the next
+      // checkpoint's Prune tries again.
+      Log(LogLevel::kWarning,
+          "could not remove the unfinished checkpoints earlier crashes left in ", options.state_dir,
+          ": ", unfinished.status().ToString());
+    } else if (!unfinished->empty()) {
       Log(LogLevel::kInfo, "removed ", unfinished->size(), " unfinished checkpoint director",
           unfinished->size() == 1 ? "y" : "ies", " that earlier crashes left in ",
           options.state_dir, ": ", absl::StrJoin(*unfinished, ", "));
@@ -107,7 +112,7 @@ void Checkpointer::RunTimer() {
       return stopping_;
     };
     absl::StatusOr<CheckpointOutcome> outcome = Checkpoint(call);
-    if (!outcome.ok()) {
+    if (!outcome.ok() && !call.cancelled()) {  // Cancelled: the daemon is stopping.
       Log(LogLevel::kError, "interval checkpoint failed: ", outcome.status().ToString());
     }
   }

@@ -65,7 +65,7 @@ class Checkpointer {
   // another daemon holds it; state_dir_lock.h), restores its newest complete
   // checkpoint into `store` (which must be empty and must outlive the
   // checkpointer, as must `backend`) and removes the unfinished checkpoints
-  // earlier crashes left. The lock is held until the checkpointer is
+  // earlier crashes left (a failure to remove them is logged, not fatal). The lock is held until the checkpointer is
   // destroyed. With `require_state`, FAILED_PRECONDITION (listing each
   // refusal) when no checkpoint could be restored. `pool` (may be null)
   // reads each group's file in parallel pieces.

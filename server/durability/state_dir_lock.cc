@@ -16,9 +16,24 @@ namespace optstate {
 absl::StatusOr<StateDirLock> StateDirLock::Acquire(const std::string& state_dir) {
   const std::string path = absl::StrCat(state_dir, "/", kStateDirLockName);
   ScopedFd fd(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  bool writable = true;
+  if (fd.get() < 0 && (errno == EACCES || errno == EROFS)) {
+    // A LOCK another user made, or a read-only state_dir (a restore to
+    // inspect): flock needs only a descriptor; the pid is not written.
+    ScopedFd read_only(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (read_only.get() >= 0) {
+      writable = false;
+      return LockOrRefuse(std::move(read_only), state_dir, path, writable);
+    }
+  }
   if (fd.get() < 0) {
     return absl::InternalError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
   }
+  return LockOrRefuse(std::move(fd), state_dir, path, writable);
+}
+
+absl::StatusOr<StateDirLock> StateDirLock::LockOrRefuse(ScopedFd fd, const std::string& state_dir,
+                                                        const std::string& path, bool writable) {
   if (flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno != EWOULDBLOCK) {
       return absl::InternalError(absl::StrCat("cannot lock ", path, ": ", std::strerror(errno)));
@@ -33,7 +48,8 @@ absl::StatusOr<StateDirLock> StateDirLock::Acquire(const std::string& state_dir)
         "daemon first, or give this one its own --state_dir"));
   }
   const std::string pid = absl::StrCat(getpid(), "\n");
-  if (ftruncate(fd.get(), 0) != 0 || pwrite(fd.get(), pid.data(), pid.size(), 0) < 0) {
+  if (writable &&
+      (ftruncate(fd.get(), 0) != 0 || pwrite(fd.get(), pid.data(), pid.size(), 0) < 0)) {
     return absl::InternalError(absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
   }
   return StateDirLock(std::move(fd));

@@ -25,11 +25,15 @@ class StateDirLock {
   // process id when another process (or another lock in this one) holds it;
   // the system's error when LOCK cannot be created. The holder's pid is
   // written into LOCK for that message only: the flock, not the file's text,
-  // is the lock.
+  // is the lock. A LOCK this process may only read (another user's, or a
+  // read-only state_dir) is locked all the same, without the pid.
   static absl::StatusOr<StateDirLock> Acquire(const std::string& state_dir);
 
  private:
   explicit StateDirLock(ScopedFd fd) : fd_(std::move(fd)) {}
+  // flock on `fd` (LOCK at `path`); the pid written when `writable`.
+  static absl::StatusOr<StateDirLock> LockOrRefuse(ScopedFd fd, const std::string& state_dir,
+                                                   const std::string& path, bool writable);
   ScopedFd fd_;
 };
 
