@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -50,8 +51,7 @@ absl::Status CheckClientOptions(const ClientOptions& options) {
   if (!options.lease_takeover.empty()) {
     const bool shaped = (absl::StartsWith(options.lease_takeover, "expired=") ||
                          absl::StartsWith(options.lease_takeover, "dead=")) &&
-                        word(options.lease_takeover, 140) &&
-                        options.lease_takeover.back() != '=';
+                        word(options.lease_takeover, 140) && options.lease_takeover.back() != '=';
     if (!shaped) {
       return absl::InvalidArgumentError(
           "ClientOptions.lease_takeover must be 'expired=ID' or 'dead=ID' (ID: the holder "
@@ -79,6 +79,13 @@ absl::StatusOr<std::string> ReadPem(const char* field, const std::string& path) 
   return text.str();
 }
 
+// A backoff as gRPC's channel argument: milliseconds, within [100 (gRPC's
+// floor), INT_MAX] (an infinite or huge one would overflow to a negative).
+int BackoffMillis(absl::Duration backoff) {
+  const int64_t ms = absl::ToInt64Milliseconds(backoff);
+  return static_cast<int>(std::clamp<int64_t>(ms, 100, std::numeric_limits<int>::max()));
+}
+
 }  // namespace
 
 std::string ResolveToken(const ClientOptions& options) {
@@ -104,10 +111,8 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ta
   // without trying: a daemon back after a restart went unseen for up to 10 s
   // of a client's retries. The client's own backoff bounds it instead
   // (initial_backoff doubling up to max_backoff; gRPC's floor is 100 ms).
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
-              static_cast<int>(absl::ToInt64Milliseconds(options.initial_backoff)));
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
-              static_cast<int>(absl::ToInt64Milliseconds(options.max_backoff)));
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, BackoffMillis(options.initial_backoff));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, BackoffMillis(options.max_backoff));
   // A connection whose peer went away without closing it (a cut link, a
   // host gone) must fail its calls: a stream blocked writing into it does
   // not end at its deadline while the socket holds unacknowledged bytes.
