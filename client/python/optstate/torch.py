@@ -629,6 +629,12 @@ class RemoteAdamW(torch.optim.Optimizer):
         if shared is not None:
             self._move_into_shared(*shared)
 
+    def _job_step(self) -> int:
+        """The highest step of the job's groups on the daemon(s), all ranks' (a rank
+        registers only its share of them)."""
+        return max((g.max_step for g in self._client.list_groups()
+                    if g.name.startswith(self._name_prefix)), default=0)
+
     def _attach(self, found: list) -> None:
         """Construction's look at the groups registration found ((parameter, param group,
         GroupInfo) each): refuses what ``resume`` does not allow (check_resume) and groups
@@ -646,10 +652,11 @@ class RemoteAdamW(torch.optim.Optimizer):
             self._client = Client(_target_of(replaced), **self._client_options)
             replaced.close()
         high = max((info.max_step for _, _, info in found), default=0)
+        if self._resume == "state_dict" and high == 0 and self._rank_and_world()[1] > 1:
+            high = self._job_step()  # this rank's share may be frozen groups alone
         if self._resume == "state_dict" and high > 0:
-            example = next(info for _, _, info in found if info.max_step == high)
-            self._awaiting_load = (f"job '{self._name_prefix}' has state on the daemon (e.g. "
-                                   f"'{example.name}' at step {high})")
+            self._awaiting_load = (f"job '{self._name_prefix}' has state on the daemon (at "
+                                   f"step {high})")
         if self._resume != "daemon":
             return
         if high == 0:
@@ -757,7 +764,8 @@ class RemoteAdamW(torch.optim.Optimizer):
         described = [(p, name, group, error, self._client.describe(name))
                      for p, name, group, error in refused]
         if not any(info.max_step > 0 for _, _, info in found) and \
-                not any(info.max_step > 0 for *_, info in described):
+                not any(info.max_step > 0 for *_, info in described) and \
+                (self._rank_and_world()[1] == 1 or self._job_step() == 0):
             raise refused[0][3]
         for p, name, group, error, info in described:
             if info.num_elements != p.numel():
@@ -1132,7 +1140,8 @@ class RemoteAdamW(torch.optim.Optimizer):
         restarted = [m for m in now if m in before and now[m][0] != before[m][0]]
         if not restarted:
             return
-        member = restarted[0]
+        # The one whose refusal this is, when its name is in it ("daemon 'ID' (...)").
+        member = next((m for m in restarted if f"daemon '{m}'" in refusal.message), restarted[0])
         started, has_state_dir, target = now[member]
         target = target or self._client.target
         import datetime
@@ -1304,22 +1313,25 @@ class RemoteAdamW(torch.optim.Optimizer):
         saved_state = state_dict["state"]
         rank, _ = self._rank_and_world()
         names = {id(p): name for p, name, _ in self._names()}
-        # Every entry is checked, and every import prepared, before anything changes: a
-        # refused state dict leaves the param groups and the daemon's state as they were.
+        # Every entry is checked before anything changes, on every rank (each then
+        # imports its own): a refused state dict leaves the param groups and the
+        # daemon's state as they were. The arrays are made one parameter at a time.
         loaded_groups, work = [], []
         for group, saved in zip(self.param_groups, saved_groups):
             loaded = dict(group)
             loaded.update((k, v) for k, v in saved.items() if k not in ("params", "param_names"))
             loaded_groups.append(loaded)
             for index, p in zip(saved["params"], group["params"]):
-                if self._owner.get(id(p), rank) != rank:
-                    continue
                 entry = saved_state.get(index, saved_state.get(str(index)))
-                work.append(self._prepare_import(p, names[id(p)], loaded, entry))
+                h = self._check_entry(p, names[id(p)], loaded, entry)
+                if self._owner.get(id(p), rank) == rank:
+                    work.append((p, names[id(p)], loaded, h, entry))
+        for p, name, loaded, h, entry in work:
+            self._import(p, name, loaded, h, entry)
+        # Last: the daemon's groups keep the hyperparameters they were registered with,
+        # and each step sends these where they differ.
         for group, loaded in zip(self.param_groups, loaded_groups):
             group.update((k, v) for k, v in loaded.items() if k != "params")
-        for prepared in work:
-            self._import(prepared)
         self._awaiting_load = None
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)
@@ -1339,57 +1351,55 @@ class RemoteAdamW(torch.optim.Optimizer):
             return widened  # stale: the parameter moved on (e.g. steps of another optimizer)
         return master
 
-    def _prepare_import(self, p: torch.Tensor, name: str, group: dict,
-                        entry: Optional[dict]) -> tuple:
-        """Checks p's entry of a state dict being loaded (ValueError saying what is wrong)
-        and returns what _import sends: (p, name, group, hyperparameters, None) for a
-        parameter that starts afresh, else with the arrays to import."""
+    def _check_entry(self, p: torch.Tensor, name: str, group: dict,
+                     entry: Optional[dict]) -> tuple:
+        """Checks p's entry of a state dict being loaded (ValueError saying what is wrong;
+        nothing is copied) and returns the hyperparameters p's group is (or will be)
+        registered with."""
         reg = self._registered.get(id(p))
         # The daemon's group keeps the hyperparameters it was registered with (each step
         # sends those of the loaded param group that differ); a new one takes the group's.
         h = reg.hyperparameters if reg is not None else _hyperparameters(group)
         if entry is None:
             self._check_registrable(p, name)
-            return (p, name, group, h, None)
+            return h
         if not isinstance(entry, dict):
             raise ValueError(f"parameter '{name}': its state is a {type(entry).__name__}, not "
                              "a dict of step, exp_avg and exp_avg_sq")
         for key in ("step", "exp_avg", "exp_avg_sq"):
             if key not in entry:
                 raise ValueError(f"parameter '{name}': its state has no '{key}'")
-        for key in ("exp_avg", "exp_avg_sq"):
-            if not isinstance(entry[key], torch.Tensor):
-                raise ValueError(f"parameter '{name}': the loaded {key} is a "
-                                 f"{type(entry[key]).__name__}, not a tensor")
         step = _as_float(entry["step"])
         if not (step >= 0 and step == int(step) and step < 2 ** 63):
             raise ValueError(f"parameter '{name}': the loaded step is {step}; a step is a "
                              "whole number, 0 or more")
-        exp_avg = entry["exp_avg"].detach().reshape(-1).float().contiguous()
-        exp_avg_sq = entry["exp_avg_sq"].detach().reshape(-1).float().contiguous()
-        if exp_avg.numel() != p.numel() or exp_avg_sq.numel() != p.numel():
-            raise ValueError(f"parameter '{name}': the loaded exp_avg/exp_avg_sq have "
-                             f"{exp_avg.numel()}/{exp_avg_sq.numel()} elements, the "
-                             f"parameter {p.numel()}")
-        max_exp_avg_sq = None
+        moments = ["exp_avg", "exp_avg_sq"]
         if h[5]:  # amsgrad: torch's state has max_exp_avg_sq too
             if not isinstance(entry.get("max_exp_avg_sq"), torch.Tensor):
                 raise ValueError(f"parameter '{name}': its param group has amsgrad=True but the "
                                  "loaded state has no max_exp_avg_sq (a state dict of an "
                                  "optimizer without amsgrad)")
-            max_exp_avg_sq = entry["max_exp_avg_sq"].detach().reshape(-1).float().contiguous()
-            if max_exp_avg_sq.numel() != p.numel():
-                raise ValueError(f"parameter '{name}': the loaded max_exp_avg_sq has "
-                                 f"{max_exp_avg_sq.numel()} elements, the parameter "
-                                 f"{p.numel()}")
-        params = self._master_weights(p, entry)
-        return (p, name, group, h, (params, exp_avg, exp_avg_sq, int(step), max_exp_avg_sq))
+            moments.append("max_exp_avg_sq")
+        for key in moments:
+            if not isinstance(entry[key], torch.Tensor):
+                raise ValueError(f"parameter '{name}': the loaded {key} is a "
+                                 f"{type(entry[key]).__name__}, not a tensor")
+        if entry["exp_avg"].numel() != p.numel() or entry["exp_avg_sq"].numel() != p.numel():
+            raise ValueError(f"parameter '{name}': the loaded exp_avg/exp_avg_sq have "
+                             f"{entry['exp_avg'].numel()}/{entry['exp_avg_sq'].numel()} "
+                             f"elements, the parameter {p.numel()}")
+        if h[5] and entry["max_exp_avg_sq"].numel() != p.numel():
+            raise ValueError(f"parameter '{name}': the loaded max_exp_avg_sq has "
+                             f"{entry['max_exp_avg_sq'].numel()} elements, the parameter "
+                             f"{p.numel()}")
+        return h
 
-    def _import(self, prepared: tuple) -> None:
-        """Sends what _prepare_import checked: p's state imported, or p registered anew."""
-        p, name, group, h, arrays = prepared
+    def _import(self, p: torch.Tensor, name: str, group: dict, h: tuple,
+                entry: Optional[dict]) -> None:
+        """Imports p's checked entry (_check_entry) into the daemon, or, without one,
+        registers p anew."""
         reg = self._registered.get(id(p))
-        if arrays is None:
+        if entry is None:
             # No state: the parameter starts afresh. The daemon has no step 0 to import,
             # so this job's group is registered anew from the parameter's values.
             if reg is not None:
@@ -1397,7 +1407,12 @@ class RemoteAdamW(torch.optim.Optimizer):
                 del self._registered[id(p)]
             self._register(p, name, group, h)
             return
-        params, exp_avg, exp_avg_sq, step, max_exp_avg_sq = arrays
+        params = self._master_weights(p, entry)
+        exp_avg = entry["exp_avg"].detach().reshape(-1).float().contiguous()
+        exp_avg_sq = entry["exp_avg_sq"].detach().reshape(-1).float().contiguous()
+        max_exp_avg_sq = (entry["max_exp_avg_sq"].detach().reshape(-1).float().contiguous()
+                          if h[5] else None)
+        step = int(_as_float(entry["step"]))
         self._client.import_state(name, params, exp_avg, exp_avg_sq, [step],
                                   max_exp_avg_sq=max_exp_avg_sq, **_register_keywords(h))
         self._remember(p, name, h, step, created=reg.created if reg is not None else True)
