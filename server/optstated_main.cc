@@ -267,7 +267,16 @@ int main(int argc, char** argv) {
   }
   optstate::Log(optstate::LogLevel::kInfo, "signal ", signal,
                 ": shutting down, finishing in-flight chunks");
-  (*server)->Shutdown(absl::GetFlag(FLAGS_shutdown_grace));
+  const absl::Status stopped = (*server)->Shutdown(absl::GetFlag(FLAGS_shutdown_grace));
+  if (!stopped.ok()) {
+    // Exit non-zero: what supervises the daemon (compose, Kubernetes, a
+    // script) must be able to tell that the last state was not saved.
+    optstate::Log(optstate::LogLevel::kError, "stopped, but ", stopped.message(),
+                  "; exiting with status 3");
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(3);
+  }
   optstate::Log(optstate::LogLevel::kInfo, "stopped");
   // Every stream and call has ended and the worker pool has drained. Exit
   // without destroying the server: ~grpc::Server runs gRPC's library

@@ -55,6 +55,8 @@ struct Server::Parts {
   absl::Mutex mu;
   bool shut_down ABSL_GUARDED_BY(mu) = false;
   absl::Notification done;
+  // The final checkpoint's failure (set before `done`); OK without one.
+  absl::Status final_checkpoint;
 
   ~Parts() {
     // Destroyed in dependency order: nothing may outlive what it points to.
@@ -311,13 +313,13 @@ int Server::metrics_port() const {
   return parts_->metrics_endpoint != nullptr ? parts_->metrics_endpoint->port() : 0;
 }
 
-Server::~Server() { Shutdown(absl::Seconds(5)); }
+Server::~Server() { (void)Shutdown(absl::Seconds(5)); }
 
 const StepEngine& Server::engine() const { return *parts_->engine; }
 
 absl::Status Server::ReloadTokens() { return parts_->authenticator->Reload(); }
 
-void Server::Shutdown(absl::Duration grace) {
+absl::Status Server::Shutdown(absl::Duration grace) {
   bool first;
   {
     absl::MutexLock lock(&parts_->mu);
@@ -326,7 +328,7 @@ void Server::Shutdown(absl::Duration grace) {
   }
   if (!first) {
     parts_->done.WaitForNotification();  // Another caller is shutting down.
-    return;
+    return parts_->final_checkpoint;
   }
   // 1. Streams first: each ends (UNAVAILABLE, shutting down) once the
   //    messages on the workers are answered; new streams are refused. Idle
@@ -358,9 +360,13 @@ void Server::Shutdown(absl::Duration grace) {
     absl::StatusOr<CheckpointOutcome> last = parts_->checkpointer->Checkpoint(CheckpointCall());
     if (!last.ok()) {
       Log(LogLevel::kError, "final checkpoint at shutdown failed: ", last.status().ToString());
+      parts_->final_checkpoint = absl::Status(
+          last.status().code(),
+          absl::StrCat("the final checkpoint at shutdown failed: ", last.status().message()));
     }
   }
   parts_->done.Notify();
+  return parts_->final_checkpoint;
 }
 
 void Server::Wait() { parts_->done.WaitForNotification(); }

@@ -95,8 +95,9 @@ class Server {
   // applied are answered (idle streams end at once); waits up to `grace` for
   // that and for unary calls, cancels what is left, drains the worker pool,
   // then (with state_dir) writes a final checkpoint. Idempotent; a concurrent
-  // second call returns when the first has finished.
-  void Shutdown(absl::Duration grace);
+  // second call returns when the first has finished. The final checkpoint's
+  // failure (the state since the last checkpoint is not saved), else OK.
+  absl::Status Shutdown(absl::Duration grace);
   // Blocks until Shutdown has completed.
   void Wait();
 

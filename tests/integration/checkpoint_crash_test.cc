@@ -339,9 +339,11 @@ TEST_F(DamagedCheckpointTest, RequireStateExitsNonZeroWhenNoCheckpointIsUsable) 
   EXPECT_EQ(written.status().code(), absl::StatusCode::kFailedPrecondition) << written.status();
   EXPECT_THAT(std::string(written.status().message()), HasSubstr("was refused at start"));
   client.reset();
-  absl::StatusOr<int> exit_code = (*daemon)->Stop();  // No final checkpoint either.
+  // No final checkpoint either, and the exit code says so (3): the state
+  // since the start is not saved.
+  absl::StatusOr<int> exit_code = (*daemon)->Stop();
   ASSERT_TRUE(exit_code.ok());
-  EXPECT_EQ(*exit_code, 0);
+  EXPECT_EQ(*exit_code, 3);
   int checkpoints = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
     checkpoints += entry.path().filename().string().rfind("ckpt-", 0) == 0;
