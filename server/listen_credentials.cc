@@ -5,7 +5,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
@@ -24,8 +26,8 @@ absl::Status CheckPemFile(const std::string& flag, const std::string& path,
   text << in.rdbuf();
   if (!absl::StrContains(text.str(), "-----BEGIN") ||
       (!block.empty() && !absl::StrContains(text.str(), block))) {
-    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", path, ": holds no PEM ",
-                                                   block.empty() ? "block" : block));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", path, ": holds no PEM ", block.empty() ? "block" : block));
   }
   return absl::OkStatus();
 }
@@ -38,8 +40,28 @@ bool IsLocalOnlyAddress(const std::string& listen) {
          absl::StartsWith(listen, "ipv4:127.") || absl::StartsWith(listen, "ipv6:[::1]:");
 }
 
+absl::Status CheckListenAddress(const std::string& listen) {
+  if (absl::StartsWith(listen, "unix:")) {
+    if (listen.size() > 5) return absl::OkStatus();
+    return absl::InvalidArgumentError("--listen=unix: needs a path (unix:/run/optstate.sock)");
+  }
+  const size_t colon = listen.rfind(':');
+  uint32_t port = 0;
+  if (colon == std::string::npos || colon == 0 || colon + 1 == listen.size() ||
+      !absl::ascii_isdigit(listen[colon + 1]) ||
+      !absl::SimpleAtoi(absl::string_view(listen).substr(colon + 1), &port) || port > 65535) {
+    // gRPC takes a port past 65535 modulo 65536, and an empty one for 443.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen must be HOST:PORT with a port of 0 to 65535 (127.0.0.1:50051, 0.0.0.0:50051, "
+        "[::1]:50051; 0 picks a free one) or unix:PATH, got '",
+        listen, "'"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenCredentials(
     const std::string& listen, const TlsOptions& tls) {
+  if (absl::Status s = CheckListenAddress(listen); !s.ok()) return s;
   if (tls.cert_file.empty() != tls.key_file.empty()) {
     return absl::InvalidArgumentError("--tls_cert and --tls_key go together: give both or neither");
   }

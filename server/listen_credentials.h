@@ -28,11 +28,16 @@ struct TlsOptions {
 // host: unix:, 127.x.x.x, [::1] and localhost.
 bool IsLocalOnlyAddress(const std::string& listen);
 
+// INVALID_ARGUMENT, saying the form, unless `listen` is HOST:PORT with a
+// port of 0 to 65535 or unix:PATH.
+absl::Status CheckListenAddress(const std::string& listen);
+
 // TLS credentials (gRPC's FileWatcherCertificateProvider; with a client CA
 // it also watches the roots and requires and verifies client certificates),
 // or insecure ones. INVALID_ARGUMENT, naming the flag, for a cert without a
 // key or the reverse, a client CA without a cert, a file that cannot be read
-// or holds no PEM block, and for plaintext on a remote address without
+// or holds no PEM block, for a malformed `listen` (CheckListenAddress), and
+// for plaintext on a remote address without
 // allow_insecure_remote (which then logs a warning).
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenCredentials(
     const std::string& listen, const TlsOptions& tls);

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -56,12 +57,13 @@ ABSL_FLAG(bool, allow_insecure_remote, Default().tls.allow_insecure_remote,
 ABSL_FLAG(std::string, tls_trust_domain, Default().auth.spiffe_trust_domain,
           "With --tls_client_ca: a client certificate whose URI SAN is exactly "
           "spiffe://TRUST_DOMAIN/tenant/NAME is tenant NAME when it sends no token.");
-ABSL_FLAG(std::string, auth_tokens_file, Default().auth.tokens_file,
-          "Tokens and tenants, one per line: TENANT SHA256HEX [max_host_bytes=N] "
-          "[max_groups=N] [admin] ('#' comments; SHA256HEX: the lowercase hex SHA-256 of the "
-          "token). Every call but health and reflection (--reflection) then needs 'authorization: Bearer "
-          "TOKEN'; each tenant sees only its groups. Re-read on SIGHUP (a bad file keeps the "
-          "previous one).");
+ABSL_FLAG(
+    std::string, auth_tokens_file, Default().auth.tokens_file,
+    "Tokens and tenants, one per line: TENANT SHA256HEX [max_host_bytes=N] "
+    "[max_groups=N] [admin] ('#' comments; SHA256HEX: the lowercase hex SHA-256 of the "
+    "token). Every call but health and reflection (--reflection) then needs 'authorization: Bearer "
+    "TOKEN'; each tenant sees only its groups. Re-read on SIGHUP (a bad file keeps the "
+    "previous one).");
 ABSL_FLAG(uint64_t, tenant_max_host_bytes, Default().auth.tenant_max_host_bytes,
           "Host bytes of state one tenant may hold, for tokens-file tenants without "
           "max_host_bytes=; 0: no limit but --max_host_bytes.");
@@ -156,7 +158,13 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "optstated keeps AdamW optimizer state for remote trainers and applies their steps.\n"
       "Usage: optstated [--listen=127.0.0.1:50051] [--backend=auto|cpu|cuda] [--threads=N] ...");
-  absl::ParseCommandLine(argc, argv);
+  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    std::fprintf(stderr,
+                 "optstated: takes flags only (--name=value), got '%s'; see optstated --help\n",
+                 positional[1]);
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_shutdown_grace) < absl::ZeroDuration()) {
     std::fprintf(stderr, "optstated: --shutdown_grace must not be negative\n");
     return 2;

@@ -19,9 +19,9 @@
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/impl/server_builder_option.h"
 #include "grpcpp/impl/server_builder_plugin.h"
-#include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "optstate/message_limits.h"
 #include "server/base/log.h"
@@ -144,13 +144,23 @@ absl::Status Server::StartMetrics(const std::string& listen, Parts& parts) {
   return absl::OkStatus();
 }
 
+namespace {
+constexpr int kMaxThreads = 1024;
+constexpr uint64_t kMaxPageElements = uint64_t{1} << 28;
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
-  if (options.threads < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--threads must be >= 0, got ", options.threads));
+  if (options.threads < 0 || options.threads > kMaxThreads) {
+    return absl::InvalidArgumentError(absl::StrCat("--threads must be 0 (one per core) to ",
+                                                   kMaxThreads, ", got ", options.threads));
   }
-  if (options.page_elements == 0 || options.page_elements % 64 != 0) {
-    return absl::InvalidArgumentError("page size must be a positive multiple of 64 elements");
+  if (options.page_elements == 0 || options.page_elements % 64 != 0 ||
+      options.page_elements > kMaxPageElements) {
+    // The upper bound keeps a page's bytes within a message (an int) and
+    // every product of it within 64 bits.
+    return absl::InvalidArgumentError(
+        absl::StrCat("--page_elements must be a positive multiple of 64, at most ",
+                     kMaxPageElements, ", got ", options.page_elements));
   }
   if (options.heap_trim_interval < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--heap_trim_interval must not be negative");
@@ -232,6 +242,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     parts->checkpointer = std::move(*checkpointer);
   } else if (options.require_state) {
     return absl::InvalidArgumentError("--require_state needs --state_dir");
+  } else if (options.checkpoint_interval > absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "--checkpoint_interval needs --state_dir (where the checkpoints go)");
   }
   // Quotas hold from here: a restore gives every tenant back what it had.
   parts->store->SetTenantQuotas(parts->authenticator.get());
@@ -241,11 +254,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   parts->store->SetLeaseTerm(options.lease_term);
   const uint64_t restored_groups = parts->store->ListAll().size();
   parts->store->SetNotFoundNote(absl::StrCat(
-      ". This optstated started at ", absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone()),
-      options.state_dir.empty()
-          ? " without --state_dir: its groups do not survive a restart"
-          : absl::StrCat(" with --state_dir and restored ", restored_groups,
-                         " groups from a checkpoint at start")));
+      ". This optstated started at ",
+      absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone()),
+      options.state_dir.empty() ? " without --state_dir: its groups do not survive a restart"
+                                : absl::StrCat(" with --state_dir and restored ", restored_groups,
+                                               " groups from a checkpoint at start")));
   parts->data_plane =
       std::make_unique<DataPlaneAssembly>(options.data_plane, parts->authenticator.get());
   if (!options.metrics_listen.empty()) {

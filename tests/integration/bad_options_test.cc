@@ -1,6 +1,7 @@
 // Bad server options: refused at start, with a message that says what to fix.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -39,6 +40,35 @@ TEST(ServerOptionsTest, AMessageLimitThatCannotHoldOnePageIsRefused) {
   EXPECT_NE(server.status().message().find("--max_message_bytes must be at least 4198400"),
             std::string::npos)
       << server.status();
+}
+
+// Values that started a daemon that could not work: gRPC took a port past
+// 65535 modulo 65536 (70000 served on 4464) and an empty one as 443; a huge
+// thread count aborted the process; a huge page size wrapped 4 x page past
+// the message check; an interval without a state_dir was silently ignored.
+TEST(ServerOptionsTest, OutOfRangeListenThreadsPageSizeAndIntervalAreRefused) {
+  struct Case {
+    std::function<void(ServerOptions*)> set;
+    std::string says;
+  };
+  const Case cases[] = {
+      {[](ServerOptions* o) { o->listen = "127.0.0.1:70000"; }, "port of 0 to 65535"},
+      {[](ServerOptions* o) { o->listen = "127.0.0.1:"; }, "got '127.0.0.1:'"},
+      {[](ServerOptions* o) { o->listen = "127.0.0.1"; }, "--listen must be HOST:PORT"},
+      {[](ServerOptions* o) { o->listen = "unix:"; }, "unix: needs a path"},
+      {[](ServerOptions* o) { o->threads = 100000; }, "--threads must be 0 (one per core) to 1024"},
+      {[](ServerOptions* o) { o->page_elements = uint64_t{1} << 62; },
+       "--page_elements must be a positive multiple of 64, at most 268435456"},
+      {[](ServerOptions* o) { o->checkpoint_interval = absl::Minutes(10); },
+       "--checkpoint_interval needs --state_dir"},
+  };
+  for (const Case& c : cases) {
+    ServerOptions options = LocalCpuServer();
+    c.set(&options);
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument) << c.says;
+    EXPECT_NE(server.status().message().find(c.says), std::string::npos) << server.status();
+  }
 }
 
 // A path the CPU lacks would fault on the first step, and an unknown name
