@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
+#include "grpcpp/server_context.h"
 
 namespace optstate {
 
@@ -46,8 +47,8 @@ namespace {
 
 class CallMetricsInterceptor : public grpc::experimental::Interceptor {
  public:
-  CallMetricsInterceptor(CallMetrics* metrics, size_t method)
-      : metrics_(metrics), method_(method), started_(absl::Now()) {
+  CallMetricsInterceptor(CallMetrics* metrics, size_t method, grpc::ServerContextBase* context)
+      : metrics_(metrics), method_(method), context_(context), started_(absl::Now()) {
     metrics_->Started(method_);
   }
   ~CallMetricsInterceptor() override {
@@ -62,8 +63,13 @@ class CallMetricsInterceptor : public grpc::experimental::Interceptor {
             grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS) &&
         !finished_) {
       finished_ = true;
-      metrics_->Finished(method_, static_cast<int>(methods->GetSendStatus().error_code()),
-                         absl::Now() - started_);
+      // A status sent after the client cancelled (or its deadline passed)
+      // never reaches it: a reactor that ends a cancelled stream with OK, or
+      // a health Watch its client ended, would count as OK or UNKNOWN.
+      const int code = context_ != nullptr && context_->IsCancelled()
+                           ? static_cast<int>(grpc::StatusCode::CANCELLED)
+                           : static_cast<int>(methods->GetSendStatus().error_code());
+      metrics_->Finished(method_, code, absl::Now() - started_);
     }
     methods->Proceed();
   }
@@ -71,6 +77,7 @@ class CallMetricsInterceptor : public grpc::experimental::Interceptor {
  private:
   CallMetrics* const metrics_;
   const size_t method_;
+  grpc::ServerContextBase* const context_;  // The call's; gRPC's, alive as long as the call.
   const absl::Time started_;
   // Written only at PRE_SEND_STATUS (once per call), read there and by the
   // destructor, which gRPC runs after every hook point of the call.
@@ -83,7 +90,8 @@ class CallMetricsInterceptorFactory
   explicit CallMetricsInterceptorFactory(CallMetrics* metrics) : metrics_(metrics) {}
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
-    return new CallMetricsInterceptor(metrics_, metrics_->MethodIndex(info->method()));
+    return new CallMetricsInterceptor(metrics_, metrics_->MethodIndex(info->method()),
+                                      info->server_context());
   }
 
  private:

@@ -66,8 +66,9 @@ class CallMetrics {
 // The interceptor factory for grpc::ServerBuilder::experimental()
 // .SetInterceptorCreators: each call counts as started when it is created,
 // and its duration (from then to the status being sent, A66's) is observed
-// under the status it ends with; a call that ends with no status sent (the
-// client went away) counts as CANCELLED. `metrics` must outlive the server.
+// under the status it ends with; a call that ends with no status sent, or
+// whose status is sent after the client cancelled it or its deadline passed
+// (the client never sees it), counts as CANCELLED. `metrics` must outlive the server.
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
 MakeCallMetricsInterceptorFactory(CallMetrics* metrics);
 

@@ -201,6 +201,37 @@ def test_every_value_matches_get_stats_after_known_steps(fresh_daemons, tmp_path
     assert "# TYPE optstate_step_phase_seconds histogram" in text
 
 
+def test_a_step_whose_client_gave_up_counts_as_cancelled_not_ok(fresh_daemons):
+    # The Step reactor ends a stream its client gave up on (here: grpcurl's deadline
+    # passes on an idle stream) with a status the client never sees; it was counted as
+    # OK, so steps timing out were invisible to the refusal alerts.
+    from test_readme_grpcurl import grpcurl_binary
+    port = free_port()
+    daemon = fresh_daemons(f"--metrics_listen=127.0.0.1:{port}")
+
+    def counts():
+        samples, _ = scrape(port)
+        key = "grpc_server_call_duration_seconds_count"
+        return (samples.get(("grpc_server_call_started_total", (("grpc_method", STEP),)), 0),
+                samples.get((key, (("grpc_method", STEP), ("grpc_status", "OK"))), 0),
+                samples.get((key, (("grpc_method", STEP), ("grpc_status", "CANCELLED"))), 0))
+
+    before = counts()
+    idle = subprocess.Popen([grpcurl_binary(), "-plaintext", "-max-time", "0.5", "-d", "@",
+                             daemon.target, "optstate.v1.OptimizerState/Step"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)  # stdin stays open: no message is sent, nor the stream's end
+    _, err = idle.communicate(timeout=30)  # grpcurl waits on stdin until it is closed
+    assert idle.returncode != 0 and "DeadlineExceeded" in err, err
+    for _ in range(50):  # the daemon's side of the call ends on its own threads
+        started, ok, cancelled = (a - b for a, b in zip(counts(), before))
+        if cancelled == 1:
+            break
+        time.sleep(0.05)
+    assert (started, ok, cancelled) == (1, 0, 1)
+
+
 def test_a_real_prometheus_scrapes_the_daemon_with_deploys_config(fresh_daemons, client):
     prometheus = "/usr/bin/prometheus"
     assert os.path.exists(prometheus), "Debian's prometheus is missing: make test installs it"
