@@ -46,8 +46,12 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
   if (absl::Status s = CheckListenAddress(listen); !s.ok()) return s;
   std::unique_ptr<prometheus::Exposer> exposer;
   try {
-    // prometheus-cpp's exposer throws when civetweb cannot bind.
-    exposer = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/2);
+    // prometheus-cpp's exposer throws when civetweb cannot bind. civetweb
+    // gives each connection a thread until it closes or a read waits past
+    // request_timeout_ms (30 s by default): with 2 threads, two idle
+    // connections starved every scrape for 25-30 s. 8 threads and 5 s.
+    exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", listen, "num_threads", "8", "request_timeout_ms", "5000"});
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen,
                                                " (--metrics_listen): the port is taken or the "

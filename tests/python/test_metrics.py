@@ -232,6 +232,21 @@ def test_a_step_whose_client_gave_up_counts_as_cancelled_not_ok(fresh_daemons):
     assert (started, ok, cancelled) == (1, 0, 1)
 
 
+def test_idle_connections_to_the_metrics_port_do_not_starve_scrapes(fresh_daemons):
+    # civetweb held a thread per connection until it closed or 30 s passed, and had 2:
+    # two idle connections (any peer of a 0.0.0.0 metrics port) failed every scrape.
+    port = free_port()
+    fresh_daemons(f"--metrics_listen=127.0.0.1:{port}")
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+    try:
+        time.sleep(0.3)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as reply:
+            assert reply.status == 200 and b"optstate_groups" in reply.read()
+    finally:
+        for s in idle:
+            s.close()
+
+
 def test_a_real_prometheus_scrapes_the_daemon_with_deploys_config(fresh_daemons, client):
     prometheus = "/usr/bin/prometheus"
     assert os.path.exists(prometheus), "Debian's prometheus is missing: make test installs it"
