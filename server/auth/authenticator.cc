@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "server/base/log.h"
 
 namespace optstate {
 namespace {
@@ -66,6 +67,18 @@ std::optional<std::string> TenantOfSpiffeId(absl::string_view uri, absl::string_
   return std::string(name);
 }
 
+namespace {
+
+// An empty tokens file is valid (every token revoked) but locks out every
+// caller that has no certificate: worth a warning, at start and on reload.
+void WarnIfNoToken(const AuthOptions& options, const TokensTable& table) {
+  if (options.tokens_file.empty() || !table.entries.empty()) return;
+  Log(LogLevel::kWarning, "--auth_tokens_file ", options.tokens_file,
+      " holds no token: every call without a client certificate is refused (UNAUTHENTICATED)");
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(const AuthOptions& options) {
   if (!options.spiffe_trust_domain.empty() && !IsHostName(options.spiffe_trust_domain)) {
     return absl::InvalidArgumentError(
@@ -74,6 +87,7 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(const AuthO
   }
   absl::StatusOr<std::shared_ptr<const TokensTable>> table = ReadTable(options.tokens_file);
   if (!table.ok()) return table.status();
+  WarnIfNoToken(options, **table);
   return std::unique_ptr<Authenticator>(new Authenticator(options, std::move(*table)));
 }
 
@@ -85,6 +99,7 @@ std::shared_ptr<const TokensTable> Authenticator::table() const {
 absl::Status Authenticator::Reload() {
   absl::StatusOr<std::shared_ptr<const TokensTable>> table = ReadTable(options_.tokens_file);
   if (!table.ok()) return table.status();
+  WarnIfNoToken(options_, **table);
   absl::MutexLock lock(&mu_);
   table_ = std::move(*table);
   return absl::OkStatus();
