@@ -57,6 +57,34 @@ def run(rank, world, init_file, target, prefix, out_path, steps):
     end_rank()
 
 
+def run_resumed(rank, world, init_file, target, prefix, out_path, first, last):
+    """A rank of a sharded job restarted after step first - 1: a freshly initialised model
+    (other weights on each rank, but for the frozen ones), RemoteAdamW(shard=True,
+    resume="daemon"), then steps first..last with run()'s batches."""
+    start_rank()
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    model = MLP(seed=50 + rank)
+    with torch.no_grad():  # frozen parameters come from where they came from (pretrained)
+        for p, q in zip(model.parameters(), MLP(seed=0).parameters()):
+            if not p.requires_grad:
+                p.copy_(q)
+    ddp = DistributedDataParallel(model)
+    opt = RemoteAdamW(model.named_parameters(), target=target, name_prefix=prefix, lr=1e-2,
+                      shard=True, resume="daemon", takeover=True)
+    record = {"resumed": {n: p.detach().clone() for n, p in model.named_parameters()}}
+    for step in range(first, last + 1):
+        gen = torch.Generator().manual_seed(100 * step + rank)
+        x, y = torch.randn(64, 32, generator=gen), torch.randn(64, 10, generator=gen)
+        opt.zero_grad()
+        F.mse_loss(ddp(x), y).backward()
+        opt.step()
+    record["final"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    torch.save(record, out_path)
+    del ddp, opt
+    end_rank()
+
+
 def run_wrapped(rank, world, init_file, target, prefix, out_path, steps):
     """A rank of test_jobs.py's DDP job: the optimizer over the DDP module's names
     (module.*), without shard (both ranks step every group under the job's one lease)."""

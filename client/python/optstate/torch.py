@@ -642,18 +642,34 @@ class RemoteAdamW(torch.optim.Optimizer):
         daemon's state: parameter values, step counts and the last step's hyperparameters."""
         attached = [Attached(info.name, info.created, info.min_step, info.max_step)
                     for _, _, info in found]
-        check_resume(self._name_prefix, self._resume, attached, self._finish_torn_step)
-        leases = {info.name: info.lease for _, _, info in found
-                  if info.lease is not None and not info.created}
-        breaking = takeover_for(leases, self._lease_holder, self._takeover)
+        sharded = self._rank_and_world()[1] > 1
+        refused: Optional[errors.Error] = None
+        try:
+            check_resume(self._name_prefix, self._resume, attached, self._finish_torn_step)
+            leases = {info.name: info.lease for _, _, info in found
+                      if info.lease is not None and not info.created}
+            breaking = takeover_for(leases, self._lease_holder, self._takeover)
+        except errors.Error as e:
+            refused = e
+        if sharded:
+            # Each rank judged its own share: all refuse when one does (the ranks meet in
+            # the broadcast below, which a rank gone would leave waiting).
+            verdict = torch.tensor([0 if refused is None else 1])
+            dist.all_reduce(verdict, op=dist.ReduceOp.MAX, group=self._process_group)
+            if refused is None and verdict.item():
+                refused = errors.FailedPrecondition(
+                    f"job '{self._name_prefix}': another rank refused to attach (its error "
+                    "says why)")
+        if refused is not None:
+            raise refused
         if breaking and self._owns_client:
             self._client_options["lease_takeover"] = breaking
             replaced = self._client
             self._client = Client(_target_of(replaced), **self._client_options)
             replaced.close()
         high = max((info.max_step for _, _, info in found), default=0)
-        if self._resume == "state_dict" and high == 0 and self._rank_and_world()[1] > 1:
-            high = self._job_step()  # this rank's share may be frozen groups alone
+        if sharded and self._resume != "never":
+            high = max(high, self._job_step())  # this rank's share may be frozen groups alone
         if self._resume == "state_dict" and high > 0:
             self._awaiting_load = (f"job '{self._name_prefix}' has state on the daemon (at "
                                    f"step {high})")
@@ -692,6 +708,10 @@ class RemoteAdamW(torch.optim.Optimizer):
         # steps the groups behind only. Groups never stepped (frozen) are not behind.
         if any(0 < info.max_step and info.min_step < high for _, _, info in found):
             self._finish_to = high
+        if sharded:
+            # Each rank took the daemon's values of its own share only: the rest from
+            # their owners, or the first forward pass runs on the fresh initial values.
+            self._broadcast()
 
     def _allocate_shared(self, params: list[torch.Tensor]) -> Optional[tuple]:
         """A new shared buffer with a 64-byte aligned slice for the values and one for the
