@@ -63,7 +63,12 @@ std::optional<std::string> TenantOfSpiffeId(absl::string_view uri, absl::string_
   const std::string prefix = absl::StrCat("spiffe://", trust_domain, "/tenant/");
   if (trust_domain.empty() || !absl::StartsWith(uri, prefix)) return std::nullopt;
   const absl::string_view name = uri.substr(prefix.size());
-  if (!IsValidTenantName(name) || absl::StrContains(name, '/')) return std::nullopt;
+  // A SPIFFE ID's path segment: letters, digits, '.', '-' and '_' (no query,
+  // no percent-encoding), not "." or "..".
+  if (!IsValidTenantName(name) || name == "." || name == "..") return std::nullopt;
+  for (char c : name) {
+    if (!absl::ascii_isalnum(c) && c != '.' && c != '-' && c != '_') return std::nullopt;
+  }
   return std::string(name);
 }
 
@@ -122,8 +127,9 @@ std::optional<Caller> Authenticator::FromToken(const TokensTable& table,
   return CallerOf(table, found->tenant);
 }
 
-absl::StatusOr<Caller> Authenticator::Authenticate(std::optional<absl::string_view> authorization,
-                                                   const std::vector<std::string>& peer_uris) const {
+absl::StatusOr<Caller> Authenticator::Authenticate(
+    std::optional<absl::string_view> authorization,
+    const std::vector<std::string>& peer_uris) const {
   if (!required_) return Caller();
   const std::shared_ptr<const TokensTable> current = table();
   if (authorization.has_value() && !options_.tokens_file.empty()) {
@@ -140,6 +146,13 @@ absl::StatusOr<Caller> Authenticator::Authenticate(std::optional<absl::string_vi
           "tokens file); ask the daemon's operator for a token");
     }
     return *caller;
+  }
+  if (peer_uris.size() > 1) {
+    // An X.509-SVID carries exactly one URI SAN: which tenant would be meant?
+    return absl::UnauthenticatedError(
+        absl::StrCat("the client certificate carries ", peer_uris.size(),
+                     " URI SANs; a SPIFFE certificate carries exactly one, spiffe://",
+                     options_.spiffe_trust_domain, "/tenant/NAME"));
   }
   for (const std::string& uri : peer_uris) {
     if (std::optional<std::string> tenant = TenantOfSpiffeId(uri, options_.spiffe_trust_domain)) {

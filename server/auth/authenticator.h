@@ -93,7 +93,8 @@ class Authenticator : public TenantQuotas {
 std::optional<absl::string_view> BearerToken(absl::string_view authorization);
 
 // NAME when `uri` is exactly spiffe://TRUST_DOMAIN/tenant/NAME with a valid
-// tenant name; else nullopt.
+// tenant name made of a SPIFFE path segment's characters (letters, digits,
+// '.', '-', '_'; not "." or ".."); else nullopt.
 std::optional<std::string> TenantOfSpiffeId(absl::string_view uri,
                                             absl::string_view trust_domain);
 

@@ -23,7 +23,8 @@ std::string Hex(const TokenDigest& d) {
 
 // The digest as the openssl command prints it (the reference).
 std::string OpensslDigest(const std::string& token) {
-  FILE* pipe = popen(absl::StrCat("printf %s '", token, "' | openssl dgst -sha256 -r").c_str(), "r");
+  FILE* pipe =
+      popen(absl::StrCat("printf %s '", token, "' | openssl dgst -sha256 -r").c_str(), "r");
   char out[128] = {};
   const size_t n = pipe != nullptr ? fread(out, 1, sizeof(out) - 1, pipe) : 0;
   if (pipe != nullptr) pclose(pipe);
@@ -52,9 +53,9 @@ TEST(TokenDigestTest, HexMustBe64LowercaseDigits) {
 TEST(TokensFileTest, CommentsBlankLinesRotationQuotasAndAdmin) {
   const std::string a = Hex(DigestOfToken("a")), b = Hex(DigestOfToken("b")),
                     c = Hex(DigestOfToken("c"));
-  absl::StatusOr<TokensTable> table = ParseTokensFile(absl::StrCat(
-      "# header\n\n   \nteam-a ", a, " max_host_bytes=1200 # inline\nteam-a\t", b,
-      " max_groups=7\r\nops ", c, " admin\n"));
+  absl::StatusOr<TokensTable> table = ParseTokensFile(
+      absl::StrCat("# header\n\n   \nteam-a ", a, " max_host_bytes=1200 # inline\nteam-a\t", b,
+                   " max_groups=7\r\nops ", c, " admin\n"));
   ASSERT_TRUE(table.ok()) << table.status();
   ASSERT_EQ(table->entries.size(), 3u);
   EXPECT_EQ(table->entries[1].tenant, "team-a");
@@ -87,8 +88,8 @@ TEST(TokensFileTest, EachMalformedLineIsRefusedByNumberWithoutQuotingIt) {
     EXPECT_THAT(table.status().message(), Not(HasSubstr("this-is-the-raw-token-pasted")));
     EXPECT_THAT(table.status().message(), Not(HasSubstr(b)));
   }
-  absl::StatusOr<TokensTable> conflict = ParseTokensFile(
-      absl::StrCat("t ", a, " max_groups=1\nt ", b, " max_groups=2\n"));
+  absl::StatusOr<TokensTable> conflict =
+      ParseTokensFile(absl::StrCat("t ", a, " max_groups=1\nt ", b, " max_groups=2\n"));
   ASSERT_FALSE(conflict.ok());
   EXPECT_THAT(conflict.status().message(), HasSubstr("line 2: max_groups differs"));
 }
@@ -110,6 +111,31 @@ TEST(SpiffeIdTest, OnlyTheExactTenantPathOfTheTrustDomain) {
   EXPECT_FALSE(TenantOfSpiffeId("xspiffe://example.org/tenant/a", "example.org"));
   EXPECT_FALSE(TenantOfSpiffeId("spiffe://example.org/tenants/a", "example.org"));
   EXPECT_FALSE(TenantOfSpiffeId("spiffe://example.org/tenant/a", ""));
+  // A SPIFFE path segment's characters only: no query, no percent-encoding.
+  EXPECT_FALSE(TenantOfSpiffeId("spiffe://example.org/tenant/team-a?x=1", "example.org"));
+  EXPECT_FALSE(TenantOfSpiffeId("spiffe://example.org/tenant/team%2Da", "example.org"));
+  EXPECT_FALSE(TenantOfSpiffeId("spiffe://example.org/tenant/..", "example.org"));
+  EXPECT_EQ(TenantOfSpiffeId("spiffe://example.org/tenant/a.b_c-9", "example.org"), "a.b_c-9");
+}
+
+// An X.509-SVID carries exactly one URI SAN: a certificate with two named
+// the tenant of whichever came first.
+TEST(SpiffeIdTest, ACertificateWithSeveralUriSansNamesNoTenant) {
+  AuthOptions options;
+  options.spiffe_trust_domain = "example.org";
+  absl::StatusOr<std::unique_ptr<Authenticator>> auth = Authenticator::Create(options);
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  absl::StatusOr<Caller> one =
+      (*auth)->Authenticate(std::nullopt, {"spiffe://example.org/tenant/a"});
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->tenant, "a");
+  for (const std::vector<std::string>& uris :
+       {std::vector<std::string>{"spiffe://example.org/tenant/a", "spiffe://example.org/tenant/b"},
+        std::vector<std::string>{"https://example.org/x", "spiffe://example.org/tenant/a"}}) {
+    absl::StatusOr<Caller> two = (*auth)->Authenticate(std::nullopt, uris);
+    EXPECT_EQ(two.status().code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_THAT(two.status().message(), ::testing::HasSubstr("carries 2 URI SANs"));
+  }
 }
 
 }  // namespace
