@@ -4,6 +4,7 @@
 // Rebalance moves groups between members (docs/scale-out.md).
 #include <algorithm>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -446,15 +447,52 @@ absl::StatusOr<RebalanceResult> Client::Rebalance(const std::vector<MemberTarget
     if (options.before_each) options.before_each(what);
     result.log.push_back(std::move(what));
   };
-  for (auto& [name, held] : copies) {
+  // The current copy of each group: the highest (max_step, min_step); the
+  // owner's on a tie.
+  auto current_of = [&](const std::string& name,
+                        const std::vector<std::pair<size_t, GroupInfo>>& held) {
     const size_t owner = OwnerOf(placement, "", name);  // An index into `all` too.
-    // The current copy: the highest (max_step, min_step); the owner's on a tie.
     auto rank = [&](const std::pair<size_t, GroupInfo>& c) {
       return std::make_tuple(c.second.max_step, c.second.min_step, c.first == owner);
     };
-    const auto current = std::max_element(
-        held.begin(), held.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
+    return std::max_element(held.begin(), held.end(),
+                            [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
+  };
+  // Groups another job leases cannot be sealed or deleted by this one. Found
+  // before anything moves: one on a daemon that leaves refuses the whole
+  // Rebalance (its job must stop first, or move it); one on a daemon that
+  // stays is left there, for its job's own Rebalance. A refusal part-way
+  // would leave this client on the old member list with some of its groups
+  // moved, its steps refused.
+  std::set<std::string> leased_by_others;
+  for (const auto& [name, held] : copies) {
+    const size_t owner = OwnerOf(placement, "", name);
+    const auto current = current_of(name, held);
+    if (current->first == owner && held.size() == 1) continue;  // Nothing to do to it.
+    const GroupInfo& info = current->second;
+    if (!info.lease.has_value() || info.lease->holder == impl_->options.lease_holder) continue;
+    const std::string job = info.lease->job.empty() ? info.lease->holder : info.lease->job;
+    if (current->first >= new_members->size()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "group '", name, "' is on daemon '", all[current->first]->target.identity,
+          "', which leaves the member list, and job '", job,
+          "' leases it; nothing moved. Stop that job (or let it run this Rebalance), then "
+          "call it again"));
+    }
+    leased_by_others.insert(name);
+  }
+  for (auto& [name, held] : copies) {
+    const size_t owner = OwnerOf(placement, "", name);  // An index into `all` too.
+    const auto current = current_of(name, held);
     const size_t from = current->first;
+    if (leased_by_others.count(name) != 0) {
+      const Lease& lease = *current->second.lease;
+      result.left.push_back(name);
+      result.log.push_back(absl::StrCat("leave ", name, " on ", all[from]->target.identity,
+                                        ": job '", lease.job.empty() ? lease.holder : lease.job,
+                                        "' leases it (its own Rebalance moves it)"));
+      continue;
+    }
     const std::string& owner_id = all[owner]->target.identity;
     if (from != owner) {
       act(absl::StrCat("export ", name, " from ", all[from]->target.identity, " to ", owner_id));

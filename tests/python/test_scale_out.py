@@ -498,3 +498,40 @@ def test_a_rewind_over_daemons_one_of_which_holds_frozen_groups_only(fresh_daemo
     # A job no daemon holds is still NOT_FOUND.
     with pytest.raises(optstate.NotFound):
         multi.rewind_job("no-such-job.")
+
+
+def test_a_rebalance_leaves_another_jobs_leased_groups_and_both_jobs_step_on(fresh_daemons):
+    # Job x rebalanced onto a fourth daemon while job y leased groups on the same daemons:
+    # the export of y's first group was refused after some of x's had moved, x's client
+    # stayed on the old member list, and every step of x was refused ("moved to ...").
+    daemons = [fresh_daemons() for _ in range(4)]
+    three = [{"target": d.target, "identity": f"optstated-{i}"} for i, d in enumerate(daemons[:3])]
+    four = three + [{"target": daemons[3].target, "identity": "optstated-3"}]
+    x = optstate.Client(three, lease_holder="x-holder", lease_job="x", **WIRE)
+    y = optstate.Client(three, lease_holder="y-holder", lease_job="y", **WIRE)
+    groups = {f"{job}/{name}": values for job in ("x", "y")
+              for name, values in model([1000] * 16).items()}
+    xs = {n: v for n, v in groups.items() if n.startswith("x/")}
+    ys = {n: v for n, v in groups.items() if n.startswith("y/")}
+    register(x, xs)
+    register(y, ys)
+    step_all(x, xs, 1)
+    step_all(y, ys, 1)
+    # A daemon that leaves holding y's groups: refused before anything moves.
+    with pytest.raises(optstate.FailedPrecondition, match="leaves the member list, and job 'y'"):
+        x.rebalance(three[:2])
+    assert {g.name: g.member for g in x.list_groups()} == \
+        {g.name: g.member for g in optstate.Client(three, **WIRE).list_groups()}
+    done = x.rebalance(four)
+    assert done["moved"] > 0 and done["left"], done
+    assert all(name.startswith("y/") for name in done["left"]), done
+    assert {g.member for g in x.list_groups() if g.name in xs} >= {"optstated-3"}
+    step_all(x, xs, 2)  # refused before: "moved to daemon ..."
+    step_all(y, ys, 2)  # y still on the old list: its groups stayed
+    again = y.rebalance(four)
+    assert sorted(again["left"]) == [], again
+    assert again["moved"] == len(done["left"]), (done, again)
+    step_all(x, xs, 3)
+    step_all(y, ys, 3)
+    steps = {g.name: (g.min_step, g.max_step) for g in optstate.Client(four, **WIRE).list_groups()}
+    assert set(steps.values()) == {(3, 3)} and len(steps) == len(groups)

@@ -147,6 +147,9 @@ struct RebalanceResult {
   uint64_t moved = 0;            // Groups moved to their new owner.
   uint64_t copies_deleted = 0;   // Stale or finished-move copies removed.
   uint64_t untouched = 0;        // Groups already on their owner alone.
+  // Groups another job leases, left where they are (on a daemon that stays)
+  // for that job's own Rebalance.
+  std::vector<std::string> left;
   std::vector<std::string> log;  // Every action, as passed to before_each.
 };
 

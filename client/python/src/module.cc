@@ -316,6 +316,9 @@ NB_MODULE(_optstate, m) {
             d["moved"] = result->moved;
             d["copies_deleted"] = result->copies_deleted;
             d["untouched"] = result->untouched;
+            nb::list left;
+            for (const std::string& name : result->left) left.append(name);
+            d["left"] = left;
             nb::list log;
             for (const std::string& line : result->log) log.append(line);
             d["log"] = log;
@@ -326,7 +329,9 @@ NB_MODULE(_optstate, m) {
           "Client(target=[...])), one group at a time: export from its current copy (sealed\n"
           "there), import into its new daemon, delete the old copy. Call it between steps. After\n"
           "a crash, call it again: it finishes the moves (docs/scale-out.md). `before_each(what)`\n"
-          "is called before each action. Returns {moved, copies_deleted, untouched, log}.")
+          "is called before each action. Groups another job leases are left where they are\n"
+          "(for its own rebalance), or, on a daemon that leaves, refuse it before anything\n"
+          "moves. Returns {moved, copies_deleted, untouched, left, log}.")
       .def(
           "register",
           [](PyClient& self, const std::string& name, BufferOrCountArg initial_values, double lr,
