@@ -2,6 +2,11 @@
 // missing or bad file: it logs and serves nothing, and every handshake fails.
 #include "server/listen_credentials.h"
 
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
 #include <fstream>
 #include <sstream>
 
@@ -39,6 +44,49 @@ bool IsLocalOnlyAddress(const std::string& listen) {
          absl::StartsWith(listen, "[::1]:") || absl::StartsWith(listen, "localhost:") ||
          absl::StartsWith(listen, "ipv4:127.") || absl::StartsWith(listen, "ipv6:[::1]:");
 }
+
+namespace {
+
+// A key that is not the certificate's started a daemon that refused every
+// handshake; OpenSSL's X509_check_private_key tells at start.
+absl::Status CheckKeyMatchesCertificate(const std::string& cert_file, const std::string& key_file) {
+  auto read = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  const std::string cert_pem = read(cert_file);
+  const std::string key_pem = read(key_file);
+  BIO* cert_bio = BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size()));
+  BIO* key_bio = BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size()));
+  X509* cert =
+      cert_bio != nullptr ? PEM_read_bio_X509(cert_bio, nullptr, nullptr, nullptr) : nullptr;
+  EVP_PKEY* key =
+      key_bio != nullptr ? PEM_read_bio_PrivateKey(key_bio, nullptr, nullptr, nullptr) : nullptr;
+  absl::Status status;
+  if (cert == nullptr) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("--tls_cert=", cert_file, ": its first certificate does not parse"));
+  } else if (key == nullptr) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("--tls_key=", key_file,
+                     ": the private key does not parse (an encrypted key is not "
+                     "supported)"));
+  } else if (X509_check_private_key(cert, key) != 1) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "--tls_key=", key_file, " is not the key of --tls_cert=", cert_file,
+        " (its first certificate): every handshake would fail; give the certificate's own key"));
+  }
+  ERR_clear_error();
+  EVP_PKEY_free(key);
+  X509_free(cert);
+  BIO_free(key_bio);
+  BIO_free(cert_bio);
+  return status;
+}
+
+}  // namespace
 
 absl::Status CheckListenAddress(const std::string& listen) {
   if (absl::StartsWith(listen, "unix:")) {
@@ -87,6 +135,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenCredentials(
   }
   if (absl::Status s = CheckPemFile("tls_cert", tls.cert_file, "CERTIFICATE"); !s.ok()) return s;
   if (absl::Status s = CheckPemFile("tls_key", tls.key_file, "PRIVATE KEY"); !s.ok()) return s;
+  if (absl::Status s = CheckKeyMatchesCertificate(tls.cert_file, tls.key_file); !s.ok()) return s;
   if (!tls.client_ca_file.empty()) {
     if (absl::Status s = CheckPemFile("tls_client_ca", tls.client_ca_file, "CERTIFICATE");
         !s.ok()) {

@@ -51,8 +51,7 @@ class TlsTest : public ::testing::Test {
 
   void StartDaemon(std::vector<std::string> extra = {}) {
     std::vector<std::string> flags = {"--threads=2", "--tls_cert=" + dir_ + "/cert.pem",
-                                      "--tls_key=" + dir_ + "/key.pem",
-                                      "--tls_reload_interval=1s",
+                                      "--tls_key=" + dir_ + "/key.pem", "--tls_reload_interval=1s",
                                       "--auth_tokens_file=" + dir_ + "/tokens"};
     flags.insert(flags.end(), extra.begin(), extra.end());
     absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon = DaemonProcess::Start(flags, log_);
@@ -105,15 +104,26 @@ TEST_F(TlsTest, AnExpiredDaemonCertificateIsRefusedSayingItHasExpired) {
   StartDaemon();
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(daemon_->target(), TlsOptions());
   ASSERT_TRUE(client.ok());
-  for (absl::Status refused : {(*client)->ListGroups().status(),
-                               (*client)->RegisterGroup("w", 10).status(),
-                               (*client)->DeleteGroup("w")}) {
+  for (absl::Status refused :
+       {(*client)->ListGroups().status(), (*client)->RegisterGroup("w", 10).status(),
+        (*client)->DeleteGroup("w")}) {
     EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
     EXPECT_THAT(refused.message(), HasSubstr("certificate verify failed"));
     EXPECT_THAT(refused.message(), HasSubstr("the daemon's certificate: certificate has expired"));
     EXPECT_THAT(refused.message(), HasSubstr("/CN=optstate-expired-server"));
     EXPECT_THAT(refused.message(), HasSubstr("until "));
   }
+}
+
+// A key that is not the certificate's started a daemon that logged
+// "listening" and refused every handshake.
+TEST_F(TlsTest, AKeyThatIsNotTheCertificatesIsRefusedAtStart) {
+  std::filesystem::copy_file(certs_->server_two_key, dir_ + "/key.pem",
+                             std::filesystem::copy_options::overwrite_existing);
+  EXPECT_FALSE(DaemonProcess::Start(
+                   {"--tls_cert=" + dir_ + "/cert.pem", "--tls_key=" + dir_ + "/key.pem"}, log_)
+                   .ok());
+  EXPECT_THAT(ReadFile(log_), HasSubstr("key.pem is not the key of --tls_cert="));
 }
 
 TEST_F(TlsTest, AClientTrustingTheDaemonsCaWorks) {
