@@ -1,5 +1,5 @@
 """One rank of the DDP tests (test_distributed.py, test_jobs.py, test_scale_out.py,
-test_staging.py), started with the spawn method."""
+test_staging.py), started with the spawn method; two_ranks starts them."""
 import faulthandler
 import gc
 
@@ -146,3 +146,21 @@ def run_staged(rank, world, init_file, target, prefix, out_path, steps, staged):
     opt.close()
     del ddp, opt
     end_rank()
+
+
+def two_ranks(fn, target, tmp_path, tag, prefix, *args):
+    """Runs fn(rank, 2, init_file, target, prefix, out_path, *args) in two spawned
+    processes (gloo meets through a file under tmp_path); each must exit 0. Their records
+    (out_path's), by rank."""
+    import torch.multiprocessing as mp
+    outs = [str(tmp_path / f"{tag}-rank{r}.pt") for r in range(2)]
+    ctx = mp.get_context("spawn")
+    processes = [ctx.Process(target=fn, args=(r, 2, str(tmp_path / f"{tag}-init"), target,
+                                              prefix, outs[r], *args))
+                 for r in range(2)]
+    for proc in processes:
+        proc.start()
+    for proc in processes:
+        proc.join(timeout=180)
+        assert proc.exitcode == 0, f"a rank failed (exit code {proc.exitcode})"
+    return [torch.load(o) for o in outs]

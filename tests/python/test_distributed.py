@@ -101,31 +101,16 @@ def test_without_shard_every_rank_steps_every_group_and_the_later_ones_replay(da
     assert group["bytes_received"] == 4 * 5000 * (1 + 2 * 3)  # initial values, 6 gradients
 
 
-def _ranks(target, tmp_path, tag, *args, fn=None):
-    """Two gloo ranks of ddp_worker's `fn` (run: args prefix, steps); their records."""
-    fn = fn or ddp_worker.run
-    outs = [str(tmp_path / f"{tag}-rank{r}.pt") for r in range(2)]
-    ctx = mp.get_context("spawn")
-    processes = [ctx.Process(target=fn, args=(r, 2, str(tmp_path / f"{tag}-init"), target,
-                                              args[0], outs[r], *args[1:]))
-                 for r in range(2)]
-    for proc in processes:
-        proc.start()
-    for proc in processes:
-        proc.join(timeout=180)
-        assert proc.exitcode == 0, f"a rank failed (exit code {proc.exitcode})"
-    return [torch.load(o) for o in outs]
-
-
 def test_a_sharded_job_resumed_from_the_daemon_continues_bit_identical(fresh_daemons, tmp_path):
     # Each rank took the daemon's values of its own share only: the others kept the fresh
     # initial values, so the first forward pass after the restart ran on a mixed model
     # (params off by up to 0.0108 three steps later).
     daemon = fresh_daemons("--lease_seconds=1")
-    alone = _ranks(daemon.target, tmp_path, "alone", "alone.", 7)
-    _ranks(daemon.target, tmp_path, "first", "job.", 4)
+    alone = ddp_worker.two_ranks(ddp_worker.run, daemon.target, tmp_path, "alone", "alone.", 7)
+    ddp_worker.two_ranks(ddp_worker.run, daemon.target, tmp_path, "first", "job.", 4)
     time.sleep(1.2)  # the dead ranks' lease expires
-    resumed = _ranks(daemon.target, tmp_path, "resumed", "job.", 5, 7, fn=ddp_worker.run_resumed)
+    resumed = ddp_worker.two_ranks(ddp_worker.run_resumed, daemon.target, tmp_path, "resumed",
+                                   "job.", 5, 7)
     for rank in (0, 1):
         for name, value in alone[rank]["before"][4].items():  # the values step 5 starts from
             assert bits_equal(resumed[rank]["resumed"][name], value), (rank, name)

@@ -369,21 +369,9 @@ def test_checkpoints_and_tokens_go_to_every_member(hosts, tmp_path):
 
 
 def _sharded_run(tmp_path, tag, target, prefix, steps=4):
-    """Two gloo ranks of ddp_worker.run with shard=True against `target`; rank 0's record."""
-    import torch.multiprocessing as mp
-
+    """Two gloo ranks of ddp_worker.run with shard=True against `target`; their records."""
     import ddp_worker
-    outs = [str(tmp_path / f"{tag}-rank{r}.pt") for r in range(2)]
-    ctx = mp.get_context("spawn")
-    processes = [ctx.Process(target=ddp_worker.run,
-                             args=(r, 2, str(tmp_path / f"{tag}-init"), target, prefix, outs[r],
-                                   steps)) for r in range(2)]
-    for p in processes:
-        p.start()
-    for p in processes:
-        p.join(timeout=180)
-        assert p.exitcode == 0, f"a rank failed (exit code {p.exitcode})"
-    return [torch.load(o) for o in outs]
+    return ddp_worker.two_ranks(ddp_worker.run, target, tmp_path, tag, prefix, steps)
 
 
 def test_zero1_shards_over_three_daemons_train_like_over_one(fresh_daemons, tmp_path):
