@@ -21,6 +21,17 @@ std::string TlsHint(const std::string& message) {
     return " (TLS: the daemon's certificate does not carry the name connected to; connect by a "
            "name it carries, or set ClientOptions.tls_server_name to one)";
   }
+  if (absl::StrContains(message, "failed to connect to all addresses") &&
+      absl::StrContains(message, "Socket closed")) {
+    // The daemon closed the connection while it was set up: what a TLS
+    // daemon does to a plaintext client, and an mTLS one to a client
+    // without a certificate it accepts (the client sees no TLS error).
+    return " (the daemon closed the connection while it was being set up: a daemon serving "
+           "TLS does so to a plaintext client (set ClientOptions.tls_root_ca_file, or tls for "
+           "the system's roots), and one requiring client certificates to a client without one "
+           "it accepts (tls_cert_file and tls_key_file, signed by its --tls_client_ca and not "
+           "expired))";
+  }
   if (absl::StrContains(message, "Ssl handshake failed") ||
       absl::StrContains(message, "Handshake failed")) {
     return " (TLS handshake failed: check ClientOptions.tls_root_ca_file, and for a daemon that "

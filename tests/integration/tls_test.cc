@@ -173,12 +173,21 @@ TEST_F(TlsTest, APlaintextClientAgainstTheTlsPortFailsCleanly) {
 
 TEST_F(TlsTest, UnderMtlsOnlyClientsWithACertificateOfTheClientCaAreServed) {
   StartDaemon({"--tls_client_ca=" + certs_->ca});
+  // Refused without a TLS error on the client's side ("Socket closed"): the
+  // message says which options to check.
   ClientOptions none = TlsOptions();
-  EXPECT_EQ(ListWith(none).code(), absl::StatusCode::kUnavailable);
+  absl::Status refused = ListWith(none);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused.message(), HasSubstr("tls_cert_file and tls_key_file, signed by its"));
   ClientOptions other = TlsOptions();
   other.tls_cert_file = certs_->other_client_cert;
   other.tls_key_file = certs_->other_client_key;
   EXPECT_EQ(ListWith(other).code(), absl::StatusCode::kUnavailable);
+  ClientOptions plaintext = TlsOptions();
+  plaintext.tls_root_ca_file = "";
+  refused = ListWith(plaintext);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused.message(), HasSubstr("set ClientOptions.tls_root_ca_file"));
   ClientOptions good = TlsOptions();
   good.tls_cert_file = certs_->client_cert;
   good.tls_key_file = certs_->client_key;
