@@ -4,7 +4,6 @@ final params equal a single-process torch.optim.AdamW on the averaged gradients.
 import time
 
 import torch
-import torch.multiprocessing as mp
 
 import ddp_worker
 import optstate
@@ -15,19 +14,7 @@ STEPS = 8
 
 
 def test_two_gloo_ranks_sharded_match_torch_on_the_averaged_gradients(daemon, prefix, tmp_path):
-    init_file = tmp_path / "init"
-    outs = [str(tmp_path / f"rank{r}.pt") for r in range(2)]
-    processes = []
-    ctx = mp.get_context("spawn")
-    for rank in range(2):
-        proc = ctx.Process(target=ddp_worker.run,
-                           args=(rank, 2, str(init_file), daemon.target, prefix, outs[rank], STEPS))
-        proc.start()
-        processes.append(proc)
-    for proc in processes:
-        proc.join(timeout=120)
-        assert proc.exitcode == 0, f"a rank failed (exit code {proc.exitcode})"
-    ranks = [torch.load(o) for o in outs]
+    ranks = ddp_worker.two_ranks(ddp_worker.run, daemon.target, tmp_path, "job", prefix, STEPS)
     names = ranks[0]["names"]
     # Contiguous shares, every parameter owned by exactly one rank, both ranks stepping.
     owned = ranks[0]["owned"] + ranks[1]["owned"]

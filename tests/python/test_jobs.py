@@ -566,21 +566,9 @@ def test_a_ddp_job_shares_one_lease_and_resumes_unwrapped_after_its_ranks_died(
     names stripped) under the job's one lease holder; once they are gone (their pids on
     this host dead), a plain, unwrapped trainer takes the job over at once (takeover=True:
     dead=) and resumes from the daemon's state."""
-    import torch.multiprocessing as mp
-
     import ddp_worker
     d = fresh_daemons()
-    outs = [str(tmp_path / f"rank{r}.pt") for r in range(2)]
-    ctx = mp.get_context("spawn")
-    ranks = [ctx.Process(target=ddp_worker.run_wrapped,
-                         args=(r, 2, str(tmp_path / "init"), d.target, prefix, outs[r], 3))
-             for r in range(2)]
-    for proc in ranks:
-        proc.start()
-    for proc in ranks:
-        proc.join(timeout=120)
-        assert proc.exitcode == 0, f"a rank failed (exit code {proc.exitcode})"
-    saved = [torch.load(o) for o in outs]
+    saved = ddp_worker.two_ranks(ddp_worker.run_wrapped, d.target, tmp_path, "wrapped", prefix, 3)
     assert saved[0]["holder"] == saved[1]["holder"]  # one job, one lease
     client = optstate.Client(d.target)
     names = sorted(g.name for g in client.list_groups())

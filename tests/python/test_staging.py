@@ -291,21 +291,9 @@ def test_staging_refuses_an_unknown_mode_and_other_devices_by_name(daemon, prefi
 
 
 def _ddp_job(target, prefix, tmp_path, staged, steps):
-    import multiprocessing as mp
-
     import ddp_worker
-    init_file = tmp_path / f"init-{staged}"
-    outs = [str(tmp_path / f"rank{r}-{staged}.pt") for r in range(2)]
-    ctx = mp.get_context("spawn")
-    processes = [ctx.Process(target=ddp_worker.run_staged,
-                             args=(r, 2, str(init_file), target, prefix, outs[r], steps, staged))
-                 for r in range(2)]
-    for proc in processes:
-        proc.start()
-    for proc in processes:
-        proc.join(timeout=120)
-        assert proc.exitcode == 0, f"a rank failed (exit code {proc.exitcode})"
-    return [torch.load(o) for o in outs]
+    return ddp_worker.two_ranks(ddp_worker.run_staged, target, tmp_path, f"staged-{staged}",
+                                prefix, steps, staged)
 
 
 def test_ddp_zero1_staged_through_the_comm_hook_equals_the_plain_path(daemon, prefix, tmp_path):
