@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/security/server_credentials.h"
+#include "server/checked_tls_files.h"
 
 namespace optstate {
 
@@ -17,8 +18,10 @@ struct TlsOptions {
   std::string cert_file;       // PEM certificate chain; empty: plaintext.
   std::string key_file;        // PEM private key of cert_file's leaf.
   std::string client_ca_file;  // PEM roots; set: clients must present a certificate they sign.
-  // How often the files are looked at; a change is served to handshakes
-  // that start after it (open connections keep theirs). At least 1 s.
+  // How often the files are looked at; a change that passes the checks
+  // made at start is served to handshakes that start after it (open
+  // connections keep theirs), one that does not is logged and the previous
+  // files stay served. At least 1 s.
   absl::Duration reload_interval = absl::Seconds(10);
   // Plaintext on an address other than loopback or unix: (else refused).
   bool allow_insecure_remote = false;
@@ -32,15 +35,21 @@ bool IsLocalOnlyAddress(const std::string& listen);
 // port of 0 to 65535 or unix:PATH.
 absl::Status CheckListenAddress(const std::string& listen);
 
-// TLS credentials (gRPC's FileWatcherCertificateProvider; with a client CA
-// it also watches the roots and requires and verifies client certificates),
-// or insecure ones. INVALID_ARGUMENT, naming the flag, for a cert without a
-// key or the reverse, a client CA without a cert, a file that cannot be read
-// or holds no PEM block, for a malformed `listen` (CheckListenAddress), and
-// for plaintext on a remote address without
-// allow_insecure_remote (which then logs a warning).
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenCredentials(
-    const std::string& listen, const TlsOptions& tls);
+struct ListenSecurity {
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  // With TLS: the checked copies gRPC's watcher reads; keep it as long as
+  // the server. Null for plaintext.
+  std::unique_ptr<CheckedTlsFiles> tls_files;
+};
+
+// TLS credentials (gRPC's FileWatcherCertificateProvider over the checked
+// copies of CheckedTlsFiles; with a client CA it also watches the roots and
+// requires and verifies client certificates), or insecure ones.
+// INVALID_ARGUMENT, naming the flag, for a cert without a key or the
+// reverse, a client CA without a cert, files that fail CheckTlsFiles, a
+// malformed `listen` (CheckListenAddress), and plaintext on a remote
+// address without allow_insecure_remote (which then logs a warning).
+absl::StatusOr<ListenSecurity> ListenCredentials(const std::string& listen, const TlsOptions& tls);
 
 }  // namespace optstate
 

@@ -43,8 +43,10 @@ ABSL_FLAG(std::string, metrics_listen, Default().metrics_listen,
 ABSL_FLAG(std::string, tls_cert, Default().tls.cert_file,
           "Serve TLS on --listen with this PEM certificate chain (and --tls_key). The files "
           "are looked at every --tls_reload_interval: a replaced certificate is served to new "
-          "connections, open streams keep theirs. Without it --listen serves plaintext, which "
-          "is refused on addresses other than loopback and unix: (docs/security.md).");
+          "connections, open streams keep theirs; files that do not parse or a key that is not "
+          "the certificate's are not served (the previous ones stay, an ERROR says why). "
+          "Without it --listen serves plaintext, which is refused on addresses other than "
+          "loopback and unix: (docs/security.md).");
 ABSL_FLAG(std::string, tls_key, Default().tls.key_file, "The PEM private key of --tls_cert.");
 ABSL_FLAG(std::string, tls_client_ca, Default().tls.client_ca_file,
           "With --tls_cert: require client certificates signed by these PEM roots (mTLS); "

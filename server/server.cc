@@ -51,6 +51,8 @@ struct Server::Parts {
   std::unique_ptr<StepStreamMetrics> step_metrics;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint;
   std::unique_ptr<grpc::Server> grpc_server;
+  // With TLS: the checked copies the server's credentials read.
+  std::unique_ptr<CheckedTlsFiles> tls_files;
   std::string backend_name;
   absl::Mutex mu;
   bool shut_down ABSL_GUARDED_BY(mu) = false;
@@ -71,6 +73,7 @@ struct Server::Parts {
     authenticator.reset();  // After the store, which asks it for quotas.
     backend.reset();
     trimmer.reset();
+    tls_files.reset();  // After the server, whose certificate watcher reads them.
   }
 };
 
@@ -202,10 +205,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (options.tenant_max_streams < 0) {
     return absl::InvalidArgumentError("--tenant_max_streams must be >= 0 (0: no limit)");
   }
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      ListenCredentials(options.listen, options.tls);
-  if (!credentials.ok()) return credentials.status();
+  absl::StatusOr<ListenSecurity> security = ListenCredentials(options.listen, options.tls);
+  if (!security.ok()) return security.status();
   auto parts = std::make_unique<Parts>();
+  parts->tls_files = std::move(security->tls_files);
   {
     absl::StatusOr<std::unique_ptr<Authenticator>> authenticator =
         Authenticator::Create(options.auth);
@@ -280,7 +283,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::ServerBuilder builder;
   if (!options.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
   int port = 0;
-  builder.AddListeningPort(options.listen, *credentials, &port);
+  builder.AddListeningPort(options.listen, security->credentials, &port);
   // gRPC sets SO_REUSEPORT by default: a second daemon on a taken port
   // would start, and the kernel would split connections between two
   // daemons with different state. Refuse to start instead.

@@ -291,6 +291,76 @@ TEST_F(TlsTest, AReplacedCertificateReachesNewConnectionsWhileAnOpenStreamGoesOn
   EXPECT_TRUE(stream->Finish().ok());
 }
 
+// Files replaced with ones gRPC cannot serve (a certificate that does not
+// parse, a key that is not the certificate's, a missing key, an expired
+// certificate) leave the previous certificate served to new connections,
+// and the log says what is wrong; a good pair is then served.
+TEST_F(TlsTest, ABadReplacementLeavesThePreviousCertificateServedAndSaysWhy) {
+  StartDaemon({"--log_level=info"});
+  ASSERT_EQ(ServedCommonName(), "optstate-server-one");
+  auto replace = [&](const std::string& name, const std::string& text) {
+    WriteFile(dir_ + "/" + name + ".new", text);
+    std::filesystem::rename(dir_ + "/" + name + ".new", dir_ + "/" + name);
+  };
+  // Three looks at 1 s: the same bad set seen twice is logged.
+  auto still_served_after_three_looks = [&](const std::string& logged) {
+    for (int i = 0; i < 12; ++i) {
+      absl::SleepFor(absl::Milliseconds(300));
+      if (ServedCommonName() != "optstate-server-one") return false;
+    }
+    const std::string log = ReadFile(log_);
+    EXPECT_THAT(log, HasSubstr("TLS: the files are not served, new connections keep the previous "
+                               "ones until they are fixed"));
+    EXPECT_THAT(log, HasSubstr(logged));
+    return true;
+  };
+  replace("cert.pem",
+          "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n"
+          "-----END CERTIFICATE-----\n");
+  EXPECT_TRUE(still_served_after_three_looks("cert.pem: a certificate in it does not parse"));
+  replace("cert.pem", ReadFile(certs_->server_two_cert));
+  EXPECT_TRUE(still_served_after_three_looks("key.pem is not the key of --tls_cert="));
+  std::filesystem::remove(dir_ + "/key.pem");
+  EXPECT_TRUE(still_served_after_three_looks("key.pem: cannot be read"));
+  replace("cert.pem", ReadFile(certs_->expired_server_cert));
+  replace("key.pem", ReadFile(certs_->expired_server_key));
+  EXPECT_TRUE(still_served_after_three_looks("cert.pem: its first certificate expired on "));
+
+  replace("key.pem", ReadFile(certs_->server_two_key));
+  replace("cert.pem", ReadFile(certs_->server_two_cert));
+  std::string served;
+  for (int i = 0; i < 50 && served != "optstate-server-two"; ++i) {
+    absl::SleepFor(absl::Milliseconds(200));
+    served = ServedCommonName();
+  }
+  EXPECT_EQ(served, "optstate-server-two");
+  EXPECT_THAT(ReadFile(log_), HasSubstr("changed; new connections get the new files"));
+}
+
+// Client roots replaced with a file that does not parse leave the previous
+// roots verifying client certificates.
+TEST_F(TlsTest, ClientRootsThatDoNotParseLeaveThePreviousRootsInForce) {
+  std::filesystem::copy_file(certs_->ca, dir_ + "/client_ca.pem");
+  StartDaemon({"--tls_client_ca=" + dir_ + "/client_ca.pem"});
+  ClientOptions with_certificate = TlsOptions();
+  with_certificate.tls_cert_file = certs_->client_cert;
+  with_certificate.tls_key_file = certs_->client_key;
+  ClientOptions other_ca = TlsOptions();
+  other_ca.tls_cert_file = certs_->other_client_cert;
+  other_ca.tls_key_file = certs_->other_client_key;
+  ASSERT_TRUE(ListWith(with_certificate).ok());
+  WriteFile(dir_ + "/client_ca.new",
+            "-----BEGIN CERTIFICATE-----\nZ2FyYmFnZQ==\n"
+            "-----END CERTIFICATE-----\n");
+  std::filesystem::rename(dir_ + "/client_ca.new", dir_ + "/client_ca.pem");
+  for (int i = 0; i < 12; ++i) {
+    absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_TRUE(ListWith(with_certificate).ok()) << "look " << i;
+  }
+  EXPECT_EQ(ListWith(other_ca).code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(ReadFile(log_), HasSubstr("client_ca.pem: a certificate in it does not parse"));
+}
+
 }  // namespace
 }  // namespace optstate::testing
 
