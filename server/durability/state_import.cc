@@ -182,6 +182,13 @@ absl::StatusOr<StateImport::Result> StateImport::Commit(const LeaseClaim& claim)
     // created it no longer removes it when that stream fails, even with
     // every page at step 0 (StateStore::Unregister).
     (*existing)->mark_joined();
+    // Sealed for a move: the import makes this daemon its home again (a
+    // Rebalance back, or one finishing a move in place), so steps apply.
+    if ((*existing)->move().sealed()) {
+      Log(LogLevel::kInfo, "group '", group.key().name, "': unsealed by an import (its move to '",
+          (*existing)->move().moved_to(), "' undone)");
+      (*existing)->move().Unseal();
+    }
     // Taken after the state is in: a refused replace leaves the lease as it
     // was (another holder taking it between the check and here keeps it).
     (void)(*existing)->lease().Admit(claim, group.key().name, absl::Now(), store_->lease_term());

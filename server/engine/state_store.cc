@@ -141,6 +141,13 @@ absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& ke
   {
     absl::MutexLock lock(&mu_);
     if (auto it = groups_.find(key); it != groups_.end()) {
+      if (it->second->move().sealed()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "group '", key.name, "' is sealed for its move to daemon '",
+            it->second->move().moved_to(),
+            "' (a client's Rebalance moves groups when the daemons change): register and step "
+            "it there, with the client given the new list of daemons, or finish the Rebalance"));
+      }
       if (it->second->config() == config) {
         it->second->mark_joined();
         return Registration{it->second, false};

@@ -2,7 +2,8 @@
 // sealed, no step applies to it, so the state exported after the seal is the
 // group's last; the copy imported on the new daemon is then the current one.
 // Not kept in checkpoints: a restarted daemon holds the group unsealed, and
-// the next Rebalance tells the copies apart by their page steps.
+// the next Rebalance tells the copies apart by their page steps. An import
+// into the sealed group replaces its state and unseals it.
 #ifndef OPTSTATE_SERVER_STATE_GROUP_MOVE_H_
 #define OPTSTATE_SERVER_STATE_GROUP_MOVE_H_
 
@@ -24,6 +25,13 @@ class GroupMove {
     absl::MutexLock lock(&mu_);
     moved_to_ = std::move(moved_to);
     sealed_.store(true, std::memory_order_release);
+  }
+  // Steppable here again: an import made this daemon the group's home (a
+  // Rebalance that moves it back, or finishes a move by copying it in place).
+  void Unseal() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    moved_to_.clear();
+    sealed_.store(false, std::memory_order_release);
   }
   bool sealed() const { return sealed_.load(std::memory_order_acquire); }
   // The daemon it moves to, as the client named it ("" until sealed).

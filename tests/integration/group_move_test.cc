@@ -2,7 +2,8 @@
 // Rebalance sends) against a real optstated: the export still streams the
 // state; later steps are refused FAILED_PRECONDITION naming the move and
 // change nothing; GroupInfo.moved_to shows it; after DeleteGroup the name
-// answers with the move; registering it again clears the note; a bad
+// answers with the move; registering it again clears the note; a sealed
+// group refuses RegisterGroup and is unsealed by an ImportState; a bad
 // destination is refused and seals nothing.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -117,6 +118,33 @@ TEST_F(GroupMoveTest, AfterTheDeleteTheNameSaysWhereItWentUntilRegisteredAgain) 
   EXPECT_TRUE(again->created);
   EXPECT_TRUE(again->moved_to.empty());
   EXPECT_TRUE(StepOnce(1).ok());
+}
+
+// Still sealed here (the Rebalance was killed before its delete): a
+// RegisterGroup is refused naming the move, not answered as if the group
+// stepped here; an ImportState (a Rebalance moving it back) replaces its
+// state and unseals it.
+TEST_F(GroupMoveTest, ASealedGroupRefusesRegistrationAndAnImportUnsealsIt) {
+  ASSERT_TRUE(client_->RegisterGroup("w", kElements).ok());
+  ASSERT_TRUE(StepOnce(1).ok());
+  absl::StatusOr<Client::GroupState> state = client_->ExportState("w");
+  ASSERT_TRUE(state.ok());
+  std::vector<uint64_t> page_steps;
+  ASSERT_TRUE(ExportForMove("optstated-3", &page_steps).ok());
+  absl::Status refused = client_->RegisterGroup("w", kElements).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("sealed for its move to daemon 'optstated-3'"));
+
+  for (float& p : state->params) p += 1.0f;  // The copy moved back differs from the one here.
+  ASSERT_TRUE(client_->ImportState(*state).ok());
+  absl::StatusOr<GroupInfo> info = client_->DescribeGroup("w");
+  ASSERT_TRUE(info.ok());
+  EXPECT_TRUE(info->moved_to.empty());
+  absl::StatusOr<Client::GroupState> now = client_->ExportState("w");
+  ASSERT_TRUE(now.ok());
+  EXPECT_EQ(now->params, state->params);
+  EXPECT_TRUE(StepOnce(2).ok());
+  EXPECT_TRUE(client_->RegisterGroup("w", kElements).ok());
 }
 
 TEST_F(GroupMoveTest, ABadDestinationIsRefusedAndSealsNothing) {
