@@ -447,13 +447,15 @@ absl::StatusOr<RebalanceResult> Client::Rebalance(const std::vector<MemberTarget
     if (options.before_each) options.before_each(what);
     result.log.push_back(std::move(what));
   };
-  // The current copy of each group: the highest (max_step, min_step); the
-  // owner's on a tie.
+  // The current copy of each group: the highest (max_step, min_step); on a
+  // tie one not sealed for a move (the import a killed Rebalance made), then
+  // the owner's.
   auto current_of = [&](const std::string& name,
                         const std::vector<std::pair<size_t, GroupInfo>>& held) {
     const size_t owner = OwnerOf(placement, "", name);  // An index into `all` too.
     auto rank = [&](const std::pair<size_t, GroupInfo>& c) {
-      return std::make_tuple(c.second.max_step, c.second.min_step, c.first == owner);
+      return std::make_tuple(c.second.max_step, c.second.min_step, c.second.moved_to.empty(),
+                             c.first == owner);
     };
     return std::max_element(held.begin(), held.end(),
                             [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
@@ -468,7 +470,9 @@ absl::StatusOr<RebalanceResult> Client::Rebalance(const std::vector<MemberTarget
   for (const auto& [name, held] : copies) {
     const size_t owner = OwnerOf(placement, "", name);
     const auto current = current_of(name, held);
-    if (current->first == owner && held.size() == 1) continue;  // Nothing to do to it.
+    if (current->first == owner && held.size() == 1 && current->second.moved_to.empty()) {
+      continue;  // Nothing to do to it.
+    }
     const GroupInfo& info = current->second;
     if (!info.lease.has_value() || info.lease->holder == impl_->options.lease_holder) continue;
     const std::string job = info.lease->job.empty() ? info.lease->holder : info.lease->job;
@@ -494,7 +498,10 @@ absl::StatusOr<RebalanceResult> Client::Rebalance(const std::vector<MemberTarget
       continue;
     }
     const std::string& owner_id = all[owner]->target.identity;
-    if (from != owner) {
+    // A current copy on its owner but sealed (a killed Rebalance towards
+    // another daemon, now undone) is exported and imported in place: the
+    // import unseals it.
+    if (from != owner || !current->second.moved_to.empty()) {
       act(absl::StrCat("export ", name, " from ", all[from]->target.identity, " to ", owner_id));
       absl::StatusOr<GroupState> state = all[from]->shared->ExportStateForMove(name, owner_id);
       if (!state.ok()) return InMember(all[from]->target, state.status());

@@ -523,3 +523,42 @@ def test_a_rebalance_leaves_another_jobs_leased_groups_and_both_jobs_step_on(fre
     step_all(y, ys, 3)
     steps = {g.name: (g.min_step, g.max_step) for g in optstate.Client(four, **WIRE).list_groups()}
     assert set(steps.values()) == {(3, 3)} and len(steps) == len(groups)
+
+
+@pytest.mark.parametrize("action", ["import", "delete"])
+def test_a_rebalance_killed_part_way_can_be_undone_by_a_rebalance_back(fresh_daemons, action):
+    # Killed after the seal (before the import, or before the delete), then the operator
+    # goes back to the old member list: the old owner's copy is the current one, but it was
+    # sealed for the move. It was kept as it was, sealed, the other copy deleted: the group
+    # could be stepped nowhere ("moved to daemon ...").
+    daemons = [fresh_daemons() for _ in range(3)]
+    two = [d.target for d in daemons[:2]]
+    three = two + [daemons[2].target]
+    groups = model([int(s) for s in np.random.default_rng(61).integers(1, 5_000, 24)])
+    multi = optstate.Client(two, **WIRE)
+    register(multi, groups)
+    for step in (1, 2):
+        step_all(multi, groups, step)
+    expected = states(multi, groups)
+    killed_at = rebalance_killed_at(two, three, action, 1)
+    moving = killed_at.split()[1]
+    back = optstate.Client(three, **WIRE).rebalance(two)
+    assert back["moved"] + back["copies_deleted"] + back["untouched"] >= 1, (killed_at, back)
+    multi = optstate.Client(two, **WIRE)
+    holders = {}
+    for d in daemons:
+        for g in optstate.Client(d.target, **WIRE).list_groups():
+            assert not g.moved_to, (killed_at, g.name, g.moved_to)
+            holders.setdefault(g.name, []).append(d.target)
+    assert sorted(holders) == sorted(groups) and all(len(h) == 1 for h in holders.values())
+    for name, state in expected.items():
+        now = multi.export_state(name)
+        for field in ("params", "exp_avg", "exp_avg_sq", "page_steps"):
+            assert np.array_equal(getattr(now, field), getattr(state, field)), (name, field)
+    outs = step_all(multi, groups, 3)  # refused before: "moved to daemon ..."
+    assert moving in outs
+    reference = optstate.Client(fresh_daemons().target, **WIRE)
+    register(reference, groups)
+    for step in (1, 2):
+        step_all(reference, groups, step)
+    assert_bit_identical(outs, step_all(reference, groups, 3))

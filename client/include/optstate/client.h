@@ -144,9 +144,11 @@ struct RebalanceOptions {
 };
 
 struct RebalanceResult {
-  uint64_t moved = 0;            // Groups moved to their new owner.
-  uint64_t copies_deleted = 0;   // Stale or finished-move copies removed.
-  uint64_t untouched = 0;        // Groups already on their owner alone.
+  // Groups moved to their new owner, or exported and imported in place to
+  // unseal a copy a killed Rebalance had sealed on the owner.
+  uint64_t moved = 0;
+  uint64_t copies_deleted = 0;  // Stale or finished-move copies removed.
+  uint64_t untouched = 0;       // Groups already on their owner alone.
   // Groups another job leases, left where they are (on a daemon that stays)
   // for that job's own Rebalance.
   std::vector<std::string> left;
@@ -235,9 +237,10 @@ class Client {
   // seals it there first, so it cannot step on), ImportState into the new
   // owner, then DeleteGroup of the old copy, one group at a time. A crash at
   // any point leaves every group whole on at least one member, and the next
-  // Rebalance finishes the move: it finds the copies by listing every old
-  // and new member, keeps the one with the highest (max_step, min_step),
-  // preferring the owner's on a tie, and deletes the rest. Afterwards this
+  // Rebalance finishes the move (or, given the old list back, undoes it):
+  // it finds the copies by listing every old and new member, keeps the one
+  // with the highest (max_step, min_step), preferring on a tie one not
+  // sealed, then the owner's, and deletes the rest. Afterwards this
   // client uses `members`. A daemon that cannot be listed stops it before
   // anything moves (UNAVAILABLE naming it); a failed action stops it there
   // (call it again).
