@@ -3,10 +3,12 @@
 // exit 0).
 #include <malloc.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -250,7 +252,38 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  // A SIGTERM or SIGINT while the server starts (the restore of a large
+  // state can take minutes) ends the process at once: nothing has been
+  // served yet, and the start writes nothing that matters (the restore only
+  // reads; unfinished checkpoint files it removes are removed again at the
+  // next start), so there is nothing to save. A SIGHUP then is not needed:
+  // the tokens file is read at start.
+  // Whoever clears `starting` first decides: this thread exits the
+  // process, or main, once started, shuts down for a signal taken too late.
+  std::atomic<bool> starting{true};
+  std::atomic<int> taken_after_start{0};
+  std::thread start_signals([&] {
+    const struct timespec poll = {0, 100 * 1000 * 1000};
+    while (starting.load()) {
+      const int taken = sigtimedwait(&signals, nullptr, &poll);
+      if (taken != SIGTERM && taken != SIGINT) continue;
+      if (!starting.exchange(false)) {
+        taken_after_start.store(taken);
+        return;
+      }
+      optstate::Log(optstate::LogLevel::kInfo, "signal ", taken,
+                    " during start-up: exiting; nothing was served or written");
+      std::fflush(stdout);
+      std::fflush(stderr);
+      std::_Exit(0);
+    }
+  });
   absl::StatusOr<std::unique_ptr<optstate::Server>> server = optstate::Server::Start(options);
+  if (!starting.exchange(false)) {
+    // The signal thread is exiting the process.
+    for (;;) pause();
+  }
+  start_signals.join();
   if (!server.ok()) {
     std::fprintf(stderr, "optstated: %s\n", server.status().ToString().c_str());
     return 1;
@@ -262,8 +295,8 @@ int main(int argc, char** argv) {
   }
   std::fflush(stdout);
 
-  int signal = 0;
-  for (;;) {
+  int signal = taken_after_start.load();
+  while (signal == 0) {
     sigwait(&signals, &signal);
     if (signal != SIGHUP) break;
     if (absl::GetFlag(FLAGS_auth_tokens_file).empty()) {
@@ -274,6 +307,7 @@ int main(int argc, char** argv) {
       optstate::Log(optstate::LogLevel::kError,
                     "SIGHUP: tokens file not reloaded, the previous one stays: ", s.message());
     }
+    signal = 0;
   }
   optstate::Log(optstate::LogLevel::kInfo, "signal ", signal,
                 ": shutting down, finishing in-flight chunks");

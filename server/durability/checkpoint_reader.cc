@@ -1,8 +1,18 @@
 // Restore: verify everything, then install everything, or nothing.
+//
+// The test-only environment variable OPTSTATE_TEST_RESTORE_PAUSE_FILE makes a
+// restore that finds a checkpoint stop for good before reading it (after
+// creating that file), so tests can signal a daemon that is still starting.
 #include "server/durability/checkpoint_reader.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -12,6 +22,15 @@
 
 namespace optstate {
 namespace {
+
+void TestPauseBeforeRestore() {
+  const char* file = std::getenv("OPTSTATE_TEST_RESTORE_PAUSE_FILE");
+  if (file == nullptr) return;
+  const int fd = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd >= 0) close(fd);
+  Log(LogLevel::kWarning, "restore paused for a test");
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
 
 // Where a restore's time went, summed over the threads that read.
 struct ReadTimes {
@@ -215,6 +234,7 @@ absl::StatusOr<RestoreOutcome> RestoreNewest(StateStore* store, const std::strin
   std::vector<uint64_t> sequences;
   RestoreOutcome outcome;
   ScanCheckpoints(*names, &sequences, &outcome.next_sequence);
+  if (!sequences.empty()) TestPauseBeforeRestore();
   for (uint64_t seq : sequences) {
     const std::string dir = absl::StrCat(state_dir, "/", CheckpointDirName(seq));
     Manifest manifest;

@@ -35,9 +35,20 @@ absl::StatusOr<ScopedFd> CreateFile(const std::string& path) {
 }
 
 absl::StatusOr<ScopedFd> OpenForReading(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO put where a file was expected would block the open
+  // (and the daemon's start) until something wrote to it.
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return Errno("cannot open", path);
-  return ScopedFd(fd);
+  ScopedFd file(fd);
+  struct stat st;
+  if (fstat(fd, &st) != 0) return Errno("cannot stat", path);
+  if (!S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not a regular file"));
+  }
+  if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+    return Errno("cannot set blocking reads on", path);
+  }
+  return file;
 }
 
 absl::Status WriteAll(int fd, std::vector<iovec> pieces, const std::string& path) {

@@ -29,6 +29,8 @@ class ScopedFd {
 
 // Creates (truncating) `path` for writing.
 absl::StatusOr<ScopedFd> CreateFile(const std::string& path);
+// Opens a regular file for reading; FAILED_PRECONDITION for anything else
+// (a FIFO, a directory), without blocking on it.
 absl::StatusOr<ScopedFd> OpenForReading(const std::string& path);
 // Writes every byte of the pieces, retrying short writes.
 absl::Status WriteAll(int fd, std::vector<iovec> pieces, const std::string& path);

@@ -5,9 +5,14 @@
 // checkpoint is used, and the next steps continue exactly.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -137,6 +142,67 @@ INSTANTIATE_TEST_SUITE_P(
       return name;
     });
 
+// ---- A signal while the daemon starts ----
+
+// SIGTERM while the restore runs (a large state takes minutes) waited for
+// the restore, then served, then wrote a final checkpoint. It now ends the
+// start at once, exit 0, and the checkpoints are as they were.
+TEST(StartUpSignalTest, SigtermDuringTheRestoreExitsAtOnceAndWritesNothing) {
+  const std::string dir = FreshDirectory("start_signal");
+  {
+    auto daemon = DaemonProcess::Start(CkptFlags(dir));
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    auto client = ConnectTo(**daemon);
+    const CkptWorkload work(kSeed);
+    work.Register(*client);
+    work.Steps(*client, 1, 3);
+    absl::StatusOr<int> exit = (*daemon)->Stop();  // Its final checkpoint: ckpt 1.
+    ASSERT_TRUE(exit.ok() && *exit == 0);
+  }
+  const std::vector<std::string> before = CheckpointNamesIn(dir);
+  ASSERT_EQ(before, std::vector<std::string>{kFirst});
+  const std::string paused = dir + ".restoring";
+  const std::string log = dir + ".log";
+  std::filesystem::remove(paused);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    setenv("OPTSTATE_TEST_RESTORE_PAUSE_FILE", paused.c_str(), 1);
+    const int out = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(out, 1);
+    dup2(out, 2);
+    std::vector<std::string> args = {OPTSTATED_PATH, "--listen=127.0.0.1:0", "--log_level=info"};
+    for (const std::string& flag : CkptFlags(dir)) args.push_back(flag);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(OPTSTATED_PATH, argv.data());
+    _exit(127);
+  }
+  const bool restoring = WaitForFile(paused, absl::Seconds(20));
+  kill(pid, SIGTERM);
+  int status = 0;
+  bool exited = false;
+  for (int i = 0; i < 500 && !exited; ++i) {  // 5 s: the restore itself never ends.
+    exited = waitpid(pid, &status, WNOHANG) == pid;
+    if (!exited) absl::SleepFor(absl::Milliseconds(10));
+  }
+  if (!exited) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+  }
+  ASSERT_TRUE(restoring) << "the restore never started";
+  EXPECT_TRUE(exited) << "SIGTERM did not end the start";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("signal 15 during start-up: exiting; nothing was served or written"));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("listening on")));
+  EXPECT_EQ(CheckpointNamesIn(dir), before);
+  std::filesystem::remove(paused);
+  std::filesystem::remove(log);
+}
+
 // ---- Damaged checkpoints ----
 
 class DamagedCheckpointTest : public ::testing::Test {
@@ -205,6 +271,14 @@ TEST_F(DamagedCheckpointTest, AMissingManifestIsRefused) {
 TEST_F(DamagedCheckpointTest, AMissingDataFileIsRefused) {
   std::filesystem::remove(File("group-1.data"));
   ExpectFallback("group-1.data", "is missing (the manifest names it)");
+}
+
+// A FIFO where the manifest was blocked the daemon's start in open()
+// until something wrote to it.
+TEST_F(DamagedCheckpointTest, AManifestThatIsAFifoIsRefusedWithoutBlockingTheStart) {
+  std::filesystem::remove(File("MANIFEST"));
+  ASSERT_EQ(mkfifo(File("MANIFEST").c_str(), 0600), 0);
+  ExpectFallback("MANIFEST", "is not a regular file");
 }
 
 TEST_F(DamagedCheckpointTest, ARefusedCheckpointNeitherCountsAmongTheKeptNorIsRemoved) {
