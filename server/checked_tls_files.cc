@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -122,6 +123,17 @@ absl::Status CheckCertificateAndKey(const TlsFilePaths& paths, const TlsFileCont
   return status;
 }
 
+// When the first certificate of `pem` expires, in Unix seconds; 0 when it
+// does not parse.
+int64_t NotAfterUnix(const std::string& pem) {
+  std::vector<X509*> chain = ParseCertificates(pem);
+  if (chain.empty()) return 0;
+  struct tm when = {};
+  const bool read = ASN1_TIME_to_tm(X509_get0_notAfter(chain[0]), &when) == 1;
+  for (X509* certificate : chain) X509_free(certificate);
+  return read ? static_cast<int64_t>(timegm(&when)) : 0;
+}
+
 // A sealed, read-only memfd holding `data`, its mtime set to `mtime`
 // seconds; -1 and errno on failure.
 int SealedCopy(const char* name, const std::string& data, int64_t mtime) {
@@ -221,6 +233,7 @@ absl::StatusOr<std::unique_ptr<CheckedTlsFiles>> CheckedTlsFiles::Open(const Tls
   const bool copied = files->cert_fd_ >= 0 && files->key_fd_ >= 0 &&
                       (paths.client_ca_file.empty() || files->client_ca_fd_ >= 0) &&
                       access(FdPath(files->cert_fd_).c_str(), R_OK) == 0;
+  files->staged_not_after_ = NotAfterUnix(contents->cert);
   if (!copied) {
     Log(LogLevel::kWarning, "TLS: no checked copies of the files (memfd_create or /proc/self/fd: ",
         std::strerror(errno),
@@ -284,8 +297,17 @@ absl::Status CheckedTlsFiles::Stage(const TlsFileContents& contents) {
                                             std::strerror(made ? swap_errno : saved)));
   }
   staged_ = contents;
+  staged_not_after_ = NotAfterUnix(contents.cert);
   staged_mtime_ = mtime;
   return absl::OkStatus();
+}
+
+CheckedTlsFiles::Served CheckedTlsFiles::served() const {
+  absl::MutexLock lock(&mu_);
+  Served served;
+  served.not_after_unix = staged_not_after_;
+  served.files_refused = refused_logged_;
+  return served;
 }
 
 absl::Status CheckedTlsFiles::LookNow() {

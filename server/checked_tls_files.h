@@ -78,6 +78,15 @@ class CheckedTlsFiles {
   // they are.
   absl::Status LookNow() ABSL_LOCKS_EXCLUDED(mu_);
 
+  struct Served {
+    // When the served chain's first certificate expires (Unix seconds).
+    int64_t not_after_unix = 0;
+    // The files changed and were not served (the previous ones are): set
+    // with the ERROR, when the same bad set was seen on two looks.
+    bool files_refused = false;
+  };
+  Served served() const ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   CheckedTlsFiles(TlsFilePaths paths, absl::Duration interval);
   absl::Status Stage(const TlsFileContents& contents) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -88,8 +97,9 @@ class CheckedTlsFiles {
   TlsFilePaths served_;  // The paths gRPC reads.
   // The descriptors behind served_ (-1 where served_ names the file itself).
   int cert_fd_ = -1, key_fd_ = -1, client_ca_fd_ = -1;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   TlsFileContents staged_ ABSL_GUARDED_BY(mu_);
+  int64_t staged_not_after_ ABSL_GUARDED_BY(mu_) = 0;
   // The copies' mtime in seconds, one more at least for each set: gRPC
   // reads the key and the certificate apart and reads again when either
   // mtime moved in between, so a set replaced mid-read is never paired.

@@ -138,6 +138,16 @@ absl::Status Server::StartMetrics(const std::string& listen, Parts& parts) {
   sources.step_streams = parts.step_metrics.get();
   sources.authenticator = parts.authenticator.get();
   sources.started = absl::Now();  // The daemon starts serving within moments.
+  if (parts.tls_files != nullptr) {
+    const CheckedTlsFiles* files = parts.tls_files.get();
+    sources.tls = [files] {
+      const CheckedTlsFiles::Served served = files->served();
+      TlsReading reading;
+      reading.certificate_not_after_unix = served.not_after_unix;
+      reading.files_refused = served.files_refused;
+      return reading;
+    };
+  }
   absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint =
       MetricsEndpoint::Start(listen, std::make_shared<DaemonMetrics>(sources));
   if (!endpoint.ok()) return endpoint.status();

@@ -313,6 +313,16 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
   if (sources_.checkpointer != nullptr) CollectCheckpoints(*sources_.checkpointer, out);
   if (sources_.regions != nullptr) CollectRegions(*sources_.regions, out);
   CollectProcess(sources_, out);
+  if (sources_.tls) {
+    const TlsReading tls = sources_.tls();
+    Gauge(out, "optstate_tls_certificate_expiry_timestamp_seconds",
+          "When the served TLS certificate (--tls_cert's first) expires, Unix seconds",
+          static_cast<double>(tls.certificate_not_after_unix));
+    Gauge(out, "optstate_tls_files_refused",
+          "1 while changed TLS files are not served (they fail the checks; the previous ones "
+          "are served), else 0",
+          tls.files_refused ? 1.0 : 0.0);
+  }
   return out;
 }
 

@@ -4,6 +4,8 @@
 #ifndef OPTSTATE_SERVER_METRICS_DAEMON_METRICS_H_
 #define OPTSTATE_SERVER_METRICS_DAEMON_METRICS_H_
 
+#include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -19,6 +21,12 @@
 
 namespace optstate {
 
+// What the daemon serves TLS with, read at each scrape.
+struct TlsReading {
+  int64_t certificate_not_after_unix = 0;  // The served chain's first certificate.
+  bool files_refused = false;              // Changed files not served (the previous ones are).
+};
+
 // What the metrics are read from. engine, calls and step_streams are
 // required; the rest may be null (the daemon has none: no --state_dir, no
 // region socket). Each must outlive the DaemonMetrics.
@@ -32,6 +40,8 @@ struct MetricsSources {
   // Tenants and their quotas; null or without tenants: no per-tenant series.
   const Authenticator* authenticator = nullptr;
   absl::Time started;  // When the daemon started, for process_start_time_seconds.
+  // With TLS: what it serves; unset: no TLS series.
+  std::function<TlsReading()> tls;
 };
 
 // Thread-safe (Collect runs on the exposer's threads). Labels are bounded:

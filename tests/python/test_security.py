@@ -7,8 +7,10 @@ import os
 import pathlib
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -195,6 +197,45 @@ def test_metrics_show_each_tenant_and_no_credential(secure_daemons, setup_dir):
     assert samples[("optstate_tenant_host_bytes", (("tenant", "team-a"),))] == 12000
     assert samples[("optstate_tenant_max_groups", (("tenant", "team-a"),))] == 100
     assert not any(name == "optstate_tenant_max_host_bytes" for name, _ in samples)
+
+
+def test_metrics_give_the_certificates_expiry_and_whether_replaced_files_are_refused(
+        secure_daemons, setup_dir, tmp_path):
+    import datetime
+    import urllib.request
+    from prometheus_client.parser import text_string_to_metric_families
+    cert, key = tmp_path / "server.pem", tmp_path / "server.key"
+    shutil.copy(setup_dir / "server.pem", cert)
+    shutil.copy(setup_dir / "server.key", key)
+    d = secure_daemons("--metrics_listen=127.0.0.1:0", f"--tls_cert={cert}", f"--tls_key={key}",
+                       "--tls_reload_interval=1s", tls=False)
+
+    def scrape():
+        text = urllib.request.urlopen(f"http://127.0.0.1:{d.metrics_port}/metrics").read().decode()
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+    end = subprocess.run(["openssl", "x509", "-noout", "-enddate", "-in", str(cert)],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    not_after = datetime.datetime.strptime(end.split("=", 1)[1], "%b %d %H:%M:%S %Y %Z")
+    expected = not_after.replace(tzinfo=datetime.timezone.utc).timestamp()
+    samples = scrape()
+    assert samples["optstate_tls_certificate_expiry_timestamp_seconds"] == expected
+    assert samples["optstate_tls_files_refused"] == 0
+    # A key that is not the certificate's, renamed over the key file: refused, and after
+    # two looks the gauge says so; the certificate served is still the old one.
+    subprocess.run(["openssl", "genrsa", "-out", str(tmp_path / "other.key"), "2048"],
+                   check=True, capture_output=True)
+    os.replace(tmp_path / "other.key", key)
+    deadline = time.monotonic() + 20
+    while scrape()["optstate_tls_files_refused"] != 1:
+        assert time.monotonic() < deadline, "the refused files never showed"
+        time.sleep(0.2)
+    assert scrape()["optstate_tls_certificate_expiry_timestamp_seconds"] == expected
+    shutil.copy(setup_dir / "server.key", tmp_path / "good.key")
+    os.replace(tmp_path / "good.key", key)
+    while scrape()["optstate_tls_files_refused"] != 0:
+        assert time.monotonic() < deadline, "the good files never cleared it"
+        time.sleep(0.2)
 
 
 def test_a_pickled_optimizer_holds_no_token_and_its_copy_uses_optstate_token(
