@@ -38,7 +38,8 @@
 // The test-only environment variable OPTSTATE_TEST_CHECKPOINT_PAUSE="N:point"
 // makes the writer of checkpoint N stop for good at the named point (after
 // writing the point's name to OPTSTATE_TEST_CHECKPOINT_PAUSE_FILE), so tests
-// can kill the daemon there. Points: dir_created, run:<group>:<k> (after the
+// can kill the daemon there; with OPTSTATE_TEST_CHECKPOINT_RESUME set too, it
+// goes on once that file is removed, so tests can act in the middle of it. Points: dir_created, run:<group>:<k> (after the
 // k-th run of pages of a group is written), data_synced:<group>,
 // manifest_written, manifest_synced, manifest_renamed, dir_renamed,
 // dir_synced, and in Prune: pruned:<k> (after removing the k-th directory).
@@ -74,7 +75,12 @@ void TestPause(uint64_t sequence, const std::string& point) {
     }
   }
   Log(LogLevel::kWarning, "checkpoint writer paused at ", point, " for a test");
-  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  const char* file = std::getenv("OPTSTATE_TEST_CHECKPOINT_PAUSE_FILE");
+  const bool resumes = std::getenv("OPTSTATE_TEST_CHECKPOINT_RESUME") != nullptr;
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (resumes && file != nullptr && access(file, F_OK) != 0) return;
+  }
 }
 
 // ckpt-<16 digits>.tmp: a checkpoint being written or removed.
@@ -204,8 +210,8 @@ absl::Status CheckpointWriter::WriteGroup(uint64_t sequence, size_t index,
     times->capture += absl::Now() - started;
     if (absl::IsNotFound(captured)) {
       (void)stop_writer();
-      return absl::AbortedError(absl::StrCat("group '", group.key().name,
-                                             "' was deleted while it was checkpointed; retry"));
+      return absl::NotFoundError(
+          absl::StrCat("group '", group.key().name, "' was deleted while it was checkpointed"));
     }
     if (!captured.ok()) {
       (void)stop_writer();
@@ -284,10 +290,18 @@ absl::StatusOr<WrittenCheckpoint> CheckpointWriter::Write(
   for (size_t i = 0; i < targets.size(); ++i) {
     ManifestGroup entry;
     entry.file = absl::StrCat("group-", i, ".data");
-    if (absl::Status s =
-            WriteGroup(sequence, i, targets[i], absl::StrCat(temporary, "/", entry.file), &entry,
-                       &written.times);
+    const std::string path = absl::StrCat(temporary, "/", entry.file);
+    if (absl::Status s = WriteGroup(sequence, i, targets[i], path, &entry, &written.times);
         !s.ok()) {
+      if (absl::IsNotFound(s) && !targets[i].named) {
+        // Deleted meanwhile: the checkpoint holds the state as if the
+        // delete came first.
+        (void)unlink(path.c_str());
+        continue;
+      }
+      if (absl::IsNotFound(s)) {
+        s = absl::NotFoundError(absl::StrCat(s.message(), "; nothing was written"));
+      }
       return fail(s);
     }
     written.bytes += entry.bytes;

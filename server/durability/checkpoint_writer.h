@@ -22,6 +22,10 @@ struct CheckpointTarget {
   std::shared_ptr<Group> group;
   // When set, every page must be captured at exactly this step.
   std::optional<uint64_t> exact_step;
+  // Named by the Checkpoint call: deleted while it is written, the
+  // checkpoint fails NOT_FOUND. Otherwise a group deleted meanwhile is left
+  // out of the checkpoint (as if deleted before it).
+  bool named = false;
 };
 
 // Where a checkpoint's time went, summed over its groups. Capture and

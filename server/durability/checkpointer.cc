@@ -221,6 +221,15 @@ absl::StatusOr<CheckpointOutcome> Checkpointer::Checkpoint(const CheckpointCall&
     return absl::DeadlineExceededError(
         "the call's deadline passed while earlier checkpoints were written; nothing was written");
   }
+  if (!call.groups.empty()) {
+    for (const auto& group : named) {
+      if (group->deleted()) {
+        return absl::NotFoundError(absl::StrCat("group '", group->key().name,
+                                                "' was deleted before its checkpoint was "
+                                                "written; nothing was written"));
+      }
+    }
+  }
   const absl::Time started = absl::Now();
   std::vector<CheckpointTarget> targets;
   for (auto& group : store_->ListAll()) {
@@ -229,6 +238,7 @@ absl::StatusOr<CheckpointOutcome> Checkpointer::Checkpoint(const CheckpointCall&
     const bool is_named = std::find(named.begin(), named.end(), group) != named.end();
     CheckpointTarget target{group, std::nullopt};
     if (is_named && call.wait_for_step) target.exact_step = *call.wait_for_step;
+    target.named = is_named && !call.groups.empty();
     targets.push_back(std::move(target));
   }
   uint64_t step = 0;
@@ -288,6 +298,11 @@ void Checkpointer::Record(const absl::StatusOr<CheckpointOutcome>& outcome, absl
 CheckpointStats Checkpointer::Stats() const {
   absl::MutexLock lock(&mu_);
   return stats_;
+}
+
+absl::Status Checkpointer::WhileNoCheckpointIsWritten(absl::FunctionRef<absl::Status()> change) {
+  absl::MutexLock write_lock(&write_mu_);
+  return change();
 }
 
 absl::StatusOr<JobRewindOutcome> Checkpointer::Rewind(const JobRewindRequest& request) {

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -100,6 +101,12 @@ class Checkpointer {
   void Stop();
 
   CheckpointStats Stats() const;
+
+  // Runs `change` while no checkpoint is written or pruned. A change of a
+  // group's whole state (an ImportState over an existing group) then lands
+  // before a checkpoint's capture or after it, never between two of its
+  // pages.
+  absl::Status WhileNoCheckpointIsWritten(absl::FunctionRef<absl::Status()> change);
 
   // RewindJob (job_rewind.h) over this state_dir, while no checkpoint is
   // written or pruned.

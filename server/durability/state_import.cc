@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/base/log.h"
+#include "server/durability/checkpointer.h"
 #include "server/state/page_range_lock.h"
 
 namespace optstate {
@@ -141,7 +142,8 @@ absl::Status StateImport::AddChunk(StateTensor tensor, uint64_t offset, absl::st
   return absl::OkStatus();
 }
 
-absl::StatusOr<StateImport::Result> StateImport::Commit(const LeaseClaim& claim) {
+absl::StatusOr<StateImport::Result> StateImport::Commit(const LeaseClaim& claim,
+                                                        Checkpointer* checkpointer) {
   Group& group = staged_.group();
   const uint64_t n = group.num_elements();
   const bool amsgrad = group.max_exp_avg_sq() != nullptr;
@@ -176,7 +178,12 @@ absl::StatusOr<StateImport::Result> StateImport::Commit(const LeaseClaim& claim)
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = ReplaceGroupState(*backend_, group, **existing); !s.ok()) return s;
+    auto replace = [&] { return ReplaceGroupState(*backend_, group, **existing); };
+    if (absl::Status s =
+            checkpointer != nullptr ? checkpointer->WhileNoCheckpointIsWritten(replace) : replace();
+        !s.ok()) {
+      return s;
+    }
     (*existing)->last_step().Reset();  // The steps it recorded are not this state's.
     // The imported state is the group's now: the RegisterGroup stream that
     // created it no longer removes it when that stream fails, even with

@@ -16,6 +16,8 @@
 
 namespace optstate {
 
+class Checkpointer;  // checkpointer.h
+
 // kMaxExpAvgSq: an amsgrad group's max_exp_avg_sq (none other has it).
 enum class StateTensor { kParams, kExpAvg, kExpAvgSq, kPageSteps, kMaxExpAvgSq };
 
@@ -63,7 +65,11 @@ class StateImport {
   // existing group (GroupLease); the backend's error when it cannot take the
   // state. On error nothing is visible or changed. The group is then leased
   // to `claim`'s holder (none: as it was). Call at most once.
-  absl::StatusOr<Result> Commit(const LeaseClaim& claim = LeaseClaim());
+  // With `checkpointer`, an existing group is replaced while no checkpoint
+  // is written (Checkpointer::WhileNoCheckpointIsWritten), so no checkpoint
+  // holds some of its pages from before the import and some from after.
+  absl::StatusOr<Result> Commit(const LeaseClaim& claim = LeaseClaim(),
+                                Checkpointer* checkpointer = nullptr);
 
  private:
   StateImport(StateStore* store, StepBackend* backend, StagedGroup staged)

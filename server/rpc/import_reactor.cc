@@ -32,8 +32,9 @@ absl::StatusOr<StateTensor> TensorFromProto(v1::StateTensor tensor) {
 
 ImportReactor::ImportReactor(StepEngine* engine, grpc::CallbackServerContext* context,
                              std::string tenant, grpc::ByteBuffer* response,
-                             StreamRegistry* streams, LeaseClaim lease)
+                             StreamRegistry* streams, LeaseClaim lease, Checkpointer* checkpointer)
     : engine_(engine),
+      checkpointer_(checkpointer),
       context_(context),
       tenant_(std::move(tenant)),
       lease_(std::move(lease)),
@@ -171,7 +172,7 @@ void ImportReactor::HandleMessage() {
 }
 
 void ImportReactor::CommitAndFinish() {
-  absl::StatusOr<StateImport::Result> result = import_->Commit(lease_);
+  absl::StatusOr<StateImport::Result> result = import_->Commit(lease_, checkpointer_);
   import_.reset();
   absl::Status status = result.status();
   if (result.ok()) {

@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/v1/optstate.pb.h"
+#include "server/durability/checkpointer.h"
 #include "server/durability/state_import.h"
 #include "server/engine/step_engine.h"
 #include "server/rpc/stream_registry.h"
@@ -37,9 +38,11 @@ class ImportReactor : public grpc::ServerReadReactor<grpc::ByteBuffer>, public M
  public:
   // `streams` must outlive the reactor; `response` gets the serialized
   // ImportStateResponse.
+  // `checkpointer` (null without a state_dir): an import over an existing
+  // group lands between checkpoints (StateImport::Commit).
   ImportReactor(StepEngine* engine, grpc::CallbackServerContext* context, std::string tenant,
                 grpc::ByteBuffer* response, StreamRegistry* streams,
-                LeaseClaim lease = LeaseClaim());
+                LeaseClaim lease = LeaseClaim(), Checkpointer* checkpointer = nullptr);
 
   void OnReadDone(bool ok) override;
   void OnDone() override;
@@ -58,6 +61,7 @@ class ImportReactor : public grpc::ServerReadReactor<grpc::ByteBuffer>, public M
   void FinishIfDue();
 
   StepEngine* const engine_;
+  Checkpointer* const checkpointer_;
   grpc::CallbackServerContext* const context_;
   const std::string tenant_;
   const LeaseClaim lease_;  // The call's (call_lease.h), held to an existing group.

@@ -267,8 +267,8 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* OptimizerStateService::ImportState(
   if (!lease.ok()) {
     return new RefusedReadReactor<grpc::ByteBuffer>(ToGrpcStatus(lease.status()));
   }
-  return new ImportReactor(engine_, context, caller->tenant, response, &streams_,
-                           std::move(*lease));
+  return new ImportReactor(engine_, context, caller->tenant, response, &streams_, std::move(*lease),
+                           checkpointer_);
 }
 
 grpc::ServerUnaryReactor* OptimizerStateService::Checkpoint(grpc::CallbackServerContext* context,

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <fstream>
 #include <iterator>
 #include <thread>
@@ -141,6 +142,109 @@ INSTANTIATE_TEST_SUITE_P(
       }
       return name;
     });
+
+// ---- Changes while a checkpoint is written ----
+
+// A checkpoint paused after its first run of model.w's pages (the writer's
+// pause hook, told to go on once its file is removed), and the daemon of it.
+class DuringCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = FreshDirectory("during");
+    paused_ = dir_ + ".paused";
+    std::filesystem::remove(paused_);
+  }
+  void TearDown() override { std::filesystem::remove(paused_); }
+
+  void StartPausingAt(const std::string& point) {
+    setenv("OPTSTATE_TEST_CHECKPOINT_PAUSE", absl::StrCat("2:", point).c_str(), 1);
+    setenv("OPTSTATE_TEST_CHECKPOINT_PAUSE_FILE", paused_.c_str(), 1);
+    setenv("OPTSTATE_TEST_CHECKPOINT_RESUME", "1", 1);
+    auto daemon = DaemonProcess::Start(CrashFlags(dir_));
+    unsetenv("OPTSTATE_TEST_CHECKPOINT_PAUSE");
+    unsetenv("OPTSTATE_TEST_CHECKPOINT_PAUSE_FILE");
+    unsetenv("OPTSTATE_TEST_CHECKPOINT_RESUME");
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = std::move(*daemon);
+    client_ = ConnectTo(*daemon_);
+    work_.Register(*client_);
+    work_.Steps(*client_, 1, 3);
+    ASSERT_TRUE(client_->Checkpoint({}).ok());  // ckpt 1, not paused.
+  }
+
+  std::string dir_, paused_;
+  const CkptWorkload work_{kSeed};
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<Client> client_;
+};
+
+// An ImportState over model.w landed between two runs of a checkpoint's
+// pages: the checkpoint held some pages of the old state and the rest of the
+// imported one, at the same step, and was restored as such. The import now
+// waits for the checkpoint, which holds the old state whole.
+TEST_F(DuringCheckpointTest, AnImportWaitsForTheCheckpointBeingWritten) {
+  StartPausingAt("run:1:0");
+  absl::StatusOr<Client::GroupState> old = client_->ExportState("model.w");
+  ASSERT_TRUE(old.ok());
+  Client::GroupState imported = *old;
+  for (float& p : imported.params) p += 1.0f;
+  std::thread checkpoint([&] { EXPECT_TRUE(client_->Checkpoint({}).ok()); });
+  ASSERT_TRUE(WaitForFile(paused_, absl::Seconds(20)));
+  std::atomic<bool> imported_done{false};
+  std::thread import([&] {
+    EXPECT_TRUE(client_->ImportState(imported).ok());
+    imported_done = true;
+  });
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_FALSE(imported_done.load()) << "the import landed in the middle of the checkpoint";
+  std::filesystem::remove(paused_);  // The writer goes on.
+  checkpoint.join();
+  import.join();
+  daemon_.reset();  // SIGKILL: the restart restores ckpt 2.
+  auto restarted = DaemonProcess::Start(CrashFlags(dir_));
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  auto client = ConnectTo(**restarted);
+  absl::StatusOr<Stats> stats = client->GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->restored_checkpoint_id, kSecond);
+  EXPECT_TRUE(SameState(ExportAll(*client), References().at(3)));
+}
+
+// A Checkpoint naming a group waited behind another checkpoint while the
+// group was deleted: it answered OK with step 2^64 - 1 for a checkpoint
+// without the group, and the checkpoint it waited behind failed ABORTED.
+// Now the named one is NOT_FOUND, and the other is written without the group.
+TEST_F(DuringCheckpointTest, AGroupDeletedWhileCheckpointsWaitIsLeftOutOrNotFound) {
+  StartPausingAt("dir_created");
+  std::thread whole([&] {
+    absl::StatusOr<Client::CheckpointResult> r = client_->Checkpoint({});
+    EXPECT_TRUE(r.ok()) << r.status();
+  });
+  ASSERT_TRUE(WaitForFile(paused_, absl::Seconds(20)));
+  std::thread named([&] {
+    Client::CheckpointRequestOptions options;
+    options.groups = {"model.b"};
+    absl::StatusOr<Client::CheckpointResult> r = client_->Checkpoint(options);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr("group 'model.b' was deleted"));
+  });
+  absl::SleepFor(absl::Milliseconds(300));  // The named call waits behind the paused one.
+  ASSERT_TRUE(client_->DeleteGroup("model.b").ok());
+  std::filesystem::remove(paused_);
+  whole.join();
+  named.join();
+  daemon_.reset();
+  auto restarted = DaemonProcess::Start(CrashFlags(dir_));
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  auto client = ConnectTo(**restarted);
+  absl::StatusOr<Stats> stats = client->GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->restored_checkpoint_id, kSecond);
+  absl::StatusOr<std::vector<GroupInfo>> groups = client->ListGroups();
+  ASSERT_TRUE(groups.ok());
+  ASSERT_EQ(groups->size(), 1u);
+  EXPECT_EQ((*groups)[0].name, "model.w");
+}
 
 // ---- A signal while the daemon starts ----
 
