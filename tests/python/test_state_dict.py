@@ -202,7 +202,19 @@ def test_a_refused_state_dict_changes_nothing(daemon, client, prefix):
     bad_step = spoiled(lambda st: st[last].update(step=torch.tensor(-1.0)))
     half_step = spoiled(lambda st: st[last].update(step=torch.tensor(2.5)))
     no_moment = spoiled(lambda st: st[last].pop("exp_avg_sq"))
-    for bad, says in ((wrong_size, "exp_avg/exp_avg_sq have 3/"),
+
+    def poisoned(key, value):
+        def change(st):
+            st[last][key] = st[last][key].clone()
+            st[last][key].view(-1)[0] = value
+        return change
+
+    # Refused by the daemon at w2's turn, after w1 and b1 had been imported.
+    nan_moment = spoiled(poisoned("exp_avg", float("nan")))
+    negative_square = spoiled(poisoned("exp_avg_sq", -1.0))
+    for bad, says in ((nan_moment, "the loaded exp_avg holds a value that is not finite"),
+                      (negative_square, "the loaded exp_avg_sq holds a negative value"),
+                      (wrong_size, "exp_avg/exp_avg_sq have 3/"),
                       (fresh_and_wrong, "exp_avg/exp_avg_sq have 3/"),
                       (bad_step, "the loaded step is -1.0"),
                       (half_step, "the loaded step is 2.5"),
@@ -374,3 +386,33 @@ print("done")
                          timeout=60)
     assert run.returncode == 0 and run.stdout.strip() == "done", run.stderr
     assert "leaked" not in run.stderr, run.stderr
+
+
+def test_an_amsgrad_state_dict_is_adopted_as_torch_adopts_it(daemon, prefix):
+    # Loaded into an optimizer made without amsgrad, it was accepted and set amsgrad=True
+    # in param_groups, and every step after was refused ("amsgrad cannot change").
+    def amsgrad_groups(model, named):
+        groups = _groups(model, named)
+        for g in groups:
+            g["amsgrad"] = True
+        return groups
+
+    alone = _model()
+    alone_opt = torch.optim.AdamW(amsgrad_groups(alone, named=False))
+    _torch_run(alone, 3, opt=alone_opt)
+    saved = copy.deepcopy(alone_opt.state_dict())
+    _torch_run(alone, 3, start=4, opt=alone_opt)
+
+    remote = _model()
+    _torch_run(remote, 3, opt=torch.optim.AdamW(amsgrad_groups(remote, named=False)))
+    opt = RemoteAdamW(_groups(remote, named=True), target=daemon.target, name_prefix=prefix)
+    opt.load_state_dict(saved)
+    assert all(g["amsgrad"] for g in opt.param_groups)
+    for step in range(4, 7):
+        _set_grads(remote, step)
+        opt.step()
+    got, expected = _by_name(opt.state_dict(), remote), _by_name(alone_opt.state_dict(), alone)
+    for n in ("w1", "b1", "w2"):
+        assert float(got[n]["step"]) == float(expected[n]["step"]) == 6
+        for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+            assert bits_equal(got[n][key], expected[n][key]), (n, key)

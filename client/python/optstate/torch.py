@@ -1380,6 +1380,9 @@ class RemoteAdamW(torch.optim.Optimizer):
         # The daemon's group keeps the hyperparameters it was registered with (each step
         # sends those of the loaded param group that differ); a new one takes the group's.
         h = reg.hyperparameters if reg is not None else _hyperparameters(group)
+        # amsgrad cannot change between steps, so a loaded group that changes it (as
+        # torch's load_state_dict adopts it) makes the daemon's group anew (_import).
+        h = h[:5] + (bool(group.get("amsgrad", False)),)
         if entry is None:
             self._check_registrable(p, name)
             return h
@@ -1412,6 +1415,19 @@ class RemoteAdamW(torch.optim.Optimizer):
             raise ValueError(f"parameter '{name}': the loaded max_exp_avg_sq has "
                              f"{entry['max_exp_avg_sq'].numel()} elements, the parameter "
                              f"{p.numel()}")
+        # What the daemon refuses to import, found before anything is imported (a refusal
+        # at this parameter's turn left the ones before it loaded).
+        for key in moments:
+            values = entry[key].detach()
+            if not bool(torch.isfinite(values).all()):
+                raise ValueError(f"parameter '{name}': the loaded {key} holds a value that is "
+                                 "not finite (nan or inf)")
+            if key != "exp_avg" and bool((values < 0).any()):
+                raise ValueError(f"parameter '{name}': the loaded {key} holds a negative "
+                                 "value (a mean of squares is 0 or more)")
+        if not bool(torch.isfinite(self._master_weights(p, entry)).all()):
+            raise ValueError(f"parameter '{name}': its values (or the loaded master_param) "
+                             "hold a value that is not finite (nan or inf)")
         return h
 
     def _import(self, p: torch.Tensor, name: str, group: dict, h: tuple,
@@ -1427,6 +1443,12 @@ class RemoteAdamW(torch.optim.Optimizer):
                 del self._registered[id(p)]
             self._register(p, name, group, h)
             return
+        if reg is not None and reg.hyperparameters[5] != h[5]:
+            # amsgrad changed: the import makes the group anew (an import replaces only a
+            # group of equal hyperparameters).
+            self._client.delete(name)
+            del self._registered[id(p)]
+            reg = None
         params = self._master_weights(p, entry)
         exp_avg = entry["exp_avg"].detach().reshape(-1).float().contiguous()
         exp_avg_sq = entry["exp_avg_sq"].detach().reshape(-1).float().contiguous()
