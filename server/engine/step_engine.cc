@@ -116,15 +116,16 @@ absl::StatusOr<ValidatedChunk> StepEngine::Validate(const StepChunk& chunk, Valu
     h.eps = chunk.eps.value_or(h.eps);
     h.weight_decay = chunk.weight_decay.value_or(h.weight_decay);
     if (absl::Status s = ValidateHyperparameters(h); !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("this step's hyperparameters: ", s.message()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group '", group.key().name, "': this step's hyperparameters: ", s.message()));
     }
   }
   inputs.step = chunk.step;
   inputs.grad_scale = chunk.grad_scale.value_or(1.0f);
   if (!std::isfinite(inputs.hyperparameters.lr) || inputs.hyperparameters.lr < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("lr must be finite and >= 0, got ", ExactText(inputs.hyperparameters.lr)));
+    return absl::InvalidArgumentError(absl::StrCat("group '", group.key().name,
+                                                   "': lr must be finite and >= 0, got ",
+                                                   ExactText(inputs.hyperparameters.lr)));
   }
   if (!std::isfinite(inputs.grad_scale)) {
     return absl::InvalidArgumentError(
@@ -135,8 +136,9 @@ absl::StatusOr<ValidatedChunk> StepEngine::Validate(const StepChunk& chunk, Valu
   const AdamWConstants constants = ComputeAdamWConstants(inputs);
   if (!std::isfinite(constants.neg_step_size) || !std::isfinite(constants.decay)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "lr ", ExactText(inputs.hyperparameters.lr), " with weight_decay ",
-        ExactText(inputs.hyperparameters.weight_decay), " at step ", inputs.step,
+        "group '", group.key().name, "': lr ", ExactText(inputs.hyperparameters.lr),
+        " with weight_decay ", ExactText(inputs.hyperparameters.weight_decay), " at step ",
+        inputs.step,
         " gives a step size or decay beyond float32's range (the step runs in fp32); use a "
         "smaller lr"));
   }

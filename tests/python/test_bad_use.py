@@ -96,6 +96,42 @@ def test_a_non_finite_gradient_applies_nothing_to_any_parameter(daemon, client, 
     assert [client.describe(n).min_step for n in names] == ([2, 2, 1] if two_calls else [2, 2, 2])
 
 
+@pytest.mark.parametrize("change, says", [
+    (dict(lr=float("nan")), "lr must be finite and >= 0"),
+    (dict(lr=-0.1), "lr must be finite and >= 0"),
+    (dict(eps=0.0), "eps must be finite and > 0"),
+    (dict(betas=(0.9, 1.0)), "beta2 must be in \\[0, 1\\)"),
+    (dict(lr=1e38), "beyond float32's range"),
+], ids=["nan lr", "negative lr", "zero eps", "beta2 of 1", "lr overflowing"])
+def test_hyperparameters_the_daemon_refuses_apply_nothing_over_two_calls(daemon, client, prefix,
+                                                                         change, says):
+    """A parameter whose step count fell behind needs a call of its own. The first call was
+    applied, then the daemon refused the second's hyperparameters: a half-applied step, and
+    its retry replayed the first call's step with the old gradients."""
+    gen = torch.Generator().manual_seed(5)
+    params = [torch.nn.Parameter(torch.randn(n, generator=gen)) for n in (100, 50)]
+    opt = RemoteAdamW([{"params": params[:1]}, {"params": params[1:], "lr": 0.1}],
+                      target=daemon.target, name_prefix=prefix)
+    params[0].grad = torch.randn(100, generator=gen)
+    opt.step()  # param.1 had no gradient: it stays at step 0
+    names = [f"{prefix}param.{i}" for i in range(2)]
+    before = _snapshot(client, names)
+    values = [p.detach().clone() for p in params]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen)
+    group = opt.param_groups[1]
+    kept = {k: group[k] for k in change}
+    group.update(change)
+    with pytest.raises(optstate.InvalidArgument, match=f"'{prefix}param.1'.*{says}"):
+        opt.step()
+    _assert_unchanged(client, before)
+    for p, v in zip(params, values):
+        assert bits_equal(p.detach(), v)
+    group.update(kept)
+    opt.step()
+    assert [client.describe(n).min_step for n in names] == [2, 1]
+
+
 def test_a_parameter_whose_dtype_changed_is_refused_naming_it(daemon, client, prefix):
     p = torch.nn.Parameter(torch.ones(16))
     opt = RemoteAdamW([("w", p)], target=daemon.target, name_prefix=prefix)

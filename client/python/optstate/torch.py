@@ -162,6 +162,47 @@ def _hyperparameters(group: dict) -> tuple:
             _as_float(group["weight_decay"]), bool(group["maximize"]), bool(group["amsgrad"]))
 
 
+def _float32(x: float) -> float:
+    """x rounded to float32 (inf beyond its range), as a C++ static_cast<float>."""
+    return torch.tensor(x, dtype=torch.float64).to(torch.float32).item()
+
+
+def _step_hyperparameters_refusal(h: tuple, lr: float, overrides: Optional[dict],
+                                  step: int) -> Optional[str]:
+    """Why the daemon refuses a step of a group registered with `h`, at `lr` with
+    `overrides` (Registration.overrides), or None: its ValidateHyperparameters and the
+    step's float32 constants (server/kernels/adamw_kernel.cc), in the same order."""
+    _, (beta1, beta2), eps, weight_decay, _, _ = h
+    if overrides:
+        beta1, beta2 = overrides.get("betas", (beta1, beta2))
+        eps = overrides.get("eps", eps)
+        weight_decay = overrides.get("weight_decay", weight_decay)
+        if not (math.isfinite(lr) and lr >= 0 and math.isfinite(_float32(lr))):
+            return f"lr must be finite and >= 0 (and within float32's range), got {lr!r}"
+        if not 0 <= beta1 < 1:
+            return f"beta1 must be in [0, 1), got {beta1!r}"
+        if not 0 <= beta2 < 1:
+            return f"beta2 must be in [0, 1), got {beta2!r}"
+        if not (math.isfinite(eps) and math.isfinite(_float32(eps)) and _float32(eps) > 0):
+            return ("eps must be finite and > 0, and at least float32's smallest value "
+                    f"1.4e-45 (the step runs in fp32), got {eps!r}")
+        if not (math.isfinite(weight_decay) and weight_decay >= 0
+                and math.isfinite(_float32(weight_decay))):
+            return ("weight_decay must be finite and >= 0 (and within float32's range), got "
+                    f"{weight_decay!r}")
+    if not (math.isfinite(lr) and lr >= 0):
+        return f"lr must be finite and >= 0, got {lr!r}"
+    bias_correction1 = 1.0 - math.pow(beta1, float(step))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        neg_step_size = _float32(-(lr / bias_correction1)) if bias_correction1 != 0 else math.inf
+        decay = _float32(1.0 - lr * weight_decay)
+    if not (math.isfinite(neg_step_size) and math.isfinite(decay)):
+        return (f"lr {lr!r} with weight_decay {weight_decay!r} at step {step} gives a step size "
+                "or decay beyond float32's range (the step runs in fp32); use a smaller lr")
+    return None
+
+
 def _register_keywords(h: tuple) -> dict:
     """A _hyperparameters tuple as Client.register's / import_state's keywords."""
     lr, betas, eps, weight_decay, maximize, amsgrad = h
@@ -980,9 +1021,11 @@ class RemoteAdamW(torch.optim.Optimizer):
                     calls[key] = _scaled(groups, self._grad_scale)
                     scaled_here.add(key)
         if len(calls) > 1:
-            # One call checks its own gradients before it sends anything; with several,
-            # a later call's refusal would come after earlier ones were applied.
+            # One call checks its own gradients and hyperparameters before it applies
+            # anything; with several, a later call's refusal would come after earlier
+            # ones were applied.
             self._check_finite(calls)
+            self._check_step_hyperparameters(calls, stepped)
         # Whether every gradient is known finite as sent, so the daemon may check each as
         # it applies it (one read of it, not two; Client.step's gradients_checked): checked
         # just above (and a grad_scale of at most 1 in magnitude cannot make it overflow),
@@ -1220,6 +1263,26 @@ class RemoteAdamW(torch.optim.Optimizer):
                     raise errors.InvalidArgument(
                         f"gradient of group '{name}' is not finite (as sent, {sent.dtype}); the "
                         "whole step was refused and nothing was sent")
+
+    @staticmethod
+    def _check_step_hyperparameters(calls: dict, stepped: dict) -> None:
+        """Every group of `calls` with hyperparameters the daemon takes at its step; else
+        InvalidArgument naming the group. The daemon's own checks (ValidateHyperparameters
+        in server/state/group_config.cc and the step's fp32 constants in
+        server/engine/step_engine.cc), made here when a step takes several calls: a later
+        call's refusal would come after earlier ones were applied."""
+        seen = {}
+        for (k, wire), groups in calls.items():
+            for (name, _, _, lr, overrides), reg in zip(groups, stepped[(k, wire)]):
+                key = (id(reg.hyperparameters), lr, None if overrides is None
+                       else tuple(sorted(overrides.items())), k)
+                if key not in seen:
+                    seen[key] = _step_hyperparameters_refusal(reg.hyperparameters, lr,
+                                                              overrides, k)
+                if seen[key] is not None:
+                    raise errors.InvalidArgument(
+                        f"group '{name}' at step {k}: {seen[key]}; the whole step was refused "
+                        "and nothing was sent")
 
     def _broadcast(self) -> None:
         """Every parameter from the rank that stepped it."""
