@@ -483,8 +483,11 @@ def test_the_cpp_loop_steps_a_parameter_whose_data_was_replaced_in_its_new_memor
         daemon, prefix, monkeypatch):
     # The C++ loop keeps each parameter's p.data from one step to the next while the
     # parameter's memory starts where it did. Data replaced by other memory is stepped
-    # there (the old memory is not written again); data viewed in the same memory but not
-    # contiguously is left to the Python loop, which refuses it by name, applying nothing.
+    # there (the old memory is not written again); the first step after the replacement
+    # is the Python loop's, which compares the new memory's values with the daemon's (they
+    # would be imported if they differed: RemoteAdamW._adopt_values), the next ones the
+    # C++ loop's again. Data viewed in the same memory but not contiguously is left to the
+    # Python loop, which refuses it by name, applying nothing.
     taken = _steps_the_cpp_loop_takes(monkeypatch)
     p = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 256).reshape(16, 16))
     p_ref, m_ref, v_ref = p.detach().clone(), torch.zeros(16, 16), torch.zeros(16, 16)
@@ -500,13 +503,13 @@ def test_the_cpp_loop_steps_a_parameter_whose_data_was_replaced_in_its_new_memor
         opt.step()
         assert bits_equal(p.detach(), p_ref), step
     assert bits_equal(old, old_bits)
-    assert taken == [True, True, True]
+    assert taken == [True, False, True]
     p.data = p.data.t()  # the same memory, transposed: same shape, not contiguous
     p.grad = torch.randn(16, 16, generator=gen)
     before = p.detach().clone()
     with pytest.raises(ValueError, match="not contiguous"):
         opt.step()
-    assert taken == [True, True, True, False]
+    assert taken == [True, False, True, False]
     assert bits_equal(p.detach(), before)
     info = opt.client.describe(prefix + "param.0")
     assert (info.min_step, info.max_step) == (3, 3)
@@ -879,4 +882,54 @@ def test_a_clip_in_a_call_that_mixes_float32_and_16_bit_gradients_is_the_daemons
         master = torch.from_numpy(opt.client.export_state(prefix + f"param.{i}").params)
         assert bits_equal(master, p), f"master {i}"
         assert bits_equal(opt.state[(a, b)[i]]["exp_avg"], m), f"exp_avg {i}"
+    opt.close()
+
+
+@pytest.mark.parametrize("plane", ["wire", "shared_memory", "shared_buffers", "staged"])
+def test_values_given_to_the_parameters_between_steps_are_stepped_from_as_torch_does(
+        fresh_daemons, prefix, plane):
+    # The daemon stepped its own copy of the values: pretrained weights loaded into the
+    # model after the optimizer was made, clipping, pruning, re-initialising were undone
+    # by the next step. A change of value is now imported before the parameter steps.
+    daemon = fresh_daemons()
+    model = torch.nn.Linear(16, 16)
+    options = dict(data_plane="wire") if plane == "wire" else {}
+    if plane == "shared_buffers":
+        options["shared_buffers"] = True
+    if plane == "staged":
+        options["staging"] = "always"
+    opt = RemoteAdamW(model.parameters(), target=daemon.target, name_prefix=prefix, **options)
+    refs = [p.detach().clone() for p in model.parameters()]
+    moments = [(torch.zeros_like(r), torch.zeros_like(r)) for r in refs]
+    gen = torch.Generator().manual_seed(11)
+    pretrained = torch.nn.Linear(16, 16)
+
+    def step(k):
+        for p, r, (m, v) in zip(model.parameters(), refs, moments):
+            p.grad = torch.randn(p.shape, generator=gen)
+            ieee_adamw_(r, p.grad, m, v, k, 1e-3)
+        opt.step()
+        for p, r in zip(model.parameters(), refs):
+            assert bits_equal(p.detach(), r), (plane, k)
+
+    def edit(change):
+        change()
+        for p, r in zip(model.parameters(), refs):
+            r.copy_(p.detach())
+
+    edit(lambda: model.load_state_dict(pretrained.state_dict()))  # before the first step
+    step(1)
+    step(2)
+    with torch.no_grad():
+        edit(lambda: (model.weight.clamp_(-0.05, 0.05), model.bias.zero_()))
+    step(3)
+    edit(lambda: torch.nn.init.normal_(model.weight))
+    step(4)
+    if plane in ("wire", "shared_memory"):
+        def replace():
+            model.bias.data = torch.full((16,), 0.25)
+        edit(replace)
+        step(5)
+    daemon_values = opt.client.export_state(prefix + "param.0")
+    assert bits_equal(torch.from_numpy(daemon_values.params).reshape(16, 16), refs[0])
     opt.close()

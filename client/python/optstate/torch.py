@@ -77,7 +77,7 @@ class _PlanSource(dict):
 @dataclass(eq=False)
 class _Registration:
     """What this optimizer registered for one parameter, and what its steps reuse. All but
-    `step` and `created` are fixed once made (step()'s plan reads them once:
+    `step`, `created`, `version` and `pointer` are fixed once made (step()'s plan reads them once:
     prepared_step.h); a change is a new _Registration."""
 
     param: torch.Tensor
@@ -91,6 +91,11 @@ class _Registration:
     wire: Optional[str]
     dtype: torch.dtype  # The parameter's, at registration.
     created: bool = False  # Whether this optimizer's registration created the daemon's group.
+    # The parameter's version counter (Tensor._version) and data_ptr() when its values
+    # were last the daemon's: a step that finds either moved imports its values first
+    # (RemoteAdamW._adopt_values). The daemon's writes of new values bump neither.
+    version: int = 0
+    pointer: int = 0
 
     def overrides(self, group: dict) -> Optional[dict]:
         """What this step must tell the daemon beyond lr: the hyperparameters of `group`
@@ -669,6 +674,8 @@ class RemoteAdamW(torch.optim.Optimizer):
             raise
         if shared is not None:
             self._move_into_shared(*shared)
+        for p, _, _ in new:  # attaching or moving them into shared memory wrote them
+            self._note_values(p)
 
     def _job_step(self) -> int:
         """The highest step of the job's groups on the daemon(s), all ranks' (a rank
@@ -850,7 +857,46 @@ class RemoteAdamW(torch.optim.Optimizer):
         hyperparameters = self._hyperparameter_tuples.setdefault(hyperparameters,
                                                                  hyperparameters)
         self._registered[id(p)] = _Registration(p, name, p.shape, hyperparameters, step, wire,
-                                                p.dtype, created)
+                                                p.dtype, created, p._version, p.data_ptr())
+
+    def _note_values(self, p: torch.Tensor) -> None:
+        """p's values are the daemon's now (written or read back by this optimizer)."""
+        reg = self._registered.get(id(p))
+        if reg is not None:
+            reg.version, reg.pointer = p._version, p.data_ptr()
+
+    def _adopt_values(self, p: torch.Tensor, reg: _Registration) -> None:
+        """torch.optim.AdamW steps a parameter from the values it holds; the daemon steps its
+        own copy of them (the master weights). So values p was given since the daemon last
+        wrote it (pretrained weights loaded after the optimizer was made, clipping, pruning,
+        an EMA copied in: what bumps its version counter, or other memory set as p.data) are
+        imported into the daemon before p steps, with the group's moments and page steps as
+        they are. Values equal to the daemon's as they travel import nothing (the master
+        weights of a 16-bit parameter keep their precision). Edits made through ``p.data``
+        in place bump no version counter, for torch's autograd either: make them under
+        ``torch.no_grad()`` on p itself."""
+        self._staging.wait_for_values()
+        state = self._client.export_state(reg.name)
+        current = p.detach().reshape(-1).to("cpu")
+        held = torch.from_numpy(state.params)
+        narrow = (p.dtype if p.dtype in _SIXTEEN_BIT
+                  else _WIRE_DTYPES[self._wire] if self._wire is not None else None)
+        as_held = held.to(narrow).to(p.dtype) if narrow is not None else held
+        bits = torch.int16 if p.element_size() == 2 else torch.int32
+        if not torch.equal(as_held.view(bits), current.contiguous().view(bits)):
+            params = current.to(torch.float32).contiguous()
+            if not bool(torch.isfinite(params).all()):
+                raise errors.InvalidArgument(
+                    f"parameter '{reg.name}' was given values that are not finite (nan or "
+                    "inf) since its last step; nothing was sent")
+            max_exp_avg_sq = (torch.from_numpy(state.max_exp_avg_sq)
+                              if state.max_exp_avg_sq is not None else None)
+            self._client.import_state(reg.name, params, torch.from_numpy(state.exp_avg),
+                                      torch.from_numpy(state.exp_avg_sq),
+                                      [int(s) for s in state.page_steps],
+                                      max_exp_avg_sq=max_exp_avg_sq,
+                                      **_register_keywords(reg.hyperparameters))
+        reg.version, reg.pointer = p._version, p.data_ptr()
 
     @staticmethod
     def _check_step(p: torch.Tensor, grad: torch.Tensor, reg: _Registration,
@@ -903,6 +949,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         #    what registration fixed is in its _Registration.
         calls: dict[tuple, list] = {}
         stepped: dict[tuple, list] = {}
+        edited: list = []  # (parameter, registration) given values since its last step
         staged: dict[tuple, list] = {}  # by call: its parameters stepped through host slots
         staging = self._staging
         staging_engaged = staging.engaged  # False: no parameter of this step is staged
@@ -953,6 +1000,8 @@ class RemoteAdamW(torch.optim.Optimizer):
                                      "registered; add parameters with add_param_group()")
                 if finish_to is not None and reg.step >= finish_to:
                     continue
+                if p._version != reg.version or p.data_ptr() != reg.pointer:
+                    edited.append((p, reg))
                 # Staged: its host slots were made for the device it is on (a parameter
                 # frozen at registration gets them at its first gradient). A CPU parameter
                 # while staging is not engaged is neither staged nor wanted (wants(p)).
@@ -996,6 +1045,8 @@ class RemoteAdamW(torch.optim.Optimizer):
                     stepped[key].append(reg)
                 else:
                     calls[key], stepped[key] = [entry], [reg]
+        for p, reg in edited:
+            self._adopt_values(p, reg)
         for params in staged.values():
             staging.wait_for_gradients(params)
         # clip_grad_norm_'s scale, applied by the daemon to every gradient of this step.

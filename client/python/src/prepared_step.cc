@@ -87,6 +87,7 @@ struct TorchObjects {
   PyObject* requires_grad;
   PyObject* data;
   PyObject* data_ptr;
+  PyObject* version_counter;  // Tensor._version
   // Of a _Registration.
   PyObject* name;
   PyObject* dtype;
@@ -95,6 +96,8 @@ struct TorchObjects {
   PyObject* wire;
   PyObject* hyperparameters;
   PyObject* overrides;
+  PyObject* version;
+  PyObject* pointer;
   // torch's DLPack C exchange table, where this torch has one; else null.
   const DlpackExchangeApi* exchange;
 };
@@ -115,6 +118,7 @@ const TorchObjects& Objects() {
     t.requires_grad = intern("requires_grad");
     t.data = intern("data");
     t.data_ptr = intern("data_ptr");
+    t.version_counter = intern("_version");
     t.name = intern("name");
     t.dtype = intern("dtype");
     t.shape = intern("shape");
@@ -122,6 +126,8 @@ const TorchObjects& Objects() {
     t.wire = intern("wire");
     t.hyperparameters = intern("hyperparameters");
     t.overrides = intern("overrides");
+    t.version = intern("version");
+    t.pointer = intern("pointer");
     t.exchange = ExchangeApiOf(torch.attr("Tensor"));
     return t;
   }();
@@ -429,6 +435,13 @@ void StepGroup(nb::handle params, double lr, nb::handle group, CheckedOutPlan* p
     if (!fields.is_valid()) throw nb::python_error();
     if (!PyDict_Check(fields.ptr())) throw TakeThePythonLoop{};
     const uint64_t step = AsUnsigned(Field(fields, t.step)) + 1;
+    // Values given to p since the daemon last wrote them (its version counter
+    // moved, or p.data is other memory): the Python loop imports them first
+    // (RemoteAdamW._adopt_values).
+    if (AsUnsigned(Field(fields, t.pointer)) != data_ptr ||
+        AsUnsigned(Attr(p, t.version_counter)) != AsUnsigned(Field(fields, t.version))) {
+      throw TakeThePythonLoop{};
+    }
     if (!prepared->wire.is_valid()) {
       prepared->step = step;
       prepared->wire = planned.wire;
