@@ -148,7 +148,15 @@ absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& ke
             "' (a client's Rebalance moves groups when the daemons change): register and step "
             "it there, with the client given the new list of daemons, or finish the Rebalance"));
       }
-      if (it->second->config() == config) {
+      const GroupConfig& existing = it->second->config();
+      // A registration without initial values of a group that has them
+      // (registered with values, imported, restored) asks for nothing it
+      // lacks: the same group, as a Rebalance's import leaves it.
+      const bool equal = existing == config ||
+                         (!config.has_initial_values &&
+                          existing.num_elements == config.num_elements &&
+                          existing.hyperparameters == config.hyperparameters);
+      if (equal) {
         it->second->mark_joined();
         return Registration{it->second, false};
       }

@@ -147,6 +147,23 @@ TEST_F(GroupMoveTest, ASealedGroupRefusesRegistrationAndAnImportUnsealsIt) {
   EXPECT_TRUE(client_->RegisterGroup("w", kElements).ok());
 }
 
+// An import registers a group as having initial values; registering it again
+// as it was first registered, without values (a trainer attaching after a
+// Rebalance moved its groups), was ALREADY_EXISTS.
+TEST_F(GroupMoveTest, AnImportedGroupTakesItsRegistrationWithoutValuesAgain) {
+  ASSERT_TRUE(client_->RegisterGroup("w", kElements).ok());
+  ASSERT_TRUE(StepOnce(1).ok());
+  absl::StatusOr<Client::GroupState> state = client_->ExportState("w");
+  ASSERT_TRUE(state.ok());
+  ASSERT_TRUE(client_->DeleteGroup("w").ok());
+  ASSERT_TRUE(client_->ImportState(*state).ok());
+  absl::StatusOr<GroupInfo> again = client_->RegisterGroup("w", kElements);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->created);
+  EXPECT_EQ(again->max_step, 1u);
+  EXPECT_TRUE(StepOnce(2).ok());
+}
+
 TEST_F(GroupMoveTest, ABadDestinationIsRefusedAndSealsNothing) {
   ASSERT_TRUE(client_->RegisterGroup("w", kElements).ok());
   std::vector<uint64_t> page_steps;
