@@ -92,6 +92,13 @@ absl::StatusOr<LeaseClaim> ParseLeaseClaim(std::optional<absl::string_view> leas
           "has expired) or 'dead=ID' (break it now: ID's process is gone), ID being the "
           "holder that GroupInfo.lease names");
     }
+    if (claim.holder.id.empty()) {
+      // A takeover moves the lease to the caller; without a holder of its own
+      // it would step a group another holds, and leave that holder's lease.
+      return absl::InvalidArgumentError(
+          "metadata 'optstate-lease-takeover' needs 'optstate-lease' naming the caller as "
+          "the new holder (holder=ID;job=...): a takeover moves the lease to it");
+    }
     claim.takeover = kind == "dead" ? TakeoverKind::kDead : TakeoverKind::kExpired;
     claim.takeover_of = std::string(id);
   }
@@ -100,6 +107,12 @@ absl::StatusOr<LeaseClaim> ParseLeaseClaim(std::optional<absl::string_view> leas
 
 absl::StatusOr<LeaseClaim> LeaseClaimOf(const grpc::CallbackServerContext* context) {
   const auto& metadata = context->client_metadata();
+  for (const char* key : {"optstate-lease", "optstate-lease-takeover"}) {
+    if (metadata.count(key) > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "metadata '", key, "' was sent ", metadata.count(key), " times; send it once"));
+    }
+  }
   auto value = [&](const char* key) -> std::optional<absl::string_view> {
     auto it = metadata.find(key);
     if (it == metadata.end()) return std::nullopt;

@@ -9,7 +9,9 @@
 
 #include "absl/time/clock.h"
 #include "absl/types/span.h"
+#include "grpcpp/grpcpp.h"
 #include "optstate/client.h"
+#include "optstate/v1/optstate.grpc.pb.h"
 #include "tests/testing/daemon_process.h"
 
 namespace optstate::testing {
@@ -124,6 +126,40 @@ TEST_F(LeaseTest, NotFoundSaysWhenTheDaemonStartedAndWhetherItKeepsState) {
   EXPECT_EQ(stats->lease_seconds, 60);
   EXPECT_LE(stats->started_unix_micros, absl::ToUnixMicros(absl::Now()));
   EXPECT_GT(stats->started_unix_micros, absl::ToUnixMicros(absl::Now() - absl::Minutes(5)));
+}
+
+// Raw calls: a takeover without a holder of its own stepped and deleted a
+// group another holder leased, leaving that holder's lease; two lease values
+// were taken silently (the first won).
+TEST_F(LeaseTest, ATakeoverWithoutAHolderAndTwoLeaseValuesAreRefused) {
+  Start({"--threads=2"});
+  std::unique_ptr<Client> a = Connect(daemon_->target(), "a");
+  ASSERT_TRUE(a->RegisterGroup("w", std::vector<float>(kElements, 1.0f), Hyperparameters{}).ok());
+  ASSERT_TRUE(StepOnce(*a, 1).ok());
+  auto stub = v1::OptimizerState::NewStub(
+      grpc::CreateChannel(daemon_->target(), grpc::InsecureChannelCredentials()));
+  auto delete_with = [&](const std::vector<std::pair<std::string, std::string>>& metadata) {
+    grpc::ClientContext context;
+    for (const auto& [key, value] : metadata) context.AddMetadata(key, value);
+    v1::DeleteGroupRequest request;
+    request.set_name("w");
+    v1::DeleteGroupResponse response;
+    return stub->DeleteGroup(&context, request, &response);
+  };
+  grpc::Status refused = delete_with({{"optstate-lease-takeover", "dead=a"}});
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.error_message().find("needs 'optstate-lease' naming the caller"),
+            std::string::npos)
+      << refused.error_message();
+  refused = delete_with({{"optstate-lease", "holder=a"}, {"optstate-lease", "holder=b"}});
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.error_message().find("'optstate-lease' was sent 2 times"), std::string::npos)
+      << refused.error_message();
+  absl::StatusOr<GroupInfo> info = a->DescribeGroup("w");
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_TRUE(info->lease.has_value());
+  EXPECT_EQ(info->lease->holder, "a");
+  EXPECT_TRUE(StepOnce(*a, 2).ok());
 }
 
 TEST(LeaseOptionsTest, BadLeaseOptionsAndTargetsAreRefusedAtConnect) {

@@ -57,5 +57,18 @@ TEST(ParseLeaseClaimTest, MalformedMetadataIsInvalidArgumentSayingWhat) {
   }
 }
 
+// A takeover without a holder of its own stepped a group another holder
+// leased, and left that holder's lease in place: two writers on one group.
+TEST(ParseLeaseClaimTest, ATakeoverNeedsAHolderToMoveTheLeaseTo) {
+  for (const char* takeover : {"dead=h1", "expired=h1"}) {
+    absl::StatusOr<LeaseClaim> claim = ParseLeaseClaim(std::nullopt, takeover);
+    ASSERT_FALSE(claim.ok()) << takeover;
+    EXPECT_EQ(claim.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(claim.status().message().find("needs 'optstate-lease' naming the caller"),
+              absl::string_view::npos)
+        << claim.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace optstate
