@@ -22,8 +22,8 @@ std::string EncodeToken(const GroupKey& key, bool all_tenants) {
 
 absl::Status BadToken() {
   return absl::InvalidArgumentError(
-      "page_token is not one this daemon issued: pass next_page_token of the previous response "
-      "unchanged, or leave it empty for the first page");
+      "page_token is not a page token of this daemon for your tenant: pass next_page_token of "
+      "the previous response unchanged, or leave it empty for the first page");
 }
 
 }  // namespace
