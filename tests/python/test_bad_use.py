@@ -195,3 +195,15 @@ def test_a_parameter_not_on_the_cpu_is_refused_naming_it_and_nothing_is_sent(dae
     _assert_unchanged(client, before)
     assert bits_equal(a.detach(), a_before)
     assert opt.state[a]["step"].item() == 1.0
+
+
+def test_a_parameter_without_elements_is_refused_by_name_before_anything_is_registered(
+        daemon, client, prefix):
+    # It failed with "RegisterGroup needs at least one initial value", naming nothing.
+    model = torch.nn.Linear(8, 0)
+    keep = torch.nn.Parameter(torch.ones(4))
+    with pytest.raises(ValueError, match=f"parameter '{prefix}weight' has no elements "
+                                         r"\(shape \(0, 8\)\)"):
+        RemoteAdamW([("keep", keep)] + list(model.named_parameters()), target=daemon.target,
+                    name_prefix=prefix)
+    assert not [g for g in client.list_groups() if g.name.startswith(prefix)]

@@ -802,6 +802,11 @@ class RemoteAdamW(torch.optim.Optimizer):
         if p.dtype not in _WIRE_NAMES:
             raise TypeError(f"parameter '{name}': dtype {p.dtype} is not supported "
                             "(float32, bfloat16 or float16)")
+        if p.numel() == 0:
+            # torch's AdamW steps it as a no-op; a daemon group holds at least one element.
+            raise ValueError(f"parameter '{name}' has no elements (shape {tuple(p.shape)}), "
+                             "which a daemon group cannot hold: leave it out of the "
+                             "optimizer's params (it has nothing to train)")
 
     def _travels_narrowed(self, p: torch.Tensor) -> bool:
         """Whether p's values travel in 16 bits (so the daemon's fp32 master weights are
