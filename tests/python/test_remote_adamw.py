@@ -486,8 +486,9 @@ def test_the_cpp_loop_steps_a_parameter_whose_data_was_replaced_in_its_new_memor
     # there (the old memory is not written again); the first step after the replacement
     # is the Python loop's, which compares the new memory's values with the daemon's (they
     # would be imported if they differed: RemoteAdamW._adopt_values), the next ones the
-    # C++ loop's again. Data viewed in the same memory but not contiguously is left to the
-    # Python loop, which refuses it by name, applying nothing.
+    # C++ loop's again. Data viewed in the same memory but not contiguously (transposed)
+    # is left to the Python loop, which imports its values (now in another order, as
+    # torch's AdamW would step them) and steps it through a buffer of its own.
     taken = _steps_the_cpp_loop_takes(monkeypatch)
     p = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 256).reshape(16, 16))
     p_ref, m_ref, v_ref = p.detach().clone(), torch.zeros(16, 16), torch.zeros(16, 16)
@@ -505,14 +506,14 @@ def test_the_cpp_loop_steps_a_parameter_whose_data_was_replaced_in_its_new_memor
     assert bits_equal(old, old_bits)
     assert taken == [True, False, True]
     p.data = p.data.t()  # the same memory, transposed: same shape, not contiguous
+    p_ref = p.detach().clone()
     p.grad = torch.randn(16, 16, generator=gen)
-    before = p.detach().clone()
-    with pytest.raises(ValueError, match="not contiguous"):
-        opt.step()
+    ieee_adamw_(p_ref, p.grad, m_ref, v_ref, 4, 1e-3)
+    opt.step()
     assert taken == [True, False, True, False]
-    assert bits_equal(p.detach(), before)
+    assert not p.is_contiguous() and bits_equal(p.detach(), p_ref)
     info = opt.client.describe(prefix + "param.0")
-    assert (info.min_step, info.max_step) == (3, 3)
+    assert (info.min_step, info.max_step) == (4, 4)
     opt.close()
 
 
@@ -932,4 +933,30 @@ def test_values_given_to_the_parameters_between_steps_are_stepped_from_as_torch_
         step(5)
     daemon_values = opt.client.export_state(prefix + "param.0")
     assert bits_equal(torch.from_numpy(daemon_values.params).reshape(16, 16), refs[0])
+    opt.close()
+
+
+def test_a_channels_last_model_steps_as_torch_steps_it(daemon, prefix):
+    # Every step raised "the gradient is not contiguous": a channels_last parameter (and its
+    # gradient, which backward makes channels_last too) could not be stepped at all.
+    conv = torch.nn.Conv2d(4, 8, 3).to(memory_format=torch.channels_last)
+    plain = torch.nn.Parameter(torch.randn(16, 16, generator=torch.Generator().manual_seed(2)))
+    params = [conv.weight, conv.bias, plain]
+    opt = RemoteAdamW(params, target=daemon.target, name_prefix=prefix)
+    refs = [p.detach().clone() for p in params]
+    moments = [(torch.zeros_like(r), torch.zeros_like(r)) for r in refs]
+    gen = torch.Generator().manual_seed(3)
+    for step in (1, 2, 3):
+        x = torch.randn(2, 4, 6, 6, generator=gen).to(memory_format=torch.channels_last)
+        opt.zero_grad()
+        conv(x).square().sum().backward()
+        plain.grad = torch.randn(16, 16, generator=gen).t()  # a strided gradient
+        for p, r, (m, v) in zip(params, refs, moments):
+            ieee_adamw_(r, p.grad.contiguous(), m, v, step, 1e-3)
+        opt.step()
+        for p, r in zip(params, refs):
+            assert bits_equal(p.detach().contiguous(), r), step
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    state = opt.state[conv.weight]
+    assert bits_equal(state["exp_avg"], moments[0][0])
     opt.close()

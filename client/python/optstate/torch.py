@@ -91,11 +91,12 @@ class _Registration:
     wire: Optional[str]
     dtype: torch.dtype  # The parameter's, at registration.
     created: bool = False  # Whether this optimizer's registration created the daemon's group.
-    # The parameter's version counter (Tensor._version) and data_ptr() when its values
-    # were last the daemon's: a step that finds either moved imports its values first
+    # The parameter's version counter (Tensor._version), data_ptr() and strides when its
+    # values were last the daemon's: a step that finds one moved imports its values first
     # (RemoteAdamW._adopt_values). The daemon's writes of new values bump neither.
     version: int = 0
     pointer: int = 0
+    strides: tuple = ()  # p.stride() then: the same memory viewed otherwise moves values
 
     def overrides(self, group: dict) -> Optional[dict]:
         """What this step must tell the daemon beyond lr: the hyperparameters of `group`
@@ -862,13 +863,14 @@ class RemoteAdamW(torch.optim.Optimizer):
         hyperparameters = self._hyperparameter_tuples.setdefault(hyperparameters,
                                                                  hyperparameters)
         self._registered[id(p)] = _Registration(p, name, p.shape, hyperparameters, step, wire,
-                                                p.dtype, created, p._version, p.data_ptr())
+                                                p.dtype, created, p._version, p.data_ptr(),
+                                                p.stride())
 
     def _note_values(self, p: torch.Tensor) -> None:
         """p's values are the daemon's now (written or read back by this optimizer)."""
         reg = self._registered.get(id(p))
         if reg is not None:
-            reg.version, reg.pointer = p._version, p.data_ptr()
+            reg.version, reg.pointer, reg.strides = p._version, p.data_ptr(), p.stride()
 
     def _adopt_values(self, p: torch.Tensor, reg: _Registration) -> None:
         """torch.optim.AdamW steps a parameter from the values it holds; the daemon steps its
@@ -901,7 +903,7 @@ class RemoteAdamW(torch.optim.Optimizer):
                                       [int(s) for s in state.page_steps],
                                       max_exp_avg_sq=max_exp_avg_sq,
                                       **_register_keywords(reg.hyperparameters))
-        reg.version, reg.pointer = p._version, p.data_ptr()
+        reg.version, reg.pointer, reg.strides = p._version, p.data_ptr(), p.stride()
 
     @staticmethod
     def _check_step(p: torch.Tensor, grad: torch.Tensor, reg: _Registration,
@@ -932,8 +934,6 @@ class RemoteAdamW(torch.optim.Optimizer):
             raise TypeError(f"parameter '{reg.name}': gradient {grad.dtype} "
                             f"{tuple(grad.shape)} does not match the parameter's "
                             f"{p.dtype} {tuple(p.shape)}")
-        if not grad.is_contiguous():
-            raise ValueError(f"parameter '{reg.name}': the gradient is not contiguous")
 
     # -- stepping -------------------------------------------------------------------------
 
@@ -955,6 +955,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         calls: dict[tuple, list] = {}
         stepped: dict[tuple, list] = {}
         edited: list = []  # (parameter, registration) given values since its last step
+        unstrided: dict[tuple, list] = {}  # by call: (parameter, its values in order)
         staged: dict[tuple, list] = {}  # by call: its parameters stepped through host slots
         staging = self._staging
         staging_engaged = staging.engaged  # False: no parameter of this step is staged
@@ -1005,7 +1006,8 @@ class RemoteAdamW(torch.optim.Optimizer):
                                      "registered; add parameters with add_param_group()")
                 if finish_to is not None and reg.step >= finish_to:
                     continue
-                if p._version != reg.version or p.data_ptr() != reg.pointer:
+                if (p._version != reg.version or p.data_ptr() != reg.pointer
+                        or p.stride() != reg.strides):
                     edited.append((p, reg))
                 # Staged: its host slots were made for the device it is on (a parameter
                 # frozen at registration gets them at its first gradient). A CPU parameter
@@ -1023,8 +1025,7 @@ class RemoteAdamW(torch.optim.Optimizer):
                          if staged_on is not None else (on_cpu and grad.is_cpu))
                         and grad.layout is strided
                         and p.dtype is reg.dtype and grad.dtype is reg.dtype
-                        and p.shape == reg.shape and grad.shape == reg.shape
-                        and grad.is_contiguous()):
+                        and p.shape == reg.shape and grad.shape == reg.shape):
                     self._check_step(p, grad, reg, staged_on)
                 h = id(reg.hyperparameters)
                 if h in overrides_by_registration:
@@ -1043,8 +1044,16 @@ class RemoteAdamW(torch.optim.Optimizer):
                 else:
                     if shared_grads:
                         grad = self._into_shared(p, grad)
+                    elif not grad.is_contiguous():
+                        grad = grad.contiguous()  # the daemon reads elements in order
                     # p.data: the parameter's memory without autograd (cheaper than detach()).
-                    entry = (reg.name, grad, p.data, lr, overrides)
+                    values = p.data
+                    if not values.is_contiguous():
+                        # A channels_last or strided parameter: the daemon writes its values
+                        # in order here, and they are copied into p after the call.
+                        values = torch.empty(p.shape, dtype=p.dtype)
+                        unstrided.setdefault(key, []).append((p, values))
+                    entry = (reg.name, grad, values, lr, overrides)
                 if key in calls:
                     calls[key].append(entry)
                     stepped[key].append(reg)
@@ -1119,6 +1128,8 @@ class RemoteAdamW(torch.optim.Optimizer):
                 raise
             if key in staged:
                 staging.copy_values_back(staged[key])
+            for p, values in unstrided.get(key, ()):
+                p.data.copy_(values)  # p.data: no version counter moves (_adopt_values)
         self._finish_to = None
         if calls:
             self._grad_scale = None  # clip_grad_norm_'s scale is for one step
