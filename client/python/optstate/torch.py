@@ -97,6 +97,7 @@ class _Registration:
     version: int = 0
     pointer: int = 0
     strides: tuple = ()  # p.stride() then: the same memory viewed otherwise moves values
+    contiguous: bool = True  # p.is_contiguous() then (the C++ loop steps only these)
 
     def overrides(self, group: dict) -> Optional[dict]:
         """What this step must tell the daemon beyond lr: the hyperparameters of `group`
@@ -864,13 +865,14 @@ class RemoteAdamW(torch.optim.Optimizer):
                                                                  hyperparameters)
         self._registered[id(p)] = _Registration(p, name, p.shape, hyperparameters, step, wire,
                                                 p.dtype, created, p._version, p.data_ptr(),
-                                                p.stride())
+                                                p.stride(), p.is_contiguous())
 
     def _note_values(self, p: torch.Tensor) -> None:
         """p's values are the daemon's now (written or read back by this optimizer)."""
         reg = self._registered.get(id(p))
         if reg is not None:
             reg.version, reg.pointer, reg.strides = p._version, p.data_ptr(), p.stride()
+            reg.contiguous = p.is_contiguous()
 
     def _adopt_values(self, p: torch.Tensor, reg: _Registration) -> None:
         """torch.optim.AdamW steps a parameter from the values it holds; the daemon steps its
@@ -881,17 +883,28 @@ class RemoteAdamW(torch.optim.Optimizer):
         they are. Values equal to the daemon's as they travel import nothing (the master
         weights of a 16-bit parameter keep their precision). Edits made through ``p.data``
         in place bump no version counter, for torch's autograd either: make them under
-        ``torch.no_grad()`` on p itself."""
+        ``torch.no_grad()`` on p itself.
+
+        Only while the daemon's pages are at the step this optimizer last knew them at: a
+        data-parallel rank (or a copy of this optimizer) that stepped the group since has
+        stepped from its own copy of these values, and this step is then a replay that
+        brings its results back. Elements whose values did not change keep the daemon's
+        (a 16-bit parameter keeps its float32 master weights where it was not edited)."""
         self._staging.wait_for_values()
         state = self._client.export_state(reg.name)
-        current = p.detach().reshape(-1).to("cpu")
+        if any(int(s) != reg.step for s in state.page_steps):
+            reg.version, reg.pointer, reg.strides = p._version, p.data_ptr(), p.stride()
+            reg.contiguous = p.is_contiguous()
+            return
+        current = p.detach().reshape(-1).to("cpu").contiguous()
         held = torch.from_numpy(state.params)
         narrow = (p.dtype if p.dtype in _SIXTEEN_BIT
                   else _WIRE_DTYPES[self._wire] if self._wire is not None else None)
         as_held = held.to(narrow).to(p.dtype) if narrow is not None else held
         bits = torch.int16 if p.element_size() == 2 else torch.int32
-        if not torch.equal(as_held.view(bits), current.contiguous().view(bits)):
-            params = current.to(torch.float32).contiguous()
+        same = as_held.view(bits) == current.view(bits)
+        if not bool(same.all()):
+            params = torch.where(same, held, current.to(torch.float32)).contiguous()
             if not bool(torch.isfinite(params).all()):
                 raise errors.InvalidArgument(
                     f"parameter '{reg.name}' was given values that are not finite (nan or "
@@ -904,6 +917,7 @@ class RemoteAdamW(torch.optim.Optimizer):
                                       max_exp_avg_sq=max_exp_avg_sq,
                                       **_register_keywords(reg.hyperparameters))
         reg.version, reg.pointer, reg.strides = p._version, p.data_ptr(), p.stride()
+        reg.contiguous = p.is_contiguous()
 
     @staticmethod
     def _check_step(p: torch.Tensor, grad: torch.Tensor, reg: _Registration,
@@ -1548,7 +1562,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         # What the daemon refuses to import, found before anything is imported (a refusal
         # at this parameter's turn left the ones before it loaded).
         for key in moments:
-            values = entry[key].detach()
+            values = entry[key].detach().float()  # as imported
             if not bool(torch.isfinite(values).all()):
                 raise ValueError(f"parameter '{name}': the loaded {key} holds a value that is "
                                  "not finite (nan or inf)")

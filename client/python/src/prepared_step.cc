@@ -98,6 +98,7 @@ struct TorchObjects {
   PyObject* overrides;
   PyObject* version;
   PyObject* pointer;
+  PyObject* contiguous;
   // torch's DLPack C exchange table, where this torch has one; else null.
   const DlpackExchangeApi* exchange;
 };
@@ -128,6 +129,7 @@ const TorchObjects& Objects() {
     t.overrides = intern("overrides");
     t.version = intern("version");
     t.pointer = intern("pointer");
+    t.contiguous = intern("contiguous");
     t.exchange = ExchangeApiOf(torch.attr("Tensor"));
     return t;
   }();
@@ -436,10 +438,12 @@ void StepGroup(nb::handle params, double lr, nb::handle group, CheckedOutPlan* p
     if (!PyDict_Check(fields.ptr())) throw TakeThePythonLoop{};
     const uint64_t step = AsUnsigned(Field(fields, t.step)) + 1;
     // Values given to p since the daemon last wrote them (its version counter
-    // moved, or p.data is other memory): the Python loop imports them first
+    // moved, or p.data is other memory, or was strided then and is contiguous
+    // now in the same memory): the Python loop imports them first
     // (RemoteAdamW._adopt_values).
     if (AsUnsigned(Field(fields, t.pointer)) != data_ptr ||
-        AsUnsigned(Attr(p, t.version_counter)) != AsUnsigned(Field(fields, t.version))) {
+        AsUnsigned(Attr(p, t.version_counter)) != AsUnsigned(Field(fields, t.version)) ||
+        !IsTrue(Field(fields, t.contiguous))) {
       throw TakeThePythonLoop{};
     }
     if (!prepared->wire.is_valid()) {
