@@ -97,7 +97,9 @@ absl::Status CheckCertificateAndKey(const TlsFilePaths& paths, const TlsFileCont
   EVP_PKEY* key = nullptr;
   {
     MemoryBio in(contents.key);
-    if (in.bio != nullptr) key = PEM_read_bio_PrivateKey(in.bio, nullptr, nullptr, nullptr);
+    // No password: an encrypted key is refused, never prompted for on a tty.
+    pem_password_cb* no_password = [](char*, int, int, void*) { return 0; };
+    if (in.bio != nullptr) key = PEM_read_bio_PrivateKey(in.bio, nullptr, no_password, nullptr);
   }
   absl::Status status;
   if (key == nullptr) {
@@ -165,6 +167,13 @@ int SealedCopy(const char* name, const std::string& data, int64_t mtime) {
 
 std::string FdPath(int fd) { return absl::StrCat("/proc/self/fd/", fd); }
 
+// The key, then the chain: what gRPC reads as either file.
+std::string IdentityText(const TlsFileContents& contents) {
+  std::string text = contents.key;
+  if (!text.empty() && text.back() != '\n') text.push_back('\n');
+  return absl::StrCat(text, contents.cert);
+}
+
 }  // namespace
 
 absl::StatusOr<TlsFileContents> ReadTlsFiles(const TlsFilePaths& paths) {
@@ -225,28 +234,29 @@ absl::StatusOr<std::unique_ptr<CheckedTlsFiles>> CheckedTlsFiles::Open(const Tls
   absl::MutexLock lock(&files->mu_);
   files->staged_mtime_ = absl::ToUnixSeconds(absl::Now());
   const int64_t mtime = files->staged_mtime_;
-  files->cert_fd_ = SealedCopy("optstated-tls-cert", contents->cert, mtime);
-  files->key_fd_ = SealedCopy("optstated-tls-key", contents->key, mtime);
+  files->identity_fd_ = SealedCopy("optstated-tls-identity", IdentityText(*contents), mtime);
   if (!paths.client_ca_file.empty()) {
     files->client_ca_fd_ = SealedCopy("optstated-tls-client-ca", contents->client_ca, mtime);
   }
-  const bool copied = files->cert_fd_ >= 0 && files->key_fd_ >= 0 &&
+  const bool copied = files->identity_fd_ >= 0 &&
                       (paths.client_ca_file.empty() || files->client_ca_fd_ >= 0) &&
-                      access(FdPath(files->cert_fd_).c_str(), R_OK) == 0;
+                      access(FdPath(files->identity_fd_).c_str(), R_OK) == 0;
   files->staged_not_after_ = NotAfterUnix(contents->cert);
   if (!copied) {
     Log(LogLevel::kWarning, "TLS: no checked copies of the files (memfd_create or /proc/self/fd: ",
         std::strerror(errno),
         "); gRPC reads --tls_cert, --tls_key and --tls_client_ca "
         "themselves, so a bad replacement fails new handshakes until the files are fixed");
-    for (int* fd : {&files->cert_fd_, &files->key_fd_, &files->client_ca_fd_}) {
+    for (int* fd : {&files->identity_fd_, &files->client_ca_fd_}) {
       if (*fd >= 0) close(*fd);
       *fd = -1;
     }
     return files;
   }
-  files->served_.cert_file = FdPath(files->cert_fd_);
-  files->served_.key_file = FdPath(files->key_fd_);
+  // One copy for both: gRPC reads the key and the chain from it apart, each
+  // skipping the other's PEM blocks, and one dup3 replaces both at once.
+  files->served_.cert_file = FdPath(files->identity_fd_);
+  files->served_.key_file = FdPath(files->identity_fd_);
   if (files->client_ca_fd_ >= 0) files->served_.client_ca_file = FdPath(files->client_ca_fd_);
   files->staged_ = std::move(*contents);
   files->watcher_ = std::thread([raw = files.get()] { raw->Watch(); });
@@ -259,7 +269,7 @@ CheckedTlsFiles::~CheckedTlsFiles() {
     stopping_ = true;
   }
   if (watcher_.joinable()) watcher_.join();
-  for (int fd : {cert_fd_, key_fd_, client_ca_fd_}) {
+  for (int fd : {identity_fd_, client_ca_fd_}) {
     if (fd >= 0) close(fd);
   }
 }
@@ -277,19 +287,18 @@ void CheckedTlsFiles::Watch() {
 absl::Status CheckedTlsFiles::Stage(const TlsFileContents& contents) {
   // At least a second past the set served now: gRPC compares whole seconds.
   const int64_t mtime = std::max(absl::ToUnixSeconds(absl::Now()), staged_mtime_ + 1);
-  const int key = SealedCopy("optstated-tls-key", contents.key, mtime);
-  const int cert = key >= 0 ? SealedCopy("optstated-tls-cert", contents.cert, mtime) : -1;
-  const int roots = cert >= 0 && client_ca_fd_ >= 0
+  const int identity = SealedCopy("optstated-tls-identity", IdentityText(contents), mtime);
+  const int roots = identity >= 0 && client_ca_fd_ >= 0
                         ? SealedCopy("optstated-tls-client-ca", contents.client_ca, mtime)
                         : -1;
-  const bool made = cert >= 0 && (client_ca_fd_ < 0 || roots >= 0);
+  const bool made = identity >= 0 && (client_ca_fd_ < 0 || roots >= 0);
   const int saved = errno;
-  // dup3 replaces each descriptor gRPC reads in one step.
-  const bool swapped = made && dup3(key, key_fd_, O_CLOEXEC) >= 0 &&
-                       dup3(cert, cert_fd_, O_CLOEXEC) >= 0 &&
+  // dup3 replaces each descriptor gRPC reads in one step: the key and the
+  // chain together, the roots (read apart from them) after.
+  const bool swapped = made && dup3(identity, identity_fd_, O_CLOEXEC) >= 0 &&
                        (client_ca_fd_ < 0 || dup3(roots, client_ca_fd_, O_CLOEXEC) >= 0);
   const int swap_errno = errno;
-  for (int fd : {key, cert, roots}) {
+  for (int fd : {identity, roots}) {
     if (fd >= 0) close(fd);
   }
   if (!made || !swapped) {
@@ -306,7 +315,7 @@ CheckedTlsFiles::Served CheckedTlsFiles::served() const {
   absl::MutexLock lock(&mu_);
   Served served;
   served.not_after_unix = staged_not_after_;
-  served.files_refused = refused_logged_;
+  served.files_refused = refusing_;
   return served;
 }
 
@@ -318,16 +327,18 @@ absl::Status CheckedTlsFiles::LookNow() {
     if (*contents == staged_) {
       refused_.clear();
       refused_logged_ = false;
+      refusing_ = false;
       return absl::OkStatus();
     }
     verdict = CheckTlsFiles(paths_, *contents, /*refuse_outdated=*/true);
-    if (verdict.ok() && cert_fd_ >= 0) {
+    if (verdict.ok() && identity_fd_ >= 0) {
       verdict = Stage(*contents);
       if (verdict.ok()) {
         Log(LogLevel::kInfo, "TLS: --tls_cert=", paths_.cert_file,
             " changed; new connections get the new files (open ones keep theirs)");
         refused_.clear();
         refused_logged_ = false;
+        refusing_ = false;
         return absl::OkStatus();
       }
     }
@@ -346,6 +357,7 @@ absl::Status CheckedTlsFiles::LookNow() {
         "ones until they are fixed: ",
         verdict.message());
     refused_logged_ = true;
+    refusing_ = true;
   }
   return verdict;
 }

@@ -6,8 +6,9 @@
 // every new handshake fail until the files are fixed, and a certificate and
 // key renamed in one after the other are a mismatched pair between the two
 // renames. So the watcher is pointed at copies in memfds (/proc/self/fd/N,
-// nothing on disk), and this class replaces the copies only with a set of
-// files that passes the checks made at start; a set that does not pass
+// nothing on disk; the key and the chain in one, given to gRPC as both
+// files, so that one dup3 replaces the pair), and this class replaces the
+// copies only with a set of files that passes the checks made at start; a set that does not pass
 // leaves the previous one served and is logged (as ERROR once the same bad
 // set is seen on two looks in a row, so that a replacement in progress is
 // not reported).
@@ -95,19 +96,23 @@ class CheckedTlsFiles {
   const TlsFilePaths paths_;
   const absl::Duration interval_;
   TlsFilePaths served_;  // The paths gRPC reads.
-  // The descriptors behind served_ (-1 where served_ names the file itself).
-  int cert_fd_ = -1, key_fd_ = -1, client_ca_fd_ = -1;
+  // The descriptors behind served_ (-1 where served_ names the file itself):
+  // the key and the chain in one copy, the roots in another.
+  int identity_fd_ = -1, client_ca_fd_ = -1;
   mutable absl::Mutex mu_;
   TlsFileContents staged_ ABSL_GUARDED_BY(mu_);
   int64_t staged_not_after_ ABSL_GUARDED_BY(mu_) = 0;
   // The copies' mtime in seconds, one more at least for each set: gRPC
-  // reads the key and the certificate apart and reads again when either
-  // mtime moved in between, so a set replaced mid-read is never paired.
+  // reads the key and the chain apart (from the one copy) and reads again
+  // when its mtime moved in between, so a set replaced mid-read is never
+  // paired.
   int64_t staged_mtime_ ABSL_GUARDED_BY(mu_) = 0;
   // The last look's files when they were not served (what they held and
   // why), and whether that has been logged.
   std::string refused_ ABSL_GUARDED_BY(mu_);
   bool refused_logged_ ABSL_GUARDED_BY(mu_) = false;
+  // Since an ERROR, until files are served again (another bad set keeps it).
+  bool refusing_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread watcher_;
 };
