@@ -160,6 +160,8 @@ absl::Status Checkpointer::WaitForStep(const std::vector<std::shared_ptr<Group>>
     uint64_t behind_page = 0;
     for (const auto& group : groups) {
       if (group->deleted()) {
+        // Not named: left out of the checkpoint, as if deleted before it.
+        if (call.groups.empty()) continue;
         return absl::NotFoundError(absl::StrCat("group '", group->key().name,
                                                 "' was deleted while Checkpoint waited for step ",
                                                 step, "; nothing was written"));
@@ -261,6 +263,7 @@ absl::StatusOr<CheckpointOutcome> Checkpointer::Checkpoint(const CheckpointCall&
           if (group->key() == g.key) step = std::min(step, g.min_step);
         }
       }
+      if (step == UINT64_MAX) step = 0;  // All of them deleted meanwhile: none written.
     }
     outcome = CheckpointOutcome{written->id, step, written->bytes};
     if (absl::Status pruned = writer_.Prune(options_.keep, "", refused_at_start_); !pruned.ok()) {

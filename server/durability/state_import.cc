@@ -178,7 +178,14 @@ absl::StatusOr<StateImport::Result> StateImport::Commit(const LeaseClaim& claim,
         !s.ok()) {
       return s;
     }
-    auto replace = [&] { return ReplaceGroupState(*backend_, group, **existing); };
+    auto replace = [&] {
+      // Again, after any wait for a checkpoint: the lease may have moved.
+      if (absl::Status s = (*existing)->lease().Check(claim, group.key().name, absl::Now());
+          !s.ok()) {
+        return s;
+      }
+      return ReplaceGroupState(*backend_, group, **existing, /*unseal=*/true);
+    };
     if (absl::Status s =
             checkpointer != nullptr ? checkpointer->WhileNoCheckpointIsWritten(replace) : replace();
         !s.ok()) {
@@ -189,13 +196,6 @@ absl::StatusOr<StateImport::Result> StateImport::Commit(const LeaseClaim& claim,
     // created it no longer removes it when that stream fails, even with
     // every page at step 0 (StateStore::Unregister).
     (*existing)->mark_joined();
-    // Sealed for a move: the import makes this daemon its home again (a
-    // Rebalance back, or one finishing a move in place), so steps apply.
-    if ((*existing)->move().sealed()) {
-      Log(LogLevel::kInfo, "group '", group.key().name, "': unsealed by an import (its move to '",
-          (*existing)->move().moved_to(), "' undone)");
-      (*existing)->move().Unseal();
-    }
     // Taken after the state is in: a refused replace leaves the lease as it
     // was (another holder taking it between the check and here keeps it).
     (void)(*existing)->lease().Admit(claim, group.key().name, absl::Now(), store_->lease_term());
@@ -212,7 +212,8 @@ absl::StatusOr<StateImport::Result> StateImport::Commit(const LeaseClaim& claim,
   return result;
 }
 
-absl::Status ReplaceGroupState(StepBackend& backend, const Group& source, Group& target) {
+absl::Status ReplaceGroupState(StepBackend& backend, const Group& source, Group& target,
+                               bool unseal) {
   const uint64_t pages = target.num_pages();
   PageRangeLock all_pages(target);
   absl::Status status;
@@ -240,6 +241,13 @@ absl::Status ReplaceGroupState(StepBackend& backend, const Group& source, Group&
       target.mark_page_has_values(p);
     }
     status = backend.StateWritten(target, 0, target.num_elements());
+  }
+  if (status.ok() && unseal && target.move().sealed()) {
+    // Under the same page locks as the replace: a seal (taken with every
+    // page lock) cannot come between the two and be undone.
+    Log(LogLevel::kInfo, "group '", target.key().name, "': unsealed by an import (its move to '",
+        target.move().moved_to(), "' undone)");
+    target.move().Unseal();
   }
   return status;
 }

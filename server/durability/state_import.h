@@ -93,7 +93,11 @@ absl::Status CheckSameShape(const Group& existing, uint64_t num_elements,
 // (ascending), so a Step sees all of the old state or all of the new.
 // NOT_FOUND once target is deleted, DATA_LOSS when it is broken, the
 // backend's error when it cannot take the state (then nothing changed).
-absl::Status ReplaceGroupState(StepBackend& backend, const Group& source, Group& target);
+// With `unseal`, a target sealed for a move (group_move.h) is unsealed under
+// the same locks: the import makes this daemon its home again (a Rebalance
+// back, or one finishing a move in place), so steps apply.
+absl::Status ReplaceGroupState(StepBackend& backend, const Group& source, Group& target,
+                               bool unseal = false);
 
 }  // namespace optstate
 

@@ -1,6 +1,9 @@
 // ImportState: the header stages the group, chunks fill it, the end installs it.
 #include "server/rpc/import_reactor.h"
 
+#include <system_error>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "server/rpc/proto_convert.h"
 #include "server/rpc/raw_message.h"
@@ -109,6 +112,17 @@ void ImportReactor::OnReadDone(bool ok) {
       engine_->pool()->Schedule([this] { HandleMessage(); });
       break;
     case Next::kCommit:
+      if (checkpointer_ != nullptr) {
+        // A commit over an existing group waits for a checkpoint being
+        // written (StateImport::Commit), which may take minutes: on a thread
+        // of its own, not a worker that Steps of every job need.
+        try {
+          std::thread([this] { CommitAndFinish(); }).detach();
+          break;
+        } catch (const std::system_error&) {
+          // No thread: the worker waits instead.
+        }
+      }
       engine_->pool()->Schedule([this] { CommitAndFinish(); });
       break;
   }
