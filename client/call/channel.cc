@@ -57,6 +57,11 @@ absl::Status CheckClientOptions(const ClientOptions& options) {
           "ClientOptions.lease_takeover must be 'expired=ID' or 'dead=ID' (ID: the holder "
           "GroupInfo.lease names), or empty");
     }
+    if (options.lease_holder.empty()) {
+      return absl::InvalidArgumentError(
+          "ClientOptions.lease_takeover needs lease_holder: a takeover moves the lease to this "
+          "client's holder");
+    }
   }
   return absl::OkStatus();
 }

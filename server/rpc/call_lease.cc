@@ -97,7 +97,7 @@ absl::StatusOr<LeaseClaim> ParseLeaseClaim(std::optional<absl::string_view> leas
       // it would step a group another holds, and leave that holder's lease.
       return absl::InvalidArgumentError(
           "metadata 'optstate-lease-takeover' needs 'optstate-lease' naming the caller as "
-          "the new holder (holder=ID;job=...): a takeover moves the lease to it");
+          "the new holder (holder=ID job=NAME ...): a takeover moves the lease to it");
     }
     claim.takeover = kind == "dead" ? TakeoverKind::kDead : TakeoverKind::kExpired;
     claim.takeover_of = std::string(id);

@@ -22,7 +22,8 @@ namespace optstate {
 absl::StatusOr<LeaseClaim> ParseLeaseClaim(std::optional<absl::string_view> lease,
                                            std::optional<absl::string_view> takeover);
 
-// ParseLeaseClaim of the call's metadata (the first value of each).
+// ParseLeaseClaim of the call's metadata; INVALID_ARGUMENT when either key
+// is sent more than once.
 absl::StatusOr<LeaseClaim> LeaseClaimOf(const grpc::CallbackServerContext* context);
 
 }  // namespace optstate
