@@ -256,16 +256,19 @@ int main(int argc, char** argv) {
   // state can take minutes) ends the process at once: nothing has been
   // served yet, and the start writes nothing that matters (the restore only
   // reads; unfinished checkpoint files it removes are removed again at the
-  // next start), so there is nothing to save. A SIGHUP then is not needed:
-  // the tokens file is read at start.
-  // Whoever clears `starting` first decides: this thread exits the
-  // process, or main, once started, shuts down for a signal taken too late.
+  // next start), so there is nothing to save. Start-up ends right before the
+  // server accepts its first call (ServerOptions::before_serving). A SIGHUP
+  // then is kept, and the tokens file read again once serving.
+  // Whoever clears `starting` first decides: this thread exits the process,
+  // or main, once serving, shuts down for a signal taken too late.
   std::atomic<bool> starting{true};
   std::atomic<int> taken_after_start{0};
+  std::atomic<bool> hup_during_start{false};
   std::thread start_signals([&] {
     const struct timespec poll = {0, 100 * 1000 * 1000};
     while (starting.load()) {
       const int taken = sigtimedwait(&signals, nullptr, &poll);
+      if (taken == SIGHUP) hup_during_start.store(true);
       if (taken != SIGTERM && taken != SIGINT) continue;
       if (!starting.exchange(false)) {
         taken_after_start.store(taken);
@@ -278,11 +281,15 @@ int main(int argc, char** argv) {
       std::_Exit(0);
     }
   });
+  auto end_start_up = [&] {
+    if (!starting.exchange(false)) {
+      // The signal thread is exiting the process.
+      for (;;) pause();
+    }
+  };
+  options.before_serving = end_start_up;
   absl::StatusOr<std::unique_ptr<optstate::Server>> server = optstate::Server::Start(options);
-  if (!starting.exchange(false)) {
-    // The signal thread is exiting the process.
-    for (;;) pause();
-  }
+  if (starting.load()) end_start_up();  // Start refused before serving.
   start_signals.join();
   if (!server.ok()) {
     std::fprintf(stderr, "optstated: %s\n", server.status().ToString().c_str());
@@ -295,6 +302,15 @@ int main(int argc, char** argv) {
   }
   std::fflush(stdout);
 
+  if (hup_during_start.load() && !absl::GetFlag(FLAGS_auth_tokens_file).empty()) {
+    if (absl::Status s = (*server)->ReloadTokens(); s.ok()) {
+      optstate::Log(optstate::LogLevel::kInfo, "SIGHUP during start-up: tokens file reloaded");
+    } else {
+      optstate::Log(optstate::LogLevel::kError,
+                    "SIGHUP during start-up: tokens file not reloaded, the previous one stays: ",
+                    s.message());
+    }
+  }
   int signal = taken_after_start.load();
   while (signal == 0) {
     sigwait(&signals, &signal);

@@ -312,6 +312,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     creators.push_back(MakeCallMetricsInterceptorFactory(parts->call_metrics.get()));
     builder.experimental().SetInterceptorCreators(std::move(creators));
   }
+  if (options.before_serving) options.before_serving();
   parts->grpc_server = builder.BuildAndStart();
   if (parts->grpc_server == nullptr || port == 0) {
     return absl::UnavailableError(

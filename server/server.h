@@ -5,6 +5,7 @@
 #define OPTSTATE_SERVER_SERVER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -66,6 +67,9 @@ struct ServerOptions {
   // Jobs (docs/jobs.md): a group's lease lasts this long after its holder's
   // last call; positive.
   absl::Duration lease_term = absl::Seconds(60);
+  // Called once, right before the server starts to accept calls (after the
+  // restore): the moment from which a shutdown has state to save.
+  std::function<void()> before_serving;
 };
 
 // Thread-safe.
