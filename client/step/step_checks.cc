@@ -16,14 +16,39 @@ absl::Status CheckStep(absl::Span<const GroupStep> groups, uint64_t step,
   if (options.grad_scale && !std::isfinite(*options.grad_scale)) {
     return absl::InvalidArgumentError("grad_scale must be finite");
   }
-  if (options.lr && !(std::isfinite(*options.lr) && *options.lr >= 0)) {
-    return absl::InvalidArgumentError("lr must be finite and >= 0");
+  if (options.lr && !(std::isfinite(*options.lr) && *options.lr >= 0 &&
+                      std::isfinite(static_cast<float>(*options.lr)))) {
+    return absl::InvalidArgumentError("lr must be finite and >= 0 (and within float32's range)");
   }
   absl::flat_hash_set<absl::string_view> names;
+  // The daemon checks each message's hyperparameters as it takes it; a step
+  // of several messages refused at a later one would have applied the
+  // earlier ones. So the per-step values are checked here, as the daemon
+  // checks them (ValidateHyperparameters), before anything is sent.
+  auto fits_float = [](double x) { return std::isfinite(static_cast<float>(x)); };
   for (const GroupStep& group : groups) {
-    if (group.lr && !(std::isfinite(*group.lr) && *group.lr >= 0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("lr of group '", group.group, "' must be finite and >= 0"));
+    if (group.lr && !(std::isfinite(*group.lr) && *group.lr >= 0 && fits_float(*group.lr))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "lr of group '", group.group,
+          "' must be finite and >= 0 (and within float32's range)"));
+    }
+    for (const auto& [name, beta] : {std::pair{"beta1", group.beta1}, {"beta2", group.beta2}}) {
+      if (beta && !(*beta >= 0 && *beta < 1)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, " of group '", group.group, "' must be in [0, 1)"));
+      }
+    }
+    if (group.eps && !(std::isfinite(*group.eps) && fits_float(*group.eps) &&
+                       static_cast<float>(*group.eps) > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "eps of group '", group.group,
+          "' must be finite and > 0, and at least float32's smallest value 1.4e-45"));
+    }
+    if (group.weight_decay && !(std::isfinite(*group.weight_decay) && *group.weight_decay >= 0 &&
+                                fits_float(*group.weight_decay))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "weight_decay of group '", group.group,
+          "' must be finite and >= 0 (and within float32's range)"));
     }
     if (!names.insert(group.group).second) {
       return absl::InvalidArgumentError(

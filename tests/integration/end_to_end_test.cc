@@ -310,6 +310,29 @@ TEST_F(EndToEndTest, EachGroupOfOneStepTakesItsOwnLearningRate) {
   absl::Status refused = client_->Step(bad, 6);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
   EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("lr of group 'lr.a'"));
+  // Each per-step hyperparameter is checked before anything is sent, as the
+  // daemon checks it: a step of several messages refused at a later one had
+  // applied the earlier ones.
+  GroupStep eps_zero{"lr.b", zeros, {}};
+  eps_zero.eps = 0.0;
+  GroupStep beta_one{"lr.b", zeros, {}};
+  beta_one.beta2 = 1.0;
+  GroupStep decay_negative{"lr.b", zeros, {}};
+  decay_negative.weight_decay = -0.1;
+  GroupStep lr_too_large{"lr.b", zeros, {}, 1e39};
+  for (const auto& [group, words] :
+       {std::pair{eps_zero, "eps of group 'lr.b' must be finite and > 0"},
+        {beta_one, "beta2 of group 'lr.b' must be in [0, 1)"},
+        {decay_negative, "weight_decay of group 'lr.b' must be finite and >= 0"},
+        {lr_too_large, "lr of group 'lr.b' must be finite and >= 0 (and within float32's"}}) {
+    std::vector<GroupStep> step = {{"lr.a", zeros, {}}, group};
+    refused = client_->Step(step, 6);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr(words));
+  }
+  absl::StatusOr<GroupInfo> untouched = client_->DescribeGroup("lr.a");
+  ASSERT_TRUE(untouched.ok());
+  EXPECT_EQ(untouched->max_step, 5u);
 }
 
 TEST_F(EndToEndTest, StatsReportStepsChunksAndBytes) {
