@@ -1587,18 +1587,29 @@ class RemoteAdamW(torch.optim.Optimizer):
                 del self._registered[id(p)]
             self._register(p, name, group, h)
             return
-        if reg is not None and reg.hyperparameters[5] != h[5]:
-            # amsgrad changed: the import makes the group anew (an import replaces only a
-            # group of equal hyperparameters).
-            self._client.delete(name)
-            del self._registered[id(p)]
-            reg = None
         params = self._master_weights(p, entry)
         exp_avg = entry["exp_avg"].detach().reshape(-1).float().contiguous()
         exp_avg_sq = entry["exp_avg_sq"].detach().reshape(-1).float().contiguous()
         max_exp_avg_sq = (entry["max_exp_avg_sq"].detach().reshape(-1).float().contiguous()
                           if h[5] else None)
         step = int(_as_float(entry["step"]))
-        self._client.import_state(name, params, exp_avg, exp_avg_sq, [step],
-                                  max_exp_avg_sq=max_exp_avg_sq, **_register_keywords(h))
+        old = None
+        if reg is not None and reg.hyperparameters[5] != h[5]:
+            # amsgrad changed: the import makes the group anew (an import replaces only a
+            # group of equal hyperparameters). Its state is kept here until the new one is
+            # in, and put back if that fails.
+            old = self._client.export_state(name)
+            self._client.delete(name)
+        try:
+            self._client.import_state(name, params, exp_avg, exp_avg_sq, [step],
+                                      max_exp_avg_sq=max_exp_avg_sq, **_register_keywords(h))
+        except BaseException:
+            if old is not None:
+                self._client.import_state(
+                    name, torch.from_numpy(old.params), torch.from_numpy(old.exp_avg),
+                    torch.from_numpy(old.exp_avg_sq), [int(s) for s in old.page_steps],
+                    max_exp_avg_sq=(torch.from_numpy(old.max_exp_avg_sq)
+                                    if old.max_exp_avg_sq is not None else None),
+                    **_register_keywords(reg.hyperparameters))
+            raise
         self._remember(p, name, h, step, created=reg.created if reg is not None else True)
