@@ -34,21 +34,25 @@ absl::Status CheckStep(absl::Span<const GroupStep> groups, uint64_t step,
     }
     for (const auto& [name, beta] : {std::pair{"beta1", group.beta1}, {"beta2", group.beta2}}) {
       if (beta && !(*beta >= 0 && *beta < 1)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(name, " of group '", group.group, "' must be in [0, 1)"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "group '", group.group, "': this step's ", name, " must be in [0, 1), got ", *beta));
       }
     }
     if (group.eps && !(std::isfinite(*group.eps) && fits_float(*group.eps) &&
                        static_cast<float>(*group.eps) > 0)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "eps of group '", group.group,
-          "' must be finite and > 0, and at least float32's smallest value 1.4e-45"));
+          "group '", group.group,
+          "': this step's eps must be finite and > 0, and at least float32's smallest value "
+          "1.4e-45, got ",
+          *group.eps));
     }
     if (group.weight_decay && !(std::isfinite(*group.weight_decay) && *group.weight_decay >= 0 &&
                                 fits_float(*group.weight_decay))) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "weight_decay of group '", group.group,
-          "' must be finite and >= 0 (and within float32's range)"));
+          "group '", group.group,
+          "': this step's weight_decay must be finite and >= 0 (and within float32's range), "
+          "got ",
+          *group.weight_decay));
     }
     if (!names.insert(group.group).second) {
       return absl::InvalidArgumentError(

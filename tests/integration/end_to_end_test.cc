@@ -321,9 +321,9 @@ TEST_F(EndToEndTest, EachGroupOfOneStepTakesItsOwnLearningRate) {
   decay_negative.weight_decay = -0.1;
   GroupStep lr_too_large{"lr.b", zeros, {}, 1e39};
   for (const auto& [group, words] :
-       {std::pair{eps_zero, "eps of group 'lr.b' must be finite and > 0"},
-        {beta_one, "beta2 of group 'lr.b' must be in [0, 1)"},
-        {decay_negative, "weight_decay of group 'lr.b' must be finite and >= 0"},
+       {std::pair{eps_zero, "group 'lr.b': this step's eps must be finite and > 0"},
+        {beta_one, "group 'lr.b': this step's beta2 must be in [0, 1), got 1"},
+        {decay_negative, "group 'lr.b': this step's weight_decay must be finite and >= 0"},
         {lr_too_large, "lr of group 'lr.b' must be finite and >= 0 (and within float32's"}}) {
     std::vector<GroupStep> step = {{"lr.a", zeros, {}}, group};
     refused = client_->Step(step, 6);
