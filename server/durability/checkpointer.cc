@@ -272,7 +272,7 @@ absl::StatusOr<CheckpointOutcome> Checkpointer::Checkpoint(const CheckpointCall&
     }
     const WriteTimes& t = written->times;
     Log(LogLevel::kInfo, "checkpoint ", written->id, " durable: step ", step, ", ", written->bytes,
-        " bytes, ", targets.size(), " groups, ", absl::FormatDuration(absl::Now() - started),
+        " bytes, ", written->manifest.groups.size(), " groups, ", absl::FormatDuration(absl::Now() - started),
         " (capture ", absl::FormatDuration(t.capture), ", checksum ",
         absl::FormatDuration(t.checksum), ", write ", absl::FormatDuration(t.write),
         " alongside, fsync ", absl::FormatDuration(t.sync), ")");
