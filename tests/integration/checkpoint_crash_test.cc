@@ -172,6 +172,20 @@ class DuringCheckpointTest : public ::testing::Test {
     ASSERT_TRUE(client_->Checkpoint({}).ok());  // ckpt 1, not paused.
   }
 
+  // SIGKILL (no final checkpoint), a restart, and client_ on it: the
+  // restart must have restored ckpt 2.
+  void KillAndRestoreTheSecondCheckpoint() {
+    client_.reset();
+    daemon_.reset();
+    auto restarted = DaemonProcess::Start(CrashFlags(dir_));
+    ASSERT_TRUE(restarted.ok()) << restarted.status();
+    daemon_ = std::move(*restarted);
+    client_ = ConnectTo(*daemon_);
+    absl::StatusOr<Stats> stats = client_->GetStats();
+    ASSERT_TRUE(stats.ok());
+    EXPECT_EQ(stats->restored_checkpoint_id, kSecond);
+  }
+
   std::string dir_, paused_;
   const CkptWorkload work_{kSeed};
   std::unique_ptr<DaemonProcess> daemon_;
@@ -200,14 +214,8 @@ TEST_F(DuringCheckpointTest, AnImportWaitsForTheCheckpointBeingWritten) {
   std::filesystem::remove(paused_);  // The writer goes on.
   checkpoint.join();
   import.join();
-  daemon_.reset();  // SIGKILL: the restart restores ckpt 2.
-  auto restarted = DaemonProcess::Start(CrashFlags(dir_));
-  ASSERT_TRUE(restarted.ok()) << restarted.status();
-  auto client = ConnectTo(**restarted);
-  absl::StatusOr<Stats> stats = client->GetStats();
-  ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(stats->restored_checkpoint_id, kSecond);
-  EXPECT_TRUE(SameState(ExportAll(*client), References().at(3)));
+  ASSERT_NO_FATAL_FAILURE(KillAndRestoreTheSecondCheckpoint());
+  EXPECT_TRUE(SameState(ExportAll(*client_), References().at(3)));
 }
 
 // A Checkpoint naming a group waited behind another checkpoint while the
@@ -236,14 +244,8 @@ TEST_F(DuringCheckpointTest, AGroupDeletedWhileCheckpointsWaitIsLeftOutOrNotFoun
   std::filesystem::remove(paused_);
   whole.join();
   named.join();
-  daemon_.reset();
-  auto restarted = DaemonProcess::Start(CrashFlags(dir_));
-  ASSERT_TRUE(restarted.ok()) << restarted.status();
-  auto client = ConnectTo(**restarted);
-  absl::StatusOr<Stats> stats = client->GetStats();
-  ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(stats->restored_checkpoint_id, kSecond);
-  absl::StatusOr<std::vector<GroupInfo>> groups = client->ListGroups();
+  ASSERT_NO_FATAL_FAILURE(KillAndRestoreTheSecondCheckpoint());
+  absl::StatusOr<std::vector<GroupInfo>> groups = client_->ListGroups();
   ASSERT_TRUE(groups.ok());
   ASSERT_EQ(groups->size(), 1u);
   EXPECT_EQ((*groups)[0].name, "model.w");
