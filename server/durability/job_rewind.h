@@ -48,7 +48,9 @@ struct JobRewindOutcome {
 // that exists now is not in that checkpoint (added since: delete it first),
 // or when another holder leases one of its groups (GroupLease);
 // ALREADY_EXISTS when one differs in size or hyperparameters from the
-// checkpoint's. A backend that fails part-way leaves the groups before it
+// checkpoint's; RESOURCE_EXHAUSTED when the checkpoint's copies do not fit
+// in the daemon's budget beside the live state (or a group deleted since,
+// made again, not in the tenant's quota). A backend that fails part-way leaves the groups before it
 // rewound and says which. With request.validate_only, returns after the
 // checks, having changed nothing.
 absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backend,

@@ -67,7 +67,8 @@ absl::StatusOr<uint64_t> StateStore::CheckConfig(const GroupKey& key,
              : HostBytesFor(config);
 }
 
-absl::Status StateStore::Reserve(const GroupKey& key, const GroupConfig& config, uint64_t needed) {
+absl::Status StateStore::CheckTenantQuota(const GroupKey& key, const GroupConfig& config,
+                                          uint64_t needed) const {
   const auto it = tenant_usage_.find(key.tenant);
   const TenantUsage used = it == tenant_usage_.end() ? TenantUsage() : it->second;
   if (quotas_ != nullptr) {
@@ -90,27 +91,39 @@ absl::Status StateStore::Reserve(const GroupKey& key, const GroupConfig& config,
           "tokens file (or --tenant_max_host_bytes)"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status StateStore::Reserve(const GroupKey& key, const GroupConfig& config, uint64_t needed,
+                                 bool for_tenant) {
+  if (for_tenant) {
+    if (absl::Status s = CheckTenantQuota(key, config, needed); !s.ok()) return s;
+  }
   if (needed == UINT64_MAX || host_bytes_ + needed > max_host_bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "group '", key.name, "' needs ", HostBytesText(config), " bytes of host memory (",
-        StateBytesPerElement(config), " per element) but only ", max_host_bytes_ - host_bytes_,
-        " of --max_host_bytes=", max_host_bytes_,
-        " are free; delete groups or raise --max_host_bytes"));
+        for_tenant ? absl::StrCat("group '", key.name, "' needs ")
+                   : absl::StrCat("replacing the state of group '", key.name,
+                                  "' needs room for the incoming copy until it is swapped in: "),
+        HostBytesText(config), " bytes of host memory (", StateBytesPerElement(config),
+        " per element) but only ", max_host_bytes_ - host_bytes_, " of --max_host_bytes=",
+        max_host_bytes_, " are free; delete groups or raise --max_host_bytes"));
   }
   host_bytes_ += needed;
+  if (!for_tenant) return absl::OkStatus();
   TenantUsage& usage = tenant_usage_[key.tenant];
   usage.host_bytes += needed;
   usage.groups += 1;
   return absl::OkStatus();
 }
 
-void StateStore::Release(const std::string& tenant, uint64_t bytes) {
+void StateStore::Release(const std::string& tenant, uint64_t bytes, bool for_tenant) {
   absl::MutexLock lock(&mu_);
-  ReleaseLocked(tenant, bytes);
+  ReleaseLocked(tenant, bytes, for_tenant);
 }
 
-void StateStore::ReleaseLocked(const std::string& tenant, uint64_t bytes) {
+void StateStore::ReleaseLocked(const std::string& tenant, uint64_t bytes, bool for_tenant) {
   host_bytes_ -= bytes;
+  if (!for_tenant) return;
   auto it = tenant_usage_.find(tenant);
   if (it == tenant_usage_.end()) return;
   it->second.host_bytes -= bytes;
@@ -192,7 +205,10 @@ absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& ke
 }
 
 StagedGroup::StagedGroup(StagedGroup&& other) noexcept
-    : store_(other.store_), group_(std::move(other.group_)), reserved_(other.reserved_) {
+    : store_(other.store_),
+      group_(std::move(other.group_)),
+      reserved_(other.reserved_),
+      counted_for_tenant_(other.counted_for_tenant_) {
   other.reserved_ = 0;
 }
 
@@ -200,23 +216,25 @@ StagedGroup::~StagedGroup() {
   if (reserved_ == 0) return;
   const std::string tenant = group_->key().tenant;
   group_.reset();
-  store_->Release(tenant, reserved_);
+  store_->Release(tenant, reserved_, counted_for_tenant_);
 }
 
 absl::StatusOr<StagedGroup> StateStore::Stage(const GroupKey& key, const GroupConfig& config) {
   absl::StatusOr<uint64_t> checked = CheckConfig(key, config);
   if (!checked.ok()) return checked.status();
+  bool for_tenant = true;
   {
     absl::MutexLock lock(&mu_);
-    if (absl::Status s = Reserve(key, config, *checked); !s.ok()) return s;
+    for_tenant = !groups_.contains(key);  // A copy to replace a live group's state: no new group.
+    if (absl::Status s = Reserve(key, config, *checked, for_tenant); !s.ok()) return s;
   }
   absl::StatusOr<std::shared_ptr<Group>> group =
       Group::Create(key, config, page_elements_, backend_->host_allocator());
   if (!group.ok()) {
-    Release(key.tenant, *checked);
+    Release(key.tenant, *checked, for_tenant);
     return group.status();
   }
-  return StagedGroup(this, std::move(*group), *checked);
+  return StagedGroup(this, std::move(*group), *checked, for_tenant);
 }
 
 absl::StatusOr<std::shared_ptr<Group>> StateStore::Publish(StagedGroup& staged) {
@@ -231,6 +249,16 @@ absl::StatusOr<std::shared_ptr<Group>> StateStore::Publish(StagedGroup& staged) 
     if (registering_.contains(key)) {
       return absl::AbortedError(
           absl::StrCat("group '", key.name, "' is being registered by another call; retry"));
+    }
+    if (!staged.counted_for_tenant_) {
+      // Staged to replace a live group, which went since: a new group now.
+      if (absl::Status s = CheckTenantQuota(key, group.config(), staged.reserved_); !s.ok()) {
+        return s;
+      }
+      TenantUsage& usage = tenant_usage_[key.tenant];
+      usage.host_bytes += staged.reserved_;
+      usage.groups += 1;
+      staged.counted_for_tenant_ = true;
     }
     registering_.insert(key);
   }

@@ -27,8 +27,10 @@ class StateStore;
 
 // A group allocated and counted against the host-memory budget but not
 // visible to anyone (an import or a restore fills it first). Destroying it
-// unpublished frees the group and its share of the budget. Not thread-safe;
-// the store must outlive it.
+// unpublished frees the group and its share of the budget. A copy staged to
+// replace a live group's state (replaces_live) is counted against the
+// daemon's budget only, not its tenant's quota: it is no new group. Not
+// thread-safe; the store must outlive it.
 class StagedGroup {
  public:
   StagedGroup(StagedGroup&& other) noexcept;
@@ -36,15 +38,22 @@ class StagedGroup {
   ~StagedGroup();
 
   Group& group() const { return *group_; }
+  // Whether a group of its key was live when it was staged.
+  bool replaces_live() const { return !counted_for_tenant_; }
 
  private:
   friend class StateStore;
-  StagedGroup(StateStore* store, std::shared_ptr<Group> group, uint64_t reserved)
-      : store_(store), group_(std::move(group)), reserved_(reserved) {}
+  StagedGroup(StateStore* store, std::shared_ptr<Group> group, uint64_t reserved,
+              bool counted_for_tenant)
+      : store_(store),
+        group_(std::move(group)),
+        reserved_(reserved),
+        counted_for_tenant_(counted_for_tenant) {}
 
   StateStore* store_;
   std::shared_ptr<Group> group_;
   uint64_t reserved_;  // Host bytes counted for it; 0 once published or moved from.
+  bool counted_for_tenant_;  // Also counted against its tenant's quota.
 };
 
 // Thread-safe.
@@ -75,14 +84,18 @@ class StateStore {
 
   // Allocates a group outside the store, counted against the budget, for
   // the caller to fill and then Publish. Same checks and codes as Register,
-  // but the name is not looked up (Publish does that).
+  // but the name is not looked up (Publish does that), except that a copy of
+  // a group live under that key (to replace its state: an import, a rewind)
+  // is held to the daemon's budget only, not to the tenant's quota.
   absl::StatusOr<StagedGroup> Stage(const GroupKey& key, const GroupConfig& config);
 
   // Attaches the staged group to the backend, tells it the host state was
   // written (StepBackend::StateWritten) and makes the group visible.
   // ALREADY_EXISTS when a group of that name exists by then, ABORTED while one
-  // is being registered, the backend's error when it cannot take the state;
-  // on error nothing is visible and `staged` still owns the group.
+  // is being registered, RESOURCE_EXHAUSTED past the tenant's quota for a
+  // copy staged to replace a live group that went since, the backend's error
+  // when it cannot take the state; on error nothing is visible and `staged`
+  // still owns the group.
   absl::StatusOr<std::shared_ptr<Group>> Publish(StagedGroup& staged);
 
   // NOT_FOUND names the group; FAILED_PRECONDITION naming the daemon for a
@@ -131,8 +144,9 @@ class StateStore {
   // kept, whatever their tenant's quota (a restore is not refused).
   void SetTenantQuotas(const TenantQuotas* quotas) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // What a tenant holds: groups registered, staged or being registered, and
-  // their host bytes (as counted against its quota).
+  // What a tenant holds: groups registered, staged (but copies staged to
+  // replace a live group's state) or being registered, and their host bytes
+  // (as counted against its quota).
   struct TenantUsage {
     uint64_t host_bytes = 0;
     uint64_t groups = 0;
@@ -164,11 +178,18 @@ class StateStore {
   // Name, size and hyperparameters; and the bytes to reserve (UINT64_MAX
   // when past any budget).
   absl::StatusOr<uint64_t> CheckConfig(const GroupKey& key, const GroupConfig& config) const;
-  absl::Status Reserve(const GroupKey& key, const GroupConfig& config, uint64_t needed)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts `needed` host bytes against the daemon's budget and, with
+  // `for_tenant`, one group and the bytes against the tenant's quota.
+  absl::Status Reserve(const GroupKey& key, const GroupConfig& config, uint64_t needed,
+                       bool for_tenant = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK when one group more of `needed` host bytes is within the tenant's quota.
+  absl::Status CheckTenantQuota(const GroupKey& key, const GroupConfig& config,
+                                uint64_t needed) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives back what Reserve counted for one group of `tenant`.
-  void Release(const std::string& tenant, uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
-  void ReleaseLocked(const std::string& tenant, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Release(const std::string& tenant, uint64_t bytes, bool for_tenant = true)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void ReleaseLocked(const std::string& tenant, uint64_t bytes, bool for_tenant = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   StepBackend* const backend_;
   HeapTrimmer* const trimmer_;

@@ -267,6 +267,106 @@ def test_a_torn_step_is_refused_then_finished_or_loaded(fresh_daemons, prefix):
     opt.close()
 
 
+@pytest.mark.parametrize("scheduler_first", [False, True])
+def test_a_torn_step_finishes_with_its_own_lr_whichever_parameter_got_it(fresh_daemons, prefix,
+                                                                         scheduler_first):
+    # Step 3 reached only fc2.bias, the model's last parameter: param_groups took the lr of
+    # the first parameter's record (step 2's), so the finishing step and every step after
+    # it ran one lr behind. resume_scheduler() before the finishing step moved lr on to
+    # step 4's, which finished step 3 with it.
+    d = fresh_daemons("--lease_seconds=1")
+    expected = uninterrupted(d.target, "alone/", 4)
+    data = batches(4)
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
+    train(model, opt, data[:2], sched)
+    x, y = data[2]
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    opt.client.step([(prefix + "fc2.bias", grads["fc2.bias"])], 3, lr=opt.param_groups[0]["lr"])
+    del opt, sched
+    time.sleep(1.2)
+
+    resumed = fresh_model(5)
+    opt = RemoteAdamW(resumed.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
+                      resume="daemon", takeover=True, finish_torn_step=True,
+                      delete_on_close=True)
+    assert opt.resumed_step == 3
+    assert opt.param_groups[0]["lr"] == (1e-2 * 0.9) * 0.9  # step 3's
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
+    if scheduler_first:
+        opt.resume_scheduler(sched)
+    for n, p in resumed.named_parameters():
+        if n in grads:
+            p.grad = grads[n].clone()
+    opt.step()
+    if not scheduler_first:
+        opt.resume_scheduler(sched)
+    assert opt.param_groups[0]["lr"] == ((1e-2 * 0.9) * 0.9) * 0.9  # step 4's
+    assert {g.last_step["lr"] for g in opt.client.list_groups()
+            if g.name.startswith(prefix) and g.max_step > 0} == {(1e-2 * 0.9) * 0.9}
+    train(resumed, opt, data[3:], sched)
+    assert same(params(resumed), expected)
+    opt.close()
+
+
+def test_a_job_a_live_trainer_steps_is_refused_for_its_lease_not_as_torn(fresh_daemons, prefix):
+    # The live trainer is part-way through its steps' groups (some at 3, some at 2): the
+    # second trainer was told to finish a torn step, and only after doing so heard that
+    # the job was another's.
+    d = fresh_daemons()
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
+                      delete_on_close=True)
+    train(model, opt, batches(2))
+    opt.client.step([(prefix + "fc1.weight", torch.ones_like(model.fc1.weight))], 3, lr=1e-2)
+    for finish in (False, True):
+        with pytest.raises(optstate.FailedPrecondition) as refused:
+            RemoteAdamW(fresh_model(5).named_parameters(), 1e-2, target=d.target,
+                        name_prefix=prefix, resume="daemon", takeover=True,
+                        finish_torn_step=finish)
+        message = str(refused.value)
+        assert "whose lease is live" in message and "part-way" not in message, message
+    opt.close()
+
+
+def test_a_stale_trainer_after_a_restart_hears_of_the_new_holder(fresh_daemons, prefix,
+                                                                  tmp_path):
+    # The daemon restarted from its checkpoint of step 2 and a new trainer resumed there
+    # and stepped to 4. The old trainer's next step is refused for the new one's lease;
+    # it was told the daemon "restored step 4" (the live step) and to rewind to it.
+    d = fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0")
+    model = MLP()
+    old = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
+                      reconnect_timeout=30)
+    data = batches(5)
+    train(model, old, data[:2])
+    old.client.checkpoint(groups=[prefix + n for n, p in model.named_parameters()
+                                  if p.requires_grad], wait_for_step=2)
+    train(model, old, data[2:3])
+    d.process.kill()
+    d.process.wait()
+    fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0",
+                  f"--listen=127.0.0.1:{d.port}")
+    new = RemoteAdamW(fresh_model(5).named_parameters(), 1e-2, target=d.target,
+                      name_prefix=prefix, resume="daemon", delete_on_close=True)
+    assert new.resumed_step == 2
+    for _ in range(2):
+        for group in new.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    p.grad = torch.ones_like(p)
+        new.step()
+    with pytest.raises(optstate.FailedPrecondition) as refused:
+        train(model, old, data[3:4])
+    message = str(refused.value)
+    assert "leased by" in message and new.lease_holder in message, message
+    assert "restored step" not in message, message
+    new.close()
+
+
 def test_groups_more_than_one_step_apart_are_not_finished_as_a_torn_step(fresh_daemons, prefix):
     # One daemon of a job restored an older checkpoint (here: fc1.weight stepped twice on
     # alone). finish_torn_step=True stepped the groups behind one step each with the
@@ -553,6 +653,43 @@ def test_a_job_is_rewound_to_its_checkpoint_while_another_keeps_stepping(fresh_d
     assert same(params(resumed), alone_a) and same(params(model_b), alone_b)
     a2.close()
     b.close()
+
+
+@pytest.mark.parametrize("quota", ["max_groups=2", "max_host_bytes=1536"])
+def test_a_rewind_at_the_tenants_quota_replaces_its_groups(fresh_daemons, prefix, tmp_path,
+                                                           quota):
+    # Two groups of 64 elements (768 host bytes each) filling the tenant's quota
+    # exactly: the rewind counted the checkpoint's copies of the job's live groups as new
+    # groups and answered NOT_FOUND, "no checkpoint holds the job", naming the quota (a
+    # tenant past half its quota could not rewind at all).
+    import hashlib
+    (tmp_path / "tokens").write_text(
+        f"team {hashlib.sha256(b'secret').hexdigest()} {quota}\n")
+    d = fresh_daemons(f"--state_dir={tmp_path / 'state'}", "--checkpoint_interval=0",
+                      f"--auth_tokens_file={tmp_path / 'tokens'}")
+    client = optstate.Client(d.target, token="secret", lease_holder="job")
+    names = [prefix + "a", prefix + "b"]
+    for name in names:
+        client.register(name, torch.ones(64))
+    for step in (1, 2, 3):
+        client.step([(name, torch.full((64,), 0.1)) for name in names], step)
+        if step == 2:
+            client.checkpoint(wait_for_step=2)
+            at_two = client.export_state(names[0])
+    assert client.rewind_job(prefix, validate_only=True)["step"] == 2
+    assert client.rewind_job(prefix)["step"] == 2
+    assert [client.describe(name).max_step for name in names] == [2, 2]
+    rewound = client.export_state(names[0])
+    assert (rewound.params == at_two.params).all() and (rewound.exp_avg == at_two.exp_avg).all()
+    # An import over a live group is no new group either.
+    state = client.export_state(names[1])
+    client.import_state(names[1], state.params, state.exp_avg, state.exp_avg_sq,
+                        list(state.page_steps))
+    # A third group is still past the quota.
+    with pytest.raises(optstate.ResourceExhausted, match="quota"):
+        client.register(prefix + "c", torch.ones(64))
+    stats = client.stats()
+    assert stats["num_groups"] == 2 and stats["host_bytes"] == 1536
 
 
 def test_rewind_needs_a_state_dir(daemon, prefix):

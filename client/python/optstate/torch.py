@@ -395,6 +395,8 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._awaiting_load: Optional[str] = None
         self.resumed_step = 0
         self._resumed_lrs: dict[int, float] = {}  # by id(param group): its last step's lr
+        # By id(param group): the hyperparameters of torn step k, where recorded (_attach).
+        self._torn_hyperparameters: dict[int, dict] = {}
         if client is None:
             client_options.setdefault("connect_timeout", connect_timeout)
             client_options.setdefault("reconnect_timeout", reconnect_timeout)
@@ -588,6 +590,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._awaiting_load = None
         self.resumed_step = 0
         self._resumed_lrs = {}
+        self._torn_hyperparameters = {}
         self._init_bookkeeping(shared_buffers=False, staging=config.get("staging", "auto"))
         # The copy holds the original's lease (lease_holder is among the options): both
         # step the same groups, as the ranks of one job do.
@@ -695,10 +698,12 @@ class RemoteAdamW(torch.optim.Optimizer):
         sharded = self._rank_and_world()[1] > 1
         refused: Optional[errors.Error] = None
         try:
-            check_resume(self._name_prefix, self._resume, attached, self._finish_torn_step)
+            # Leases first: a job another live trainer is stepping is that trainer's, and
+            # its steps part-way done are no torn step of this one's to finish.
             leases = {info.name: info.lease for _, _, info in found
                       if info.lease is not None and not info.created}
             breaking = takeover_for(leases, self._lease_holder, self._takeover)
+            check_resume(self._name_prefix, self._resume, attached, self._finish_torn_step)
         except errors.Error as e:
             refused = e
         if sharded:
@@ -727,7 +732,9 @@ class RemoteAdamW(torch.optim.Optimizer):
             return
         if high == 0:
             return
-        restored_groups = set()
+        # Each param group's hyperparameters: its parameters' newest record (in a torn
+        # step, the record of step `high` where any of its parameters reached it).
+        newest: dict[int, tuple] = {}
         with torch.no_grad():
             for p, group, info in found:
                 if info.max_step == 0:
@@ -737,22 +744,38 @@ class RemoteAdamW(torch.optim.Optimizer):
                 p.copy_(torch.from_numpy(state.params).reshape(p.shape).to(p.dtype))
                 reg.step = info.min_step
                 last = info.last_step
-                if last is not None and id(group) not in restored_groups:
-                    restored_groups.add(id(group))
-                    group.setdefault("initial_lr", reg.hyperparameters[0])
-                    group["lr"] = last["lr"]
-                    self._resumed_lrs[id(group)] = last["lr"]
-                    group["betas"] = tuple(last["betas"])
-                    group["eps"] = last["eps"]
-                    group["weight_decay"] = last["weight_decay"]
-                    group["maximize"] = last["maximize"]
-                elif last is None and id(group) not in restored_groups:
-                    restored_groups.add(id(group))
-                    warnings.warn(
-                        f"RemoteAdamW(resume='daemon'): the daemon holds no record of the "
-                        f"hyperparameters of group '{info.name}''s last step (it restarted "
-                        "since, restoring from a checkpoint); param_groups keep the values "
-                        "given here: restore lr from your own checkpoint", stacklevel=4)
+                seen = newest.get(id(group))
+                if seen is None or (last is not None
+                                    and (seen[1] is None or last["step"] > seen[1]["step"])):
+                    newest[id(group)] = (group, last, info.name)
+        self._torn_hyperparameters = {}
+        for group, last, name in newest.values():
+            if last is None:
+                warnings.warn(
+                    f"RemoteAdamW(resume='daemon'): the daemon holds no record of the "
+                    f"hyperparameters of group '{name}''s last step (it restarted "
+                    "since, restoring from a checkpoint); param_groups keep the values "
+                    "given here: restore lr from your own checkpoint", stacklevel=4)
+                continue
+            group.setdefault("initial_lr", group["lr"])
+            group["lr"] = last["lr"]
+            self._resumed_lrs[id(group)] = last["lr"]
+            group["betas"] = tuple(last["betas"])
+            group["eps"] = last["eps"]
+            group["weight_decay"] = last["weight_decay"]
+            group["maximize"] = last["maximize"]
+            if last["step"] == high:
+                # The step that finishes a torn step `high` applies these to the rest.
+                self._torn_hyperparameters[id(group)] = dict(
+                    lr=last["lr"], betas=tuple(last["betas"]), eps=last["eps"],
+                    weight_decay=last["weight_decay"], maximize=last["maximize"])
+            elif any(0 < info.max_step and info.min_step < high for _, _, info in found):
+                warnings.warn(
+                    f"RemoteAdamW(resume='daemon', finish_torn_step=True): none of the "
+                    f"parameters of the param group of '{name}' got step {high} before the "
+                    f"job stopped, so no record holds its lr of step {high}: its "
+                    f"param_groups entry holds step {last['step']}'s. Set it to step "
+                    f"{high}'s before the step() that finishes step {high}", stacklevel=4)
         self.resumed_step = high
         # A torn step (check_resume let it through: finish_torn_step): the first step()
         # steps the groups behind only. Groups never stepped (frozen) are not behind.
@@ -960,6 +983,35 @@ class RemoteAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._finish_to is None:
+            self._step_parameters()
+        else:
+            self._finish_torn_step_now()
+        return loss
+
+    def _finish_torn_step_now(self) -> None:
+        """The step() that finishes a torn step k: the parameters behind are stepped to k
+        with the hyperparameters the others got step k with (the daemon's record), where a
+        param group has such a record, whatever its entry holds now (resume_scheduler() may
+        have moved lr on to step k + 1's already)."""
+        held = {}
+        for group in self.param_groups:
+            record = self._torn_hyperparameters.get(id(group))
+            if record is not None:
+                held[id(group)] = {key: group[key] for key in record}
+                group.update(record)
+        try:
+            self._step_parameters()
+        finally:
+            for group in self.param_groups:
+                if id(group) in held:
+                    group.update(held[id(group)])
+        for group in self.param_groups:
+            if id(group) not in self._torn_hyperparameters and id(group) in self._resumed_lrs:
+                self._resumed_lrs[id(group)] = _as_float(group["lr"])  # step k's, as set
+
+    def _step_parameters(self) -> None:
+        """step() after its closure."""
         # 1. Every parameter with a gradient checked before anything is sent; the calls
         #    grouped by what one Client.step call shares: the step number and the wire
         #    type (each group carries its own lr, and the other hyperparameters its param
@@ -1150,7 +1202,6 @@ class RemoteAdamW(torch.optim.Optimizer):
             self._clipped, self._clipped_at = [], {}
         if self._shard:
             self._broadcast()
-        return loss
 
     # -- parameters on a GPU: clipping, overlap, DDP, memory -------------------------------
 
@@ -1291,7 +1342,8 @@ class RemoteAdamW(torch.optim.Optimizer):
         import datetime
         when = datetime.datetime.fromtimestamp(started / 1e6,
                                                datetime.timezone.utc).isoformat(timespec="seconds")
-        daemon = f"optstated '{member}' at {target}" if member else f"optstated at {target}"
+        # (The error names the target first: "optstated at X: it restarted ...".)
+        daemon = f"optstated '{member}' at {target}" if member else "it"
         if isinstance(refusal, errors.NotFound) or not has_state_dir:
             raise type(refusal)(
                 f"{daemon} restarted at {when} "
@@ -1299,8 +1351,13 @@ class RemoteAdamW(torch.optim.Optimizer):
                 f": this job's state (at step {at}) is gone there. Resume from your own "
                 "checkpoint: a new RemoteAdamW(resume='state_dict') and load_state_dict()",
                 target, refusal.code_value) from refusal
-        restored = [g.min_step for g in self._client.list_groups()
-                    if g.name.startswith(self._name_prefix) and (not member or g.member == member)]
+        groups = [g for g in self._client.list_groups()
+                  if g.name.startswith(self._name_prefix) and (not member or g.member == member)]
+        if any(g.lease is not None and g.lease["holder"] != self._lease_holder for g in groups):
+            # A restarted daemon holds no leases: another trainer attached since and steps
+            # the job, and the refusal (which names it) is the news, not the restart.
+            return
+        restored = [g.min_step for g in groups]
         step = min(restored) if restored else "?"
         raise type(refusal)(
             f"{daemon} restarted at {when} and restored step {step} from its "
