@@ -39,8 +39,9 @@ ABSL_FLAG(bool, reflection, Default().reflection,
           "Serve gRPC server reflection (grpcurl list and describe without proto files); it "
           "needs no token, like health. --reflection=false: no reflection service.");
 ABSL_FLAG(std::string, metrics_listen, Default().metrics_listen,
-          "Serve Prometheus metrics on http://IP:PORT/metrics (127.0.0.1:9464, 0.0.0.0:9464 "
-          "or [::1]:9464; port 0 picks a free one); empty: no metrics. A port that cannot be "
+          "Serve Prometheus metrics on http://IP:PORT/metrics (127.0.0.1:9464 or 0.0.0.0:9464; "
+          "an IPv6 [::1]:9464 only where civetweb has IPv6, which Debian's has not; port 0 "
+          "picks a free one); empty: no metrics. A port that cannot be "
           "bound stops the start. docs/operations.md lists the metrics.");
 ABSL_FLAG(std::string, tls_cert, Default().tls.cert_file,
           "Serve TLS on --listen with this PEM certificate chain (and --tls_key). The files "

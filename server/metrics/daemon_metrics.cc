@@ -91,7 +91,9 @@ std::string StatusCodeName(int code) {
   return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
 }
 
-void CollectCalls(const CallMetrics& calls, std::vector<MetricFamily>& out) {
+// `regions` (may be null): its socket's refusals count in optstate_refusals_total.
+void CollectCalls(const CallMetrics& calls, const RegionRegistry* regions,
+                  std::vector<MetricFamily>& out) {
   FamilyBuilder started("grpc_server_call_started_total",
                         "Calls started, by method (gRFC A66 grpc.server.call.started)",
                         MetricType::Counter);
@@ -113,8 +115,15 @@ void CollectCalls(const CallMetrics& calls, std::vector<MetricFamily>& out) {
   }
   started.AppendTo(out);
   duration.AppendTo(out);
+  if (regions != nullptr) {
+    const RegionRegistryStats stats = regions->Stats();
+    for (size_t code = 1; code < stats.refusals.size() && code < refused.size(); ++code) {
+      refused[code] += stats.refusals[code];
+    }
+  }
   FamilyBuilder refusals("optstate_refusals_total",
-                         "Calls ended with a status other than OK, by status code, every method",
+                         "Calls ended with a status other than OK, by status code, every method; "
+                         "and region socket requests refused",
                          MetricType::Counter);
   for (int code = 1; code < CallMetrics::kStatusCodes; ++code) {
     refusals.Value(static_cast<double>(refused[code]), {{"code", StatusCodeName(code)}});
@@ -308,7 +317,7 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
   if (sources_.authenticator != nullptr && sources_.authenticator->required()) {
     CollectTenants(*sources_.engine->store(), *sources_.authenticator, out);
   }
-  CollectCalls(*sources_.calls, out);
+  CollectCalls(*sources_.calls, sources_.regions, out);
   CollectStepStreams(*sources_.step_streams, out);
   if (sources_.checkpointer != nullptr) CollectCheckpoints(*sources_.checkpointer, out);
   if (sources_.regions != nullptr) CollectRegions(*sources_.regions, out);

@@ -1,5 +1,7 @@
 #include "server/metrics/metrics_endpoint.h"
 
+#include <civetweb.h>
+
 #include <exception>
 #include <vector>
 
@@ -12,13 +14,17 @@ namespace optstate {
 
 namespace {
 
+// civetweb's feature bit for IPv6 (mg_check_feature).
+constexpr unsigned kCivetwebIpv6 = 8;
+
 // IP:PORT with a numeric port of at most 65535 and a host that is a dotted
-// IPv4 address or a bracketed IPv6 one (what civetweb binds).
+// IPv4 address or a bracketed IPv6 one (what civetweb binds; the latter
+// only where civetweb was built with IPv6, which Debian's is not).
 absl::Status CheckListenAddress(absl::string_view listen) {
   const size_t colon = listen.rfind(':');
   auto bad = [&] {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--metrics_listen must be IP:PORT (127.0.0.1:9464, 0.0.0.0:9464 or [::1]:9464), got '",
+        "--metrics_listen must be IP:PORT (127.0.0.1:9464 or 0.0.0.0:9464), got '",
         listen, "'"));
   };
   if (colon == absl::string_view::npos || colon == 0) return bad();
@@ -31,6 +37,13 @@ absl::Status CheckListenAddress(absl::string_view listen) {
   }
   if (host.front() == '[') {
     if (host.back() != ']' || host.size() < 3) return bad();
+    if (mg_check_feature(kCivetwebIpv6) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--metrics_listen=", listen,
+          ": this build's HTTP server (civetweb, as Debian builds it) has no IPv6; give an "
+          "IPv4 address: 0.0.0.0:", port, " (every interface) or 127.0.0.1:", port,
+          " (this host alone)"));
+    }
   } else {
     for (char c : host) {
       if (!absl::ascii_isdigit(c) && c != '.') return bad();
@@ -49,9 +62,11 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     // prometheus-cpp's exposer throws when civetweb cannot bind. civetweb
     // gives each connection a thread until it closes or a read waits past
     // request_timeout_ms (30 s by default): with 2 threads, two idle
-    // connections starved every scrape for 25-30 s. 8 threads and 5 s.
+    // connections starved every scrape for 25-30 s. 32 threads and 3 s: a
+    // scrape waits only behind 32 connections that send nothing, and then
+    // at most 3 s for each 32.
     exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
-        "listening_ports", listen, "num_threads", "8", "request_timeout_ms", "5000"});
+        "listening_ports", listen, "num_threads", "32", "request_timeout_ms", "3000"});
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen,
                                                " (--metrics_listen): the port is taken or the "

@@ -17,7 +17,8 @@ namespace optstate {
 class MetricsEndpoint {
  public:
   // `listen`: IP:PORT ("127.0.0.1:9464", "0.0.0.0:9464", "[::1]:9464"); port
-  // 0 picks a free one. INVALID_ARGUMENT for another form; UNAVAILABLE,
+  // 0 picks a free one. INVALID_ARGUMENT for another form, and for an IPv6
+  // address where civetweb was built without IPv6; UNAVAILABLE,
   // naming the address, when it cannot be bound (taken, or not this host's).
   static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(
       const std::string& listen, std::shared_ptr<prometheus::Collectable> metrics);

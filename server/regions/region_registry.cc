@@ -302,7 +302,15 @@ RegionRegistryStats RegionRegistry::Stats() const {
   for (const auto& [key, session] : sessions_) stats.kept += session.kept.size();
   stats.kept_found = kept_found_;
   stats.kept_bytes = kept_bytes_;
+  stats.refusals = refusals_;
   return stats;
+}
+
+void RegionRegistry::CountRefusal(absl::StatusCode code) {
+  const size_t index = static_cast<size_t>(code);
+  if (code == absl::StatusCode::kOk || index >= refusals_.size()) return;
+  absl::MutexLock lock(&mu_);
+  ++refusals_[index];
 }
 
 }  // namespace optstate

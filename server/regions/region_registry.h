@@ -4,6 +4,7 @@
 #ifndef OPTSTATE_SERVER_REGIONS_REGION_REGISTRY_H_
 #define OPTSTATE_SERVER_REGIONS_REGION_REGISTRY_H_
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -74,6 +75,9 @@ struct RegionRegistryStats {
   uint64_t kept = 0;              // Objects the sessions keep (Keep).
   uint64_t kept_bytes = 0;        // Their bytes, as kept.
   uint64_t kept_found = 0;        // Kept objects found by Kept, since the registry was made.
+  // Region socket requests refused, by status code (CountRefusal), since the
+  // registry was made.
+  std::array<uint64_t, 17> refusals{};
 };
 
 // Thread-safe.
@@ -142,6 +146,8 @@ class RegionRegistry {
   size_t num_sessions() const ABSL_LOCKS_EXCLUDED(mu_);
   size_t num_regions() const ABSL_LOCKS_EXCLUDED(mu_);
   RegionRegistryStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Counts a region socket request answered with `code` (not OK).
+  void CountRefusal(absl::StatusCode code) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct KeptObject {
@@ -170,6 +176,7 @@ class RegionRegistry {
   uint64_t use_clock_ ABSL_GUARDED_BY(mu_) = 0;  // Orders kept objects' uses.
   uint64_t kept_found_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t kept_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // Of the kept objects, all sessions.
+  std::array<uint64_t, 17> refusals_ ABSL_GUARDED_BY(mu_){};
 };
 
 }  // namespace optstate

@@ -202,6 +202,7 @@ void RegionSocketServer::Serve() {
         status = absl::InvalidArgumentError(absl::StrCat("unknown region socket op ", request.op));
       }
       if (fd >= 0) close(fd);
+      if (!status.ok()) registry_->CountRefusal(status.code());
       rp::SetStatus(status, &reply);
       if (!rp::Send(connections[i].fd, &reply, sizeof(reply)).ok()) end_connection(i);
     }
@@ -254,6 +255,7 @@ bool RegionSocketServer::Authenticate(Connection& connection) {
     if (status.ok()) connection.authenticated = true;
   }
   std::fill(token.begin(), token.end(), '\0');
+  if (!status.ok()) registry_->CountRefusal(status.code());
   rp::Reply reply;
   reply.op = static_cast<uint32_t>(rp::Op::kAuthenticate);
   std::memcpy(reply.daemon_id, daemon_id_.data(), std::min(daemon_id_.size(), sizeof(reply.daemon_id)));

@@ -232,12 +232,30 @@ def test_a_step_whose_client_gave_up_counts_as_cancelled_not_ok(fresh_daemons):
     assert (started, ok, cancelled) == (1, 0, 1)
 
 
+def test_region_socket_refusals_count_among_the_refusals(fresh_daemons):
+    # A region past --max_region_bytes was refused (ResourceExhausted) while
+    # optstate_refusals_total{code="RESOURCE_EXHAUSTED"}, which the alert watches, stayed 0:
+    # it counted gRPC calls alone.
+    port = free_port()
+    daemon = fresh_daemons(f"--metrics_listen=127.0.0.1:{port}", "--max_region_bytes=1048576")
+    client = optstate.Client(daemon.target, data_plane="shared_memory")
+    before, _ = scrape(port)
+    client.allocate_shared_buffer(4096)
+    with pytest.raises(optstate.ResourceExhausted, match="max_region_bytes"):
+        client.allocate_shared_buffer(2 << 20)
+    samples, _ = scrape(port)
+    key = ("optstate_refusals_total", (("code", "RESOURCE_EXHAUSTED"),))
+    assert samples[key] - before.get(key, 0) == 1
+    assert value(samples, "optstate_region_registrations_total") == 1
+
+
 def test_idle_connections_to_the_metrics_port_do_not_starve_scrapes(fresh_daemons):
-    # civetweb held a thread per connection until it closed or 30 s passed, and had 2:
-    # two idle connections (any peer of a 0.0.0.0 metrics port) failed every scrape.
+    # civetweb holds a thread per connection until it closes or its request times out,
+    # and had 2, then 8: as many idle connections (any peer of a 0.0.0.0 metrics port)
+    # held every scrape up 30 s, then 5 s for each 8. 31 leave one of its 32 threads free.
     port = free_port()
     fresh_daemons(f"--metrics_listen=127.0.0.1:{port}")
-    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(31)]
     try:
         time.sleep(0.3)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as reply:
@@ -318,6 +336,11 @@ def test_a_taken_metrics_port_stops_the_start_naming_it(fresh_daemons):
     run = subprocess.run([binary, "--listen=127.0.0.1:0", "--metrics_listen=localhost:9464"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode != 0 and "--metrics_listen must be IP:PORT" in run.stderr, run.stderr
+    # Debian's civetweb has no IPv6: an IPv6 address failed as "the port is taken or the
+    # address is not this host's", though ::1 was.
+    run = subprocess.run([binary, "--listen=127.0.0.1:0", "--metrics_listen=[::1]:0"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0 and "has no IPv6; give an IPv4 address" in run.stderr, run.stderr
 
 
 def test_the_grafana_dashboard_asks_only_for_exported_metrics(fresh_daemons, tmp_path):
