@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -66,7 +67,9 @@ absl::Status Receive(int socket, void* record, size_t bytes, int* fd) {
   msg.msg_controllen = sizeof(control);
   ssize_t got;
   do {
-    got = recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
+    // MSG_TRUNC: a longer record's whole length is returned (SOCK_SEQPACKET),
+    // so a refusal can say how long it was.
+    got = recvmsg(socket, &msg, MSG_CMSG_CLOEXEC | MSG_TRUNC);
   } while (got < 0 && errno == EINTR);
   if (got < 0) return Errno("region socket receive");
   // Collect every fd that came, whatever else is wrong.
@@ -175,10 +178,15 @@ absl::StatusOr<Reply> Call(int socket, const Request& request, int fd) {
 absl::StatusOr<int> CreateSealedMemfd(const std::string& name, uint64_t bytes) {
   const int fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return Errno("memfd_create");
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    absl::Status status = Errno(absl::StrCat("ftruncate to ", bytes, " bytes"));
+  if (bytes > static_cast<uint64_t>(std::numeric_limits<off_t>::max()) ||
+      ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const int error = bytes > static_cast<uint64_t>(std::numeric_limits<off_t>::max()) ? EFBIG
+                                                                                       : errno;
     close(fd);
-    return absl::ResourceExhaustedError(status.message());
+    return absl::ResourceExhaustedError(
+        absl::StrCat("this process could not make a shared-memory file of ", bytes,
+                     " bytes (memfd ftruncate: ", std::strerror(error),
+                     "); nothing was asked of the daemon"));
   }
   if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     absl::Status status = Errno("F_ADD_SEALS");

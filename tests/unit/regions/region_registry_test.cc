@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/region_protocol.h"
 #include "server/regions/region_socket_server.h"
@@ -97,6 +98,10 @@ TEST(RegionRegistry, EveryReferenceIsBoundsChecked) {
   EXPECT_EQ((*region)->Slice(8, UINT64_MAX - 4, "x").status().code(),
             absl::StatusCode::kOutOfRange);
   EXPECT_NE((*region)->Slice(1, 4096, "gradient_region").status().message().find("4096 bytes"),
+            std::string::npos);
+  // A wrapping reference is told as sent, not as a wrapped end.
+  EXPECT_NE((*region)->Slice(UINT64_MAX - 15, 4000, "x").status().message().find(
+                "4000 bytes at offset 18446744073709551600"),
             std::string::npos);
 }
 
@@ -395,6 +400,22 @@ TEST_F(RegionSocketTest, RefusesAMemfdWithoutTheShrinkSealAndExtraFds) {
   close(a);
   close(b);
   close(*socket);
+}
+
+TEST(RegionProtocol, ARecordOfTheWrongLengthIsRefusedWithItsLength) {
+  // A longer record was reported by the length read: "must be 16 bytes; got 16 bytes".
+  int pair[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair), 0);
+  const std::string longer(sizeof(rp::Request) + 100, 'x');
+  ASSERT_EQ(send(pair[0], longer.data(), longer.size(), 0), static_cast<ssize_t>(longer.size()));
+  rp::Request request;
+  const absl::Status status = rp::Receive(pair[1], &request, sizeof(request), nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find(absl::StrCat("got ", longer.size(), " bytes")),
+            std::string::npos)
+      << status.message();
+  close(pair[0]);
+  close(pair[1]);
 }
 
 TEST_F(RegionSocketTest, ASecondServerOnALiveSocketIsRefused) {
