@@ -180,13 +180,12 @@ absl::StatusOr<int> CreateSealedMemfd(const std::string& name, uint64_t bytes) {
   if (fd < 0) return Errno("memfd_create");
   if (bytes > static_cast<uint64_t>(std::numeric_limits<off_t>::max()) ||
       ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    const int error = bytes > static_cast<uint64_t>(std::numeric_limits<off_t>::max()) ? EFBIG
-                                                                                       : errno;
+    const int error =
+        bytes > static_cast<uint64_t>(std::numeric_limits<off_t>::max()) ? EFBIG : errno;
     close(fd);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("this process could not make a shared-memory file of ", bytes,
-                     " bytes (memfd ftruncate: ", std::strerror(error),
-                     "); nothing was asked of the daemon"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this process could not make a shared-memory file of ", bytes,
+        " bytes (memfd ftruncate: ", std::strerror(error), "); nothing was asked of the daemon"));
   }
   if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     absl::Status status = Errno("F_ADD_SEALS");

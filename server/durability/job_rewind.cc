@@ -71,9 +71,8 @@ absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backe
     if (!staged.ok() && absl::IsResourceExhausted(staged.status())) {
       // No room (the daemon's budget, or the quota for groups deleted since):
       // an older checkpoint of the job needs as much.
-      return absl::ResourceExhaustedError(absl::StrCat("rewinding job '", request.prefix,
-                                                       "' to ", dir, ": ",
-                                                       staged.status().message()));
+      return absl::ResourceExhaustedError(absl::StrCat("rewinding job '", request.prefix, "' to ",
+                                                       dir, ": ", staged.status().message()));
     }
     if (!staged.ok()) {
       why = std::string(staged.status().message());

@@ -24,8 +24,7 @@ absl::Status CheckListenAddress(absl::string_view listen) {
   const size_t colon = listen.rfind(':');
   auto bad = [&] {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--metrics_listen must be IP:PORT (127.0.0.1:9464 or 0.0.0.0:9464), got '",
-        listen, "'"));
+        "--metrics_listen must be IP:PORT (127.0.0.1:9464 or 0.0.0.0:9464), got '", listen, "'"));
   };
   if (colon == absl::string_view::npos || colon == 0) return bad();
   const absl::string_view host = listen.substr(0, colon);
@@ -41,8 +40,8 @@ absl::Status CheckListenAddress(absl::string_view listen) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--metrics_listen=", listen,
           ": this build's HTTP server (civetweb, as Debian builds it) has no IPv6; give an "
-          "IPv4 address: 0.0.0.0:", port, " (every interface) or 127.0.0.1:", port,
-          " (this host alone)"));
+          "IPv4 address: 0.0.0.0:",
+          port, " (every interface) or 127.0.0.1:", port, " (this host alone)"));
     }
   } else {
     for (char c : host) {

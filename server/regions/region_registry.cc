@@ -40,9 +40,9 @@ MappedRegion::~MappedRegion() {
 absl::StatusOr<char*> MappedRegion::Slice(uint64_t offset, uint64_t length,
                                           absl::string_view what) const {
   if (offset > bytes_ || length > bytes_ - offset) {
-    return absl::OutOfRangeError(absl::StrCat(
-        what, " names ", length, " bytes at offset ", offset, " of region ", id_, ", which has ",
-        bytes_, " bytes"));
+    return absl::OutOfRangeError(absl::StrCat(what, " names ", length, " bytes at offset ", offset,
+                                              " of region ", id_, ", which has ", bytes_,
+                                              " bytes"));
   }
   return base_ + offset;
 }

@@ -100,8 +100,11 @@ TEST(RegionRegistry, EveryReferenceIsBoundsChecked) {
   EXPECT_NE((*region)->Slice(1, 4096, "gradient_region").status().message().find("4096 bytes"),
             std::string::npos);
   // A wrapping reference is told as sent, not as a wrapped end.
-  EXPECT_NE((*region)->Slice(UINT64_MAX - 15, 4000, "x").status().message().find(
-                "4000 bytes at offset 18446744073709551600"),
+  EXPECT_NE((*region)
+                ->Slice(UINT64_MAX - 15, 4000, "x")
+                .status()
+                .message()
+                .find("4000 bytes at offset 18446744073709551600"),
             std::string::npos);
 }
 
@@ -411,8 +414,7 @@ TEST(RegionProtocol, ARecordOfTheWrongLengthIsRefusedWithItsLength) {
   rp::Request request;
   const absl::Status status = rp::Receive(pair[1], &request, sizeof(request), nullptr);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(status.message().find(absl::StrCat("got ", longer.size(), " bytes")),
-            std::string::npos)
+  EXPECT_NE(status.message().find(absl::StrCat("got ", longer.size(), " bytes")), std::string::npos)
       << status.message();
   close(pair[0]);
   close(pair[1]);
