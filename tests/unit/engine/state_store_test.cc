@@ -213,5 +213,48 @@ TEST_F(StateStoreTest, TenantsAreApart) {
   EXPECT_EQ(store_.host_bytes(), (20 + 5) * 12u);
 }
 
+// One quota for every tenant.
+class FixedQuotas : public TenantQuotas {
+ public:
+  explicit FixedQuotas(TenantQuota quota) : quota_(quota) {}
+  TenantQuota QuotaOf(const std::string&) const override { return quota_; }
+
+ private:
+  TenantQuota quota_;
+};
+
+TEST_F(StateStoreTest, ACopyStagedToReplaceALiveGroupIsNoNewGroupOfItsTenant) {
+  FixedQuotas quotas(TenantQuota{.max_host_bytes = 240, .max_groups = 2});
+  store_.SetTenantQuotas(&quotas);
+  ASSERT_TRUE(store_.Register({"a", "w"}, Config(10)).ok());
+  ASSERT_TRUE(store_.Register({"a", "v"}, Config(10)).ok());  // The quota, exactly.
+  // A copy of a live group (an import over it, a rewind) fits; the daemon's budget
+  // counts its bytes while it is staged.
+  absl::StatusOr<StagedGroup> copy = store_.Stage({"a", "w"}, Config(10));
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_TRUE(copy->replaces_live());
+  EXPECT_EQ(store_.host_bytes(), 3 * 120u);
+  EXPECT_EQ(store_.UsageOf("a").groups, 2u);
+  EXPECT_EQ(store_.UsageOf("a").host_bytes, 240u);
+  // A new group does not.
+  EXPECT_EQ(store_.Stage({"a", "x"}, Config(10)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // The live group went meanwhile: publishing the copy makes a new group, held to the
+  // quota then.
+  ASSERT_TRUE(store_.Delete({"a", "w"}).ok());
+  ASSERT_TRUE(store_.Register({"a", "y"}, Config(10)).ok());
+  EXPECT_EQ(store_.Publish(*copy).status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(store_.Delete({"a", "y"}).ok());
+  ASSERT_TRUE(store_.Publish(*copy).ok());
+  EXPECT_EQ(store_.UsageOf("a").groups, 2u);
+  EXPECT_EQ(store_.UsageOf("a").host_bytes, 240u);
+  EXPECT_EQ(store_.host_bytes(), 240u);
+  // A copy given up gives the daemon's bytes back and leaves the tenant's as they were.
+  { absl::StatusOr<StagedGroup> dropped = store_.Stage({"a", "v"}, Config(10)); }
+  EXPECT_EQ(store_.host_bytes(), 240u);
+  EXPECT_EQ(store_.UsageOf("a").groups, 2u);
+  store_.SetTenantQuotas(nullptr);
+}
+
 }  // namespace
 }  // namespace optstate
