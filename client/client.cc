@@ -84,7 +84,9 @@ absl::Status Client::WaitUntilReachable(absl::Duration timeout) {
                                                    m->target.target, "): ", s.message()));
       }
     }
-    return absl::OkStatus();
+    // Reachable: one daemon listed twice is refused now, before any step.
+    const client_internal::MemberList members = impl_->MembersNow();
+    return Impl::CheckOneDaemonEach(members, Impl::InstanceIdsOf(members), false);
   }
   const absl::Time deadline = absl::Now() + timeout;
   if (impl_->channel->WaitForConnected(absl::ToChronoTime(deadline))) return absl::OkStatus();
@@ -265,6 +267,18 @@ absl::StatusOr<Stats> Client::GetStats() {
     request.set_page_token(response.next_page_token());
   } while (!request.page_token().empty());
   return *std::move(out);
+}
+
+absl::StatusOr<std::string> Client::InstanceId() {
+  v1::GetStatsRequest request;
+  request.set_page_size(1);
+  v1::GetStatsResponse response;
+  absl::Status status =
+      UnaryWithRetries(impl_->options, impl_->channel.get(), [&](grpc::ClientContext* context) {
+        return impl_->stub->GetStats(context, request, &response);
+      });
+  if (!status.ok()) return impl_->Explain(status);
+  return response.instance_id();
 }
 
 absl::Status Client::DeleteGroup(const std::string& name) {

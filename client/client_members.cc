@@ -110,6 +110,35 @@ absl::Status InMember(const MemberTarget& m, const absl::Status& status) {
 
 }  // namespace
 
+std::vector<absl::StatusOr<std::string>> Client::Impl::InstanceIdsOf(const MemberList& members) {
+  std::vector<absl::StatusOr<std::string>> ids(members.size());
+  ForEachInParallel(members.size(), [&](size_t i) { ids[i] = members[i]->shared->InstanceId(); });
+  return ids;
+}
+
+absl::Status Client::Impl::CheckOneDaemonEach(const MemberList& members,
+                                              const std::vector<absl::StatusOr<std::string>>& ids,
+                                              bool unreachable_refuses) {
+  std::map<std::string, size_t> seen;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (!ids[i].ok()) {
+      if (unreachable_refuses) return InMember(members[i]->target, ids[i].status());
+      continue;
+    }
+    if (ids[i]->empty()) continue;  // A daemon that predates instance ids.
+    const auto [it, fresh] = seen.emplace(*ids[i], i);
+    if (fresh) continue;
+    const MemberTarget& a = members[it->second]->target;
+    const MemberTarget& b = members[i]->target;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "members '", a.identity, "' (", a.target, ") and '", b.identity, "' (", b.target,
+        ") are one daemon (instance ", *ids[i],
+        "): list each daemon once, by one target and identity; placed as two, a group's "
+        "copy on it would count as another daemon's"));
+  }
+  return absl::OkStatus();
+}
+
 MemberList Client::Impl::MembersNow() const {
   absl::MutexLock lock(&members_mu);
   return members;
@@ -270,7 +299,8 @@ absl::StatusOr<Stats> Client::StatsOfMembers() {
     out.bytes_sent += s.bytes_sent;
     const MemberTarget& m = members[i]->target;
     out.members.push_back({m.identity, m.target, m.weight, s.num_groups, s.total_elements,
-                           s.host_bytes, s.max_host_bytes, s.started_unix_micros, s.has_state_dir});
+                           s.host_bytes, s.max_host_bytes, s.started_unix_micros, s.has_state_dir,
+                           s.instance_id});
     for (GroupStats& g : s.groups) {
       g.info.member = m.identity;
       out.groups.push_back(std::move(g));
@@ -420,14 +450,29 @@ absl::StatusOr<RebalanceResult> Client::Rebalance(const std::vector<MemberTarget
   const MemberList old_members = impl_->MembersNow();
   absl::StatusOr<MemberList> new_members = ConnectAll(next, impl_->options, old_members);
   if (!new_members.ok()) return new_members.status();
+  // One daemon listed twice (two addresses of it, or one address under two
+  // identities) would hold "another daemon's" copy of each group it owns,
+  // which the deletes below would remove: refused, nothing moved.
+  const std::vector<absl::StatusOr<std::string>> new_ids = Impl::InstanceIdsOf(*new_members);
+  if (absl::Status s = Impl::CheckOneDaemonEach(*new_members, new_ids, true); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(s.message(), "; nothing moved"));
+  }
   // Every daemon that may hold a copy: the new members, and the old ones
-  // that leave.
+  // that leave. An old member that is a new one's daemon under another
+  // identity or address (names given to the daemons, say) does not leave:
+  // its groups are listed through the new member.
   MemberList all = *new_members;
-  for (const auto& m : old_members) {
+  std::vector<absl::StatusOr<std::string>> old_ids = Impl::InstanceIdsOf(old_members);
+  for (size_t j = 0; j < old_members.size(); ++j) {
+    const auto& m = old_members[j];
     const bool kept = std::any_of(all.begin(), all.end(), [&](const auto& n) {
       return n->target.identity == m->target.identity;
     });
-    if (!kept) all.push_back(m);
+    const bool renamed =
+        old_ids[j].ok() && !old_ids[j]->empty() &&
+        std::any_of(new_ids.begin(), new_ids.end(),
+                    [&](const auto& id) { return id.ok() && *id == *old_ids[j]; });
+    if (!kept && !renamed) all.push_back(m);
   }
   std::vector<absl::StatusOr<std::vector<GroupInfo>>> lists(all.size());
   ForEachInParallel(all.size(), [&](size_t i) { lists[i] = all[i]->shared->ListGroups(); });

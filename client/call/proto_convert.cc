@@ -146,6 +146,7 @@ absl::StatusOr<Stats> StatsFromProto(const v1::GetStatsResponse& proto) {
   out.has_state_dir = proto.has_state_dir();
   out.restored_groups = proto.restored_groups();
   out.lease_seconds = proto.lease_seconds();
+  out.instance_id = proto.instance_id();
   out.groups.reserve(proto.groups_size());
   for (const v1::GroupStats& g : proto.groups()) {
     absl::StatusOr<GroupInfo> info = GroupInfoFromProto(g.info());

@@ -3,6 +3,8 @@
 // store's lock briefly), except DeleteGroup, which waits on a worker.
 #include "server/rpc/service.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
 
 #include "server/base/heap_trimmer.h"
@@ -18,6 +20,22 @@
 #include "server/rpc/step_reactor.h"
 
 namespace optstate {
+
+std::string OptimizerStateService::RandomInstanceId() {
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id;
+  for (unsigned char b : bytes) {
+    id.push_back(kHex[b >> 4]);
+    id.push_back(kHex[b & 15]);
+  }
+  return id;
+}
 namespace {
 
 // A page's size bound: a repeated entry's tag and length, and room for the
@@ -115,6 +133,7 @@ absl::Status OptimizerStateService::FillStats(const Caller& caller,
   response->set_heap_resident_bytes(ReadHeapResidentBytes());
   if (trimmer_ != nullptr) response->set_heap_trims(trimmer_->trims());
   response->set_started_unix_micros(absl::ToUnixMicros(started_));
+  response->set_instance_id(instance_id_);
   response->set_has_state_dir(checkpointer_ != nullptr);
   response->set_restored_groups(restored_groups_);
   response->set_lease_seconds(absl::ToInt64Seconds(store->lease_term()));

@@ -65,7 +65,8 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
         trimmer_(trimmer),
         step_metrics_(step_metrics),
         authenticator_(authenticator),
-        stream_limit_(tenant_max_streams) {}
+        stream_limit_(tenant_max_streams),
+        instance_id_(RandomInstanceId()) {}
 
   // Refuses new streams and ends the open ones with UNAVAILABLE (the daemon
   // is shutting down), each once the work it has under way is answered.
@@ -138,6 +139,10 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   const Authenticator* const authenticator_;
   TenantStreamLimit stream_limit_;
   const absl::Time started_ = absl::Now();  // The daemon's start, near enough.
+  const std::string instance_id_;            // GetStatsResponse.instance_id.
+
+  // 32 random hex digits (getrandom).
+  static std::string RandomInstanceId();
   uint64_t restored_groups_ = 0;
 };
 

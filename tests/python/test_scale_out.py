@@ -525,6 +525,38 @@ def test_a_rebalance_leaves_another_jobs_leased_groups_and_both_jobs_step_on(fre
     assert set(steps.values()) == {(3, 3)} and len(steps) == len(groups)
 
 
+def test_one_daemon_listed_twice_is_refused_and_naming_the_daemons_moves_nothing(
+        fresh_daemons):
+    # Two daemons known by their addresses, then given names (what scale-out.md advises):
+    # the rebalance took each daemon's copy, under its old identity, for another
+    # daemon's and deleted it, reporting success. One daemon listed under two addresses
+    # lost every group the same way.
+    daemons = [fresh_daemons(), fresh_daemons()]
+    by_address = [d.target for d in daemons]
+    client = optstate.Client(by_address, **WIRE)
+    groups = {f"n/{name}": values for name, values in model([1000] * 16).items()}
+    register(client, groups)
+    step_all(client, groups, 1)
+    before = {g.name: g.member for g in client.list_groups()}
+
+    alias = f"localhost:{daemons[0].port}"
+    with pytest.raises(optstate.InvalidArgument, match="are one daemon") as twice:
+        client.rebalance([daemons[0].target, alias, daemons[1].target])
+    assert "nothing moved" in str(twice.value)
+    assert {g.name: g.member for g in client.list_groups()} == before
+    with pytest.raises(optstate.InvalidArgument, match="are one daemon"):
+        optstate.Client([daemons[0].target, alias], **WIRE).wait_until_reachable(5)
+
+    named = [{"target": d.target, "identity": f"optstated-{i}"} for i, d in enumerate(daemons)]
+    done = client.rebalance(named)
+    assert done["copies_deleted"] == 0, done
+    listed = optstate.Client(named, **WIRE).list_groups()
+    assert sorted(g.name for g in listed) == sorted(groups)
+    assert all(g.member == optstate.Client(named, **WIRE).member_of(g.name) for g in listed)
+    step_all(client, groups, 2)
+    assert {(g.min_step, g.max_step) for g in client.list_groups()} == {(2, 2)}
+
+
 @pytest.mark.parametrize("action", ["import", "delete"])
 def test_a_rebalance_killed_part_way_can_be_undone_by_a_rebalance_back(fresh_daemons, action):
     # Killed after the seal (before the import, or before the delete), then the operator

@@ -94,6 +94,7 @@ struct MemberStats {
   uint64_t max_host_bytes = 0;
   int64_t started_unix_micros = 0;  // When its daemon started (a restart changes it).
   bool has_state_dir = false;
+  std::string instance_id;  // Its daemon process's (Stats::instance_id).
 };
 
 struct Stats {
@@ -126,6 +127,9 @@ struct Stats {
   bool has_state_dir = false;
   uint64_t restored_groups = 0;
   int64_t lease_seconds = 0;
+  // Random per daemon process: two targets answering with the same one reach
+  // one daemon. Empty from a daemon that predates it.
+  std::string instance_id;
   // A client of several daemons: one entry per daemon, and the totals above
   // summed over them (host_bytes and max_host_bytes too; the daemon facts
   // after `threads` are the first daemon's). Empty from a client of one.

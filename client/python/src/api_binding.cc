@@ -173,6 +173,7 @@ nb::dict ToDict(const Stats& s) {
   heap["trims"] = s.heap.trims;
   d["heap"] = heap;
   d["started_unix_micros"] = s.started_unix_micros;
+  d["instance_id"] = s.instance_id;
   d["has_state_dir"] = s.has_state_dir;
   d["restored_groups"] = s.restored_groups;
   d["lease_seconds"] = s.lease_seconds;
@@ -187,6 +188,7 @@ nb::dict ToDict(const Stats& s) {
     e["host_bytes"] = m.host_bytes;
     e["max_host_bytes"] = m.max_host_bytes;
     e["started_unix_micros"] = m.started_unix_micros;
+    e["instance_id"] = m.instance_id;
     e["has_state_dir"] = m.has_state_dir;
     members.append(e);
   }
