@@ -92,6 +92,15 @@ absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backe
       const Group& source = (*staged)[i].group();
       restored.insert(source.key().name);
       absl::StatusOr<std::shared_ptr<Group>> live = store->Find(source.key());
+      if (absl::IsFailedPrecondition(live.status())) {
+        // Moved to another daemon since (a Rebalance; the store keeps a note):
+        // made again here, it would be a second, stale copy that steps.
+        return absl::FailedPreconditionError(absl::StrCat(
+            "rewinding job '", request.prefix, "' to checkpoint ", manifest.id, ": ",
+            live.status().message(),
+            "; nothing was rewound. Rewind the job through a client of the daemons that hold "
+            "it now (the new member list), to a checkpoint written since the move"));
+      }
       if (!live.ok()) continue;  // Deleted since: made again.
       if (absl::Status s =
               CheckSameShape(**live, source.num_elements(), source.config().hyperparameters);

@@ -46,7 +46,8 @@ struct JobRewindOutcome {
 // INVALID_ARGUMENT for an empty prefix; NOT_FOUND when no checkpoint holds such a state of the job
 // (saying what was passed over); FAILED_PRECONDITION when a group of the job
 // that exists now is not in that checkpoint (added since: delete it first),
-// or when another holder leases one of its groups (GroupLease);
+// or when another holder leases one of its groups (GroupLease), or when one
+// of them moved to another daemon since (StateStore::Seal's note);
 // ALREADY_EXISTS when one differs in size or hyperparameters from the
 // checkpoint's; RESOURCE_EXHAUSTED when the checkpoint's copies do not fit
 // in the daemon's budget beside the live state (or a group deleted since,

@@ -557,6 +557,31 @@ def test_one_daemon_listed_twice_is_refused_and_naming_the_daemons_moves_nothing
     assert {(g.min_step, g.max_step) for g in client.list_groups()} == {(2, 2)}
 
 
+def test_a_rewind_through_the_old_member_list_does_not_bring_moved_groups_back(
+        fresh_daemons, tmp_path):
+    # Checkpointed on two daemons, then rebalanced onto three: a rewind through a client
+    # of the old two made the moved groups again there at the checkpoint's step, unsealed,
+    # and old-list steps went to those stale copies while the third daemon held the job.
+    daemons = [fresh_daemons(f"--state_dir={tmp_path / str(i)}", "--checkpoint_interval=0")
+               for i in range(3)]
+    named = [{"target": d.target, "identity": f"optstated-{i}"} for i, d in enumerate(daemons)]
+    client = optstate.Client(named[:2], lease_holder="job", **WIRE)
+    groups = {f"r/{name}": values for name, values in model([1000] * 16).items()}
+    register(client, groups)
+    step_all(client, groups, 1)
+    client.checkpoint(wait_for_step=1)
+    step_all(client, groups, 2)
+    moved = client.rebalance(named)["moved"]
+    assert moved > 0
+    old_list = optstate.Client(named[:2], lease_holder="job", **WIRE)
+    before = sorted((g.name, g.member, g.max_step) for g in old_list.list_groups())
+    with pytest.raises(optstate.FailedPrecondition, match="moved to daemon 'optstated-2'") as e:
+        old_list.rewind_job("r/", step=1)
+    assert "nothing was rewound" in str(e.value)
+    assert sorted((g.name, g.member, g.max_step) for g in old_list.list_groups()) == before
+    assert sum(g.member == "optstated-2" for g in client.list_groups()) == moved
+
+
 @pytest.mark.parametrize("action", ["import", "delete"])
 def test_a_rebalance_killed_part_way_can_be_undone_by_a_rebalance_back(fresh_daemons, action):
     # Killed after the seal (before the import, or before the delete), then the operator
