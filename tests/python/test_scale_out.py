@@ -454,6 +454,10 @@ def test_a_member_restarted_without_the_job_is_named_in_the_step_error(fresh_dae
     assert f"optstated 'optstated-1' at {daemons[1].target} restarted at" in message, message
     assert "this job's state (at step 2) is gone there" in message, message
     assert "resume='state_dict'" in message
+    # Which groups did not step (the restarted member's), as the raw refusal had them.
+    on_restarted = {"restart." + n for n, p in net.named_parameters()
+                    if p.requires_grad and opt.client.member_of("restart." + n) == "optstated-1"}
+    assert set(gone.value.not_stepped) == on_restarted, gone.value.not_stepped
 
 
 def test_a_rewind_over_daemons_one_of_which_holds_frozen_groups_only(fresh_daemons, tmp_path):

@@ -148,6 +148,14 @@ def _as_float(value) -> float:
     return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
 
 
+def _keeping_not_stepped(refusal: errors.Error, explained: errors.Error) -> errors.Error:
+    """`explained`, with `refusal`'s ``not_stepped`` (a client of several daemons: the
+    groups that did not step) where it has one."""
+    if hasattr(refusal, "not_stepped"):
+        explained.not_stepped = refusal.not_stepped
+    return explained
+
+
 def _started_times(stats: dict) -> dict:
     """When each daemon behind a client started, from its stats(): member identity ->
     (started_unix_micros, has_state_dir, target); one daemon is identity ""."""
@@ -1345,12 +1353,12 @@ class RemoteAdamW(torch.optim.Optimizer):
         # (The error names the target first: "optstated at X: it restarted ...".)
         daemon = f"optstated '{member}' at {target}" if member else "it"
         if isinstance(refusal, errors.NotFound) or not has_state_dir:
-            raise type(refusal)(
+            raise _keeping_not_stepped(refusal, type(refusal)(
                 f"{daemon} restarted at {when} "
                 f"{'without --state_dir' if not has_state_dir else 'without this group'}"
                 f": this job's state (at step {at}) is gone there. Resume from your own "
                 "checkpoint: a new RemoteAdamW(resume='state_dict') and load_state_dict()",
-                target, refusal.code_value) from refusal
+                target, refusal.code_value)) from refusal
         groups = [g for g in self._client.list_groups()
                   if g.name.startswith(self._name_prefix) and (not member or g.member == member)]
         if any(g.lease is not None and g.lease["holder"] != self._lease_holder for g in groups):
@@ -1359,7 +1367,7 @@ class RemoteAdamW(torch.optim.Optimizer):
             return
         restored = [g.min_step for g in groups]
         step = min(restored) if restored else "?"
-        raise type(refusal)(
+        raise _keeping_not_stepped(refusal, type(refusal)(
             f"{daemon} restarted at {when} and restored step {step} from its "
             f"checkpoint; this job is at step {at}. Rewind the trainer to step {step} (its model, "
             "data loader and scheduler from your checkpoint of that step) and attach with "
@@ -1367,7 +1375,7 @@ class RemoteAdamW(torch.optim.Optimizer):
             + (" (with several daemons, first rewind the job on all of them to that step: "
                "Client.rewind_job)" if member else "")
             + ", or load_state_dict() your own checkpoint "
-            f"(daemon's refusal: {refusal.message})", target, refusal.code_value) from refusal
+            f"(daemon's refusal: {refusal.message})", target, refusal.code_value)) from refusal
 
     def _into_shared(self, p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         """p's gradient where the daemon reads it in place: its slice of a shared buffer,
