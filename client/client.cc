@@ -269,7 +269,7 @@ absl::StatusOr<Stats> Client::GetStats() {
   return *std::move(out);
 }
 
-absl::StatusOr<std::string> Client::InstanceId() {
+absl::StatusOr<Stats> Client::DaemonFacts() {
   v1::GetStatsRequest request;
   request.set_page_size(1);
   v1::GetStatsResponse response;
@@ -278,7 +278,7 @@ absl::StatusOr<std::string> Client::InstanceId() {
         return impl_->stub->GetStats(context, request, &response);
       });
   if (!status.ok()) return impl_->Explain(status);
-  return response.instance_id();
+  return client_internal::StatsFromProto(response);
 }
 
 absl::Status Client::DeleteGroup(const std::string& name) {

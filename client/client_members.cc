@@ -112,7 +112,10 @@ absl::Status InMember(const MemberTarget& m, const absl::Status& status) {
 
 std::vector<absl::StatusOr<std::string>> Client::Impl::InstanceIdsOf(const MemberList& members) {
   std::vector<absl::StatusOr<std::string>> ids(members.size());
-  ForEachInParallel(members.size(), [&](size_t i) { ids[i] = members[i]->shared->InstanceId(); });
+  ForEachInParallel(members.size(), [&](size_t i) {
+    absl::StatusOr<Stats> facts = members[i]->shared->DaemonFacts();
+    ids[i] = facts.ok() ? absl::StatusOr<std::string>(facts->instance_id) : facts.status();
+  });
   return ids;
 }
 
@@ -318,9 +321,32 @@ absl::StatusOr<Client::CheckpointResult> Client::CheckpointMembers(
   std::vector<CheckpointRequestOptions> parts(members.size());
   for (CheckpointRequestOptions& p : parts) p.wait_for_step = options.wait_for_step;
   for (const std::string& g : options.groups) parts[OwnerOf(placement, "", g)].groups.push_back(g);
+  auto asked = [&](size_t i) { return options.groups.empty() || !parts[i].groups.empty(); };
+  // Every member asked is reachable and keeps checkpoints before any writes
+  // one: a checkpoint written on some alone would push older ones, which a
+  // rewind of the job on every member may need, out of their
+  // --checkpoints_to_keep.
+  std::vector<absl::StatusOr<Stats>> facts(members.size());
+  ForEachInParallel(members.size(), [&](size_t i) {
+    if (asked(i)) facts[i] = members[i]->shared->DaemonFacts();
+  });
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (!asked(i)) continue;
+    absl::Status s = facts[i].status();
+    if (s.ok() && !facts[i]->has_state_dir) {
+      s = absl::FailedPreconditionError(
+          "it runs without --state_dir, so it writes no checkpoints; start it with one");
+    }
+    if (!s.ok()) {
+      return InMember(members[i]->target,
+                      absl::Status(s.code(), absl::StrCat(s.message(),
+                                                          " (no checkpoint was written on any "
+                                                          "daemon)")));
+    }
+  }
   std::vector<absl::StatusOr<CheckpointResult>> each(members.size());
   ForEachInParallel(members.size(), [&](size_t i) {
-    if (!options.groups.empty() && parts[i].groups.empty()) {
+    if (!asked(i)) {
       each[i] = CheckpointResult{};
       return;
     }
@@ -330,7 +356,20 @@ absl::StatusOr<Client::CheckpointResult> Client::CheckpointMembers(
   std::vector<std::string> ids;
   bool first = true;
   for (size_t i = 0; i < members.size(); ++i) {
-    if (!each[i].ok()) return InMember(members[i]->target, each[i].status());
+    if (!each[i].ok()) {
+      std::vector<std::string> written;
+      for (size_t j = 0; j < members.size(); ++j) {
+        if (each[j].ok() && !each[j]->id.empty()) {
+          written.push_back(absl::StrCat(members[j]->target.identity, "=", each[j]->id));
+        }
+      }
+      return InMember(
+          members[i]->target,
+          absl::Status(each[i].status().code(),
+                       absl::StrCat(each[i].status().message(), " (written on the others: ",
+                                    written.empty() ? "none" : absl::StrJoin(written, ", "),
+                                    ")")));
+    }
     if (each[i]->id.empty()) continue;
     ids.push_back(absl::StrCat(members[i]->target.identity, "=", each[i]->id));
     out.step = first ? each[i]->step : std::min(out.step, each[i]->step);

@@ -5,6 +5,7 @@ several points and finished by the next, delay and a rate limit on every link, a
 RemoteAdamW over three daemons. The reference is always one daemon stepping the same
 inputs (on loopback)."""
 import hashlib
+import os
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import threading
 import time
 
 import numpy as np
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -584,6 +586,38 @@ def test_a_rewind_through_the_old_member_list_does_not_bring_moved_groups_back(
     assert "nothing was rewound" in str(e.value)
     assert sorted((g.name, g.member, g.max_step) for g in old_list.list_groups()) == before
     assert sum(g.member == "optstated-2" for g in client.list_groups()) == moved
+
+
+def test_a_checkpoint_one_member_cannot_write_is_written_on_none(fresh_daemons, tmp_path):
+    # One of three daemons down (or without --state_dir): the others wrote their
+    # checkpoints anyway, each pushing its only older one out (--checkpoints_to_keep=1),
+    # and the job could no longer be rewound to a step every member held.
+    keep = ["--checkpoint_interval=0", "--checkpoints_to_keep=1"]
+    daemons = [fresh_daemons(f"--state_dir={tmp_path / str(i)}", *keep) for i in range(2)]
+    daemons.append(fresh_daemons())  # no --state_dir
+    named = [{"target": d.target, "identity": f"optstated-{i}"} for i, d in enumerate(daemons)]
+    client = optstate.Client(named[:2], lease_holder="job", **WIRE)
+    groups = {f"c/{name}": values for name, values in model([1000] * 16).items()}
+    register(client, groups)
+    step_all(client, groups, 1)
+    client.checkpoint(wait_for_step=1)
+    step_all(client, groups, 2)
+
+    def stored():
+        return [sorted(os.listdir(tmp_path / str(i))) for i in range(2)]
+
+    before = stored()
+    with_third = optstate.Client(named, lease_holder="job", reconnect_timeout=0, **WIRE)
+    with pytest.raises(optstate.FailedPrecondition, match="optstated-2.*without --state_dir") as e:
+        with_third.checkpoint()
+    assert "no checkpoint was written on any daemon" in str(e.value)
+    daemons[1].process.kill()
+    daemons[1].process.wait()
+    with pytest.raises(optstate.Unavailable, match="optstated-1") as e:
+        optstate.Client(named[:2], lease_holder="job", reconnect_timeout=0,
+                        **WIRE).checkpoint(wait_for_step=2)
+    assert "no checkpoint was written on any daemon" in str(e.value)
+    assert stored() == before
 
 
 @pytest.mark.parametrize("action", ["import", "delete"])

@@ -420,8 +420,9 @@ class Client {
                              const StepOptions& options);
   // The member client that holds `group` (with several daemons), else null.
   Client* OwnerClient(const std::string& group) const;
-  // This daemon's GetStatsResponse.instance_id (one small GetStats page).
-  absl::StatusOr<std::string> InstanceId();
+  // This daemon's facts and totals (GetStats' first page of one group at
+  // most): its instance_id, whether it has a state_dir, ...
+  absl::StatusOr<Stats> DaemonFacts();
   // ExportState with ExportStateRequest.moved_to (Rebalance).
   absl::StatusOr<GroupState> ExportStateForMove(const std::string& name,
                                                 const std::string& moved_to);
