@@ -620,6 +620,31 @@ def test_a_checkpoint_one_member_cannot_write_is_written_on_none(fresh_daemons, 
     assert stored() == before
 
 
+def test_a_job_restarted_with_a_daemon_added_but_no_rebalance_is_told_to_rebalance(
+        fresh_daemons):
+    # Trained on one daemon, restarted with a second in its list: the groups the new list
+    # places on the second were "parameters the job has no groups for ... renamed
+    # parameters", though every group was there, on the first daemon.
+    daemons = [fresh_daemons(), fresh_daemons()]
+    named = [{"target": d.target, "identity": f"optstated-{i}"} for i, d in enumerate(daemons)]
+    net = MLP()
+    opt = RemoteAdamW(net.named_parameters(), target=named[:1], name_prefix="grown.", **WIRE)
+    train(opt, net, steps=2)
+    holder = opt.lease_holder
+    opt.close()
+    with pytest.raises(optstate.FailedPrecondition, match="without a Rebalance") as e:
+        RemoteAdamW(MLP(seed=3).named_parameters(), target=named, name_prefix="grown.",
+                    resume="daemon", lease_holder=holder, **WIRE)
+    assert "renamed" not in str(e.value) and "on daemon 'optstated-0'" in str(e.value)
+    assert optstate.Client(named[1:], **WIRE).list_groups() == []  # the call's groups went
+    optstate.Client(named, lease_holder=holder, **WIRE).rebalance(named)
+    resumed = RemoteAdamW(MLP(seed=3).named_parameters(), target=named, name_prefix="grown.",
+                          resume="daemon", lease_holder=holder, **WIRE)
+    assert resumed.resumed_step == 2
+    assert {g.member for g in resumed.client.list_groups()} == {"optstated-0", "optstated-1"}
+    resumed.close()
+
+
 @pytest.mark.parametrize("action", ["import", "delete"])
 def test_a_rebalance_killed_part_way_can_be_undone_by_a_rebalance_back(fresh_daemons, action):
     # Killed after the seal (before the import, or before the delete), then the operator

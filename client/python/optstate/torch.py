@@ -690,6 +690,26 @@ class RemoteAdamW(torch.optim.Optimizer):
         for p, _, _ in new:  # attaching or moving them into shared memory wrote them
             self._note_values(p)
 
+    def _check_placement(self, created: list) -> None:
+        """FailedPrecondition when groups registration just created (`created`, GroupInfo
+        each) exist on another daemon of the member list than the one it places them on:
+        the list changed (a daemon added or removed) without a Rebalance moving them."""
+        if not created or len(self._client.members) < 2:
+            return
+        names = {info.name for info in created}
+        elsewhere = [g for g in self._client.list_groups()
+                     if g.name in names and g.member != self._client.member_of(g.name)]
+        if not elsewhere:
+            return
+        g = elsewhere[0]
+        raise errors.FailedPrecondition(
+            f"job '{self._name_prefix}': {len(elsewhere)} of its groups are on other daemons "
+            f"than this member list places them on (e.g. '{g.name}' is on daemon "
+            f"'{g.member}', placed on '{self._client.member_of(g.name)}'): the list changed "
+            "without a Rebalance. Move them first: optstate.Client(<the new list>, "
+            "lease_holder=...).rebalance(<the new list>) from one process of the job, then "
+            "attach again")
+
     def _job_step(self) -> int:
         """The highest step of the job's groups on the daemon(s), all ranks' (a rank
         registers only its share of them)."""
@@ -711,6 +731,7 @@ class RemoteAdamW(torch.optim.Optimizer):
             leases = {info.name: info.lease for _, _, info in found
                       if info.lease is not None and not info.created}
             breaking = takeover_for(leases, self._lease_holder, self._takeover)
+            self._check_placement([info for _, _, info in found if info.created])
             check_resume(self._name_prefix, self._resume, attached, self._finish_torn_step)
         except errors.Error as e:
             refused = e
