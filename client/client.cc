@@ -180,7 +180,8 @@ absl::StatusOr<GroupInfo> Client::RegisterGroup(const std::string& name,
                                                 const Hyperparameters& h) {
   if (Client* owner = OwnerClient(name)) {
     absl::StatusOr<GroupInfo> info = owner->RegisterGroup(name, initial_values, h);
-    if (info.ok()) info->member = MemberOf(name);
+    if (!info.ok()) return InOwner(name, info.status());
+    info->member = MemberOf(name);
     return info;
   }
   if (initial_values.empty()) {
@@ -199,7 +200,8 @@ absl::StatusOr<GroupInfo> Client::RegisterGroup(const std::string& name, uint64_
                                                 const Hyperparameters& h) {
   if (Client* owner = OwnerClient(name)) {
     absl::StatusOr<GroupInfo> info = owner->RegisterGroup(name, num_elements, h);
-    if (info.ok()) info->member = MemberOf(name);
+    if (!info.ok()) return InOwner(name, info.status());
+    info->member = MemberOf(name);
     return info;
   }
   return impl_->Register(MakeSpec(name, num_elements, h, false), {});
@@ -208,7 +210,8 @@ absl::StatusOr<GroupInfo> Client::RegisterGroup(const std::string& name, uint64_
 absl::StatusOr<GroupInfo> Client::DescribeGroup(const std::string& name) {
   if (Client* owner = OwnerClient(name)) {
     absl::StatusOr<GroupInfo> info = owner->DescribeGroup(name);
-    if (info.ok()) info->member = MemberOf(name);
+    if (!info.ok()) return InOwner(name, info.status());
+    info->member = MemberOf(name);
     return info;
   }
   v1::DescribeGroupRequest request;
@@ -282,7 +285,7 @@ absl::StatusOr<Stats> Client::DaemonFacts() {
 }
 
 absl::Status Client::DeleteGroup(const std::string& name) {
-  if (Client* owner = OwnerClient(name)) return owner->DeleteGroup(name);
+  if (Client* owner = OwnerClient(name)) return InOwner(name, owner->DeleteGroup(name));
   grpc::ClientContext context;
   PrepareContext(&context, impl_->options);
   v1::DeleteGroupRequest request;

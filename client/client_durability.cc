@@ -141,7 +141,11 @@ absl::Status ImportOnce(v1::OptimizerState::Stub& stub, const ClientOptions& opt
 }  // namespace
 
 absl::StatusOr<Client::GroupState> Client::ExportState(const std::string& name) {
-  if (Client* owner = OwnerClient(name)) return owner->ExportState(name);
+  if (Client* owner = OwnerClient(name)) {
+    absl::StatusOr<GroupState> state = owner->ExportState(name);
+    if (!state.ok()) return InOwner(name, state.status());
+    return state;
+  }
   return ExportStateForMove(name, "");
 }
 
@@ -157,7 +161,9 @@ absl::StatusOr<Client::GroupState> Client::ExportStateForMove(const std::string&
 }
 
 absl::Status Client::ImportState(const GroupState& state) {
-  if (Client* owner = OwnerClient(state.name)) return owner->ImportState(state);
+  if (Client* owner = OwnerClient(state.name)) {
+    return InOwner(state.name, owner->ImportState(state));
+  }
   const size_t n = state.params.size();
   if (n == 0 || state.exp_avg.size() != n || state.exp_avg_sq.size() != n) {
     return absl::InvalidArgumentError(

@@ -190,6 +190,11 @@ std::string Client::MemberOf(const std::string& group) const {
   return OwnerIn(impl_->MembersNow(), group).target.identity;
 }
 
+absl::Status Client::InOwner(const std::string& group, const absl::Status& status) const {
+  if (status.ok() || !impl_->several) return status;
+  return InMember(OwnerIn(impl_->MembersNow(), group).target, status);
+}
+
 Client* Client::OwnerClient(const std::string& group) const {
   if (!impl_->several) return nullptr;
   return OwnerIn(impl_->MembersNow(), group).shared.get();

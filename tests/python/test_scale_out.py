@@ -642,6 +642,12 @@ def test_a_job_restarted_with_a_daemon_added_but_no_rebalance_is_told_to_rebalan
                           resume="daemon", lease_holder=holder, **WIRE)
     assert resumed.resumed_step == 2
     assert {g.member for g in resumed.client.list_groups()} == {"optstated-0", "optstated-1"}
+    # A member's refusal of one group's call names that member.
+    member = resumed.client.member_of("grown.nothing")
+    with pytest.raises(optstate.NotFound, match=f"daemon '{member}' \\("):
+        resumed.client.describe("grown.nothing")
+    with pytest.raises(optstate.NotFound, match=f"daemon '{member}' \\("):
+        resumed.client.delete("grown.nothing")
     resumed.close()
 
 

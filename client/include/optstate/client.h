@@ -420,6 +420,9 @@ class Client {
                              const StepOptions& options);
   // The member client that holds `group` (with several daemons), else null.
   Client* OwnerClient(const std::string& group) const;
+  // `status`, an answer of `group`'s member, naming that daemon ("daemon 'ID'
+  // (TARGET): ..."); OK as it is.
+  absl::Status InOwner(const std::string& group, const absl::Status& status) const;
   // This daemon's facts and totals (GetStats' first page of one group at
   // most): its instance_id, whether it has a state_dir, ...
   absl::StatusOr<Stats> DaemonFacts();
