@@ -207,3 +207,17 @@ def test_a_parameter_without_elements_is_refused_by_name_before_anything_is_regi
         RemoteAdamW([("keep", keep)] + list(model.named_parameters()), target=daemon.target,
                     name_prefix=prefix)
     assert not [g for g in client.list_groups() if g.name.startswith(prefix)]
+
+
+@pytest.mark.parametrize("member, error, words", [
+    ({"target": "127.0.0.1:1", "weight": "2"}, TypeError, "'weight' must be a number"),
+    ({"target": "127.0.0.1:1", "weight": True}, TypeError, "'weight' must be a number"),
+    ({"target": 5}, TypeError, "'target' must be a str"),
+    ({"target": "127.0.0.1:1", "identiy": "a"}, ValueError, "not 'identiy'"),
+    ({"target": "127.0.0.1:1", "wieght": 2.0}, ValueError, "not 'wieght'"),
+])
+def test_a_member_dict_with_a_wrong_key_or_type_is_refused_naming_it(member, error, words):
+    # A misspelled key was ignored (placement then hashed the address the docs warn
+    # against, or weight 1), and a weight of "2" raised RuntimeError std::bad_cast.
+    with pytest.raises(error, match=words):
+        optstate.Client([member, "127.0.0.1:2"])

@@ -86,9 +86,38 @@ std::vector<MemberTarget> MemberTargetsOf(const TargetArg& arg) {
     } else if (nb::isinstance<nb::dict>(item)) {
       nb::dict d = nb::borrow<nb::dict>(item);
       if (!d.contains("target")) throw nb::type_error("a member dict needs 'target'");
-      MemberTarget m{nb::cast<std::string>(d["target"]), "", 1.0};
-      if (d.contains("identity")) m.identity = nb::cast<std::string>(d["identity"]);
-      if (d.contains("weight")) m.weight = nb::cast<double>(d["weight"]);
+      for (auto [key, value] : d) {
+        const bool known = nb::isinstance<nb::str>(key) &&
+                           (nb::cast<std::string>(key) == "target" ||
+                            nb::cast<std::string>(key) == "identity" ||
+                            nb::cast<std::string>(key) == "weight");
+        if (!known) {
+          throw nb::value_error(
+              nb::str("a member dict takes 'target', 'identity' and 'weight'; not {!r}")
+                  .format(key)
+                  .c_str());
+        }
+      }
+      auto text = [&](const char* field) {
+        nb::handle value = d[field];
+        if (!nb::isinstance<nb::str>(value)) {
+          throw nb::type_error(nb::str("a member dict's '{}' must be a str, not {!r}")
+                                   .format(field, value)
+                                   .c_str());
+        }
+        return nb::cast<std::string>(value);
+      };
+      MemberTarget m{text("target"), "", 1.0};
+      if (d.contains("identity")) m.identity = text("identity");
+      if (d.contains("weight")) {
+        nb::handle value = d["weight"];
+        if (nb::isinstance<nb::bool_>(value) ||
+            !(nb::isinstance<nb::int_>(value) || nb::isinstance<nb::float_>(value))) {
+          throw nb::type_error(
+              nb::str("a member dict's 'weight' must be a number, not {!r}").format(value).c_str());
+        }
+        m.weight = nb::cast<double>(value);
+      }
       members.push_back(std::move(m));
     } else {
       throw nb::type_error("each member is 'host:port' or a dict with 'target'");
