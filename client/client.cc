@@ -77,6 +77,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
 }
 
 absl::Status Client::WaitUntilReachable(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
   if (impl_->several) {
     for (const auto& m : impl_->MembersNow()) {
       if (absl::Status s = m->shared->WaitUntilReachable(timeout); !s.ok()) {
@@ -84,11 +85,12 @@ absl::Status Client::WaitUntilReachable(absl::Duration timeout) {
                                                    m->target.target, "): ", s.message()));
       }
     }
-    // Reachable: one daemon listed twice is refused now, before any step.
+    // Reachable: one daemon listed twice is refused now, before any step
+    // (each asked once, within what is left of `timeout`; one that does not
+    // answer in time is passed over).
     const client_internal::MemberList members = impl_->MembersNow();
-    return Impl::CheckOneDaemonEach(members, Impl::InstanceIdsOf(members), false);
+    return Impl::CheckOneDaemonEach(members, Impl::InstanceIdsOf(members, deadline), false);
   }
-  const absl::Time deadline = absl::Now() + timeout;
   if (impl_->channel->WaitForConnected(absl::ToChronoTime(deadline))) return absl::OkStatus();
   return absl::UnavailableError(
       absl::StrCat("could not connect to the daemon within ", absl::FormatDuration(timeout),
@@ -272,14 +274,16 @@ absl::StatusOr<Stats> Client::GetStats() {
   return *std::move(out);
 }
 
-absl::StatusOr<Stats> Client::DaemonFacts() {
+absl::StatusOr<Stats> Client::DaemonFacts(absl::Time deadline) {
   v1::GetStatsRequest request;
   request.set_page_size(1);
   v1::GetStatsResponse response;
-  absl::Status status =
-      UnaryWithRetries(impl_->options, impl_->channel.get(), [&](grpc::ClientContext* context) {
-        return impl_->stub->GetStats(context, request, &response);
-      });
+  grpc::ClientContext context;
+  PrepareContext(&context, impl_->options);
+  if (deadline != absl::InfiniteFuture() && absl::ToChronoTime(deadline) < context.deadline()) {
+    context.set_deadline(absl::ToChronoTime(deadline));
+  }
+  absl::Status status = FromGrpcStatus(impl_->stub->GetStats(&context, request, &response));
   if (!status.ok()) return impl_->Explain(status);
   return client_internal::StatsFromProto(response);
 }

@@ -51,10 +51,11 @@ struct Client::Impl {
   mutable absl::Mutex members_mu;
   client_internal::MemberList members ABSL_GUARDED_BY(members_mu);
   client_internal::MemberList MembersNow() const ABSL_LOCKS_EXCLUDED(members_mu);
-  // Each member's daemon's GetStatsResponse.instance_id (in parallel), or
-  // its error.
+  // Each member's daemon's GetStatsResponse.instance_id (in parallel, one
+  // attempt each, ending by `deadline` at the latest), or its error.
   static std::vector<absl::StatusOr<std::string>> InstanceIdsOf(
-      const client_internal::MemberList& members);
+      const client_internal::MemberList& members,
+      absl::Time deadline = absl::InfiniteFuture());
   // INVALID_ARGUMENT naming two of `members` that reach one daemon (the same
   // instance id, `ids` from InstanceIdsOf). A member that could not be asked
   // refuses with its error when `unreachable_refuses`, else is passed over.

@@ -110,10 +110,11 @@ absl::Status InMember(const MemberTarget& m, const absl::Status& status) {
 
 }  // namespace
 
-std::vector<absl::StatusOr<std::string>> Client::Impl::InstanceIdsOf(const MemberList& members) {
+std::vector<absl::StatusOr<std::string>> Client::Impl::InstanceIdsOf(const MemberList& members,
+                                                                    absl::Time deadline) {
   std::vector<absl::StatusOr<std::string>> ids(members.size());
   ForEachInParallel(members.size(), [&](size_t i) {
-    absl::StatusOr<Stats> facts = members[i]->shared->DaemonFacts();
+    absl::StatusOr<Stats> facts = members[i]->shared->DaemonFacts(deadline);
     ids[i] = facts.ok() ? absl::StatusOr<std::string>(facts->instance_id) : facts.status();
   });
   return ids;
@@ -338,7 +339,8 @@ absl::StatusOr<Client::CheckpointResult> Client::CheckpointMembers(
   for (size_t i = 0; i < members.size(); ++i) {
     if (!asked(i)) continue;
     absl::Status s = facts[i].status();
-    if (s.ok() && !facts[i]->has_state_dir) {
+    // (started_unix_micros 0: a daemon older than has_state_dir, which may have one.)
+    if (s.ok() && !facts[i]->has_state_dir && facts[i]->started_unix_micros != 0) {
       s = absl::FailedPreconditionError(
           "it runs without --state_dir, so it writes no checkpoints; start it with one");
     }
@@ -512,11 +514,20 @@ absl::StatusOr<RebalanceResult> Client::Rebalance(const std::vector<MemberTarget
     const bool kept = std::any_of(all.begin(), all.end(), [&](const auto& n) {
       return n->target.identity == m->target.identity;
     });
+    if (kept) continue;
+    if (!old_ids[j].ok()) {
+      // It may be a new member's daemon under its old identity: taken for
+      // another daemon, its copies would be deleted.
+      return InMember(m->target, absl::Status(old_ids[j].status().code(),
+                                              absl::StrCat("cannot tell which daemon it is, so "
+                                                           "nothing moved: ",
+                                                           old_ids[j].status().message())));
+    }
     const bool renamed =
-        old_ids[j].ok() && !old_ids[j]->empty() &&
+        !old_ids[j]->empty() &&
         std::any_of(new_ids.begin(), new_ids.end(),
                     [&](const auto& id) { return id.ok() && *id == *old_ids[j]; });
-    if (!kept && !renamed) all.push_back(m);
+    if (!renamed) all.push_back(m);
   }
   std::vector<absl::StatusOr<std::vector<GroupInfo>>> lists(all.size());
   ForEachInParallel(all.size(), [&](size_t i) { lists[i] = all[i]->shared->ListGroups(); });

@@ -62,17 +62,23 @@ absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backe
   absl::StatusOr<std::vector<std::string>> dirs = CompleteCheckpointsNewestFirst(state_dir);
   if (!dirs.ok()) return dirs.status();
   JobRewindOutcome outcome;
+  absl::Status no_room;  // The first checkpoint refused for room, if any.
   for (const std::string& dir : *dirs) {
     Manifest manifest;
     uint64_t step = 0;
     std::string why;
     absl::StatusOr<std::vector<StagedGroup>> staged = LoadCheckpoint(
         store, dir, &manifest, pool, [&](const ManifestGroup& g) { return OfJob(request, g.key); });
-    if (!staged.ok() && absl::IsResourceExhausted(staged.status())) {
-      // No room (the daemon's budget, or the quota for groups deleted since):
-      // an older checkpoint of the job needs as much.
-      return absl::ResourceExhaustedError(absl::StrCat("rewinding job '", request.prefix, "' to ",
-                                                       dir, ": ", staged.status().message()));
+    if (!staged.ok() && absl::IsAborted(staged.status())) {
+      return absl::AbortedError(absl::StrCat("rewinding job '", request.prefix, "': ",
+                                             staged.status().message()));
+    }
+    if (!staged.ok() && absl::IsResourceExhausted(staged.status()) && no_room.ok()) {
+      // No room for this checkpoint's copies (the daemon's budget, or the
+      // quota for groups deleted since): an older one may fit, or hold the
+      // step asked; if none is taken, this is the answer, not NOT_FOUND.
+      no_room = absl::ResourceExhaustedError(absl::StrCat(
+          "rewinding job '", request.prefix, "' to ", dir, ": ", staged.status().message()));
     }
     if (!staged.ok()) {
       why = std::string(staged.status().message());
@@ -159,6 +165,11 @@ absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backe
     Log(LogLevel::kInfo, "job '", request.prefix, "' rewound to checkpoint ", manifest.id,
         " (step ", step, "): ", outcome.groups.size(), " groups");
     return outcome;
+  }
+  if (!no_room.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        no_room.message(), "; nothing was rewound (checkpoints passed over: ",
+        absl::StrJoin(outcome.passed_over, "; "), ")"));
   }
   return absl::NotFoundError(absl::StrCat(
       "no checkpoint in --state_dir holds job '", request.prefix, "'",

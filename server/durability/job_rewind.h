@@ -49,9 +49,11 @@ struct JobRewindOutcome {
 // or when another holder leases one of its groups (GroupLease), or when one
 // of them moved to another daemon since (StateStore::Seal's note);
 // ALREADY_EXISTS when one differs in size or hyperparameters from the
-// checkpoint's; RESOURCE_EXHAUSTED when the checkpoint's copies do not fit
-// in the daemon's budget beside the live state (or a group deleted since,
-// made again, not in the tenant's quota). A backend that fails part-way leaves the groups before it
+// checkpoint's; RESOURCE_EXHAUSTED when no checkpoint was taken and one
+// was refused for room: its copies do not fit in the daemon's budget beside
+// the live state (or a group deleted since, made again, not in the tenant's
+// quota); ABORTED while an import or another rewind replaces one of the
+// job's groups. A backend that fails part-way leaves the groups before it
 // rewound and says which. With request.validate_only, returns after the
 // checks, having changed nothing.
 absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backend,

@@ -121,6 +121,12 @@ void StateStore::Release(const std::string& tenant, uint64_t bytes, bool for_ten
   ReleaseLocked(tenant, bytes, for_tenant);
 }
 
+void StateStore::ReleaseStaged(const GroupKey& key, uint64_t bytes, bool for_tenant) {
+  absl::MutexLock lock(&mu_);
+  ReleaseLocked(key.tenant, bytes, for_tenant);
+  if (!for_tenant) replacing_.erase(key);
+}
+
 void StateStore::ReleaseLocked(const std::string& tenant, uint64_t bytes, bool for_tenant) {
   host_bytes_ -= bytes;
   if (!for_tenant) return;
@@ -214,9 +220,9 @@ StagedGroup::StagedGroup(StagedGroup&& other) noexcept
 
 StagedGroup::~StagedGroup() {
   if (reserved_ == 0) return;
-  const std::string tenant = group_->key().tenant;
+  const GroupKey key = group_->key();
   group_.reset();
-  store_->Release(tenant, reserved_, counted_for_tenant_);
+  store_->ReleaseStaged(key, reserved_, counted_for_tenant_);
 }
 
 absl::StatusOr<StagedGroup> StateStore::Stage(const GroupKey& key, const GroupConfig& config) {
@@ -226,12 +232,18 @@ absl::StatusOr<StagedGroup> StateStore::Stage(const GroupKey& key, const GroupCo
   {
     absl::MutexLock lock(&mu_);
     for_tenant = !groups_.contains(key);  // A copy to replace a live group's state: no new group.
+    if (!for_tenant && replacing_.contains(key)) {
+      return absl::AbortedError(absl::StrCat(
+          "group '", key.name,
+          "' is having its state replaced by another import or rewind; retry once it ends"));
+    }
     if (absl::Status s = Reserve(key, config, *checked, for_tenant); !s.ok()) return s;
+    if (!for_tenant) replacing_.insert(key);
   }
   absl::StatusOr<std::shared_ptr<Group>> group =
       Group::Create(key, config, page_elements_, backend_->host_allocator());
   if (!group.ok()) {
-    Release(key.tenant, *checked, for_tenant);
+    ReleaseStaged(key, *checked, for_tenant);
     return group.status();
   }
   return StagedGroup(this, std::move(*group), *checked, for_tenant);
@@ -259,6 +271,7 @@ absl::StatusOr<std::shared_ptr<Group>> StateStore::Publish(StagedGroup& staged) 
       usage.host_bytes += staged.reserved_;
       usage.groups += 1;
       staged.counted_for_tenant_ = true;
+      replacing_.erase(key);
     }
     registering_.insert(key);
   }

@@ -86,7 +86,8 @@ class StateStore {
   // the caller to fill and then Publish. Same checks and codes as Register,
   // but the name is not looked up (Publish does that), except that a copy of
   // a group live under that key (to replace its state: an import, a rewind)
-  // is held to the daemon's budget only, not to the tenant's quota.
+  // is held to the daemon's budget only, not to the tenant's quota, and is
+  // ABORTED while another such copy of that key is staged.
   absl::StatusOr<StagedGroup> Stage(const GroupKey& key, const GroupConfig& config);
 
   // Attaches the staged group to the backend, tells it the host state was
@@ -188,6 +189,10 @@ class StateStore {
   // Gives back what Reserve counted for one group of `tenant`.
   void Release(const std::string& tenant, uint64_t bytes, bool for_tenant = true)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Gives back what Stage counted for a copy of `key` never published, and
+  // for a copy to replace a live group, ends its claim on the key.
+  void ReleaseStaged(const GroupKey& key, uint64_t bytes, bool for_tenant)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void ReleaseLocked(const std::string& tenant, uint64_t bytes, bool for_tenant = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -198,6 +203,9 @@ class StateStore {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<GroupKey, std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<GroupKey> registering_ ABSL_GUARDED_BY(mu_);
+  // Keys of live groups a staged copy will replace (one copy each at most:
+  // what a tenant can stage beyond its quota is bounded by what it holds).
+  absl::flat_hash_set<GroupKey> replacing_ ABSL_GUARDED_BY(mu_);
   uint64_t host_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // Including registrations under way.
   // Per tenant, the same (no entry: nothing held).
   absl::flat_hash_map<std::string, TenantUsage> tenant_usage_ ABSL_GUARDED_BY(mu_);

@@ -6,6 +6,8 @@
 #include <sys/random.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <random>
 
 #include "server/base/heap_trimmer.h"
 #include "server/kernels/adamw_kernel.h"
@@ -27,6 +29,11 @@ std::string OptimizerStateService::RandomInstanceId() {
   while (got < sizeof(bytes)) {
     const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
     if (n > 0) got += static_cast<size_t>(n);
+    if (n < 0 && errno != EINTR) {
+      // No getrandom (a seccomp filter, an old kernel): the C++ library's source.
+      std::random_device source;
+      for (; got < sizeof(bytes); ++got) bytes[got] = static_cast<unsigned char>(source());
+    }
   }
   static constexpr char kHex[] = "0123456789abcdef";
   std::string id;

@@ -150,7 +150,10 @@ def test_resume_takes_the_daemons_hyperparameters_over_the_constructors(fresh_da
     group = opt.param_groups[0]
     assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == \
         ((1e-2 * 0.9) * 0.9, (0.9, 0.999), 1e-8, 1e-2)  # step 3's, from the daemon
+    # A scheduler's base lr is the job's (the daemon's registered lr), not the new lr=.
+    assert group["initial_lr"] == 1e-2
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
+    assert sched.base_lrs == [1e-2]
     opt.resume_scheduler(sched)
     train(restarted, opt, data[3:], sched)
     assert same(params(restarted), expected)

@@ -249,7 +249,9 @@ class Client {
 
   // Waits until the channel is connected, up to `timeout`: UNAVAILABLE
   // saying so when no daemon answered by then (a trainer's first check that
-  // its target is right, before it registers anything).
+  // its target is right, before it registers anything). With several
+  // daemons, then asks each (within what is left of `timeout`) which daemon
+  // it is: INVALID_ARGUMENT naming two members that are one daemon.
   absl::Status WaitUntilReachable(absl::Duration timeout);
   ~Client();
 
@@ -424,8 +426,9 @@ class Client {
   // (TARGET): ..."); OK as it is.
   absl::Status InOwner(const std::string& group, const absl::Status& status) const;
   // This daemon's facts and totals (GetStats' first page of one group at
-  // most): its instance_id, whether it has a state_dir, ...
-  absl::StatusOr<Stats> DaemonFacts();
+  // most): its instance_id, whether it has a state_dir, ... One attempt,
+  // ending by `deadline` at the latest (and by the attempt_timeout).
+  absl::StatusOr<Stats> DaemonFacts(absl::Time deadline = absl::InfiniteFuture());
   // ExportState with ExportStateRequest.moved_to (Rebalance).
   absl::StatusOr<GroupState> ExportStateForMove(const std::string& name,
                                                 const std::string& moved_to);

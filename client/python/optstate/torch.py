@@ -726,8 +726,12 @@ class RemoteAdamW(torch.optim.Optimizer):
         sharded = self._rank_and_world()[1] > 1
         refused: Optional[errors.Error] = None
         try:
-            # Leases first: a job another live trainer is stepping is that trainer's, and
-            # its steps part-way done are no torn step of this one's to finish.
+            # resume="never" refuses trained groups whoever leases them (the naive
+            # restart hears of its ways on); the modes that attach hear of a live lease
+            # first: a job another trainer is stepping is that trainer's, and its steps
+            # part-way done are no torn step of this one's to finish.
+            if self._resume == "never":
+                check_resume(self._name_prefix, self._resume, attached, self._finish_torn_step)
             leases = {info.name: info.lease for _, _, info in found
                       if info.lease is not None and not info.created}
             breaking = takeover_for(leases, self._lease_holder, self._takeover)
@@ -776,9 +780,24 @@ class RemoteAdamW(torch.optim.Optimizer):
                 seen = newest.get(id(group))
                 if seen is None or (last is not None
                                     and (seen[1] is None or last["step"] > seen[1]["step"])):
-                    newest[id(group)] = (group, last, info.name)
+                    newest[id(group)] = (group, last, info.name, reg.hyperparameters[0])
+        if sharded:
+            # This rank holds its share of the job: the records of the others' groups
+            # decide too (each rank then takes the same hyperparameters).
+            listed = {g.name: g for g in self._client.list_groups()
+                      if g.name.startswith(self._name_prefix)}
+            for _, name, group in self._names():
+                info = listed.get(name)
+                last = info.last_step if info is not None else None
+                seen = newest.get(id(group))
+                if last is None:
+                    continue
+                if seen is None:
+                    newest[id(group)] = (group, last, name, info.lr)
+                elif seen[1] is None or last["step"] > seen[1]["step"]:
+                    newest[id(group)] = (group, last, name, seen[3])
         self._torn_hyperparameters = {}
-        for group, last, name in newest.values():
+        for group, last, name, registered_lr in newest.values():
             if last is None:
                 warnings.warn(
                     f"RemoteAdamW(resume='daemon'): the daemon holds no record of the "
@@ -786,7 +805,8 @@ class RemoteAdamW(torch.optim.Optimizer):
                     "since, restoring from a checkpoint); param_groups keep the values "
                     "given here: restore lr from your own checkpoint", stacklevel=4)
                 continue
-            group.setdefault("initial_lr", group["lr"])
+            # The daemon's registered lr: the job's base lr, whatever this constructor got.
+            group.setdefault("initial_lr", registered_lr)
             group["lr"] = last["lr"]
             self._resumed_lrs[id(group)] = last["lr"]
             group["betas"] = tuple(last["betas"])
@@ -1373,6 +1393,14 @@ class RemoteAdamW(torch.optim.Optimizer):
                                                datetime.timezone.utc).isoformat(timespec="seconds")
         # (The error names the target first: "optstated at X: it restarted ...".)
         daemon = f"optstated '{member}' at {target}" if member else "it"
+        groups = [g for g in self._client.list_groups()
+                  if g.name.startswith(self._name_prefix) and (not member or g.member == member)]
+        if isinstance(refusal, errors.FailedPrecondition) and any(
+                g.lease is not None and not g.lease["expired"]
+                and g.lease["holder"] != self._lease_holder for g in groups):
+            # A restarted daemon holds no leases: another trainer attached since and steps
+            # the job, and the refusal (which names it) is the news, not the restart.
+            return
         if isinstance(refusal, errors.NotFound) or not has_state_dir:
             raise _keeping_not_stepped(refusal, type(refusal)(
                 f"{daemon} restarted at {when} "
@@ -1380,12 +1408,6 @@ class RemoteAdamW(torch.optim.Optimizer):
                 f": this job's state (at step {at}) is gone there. Resume from your own "
                 "checkpoint: a new RemoteAdamW(resume='state_dict') and load_state_dict()",
                 target, refusal.code_value)) from refusal
-        groups = [g for g in self._client.list_groups()
-                  if g.name.startswith(self._name_prefix) and (not member or g.member == member)]
-        if any(g.lease is not None and g.lease["holder"] != self._lease_holder for g in groups):
-            # A restarted daemon holds no leases: another trainer attached since and steps
-            # the job, and the refusal (which names it) is the news, not the restart.
-            return
         restored = [g.min_step for g in groups]
         step = min(restored) if restored else "?"
         raise _keeping_not_stepped(refusal, type(refusal)(

@@ -111,12 +111,13 @@ std::vector<MemberTarget> MemberTargetsOf(const TargetArg& arg) {
       if (d.contains("identity")) m.identity = text("identity");
       if (d.contains("weight")) {
         nb::handle value = d["weight"];
-        if (nb::isinstance<nb::bool_>(value) ||
-            !(nb::isinstance<nb::int_>(value) || nb::isinstance<nb::float_>(value))) {
+        // A number (numpy's too: anything with __float__), but not a bool or a string.
+        if (nb::isinstance<nb::bool_>(value) || nb::isinstance<nb::str>(value) ||
+            !nb::hasattr(value, "__float__")) {
           throw nb::type_error(
               nb::str("a member dict's 'weight' must be a number, not {!r}").format(value).c_str());
         }
-        m.weight = nb::cast<double>(value);
+        m.weight = nb::cast<double>(nb::float_(value));
       }
       members.push_back(std::move(m));
     } else {
@@ -454,7 +455,8 @@ NB_MODULE(_optstate, m) {
           },
           "timeout"_a,
           "Waits until the daemon answers the connection, up to `timeout` seconds;\n"
-          "optstate.Unavailable, naming the target, when it did not.")
+          "optstate.Unavailable, naming the target, when it did not. With several daemons,\n"
+          "optstate.InvalidArgument when two members are one daemon.")
       .def(
           "close", [](PyClient& self) { self.client.reset(); },
           "Closes the connection (idempotent). Calls still running finish first; later calls\n"

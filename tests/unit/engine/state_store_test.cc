@@ -234,6 +234,10 @@ TEST_F(StateStoreTest, ACopyStagedToReplaceALiveGroupIsNoNewGroupOfItsTenant) {
   ASSERT_TRUE(copy.ok()) << copy.status();
   EXPECT_TRUE(copy->replaces_live());
   EXPECT_EQ(store_.host_bytes(), 3 * 120u);
+  // One copy of a key at a time: what a tenant stages past its quota is bounded by
+  // what it holds.
+  EXPECT_EQ(store_.Stage({"a", "w"}, Config(10)).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(store_.host_bytes(), 3 * 120u);
   EXPECT_EQ(store_.UsageOf("a").groups, 2u);
   EXPECT_EQ(store_.UsageOf("a").host_bytes, 240u);
   // A new group does not.
@@ -250,9 +254,13 @@ TEST_F(StateStoreTest, ACopyStagedToReplaceALiveGroupIsNoNewGroupOfItsTenant) {
   EXPECT_EQ(store_.UsageOf("a").host_bytes, 240u);
   EXPECT_EQ(store_.host_bytes(), 240u);
   // A copy given up gives the daemon's bytes back and leaves the tenant's as they were.
-  { absl::StatusOr<StagedGroup> dropped = store_.Stage({"a", "v"}, Config(10)); }
+  {
+    absl::StatusOr<StagedGroup> dropped = store_.Stage({"a", "v"}, Config(10));
+    ASSERT_TRUE(dropped.ok()) << dropped.status();
+  }
   EXPECT_EQ(store_.host_bytes(), 240u);
   EXPECT_EQ(store_.UsageOf("a").groups, 2u);
+  EXPECT_TRUE(store_.Stage({"a", "v"}, Config(10)).ok());  // Its claim on the key ended.
   store_.SetTenantQuotas(nullptr);
 }
 
