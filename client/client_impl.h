@@ -54,8 +54,7 @@ struct Client::Impl {
   // Each member's daemon's GetStatsResponse.instance_id (in parallel, one
   // attempt each, ending by `deadline` at the latest), or its error.
   static std::vector<absl::StatusOr<std::string>> InstanceIdsOf(
-      const client_internal::MemberList& members,
-      absl::Time deadline = absl::InfiniteFuture());
+      const client_internal::MemberList& members, absl::Time deadline = absl::InfiniteFuture());
   // INVALID_ARGUMENT naming two of `members` that reach one daemon (the same
   // instance id, `ids` from InstanceIdsOf). A member that could not be asked
   // refuses with its error when `unreachable_refuses`, else is passed over.

@@ -111,7 +111,7 @@ absl::Status InMember(const MemberTarget& m, const absl::Status& status) {
 }  // namespace
 
 std::vector<absl::StatusOr<std::string>> Client::Impl::InstanceIdsOf(const MemberList& members,
-                                                                    absl::Time deadline) {
+                                                                     absl::Time deadline) {
   std::vector<absl::StatusOr<std::string>> ids(members.size());
   ForEachInParallel(members.size(), [&](size_t i) {
     absl::StatusOr<Stats> facts = members[i]->shared->DaemonFacts(deadline);
@@ -523,10 +523,9 @@ absl::StatusOr<RebalanceResult> Client::Rebalance(const std::vector<MemberTarget
                                                            "nothing moved: ",
                                                            old_ids[j].status().message())));
     }
-    const bool renamed =
-        !old_ids[j]->empty() &&
-        std::any_of(new_ids.begin(), new_ids.end(),
-                    [&](const auto& id) { return id.ok() && *id == *old_ids[j]; });
+    const bool renamed = !old_ids[j]->empty() &&
+                         std::any_of(new_ids.begin(), new_ids.end(),
+                                     [&](const auto& id) { return id.ok() && *id == *old_ids[j]; });
     if (!renamed) all.push_back(m);
   }
   std::vector<absl::StatusOr<std::vector<GroupInfo>>> lists(all.size());

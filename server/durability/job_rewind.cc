@@ -70,8 +70,8 @@ absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backe
     absl::StatusOr<std::vector<StagedGroup>> staged = LoadCheckpoint(
         store, dir, &manifest, pool, [&](const ManifestGroup& g) { return OfJob(request, g.key); });
     if (!staged.ok() && absl::IsAborted(staged.status())) {
-      return absl::AbortedError(absl::StrCat("rewinding job '", request.prefix, "': ",
-                                             staged.status().message()));
+      return absl::AbortedError(
+          absl::StrCat("rewinding job '", request.prefix, "': ", staged.status().message()));
     }
     if (!staged.ok() && absl::IsResourceExhausted(staged.status()) && no_room.ok()) {
       // No room for this checkpoint's copies (the daemon's budget, or the
@@ -167,9 +167,9 @@ absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backe
     return outcome;
   }
   if (!no_room.ok()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        no_room.message(), "; nothing was rewound (checkpoints passed over: ",
-        absl::StrJoin(outcome.passed_over, "; "), ")"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(no_room.message(), "; nothing was rewound (checkpoints passed over: ",
+                     absl::StrJoin(outcome.passed_over, "; "), ")"));
   }
   return absl::NotFoundError(absl::StrCat(
       "no checkpoint in --state_dir holds job '", request.prefix, "'",

@@ -191,8 +191,7 @@ class StateStore {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Gives back what Stage counted for a copy of `key` never published, and
   // for a copy to replace a live group, ends its claim on the key.
-  void ReleaseStaged(const GroupKey& key, uint64_t bytes, bool for_tenant)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  void ReleaseStaged(const GroupKey& key, uint64_t bytes, bool for_tenant) ABSL_LOCKS_EXCLUDED(mu_);
   void ReleaseLocked(const std::string& tenant, uint64_t bytes, bool for_tenant = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
