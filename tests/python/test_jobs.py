@@ -41,6 +41,18 @@ def same(a, b):
     return all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+def die_part_way(model, opt, batch, step, prefix, reached):
+    """A trainer killed part-way through `step`: its gradients of `batch`, of which only
+    parameter `reached`'s reach the daemon (with the step's lr). Returns the gradients,
+    by parameter name, for the trainer that finishes the step."""
+    x, y = batch
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    opt.client.step([(prefix + reached, grads[reached])], step, lr=opt.param_groups[0]["lr"])
+    return grads
+
+
 def fresh_model(seed):
     """The model a restarted trainer builds: its own initialisation, except for the frozen
     parameters (fc1.bias, norm.bias), which such a trainer loads from where they came from
@@ -225,11 +237,7 @@ def test_a_torn_step_is_refused_then_finished_or_loaded(fresh_daemons, prefix):
     checkpoint = {"model": {k: v.clone() for k, v in model.state_dict().items()},
                   "opt": opt.state_dict(), "sched": sched.state_dict()}
     # Step 3 dies part-way: fc1.weight reaches step 3, the other groups stay at 2.
-    x, y = data[2]
-    opt.zero_grad()
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    opt.client.step([(prefix + "fc1.weight", grads["fc1.weight"])], 3, lr=opt.param_groups[0]["lr"])
+    grads = die_part_way(model, opt, data[2], 3, prefix, "fc1.weight")
     del opt, sched
     time.sleep(1.2)
 
@@ -284,11 +292,7 @@ def test_a_torn_step_finishes_with_its_own_lr_whichever_parameter_got_it(fresh_d
     opt = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix)
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
     train(model, opt, data[:2], sched)
-    x, y = data[2]
-    opt.zero_grad()
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    opt.client.step([(prefix + "fc2.bias", grads["fc2.bias"])], 3, lr=opt.param_groups[0]["lr"])
+    grads = die_part_way(model, opt, data[2], 3, prefix, "fc2.bias")
     del opt, sched
     time.sleep(1.2)
 

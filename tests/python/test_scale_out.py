@@ -563,6 +563,18 @@ def test_one_daemon_listed_twice_is_refused_and_naming_the_daemons_moves_nothing
     assert {(g.min_step, g.max_step) for g in client.list_groups()} == {(2, 2)}
 
 
+def checkpointed_at_one_then_at_two(members, prefix):
+    """A job of 16 groups under `prefix` on `members` (lease holder "job"), checkpointed
+    at step 1 and stepped on to 2: its client and groups."""
+    client = optstate.Client(members, lease_holder="job", **WIRE)
+    groups = {f"{prefix}{name}": values for name, values in model([1000] * 16).items()}
+    register(client, groups)
+    step_all(client, groups, 1)
+    client.checkpoint(wait_for_step=1)
+    step_all(client, groups, 2)
+    return client, groups
+
+
 def test_a_rewind_through_the_old_member_list_does_not_bring_moved_groups_back(
         fresh_daemons, tmp_path):
     # Checkpointed on two daemons, then rebalanced onto three: a rewind through a client
@@ -571,12 +583,7 @@ def test_a_rewind_through_the_old_member_list_does_not_bring_moved_groups_back(
     daemons = [fresh_daemons(f"--state_dir={tmp_path / str(i)}", "--checkpoint_interval=0")
                for i in range(3)]
     named = [{"target": d.target, "identity": f"optstated-{i}"} for i, d in enumerate(daemons)]
-    client = optstate.Client(named[:2], lease_holder="job", **WIRE)
-    groups = {f"r/{name}": values for name, values in model([1000] * 16).items()}
-    register(client, groups)
-    step_all(client, groups, 1)
-    client.checkpoint(wait_for_step=1)
-    step_all(client, groups, 2)
+    client, groups = checkpointed_at_one_then_at_two(named[:2], "r/")
     moved = client.rebalance(named)["moved"]
     assert moved > 0
     old_list = optstate.Client(named[:2], lease_holder="job", **WIRE)
@@ -596,12 +603,7 @@ def test_a_checkpoint_one_member_cannot_write_is_written_on_none(fresh_daemons, 
     daemons = [fresh_daemons(f"--state_dir={tmp_path / str(i)}", *keep) for i in range(2)]
     daemons.append(fresh_daemons())  # no --state_dir
     named = [{"target": d.target, "identity": f"optstated-{i}"} for i, d in enumerate(daemons)]
-    client = optstate.Client(named[:2], lease_holder="job", **WIRE)
-    groups = {f"c/{name}": values for name, values in model([1000] * 16).items()}
-    register(client, groups)
-    step_all(client, groups, 1)
-    client.checkpoint(wait_for_step=1)
-    step_all(client, groups, 2)
+    client, groups = checkpointed_at_one_then_at_two(named[:2], "c/")
 
     def stored():
         return [sorted(os.listdir(tmp_path / str(i))) for i in range(2)]
