@@ -116,11 +116,6 @@ absl::Status StateStore::Reserve(const GroupKey& key, const GroupConfig& config,
   return absl::OkStatus();
 }
 
-void StateStore::Release(const std::string& tenant, uint64_t bytes, bool for_tenant) {
-  absl::MutexLock lock(&mu_);
-  ReleaseLocked(tenant, bytes, for_tenant);
-}
-
 void StateStore::ReleaseStaged(const GroupKey& key, uint64_t bytes, bool for_tenant) {
   absl::MutexLock lock(&mu_);
   ReleaseLocked(key.tenant, bytes, for_tenant);

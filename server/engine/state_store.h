@@ -186,12 +186,11 @@ class StateStore {
   // OK when one group more of `needed` host bytes is within the tenant's quota.
   absl::Status CheckTenantQuota(const GroupKey& key, const GroupConfig& config,
                                 uint64_t needed) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives back what Reserve counted for one group of `tenant`.
-  void Release(const std::string& tenant, uint64_t bytes, bool for_tenant = true)
-      ABSL_LOCKS_EXCLUDED(mu_);
   // Gives back what Stage counted for a copy of `key` never published, and
   // for a copy to replace a live group, ends its claim on the key.
   void ReleaseStaged(const GroupKey& key, uint64_t bytes, bool for_tenant) ABSL_LOCKS_EXCLUDED(mu_);
+  // Gives back what Reserve counted for one group of `tenant` (with
+  // `for_tenant`; else its bytes against the daemon's budget only).
   void ReleaseLocked(const std::string& tenant, uint64_t bytes, bool for_tenant = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
