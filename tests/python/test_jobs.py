@@ -53,6 +53,13 @@ def die_part_way(model, opt, batch, step, prefix, reached):
     return grads
 
 
+def checkpoint_trained(opt, model, prefix, step):
+    """A checkpoint of the groups `model` trains, once all are at `step` (the frozen ones
+    stay at step 0: waiting for them would not end)."""
+    opt.client.checkpoint(groups=[prefix + n for n, p in model.named_parameters()
+                                  if p.requires_grad], wait_for_step=step)
+
+
 def fresh_model(seed):
     """The model a restarted trainer builds: its own initialisation, except for the frozen
     parameters (fc1.bias, norm.bias), which such a trainer loads from where they came from
@@ -350,8 +357,7 @@ def test_a_stale_trainer_after_a_restart_hears_of_the_new_holder(fresh_daemons, 
                       reconnect_timeout=30)
     data = batches(5)
     train(model, old, data[:2])
-    old.client.checkpoint(groups=[prefix + n for n, p in model.named_parameters()
-                                  if p.requires_grad], wait_for_step=2)
+    checkpoint_trained(old, model, prefix, 2)
     train(model, old, data[2:3])
     d.process.kill()
     d.process.wait()
@@ -505,9 +511,7 @@ def test_a_daemon_killed_and_restarted_is_ridden_out_with_state_dir(fresh_daemon
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
     data = batches(5)
     train(model, opt, data[:3], sched)
-    # The groups stepped (the frozen ones stay at step 0: waiting for them would not end).
-    opt.client.checkpoint(groups=[prefix + n for n, p in model.named_parameters()
-                                  if p.requires_grad], wait_for_step=3)
+    checkpoint_trained(opt, model, prefix, 3)
     d.process.kill()
     d.process.wait()
     restarted = []
@@ -537,8 +541,7 @@ def test_a_daemon_back_within_reconnect_timeout_is_found_in_time(fresh_daemons, 
                       reconnect_timeout=8)
     data = batches(3)
     train(model, opt, data[:2])
-    opt.client.checkpoint(groups=[prefix + n for n, p in model.named_parameters()
-                                  if p.requires_grad], wait_for_step=2)
+    checkpoint_trained(opt, model, prefix, 2)
     d.process.kill()
     d.process.wait()
     thread = threading.Timer(3.0, lambda: fresh_daemons(
@@ -560,8 +563,7 @@ def test_after_both_crash_resume_daemon_gets_the_lr_from_the_checkpoint(fresh_da
     sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
     data = batches(5)
     train(model, opt, data[:3], sched)
-    opt.client.checkpoint(groups=[prefix + n for n, p in model.named_parameters()
-                                  if p.requires_grad], wait_for_step=3)
+    checkpoint_trained(opt, model, prefix, 3)
     d.process.kill()  # the daemon and the trainer die together
     d.process.wait()
     del opt, sched
