@@ -40,9 +40,13 @@ bool StepReactor::HoldIfIdleSince(absl::Time idle_since) {
   absl::MutexLock lock(&mu_);
   if (finish_called_ || !error_.ok()) return false;  // Ending already.
   if (idle_since != absl::InfiniteFuture()) {
+    // A reply in flight since before `idle_since` counts as idle: the client
+    // stopped reading (the write waits on its flow control), and the replies
+    // behind it pin up to kMaxPinnedChunks messages.
     const bool busy = !queued_.empty() || in_flight_ > 0 || !completed_.empty() ||
-                      !to_write_.empty() || write_in_flight_;
+                      (!to_write_.empty() && !write_in_flight_);
     if (busy || last_activity_ > idle_since) return false;
+    abandon_writes_ = write_in_flight_;
   }
   ++starting_;  // Finish waits for EndHeld.
   return true;
@@ -56,6 +60,12 @@ void StepReactor::EndHeld(absl::Status status) {
       error_ = std::move(status);
       error_seq_ = next_seq_;
       queued_.clear();
+    }
+    if (abandon_writes_) {
+      // The client takes no reply: only the one in flight stays (gRPC holds
+      // it until the call ends), and Finish goes behind it at once.
+      completed_.clear();
+      to_write_.erase(to_write_.begin() + (write_in_flight_ ? 1 : 0), to_write_.end());
     }
   }
   Advance(1);
@@ -96,7 +106,8 @@ void StepReactor::Advance(int tokens_released) {
       }
       tokens_released = int{start_read} + static_cast<int>(dispatch.size()) + int{start_write};
       starting_ += tokens_released;
-      const bool drained = in_flight_ == 0 && !write_in_flight_ && to_write_.empty();
+      const bool drained =
+          in_flight_ == 0 && (abandon_writes_ || (!write_in_flight_ && to_write_.empty()));
       if (starting_ == 0 && drained && (failed || (reads_done_ && queued_.empty()))) {
         finish_called_ = finish = true;
         finish_status = error_;

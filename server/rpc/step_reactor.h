@@ -56,6 +56,9 @@ namespace optstate {
 // Ended from outside (StreamRegistry: shutdown, idle timeout), it reads no
 // more, drops what it read but has not started, finishes the messages on the
 // workers, writes every reply due, then finishes with the registry's status.
+// Ended idle because the client stopped reading (a reply in flight since the
+// idle timeout began), it drops the replies behind that one and finishes
+// behind it at once.
 class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
                     public ManagedStream {
  public:
@@ -75,8 +78,11 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   void OnCancel() override ABSL_LOCKS_EXCLUDED(mu_);
   void OnDone() override;
 
-  // ManagedStream. Idle: no message read, being applied or waiting for its
-  // reply to be written since `idle_since`.
+  // ManagedStream. Idle: no message read, applied or written since
+  // `idle_since`, and none being applied; a reply still being written then
+  // (the client stopped reading) counts as idle, and ending the stream then
+  // drops the replies behind it and finishes behind it at once, so a client
+  // that does not read holds one reply, not kMaxPinnedChunks messages.
   bool HoldIfIdleSince(absl::Time idle_since) override;
   void EndHeld(absl::Status status) override;
 
@@ -153,6 +159,9 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   absl::Time last_activity_ ABSL_GUARDED_BY(mu_);  // Last read or write done.
   absl::Time write_started_ ABSL_GUARDED_BY(mu_);  // Of the write in flight (metrics_ only).
+  // Ended idle with a reply in flight (HoldIfIdleSince): Finish does not wait
+  // for that write, and no later reply is written.
+  bool abandon_writes_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace optstate

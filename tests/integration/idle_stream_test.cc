@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <thread>
 
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
@@ -163,6 +164,44 @@ TEST_F(IdleStreamTest, AnExportStateStreamWhoseClientStopsReadingIsEnded) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
   EXPECT_NE(status.error_message().find("idle"), std::string::npos) << status.error_message();
   EXPECT_LT(bytes, 3 * n * sizeof(float));
+}
+
+// A Step stream whose client sends and stops reading is ended once a reply
+// has waited for the client for the idle timeout (the daemon then holds one
+// reply for it, not the kMaxPinnedChunks messages a stream may pin): reading
+// on, the client gets the replies already on their way, then UNAVAILABLE
+// saying the stream was idle, never all of its 40 messages' replies.
+TEST_F(IdleStreamTest, AStepStreamWhoseClientStopsReadingIsEnded) {
+  auto client = Client::Connect(daemon_->target());
+  ASSERT_TRUE(client.ok());
+  const uint64_t n = 1 << 20;  // 4 MiB of gradient a message, 4 MiB of params a reply.
+  ASSERT_TRUE((*client)->RegisterGroup("unread", n).ok());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = stub_->Step(&context);
+  constexpr int kMessages = 40;
+  std::thread writer([&] {
+    v1::StepRequest request;
+    request.set_group("unread");
+    request.set_step(1);  // The first applies; the rest are replays of it.
+    request.set_gradient(std::string(n * sizeof(float), '\0'));
+    for (int i = 0; i < kMessages && stream->Write(request); ++i) {
+    }
+    stream->WritesDone();
+  });
+  absl::SleepFor(absl::Seconds(4));  // Not reading, past the 1 s timeout.
+  int replies = 0;
+  v1::StepResponse response;
+  while (stream->Read(&response)) ++replies;
+  writer.join();
+  grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_NE(status.error_message().find("idle"), std::string::npos) << status.error_message();
+  EXPECT_LT(replies, kMessages);
+  // The group is whole and steps on.
+  std::vector<float> params(n);
+  EXPECT_TRUE((*client)->Step("unread", 2, std::vector<float>(n, 0.0f), absl::MakeSpan(params))
+                  .ok());
 }
 
 TEST_F(IdleStreamTest, AStreamInUseIsNotEnded) {
