@@ -111,6 +111,9 @@ void StepReactor::Advance(int tokens_released) {
       if (starting_ == 0 && drained && (failed || (reads_done_ && queued_.empty()))) {
         finish_called_ = finish = true;
         finish_status = error_;
+        // Before the status goes: a client that opens its next stream once it
+        // has it finds the place free.
+        if (!(abandon_writes_ && write_in_flight_)) slot_.GiveBack();
       }
     }
     if (finish) {

@@ -135,7 +135,9 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   const int max_in_flight_;  // Messages applied at once: the pool's size.
   StreamRegistry* const streams_;
   StepStreamMetrics* const metrics_;
-  const StreamSlot slot_;  // The tenant's stream count, held while the reactor lives.
+  // The tenant's stream count: held until Finish (until the reactor goes when
+  // a reply it abandoned is still in flight).
+  StreamSlot slot_ ABSL_GUARDED_BY(mu_);
   bool registered_ = false;  // streams_->Add took it.
 
   absl::Mutex mu_;

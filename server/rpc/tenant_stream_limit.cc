@@ -5,8 +5,9 @@
 
 namespace optstate {
 
-StreamSlot::~StreamSlot() {
+void StreamSlot::GiveBack() {
   if (limit_ != nullptr) limit_->Release(tenant_);
+  limit_ = nullptr;
 }
 
 absl::StatusOr<StreamSlot> TenantStreamLimit::Acquire(const std::string& tenant) {

@@ -21,7 +21,11 @@ class StreamSlot {
     other.limit_ = nullptr;
   }
   StreamSlot& operator=(StreamSlot&&) = delete;
-  ~StreamSlot();
+  ~StreamSlot() { GiveBack(); }
+
+  // Gives the place back now (a stream about to send its status: the client
+  // may open the next one as soon as it has it); idempotent.
+  void GiveBack();
 
  private:
   friend class TenantStreamLimit;
