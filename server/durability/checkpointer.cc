@@ -78,6 +78,20 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::OpenAndRestore(
         "), and a new one would replace them; fix what the refusals name and restart, or move "
         "them out of --state_dir to start afresh");
     Log(LogLevel::kError, checkpointer->writes_refused_);
+  } else if (!restored->refusals.empty()) {
+    // The restore goes newest first: each refused checkpoint is newer than
+    // the one restored. A new checkpoint would be the newest, so the next
+    // start would restore it, never the refused ones, and prune them.
+    checkpointer->writes_refused_ = absl::StrCat(
+        "no checkpoint is written: ", restored->refusals.size(), " checkpoint",
+        restored->refusals.size() == 1 ? "" : "s", " newer than the restored ",
+        restored->restored_id, " ", restored->refusals.size() == 1 ? "was" : "were",
+        " refused at start (", absl::StrJoin(restored->refusals, "; "),
+        "), and a new one would take their place as the newest, to be restored and kept "
+        "instead of them; fix what the refusals name and restart (the newest is then "
+        "restored), or move them out of --state_dir and restart to go on from ",
+        restored->restored_id);
+    Log(LogLevel::kError, checkpointer->writes_refused_);
   }
   if (options.interval > absl::ZeroDuration()) {
     Checkpointer* raw = checkpointer.get();

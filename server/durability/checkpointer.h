@@ -85,9 +85,9 @@ class Checkpointer {
   // call.cancelled() or Stop(); DEADLINE_EXCEEDED or CANCELLED, writing
   // nothing, when the deadline passed or the call was cancelled while it
   // waited for earlier checkpoints to be written; NOT_FOUND when a named group is deleted
-  // while it waits; FAILED_PRECONDITION, writing nothing, while the
-  // checkpoints found at start were all refused (writes_refused()); the
-  // writer's errors.
+  // while it waits; FAILED_PRECONDITION, writing nothing, while a checkpoint
+  // found at start was refused (every one, or one newer than the one
+  // restored: writes_refused()); the writer's errors.
   absl::StatusOr<CheckpointOutcome> Checkpoint(const CheckpointCall& call);
   // Checkpoint on a thread of its own; `done` runs on that thread, or at
   // once with RESOURCE_EXHAUSTED when kMaxCallsInFlight calls are waiting.
