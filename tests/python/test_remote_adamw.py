@@ -354,7 +354,8 @@ def test_step_vouches_for_its_gradients_only_after_a_finite_clip_norm_it_compute
     # clip_grad_norm_ found a finite norm of the gradients it sends, unchanged since, and
     # nothing is narrowed on the way. Not after torch's clip_grad_norm_, without clipping,
     # after a gradient was written to since the clip, with an infinite norm (a clipping
-    # coefficient of 0), or with float32 gradients sent as bfloat16.
+    # coefficient of 0), or with float32 gradients sent as bfloat16. A gradient written to
+    # since the clip refuses the step (nothing sent) until the clip measures it again.
     model = MLP(seed=21)
     client = RecordingClient(daemon.target)
     opt = RemoteAdamW(model.named_parameters(), lr=1e-2, client=client, name_prefix=prefix,
@@ -369,10 +370,13 @@ def test_step_vouches_for_its_gradients_only_after_a_finite_clip_norm_it_compute
             opt.clip_grad_norm_(1.0)
         if clip == "ours, then touched":
             model.fc1.weight.grad.mul_(1.0)  # the same values, written to since the clip
+            with pytest.raises(optstate.InvalidArgument, match="changed in place after"):
+                opt.step()
+            opt.clip_grad_norm_(1.0)
         elif clip == "torch":
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        expected.append(clip == "ours" and not narrowed)
+        expected.append(clip.startswith("ours") and not narrowed)
     assert client.checked == expected
     opt.zero_grad()
     F.mse_loss(model(_batch(6)[0]), _batch(6)[1]).backward()

@@ -433,3 +433,192 @@ except optstate.NotFound as e:
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert "leak" not in done.stderr, done.stderr
+
+
+def _torch_reference(params, **kwargs):
+    ref_params = [p.detach().clone().requires_grad_() for p in params]
+    return ref_params, torch.optim.AdamW(ref_params, **kwargs)
+
+
+def test_a_job_attaching_to_groups_never_stepped_steps_from_its_own_values(daemon, client,
+                                                                           prefix):
+    # A run that stopped before its first step (or a notebook cell run again with other
+    # weights) left the job's groups at step 0 with its values: the next run steps from
+    # its own, as torch does, not from the daemon's.
+    first = RemoteAdamW(_params(2, seed=1), target=daemon.target, name_prefix=prefix)
+    first.close()
+    params = _params(2, seed=2)
+    opt = RemoteAdamW(params, target=daemon.target, name_prefix=prefix, delete_on_close=True)
+    ref_params, ref = _torch_reference(params)
+    for step in (1, 2):
+        _grads(params, step)
+        _grads(ref_params, step)
+        opt.step()
+        ref.step()
+    for p, q in zip(params, ref_params):
+        assert torch.equal(p, q)
+    # A rank of the same job holding the same values (attached after the first rank
+    # registered) steps the same numbers, and imports nothing over them.
+    same = _params(2, seed=3)
+    rank0 = RemoteAdamW(same, target=daemon.target, name_prefix=prefix + "ranks/",
+                        delete_on_close=True)
+    rank1_params = [p.detach().clone().requires_grad_() for p in same]
+    rank1 = RemoteAdamW(rank1_params, target=daemon.target, name_prefix=prefix + "ranks/",
+                        lease_holder=rank0.lease_holder)
+    ref_params, ref = _torch_reference(same)
+    for ps in (rank1_params, same, ref_params):
+        _grads(ps, 1)
+    rank1.step()
+    rank0.step()
+    ref.step()
+    for a, b, q in zip(same, rank1_params, ref_params):
+        assert torch.equal(a, q) and torch.equal(b, q)
+    assert client.describe(prefix + "ranks/param.0").max_step == 1
+    rank1.close()
+    rank0.close()
+    opt.close()
+
+
+def test_unnamed_parameters_keep_their_groups_when_param_groups_change(daemon, client, prefix):
+    # model.parameters() names groups param.<index>: a parameter keeps its group when
+    # others leave param_groups or its place changes, and one added later takes a free name.
+    a, b = _params(2, seed=4)
+    opt = RemoteAdamW([a, b], target=daemon.target, name_prefix=prefix, delete_on_close=True)
+    (ra, rb), ref = _torch_reference([a, b])
+    _grads([a, b], 1)
+    _grads([ra, rb], 1)
+    opt.step()
+    ref.step()
+    opt.param_groups[0]["params"].pop(0)
+    ref.param_groups[0]["params"].pop(0)
+    c = torch.nn.Parameter(torch.randn(4, generator=torch.Generator().manual_seed(5)))
+    rc = c.detach().clone().requires_grad_()
+    opt.add_param_group({"params": [c]})
+    ref.add_param_group({"params": [rc]})
+    assert client.describe(prefix + "param.2").num_elements == 4  # param.1 is b's
+    for step in (2, 3):
+        for p, q in ((b, rb), (c, rc)):
+            gen = torch.Generator().manual_seed(step * 7 + p.numel())
+            p.grad = torch.randn(p.shape, generator=gen)
+            q.grad = p.grad.clone()
+        opt.step()
+        ref.step()
+    assert torch.equal(b, rb) and torch.equal(c, rc)
+    assert float(opt.state[b]["step"]) == 3.0 and float(opt.state[c]["step"]) == 2.0
+    opt.param_groups.reverse()
+    ref.param_groups.reverse()
+    assert torch.equal(opt.state[b]["exp_avg_sq"], ref.state[rb]["exp_avg_sq"])
+    assert torch.equal(opt.state[c]["exp_avg"], ref.state[rc]["exp_avg"])
+    opt.close()
+
+
+def test_a_parameter_listed_twice_or_memory_shared_by_two_is_refused_by_name(daemon, client,
+                                                                            prefix):
+    # A tied weight listed twice: torch warns and steps it twice a step; RemoteAdamW is
+    # made (with torch's warning) and refuses to step it, saying which, nothing sent.
+    tied, other = torch.nn.Parameter(torch.randn(8)), torch.nn.Parameter(torch.randn(8))
+    with pytest.warns(UserWarning, match="duplicate"):
+        opt = RemoteAdamW([tied, other, tied], target=daemon.target, name_prefix=prefix,
+                          delete_on_close=True)
+    assert {g.name for g in client.list_groups() if g.name.startswith(prefix)} == \
+        {prefix + "param.0", prefix + "param.1"}
+    _grads([tied, other], 1)
+    with pytest.raises(ValueError, match=r"'.*param\.0' is listed twice"):
+        opt.step()
+    assert client.describe(prefix + "param.0").max_step == 0
+    opt.close()
+    a = torch.nn.Parameter(torch.randn(8))
+    b = torch.nn.Parameter(torch.randn(8))
+    b.data = a.data
+    with pytest.raises(ValueError, match=r"'.*param\.0' and '.*param\.1' share memory"):
+        RemoteAdamW([a, b], target=daemon.target, name_prefix=prefix)
+    buffer = torch.randn(4, 6)
+    overlapping = [torch.nn.Parameter(buffer[:, :4]), torch.nn.Parameter(buffer[:, 3:])]
+    with pytest.raises(ValueError, match="share memory"):
+        RemoteAdamW(overlapping, target=daemon.target, name_prefix=prefix)
+    assert not [g for g in client.list_groups() if g.name.startswith(prefix)]
+    # Views of one buffer that share no element (interleaved columns, slices) step apart.
+    views = [torch.nn.Parameter(buffer[:, 0::2]), torch.nn.Parameter(buffer[:, 1::2])]
+    opt = RemoteAdamW(views, target=daemon.target, name_prefix=prefix, delete_on_close=True)
+    ref_params, ref = _torch_reference(views)
+    _grads(views, 1)
+    _grads(ref_params, 1)
+    opt.step()
+    ref.step()
+    assert all(torch.equal(p, q) for p, q in zip(views, ref_params))
+    opt.close()
+
+
+def test_a_gradient_changed_after_opt_clip_grad_norm_refuses_the_step(daemon, prefix):
+    params = _params(2)
+    opt = RemoteAdamW(params, target=daemon.target, name_prefix=prefix, delete_on_close=True)
+    ref_params, ref = _torch_reference(params)
+    _grads(params, 1)
+    _grads(ref_params, 1)
+    for p in params + ref_params:
+        p.grad.mul_(80.0)
+    before = [p.detach().clone() for p in params]
+    opt.clip_grad_norm_(1.0)
+    torch.nn.utils.clip_grad_norm_(params, 1.0)  # a framework's own clip, after ours
+    with pytest.raises(optstate.InvalidArgument, match="changed in place after"):
+        opt.step()
+    assert all(torch.equal(p, q) for p, q in zip(params, before))
+    assert opt.client.describe(prefix + "param.0").max_step == 0
+    # Measured again after the last change: torch's clip then step, bit for bit.
+    opt.clip_grad_norm_(1.0)
+    opt.step()
+    torch.nn.utils.clip_grad_norm_(ref_params, 1.0)
+    ref.step()
+    assert all(torch.equal(p, q) for p, q in zip(params, ref_params))
+    opt.close()
+
+
+def test_a_compiled_function_that_steps_runs_the_step_as_it_is(daemon, prefix):
+    params = _params(2)
+    opt = RemoteAdamW(params, target=daemon.target, name_prefix=prefix, delete_on_close=True)
+    ref_params, ref = _torch_reference(params)
+
+    @torch.compile(backend="eager")
+    def step(optimizer):
+        optimizer.step()
+
+    for n in (1, 2):
+        _grads(params, n)
+        _grads(ref_params, n)
+        step(opt)
+        ref.step()
+    assert all(torch.equal(p, q) for p, q in zip(params, ref_params))
+    opt.close()
+
+
+def test_parameter_names_torch_takes_are_escaped_and_an_odd_prefix_is_refused(daemon, client,
+                                                                             prefix):
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleDict({"block one": torch.nn.Linear(4, 4)})
+    setattr(model, "γ", torch.nn.Parameter(torch.randn(4)))
+    opt = RemoteAdamW(model.named_parameters(), target=daemon.target, name_prefix=prefix,
+                      delete_on_close=True)
+    assert {g.name[len(prefix):] for g in client.list_groups() if g.name.startswith(prefix)} \
+        == {"%CE%B3", "layers.block%20one.weight", "layers.block%20one.bias"}
+    params = list(model.parameters())
+    ref_params, ref = _torch_reference(params)
+    _grads(params, 1)
+    _grads(ref_params, 1)
+    opt.step()
+    ref.step()
+    assert all(torch.equal(p, q) for p, q in zip(params, ref_params))
+    opt.close()
+    for odd in ("job é/", "job one/"):
+        with pytest.raises(ValueError, match="printable ASCII without spaces"):
+            RemoteAdamW(_params(1), target=daemon.target, name_prefix=odd)
+
+
+def test_eps_zero_is_refused_and_a_sparse_gradient_is_torchs_runtime_error(daemon, prefix):
+    with pytest.raises(ValueError, match="Invalid epsilon value: 0.0"):
+        RemoteAdamW(_params(1), eps=0.0, target=daemon.target, name_prefix=prefix)
+    params = _params(1)
+    opt = RemoteAdamW(params, target=daemon.target, name_prefix=prefix, delete_on_close=True)
+    params[0].grad = torch.zeros(8).to_sparse()
+    with pytest.raises(RuntimeError, match="sparse gradients are not supported"):
+        opt.step()
+    opt.close()

@@ -27,6 +27,14 @@ def job_name(name_prefix: Optional[str]) -> str:
     (torchelastic's TORCHELASTIC_RUN_ID, as torchrun sets it: "<run id>/"), said in a
     warning; ValueError when there is neither."""
     if name_prefix:
+        if not isinstance(name_prefix, str):
+            raise ValueError(f"name_prefix must be a str, got {type(name_prefix).__name__}")
+        odd = next((c for c in name_prefix if not "!" <= c <= "~"), None)
+        if odd is not None:
+            raise ValueError(
+                f"name_prefix {name_prefix!r} has {odd!r}: it starts every group's name on the "
+                "daemon, and names there are printable ASCII without spaces (the parameters' "
+                "own names are escaped; the job's name is yours to choose)")
         return name_prefix
     if name_prefix is not None and name_prefix != "":
         raise ValueError(f"name_prefix must be a str, got {type(name_prefix).__name__}")
@@ -58,6 +66,17 @@ def strip_wrappers(name: str) -> str:
     for wrapper in _NESTED_WRAPPERS:
         name = name.replace("." + wrapper, ".")
     return name
+
+
+def group_name_of(parameter_name: str) -> str:
+    """`parameter_name` as a daemon group name, whose characters are printable ASCII
+    without spaces: each UTF-8 byte of any other character (a space in a ModuleDict key,
+    a non-ASCII attribute name) as %XX. Names without such characters are kept as they
+    are, so jobs named before keep their groups."""
+    if all("!" <= c <= "~" for c in parameter_name):
+        return parameter_name
+    return "".join(c if "!" <= c <= "~" else "".join(f"%{b:02X}" for b in c.encode("utf-8"))
+                   for c in parameter_name)
 
 
 def new_holder_id(process_group=None) -> str:

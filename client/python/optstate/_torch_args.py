@@ -18,7 +18,8 @@ def to_scalar(x):
 
 def check_hyperparameters(lr, betas, eps, weight_decay, foreach, capturable) -> tuple:
     """Raises what torch.optim.AdamW(params, lr, betas, eps, weight_decay, foreach=...,
-    capturable=...) raises for these values (ValueError, with torch's message); returns
+    capturable=...) raises for these values (ValueError, with torch's message), and
+    ValueError for eps=0, which torch takes; returns
     betas as torch keeps them (each 1-element Tensor squeezed to 0 dims)."""
     if isinstance(lr, torch.Tensor):
         if foreach and not capturable:
@@ -29,6 +30,10 @@ def check_hyperparameters(lr, betas, eps, weight_decay, foreach, capturable) -> 
         raise ValueError(f"Invalid learning rate: {lr}")
     if not 0.0 <= eps:
         raise ValueError(f"Invalid epsilon value: {eps}")
+    if eps == 0.0:
+        # torch takes it; its first step then divides 0 by 0 wherever a gradient is 0.
+        raise ValueError(f"Invalid epsilon value: {eps} (optstated needs eps > 0: with eps=0 "
+                         "an element whose gradients have all been 0 divides 0 by 0)")
     if not 0.0 <= betas[0] < 1.0:
         raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
     if not 0.0 <= betas[1] < 1.0:

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from . import errors
-from ._jobs import (RESUME_MODES, Attached, check_resume, job_name, new_holder_id,
-                    strip_wrappers, takeover_for)
+from ._jobs import (RESUME_MODES, Attached, check_resume, group_name_of, job_name,
+                    new_holder_id, strip_wrappers, takeover_for)
 from ._optstate import Client, _prepare_param_step, _PreparedStep, _StepPlan
 from ._remote_state import RemoteState
 from ._staging import Staging
@@ -216,6 +216,50 @@ def _step_hyperparameters_refusal(h: tuple, lr: float, overrides: Optional[dict]
         return (f"lr {lr!r} with weight_decay {weight_decay!r} at step {step} gives a step size "
                 "or decay beyond float32's range (the step runs in fp32); use a smaller lr")
     return None
+
+
+class SparseGradientError(RuntimeError, ValueError):
+    """A sparse gradient, refused: a RuntimeError as torch.optim.AdamW's refusal of it, and
+    a ValueError as RemoteAdamW's other refusals of an input."""
+
+
+def _shared_memory_pair(entries: list) -> Optional[tuple[str, str]]:
+    """The names of two of `entries` ((parameter, name, param group) each) whose elements
+    share memory (``b.data = a.data``, or overlapping views of one tensor), or None.
+    Views of one storage that do not overlap (slices of one buffer) share nothing."""
+    spans = []
+    for p, name, _ in entries:
+        if p.numel() == 0:
+            continue
+        extent = 1 + sum((size - 1) * stride for size, stride in zip(p.shape, p.stride()))
+        start = p.data_ptr()
+        spans.append((str(p.device), start, start + extent * p.element_size(), p, name))
+    spans.sort(key=lambda s: (s[0], s[1]))
+    for i, (device, start, end, p, name) in enumerate(spans):
+        j = i + 1
+        while j < len(spans) and spans[j][0] == device and spans[j][1] < end:
+            q, other = spans[j][3], spans[j][4]
+            if (p.is_contiguous() and q.is_contiguous()) or not _disjoint_views(p, q):
+                return name, other
+            j += 1
+    return None
+
+
+def _disjoint_views(p: torch.Tensor, q: torch.Tensor) -> bool:
+    """Whether strided tensors p and q, whose spans of memory overlap, have no element in
+    common (interleaved views of one buffer); tensors of other element sizes count as
+    overlapping."""
+    size = p.element_size()
+    if q.element_size() != size:
+        return False
+    base = min(p.data_ptr(), q.data_ptr())
+    offsets = []
+    for t in (p, q):
+        extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+        index = torch.arange(extent, dtype=torch.int64)
+        offsets.append(torch.as_strided(index, t.shape, t.stride()).reshape(-1)
+                       + (t.data_ptr() - base) // size)
+    return not bool(torch.isin(offsets[0], offsets[1]).any())
 
 
 def _register_keywords(h: tuple) -> dict:
@@ -458,8 +502,14 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._staging = Staging(cpu_test_switch=staging == "always")
         self._grad_scale: Optional[torch.Tensor] = None
         self._grad_norm_type = 2.0  # clip_grad_norm_'s, with _grad_scale
-        self._clipped: list = []  # (gradient, its _version) as clip_grad_norm_ measured them
+        # (gradient, its _version, _own_writes of it) as clip_grad_norm_ measured them.
+        self._clipped: list = []
         self._clipped_at: dict[int, int] = {}  # id(gradient) -> its index in _clipped
+        # By a shared buffer's address: the copies _into_shared made into its gradient slots.
+        # The slots are views of one buffer, so they share one version counter, which
+        # each copy moves for all of them.
+        self._shared_writes: dict[int, int] = {}
+        self._listed_twice: Optional[str] = None  # a parameter param_groups list twice (_names)
         self._constructed = False
         self._closed = False
 
@@ -619,17 +669,42 @@ class RemoteAdamW(torch.optim.Optimizer):
     # -- naming, placement, registration -------------------------------------------------
 
     def _names(self) -> list[tuple[torch.Tensor, str, dict]]:
-        """(parameter, daemon group name, param group) over all param groups, in order."""
-        out, seen = [], set()
+        """(parameter, daemon group name, param group) over all param groups, in order.
+
+        A registered parameter keeps the name it was registered under, wherever it moves
+        in param_groups (torch's state_dict indices follow positions; the daemon's groups
+        must not). A parameter not registered yet is named from ``param_names``, or
+        ``param.<its position>`` (the next free index where that name is another
+        parameter's). A parameter listed twice (a tied weight listed once per module,
+        which torch warns of and steps twice a step) is given once, at its first place,
+        and noted in _listed_twice: step() refuses it."""
+        taken = {reg.name for reg in self._registered.values()}
+        out, seen, seen_params = [], set(), set()
+        self._listed_twice = None
         index = 0
         for group in self.param_groups:
             names = group.get("param_names")
             for j, p in enumerate(group["params"]):
-                name = self._name_prefix + (strip_wrappers(names[j]) if names
-                                            else f"param.{index}")
+                if id(p) in seen_params:
+                    if self._listed_twice is None:
+                        self._listed_twice = next(n for q, n, _ in out if q is p)
+                    index += 1
+                    continue
+                reg = self._registered.get(id(p))
+                if reg is not None:
+                    name = reg.name
+                elif names:
+                    name = self._name_prefix + group_name_of(strip_wrappers(names[j]))
+                else:
+                    k = index
+                    name = self._name_prefix + f"param.{k}"
+                    while name in taken or name in seen:
+                        k += 1
+                        name = self._name_prefix + f"param.{k}"
                 if name in seen:
                     raise ValueError(f"two parameters are both named '{name}' on the daemon")
                 seen.add(name)
+                seen_params.add(id(p))
                 out.append((p, name, group))
                 index += 1
         return out
@@ -655,6 +730,14 @@ class RemoteAdamW(torch.optim.Optimizer):
             before += p.numel()
         new = [(p, name, group) for p, name, group in entries
                if self._owner[id(p)] == rank and id(p) not in self._registered]
+        shared_memory = _shared_memory_pair(entries) if new else None
+        if shared_memory is not None:
+            raise ValueError(
+                f"parameters '{shared_memory[0]}' and '{shared_memory[1]}' share memory (one "
+                "set as the other's .data, or overlapping views of one tensor): "
+                "torch.optim.AdamW would step that memory once for each, and the daemon "
+                "keeps each parameter's values apart, so they would drift apart. Tie them "
+                "as one Parameter (module_b.weight = module_a.weight), listed once")
         for p, name, _ in new:  # all checked before the first is registered
             self._check_registrable(p, name)
         # The shared buffer first: a client that cannot have one registers nothing.
@@ -670,8 +753,8 @@ class RemoteAdamW(torch.optim.Optimizer):
                     refused.append((p, name, group, error))
             if refused:
                 self._register_with_the_daemons(refused, found)
-            if attaching:
-                self._attach(found)
+            # Attaching to a job trained before keeps the daemon's values (resume=).
+            trained = self._attach(found) > 0 if attaching else False
             self._staging.add([(p, name) for p, name, _ in new if self._staging.wants(p)],
                               self._client)
         except BaseException:
@@ -689,6 +772,14 @@ class RemoteAdamW(torch.optim.Optimizer):
             self._move_into_shared(*shared)
         for p, _, _ in new:  # attaching or moving them into shared memory wrote them
             self._note_values(p)
+        for p, _, info in found if not trained else ():
+            if not info.created and info.max_step == 0:
+                # A group that existed, never stepped, of a job not trained yet: it holds
+                # the values of whoever registered it first (another rank of this job, or
+                # a run that stopped before its first step, with other weights). torch
+                # steps from p's: the first step compares them and imports p's where they
+                # differ (_adopt_values).
+                self._registered[id(p)].pointer = 0
 
     def _check_placement(self, created: list) -> None:
         """FailedPrecondition when groups registration just created (`created`, GroupInfo
@@ -716,11 +807,12 @@ class RemoteAdamW(torch.optim.Optimizer):
         return max((g.max_step for g in self._client.list_groups()
                     if g.name.startswith(self._name_prefix)), default=0)
 
-    def _attach(self, found: list) -> None:
+    def _attach(self, found: list) -> int:
         """Construction's look at the groups registration found ((parameter, param group,
         GroupInfo) each): refuses what ``resume`` does not allow (check_resume) and groups
         another job leases (unless ``takeover``), then, with ``resume="daemon"``, takes the
-        daemon's state: parameter values, step counts and the last step's hyperparameters."""
+        daemon's state: parameter values, step counts and the last step's hyperparameters.
+        Returns the job's highest step on the daemon (0: none of its groups was stepped)."""
         attached = [Attached(info.name, info.created, info.min_step, info.max_step)
                     for _, _, info in found]
         sharded = self._rank_and_world()[1] > 1
@@ -761,17 +853,15 @@ class RemoteAdamW(torch.optim.Optimizer):
         if self._resume == "state_dict" and high > 0:
             self._awaiting_load = (f"job '{self._name_prefix}' has state on the daemon (at "
                                    f"step {high})")
-        if self._resume != "daemon":
-            return
-        if high == 0:
-            return
+        if self._resume != "daemon" or high == 0:
+            return high
         # Each param group's hyperparameters: its parameters' newest record (in a torn
         # step, the record of step `high` where any of its parameters reached it).
         newest: dict[int, tuple] = {}
         with torch.no_grad():
             for p, group, info in found:
                 if info.max_step == 0:
-                    continue  # never stepped: the daemon holds the values just registered
+                    continue  # never stepped: the first step sends p's values where they differ
                 reg = self._registered[id(p)]
                 state = self._client.export_state(info.name)
                 p.copy_(torch.from_numpy(state.params).reshape(p.shape).to(p.dtype))
@@ -834,6 +924,7 @@ class RemoteAdamW(torch.optim.Optimizer):
             # Each rank took the daemon's values of its own share only: the rest from
             # their owners, or the first forward pass runs on the fresh initial values.
             self._broadcast()
+        return high
 
     def _allocate_shared(self, params: list[torch.Tensor]) -> Optional[tuple]:
         """A new shared buffer with a 64-byte aligned slice for the values and one for the
@@ -1014,8 +1105,9 @@ class RemoteAdamW(torch.optim.Optimizer):
                 f"gradient on the parameter's device, and this parameter is on device "
                 f"'{p.device}' with its gradient on '{grad.device}'; nothing was sent")
         if grad.layout != torch.strided:
-            raise ValueError(f"parameter '{reg.name}': sparse gradients are not supported "
-                             f"(this one is {grad.layout})")
+            raise SparseGradientError(f"parameter '{reg.name}': sparse gradients are not "
+                                      f"supported (this one is {grad.layout}), as by "
+                                      "torch.optim.AdamW; nothing was sent")
         if grad.dtype != p.dtype or grad.shape != p.shape:
             raise TypeError(f"parameter '{reg.name}': gradient {grad.dtype} "
                             f"{tuple(grad.shape)} does not match the parameter's "
@@ -1023,7 +1115,11 @@ class RemoteAdamW(torch.optim.Optimizer):
 
     # -- stepping -------------------------------------------------------------------------
 
+    # Never traced by torch.compile (torch's "compile the optimizer step" recipe): the step
+    # is calls to the daemon; a compiled caller runs it as it is, at a graph break (inside
+    # hooked_step, whose wrapper must stay the class's step).
     @hooked_step
+    @torch.compiler.disable
     @without_grad
     def step(self, closure: Optional[Callable[[], Any]] = None):
         """Performs one optimization step (see the class docstring). Returns the closure's
@@ -1080,6 +1176,13 @@ class RemoteAdamW(torch.optim.Optimizer):
         rank, _ = self._rank_and_world()
         if self._closed:
             raise ValueError("this RemoteAdamW was closed; make a new one to step")
+        if self._listed_twice is not None:
+            raise ValueError(
+                f"parameter '{self._listed_twice}' is listed twice in the optimizer's params "
+                "(a weight tied between two modules, listed once for each?), which torch "
+                "warned of: torch.optim.AdamW steps it twice a step, and RemoteAdamW does "
+                "not. List it once (model.parameters() lists a tied weight once); nothing "
+                "was sent")
         if self._awaiting_load is not None:
             raise errors.FailedPrecondition(
                 f"RemoteAdamW(resume='state_dict'): {self._awaiting_load}, and "
@@ -1280,9 +1383,29 @@ class RemoteAdamW(torch.optim.Optimizer):
                                                    foreach)
         self._grad_scale = torch.clamp(float(max_norm) / (total_norm + 1e-6), max=1.0)
         self._grad_norm_type = float(norm_type)
-        self._clipped = [(g, g._version) for g in grads]
+        self._clipped = [(g, g._version, self._own_writes(g)) for g in grads]
         self._clipped_at = {id(g): i for i, g in enumerate(grads)}
         return total_norm
+
+    def _own_writes(self, t: torch.Tensor) -> int:
+        """The copies this optimizer made into the shared buffer `t` is a view of (0 for a
+        tensor of its own): they moved t's version counter too."""
+        if not self._shared_writes or t._base is None:
+            return 0
+        return self._shared_writes.get(t.untyped_storage().data_ptr(), 0)
+
+    def _unchanged(self, entry: tuple) -> bool:
+        """Whether a gradient _clipped holds was written to by no one but this optimizer's
+        copies into the other slots of its shared buffer since it was measured."""
+        t, version, writes = entry
+        return t._version == version + self._own_writes(t) - writes
+
+    def _registered_name(self, p: torch.Tensor) -> str:
+        """p's daemon group name (or its name to be, for a parameter not registered)."""
+        reg = self._registered.get(id(p))
+        if reg is not None:
+            return reg.name
+        return next((name for q, name, _ in self._names() if q is p), "?")
 
     def _keep_clip_for_the_gradients_it_measured(self) -> bool:
         """clip_grad_norm_'s coefficient stands for torch's in-place scaling of the
@@ -1291,11 +1414,13 @@ class RemoteAdamW(torch.optim.Optimizer):
         torch's clip never scaled that one. When no gradient is one it measured, the
         coefficient is dropped; when only some are, those are scaled now, in place, by
         torch's own multiply (as its clip would have), and the step goes without it. A
-        gradient it measured that was written to since keeps it: the step scales what it
-        holds then. Returns whether the gradients are all those it measured, unchanged
-        since (the same tensors in .grad, their version counters unmoved)."""
+        gradient it measured that was changed in place since (torch's own clip after it,
+        which measured the gradients unscaled; another backward adding into it) refuses the
+        step, nothing sent: torch would have changed the clipped gradient, and no scale
+        applied now gives that. Returns whether the gradients are all those it measured
+        (the same tensors in .grad)."""
         at, clipped = self._clipped_at, self._clipped
-        measured, unchanged, count = [], True, 0
+        measured, count = [], 0
         for group in self.param_groups:
             for p in group["params"]:
                 g = p.grad
@@ -1304,13 +1429,19 @@ class RemoteAdamW(torch.optim.Optimizer):
                 count += 1
                 i = at.get(id(g))
                 if i is None or clipped[i][0] is not g:
-                    unchanged = False
                     continue
+                if not self._unchanged(clipped[i]):
+                    raise errors.InvalidArgument(
+                        f"the gradient of parameter '{self._registered_name(p)}' was changed "
+                        "in place after opt.clip_grad_norm_() measured it (by "
+                        "torch.nn.utils.clip_grad_norm_, another backward, or an in-place "
+                        "op): torch's clip would have scaled it before that change, which "
+                        "the clipping coefficient sent with the step cannot redo. Nothing "
+                        "was sent. Call opt.clip_grad_norm_() once, after the last change "
+                        "of the gradients, and use it or torch's clip, not both")
                 measured.append(g)
-                if clipped[i][1] != g._version:
-                    unchanged = False
         if len(measured) == count:
-            return unchanged and count == len(clipped)
+            return count == len(clipped)
         scale = self._grad_scale
         self._grad_scale = None
         self._clipped, self._clipped_at = [], {}
@@ -1428,15 +1559,17 @@ class RemoteAdamW(torch.optim.Optimizer):
         if slot is None or grad is slot or grad.data_ptr() == slot.data_ptr():
             return grad
         slot.copy_(grad)
+        buffer = slot.untyped_storage().data_ptr()
+        self._shared_writes[buffer] = self._shared_writes.get(buffer, 0) + 1
         p.grad = slot
         # A gradient clip_grad_norm_ measured, moved here unchanged: the slot holds what it
         # measured (so a step refused after this keeps the coefficient for these values).
         i = self._clipped_at.pop(id(grad), None)
         if i is not None and self._clipped[i][0] is grad:
-            if self._clipped[i][1] == grad._version:
-                self._clipped[i] = (slot, slot._version)
+            if self._unchanged(self._clipped[i]):
+                self._clipped[i] = (slot, slot._version, self._own_writes(slot))
             else:
-                self._clipped[i] = (slot, -1)  # written to since the clip: not unchanged
+                self._clipped[i] = (slot, -1, 0)  # written to since the clip: not unchanged
             self._clipped_at[id(slot)] = i
         return slot
 
