@@ -216,9 +216,13 @@ absl::StatusOr<Client::RewindResult> Client::RewindJob(const std::string& prefix
   absl::Status status = FromGrpcStatus(impl_->stub->RewindJob(&context, request, &response));
   if (!status.ok()) return impl_->Explain(status);
   // The rewound groups' layouts are as before (same size); their steps moved.
-  RewindResult result{response.checkpoint_id(), response.step(), {}, {}};
+  RewindResult result;
+  result.checkpoint_id = response.checkpoint_id();
+  result.step = response.step();
   result.groups.assign(response.groups().begin(), response.groups().end());
   result.passed_over.assign(response.passed_over().begin(), response.passed_over().end());
+  result.written_checkpoint_id = response.written_checkpoint_id();
+  result.not_written = response.not_written();
   return result;
 }
 

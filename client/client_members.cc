@@ -481,6 +481,19 @@ absl::StatusOr<Client::RewindResult> Client::RewindMembers(const std::string& pr
     }
   }
   out.checkpoint_id = absl::StrJoin(ids, ",");
+  std::vector<std::string> written, not_written;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (idle[i]) continue;
+    if (!each[i]->written_checkpoint_id.empty()) {
+      written.push_back(
+          absl::StrCat(members[i]->target.identity, "=", each[i]->written_checkpoint_id));
+    }
+    if (!each[i]->not_written.empty()) {
+      not_written.push_back(absl::StrCat(members[i]->target.identity, ": ", each[i]->not_written));
+    }
+  }
+  out.written_checkpoint_id = absl::StrJoin(written, ",");
+  out.not_written = absl::StrJoin(not_written, "; ");
   return out;
 }
 

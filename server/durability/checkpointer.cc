@@ -323,8 +323,25 @@ absl::Status Checkpointer::WhileNoCheckpointIsWritten(absl::FunctionRef<absl::St
 }
 
 absl::StatusOr<JobRewindOutcome> Checkpointer::Rewind(const JobRewindRequest& request) {
-  absl::MutexLock write_lock(&write_mu_);
-  return RewindJob(store_, backend_, options_.state_dir, request, pool_);
+  absl::StatusOr<JobRewindOutcome> outcome;
+  {
+    absl::MutexLock write_lock(&write_mu_);
+    outcome = RewindJob(store_, backend_, options_.state_dir, request, pool_);
+  }
+  if (!outcome.ok() || request.validate_only) return outcome;
+  // The newest checkpoint holds the history the job left: a restart would
+  // restore it, and the job's next steps would be taken as replays of it.
+  absl::StatusOr<CheckpointOutcome> written = Checkpoint(CheckpointCall());
+  if (written.ok()) {
+    outcome->written_checkpoint_id = written->id;
+  } else {
+    outcome->not_written = std::string(written.status().message());
+    Log(LogLevel::kError, "job '", request.prefix, "' was rewound to ", outcome->checkpoint_id,
+        ", but the checkpoint after it failed (a restart would restore the history it left; "
+        "checkpoint before stepping on): ",
+        written.status().ToString());
+  }
+  return outcome;
 }
 
 }  // namespace optstate

@@ -109,7 +109,9 @@ class Checkpointer {
   absl::Status WhileNoCheckpointIsWritten(absl::FunctionRef<absl::Status()> change);
 
   // RewindJob (job_rewind.h) over this state_dir, while no checkpoint is
-  // written or pruned.
+  // written or pruned; then (not validate_only) a checkpoint of every group,
+  // so that a restart restores the rewound job (its id, or why it failed, in
+  // the outcome: the rewind stands either way).
   absl::StatusOr<JobRewindOutcome> Rewind(const JobRewindRequest& request);
 
   // Why no checkpoint is written ("" when they are): when checkpoints were

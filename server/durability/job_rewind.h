@@ -34,6 +34,10 @@ struct JobRewindOutcome {
   // Newer checkpoints passed over, each with why (another step, a torn job,
   // a fault in a file).
   std::vector<std::string> passed_over;
+  // The checkpoint of every group written after the rewind (Checkpointer::
+  // Rewind), or why none was (one of the two set; neither with validate_only).
+  std::string written_checkpoint_id;
+  std::string not_written;
 };
 
 // Finds, newest first, the first complete checkpoint of `state_dir` holding

@@ -345,6 +345,8 @@ grpc::ServerUnaryReactor* OptimizerStateService::RewindJob(grpc::CallbackServerC
       reply.set_step(outcome->step);
       for (const std::string& g : outcome->groups) reply.add_groups(g);
       for (const std::string& p : outcome->passed_over) reply.add_passed_over(p);
+      reply.set_written_checkpoint_id(outcome->written_checkpoint_id);
+      reply.set_not_written(outcome->not_written);
     }
     Reply(reactor, outcome.status(), reply, response);
   });

@@ -9,6 +9,7 @@ import threading
 import time
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -730,3 +731,43 @@ def test_a_ddp_job_shares_one_lease_and_resumes_unwrapped_after_its_ranks_died(
     train(resumed, opt, batches(1))
     assert client.describe(prefix + "fc1.weight").lease["holder"] == opt.lease_holder
     opt.close()
+
+
+def test_a_rewound_job_is_what_a_daemon_killed_after_the_rewind_restores(fresh_daemons, prefix,
+                                                                          tmp_path):
+    # The newest checkpoint before the rewind holds the history the job left (step 8). The
+    # daemon writes one after the rewind, so a daemon killed while the job steps its new
+    # history restores the rewound job: its step 6 anew is applied, not taken as a replay
+    # of the old step 6.
+    d = fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0")
+    holder = "rewinding-job"
+    c = optstate.Client(d.target, lease_holder=holder)
+    name = prefix + "w"
+    c.register(name, np.linspace(-1.0, 1.0, 64, dtype=np.float32))
+    params = np.zeros(64, dtype=np.float32)
+
+    def grad(step, history):
+        return np.full(64, 0.01 * step + history, dtype=np.float32)
+
+    for step in range(1, 6):
+        c.step(name, step, grad(step, 0.0), params)
+    c.checkpoint(wait_for_step=5)
+    at_five = c.export_state(name)
+    for step in range(6, 9):
+        c.step(name, step, grad(step, 0.0), params)
+    c.checkpoint(wait_for_step=8)
+    rewound = c.rewind_job(prefix, step=5)
+    assert rewound["step"] == 5 and rewound["not_written"] == ""
+    assert rewound["written_checkpoint_id"] not in ("", rewound["checkpoint_id"])
+    d.process.kill()
+    d.process.wait()
+    again = fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0",
+                          f"--listen=127.0.0.1:{d.port}")
+    c2 = optstate.Client(again.target, lease_holder=holder)
+    assert c2.describe(name).max_step == 5
+    restored = c2.export_state(name)
+    assert np.array_equal(restored.params, at_five.params)
+    assert np.array_equal(restored.exp_avg_sq, at_five.exp_avg_sq)
+    c2.step(name, 6, grad(6, 1.0), params)  # the new history's step 6: applied
+    assert c2.describe(name).max_step == 6
+    assert not np.array_equal(c2.export_state(name).exp_avg, at_five.exp_avg)

@@ -385,6 +385,11 @@ class Client {
     uint64_t step = 0;                     // The job's stepped groups are at this step now.
     std::vector<std::string> groups;       // Those rewound.
     std::vector<std::string> passed_over;  // Newer checkpoints passed over, each with why.
+    // The checkpoint the daemon wrote after the rewind, so that a restart
+    // restores the rewound job; empty with validate_only, or when it failed:
+    // then not_written says why (checkpoint before stepping on).
+    std::string written_checkpoint_id;
+    std::string not_written;
   };
   // Rewinds one job, this tenant's groups named `prefix` + ..., to the
   // newest checkpoint of the daemon's --state_dir that holds them at one step

@@ -206,13 +206,17 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
         for (const std::string& p : result->passed_over) passed_over.append(p);
         d["groups"] = groups;
         d["passed_over"] = passed_over;
+        d["written_checkpoint_id"] = result->written_checkpoint_id;
+        d["not_written"] = result->not_written;
         return StrDict(std::move(d));
       },
       "prefix"_a, nb::kw_only(), "step"_a = nb::none(), "validate_only"_a = false,
       "Rewinds one job, this tenant's groups named `prefix` + ..., to the newest checkpoint\n"
       "of the daemon's --state_dir holding them at one step (`step` when given), while the\n"
       "daemon goes on stepping the other jobs (docs/jobs.md); returns {'checkpoint_id',\n"
-      "'step', 'groups', 'passed_over'}. The groups are leased to this client's\n"
+      "'step', 'groups', 'passed_over', 'written_checkpoint_id', 'not_written'}: the\n"
+      "daemon writes a checkpoint after the rewind, so that a restart restores the\n"
+      "rewound job ('not_written' says why it could not). The groups are leased to this client's\n"
       "lease_holder. FailedPrecondition without --state_dir, for a live group of the job\n"
       "the checkpoint lacks, or another holder's lease; NotFound when no checkpoint holds\n"
       "the job so. Made once, never retried. validate_only=True: every check, and the\n"
