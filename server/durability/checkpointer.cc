@@ -246,6 +246,12 @@ absl::StatusOr<CheckpointOutcome> Checkpointer::Checkpoint(const CheckpointCall&
       }
     }
   }
+  // Another daemon may have locked the state_dir since its LOCK went.
+  if (absl::Status held = lock_.StillHeld(); !held.ok()) {
+    Record(held, absl::ZeroDuration());
+    Log(LogLevel::kError, held.message());
+    return held;
+  }
   const absl::Time started = absl::Now();
   std::vector<CheckpointTarget> targets;
   for (auto& group : store_->ListAll()) {

@@ -22,6 +22,17 @@ absl::Status Errno(absl::string_view what, const std::string& path) {
   return absl::InternalError(message);
 }
 
+// For what writes: a missing directory there is no missing thing a caller
+// asked for (NOT_FOUND means a group to a checkpoint's caller), but a
+// state_dir changed under the daemon.
+absl::Status WriteErrno(absl::string_view what, const std::string& path) {
+  const int e = errno;
+  if (e != ENOENT) return Errno(what, path);
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, " ", path, ": ", std::strerror(e),
+                   " (was the state_dir, or part of it, removed while the daemon ran?)"));
+}
+
 }  // namespace
 
 ScopedFd::~ScopedFd() {
@@ -30,7 +41,7 @@ ScopedFd::~ScopedFd() {
 
 absl::StatusOr<ScopedFd> CreateFile(const std::string& path) {
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("cannot create", path);
+  if (fd < 0) return WriteErrno("cannot create", path);
   return ScopedFd(fd);
 }
 
@@ -58,7 +69,7 @@ absl::Status WriteAll(int fd, std::vector<iovec> pieces, const std::string& path
     const ssize_t n = writev(fd, pieces.data() + first, count);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return Errno("cannot write", path);
+      return WriteErrno("cannot write", path);
     }
     size_t left = static_cast<size_t>(n);
     while (first < pieces.size() && left >= pieces[first].iov_len) {
@@ -105,20 +116,20 @@ absl::Status PreadExactly(int fd, void* data, size_t n, uint64_t offset, const s
 }
 
 absl::Status SyncFile(int fd, const std::string& path) {
-  if (fsync(fd) != 0) return Errno("cannot fsync", path);
+  if (fsync(fd) != 0) return WriteErrno("cannot fsync", path);
   return absl::OkStatus();
 }
 
 absl::Status SyncDirectory(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Errno("cannot open directory", path);
+  if (fd < 0) return WriteErrno("cannot open directory", path);
   ScopedFd closer(fd);
   if (fsync(fd) != 0) return Errno("cannot fsync directory", path);
   return absl::OkStatus();
 }
 
 absl::Status MakeDirectory(const std::string& path) {
-  if (mkdir(path.c_str(), 0755) != 0) return Errno("cannot create directory", path);
+  if (mkdir(path.c_str(), 0755) != 0) return WriteErrno("cannot create directory", path);
   return absl::OkStatus();
 }
 
@@ -138,7 +149,7 @@ absl::Status MakeDirectories(const std::string& path) {
 }
 
 absl::Status Rename(const std::string& from, const std::string& to) {
-  if (rename(from.c_str(), to.c_str()) != 0) return Errno("cannot rename to " + to + ":", from);
+  if (rename(from.c_str(), to.c_str()) != 0) return WriteErrno("cannot rename to " + to + ":", from);
   return absl::OkStatus();
 }
 

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -52,7 +53,24 @@ absl::StatusOr<StateDirLock> StateDirLock::LockOrRefuse(ScopedFd fd, const std::
       (ftruncate(fd.get(), 0) != 0 || pwrite(fd.get(), pid.data(), pid.size(), 0) < 0)) {
     return absl::InternalError(absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
   }
-  return StateDirLock(std::move(fd));
+  return StateDirLock(std::move(fd), path);
+}
+
+absl::Status StateDirLock::StillHeld() const {
+  struct stat held, named;
+  if (fstat(fd_.get(), &held) != 0) {
+    return absl::InternalError(absl::StrCat("cannot stat the held ", path_, ": ",
+                                            std::strerror(errno)));
+  }
+  if (stat(path_.c_str(), &named) == 0 && named.st_dev == held.st_dev &&
+      named.st_ino == held.st_ino) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      path_, " is no longer the lock file this daemon holds (it, or the state_dir, was removed "
+      "or replaced while it ran), so another optstated may have locked the state_dir and be "
+      "writing there: no checkpoint is written. Stop this daemon (its state since its last "
+      "checkpoint is lost) or make sure no other uses the state_dir and restart it"));
 }
 
 }  // namespace optstate

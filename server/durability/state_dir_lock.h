@@ -29,12 +29,19 @@ class StateDirLock {
   // read-only state_dir) is locked all the same, without the pid.
   static absl::StatusOr<StateDirLock> Acquire(const std::string& state_dir);
 
+  // OK while <state_dir>/LOCK is still the file this lock holds. The flock
+  // is on the file, not its name: once LOCK is removed or replaced (the
+  // state_dir too), another daemon can lock a new LOCK there, so the holder
+  // must write nothing more; FAILED_PRECONDITION saying so.
+  absl::Status StillHeld() const;
+
  private:
-  explicit StateDirLock(ScopedFd fd) : fd_(std::move(fd)) {}
+  StateDirLock(ScopedFd fd, std::string path) : fd_(std::move(fd)), path_(std::move(path)) {}
   // flock on `fd` (LOCK at `path`); the pid written when `writable`.
   static absl::StatusOr<StateDirLock> LockOrRefuse(ScopedFd fd, const std::string& state_dir,
                                                    const std::string& path, bool writable);
   ScopedFd fd_;
+  std::string path_;  // <state_dir>/LOCK
 };
 
 }  // namespace optstate

@@ -74,6 +74,25 @@ TEST_F(CheckpointerTest, ASecondCheckpointerOnTheStateDirIsRefusedUntilTheFirstG
   EXPECT_TRUE(third.ok()) << third.status();
 }
 
+// The flock is on LOCK's file, not its name: once LOCK is removed, a second
+// checkpointer locks a new one, so the first writes nothing more (it would
+// number and prune checkpoints beside the other's).
+TEST_F(CheckpointerTest, ACheckpointerWhoseLockFileWasRemovedWritesNoMore) {
+  auto first = Checkpointer::OpenAndRestore(options_, &store_, &backend_, false, &pool_);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE((*first)->Checkpoint({}).ok());
+  std::filesystem::remove(dir_ + "/LOCK");
+  StateStore other(&backend_, uint64_t{1} << 30, kPage);
+  auto second = Checkpointer::OpenAndRestore(options_, &other, &backend_, false, &pool_);
+  ASSERT_TRUE(second.ok()) << second.status();
+  absl::StatusOr<CheckpointOutcome> refused = (*first)->Checkpoint({});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("is no longer the lock file"));
+  EXPECT_EQ((*first)->Stats().failures, 1u);
+  EXPECT_THAT(Names(), UnorderedElementsAre("LOCK", "ckpt-0000000000000001"));
+  EXPECT_TRUE((*second)->Checkpoint({}).ok());
+}
+
 TEST_F(CheckpointerTest, OpenRemovesTheUnfinishedCheckpointsOfEarlierCrashes) {
   for (const char* name : {"ckpt-0000000000000004.tmp", "ckpt-0000000000000007.tmp"}) {
     std::filesystem::create_directories(dir_ + "/" + name);
