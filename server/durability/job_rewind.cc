@@ -59,6 +59,12 @@ absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backe
         "name a job by its non-empty name prefix (RewindJobRequest.prefix): an empty one "
         "would rewind every group of the tenant");
   }
+  if (absl::Status s = ValidateGroupName(request.prefix); !s.ok()) {
+    // No group's name starts with it: nothing to look for in the checkpoints.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RewindJobRequest.prefix starts group names, so it must be a group name itself: ",
+        s.message()));
+  }
   absl::StatusOr<std::vector<std::string>> dirs = CompleteCheckpointsNewestFirst(state_dir);
   if (!dirs.ok()) return dirs.status();
   JobRewindOutcome outcome;

@@ -117,9 +117,11 @@ absl::Status StateImport::AddChunk(StateTensor tensor, uint64_t offset, absl::st
                      received_[index], " (send each tensor in order)"));
   }
   if (count > n - offset) {
-    return absl::InvalidArgumentError(absl::StrCat(name, " chunk covers elements [", offset, ", ",
-                                                   offset + count, ") but group '",
-                                                   group.key().name, "' has ", n, " elements"));
+    return absl::InvalidArgumentError(absl::StrCat(name, " chunk covers ", count,
+                                                   count == 1 ? " element" : " elements",
+                                                   " from element ", offset,
+                                                   " but group '", group.key().name, "' has ",
+                                                   n, " elements"));
   }
   float* const target = (tensor == StateTensor::kParams     ? group.params()
                          : tensor == StateTensor::kExpAvg   ? group.exp_avg()

@@ -30,9 +30,12 @@ absl::StatusOr<ChunkRange> ValidateRange(const Group& group, uint64_t offset, Wi
   const uint64_t n = group.num_elements();
   if (count == 0) return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
   if (offset >= n || count > n - offset) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " covers elements [", offset, ", ",
-                                                   offset + count, ") but group '",
-                                                   group.key().name, "' has ", n, " elements"));
+    // Said as offset and count: offset + count may pass 2^64.
+    return absl::InvalidArgumentError(absl::StrCat(what, " covers ", count,
+                                                   count == 1 ? " element" : " elements",
+                                                   " from element ", offset,
+                                                   " but group '", group.key().name, "' has ",
+                                                   n, " elements"));
   }
   const uint64_t page = group.page_elements();
   if (offset % page != 0) {

@@ -2,6 +2,7 @@
 #include "server/rpc/checkpoint_reactor.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "absl/time/clock.h"
 #include "server/rpc/proto_convert.h"
@@ -24,7 +25,17 @@ grpc::ServerUnaryReactor* StartCheckpointCall(Checkpointer* checkpointer,
   CheckpointCall call;
   for (const std::string& name : request.groups()) call.groups.push_back(GroupKey{tenant, name});
   if (!all_tenants) call.tenant = tenant;
-  if (request.has_wait_for_step()) call.wait_for_step = request.wait_for_step();
+  if (request.has_wait_for_step()) {
+    if (request.wait_for_step() == UINT64_MAX) {
+      // No page takes step 2^64-1 (Step refuses it): the wait could only end
+      // at the deadline, or never.
+      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                   "wait_for_step must be at most 2^64-2, the last step a page "
+                                   "can take"));
+      return reactor;
+    }
+    call.wait_for_step = request.wait_for_step();
+  }
   const auto deadline = context->deadline();
   if (deadline != std::chrono::system_clock::time_point::max()) {
     // The wait for a step ends a little before the caller's deadline, so

@@ -160,7 +160,10 @@ void ImportReactor::HandleMessage() {
     }
   } else if (!request.has_chunk()) {
     status = absl::InvalidArgumentError(
-        "only the first ImportState message may carry a header; later ones carry chunks");
+        request.has_header()
+            ? "only the first ImportState message may carry a header; later ones carry chunks"
+            : "an ImportState message after the first must carry a chunk (this one carries "
+              "neither header nor chunk)");
   } else {
     const v1::StateChunk& chunk = request.chunk();
     absl::StatusOr<StateTensor> tensor = TensorFromProto(chunk.tensor());

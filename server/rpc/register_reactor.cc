@@ -147,7 +147,10 @@ absl::Status RegisterReactor::HandleRequest(const v1::RegisterGroupRequest& requ
   }
   if (!request.has_values()) {
     return absl::InvalidArgumentError(
-        "only the first RegisterGroup message may carry a spec; later ones carry values");
+        request.has_spec()
+            ? "only the first RegisterGroup message may carry a spec; later ones carry values"
+            : "a RegisterGroup message after the first must carry values (this one carries "
+              "neither spec nor values)");
   }
   const v1::ValuesChunk& values = request.values();
   absl::StatusOr<WireType> type = WireTypeFromProto(values.dtype(), "values.dtype");

@@ -482,7 +482,15 @@ TEST_F(RawImportTest, MissingPiecesAreRefused) {
 TEST_F(RawImportTest, ChunksOutOfRangeOrOrderAreRefused) {
   std::vector<v1::ImportStateRequest> r = Whole("w", kElements);
   r.insert(r.begin() + 3, Chunk(v1::STATE_TENSOR_PARAMS, kElements, Floats(1, 1.0f)));
-  ExpectRefused(r, "params chunk covers elements [7468, 7469) but group 'w' has 7468 elements");
+  ExpectRefused(r, "params chunk covers 1 element from element 7468 but group 'w' has 7468 "
+                "elements");
+  // An offset near 2^64 is named as sent, not as a wrapped range.
+  r = Whole("w", kElements);
+  r.insert(r.begin() + 3, Chunk(v1::STATE_TENSOR_PARAMS, UINT64_MAX - 63, Floats(64, 1.0f)));
+  ExpectRefused(r, "params chunk starts at element 18446744073709551552");
+  r = Whole("w", kElements);
+  r.insert(r.begin() + 1, v1::ImportStateRequest());
+  ExpectRefused(r, "must carry a chunk (this one carries neither header nor chunk)");
   r = Whole("w", kElements);
   r[2] = Chunk(v1::STATE_TENSOR_PARAMS, 1024, Floats(kElements - 1024, 1.0f));
   ExpectRefused(r, "params chunk starts at element 1024; the next expected is element 0");

@@ -221,3 +221,19 @@ def test_a_member_dict_with_a_wrong_key_or_type_is_refused_naming_it(member, err
     # against, or weight 1), and a weight of "2" raised RuntimeError std::bad_cast.
     with pytest.raises(error, match=words):
         optstate.Client([member, "127.0.0.1:2"])
+
+
+def test_a_checkpoint_wait_no_page_can_reach_and_a_rewind_of_no_possible_job_are_refused(
+        fresh_daemons, prefix, tmp_path):
+    # Step 2^64-1 is no page's (Step refuses it), so a wait for it could only end at the
+    # deadline; a prefix no group name can start with names no job. Both INVALID_ARGUMENT,
+    # at once, nothing written or read.
+    d = fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0")
+    c = optstate.Client(d.target, attempt_timeout=10.0, max_attempts=1)
+    c.register(prefix + "w", np.ones(8, dtype=np.float32))
+    with pytest.raises(optstate.InvalidArgument, match="at most 2\\^64-2"):
+        c.checkpoint(wait_for_step=2**64 - 1)
+    for bad in ("job one/", "x" * 513):
+        with pytest.raises(optstate.InvalidArgument, match="prefix starts group names"):
+            c.rewind_job(bad)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("ckpt-")]
