@@ -102,7 +102,10 @@ void StepReactor::Advance(int tokens_released) {
       if (!write_in_flight_ && !to_write_.empty()) {
         write_in_flight_ = start_write = true;
         write = &to_write_.front();
-        if (metrics_ != nullptr) write_started_ = absl::Now();
+        // A write starts the idle time over: the reply is idle only once it
+        // has waited for the client this long (HoldIfIdleSince).
+        last_activity_ = absl::Now();
+        if (metrics_ != nullptr) write_started_ = last_activity_;
       }
       tokens_released = int{start_read} + static_cast<int>(dispatch.size()) + int{start_write};
       starting_ += tokens_released;
@@ -186,6 +189,7 @@ void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
   {
     absl::MutexLock lock(&mu_);
     --in_flight_;
+    last_activity_ = absl::Now();  // Applied: a slow apply is no idle time.
     groups_in_flight_.erase(chunks.group());
     for (const v1::StepRequest& packed : chunks.more()) groups_in_flight_.erase(packed.group());
     ++starting_;  // Keeps the call open until this thread is done with it.

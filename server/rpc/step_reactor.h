@@ -159,7 +159,7 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   int starting_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t error_seq_ ABSL_GUARDED_BY(mu_) = UINT64_MAX;  // Earliest refused message.
   absl::Status error_ ABSL_GUARDED_BY(mu_);
-  absl::Time last_activity_ ABSL_GUARDED_BY(mu_);  // Last read or write done.
+  absl::Time last_activity_ ABSL_GUARDED_BY(mu_);  // Last read, apply, write start or end.
   absl::Time write_started_ ABSL_GUARDED_BY(mu_);  // Of the write in flight (metrics_ only).
   // Ended idle with a reply in flight (HoldIfIdleSince): Finish does not wait
   // for that write, and no later reply is written.

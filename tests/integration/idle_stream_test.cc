@@ -189,7 +189,9 @@ TEST_F(IdleStreamTest, AStepStreamWhoseClientStopsReadingIsEnded) {
     }
     stream->WritesDone();
   });
-  absl::SleepFor(absl::Seconds(4));  // Not reading, past the 1 s timeout.
+  // Not reading: the reply in flight waits past the 1 s timeout (a margin of
+  // 5 s for a slow machine: once reading starts, the stream is busy again).
+  absl::SleepFor(absl::Seconds(6));
   int replies = 0;
   v1::StepResponse response;
   while (stream->Read(&response)) ++replies;
