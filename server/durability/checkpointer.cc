@@ -134,12 +134,26 @@ void Checkpointer::RunTimer() {
 
 void Checkpointer::CheckpointAsync(CheckpointCall call,
                                    std::function<void(absl::StatusOr<CheckpointOutcome>)> done) {
+  OnCallThread([this, call = std::move(call), done] { done(Checkpoint(call)); },
+               [done](absl::Status refused) { done(refused); }, "Checkpoint");
+}
+
+void Checkpointer::RewindAsync(JobRewindRequest request, CheckpointCall after,
+                               std::function<void(absl::StatusOr<JobRewindOutcome>)> done) {
+  OnCallThread([this, request = std::move(request), after = std::move(after),
+                done] { done(Rewind(request, after)); },
+               [done](absl::Status refused) { done(refused); }, "RewindJob");
+}
+
+void Checkpointer::OnCallThread(std::function<void()> work,
+                                const std::function<void(absl::Status)>& refuse,
+                                absl::string_view what) {
   std::vector<CallThread> finished;
   absl::Status refused;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) {
-      done(absl::CancelledError("the daemon is shutting down"));
+      refuse(absl::CancelledError("the daemon is shutting down"));
       return;
     }
     auto running = std::partition(calls_.begin(), calls_.end(),
@@ -147,24 +161,26 @@ void Checkpointer::CheckpointAsync(CheckpointCall call,
     std::move(running, calls_.end(), std::back_inserter(finished));
     calls_.erase(running, calls_.end());
     if (calls_.size() >= kMaxCallsInFlight) {
-      refused = absl::ResourceExhaustedError(absl::StrCat(
-          kMaxCallsInFlight, " Checkpoint calls are already waiting; wait for one to return"));
+      refused = absl::ResourceExhaustedError(
+          absl::StrCat(kMaxCallsInFlight,
+                       " Checkpoint and RewindJob calls are already waiting; wait for one "
+                       "to return"));
     } else {
       auto flag = std::make_shared<std::atomic<bool>>(false);
       try {
-        calls_.push_back(CallThread{std::thread([this, flag, call = std::move(call), done = done] {
-                                      done(Checkpoint(call));
+        calls_.push_back(CallThread{std::thread([flag, work = std::move(work)] {
+                                      work();
                                       flag->store(true);
                                     }),
                                     flag});
       } catch (const std::system_error& e) {
         refused = absl::UnavailableError(
-            absl::StrCat("no thread could be started for the Checkpoint call: ", e.what()));
+            absl::StrCat("no thread could be started for the ", what, " call: ", e.what()));
       }
     }
   }
   for (CallThread& c : finished) c.thread.join();
-  if (!refused.ok()) done(refused);
+  if (!refused.ok()) refuse(refused);
 }
 
 absl::Status Checkpointer::WaitForStep(const std::vector<std::shared_ptr<Group>>& groups,
@@ -328,7 +344,8 @@ absl::Status Checkpointer::WhileNoCheckpointIsWritten(absl::FunctionRef<absl::St
   return change();
 }
 
-absl::StatusOr<JobRewindOutcome> Checkpointer::Rewind(const JobRewindRequest& request) {
+absl::StatusOr<JobRewindOutcome> Checkpointer::Rewind(const JobRewindRequest& request,
+                                                      const CheckpointCall& after) {
   absl::StatusOr<JobRewindOutcome> outcome;
   {
     absl::MutexLock write_lock(&write_mu_);
@@ -337,7 +354,14 @@ absl::StatusOr<JobRewindOutcome> Checkpointer::Rewind(const JobRewindRequest& re
   if (!outcome.ok() || request.validate_only) return outcome;
   // The newest checkpoint holds the history the job left: a restart would
   // restore it, and the job's next steps would be taken as replays of it.
-  absl::StatusOr<CheckpointOutcome> written = Checkpoint(CheckpointCall());
+  CheckpointCall every_group;  // No groups, no tenant: all of them, as the timer's.
+  every_group.deadline = after.deadline;
+  every_group.cancelled = [this, cancelled = after.cancelled] {
+    if (cancelled()) return true;
+    absl::MutexLock lock(&mu_);
+    return stopping_;  // Shutdown: its final checkpoint holds the rewind.
+  };
+  absl::StatusOr<CheckpointOutcome> written = Checkpoint(every_group);
   if (written.ok()) {
     outcome->written_checkpoint_id = written->id;
   } else {

@@ -110,9 +110,15 @@ class Checkpointer {
 
   // RewindJob (job_rewind.h) over this state_dir, while no checkpoint is
   // written or pruned; then (not validate_only) a checkpoint of every group,
-  // so that a restart restores the rewound job (its id, or why it failed, in
+  // so that a restart restores the rewound job, within `after`'s deadline
+  // and while it is not cancelled (its id, or why it was not written, in
   // the outcome: the rewind stands either way).
-  absl::StatusOr<JobRewindOutcome> Rewind(const JobRewindRequest& request);
+  absl::StatusOr<JobRewindOutcome> Rewind(const JobRewindRequest& request,
+                                          const CheckpointCall& after = CheckpointCall());
+  // Rewind on a thread of its own, as CheckpointAsync (the two share its
+  // limit of calls in flight).
+  void RewindAsync(JobRewindRequest request, CheckpointCall after,
+                   std::function<void(absl::StatusOr<JobRewindOutcome>)> done);
 
   // Why no checkpoint is written ("" when they are): when checkpoints were
   // found at start and every one was refused, a new checkpoint would soon
@@ -124,6 +130,11 @@ class Checkpointer {
   Checkpointer(StateDirLock lock, const CheckpointerOptions& options, StateStore* store,
                StepBackend* backend);
   void RunTimer();
+  // Runs `work` on a call thread (joined by Stop), or `refuse`s it with
+  // CANCELLED when stopping, RESOURCE_EXHAUSTED past kMaxCallsInFlight,
+  // UNAVAILABLE when no thread starts. `what` names the call.
+  void OnCallThread(std::function<void()> work, const std::function<void(absl::Status)>& refuse,
+                    absl::string_view what) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status WaitForStep(const std::vector<std::shared_ptr<Group>>& groups, uint64_t step,
                            const CheckpointCall& call);
   void Record(const absl::StatusOr<CheckpointOutcome>& outcome, absl::Duration took);

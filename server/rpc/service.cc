@@ -336,20 +336,32 @@ grpc::ServerUnaryReactor* OptimizerStateService::RewindJob(grpc::CallbackServerC
   if (parsed.has_step()) rewind.step = parsed.step();
   rewind.validate_only = parsed.validate_only();
   rewind.lease = *std::move(lease);
-  // Reading the checkpoint's files takes a while: on a worker.
-  engine_->pool()->Schedule([this, reactor, rewind = std::move(rewind), response] {
-    absl::StatusOr<JobRewindOutcome> outcome = checkpointer_->Rewind(rewind);
-    v1::RewindJobResponse reply;
-    if (outcome.ok()) {
-      reply.set_checkpoint_id(outcome->checkpoint_id);
-      reply.set_step(outcome->step);
-      for (const std::string& g : outcome->groups) reply.add_groups(g);
-      for (const std::string& p : outcome->passed_over) reply.add_passed_over(p);
-      reply.set_written_checkpoint_id(outcome->written_checkpoint_id);
-      reply.set_not_written(outcome->not_written);
-    }
-    Reply(reactor, outcome.status(), reply, response);
-  });
+  // Reading the checkpoint's files, and writing one after, take a while: on
+  // a call thread of the checkpointer's, not a step worker. The checkpoint
+  // after the rewind is written within the caller's deadline (less a margin,
+  // so the answer reaches it) and while it waits for the answer.
+  CheckpointCall after;
+  const auto deadline = context->deadline();
+  if (deadline != std::chrono::system_clock::time_point::max()) {
+    const absl::Time given = absl::FromChrono(deadline);
+    after.deadline = given - std::min(absl::Milliseconds(250),
+                                      std::max(absl::ZeroDuration(), given - absl::Now()) / 10);
+  }
+  after.cancelled = [context] { return context->IsCancelled(); };
+  checkpointer_->RewindAsync(std::move(rewind), std::move(after),
+                             [reactor, response](absl::StatusOr<JobRewindOutcome> outcome) {
+                               v1::RewindJobResponse reply;
+                               if (outcome.ok()) {
+                                 reply.set_checkpoint_id(outcome->checkpoint_id);
+                                 reply.set_step(outcome->step);
+                                 for (const std::string& g : outcome->groups) reply.add_groups(g);
+                                 for (const std::string& p : outcome->passed_over)
+                                   reply.add_passed_over(p);
+                                 reply.set_written_checkpoint_id(outcome->written_checkpoint_id);
+                                 reply.set_not_written(outcome->not_written);
+                               }
+                               Reply(reactor, outcome.status(), reply, response);
+                             });
   return reactor;
 }
 
