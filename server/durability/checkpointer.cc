@@ -228,7 +228,13 @@ absl::Status Checkpointer::WaitForStep(const std::vector<std::shared_ptr<Group>>
 }
 
 absl::StatusOr<CheckpointOutcome> Checkpointer::Checkpoint(const CheckpointCall& call) {
-  if (!writes_refused_.empty()) return absl::FailedPreconditionError(writes_refused_);
+  if (!writes_refused_.empty()) {
+    // Counted as a failure: the alert on failures tells the operator that
+    // this daemon runs without durability until the refusals are dealt with.
+    absl::Status refused = absl::FailedPreconditionError(writes_refused_);
+    Record(refused, absl::ZeroDuration());
+    return refused;
+  }
   std::vector<std::shared_ptr<Group>> named;
   for (const GroupKey& key : call.groups) {
     absl::StatusOr<std::shared_ptr<Group>> group = store_->Find(key);
