@@ -5,6 +5,10 @@
 // left as it was.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
+#include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/v1/optstate.grpc.pb.h"
 #include "tests/testing/daemon_process.h"
@@ -121,6 +125,34 @@ TEST(UnaryParseTest, ABadImportStateMessageRefusesTheImportAndIsNotTakenForItsEn
   EXPECT_EQ(reply.group().name(), "imported");
   EXPECT_EQ(reply.group().num_elements(), kElements);
   EXPECT_EQ(reply.group().min_step(), step);
+}
+
+// A string field that is not UTF-8 makes protobuf's parser log a line; a
+// client sending such requests gets INVALID_ARGUMENT each time, and the
+// daemon's log at most a line a second of them, not one per call.
+TEST(UnaryParseTest, RequestsWithInvalidUtf8DoNotFloodTheLog) {
+  const std::string dir = ::testing::TempDir() + "/utf8_log";
+  std::filesystem::create_directories(dir);
+  const std::string log = dir + "/daemon.log";
+  std::filesystem::remove(log);
+  auto daemon = DaemonProcess::Start({"--threads=2"}, log);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto channel = OwnChannel((*daemon)->target());
+  const absl::Time started = absl::Now();
+  constexpr int kCalls = 300;
+  for (int i = 0; i < kCalls; ++i) {
+    // DescribeGroupRequest{name: "\xff\xfe"}.
+    grpc::Status status = RawUnary(channel, "/optstate.v1.OptimizerState/DescribeGroup",
+                                   std::string("\x0a\x02\xff\xfe", 4));
+    ASSERT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  }
+  const int64_t seconds = absl::ToInt64Seconds(absl::Now() - started) + 2;
+  daemon->reset();  // The log is whole once the daemon has gone.
+  std::ifstream in(log);
+  int lines = 0;
+  for (std::string line; std::getline(in, line);) lines += line.find("UTF-8") != std::string::npos;
+  EXPECT_GE(lines, 1);
+  EXPECT_LE(lines, seconds) << "of " << kCalls << " calls";
 }
 
 }  // namespace
