@@ -412,6 +412,11 @@ TEST_F(DamagedCheckpointTest, WhileANewerCheckpointIsRefusedNoneIsWrittenOrRemov
     EXPECT_THAT(std::string(refused.status().message()),
                 HasSubstr("newer than the restored " + std::string(kFirst)));
     EXPECT_THAT(std::string(refused.status().message()), HasSubstr("MANIFEST is missing"));
+    // Counted as a failure, which the checkpoint alert watches.
+    absl::StatusOr<Stats> after = client->GetStats();
+    ASSERT_TRUE(after.ok());
+    EXPECT_EQ(after->checkpoint_failures, 1u);
+    EXPECT_THAT(after->last_checkpoint_error, HasSubstr("no checkpoint is written"));
   }
   EXPECT_TRUE(exists(kFirst));
   EXPECT_TRUE(exists(kSecond));
