@@ -440,6 +440,14 @@ def _torch_reference(params, **kwargs):
     return ref_params, torch.optim.AdamW(ref_params, **kwargs)
 
 
+class _ImportCountingClient(optstate.Client):
+    imports = 0
+
+    def import_state(self, *args, **kwargs):
+        self.imports += 1
+        return super().import_state(*args, **kwargs)
+
+
 def test_a_job_attaching_to_groups_never_stepped_steps_from_its_own_values(daemon, client,
                                                                            prefix):
     # A run that stopped before its first step (or a notebook cell run again with other
@@ -448,7 +456,9 @@ def test_a_job_attaching_to_groups_never_stepped_steps_from_its_own_values(daemo
     first = RemoteAdamW(_params(2, seed=1), target=daemon.target, name_prefix=prefix)
     first.close()
     params = _params(2, seed=2)
-    opt = RemoteAdamW(params, target=daemon.target, name_prefix=prefix, delete_on_close=True)
+    counting = _ImportCountingClient(daemon.target)
+    opt = RemoteAdamW(params, client=counting, name_prefix=prefix, delete_on_close=True)
+    assert counting.imports == 2  # each group's values made this run's, at construction
     ref_params, ref = _torch_reference(params)
     for step in (1, 2):
         _grads(params, step)
@@ -463,8 +473,9 @@ def test_a_job_attaching_to_groups_never_stepped_steps_from_its_own_values(daemo
     rank0 = RemoteAdamW(same, target=daemon.target, name_prefix=prefix + "ranks/",
                         delete_on_close=True)
     rank1_params = [p.detach().clone().requires_grad_() for p in same]
-    rank1 = RemoteAdamW(rank1_params, target=daemon.target, name_prefix=prefix + "ranks/",
-                        lease_holder=rank0.lease_holder)
+    counting = _ImportCountingClient(daemon.target, lease_holder=rank0.lease_holder)
+    rank1 = RemoteAdamW(rank1_params, client=counting, name_prefix=prefix + "ranks/")
+    assert counting.imports == 0
     ref_params, ref = _torch_reference(same)
     for ps in (rank1_params, same, ref_params):
         _grads(ps, 1)

@@ -69,6 +69,15 @@ def _with_hooks(step: Callable, self, args: tuple, kwargs: dict):
     return out
 
 
+def eager_only(step: Callable) -> Callable:
+    """`step` run as it is under torch.compile (a graph break), as torch.compiler.disable
+    runs it; torch's own lazy form where this torch has it (torch._disable_dynamo, which
+    torch's optimizers use), so that importing this module does not import torch._dynamo
+    (over a second): torch.optim.Optimizer's constructor imports it anyway."""
+    lazy = getattr(torch, "_disable_dynamo", None)
+    return lazy(step) if lazy is not None else torch.compiler.disable(step)
+
+
 def without_grad(step: Callable) -> Callable:
     """`step` run with autograd off and the caller's grad mode restored after, as under
     ``@torch.no_grad()``."""

@@ -22,7 +22,7 @@ from ._jobs import (RESUME_MODES, Attached, check_resume, group_name_of, job_nam
 from ._optstate import Client, _prepare_param_step, _PreparedStep, _StepPlan
 from ._remote_state import RemoteState
 from ._staging import Staging
-from ._step_hooks import hooked_step, without_grad
+from ._step_hooks import eager_only, hooked_step, without_grad
 from ._torch_args import check_hyperparameters, check_options
 
 __all__ = ["RemoteAdamW", "MASTER_PARAM"]
@@ -229,8 +229,8 @@ def _shared_memory_pair(entries: list) -> Optional[tuple[str, str]]:
     Views of one storage that do not overlap (slices of one buffer) share nothing."""
     spans = []
     for p, name, _ in entries:
-        if p.numel() == 0:
-            continue
+        if p.layout != torch.strided or p.numel() == 0:
+            continue  # refused by name elsewhere (_check_registrable)
         extent = 1 + sum((size - 1) * stride for size, stride in zip(p.shape, p.stride()))
         start = p.data_ptr()
         spans.append((str(p.device), start, start + extent * p.element_size(), p, name))
@@ -309,8 +309,11 @@ class RemoteAdamW(torch.optim.Optimizer):
             except under torchrun, where it defaults to ``TORCHELASTIC_RUN_ID + "/"`` (with
             a warning saying so). A parameter is named ``name_prefix + name`` from
             ``named_parameters()`` (torch.compile's ``_orig_mod.`` and DDP/FSDP's
-            ``module.`` stripped, so wrapping the model keeps its groups), else
-            ``name_prefix + "param." + i`` (its index over all param groups).
+            ``module.`` stripped, so wrapping the model keeps its groups; a character
+            other than printable ASCII written ``%XX``), else ``name_prefix + "param." +
+            i`` (its index over all param groups when registered, the next free one when
+            another parameter has it); a parameter keeps its name for the optimizer's
+            life, wherever it moves in ``param_groups``.
         resume: what happens when the job's groups already exist at a step > 0:
             ``"never"`` (the default) refuses (``optstate.FailedPrecondition`` saying which,
             at which step, and the ways on); ``"daemon"`` continues from the daemon's live
@@ -509,7 +512,10 @@ class RemoteAdamW(torch.optim.Optimizer):
         # The slots are views of one buffer, so they share one version counter, which
         # each copy moves for all of them.
         self._shared_writes: dict[int, int] = {}
+        self._shared_buffer_of: dict[int, int] = {}  # by id(parameter): its buffer's address
         self._listed_twice: Optional[str] = None  # a parameter param_groups list twice (_names)
+        # By id(parameter): (it, its name) when last placed, every rank's (_names).
+        self._placed_names: dict[int, tuple] = {}
         self._constructed = False
         self._closed = False
 
@@ -561,6 +567,8 @@ class RemoteAdamW(torch.optim.Optimizer):
                 pass  # best effort: the refusal being raised says what went wrong
         for key in [k for k in self._owner if k not in present]:
             del self._owner[key]
+        for key in [k for k in self._placed_names if k not in present]:
+            del self._placed_names[key]
         self._staging.forget_all_but(present)
 
     # -- lifetime: close, context manager, pickling ----------------------------------------
@@ -677,8 +685,10 @@ class RemoteAdamW(torch.optim.Optimizer):
         ``param.<its position>`` (the next free index where that name is another
         parameter's). A parameter listed twice (a tied weight listed once per module,
         which torch warns of and steps twice a step) is given once, at its first place,
-        and noted in _listed_twice: step() refuses it."""
+        and noted in _listed_twice: step() refuses it. Parameters another rank registers
+        (shard=True) keep the names every rank gave them when they were placed."""
         taken = {reg.name for reg in self._registered.values()}
+        taken.update(name for _, name in self._placed_names.values())
         out, seen, seen_params = [], set(), set()
         self._listed_twice = None
         index = 0
@@ -691,8 +701,11 @@ class RemoteAdamW(torch.optim.Optimizer):
                     index += 1
                     continue
                 reg = self._registered.get(id(p))
+                placed = self._placed_names.get(id(p))
                 if reg is not None:
                     name = reg.name
+                elif placed is not None:
+                    name = placed[1]
                 elif names:
                     name = self._name_prefix + group_name_of(strip_wrappers(names[j]))
                 else:
@@ -720,6 +733,8 @@ class RemoteAdamW(torch.optim.Optimizer):
         the ones this rank steps. `attaching` (construction): then holds what it found to
         ``resume`` and the leases (_attach)."""
         entries = self._names()
+        for p, name, _ in entries:  # p held: its id stays its own
+            self._placed_names[id(p)] = (p, name)
         rank, world = self._rank_and_world()
         total = sum(p.numel() for p, _, _ in entries) or 1
         before = 0
@@ -730,6 +745,8 @@ class RemoteAdamW(torch.optim.Optimizer):
             before += p.numel()
         new = [(p, name, group) for p, name, group in entries
                if self._owner[id(p)] == rank and id(p) not in self._registered]
+        for p, name, _ in new:  # all checked before the first is registered
+            self._check_registrable(p, name)
         shared_memory = _shared_memory_pair(entries) if new else None
         if shared_memory is not None:
             raise ValueError(
@@ -738,8 +755,6 @@ class RemoteAdamW(torch.optim.Optimizer):
                 "torch.optim.AdamW would step that memory once for each, and the daemon "
                 "keeps each parameter's values apart, so they would drift apart. Tie them "
                 "as one Parameter (module_b.weight = module_a.weight), listed once")
-        for p, name, _ in new:  # all checked before the first is registered
-            self._check_registrable(p, name)
         # The shared buffer first: a client that cannot have one registers nothing.
         shared = self._allocate_shared([p for p, _, _ in new]) if self._shared_buffers else None
         found, refused = [], []
@@ -772,14 +787,26 @@ class RemoteAdamW(torch.optim.Optimizer):
             self._move_into_shared(*shared)
         for p, _, _ in new:  # attaching or moving them into shared memory wrote them
             self._note_values(p)
-        for p, _, info in found if not trained else ():
-            if not info.created and info.max_step == 0:
-                # A group that existed, never stepped, of a job not trained yet: it holds
-                # the values of whoever registered it first (another rank of this job, or
-                # a run that stopped before its first step, with other weights). torch
-                # steps from p's: the first step compares them and imports p's where they
-                # differ (_adopt_values).
-                self._registered[id(p)].pointer = 0
+        self._take_values_of_an_untrained_job([p for p, _, info in found
+                                               if not trained and not info.created
+                                               and info.max_step == 0], attaching)
+
+    def _take_values_of_an_untrained_job(self, existing: list, attaching: bool) -> None:
+        """`existing`: parameters whose groups existed, never stepped, in a job not trained
+        yet. They hold the values of whoever registered them first: another rank of this
+        job, or a run that stopped before its first step, with other weights. torch steps
+        from p's, so p's values are imported where they differ (_adopt_values), now: by
+        every rank for its own groups with shard=True or in one process; by rank 0 alone
+        for data-parallel ranks that share the groups (their model is rank 0's, as DDP
+        broadcasts it), who then meet in a barrier at construction, so that no rank steps
+        the groups before rank 0 has made them its values."""
+        shared_by_ranks = (not self._shard and dist.is_available() and dist.is_initialized()
+                           and dist.get_world_size() > 1)
+        if not shared_by_ranks or dist.get_rank() == 0:
+            for p in existing:
+                self._adopt_values(p, self._registered[id(p)])
+        if shared_by_ranks and attaching:
+            dist.barrier()
 
     def _check_placement(self, created: list) -> None:
         """FailedPrecondition when groups registration just created (`created`, GroupInfo
@@ -861,7 +888,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         with torch.no_grad():
             for p, group, info in found:
                 if info.max_step == 0:
-                    continue  # never stepped: the first step sends p's values where they differ
+                    continue  # never stepped (frozen): p keeps the values it was given
                 reg = self._registered[id(p)]
                 state = self._client.export_state(info.name)
                 p.copy_(torch.from_numpy(state.params).reshape(p.shape).to(p.dtype))
@@ -958,6 +985,7 @@ class RemoteAdamW(torch.optim.Optimizer):
                     grad.copy_(p.grad)
                     p.grad = grad
                 self._shared_grads[id(p)] = grad
+                self._shared_buffer_of[id(p)] = grad.untyped_storage().data_ptr()
 
     @staticmethod
     def _check_registrable(p: torch.Tensor, name: str) -> None:
@@ -1119,7 +1147,7 @@ class RemoteAdamW(torch.optim.Optimizer):
     # is calls to the daemon; a compiled caller runs it as it is, at a graph break (inside
     # hooked_step, whose wrapper must stay the class's step).
     @hooked_step
-    @torch.compiler.disable
+    @eager_only
     @without_grad
     def step(self, closure: Optional[Callable[[], Any]] = None):
         """Performs one optimization step (see the class docstring). Returns the closure's
@@ -1559,7 +1587,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         if slot is None or grad is slot or grad.data_ptr() == slot.data_ptr():
             return grad
         slot.copy_(grad)
-        buffer = slot.untyped_storage().data_ptr()
+        buffer = self._shared_buffer_of[id(p)]
         self._shared_writes[buffer] = self._shared_writes.get(buffer, 0) + 1
         p.grad = slot
         # A gradient clip_grad_norm_ measured, moved here unchanged: the slot holds what it
