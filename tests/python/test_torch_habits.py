@@ -440,6 +440,15 @@ def _torch_reference(params, **kwargs):
     return ref_params, torch.optim.AdamW(ref_params, **kwargs)
 
 
+def _step_both(opt, params, ref, ref_params, step):
+    """Step `step`'s gradients on RemoteAdamW and on torch's AdamW; the params equal."""
+    _grads(params, step)
+    _grads(ref_params, step)
+    opt.step()
+    ref.step()
+    assert all(torch.equal(p, q) for p, q in zip(params, ref_params)), f"step {step}"
+
+
 class _ImportCountingClient(optstate.Client):
     imports = 0
 
@@ -461,12 +470,7 @@ def test_a_job_attaching_to_groups_never_stepped_steps_from_its_own_values(daemo
     assert counting.imports == 2  # each group's values made this run's, at construction
     ref_params, ref = _torch_reference(params)
     for step in (1, 2):
-        _grads(params, step)
-        _grads(ref_params, step)
-        opt.step()
-        ref.step()
-    for p, q in zip(params, ref_params):
-        assert torch.equal(p, q)
+        _step_both(opt, params, ref, ref_params, step)
     # A rank of the same job holding the same values (attached after the first rank
     # registered) steps the same numbers, and imports nothing over them.
     same = _params(2, seed=3)
@@ -552,11 +556,7 @@ def test_a_parameter_listed_twice_or_memory_shared_by_two_is_refused_by_name(dae
     views = [torch.nn.Parameter(buffer[:, 0::2]), torch.nn.Parameter(buffer[:, 1::2])]
     opt = RemoteAdamW(views, target=daemon.target, name_prefix=prefix, delete_on_close=True)
     ref_params, ref = _torch_reference(views)
-    _grads(views, 1)
-    _grads(ref_params, 1)
-    opt.step()
-    ref.step()
-    assert all(torch.equal(p, q) for p, q in zip(views, ref_params))
+    _step_both(opt, views, ref, ref_params, 1)
     opt.close()
 
 
@@ -613,11 +613,7 @@ def test_parameter_names_torch_takes_are_escaped_and_an_odd_prefix_is_refused(da
         == {"%CE%B3", "layers.block%20one.weight", "layers.block%20one.bias"}
     params = list(model.parameters())
     ref_params, ref = _torch_reference(params)
-    _grads(params, 1)
-    _grads(ref_params, 1)
-    opt.step()
-    ref.step()
-    assert all(torch.equal(p, q) for p, q in zip(params, ref_params))
+    _step_both(opt, params, ref, ref_params, 1)
     opt.close()
     for odd in ("job é/", "job one/"):
         with pytest.raises(ValueError, match="printable ASCII without spaces"):
