@@ -92,9 +92,10 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view text) {
     return Bad("the second line is not 'format_version N'");
   }
   if (m.version > kCheckpointFormatVersion) {
-    return absl::DataLossError(absl::StrCat("format version ", m.version,
-                                            " is newer than this daemon reads (",
-                                            kCheckpointFormatVersion, "); upgrade optstated"));
+    // Not damage: a newer optstated reads it.
+    return absl::FailedPreconditionError(
+        absl::StrCat("format version ", m.version, " is newer than this daemon reads (",
+                     kCheckpointFormatVersion, "); upgrade optstated"));
   }
   // The last line is "end <crc>" followed by the final newline.
   const size_t end_at = text.rfind("\nend ");

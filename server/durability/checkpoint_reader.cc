@@ -155,7 +155,9 @@ absl::StatusOr<std::vector<StagedGroup>> LoadCheckpoint(StateStore* store, const
   }
   absl::StatusOr<Manifest> parsed = ParseManifest(text);
   if (!parsed.ok()) {
-    return absl::DataLossError(absl::StrCat(manifest_path, ": ", parsed.status().message()));
+    // DATA_LOSS for damage, FAILED_PRECONDITION for a newer format.
+    return absl::Status(parsed.status().code(),
+                        absl::StrCat(manifest_path, ": ", parsed.status().message()));
   }
   if (parsed->page_elements != store->page_elements()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -261,6 +263,7 @@ absl::StatusOr<RestoreOutcome> RestoreNewest(StateStore* store, const std::strin
       Log(LogLevel::kError, refusal);
       outcome.refusals.push_back(refusal);
       outcome.refused_sequences.push_back(seq);
+      if (!absl::IsDataLoss(status)) outcome.refused_for_a_fixable_cause = true;
       continue;
     }
     outcome.restored_id = manifest.id;

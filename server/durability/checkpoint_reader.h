@@ -22,6 +22,9 @@ struct RestoreOutcome {
   uint64_t next_sequence = 1;         // For the next checkpoint written.
   std::vector<std::string> refusals;  // One per refused checkpoint: file and fault.
   std::vector<uint64_t> refused_sequences;  // Their sequence numbers.
+  // Whether one was refused for a cause other than damage (DATA_LOSS): other
+  // flags, a newer format, a file it could not open. Fixed, it would load.
+  bool refused_for_a_fixable_cause = false;
 };
 
 // Loads checkpoint `dir` (a path) into staged groups, verifying the

@@ -78,10 +78,12 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::OpenAndRestore(
         "), and a new one would replace them; fix what the refusals name and restart, or move "
         "them out of --state_dir to start afresh");
     Log(LogLevel::kError, checkpointer->writes_refused_);
-  } else if (!restored->refusals.empty()) {
+  } else if (restored->refused_for_a_fixable_cause) {
     // The restore goes newest first: each refused checkpoint is newer than
     // the one restored. A new checkpoint would be the newest, so the next
-    // start would restore it, never the refused ones, and prune them.
+    // start would restore it, never the refused ones, and prune them: of a
+    // damaged one (DATA_LOSS) nothing is lost, of one that needs other flags
+    // or a newer daemon its newer state would be.
     checkpointer->writes_refused_ = absl::StrCat(
         "no checkpoint is written: ", restored->refusals.size(), " checkpoint",
         restored->refusals.size() == 1 ? "" : "s", " newer than the restored ",

@@ -390,13 +390,53 @@ TEST_F(DamagedCheckpointTest, AManifestThatIsAFifoIsRefusedWithoutBlockingTheSta
   ExpectFallback("MANIFEST", "is not a regular file");
 }
 
-TEST_F(DamagedCheckpointTest, WhileANewerCheckpointIsRefusedNoneIsWrittenOrRemoved) {
-  // ckpt 2 refused (its MANIFEST moved aside), ckpt 1 restored and served.
-  // A checkpoint written now would be the newest: the next start would
-  // restore it, not ckpt 2, and prune ckpt 2 once it is fixed. So none is
-  // written, when asked or at shutdown, and both stay.
-  const std::string aside = File("MANIFEST.aside");
-  std::filesystem::rename(File("MANIFEST"), aside);
+// A damaged checkpoint can never be restored: new checkpoints are written
+// beside it as if it were not there.
+TEST_F(DamagedCheckpointTest, ARefusedCheckpointNeitherCountsAmongTheKeptNorIsRemoved) {
+  // ckpt 2 refused, ckpt 1 restored: new checkpoints are kept beside ckpt 1
+  // as if ckpt 2 were not there (counting it pushed ckpt 1, the only good
+  // older one, out at the first new checkpoint), and ckpt 2 stays for its
+  // cause to be found.
+  std::filesystem::remove(File("MANIFEST"));
+  auto daemon = DaemonProcess::Start(CkptFlags(dir_, {"--checkpoints_to_keep=2"}));
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto client = ConnectTo(**daemon);
+  absl::StatusOr<Stats> stats = client->GetStats();
+  ASSERT_TRUE(stats.ok());
+  ASSERT_EQ(stats->restored_checkpoint_id, kFirst);
+  ASSERT_EQ(stats->restore_refusals.size(), 1u);
+  auto exists = [&](const char* name) { return std::filesystem::exists(dir_ + "/" + name); };
+  work_.Steps(*client, 4, 4);
+  ASSERT_TRUE(client->Checkpoint({}).ok());  // ckpt 3
+  EXPECT_TRUE(exists(kFirst)) << "the good older checkpoint is kept";
+  EXPECT_TRUE(exists(kSecond)) << "the refused one is left";
+  EXPECT_TRUE(exists("ckpt-0000000000000003"));
+  work_.Steps(*client, 5, 5);
+  ASSERT_TRUE(client->Checkpoint({}).ok());  // ckpt 4: ckpt 1 is now the third good one
+  EXPECT_FALSE(exists(kFirst));
+  EXPECT_TRUE(exists(kSecond));
+  EXPECT_TRUE(exists("ckpt-0000000000000003"));
+  EXPECT_TRUE(exists("ckpt-0000000000000004"));
+}
+
+TEST_F(DamagedCheckpointTest, WhileANewerCheckpointNeedsAnotherDaemonNoneIsWrittenOrRemoved) {
+  // ckpt 2 refused for a cause that can be fixed (a format this daemon does
+  // not read: a newer optstated wrote it), ckpt 1 restored and served. A
+  // checkpoint written now would be the newest: the next start would restore
+  // it, not ckpt 2, and prune ckpt 2 once it can be read. So none is written,
+  // when asked or at shutdown, and both stay.
+  auto set_version = [&](const std::string& from, const std::string& to) {
+    std::string text;
+    {
+      std::ifstream in(File("MANIFEST"));
+      text.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const size_t at = text.find("format_version " + from + "\n");
+    ASSERT_NE(at, std::string::npos);
+    text.replace(at, from.size() + 16, "format_version " + to + "\n");
+    std::ofstream(File("MANIFEST")) << text;
+  };
+  set_version("3", "4");
   auto exists = [&](const char* name) { return std::filesystem::exists(dir_ + "/" + name); };
   {
     auto daemon = DaemonProcess::Start(CkptFlags(dir_, {"--checkpoints_to_keep=1"}));
@@ -411,7 +451,7 @@ TEST_F(DamagedCheckpointTest, WhileANewerCheckpointIsRefusedNoneIsWrittenOrRemov
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
     EXPECT_THAT(std::string(refused.status().message()),
                 HasSubstr("newer than the restored " + std::string(kFirst)));
-    EXPECT_THAT(std::string(refused.status().message()), HasSubstr("MANIFEST is missing"));
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr("upgrade optstated"));
     // Counted as a failure, which the checkpoint alert watches.
     absl::StatusOr<Stats> after = client->GetStats();
     ASSERT_TRUE(after.ok());
@@ -421,9 +461,9 @@ TEST_F(DamagedCheckpointTest, WhileANewerCheckpointIsRefusedNoneIsWrittenOrRemov
   EXPECT_TRUE(exists(kFirst));
   EXPECT_TRUE(exists(kSecond));
   EXPECT_FALSE(exists("ckpt-0000000000000003"));
-  // The cause fixed: ckpt 2, the newest, is restored, and checkpoints are
-  // written and pruned again.
-  std::filesystem::rename(aside, File("MANIFEST"));
+  // The cause fixed (here: the format read again): ckpt 2, the newest, is
+  // restored, and checkpoints are written and pruned again.
+  set_version("4", "3");
   auto daemon = DaemonProcess::Start(CkptFlags(dir_, {"--checkpoints_to_keep=1"}));
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   auto client = ConnectTo(**daemon);
