@@ -331,6 +331,20 @@ class DamagedCheckpointTest : public ::testing::Test {
   }
 
   std::string File(const std::string& name) const { return dir_ + "/" + kSecond + "/" + name; }
+  bool Exists(const std::string& name) const { return std::filesystem::exists(dir_ + "/" + name); }
+
+  // Rewrites ckpt 2's MANIFEST with its first `from` replaced by `to`.
+  void ReplaceInManifest(const std::string& from, const std::string& to) {
+    std::string text;
+    {
+      std::ifstream in(File("MANIFEST"));
+      text.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+    std::ofstream(File("MANIFEST")) << text;
+  }
 
   // Restarts on the damaged directory: ckpt 2 must be refused with
   // `message` (naming `file`), ckpt 1 restored, and the steps continue.
@@ -405,18 +419,17 @@ TEST_F(DamagedCheckpointTest, ARefusedCheckpointNeitherCountsAmongTheKeptNorIsRe
   ASSERT_TRUE(stats.ok());
   ASSERT_EQ(stats->restored_checkpoint_id, kFirst);
   ASSERT_EQ(stats->restore_refusals.size(), 1u);
-  auto exists = [&](const char* name) { return std::filesystem::exists(dir_ + "/" + name); };
   work_.Steps(*client, 4, 4);
   ASSERT_TRUE(client->Checkpoint({}).ok());  // ckpt 3
-  EXPECT_TRUE(exists(kFirst)) << "the good older checkpoint is kept";
-  EXPECT_TRUE(exists(kSecond)) << "the refused one is left";
-  EXPECT_TRUE(exists("ckpt-0000000000000003"));
+  EXPECT_TRUE(Exists(kFirst)) << "the good older checkpoint is kept";
+  EXPECT_TRUE(Exists(kSecond)) << "the refused one is left";
+  EXPECT_TRUE(Exists("ckpt-0000000000000003"));
   work_.Steps(*client, 5, 5);
   ASSERT_TRUE(client->Checkpoint({}).ok());  // ckpt 4: ckpt 1 is now the third good one
-  EXPECT_FALSE(exists(kFirst));
-  EXPECT_TRUE(exists(kSecond));
-  EXPECT_TRUE(exists("ckpt-0000000000000003"));
-  EXPECT_TRUE(exists("ckpt-0000000000000004"));
+  EXPECT_FALSE(Exists(kFirst));
+  EXPECT_TRUE(Exists(kSecond));
+  EXPECT_TRUE(Exists("ckpt-0000000000000003"));
+  EXPECT_TRUE(Exists("ckpt-0000000000000004"));
 }
 
 TEST_F(DamagedCheckpointTest, WhileANewerCheckpointNeedsAnotherDaemonNoneIsWrittenOrRemoved) {
@@ -425,19 +438,7 @@ TEST_F(DamagedCheckpointTest, WhileANewerCheckpointNeedsAnotherDaemonNoneIsWritt
   // checkpoint written now would be the newest: the next start would restore
   // it, not ckpt 2, and prune ckpt 2 once it can be read. So none is written,
   // when asked or at shutdown, and both stay.
-  auto set_version = [&](const std::string& from, const std::string& to) {
-    std::string text;
-    {
-      std::ifstream in(File("MANIFEST"));
-      text.assign(std::istreambuf_iterator<char>(in), {});
-    }
-    const size_t at = text.find("format_version " + from + "\n");
-    ASSERT_NE(at, std::string::npos);
-    text.replace(at, from.size() + 16, "format_version " + to + "\n");
-    std::ofstream(File("MANIFEST")) << text;
-  };
-  set_version("3", "4");
-  auto exists = [&](const char* name) { return std::filesystem::exists(dir_ + "/" + name); };
+  ReplaceInManifest("format_version 3\n", "format_version 4\n");
   {
     auto daemon = DaemonProcess::Start(CkptFlags(dir_, {"--checkpoints_to_keep=1"}));
     ASSERT_TRUE(daemon.ok()) << daemon.status();
@@ -458,12 +459,12 @@ TEST_F(DamagedCheckpointTest, WhileANewerCheckpointNeedsAnotherDaemonNoneIsWritt
     EXPECT_EQ(after->checkpoint_failures, 1u);
     EXPECT_THAT(after->last_checkpoint_error, HasSubstr("no checkpoint is written"));
   }
-  EXPECT_TRUE(exists(kFirst));
-  EXPECT_TRUE(exists(kSecond));
-  EXPECT_FALSE(exists("ckpt-0000000000000003"));
+  EXPECT_TRUE(Exists(kFirst));
+  EXPECT_TRUE(Exists(kSecond));
+  EXPECT_FALSE(Exists("ckpt-0000000000000003"));
   // The cause fixed (here: the format read again): ckpt 2, the newest, is
   // restored, and checkpoints are written and pruned again.
-  set_version("4", "3");
+  ReplaceInManifest("format_version 4\n", "format_version 3\n");
   auto daemon = DaemonProcess::Start(CkptFlags(dir_, {"--checkpoints_to_keep=1"}));
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   auto client = ConnectTo(**daemon);
@@ -473,9 +474,9 @@ TEST_F(DamagedCheckpointTest, WhileANewerCheckpointNeedsAnotherDaemonNoneIsWritt
   EXPECT_TRUE(SameState(ExportAll(*client), References().at(5)));
   work_.Steps(*client, 6, 6);
   ASSERT_TRUE(client->Checkpoint({}).ok());
-  EXPECT_FALSE(exists(kFirst));
-  EXPECT_FALSE(exists(kSecond));
-  EXPECT_TRUE(exists("ckpt-0000000000000003"));
+  EXPECT_FALSE(Exists(kFirst));
+  EXPECT_FALSE(Exists(kSecond));
+  EXPECT_TRUE(Exists("ckpt-0000000000000003"));
 }
 
 TEST_F(DamagedCheckpointTest, AManifestThatDoesNotParseIsRefused) {
@@ -497,15 +498,7 @@ TEST_F(DamagedCheckpointTest, AFlippedByteInTheManifestFailsItsChecksum) {
 }
 
 TEST_F(DamagedCheckpointTest, AFutureFormatVersionIsRefused) {
-  std::string text;
-  {
-    std::ifstream in(File("MANIFEST"));
-    text.assign(std::istreambuf_iterator<char>(in), {});
-  }
-  const size_t at = text.find("format_version 3\n");
-  ASSERT_NE(at, std::string::npos);
-  text.replace(at, 17, "format_version 4\n");
-  { std::ofstream(File("MANIFEST")) << text; }
+  ReplaceInManifest("format_version 3\n", "format_version 4\n");
   ExpectFallback("MANIFEST", "format version 4 is newer than this daemon reads (3)");
 }
 
