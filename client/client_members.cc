@@ -597,6 +597,45 @@ absl::StatusOr<RebalanceResult> Client::Rebalance(const std::vector<MemberTarget
     }
     leased_by_others.insert(name);
   }
+  // The other copies of each group are deleted only once its owner's copy
+  // is durable: after the moves, each owner that will keep the only copy of
+  // a group writes a checkpoint (owners without --state_dir keep nothing
+  // durable to wait for). Deleted at once, a copy imported into a daemon
+  // that crashed before its next checkpoint would be gone from every
+  // member.
+  std::vector<std::pair<std::string, size_t>> deletes;  // (group, index into `all`)
+  std::set<size_t> keeping;                             // Owners of those groups.
+  auto flush = [&]() -> absl::Status {
+    for (size_t owner : keeping) {
+      absl::StatusOr<Stats> facts = all[owner]->shared->DaemonFacts();
+      if (!facts.ok()) return InMember(all[owner]->target, facts.status());
+      // (started_unix_micros 0: a daemon older than has_state_dir, which may have one.)
+      if (!facts->has_state_dir && facts->started_unix_micros != 0) continue;
+      act(absl::StrCat("checkpoint ", all[owner]->target.identity));
+      absl::StatusOr<CheckpointResult> written = all[owner]->shared->Checkpoint();
+      if (!written.ok()) {
+        return InMember(
+            all[owner]->target,
+            absl::Status(written.status().code(),
+                         absl::StrCat("the checkpoint that makes its moved groups durable before "
+                                      "their old copies are deleted failed, so no copy was "
+                                      "deleted: ",
+                                      written.status().message(),
+                                      ". Fix it and call Rebalance "
+                                      "again")));
+      }
+    }
+    keeping.clear();
+    for (const auto& [name, where] : deletes) {
+      act(absl::StrCat("delete ", name, " from ", all[where]->target.identity));
+      absl::Status s = all[where]->shared->DeleteGroup(name);
+      if (!s.ok() && s.code() != absl::StatusCode::kNotFound) {
+        return InMember(all[where]->target, s);
+      }
+    }
+    deletes.clear();
+    return absl::OkStatus();
+  };
   for (auto& [name, held] : copies) {
     const size_t owner = OwnerOf(placement, "", name);  // An index into `all` too.
     const auto current = current_of(name, held);
@@ -624,22 +663,27 @@ absl::StatusOr<RebalanceResult> Client::Rebalance(const std::vector<MemberTarget
         state->page_steps.resize(1);
       }
       act(absl::StrCat("import ", name, " into ", owner_id));
-      if (absl::Status s = all[owner]->shared->ImportState(*state); !s.ok()) {
-        return InMember(all[owner]->target, s);
+      absl::Status imported = all[owner]->shared->ImportState(*state);
+      if (imported.code() == absl::StatusCode::kResourceExhausted && !deletes.empty()) {
+        // The owner may be full of copies this call has yet to delete: the
+        // moves so far made durable and their old copies deleted, once more.
+        if (absl::Status s = flush(); !s.ok()) return s;
+        act(absl::StrCat("import ", name, " into ", owner_id));
+        imported = all[owner]->shared->ImportState(*state);
       }
+      if (!imported.ok()) return InMember(all[owner]->target, imported);
       ++result.moved;
     } else if (held.size() == 1) {
       ++result.untouched;
     }
     for (const auto& [where, info] : held) {
       if (where == owner) continue;
-      act(absl::StrCat("delete ", name, " from ", all[where]->target.identity));
-      absl::Status s = all[where]->shared->DeleteGroup(name);
-      if (!s.ok() && s.code() != absl::StatusCode::kNotFound)
-        return InMember(all[where]->target, s);
+      deletes.emplace_back(name, where);
+      keeping.insert(owner);
       if (where != from) ++result.copies_deleted;
     }
   }
+  if (absl::Status s = flush(); !s.ok()) return s;
   {
     absl::MutexLock lock(&impl_->members_mu);
     impl_->members = *std::move(new_members);

@@ -595,6 +595,73 @@ def test_a_rewind_through_the_old_member_list_does_not_bring_moved_groups_back(
     assert sum(g.member == "optstated-2" for g in client.list_groups()) == moved
 
 
+def test_groups_moved_to_a_daemon_that_crashes_after_the_rebalance_are_restored_there(
+        fresh_daemons, tmp_path):
+    # The old copies were deleted as soon as each import was done: the new owner, killed
+    # before its next checkpoint, restarted without the moved groups, and no daemon held
+    # them any more (its old owners' checkpoints did, but a rewind there was refused: they
+    # had moved away).
+    flags = ("--checkpoint_interval=0",)
+    daemons = [fresh_daemons(f"--state_dir={tmp_path / str(i)}", *flags) for i in range(3)]
+    named = [{"target": d.target, "identity": f"optstated-{i}"} for i, d in enumerate(daemons)]
+    client, groups = checkpointed_at_one_then_at_two(named[:2], "m/")
+    expected = states(client, groups)
+    result = client.rebalance(named)
+    assert result["moved"] > 0
+    assert "checkpoint optstated-2" in result["log"]
+    last_checkpoint = result["log"].index("checkpoint optstated-2")
+    deletes = [i for i, line in enumerate(result["log"]) if line.startswith("delete ")]
+    assert deletes and min(deletes) > last_checkpoint, result["log"]
+    daemons[2].process.kill()
+    daemons[2].process.wait(timeout=20)
+    restarted = fresh_daemons(f"--state_dir={tmp_path / '2'}", *flags)
+    named[2]["target"] = restarted.target
+    after = optstate.Client(named, lease_holder="job", **WIRE)
+    on_third = [g for g in after.list_groups() if g.member == "optstated-2"]
+    assert len(on_third) == result["moved"]
+    assert_whole = {n: after.export_state(n) for n in groups}
+    for name, state in expected.items():
+        for field in ("params", "exp_avg", "exp_avg_sq", "page_steps"):
+            assert np.array_equal(getattr(assert_whole[name], field), getattr(state, field)), (
+                name, field)
+    step_all(after, groups, 3)
+    assert {(g.min_step, g.max_step) for g in after.list_groups()} == {(3, 3)}
+
+
+def test_a_rebalance_whose_owner_cannot_checkpoint_deletes_no_copy(fresh_daemons, tmp_path):
+    # The new owner keeps checkpoints but cannot write one (its LOCK file removed): the
+    # old copies stay, sealed, until a Rebalance that can make the moves durable.
+    daemons = [fresh_daemons(f"--state_dir={tmp_path / str(i)}", "--checkpoint_interval=0")
+               for i in range(3)]
+    named = [{"target": d.target, "identity": f"optstated-{i}"} for i, d in enumerate(daemons)]
+    client, groups = checkpointed_at_one_then_at_two(named[:2], "k/")
+    expected = states(client, groups)
+    os.remove(tmp_path / "2" / "LOCK")
+    with pytest.raises(optstate.FailedPrecondition, match="daemon 'optstated-2'") as e:
+        client.rebalance(named)
+    assert "no copy was deleted" in str(e.value)
+    held = {}
+    for d in daemons[:2]:
+        for g in optstate.Client(d.target, **WIRE).list_groups():
+            held[g.name] = g
+    assert sorted(held) == sorted(groups)  # every old copy still there
+    assert any(g.moved_to for g in held.values())
+    # Restarted (a LOCK of its own again), the owner takes the moves the next Rebalance
+    # finishes.
+    daemons[2].process.kill()
+    daemons[2].process.wait(timeout=20)
+    named[2]["target"] = fresh_daemons(f"--state_dir={tmp_path / '2'}",
+                                       "--checkpoint_interval=0").target
+    finished = optstate.Client(named, lease_holder="job", **WIRE)
+    assert finished.rebalance(named)["copies_deleted"] + len(held) >= len(groups)
+    for name, state in expected.items():
+        now = finished.export_state(name)
+        for field in ("params", "exp_avg", "exp_avg_sq", "page_steps"):
+            assert np.array_equal(getattr(now, field), getattr(state, field)), (name, field)
+    assert sum(len(optstate.Client(d["target"], **WIRE).list_groups()) for d in named) == len(
+        groups)
+
+
 def test_a_checkpoint_one_member_cannot_write_is_written_on_none(fresh_daemons, tmp_path):
     # One of three daemons down (or without --state_dir): the others wrote their
     # checkpoints anyway, each pushing its only older one out (--checkpoints_to_keep=1),

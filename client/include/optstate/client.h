@@ -138,7 +138,8 @@ struct StepReport {
 
 struct RebalanceOptions {
   // Called before each action, in order (a test stops the process at one).
-  // `what` is "export NAME from ID to ID", "import NAME into ID" or
+  // `what` is "export NAME from ID to ID", "import NAME into ID",
+  // "checkpoint ID" (an owner made durable before old copies go) or
   // "delete NAME from ID".
   std::function<void(const std::string& what)> before_each;
 };
@@ -235,8 +236,11 @@ class Client {
   // steps, by one process of the job): for each, ExportState from the copy
   // that is current (the highest page steps; ExportStateRequest.moved_to
   // seals it there first, so it cannot step on), ImportState into the new
-  // owner, then DeleteGroup of the old copy, one group at a time. A crash at
-  // any point leaves every group whole on at least one member, and the next
+  // owner; then each owner with a --state_dir writes a checkpoint, and only
+  // then are the old copies deleted (DeleteGroup). A crash of any daemon at
+  // any point, the owners included once the Rebalance returned, leaves every
+  // group whole on at least one member (restored from its checkpoint), and
+  // the next
   // Rebalance finishes the move (or, given the old list back, undoes it):
   // it finds the copies by listing every old and new member, keeps the one
   // with the highest (max_step, min_step), preferring on a tie one not
