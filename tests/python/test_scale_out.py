@@ -4,6 +4,7 @@ the groups rebalanced, a cut link failing its daemon's groups only, a rebalance 
 several points and finished by the next, delay and a rate limit on every link, and
 RemoteAdamW over three daemons. The reference is always one daemon stepping the same
 inputs (on loopback)."""
+import copy
 import hashlib
 import os
 import signal
@@ -460,6 +461,49 @@ def test_a_member_restarted_without_the_job_is_named_in_the_step_error(fresh_dae
     on_restarted = {"restart." + n for n, p in net.named_parameters()
                     if p.requires_grad and opt.client.member_of("restart." + n) == "optstated-1"}
     assert set(gone.value.not_stepped) == on_restarted, gone.value.not_stepped
+
+
+def test_the_way_on_the_step_error_gives_after_a_member_lost_its_state_works(fresh_daemons):
+    # The error above sends the user to resume='state_dict' and load_state_dict(); the
+    # new optimizer found the job's groups on the other member trained and the lost
+    # member's new, and refused ("renamed parameters"): no way on but deleting by hand.
+    daemons = [fresh_daemons(), fresh_daemons()]
+    two = [{"target": d.target, "identity": f"optstated-{i}"} for i, d in enumerate(daemons)]
+    torch.manual_seed(0)
+    net, reference_net = MLP(), MLP()
+    reference_net.load_state_dict(net.state_dict())
+    opt = RemoteAdamW(net.named_parameters(), lr=1e-2, target=two, name_prefix="lost.",
+                      **WIRE)
+    train(opt, net, steps=2)
+    saved_model, saved_opt = copy.deepcopy(net.state_dict()), copy.deepcopy(opt.state_dict())
+    daemons[1].process.kill()
+    daemons[1].process.wait()
+    fresh_daemons(f"--listen=127.0.0.1:{daemons[1].port}")
+    with pytest.raises(optstate.NotFound, match="resume='state_dict'"):
+        train(opt, net, steps=1)
+    holder = opt.lease_holder  # The same trainer process, resuming.
+    opt.close()
+    restored = MLP()
+    restored.load_state_dict(saved_model)
+    resumed = RemoteAdamW(restored.named_parameters(), lr=1e-2, target=two,
+                          name_prefix="lost.", resume="state_dict", lease_holder=holder, **WIRE)
+    resumed.load_state_dict(saved_opt)
+    reference = RemoteAdamW(reference_net.named_parameters(), lr=1e-2,
+                            target=fresh_daemons().target, name_prefix="lost.", **WIRE)
+    train(reference, reference_net, steps=2)
+    # The same inputs as the uninterrupted run's steps 3 and 4 (train() seeds by step).
+    for step in (2, 3):
+        for o, n in ((resumed, restored), (reference, reference_net)):
+            gen = torch.Generator().manual_seed(step)
+            x, y = torch.randn(16, 32, generator=gen), torch.randn(16, 10, generator=gen)
+            o.zero_grad()
+            F.mse_loss(n(x), y).backward()
+            o.step()
+    for p, q in zip(restored.parameters(), reference_net.parameters()):
+        assert torch.equal(p.view(torch.int32), q.view(torch.int32))
+    assert {g.member for g in resumed.client.list_groups()} == {"optstated-0", "optstated-1"}
+    resumed.close()
+    reference.close()
 
 
 def test_a_rewind_over_daemons_one_of_which_holds_frozen_groups_only(fresh_daemons, tmp_path):

@@ -163,11 +163,13 @@ class Attached:
 def check_resume(prefix: str, resume: str, attached: list[Attached], finish_torn_step: bool) -> None:
     """Refuses (FailedPrecondition, saying which groups are where and the ways on) what
     `resume` does not allow of the groups the job found (`attached`): under "never",
-    groups at a step > 0; in every mode, new groups (created at step 0) beside groups at
-    a step > 0 (renamed parameters, or a model that changed: add new parameters on
-    purpose with add_param_group); under "daemon", groups at different steps (a torn
-    step) unless `finish_torn_step`, and groups more than one step apart even then (no
-    step() finishes that)."""
+    groups at a step > 0; under "daemon", new groups (created at step 0) beside groups at
+    a step > 0 (renamed parameters, a model that changed: add new parameters on purpose
+    with add_param_group; or a daemon that lost its state), and groups at different
+    steps (a torn step) unless `finish_torn_step`, and groups more than one step apart
+    even then (no step() finishes that). Under "state_dict", load_state_dict() gives
+    every group its state before any step, so new groups beside trained ones (a daemon
+    of the job that lost its state, whose error sent the user here) are its to fill."""
     trained = [a for a in attached if a.max_step > 0]
     if not trained:
         return
@@ -183,7 +185,7 @@ def check_resume(prefix: str, resume: str, attached: list[Attached], finish_torn
             "model's parameters are overwritten with it), resume='state_dict' attaches for "
             "load_state_dict() of your checkpoint, or another name_prefix starts a new job "
             "(or delete this job's groups: optstate.Client.delete)")
-    if new:
+    if new and resume == "daemon":
         raise errors.FailedPrecondition(
             f"job '{prefix}' has {len(trained)} groups at step {steps[-1]} but "
             f"{len(new)} of the model's parameters have none (e.g. '{new[0].name}'): renamed "
