@@ -65,7 +65,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  impl->options.token = client_internal::ResolveToken(options);
+  absl::StatusOr<std::string> token = client_internal::ResolveToken(options);
+  if (!token.ok()) return token.status();
+  impl->options.token = *std::move(token);
   impl->target = target;
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
       client_internal::MakeChannel(target, impl->options);

@@ -7,6 +7,7 @@
 #include <limits>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "optstate/message_limits.h"
@@ -93,10 +94,22 @@ int BackoffMillis(absl::Duration backoff) {
 
 }  // namespace
 
-std::string ResolveToken(const ClientOptions& options) {
-  if (!options.token.empty()) return options.token;
+absl::StatusOr<std::string> ResolveToken(const ClientOptions& options) {
   const char* env = std::getenv("OPTSTATE_TOKEN");
-  return env != nullptr ? std::string(env) : std::string();
+  const bool from_env = options.token.empty() && env != nullptr;
+  const std::string token(
+      absl::StripAsciiWhitespace(from_env ? absl::string_view(env) : options.token));
+  for (size_t i = 0; i < token.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(token[i]);
+    if (c < 0x20 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          from_env ? "the OPTSTATE_TOKEN environment variable" : "the token given to the client",
+          " holds character code ", static_cast<int>(c), " at position ", i,
+          ", which a gRPC header cannot carry: a token is printable ASCII (the token is not "
+          "shown here)"));
+    }
+  }
+  return token;
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,

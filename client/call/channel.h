@@ -26,8 +26,12 @@ absl::Status CheckClientOptions(const ClientOptions& options);
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
                                                            const ClientOptions& options);
 
-// ClientOptions::token, or OPTSTATE_TOKEN when it is empty.
-std::string ResolveToken(const ClientOptions& options);
+// The token to send: ClientOptions::token, or OPTSTATE_TOKEN when it is
+// empty, without surrounding whitespace (the newline a token file or secret
+// ends with). INVALID_ARGUMENT for a character an HTTP/2 header value cannot
+// carry (a control character or one past ASCII; gRPC would abort the
+// process on it), naming its position and code, never the token.
+absl::StatusOr<std::string> ResolveToken(const ClientOptions& options);
 
 }  // namespace optstate::client_internal
 

@@ -128,6 +128,20 @@ def test_client_errors_say_what_is_wrong(secure_daemons, setup_dir, monkeypatch)
     # The token from the environment, when none is given.
     monkeypatch.setenv("OPTSTATE_TOKEN", (setup_dir / "token").read_text())
     assert optstate.Client(f"localhost:{d.port}", tls_root_ca=ca).list_groups() == []
+    # A token read with its newline (open(path).read(), a secret's file) aborted the
+    # process at the first call (gRPC refuses such a header value), printing the token.
+    token = (setup_dir / "token").read_text()
+    monkeypatch.setenv("OPTSTATE_TOKEN", token + "\r\n")
+    assert optstate.Client(f"localhost:{d.port}", tls_root_ca=ca).list_groups() == []
+    assert optstate.Client(f"localhost:{d.port}", tls_root_ca=ca,
+                           token=f" {token}\n").list_groups() == []
+    with pytest.raises(optstate.InvalidArgument, match="character code 7 at position 6") as e:
+        optstate.Client(f"localhost:{d.port}", tls_root_ca=ca, token="secret\adef")
+    assert "secret" not in str(e.value)
+    monkeypatch.setenv("OPTSTATE_TOKEN", "secr\u00e9t")
+    with pytest.raises(optstate.InvalidArgument, match="OPTSTATE_TOKEN .*code 195 at position 4"):
+        optstate.Client(f"localhost:{d.port}", tls_root_ca=ca)
+    monkeypatch.setenv("OPTSTATE_TOKEN", token)
     with pytest.raises(optstate.Unavailable, match="certificate verify failed.*tls_root_ca"):
         optstate.Client(f"localhost:{d.port}", tls=True, max_attempts=1).list_groups()
     with pytest.raises(optstate.Unavailable, match="tls_server_name"):
