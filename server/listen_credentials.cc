@@ -2,12 +2,16 @@
 // missing or bad file: it logs and serves nothing, and every handshake fails.
 #include "server/listen_credentials.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
 #include "server/base/log.h"
@@ -15,9 +19,17 @@
 namespace optstate {
 
 bool IsLocalOnlyAddress(const std::string& listen) {
-  return absl::StartsWith(listen, "unix:") || absl::StartsWith(listen, "127.") ||
-         absl::StartsWith(listen, "[::1]:") || absl::StartsWith(listen, "localhost:") ||
-         absl::StartsWith(listen, "ipv4:127.") || absl::StartsWith(listen, "ipv6:[::1]:");
+  if (absl::StartsWith(listen, "unix:")) return true;
+  absl::string_view address = listen;
+  if (!absl::ConsumePrefix(&address, "ipv4:")) absl::ConsumePrefix(&address, "ipv6:");
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos) return false;
+  const std::string host(address.substr(0, colon));
+  if (host == "localhost" || host == "[::1]") return true;
+  // A literal address only: a name such as 127.0.0.1.example.org may
+  // resolve anywhere.
+  in_addr ipv4{};
+  return inet_pton(AF_INET, host.c_str(), &ipv4) == 1 && (ntohl(ipv4.s_addr) >> 24) == 127;
 }
 
 absl::Status CheckListenAddress(const std::string& listen) {

@@ -28,7 +28,8 @@ struct TlsOptions {
 };
 
 // Whether `listen` (host:port or unix:path) can be reached only from this
-// host: unix:, 127.x.x.x, [::1] and localhost.
+// host: unix:, a literal 127.x.x.x, [::1] and localhost (other names, even
+// one that starts "127.", may resolve to any address).
 bool IsLocalOnlyAddress(const std::string& listen);
 
 // INVALID_ARGUMENT, saying the form, unless `listen` is HOST:PORT with a

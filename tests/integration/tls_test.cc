@@ -381,6 +381,12 @@ TEST(PlaintextListenTest, IsRefusedOnARemoteAddressUnlessAllowedWithAWarning) {
   EXPECT_TRUE(exit.ok() && *exit == 0);
   EXPECT_FALSE(DaemonProcess::Start({"--tls_cert=" + dir + "/none.pem"}, log).ok());
   EXPECT_THAT(ReadFile(log), HasSubstr("--tls_cert and --tls_key go together"));
+  // A name that starts as a loopback address does can resolve to any address: it was
+  // served plaintext, without a warning.
+  const std::string named_log = dir + "/named.log";
+  EXPECT_FALSE(DaemonProcess::Start({"--listen=127.0.0.1.example.invalid:0"}, named_log).ok());
+  EXPECT_THAT(ReadFile(named_log),
+              HasSubstr("--listen=127.0.0.1.example.invalid:0 is reachable from other hosts"));
 }
 
 }  // namespace
