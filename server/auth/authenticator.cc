@@ -4,6 +4,7 @@
 #include "server/auth/authenticator.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -17,6 +18,13 @@ namespace {
 
 absl::StatusOr<std::shared_ptr<const TokensTable>> ReadTable(const std::string& path) {
   if (path.empty()) return std::make_shared<const TokensTable>();
+  // A directory opens as a stream that reads nothing: it would read as a
+  // file of no tokens, and lock every tenant out.
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    return absl::NotFoundError(
+        absl::StrCat("--auth_tokens_file=", path, ": cannot be read (it is a directory)"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::NotFoundError(absl::StrCat("--auth_tokens_file=", path, ": cannot be read"));

@@ -5,17 +5,17 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-
-#include <cstdio>
-#include <cstring>
-#include <thread>
-
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
-#include "common/region_protocol.h"
 #include "absl/time/clock.h"
+#include "common/region_protocol.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/client.h"
 #include "optstate/v1/optstate.grpc.pb.h"
@@ -190,6 +190,14 @@ TEST_F(TenancyTest, ATokenRemovedAndReloadedBySighupIsRefusedOnItsNextCall) {
   EXPECT_TRUE(Connect(kAlice2)->ListGroups().ok());
   EXPECT_EQ(Connect(kAlice1)->ListGroups().status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_THAT(ReadFile(log_), HasSubstr("line 2"));
+
+  // A directory where the file was read as a file of no tokens: every tenant locked out.
+  std::filesystem::remove(tokens_);
+  std::filesystem::create_directory(tokens_);
+  ASSERT_EQ(kill(daemon_->pid(), SIGHUP), 0);
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_TRUE(Connect(kAlice2)->ListGroups().ok());
+  EXPECT_THAT(ReadFile(log_), HasSubstr("cannot be read (it is a directory)"));
 }
 
 TEST_F(TenancyTest, AMalformedTokensFileRefusesTheStartNamingTheLine) {
