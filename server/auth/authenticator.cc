@@ -195,8 +195,9 @@ TenantQuota Authenticator::QuotaOf(const std::string& tenant) const {
   quota.max_groups = OrNoLimit(options_.tenant_max_groups);
   const auto it = current->tenants.find(tenant);
   if (it != current->tenants.end()) {
-    if (it->second.max_host_bytes) quota.max_host_bytes = *it->second.max_host_bytes;
-    if (it->second.max_groups) quota.max_groups = *it->second.max_groups;
+    // 0 on a line is no limit, as for the flags: a tenant exempt from them.
+    if (it->second.max_host_bytes) quota.max_host_bytes = OrNoLimit(*it->second.max_host_bytes);
+    if (it->second.max_groups) quota.max_groups = OrNoLimit(*it->second.max_groups);
   }
   return quota;
 }

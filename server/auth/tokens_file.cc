@@ -1,6 +1,8 @@
 // Line by line: strip the comment, split on blanks, check each field.
 #include "server/auth/tokens_file.h"
 
+#include <set>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -13,13 +15,17 @@ absl::Status LineError(size_t line, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("line ", line, ": ", what));
 }
 
-// Sets `*slot` to the N of NAME=N, checking it agrees with an earlier line.
+// Sets `*slot` to the N of NAME=N, checking it agrees with an earlier line;
+// `on_this_line` holds the options this line gave before.
 absl::Status SetQuota(size_t line, absl::string_view name, absl::string_view value,
-                      std::optional<uint64_t>* slot) {
+                      std::optional<uint64_t>* slot, std::set<absl::string_view>* on_this_line) {
   uint64_t n;
   if (value.empty() || value[0] == '+' || value[0] == '-' || !absl::SimpleAtoi(value, &n)) {
     return LineError(line, absl::StrCat(name, "= must be followed by a decimal number of ",
                                         name == "max_groups" ? "groups" : "bytes"));
+  }
+  if (!on_this_line->insert(name).second) {
+    return LineError(line, absl::StrCat(name, " is given twice on this line; give it once"));
   }
   if (slot->has_value() && **slot != n) {
     return LineError(line, absl::StrCat(name, " differs from an earlier line of the same tenant; "
@@ -71,15 +77,18 @@ absl::StatusOr<TokensTable> ParseTokensFile(absl::string_view text) {
       }
     }
     TenantPolicy& policy = table.tenants[std::string(fields[0])];
+    std::set<absl::string_view> on_this_line;
     for (size_t i = 2; i < fields.size(); ++i) {
       const absl::string_view field = fields[i];
       absl::Status status;
       if (field == "admin") {
         policy.admin = true;
       } else if (absl::StartsWith(field, "max_host_bytes=")) {
-        status = SetQuota(number, "max_host_bytes", field.substr(15), &policy.max_host_bytes);
+        status = SetQuota(number, "max_host_bytes", field.substr(15), &policy.max_host_bytes,
+                          &on_this_line);
       } else if (absl::StartsWith(field, "max_groups=")) {
-        status = SetQuota(number, "max_groups", field.substr(11), &policy.max_groups);
+        status =
+            SetQuota(number, "max_groups", field.substr(11), &policy.max_groups, &on_this_line);
       } else {
         status = LineError(number, absl::StrCat("field ", i + 1,
                                                 " is none of max_host_bytes=N, max_groups=N, "

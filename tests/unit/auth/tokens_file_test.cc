@@ -4,6 +4,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 
@@ -78,6 +79,7 @@ TEST(TokensFileTest, EachMalformedLineIsRefusedByNumberWithoutQuotingIt) {
       {"team " + b + " colour=blue-and-quite-long", "field 3"},
       {"ok " + a, "earlier line"},
       {"t\x01 " + b, "tenant"},
+      {"team " + b + " max_groups=1 max_groups=2", "max_groups is given twice on this line"},
   };
   for (const auto& [line, why] : bad) {
     absl::StatusOr<TokensTable> table = ParseTokensFile(good + "\n" + line + "\n");
@@ -136,6 +138,32 @@ TEST(SpiffeIdTest, ACertificateWithSeveralUriSansNamesNoTenant) {
     EXPECT_EQ(two.status().code(), absl::StatusCode::kUnauthenticated);
     EXPECT_THAT(two.status().message(), ::testing::HasSubstr("carries 2 URI SANs"));
   }
+}
+
+// 0 on a tenant's line is no limit, as for the flags: it exempts the tenant
+// from them (it was a quota of nothing, with advice to delete a group).
+TEST(TenantQuotaTest, ALinesZeroIsNoLimitAndItsNumberOverridesTheFlags) {
+  char path[] = "/tmp/optstate-tokens-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  const std::string text =
+      absl::StrCat("free ", Hex(DigestOfToken("f")), " max_groups=0 max_host_bytes=0\nsmall ",
+                   Hex(DigestOfToken("s")), " max_groups=3\nplain ", Hex(DigestOfToken("p")), "\n");
+  ASSERT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  close(fd);
+  AuthOptions options;
+  options.tokens_file = path;
+  options.tenant_max_groups = 10;
+  options.tenant_max_host_bytes = 1000;
+  absl::StatusOr<std::unique_ptr<Authenticator>> auth = Authenticator::Create(options);
+  std::remove(path);
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  const TenantQuota none;
+  EXPECT_EQ((*auth)->QuotaOf("free").max_groups, none.max_groups);
+  EXPECT_EQ((*auth)->QuotaOf("free").max_host_bytes, none.max_host_bytes);
+  EXPECT_EQ((*auth)->QuotaOf("small").max_groups, 3u);
+  EXPECT_EQ((*auth)->QuotaOf("small").max_host_bytes, 1000u);
+  EXPECT_EQ((*auth)->QuotaOf("plain").max_groups, 10u);
 }
 
 }  // namespace
