@@ -346,6 +346,30 @@ class RecordingClient(CountingClient):
         return super().step(*args, **kwargs)
 
 
+def test_a_dropped_shared_buffer_optimizer_gives_its_region_back_at_once(fresh_daemons,
+                                                                         prefix):
+    # opt.state held bound methods of the optimizer: a cycle, freed only by Python's cyclic
+    # collector, and with it the shared buffer's region, of which the daemon allows a
+    # client 16. With the collector off, the 17th optimizer on one client was refused.
+    import gc
+    daemon = fresh_daemons("--max_regions_per_client=4")
+    client = optstate.Client(daemon.target)
+    gc.disable()
+    try:
+        for i in range(12):
+            model = MLP()
+            opt = RemoteAdamW(model.parameters(), client=client, name_prefix=f"{prefix}{i}/",
+                              shared_buffers=True, delete_on_close=True)
+            F.mse_loss(model(torch.randn(4, 32)), torch.randn(4, 10)).backward()
+            opt.step()
+            assert len(opt.state) > 0  # read through the mapping that held the cycle
+            opt.close()
+            del opt, model
+    finally:
+        gc.enable()
+    client.close()
+
+
 @pytest.mark.parametrize("wire_dtype", [torch.float32, torch.bfloat16])
 def test_step_vouches_for_its_gradients_only_after_a_finite_clip_norm_it_computed(
         daemon, prefix, wire_dtype):

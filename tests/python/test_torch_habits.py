@@ -560,6 +560,44 @@ def test_a_parameter_listed_twice_or_memory_shared_by_two_is_refused_by_name(dae
     opt.close()
 
 
+@pytest.mark.parametrize("shared_buffers", [False, True])
+def test_memory_repeated_or_shared_is_refused_also_when_given_between_steps(daemon, client,
+                                                                             prefix,
+                                                                             shared_buffers):
+    # An expanded parameter was registered (or, into a shared buffer, made 24 elements of
+    # its own) and each step updated the daemon, then failed writing the values back;
+    # `b.data = a.data` between steps was stepped as two parameters, which drifted apart.
+    expanded = torch.nn.Parameter(torch.randn(1, 6).expand(4, 6))
+    expanded.grad = torch.randn(4, 6)
+    with pytest.raises(RuntimeError):  # torch's own AdamW cannot step it either
+        torch.optim.AdamW([expanded]).step()
+    with pytest.raises(ValueError, match=r"'.*param\.0'.*\.expand\(\)ed"):
+        RemoteAdamW([expanded], target=daemon.target, name_prefix=prefix,
+                    shared_buffers=shared_buffers)
+    assert not [g for g in client.list_groups() if g.name.startswith(prefix)]
+    a, b = torch.nn.Parameter(torch.randn(4, 6)), torch.nn.Parameter(torch.randn(4, 6))
+    opt = RemoteAdamW([a, b], target=daemon.target, name_prefix=prefix, delete_on_close=True,
+                      shared_buffers=shared_buffers)
+    _grads([a, b], 1)
+    opt.step()
+    for edit, refusal in ((lambda: setattr(b, "data", torch.randn(1, 6).expand(4, 6)),
+                           r"'.*param\.1'.*\.expand\(\)ed"),
+                          (lambda: setattr(b, "data", a.data), "share memory")):
+        before = [p.detach().clone() for p in (a, b)]
+        edit()
+        _grads([a, b], 2)
+        with pytest.raises(ValueError, match=refusal):
+            opt.step()
+        assert torch.equal(a, before[0])
+        assert {client.describe(prefix + n).max_step for n in ("param.0", "param.1")} == {1}
+        b.data = before[1].clone()
+    # Given memory of its own again, it steps from those values, as torch's AdamW would.
+    ref_params, ref = _torch_reference([a, b])
+    ref.load_state_dict(opt.state_dict())
+    _step_both(opt, [a, b], ref, ref_params, 2)
+    opt.close()
+
+
 def test_a_gradient_changed_after_opt_clip_grad_norm_refuses_the_step(daemon, prefix):
     params = _params(2)
     opt = RemoteAdamW(params, target=daemon.target, name_prefix=prefix, delete_on_close=True)

@@ -7,6 +7,7 @@ into that dict changes nothing on the daemon: ``load_state_dict()`` is how state
 from __future__ import annotations
 
 import collections.abc
+import weakref
 from typing import Callable, Iterator, Optional
 
 import torch
@@ -25,25 +26,34 @@ class RemoteState(collections.abc.MutableMapping):
 
     def __init__(self, export: Callable[[torch.Tensor], Optional[dict]],
                  stepped: Callable[[], list]):
-        self._export = export
-        self._stepped = stepped
+        # Weakly: the optimizer holds this mapping, and bound methods held here would make
+        # a cycle, which only Python's cyclic collector frees, and with it the optimizer's
+        # shared buffers (regions the daemon counts per client) and host slots.
+        self._export = weakref.WeakMethod(export)
+        self._stepped = weakref.WeakMethod(stepped)
+
+    def _method(self, ref: weakref.WeakMethod) -> Callable:
+        method = ref()
+        if method is None:
+            raise ReferenceError("the optimizer of this state mapping is gone")
+        return method
 
     def __getitem__(self, p: torch.Tensor) -> dict:
-        state = self._export(p)
+        state = self._method(self._export)(p)
         return {} if state is None else state
 
     def get(self, p, default=None):
-        state = self._export(p)
+        state = self._method(self._export)(p)
         return default if state is None else state
 
     def __contains__(self, p) -> bool:
-        return any(q is p for q in self._stepped())
+        return any(q is p for q in self._method(self._stepped)())
 
     def __iter__(self) -> Iterator[torch.Tensor]:
-        return iter(self._stepped())
+        return iter(self._method(self._stepped)())
 
     def __len__(self) -> int:
-        return len(self._stepped())
+        return len(self._method(self._stepped)())
 
     def __setitem__(self, p, value) -> None:
         raise TypeError("RemoteAdamW's state lives on the optstated daemon and opt.state[p] is "

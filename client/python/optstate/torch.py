@@ -245,6 +245,14 @@ def _shared_memory_pair(entries: list) -> Optional[tuple[str, str]]:
     return None
 
 
+def _shares_memory_message(pair: tuple[str, str]) -> str:
+    return (f"parameters '{pair[0]}' and '{pair[1]}' share memory (one set as the other's "
+            ".data, or overlapping views of one tensor): torch.optim.AdamW would step that "
+            "memory once for each, and the daemon keeps each parameter's values apart, so "
+            "they would drift apart. Tie them as one Parameter (module_b.weight = "
+            "module_a.weight), listed once")
+
+
 def _disjoint_views(p: torch.Tensor, q: torch.Tensor) -> bool:
     """Whether strided tensors p and q, whose spans of memory overlap, have no element in
     common (interleaved views of one buffer); tensors of other element sizes count as
@@ -749,12 +757,7 @@ class RemoteAdamW(torch.optim.Optimizer):
             self._check_registrable(p, name)
         shared_memory = _shared_memory_pair(entries) if new else None
         if shared_memory is not None:
-            raise ValueError(
-                f"parameters '{shared_memory[0]}' and '{shared_memory[1]}' share memory (one "
-                "set as the other's .data, or overlapping views of one tensor): "
-                "torch.optim.AdamW would step that memory once for each, and the daemon "
-                "keeps each parameter's values apart, so they would drift apart. Tie them "
-                "as one Parameter (module_b.weight = module_a.weight), listed once")
+            raise ValueError(_shares_memory_message(shared_memory))
         # The shared buffer first: a client that cannot have one registers nothing.
         shared = self._allocate_shared([p for p, _, _ in new]) if self._shared_buffers else None
         found, refused = [], []
@@ -995,11 +998,38 @@ class RemoteAdamW(torch.optim.Optimizer):
         if p.dtype not in _WIRE_NAMES:
             raise TypeError(f"parameter '{name}': dtype {p.dtype} is not supported "
                             "(float32, bfloat16 or float16)")
+        if any(stride == 0 and size > 1 for size, stride in zip(p.shape, p.stride())):
+            # torch's in-place update refuses it too (more than one element would be
+            # written through one memory location).
+            raise ValueError(f"parameter '{name}' (shape {tuple(p.shape)}, strides "
+                             f"{tuple(p.stride())}) repeats one memory location along a "
+                             "dimension (an .expand()ed tensor): torch.optim.AdamW cannot "
+                             "step it in place either. Give it memory of its own "
+                             "(.clone() or .contiguous())")
         if p.numel() == 0:
             # torch's AdamW steps it as a no-op; a daemon group holds at least one element.
             raise ValueError(f"parameter '{name}' has no elements (shape {tuple(p.shape)}), "
                              "which a daemon group cannot hold: leave it out of the "
                              "optimizer's params (it has nothing to train)")
+
+    def _check_edited(self, edited: list) -> None:
+        """Refuses (ValueError, before anything is sent) values given to parameters since
+        their last step ((parameter, registration) each) that construction would have
+        refused: memory repeated along a dimension, or, where a parameter's .data moved
+        (`b.data = a.data`), memory shared with another parameter of this optimizer."""
+        for p, reg in edited:
+            self._check_registrable(p, reg.name)
+        if all(p.data_ptr() == reg.pointer for p, reg in edited):
+            return  # edited in place: no memory changed hands
+        entries = []
+        for group in self.param_groups:
+            for q in group["params"]:
+                reg = self._registered.get(id(q))
+                if reg is not None:
+                    entries.append((q, reg.name, group))
+        pair = _shared_memory_pair(entries)
+        if pair is not None:
+            raise ValueError(_shares_memory_message(pair) + "; nothing was stepped")
 
     def _travels_narrowed(self, p: torch.Tensor) -> bool:
         """Whether p's values travel in 16 bits (so the daemon's fp32 master weights are
@@ -1305,6 +1335,8 @@ class RemoteAdamW(torch.optim.Optimizer):
                     stepped[key].append(reg)
                 else:
                     calls[key], stepped[key] = [entry], [reg]
+        if edited:
+            self._check_edited(edited)
         for p, reg in edited:
             self._adopt_values(p, reg)
         for params in staged.values():
