@@ -179,6 +179,15 @@ absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& ke
                        DescribeConfig(it->second->config()), "; asked for ", DescribeConfig(config),
                        ". Delete it first or register under another name"));
     }
+    if (auto moved = moved_.find(key); moved != moved_.end()) {
+      // A client still on the old member list: a new group here would start
+      // from step 0 beside the moved one.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "group '", key.name, "' moved to daemon '", moved->second,
+          "' (a client's Rebalance moves groups when the daemons change): register and step "
+          "it there, with the client given the new list of daemons. To make a new group of "
+          "this name here, DeleteGroup it here first (which forgets the move)"));
+    }
     if (registering_.contains(key)) {
       return absl::AbortedError(
           absl::StrCat("group '", key.name, "' is being registered by another call; retry"));
@@ -317,6 +326,13 @@ absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key, const LeaseClai
     absl::MutexLock lock(&mu_);
     auto it = groups_.find(key);
     if (it == groups_.end()) {
+      if (auto moved = moved_.find(key); moved != moved_.end()) {
+        // The note of its move is what is deleted (RegisterGroup's advice).
+        Log(LogLevel::kInfo, "forgot that group '", key.name, "' moved to daemon '",
+            moved->second, "'");
+        moved_.erase(moved);
+        return 0;
+      }
       return absl::NotFoundError(absl::StrCat("no group named '", key.name, "' to delete"));
     }
     group = it->second;

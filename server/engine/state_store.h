@@ -77,9 +77,10 @@ class StateStore {
   // when a group of that name differs; RESOURCE_EXHAUSTED past the host-memory
   // budget, past the tenant's quota (SetTenantQuotas; the message names the
   // quota and the tenant's use) or when the backend cannot place it; ABORTED
-  // while another call is registering the same name. On error nothing
-  // changes. An existing equal group is returned even at the quota, and
-  // marked joined (Group::joined).
+  // while another call is registering the same name; FAILED_PRECONDITION
+  // naming the daemon for a name with a note of its move (Seal). On error
+  // nothing changes. An existing equal group is returned even at the quota,
+  // and marked joined (Group::joined).
   absl::StatusOr<Registration> Register(const GroupKey& key, const GroupConfig& config);
 
   // Allocates a group outside the store, counted against the budget, for
@@ -105,15 +106,17 @@ class StateStore {
   absl::StatusOr<std::shared_ptr<Group>> Find(const GroupKey& key) const;
 
   // Removes the group; its memory is freed once in-flight steps let go of it.
-  // Returns the host bytes freed. NOT_FOUND when there is no such group;
+  // Returns the host bytes freed: 0 for a name that has only a note of its
+  // move (Seal), which is forgotten. NOT_FOUND when there is no such group;
   // INVALID_ARGUMENT for a name no group can have; FAILED_PRECONDITION when
   // another holder than `claim`'s leases it (GroupLease::Check).
   absl::StatusOr<uint64_t> Delete(const GroupKey& key, const LeaseClaim& claim = LeaseClaim());
 
   // Seals the group for a move to the daemon `moved_to` names (GroupMove):
   // waits for its chunks in flight, then no step applies to it. Deleting a
-  // sealed group leaves a note of the move (Find answers with it) until a
-  // group of that key is registered or imported again. NOT_FOUND, INVALID_ARGUMENT and
+  // sealed group leaves a note of the move (Find and Register answer with
+  // it) until a group of that key is imported again or the note is deleted
+  // (Delete). NOT_FOUND, INVALID_ARGUMENT and
   // FAILED_PRECONDITION (the lease) as Delete; INVALID_ARGUMENT for an empty
   // `moved_to`.
   absl::StatusOr<std::shared_ptr<Group>> Seal(const GroupKey& key, const std::string& moved_to,
