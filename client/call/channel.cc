@@ -3,13 +3,12 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <fstream>
 #include <limits>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/call/tls_files.h"
 #include "optstate/message_limits.h"
 
 namespace optstate::client_internal {
@@ -68,22 +67,6 @@ absl::Status CheckClientOptions(const ClientOptions& options) {
 }
 
 namespace {
-
-// The PEM text of `path`, for ClientOptions field `field`.
-absl::StatusOr<std::string> ReadPem(const char* field, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ClientOptions.", field, " '", path, "' cannot be read"));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!absl::StrContains(text.str(), "-----BEGIN")) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ClientOptions.", field, " '", path, "' holds no PEM block"));
-  }
-  return text.str();
-}
 
 // A backoff as gRPC's channel argument: milliseconds, within [100 (gRPC's
 // floor), INT_MAX] (an infinite or huge one would overflow to a negative).
@@ -145,20 +128,12 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ta
     return absl::InvalidArgumentError(
         "ClientOptions.tls_cert_file and tls_key_file go together: give both or neither");
   }
+  absl::StatusOr<TlsPem> pem = ReadTlsFiles(options);
+  if (!pem.ok()) return pem.status();
   grpc::SslCredentialsOptions ssl;
-  if (!options.tls_root_ca_file.empty()) {
-    absl::StatusOr<std::string> roots = ReadPem("tls_root_ca_file", options.tls_root_ca_file);
-    if (!roots.ok()) return roots.status();
-    ssl.pem_root_certs = std::move(*roots);
-  }
-  if (!options.tls_cert_file.empty()) {
-    absl::StatusOr<std::string> cert = ReadPem("tls_cert_file", options.tls_cert_file);
-    if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key = ReadPem("tls_key_file", options.tls_key_file);
-    if (!key.ok()) return key.status();
-    ssl.pem_cert_chain = std::move(*cert);
-    ssl.pem_private_key = std::move(*key);
-  }
+  ssl.pem_root_certs = std::move(pem->root_certs);
+  ssl.pem_cert_chain = std::move(pem->cert_chain);
+  ssl.pem_private_key = std::move(pem->private_key);
   if (!options.tls_server_name.empty()) {
     args.SetSslTargetNameOverride(options.tls_server_name);
   }

@@ -21,8 +21,8 @@ absl::Status CheckClientOptions(const ClientOptions& options);
 // A channel of its own to `target` (its own connection, so clients of one
 // process do not queue behind each other on one socket), with the options'
 // message limits and TLS files. Does not wait for the server.
-// INVALID_ARGUMENT naming the option for a TLS file that cannot be read or
-// holds no PEM block, or a certificate without its key.
+// INVALID_ARGUMENT naming the option for a TLS file ReadTlsFiles refuses
+// (tls_files.h), or a certificate without its key.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
                                                            const ClientOptions& options);
 

@@ -149,6 +149,18 @@ def test_client_errors_say_what_is_wrong(secure_daemons, setup_dir, monkeypatch)
                         max_attempts=1).list_groups()
     with pytest.raises(optstate.InvalidArgument, match="tls_root_ca"):
         optstate.Client(f"localhost:{d.port}", tls_root_ca=str(setup_dir / "missing.pem"))
+    # Files of the wrong kind were taken, and every call failed UNAVAILABLE "empty address
+    # list" (retried as a daemon down).
+    for kwargs, refusal in (
+            (dict(tls_root_ca=str(setup_dir / "ca.key")), r"tls_root_ca=\) .* no PEM cert"),
+            (dict(tls_root_ca=ca, tls_cert=str(setup_dir / "server.pem"),
+                  tls_key=str(setup_dir / "ca.key")), r"tls_key=\) .* is not the key of"),
+            (dict(tls_root_ca=ca, tls_cert=str(setup_dir / "server.pem"),
+                  tls_key=str(setup_dir / "server.pem")), r"tls_key=\) .* no unencrypted PEM"),
+            (dict(tls_root_ca=ca, tls_cert=str(setup_dir / "server.key"),
+                  tls_key=str(setup_dir / "server.key")), r"tls_cert=\) .* no PEM cert")):
+        with pytest.raises(optstate.InvalidArgument, match=refusal):
+            optstate.Client(f"localhost:{d.port}", **kwargs)
     # A certificate from another CA, and one that has expired: OpenSSL's reason for each.
     other = setup_dir / "other"
     other.mkdir(exist_ok=True)
