@@ -199,6 +199,11 @@ int main(int argc, char** argv) {
   }
   optstate::SetLogLevel(level);
 
+  // A log reader that went away (a collector restarted, `optstated | tee`
+  // interrupted) makes writes to stdout and stderr fail with EPIPE; the
+  // default SIGPIPE would kill the daemon before its final checkpoint.
+  std::signal(SIGPIPE, SIG_IGN);
+
   // Signals are taken synchronously by one thread; block them everywhere first.
   sigset_t signals;
   sigemptyset(&signals);

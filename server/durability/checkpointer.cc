@@ -1,7 +1,11 @@
 // Checkpoint calls: resolve the groups, wait for the step, write, prune, count.
 #include "server/durability/checkpointer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <iterator>
 #include <system_error>
 
@@ -38,6 +42,15 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::OpenAndRestore(
   if (absl::Status s = MakeDirectories(options.state_dir); !s.ok()) return s;
   absl::StatusOr<StateDirLock> lock = StateDirLock::Acquire(options.state_dir);
   if (!lock.ok()) return lock.status();
+  if (access(options.state_dir.c_str(), W_OK) != 0) {
+    // A restore to inspect works so (the lock is taken read-only); a daemon
+    // meant to keep state would fail at its first checkpoint, or at its stop.
+    Log(LogLevel::kWarning, "--state_dir=", options.state_dir,
+        " cannot be written by this daemon (", std::strerror(errno),
+        "): its newest checkpoint is restored, but no checkpoint will be written and a stop "
+        "exits 3 without its final one. Give the daemon's user write access to it (or mount it "
+        "read-write), unless this daemon only restores state to inspect");
+  }
   absl::StatusOr<RestoreOutcome> restored = RestoreNewest(store, options.state_dir, pool);
   if (!restored.ok()) return restored.status();
   if (require_state && restored->restored_id.empty()) {

@@ -17,8 +17,9 @@ namespace optstate {
 absl::StatusOr<StateDirLock> StateDirLock::Acquire(const std::string& state_dir) {
   const std::string path = absl::StrCat(state_dir, "/", kStateDirLockName);
   ScopedFd fd(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  const int open_error = errno;  // The read-only try below must not hide it.
   bool writable = true;
-  if (fd.get() < 0 && (errno == EACCES || errno == EROFS)) {
+  if (fd.get() < 0 && (open_error == EACCES || open_error == EROFS)) {
     // A LOCK another user made, or a read-only state_dir (a restore to
     // inspect): flock needs only a descriptor; the pid is not written.
     ScopedFd read_only(open(path.c_str(), O_RDONLY | O_CLOEXEC));
@@ -28,7 +29,11 @@ absl::StatusOr<StateDirLock> StateDirLock::Acquire(const std::string& state_dir)
     }
   }
   if (fd.get() < 0) {
-    return absl::InternalError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+    return absl::InternalError(absl::StrCat("cannot open ", path, ": ", std::strerror(open_error),
+                                            open_error == EACCES || open_error == EROFS
+                                                ? " (give the daemon's user write access to "
+                                                  "--state_dir, or another --state_dir)"
+                                                : ""));
   }
   return LockOrRefuse(std::move(fd), state_dir, path, writable);
 }

@@ -1,0 +1,84 @@
+"""optstated as an operator runs it: its log's reader gone (a collector restarted, a pipe
+to `tee` broken) stops nothing; a --state_dir it cannot write is named at start, with the
+reason. These tests start the daemon themselves, with the pipes and users they need."""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+
+import numpy as np
+import pytest
+
+import optstate
+
+
+def start(*flags, stderr=subprocess.PIPE, user=None):
+    """optstated on a free loopback port: (process, target). `user`: run as that uid/gid
+    (setpriv), for a state_dir it may not write."""
+    command = [os.environ["OPTSTATED"], "--listen=127.0.0.1:0", "--threads=2", *flags]
+    if user is not None:
+        command = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *command]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    line = process.stdout.readline()
+    match = re.search(r"listening on port (\d+)", line)
+    return process, (f"127.0.0.1:{match.group(1)}" if match else None)
+
+
+@pytest.fixture
+def shared_tmp():
+    """A directory every user may enter (pytest's tmp_path is root's alone)."""
+    path = tempfile.mkdtemp(prefix="optstate-process-")
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_log_reader_that_goes_away_stops_nothing(shared_tmp):
+    # The first log line after the reader went was a write to a broken pipe: SIGPIPE
+    # killed the daemon (exit 141), before any final checkpoint.
+    state_dir = os.path.join(shared_tmp, "state")
+    process, target = start(f"--state_dir={state_dir}", "--log_level=info")
+    assert target, "optstated did not start"
+    process.stderr.close()  # the log's reader is gone
+    client = optstate.Client(target, data_plane="wire")
+    values = np.arange(64, dtype=np.float32)
+    client.register("after-the-reader", values, lr=1e-2)  # logged: a write to no reader
+    client.step("after-the-reader", 1, np.ones(64, np.float32))
+    assert [g.max_step for g in client.list_groups()] == [1]
+    client.close()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0
+    assert [d for d in os.listdir(state_dir) if d.startswith("ckpt-")], "no final checkpoint"
+
+
+def test_a_state_dir_the_daemon_cannot_write_is_named_at_start(shared_tmp):
+    if os.geteuid() != 0:
+        pytest.fail("this test runs the daemon as another user: run it as root (as CI does)")
+    nobody = 65534
+    # No LOCK yet, and the daemon's user may not make one: the error was "No such file or
+    # directory" (the read-only retry's), not the cause.
+    closed = os.path.join(shared_tmp, "closed")
+    os.mkdir(closed, 0o755)
+    log = os.path.join(shared_tmp, "closed.log")
+    with open(log, "w") as out:
+        process, target = start(f"--state_dir={closed}", user=nobody, stderr=out)
+        assert target is None and process.wait(timeout=30) != 0
+    assert "Permission denied" in open(log).read()
+    # A LOCK and a checkpoint an earlier daemon (root) left: the daemon restored it, served
+    # and said nothing until its first checkpoint failed.
+    written = os.path.join(shared_tmp, "written")
+    first, target = start(f"--state_dir={written}", stderr=subprocess.DEVNULL)
+    optstate.Client(target, data_plane="wire").register("kept", np.ones(8, np.float32), lr=0.1)
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=30) == 0
+    log = os.path.join(shared_tmp, "written.log")
+    with open(log, "w") as out:
+        process, target = start(f"--state_dir={written}", user=nobody, stderr=out)
+        assert target, open(log).read()
+        assert [g.name for g in optstate.Client(target, data_plane="wire").list_groups()] == [
+            "kept"]
+        assert "cannot be written by this daemon (Permission denied)" in open(log).read()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 3  # no final checkpoint, as the warning said
