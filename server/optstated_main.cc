@@ -94,7 +94,8 @@ ABSL_FLAG(int, threads, Default().threads,
           "Worker threads for the step engine; 0 means one per CPU.");
 ABSL_FLAG(uint64_t, max_host_bytes, Default().max_host_bytes,
           "Host memory all groups may take together (12 bytes per element); registrations "
-          "past it get RESOURCE_EXHAUSTED. 0 means 80% of physical memory.");
+          "past it get RESOURCE_EXHAUSTED. 0 means 80% of the memory this process may use: the "
+          "host's, or its cgroup's limit (a container's --memory) where lower.");
 ABSL_FLAG(int, max_message_bytes, Default().max_message_bytes,
           absl::StrCat("Largest request or reply message, in bytes (chunks of step and values); "
                        "at least one page of float32 plus ",

@@ -25,6 +25,7 @@
 #include "grpcpp/support/server_interceptor.h"
 #include "optstate/message_limits.h"
 #include "server/base/log.h"
+#include "server/base/memory_limit.h"
 #include "server/durability/checkpointer.h"
 #include "server/kernels/adamw_kernel.h"
 #include "server/metrics/daemon_metrics.h"
@@ -80,11 +81,13 @@ struct Server::Parts {
 
 namespace {
 
+// 80% of what this process may use: the host's memory, or its cgroup's limit
+// where lower (a container's --memory: past it the kernel kills the daemon,
+// where past --max_host_bytes a registration is refused).
 uint64_t DefaultMaxHostBytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page_size = sysconf(_SC_PAGE_SIZE);
-  if (pages <= 0 || page_size <= 0) return 8ull << 30;
-  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) / 10 * 8;
+  const uint64_t may_use = MemoryThisProcessMayUse();
+  if (may_use == 0) return 8ull << 30;
+  return may_use / 10 * 8;
 }
 
 // A unix: listen socket gets the permission bits asked for (gRPC creates it
