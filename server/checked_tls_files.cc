@@ -230,6 +230,14 @@ absl::StatusOr<std::unique_ptr<CheckedTlsFiles>> CheckedTlsFiles::Open(const Tls
   if (absl::Status s = CheckTlsFiles(paths, *contents, /*refuse_outdated=*/false); !s.ok()) {
     return s;
   }
+  if (absl::Status s = CheckTlsFiles(paths, *contents, /*refuse_outdated=*/true); !s.ok()) {
+    // Served all the same (a certificate that expired while the daemon was
+    // down must not keep it down: a renewal replaces it while it runs), but
+    // every client that checks it will refuse it.
+    Log(LogLevel::kWarning, "TLS: ", s.message(),
+        "; served anyway, but clients refuse it: replace the files (re-read every "
+        "--tls_reload_interval)");
+  }
   std::unique_ptr<CheckedTlsFiles> files(new CheckedTlsFiles(paths, interval));
   absl::MutexLock lock(&files->mu_);
   files->staged_mtime_ = absl::ToUnixSeconds(absl::Now());

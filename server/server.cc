@@ -31,6 +31,7 @@
 #include "server/metrics/daemon_metrics.h"
 #include "server/metrics/metrics_endpoint.h"
 #include "server/rpc/call_metrics.h"
+#include "server/rpc/grpc_log.h"
 #include "server/rpc/protobuf_log.h"
 #include "server/rpc/service.h"
 #include "server/rpc/step_stream_metrics.h"
@@ -312,6 +313,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.RegisterService(parts->service.get());
   builder.RegisterService(parts->data_plane->service());
   RouteProtobufLogToTheDaemonLog();  // A request's bad UTF-8: a line a second at most.
+  RouteGrpcLogToTheDaemonLog();      // A failed handshake: the same.
   if (parts->call_metrics != nullptr) {
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
     creators.push_back(MakeCallMetricsInterceptorFactory(parts->call_metrics.get()));

@@ -4,13 +4,19 @@
 // refused with a message that says what to check; a replaced certificate
 // reaches new connections while an open stream goes on; a client
 // certificate's SPIFFE ID names its tenant.
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/client.h"
@@ -24,6 +30,7 @@ namespace optstate::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const std::string kToken = "tls-test-token-41c9";
 
@@ -96,12 +103,61 @@ class TlsTest : public ::testing::Test {
 
 TestCertificates* TlsTest::certs_ = nullptr;
 
+// Any peer can fail a handshake: gRPC wrote a line of its own format for
+// each (E1207 ... ssl_transport_security.cc ... Handshake failed), whatever
+// --log_level said, so a loop of connections flooded the log.
+TEST_F(TlsTest, FailedHandshakesAreLoggedInTheDaemonsFormatAtMostOneASecond) {
+  StartDaemon({"--log_level=warning"});
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 200; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(daemon_->port()));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+    const char garbage[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    ASSERT_GT(write(fd, garbage, sizeof(garbage) - 1), 0);
+    char reply[256];
+    while (read(fd, reply, sizeof(reply)) > 0) {
+    }
+    close(fd);
+  }
+  const int64_t seconds = absl::ToInt64Seconds(absl::Now() - start) + 2;
+  absl::SleepFor(absl::Milliseconds(200));
+  int handshake_lines = 0;
+  for (absl::string_view line : absl::StrSplit(ReadFile(log_), '\n')) {
+    if (!absl::StrContains(line, "andshake")) continue;
+    ++handshake_lines;
+    EXPECT_TRUE(absl::StartsWith(line, "WARNING ")) << line;
+    EXPECT_THAT(line, HasSubstr("optstated: gRPC ("));
+  }
+  EXPECT_GE(handshake_lines, 1);
+  EXPECT_LE(handshake_lines, seconds);
+  // And --log_level=error leaves them out.
+  ASSERT_TRUE(daemon_->Stop().ok());
+  daemon_.reset();
+  log_ = dir_ + "/quiet.log";
+  StartDaemon({"--log_level=error"});
+  ClientOptions plaintext;
+  plaintext.max_attempts = 1;
+  plaintext.data_plane = DataPlane::kWire;
+  EXPECT_FALSE(ListWith(plaintext).ok());
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_THAT(ReadFile(log_), Not(HasSubstr("andshake")));
+}
+
 TEST_F(TlsTest, AnExpiredDaemonCertificateIsRefusedSayingItHasExpired) {
   std::filesystem::copy_file(certs_->expired_server_cert, dir_ + "/cert.pem",
                              std::filesystem::copy_options::overwrite_existing);
   std::filesystem::copy_file(certs_->expired_server_key, dir_ + "/key.pem",
                              std::filesystem::copy_options::overwrite_existing);
   StartDaemon();
+  // Served (a renewal may replace it while the daemon runs), with a warning: it
+  // started with an INFO line alone.
+  EXPECT_THAT(ReadFile(log_), HasSubstr("WARNING"));
+  EXPECT_THAT(ReadFile(log_), HasSubstr("its first certificate expired on"));
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(daemon_->target(), TlsOptions());
   ASSERT_TRUE(client.ok());
   for (absl::Status refused :
