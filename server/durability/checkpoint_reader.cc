@@ -241,6 +241,10 @@ absl::StatusOr<RestoreOutcome> RestoreNewest(StateStore* store, const std::strin
     const std::string dir = absl::StrCat(state_dir, "/", CheckpointDirName(seq));
     Manifest manifest;
     const absl::Time started = absl::Now();
+    // Nothing is served until a restore ends, however long it takes: this
+    // line tells a slow restore from a hang.
+    Log(LogLevel::kInfo, "restoring checkpoint ", dir,
+        " (the daemon serves once it is loaded; a SIGTERM now stops it at once)");
     absl::StatusOr<std::vector<StagedGroup>> staged = LoadCheckpoint(store, dir, &manifest, pool);
     absl::Status status = staged.status();
     std::vector<std::shared_ptr<Group>> published;
