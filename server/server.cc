@@ -30,6 +30,7 @@
 #include "server/kernels/adamw_kernel.h"
 #include "server/metrics/daemon_metrics.h"
 #include "server/metrics/metrics_endpoint.h"
+#include "server/port_check.h"
 #include "server/rpc/call_metrics.h"
 #include "server/rpc/grpc_log.h"
 #include "server/rpc/protobuf_log.h"
@@ -246,6 +247,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                               options.page_elements, parts->trimmer.get());
   parts->engine =
       std::make_unique<StepEngine>(parts->store.get(), parts->backend.get(), parts->pool.get());
+  // What can be refused is refused before the restore, which can take
+  // minutes: a daemon in a crash loop would otherwise restore each time.
+  if (options.lease_term <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the lease term (--lease_seconds) must be positive");
+  }
+  if (absl::Status s = CheckPortFree("--listen", options.listen); !s.ok()) return s;
+  if (!options.metrics_listen.empty()) {
+    if (absl::Status s = CheckPortFree("--metrics_listen", options.metrics_listen); !s.ok()) {
+      return s;
+    }
+  }
   if (!options.state_dir.empty()) {
     CheckpointerOptions checkpoints;
     checkpoints.state_dir = options.state_dir;
@@ -266,9 +278,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   // Quotas hold from here: a restore gives every tenant back what it had.
   parts->store->SetTenantQuotas(parts->authenticator.get());
-  if (options.lease_term <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("the lease term (--lease_seconds) must be positive");
-  }
   parts->store->SetLeaseTerm(options.lease_term);
   const uint64_t restored_groups = parts->store->ListAll().size();
   parts->store->SetNotFoundNote(absl::StrCat(

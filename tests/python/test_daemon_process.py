@@ -82,3 +82,32 @@ def test_a_state_dir_the_daemon_cannot_write_is_named_at_start(shared_tmp):
         assert "cannot be written by this daemon (Permission denied)" in open(log).read()
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 3  # no final checkpoint, as the warning said
+
+
+def test_a_taken_port_refuses_the_start_before_the_restore(shared_tmp):
+    # The port was found taken only when the server bound it, after the restore (minutes
+    # for a large state): a daemon in a crash loop restored each time.
+    import socket
+    state_dir = os.path.join(shared_tmp, "state")
+    first, target = start(f"--state_dir={state_dir}", stderr=subprocess.DEVNULL)
+    optstate.Client(target, data_plane="wire").register("kept", np.ones(8, np.float32), lr=0.1)
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=30) == 0
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        for flag in (f"--listen=127.0.0.1:{port}", f"--metrics_listen=127.0.0.1:{port}"):
+            log = os.path.join(shared_tmp, "taken.log")
+            with open(log, "w") as out:
+                process = subprocess.run(
+                    [os.environ["OPTSTATED"], "--listen=127.0.0.1:0", f"--state_dir={state_dir}",
+                     "--log_level=info", flag], stdout=subprocess.DEVNULL, stderr=out,
+                    timeout=30)
+            text = open(log).read()
+            assert process.returncode != 0, text
+            assert f"cannot listen on 127.0.0.1:{port} ({flag.split('=')[0]})" in text, text
+            assert "in use" in text and "restoring checkpoint" not in text, text
+    finally:
+        taken.close()
