@@ -94,9 +94,27 @@ absl::Status Client::WaitUntilReachable(absl::Duration timeout) {
     return Impl::CheckOneDaemonEach(members, Impl::InstanceIdsOf(members, deadline), false);
   }
   if (impl_->channel->WaitForConnected(absl::ToChronoTime(deadline))) return absl::OkStatus();
+  // The channel's state says nothing of why: one call (which fails at once
+  // on a channel that cannot connect) gets gRPC's reason, and Explain adds
+  // what a TLS failure means (a plaintext client of a TLS daemon, a wrong
+  // root CA, a client certificate missing).
+  absl::Status reason;
+  {
+    grpc::ClientContext context;
+    PrepareContext(&context, impl_->options);
+    context.set_wait_for_ready(false);  // The reason, not another wait.
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    v1::GetStatsRequest request;
+    request.set_page_size(1);
+    v1::GetStatsResponse response;
+    reason = impl_->Explain(FromGrpcStatus(impl_->stub->GetStats(&context, request, &response)));
+  }
+  if (reason.ok()) return absl::OkStatus();  // Connected meanwhile.
+  const bool told = !reason.ok() && reason.code() != absl::StatusCode::kDeadlineExceeded;
   return absl::UnavailableError(
       absl::StrCat("could not connect to the daemon within ", absl::FormatDuration(timeout),
-                   " (is optstated running there, and is this its address and port?)"));
+                   told ? absl::StrCat(": ", reason.message())
+                        : " (is optstated running there, and is this its address and port?)"));
 }
 
 namespace {

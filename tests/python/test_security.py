@@ -144,6 +144,12 @@ def test_client_errors_say_what_is_wrong(secure_daemons, setup_dir, monkeypatch)
     monkeypatch.setenv("OPTSTATE_TOKEN", token)
     with pytest.raises(optstate.Unavailable, match="certificate verify failed.*tls_root_ca"):
         optstate.Client(f"localhost:{d.port}", tls=True, max_attempts=1).list_groups()
+    # wait_until_reachable (which RemoteAdamW calls first) said only "could not connect
+    # within 2s (is optstated running there ...?)" for a plaintext client of a TLS daemon.
+    with pytest.raises(optstate.Unavailable, match="within 2s: .*TLS .*tls_root_ca"):
+        optstate.Client(f"localhost:{d.port}").wait_until_reachable(2.0)
+    with pytest.raises(optstate.Unavailable, match="within 2s: .*certificate verify failed"):
+        optstate.Client(f"localhost:{d.port}", tls=True).wait_until_reachable(2.0)
     with pytest.raises(optstate.Unavailable, match="tls_server_name"):
         optstate.Client(f"localhost:{d.port}", tls_root_ca=ca, tls_server_name="elsewhere.example",
                         max_attempts=1).list_groups()

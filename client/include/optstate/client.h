@@ -252,8 +252,10 @@ class Client {
                                             const RebalanceOptions& options = {});
 
   // Waits until the channel is connected, up to `timeout`: UNAVAILABLE
-  // saying so when no daemon answered by then (a trainer's first check that
-  // its target is right, before it registers anything). With several
+  // saying so when no daemon answered by then, with gRPC's reason from one
+  // more call of up to 2 s (a connection refused, a TLS handshake that
+  // failed, with what that means) (a trainer's first check that its target
+  // is right, before it registers anything). With several
   // daemons, then asks each (within what is left of `timeout`) which daemon
   // it is: INVALID_ARGUMENT naming two members that are one daemon.
   absl::Status WaitUntilReachable(absl::Duration timeout);
