@@ -279,13 +279,21 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // Quotas hold from here: a restore gives every tenant back what it had.
   parts->store->SetTenantQuotas(parts->authenticator.get());
   parts->store->SetLeaseTerm(options.lease_term);
-  const uint64_t restored_groups = parts->store->ListAll().size();
+  absl::flat_hash_map<std::string, uint64_t> restored_groups;
+  for (const std::shared_ptr<Group>& group : parts->store->ListAll()) {
+    ++restored_groups[group->key().tenant];
+  }
+  // The same for every tenant: no count of other tenants' groups in it
+  // (GetStats gives each tenant its own).
   parts->store->SetNotFoundNote(absl::StrCat(
       ". This optstated started at ",
       absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone()),
-      options.state_dir.empty() ? " without --state_dir: its groups do not survive a restart"
-                                : absl::StrCat(" with --state_dir and restored ", restored_groups,
-                                               " groups from a checkpoint at start")));
+      options.state_dir.empty()
+          ? " without --state_dir: its groups do not survive a restart"
+          : absl::StrCat(" with --state_dir, restoring ",
+                         restored_groups.empty() ? "no group (no checkpoint held one)"
+                                                 : "its newest checkpoint",
+                         " at start (GetStats.restored_groups: how many of your groups)")));
   parts->data_plane =
       std::make_unique<DataPlaneAssembly>(options.data_plane, parts->authenticator.get());
   if (!options.metrics_listen.empty()) {

@@ -142,7 +142,11 @@ absl::Status OptimizerStateService::FillStats(const Caller& caller,
   response->set_started_unix_micros(absl::ToUnixMicros(started_));
   response->set_instance_id(instance_id_);
   response->set_has_state_dir(checkpointer_ != nullptr);
-  response->set_restored_groups(restored_groups_);
+  uint64_t restored = 0;
+  for (const auto& [tenant, groups] : restored_groups_) {
+    if (whole_daemon || tenant == caller.tenant) restored += groups;
+  }
+  response->set_restored_groups(restored);
   response->set_lease_seconds(absl::ToInt64Seconds(store->lease_term()));
   // Totals over every group, on every page.
   if (checkpointer_ != nullptr) CheckpointStatsToProto(checkpointer_->Stats(), response);

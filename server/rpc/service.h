@@ -3,17 +3,18 @@
 #ifndef OPTSTATE_SERVER_RPC_SERVICE_H_
 #define OPTSTATE_SERVER_RPC_SERVICE_H_
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "optstate/v1/optstate.grpc.pb.h"
 #include "server/auth/authenticator.h"
 #include "server/durability/checkpointer.h"
 #include "server/engine/step_engine.h"
+#include "server/regions/region_registry.h"
 #include "server/rpc/call_auth.h"
 #include "server/rpc/step_stream_metrics.h"
 #include "server/rpc/stream_registry.h"
 #include "server/rpc/tenant_stream_limit.h"
-#include "server/regions/region_registry.h"
 
 namespace optstate {
 
@@ -103,9 +104,12 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
                                       const grpc::ByteBuffer* request,
                                       grpc::ByteBuffer* response) override;
 
-  // How many groups the daemon restored from a checkpoint at start
-  // (GetStatsResponse.restored_groups); call before serving.
-  void SetRestoredGroups(uint64_t groups) { restored_groups_ = groups; }
+  // How many groups the daemon restored from a checkpoint at start, by
+  // tenant (GetStatsResponse.restored_groups: a tenant's own, the sum for an
+  // admin or where there are no tenants); call before serving.
+  void SetRestoredGroups(absl::flat_hash_map<std::string, uint64_t> by_tenant) {
+    restored_groups_ = std::move(by_tenant);
+  }
 
  private:
   // The typed halves of the unary methods: OK fills `response`.
@@ -143,7 +147,7 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
 
   // 32 random hex digits (getrandom).
   static std::string RandomInstanceId();
-  uint64_t restored_groups_ = 0;
+  absl::flat_hash_map<std::string, uint64_t> restored_groups_;
 };
 
 }  // namespace optstate

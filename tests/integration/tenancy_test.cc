@@ -297,10 +297,20 @@ TEST_F(TenancyTest, ARestoredCheckpointGivesEachGroupBackToItsTenant) {
   ASSERT_TRUE(Connect(kAlice2)->RegisterGroup("w", 100).ok());
   ASSERT_TRUE(Connect(kAlice2)->Step("w", 1, grad, absl::MakeSpan(params)).ok());
   ASSERT_TRUE(Connect(kBob)->RegisterGroup("w", 50).ok());
+  ASSERT_TRUE(Connect(kBob)->RegisterGroup("v", 50).ok());
   absl::StatusOr<int> exit = daemon_->Stop();  // Writes the final checkpoint.
   ASSERT_TRUE(exit.ok() && *exit == 0);
   daemon_.reset();
   StartDaemon({"--state_dir=" + state_dir});
+  // Each tenant counts its own restored groups (it was the daemon's count,
+  // and so was the NOT_FOUND note's: other tenants' groups, counted).
+  for (const auto& [token, restored] : std::vector<std::pair<std::string, uint64_t>>{
+           {kAlice1, 1}, {kBob, 2}, {kCarol, 0}, {kRoot, 3}}) {
+    absl::StatusOr<Stats> stats = Connect(token)->GetStats();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_EQ(stats->restored_groups, restored);
+  }
+  EXPECT_THAT(Connect(kCarol)->DescribeGroup("w").status().message(), Not(HasSubstr("restored 3")));
   absl::StatusOr<GroupInfo> alices = Connect(kAlice1)->DescribeGroup("w");
   ASSERT_TRUE(alices.ok()) << alices.status();
   EXPECT_EQ(alices->num_elements, 100u);
@@ -311,7 +321,7 @@ TEST_F(TenancyTest, ARestoredCheckpointGivesEachGroupBackToItsTenant) {
   EXPECT_EQ(Connect(kCarol)->DescribeGroup("w").status().code(), absl::StatusCode::kNotFound);
   absl::StatusOr<std::vector<GroupInfo>> all = Connect(kRoot)->ListGroups();
   ASSERT_TRUE(all.ok());
-  ASSERT_EQ(all->size(), 2u);
+  ASSERT_EQ(all->size(), 3u);
   EXPECT_EQ((*all)[0].tenant, "alice");
   EXPECT_EQ((*all)[1].tenant, "bob");
 }

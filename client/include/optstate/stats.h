@@ -122,7 +122,8 @@ struct Stats {
   RegionStats regions;                        // Shared-memory regions, daemon-wide.
   HeapStats heap;                             // The daemon's malloc heap.
   // The daemon process: when it started, whether it keeps checkpoints
-  // (--state_dir), how many groups it restored at start, its --lease_seconds.
+  // (--state_dir), how many of this tenant's groups it restored at start
+  // (every tenant's for an admin), its --lease_seconds.
   int64_t started_unix_micros = 0;
   bool has_state_dir = false;
   uint64_t restored_groups = 0;
