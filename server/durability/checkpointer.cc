@@ -15,6 +15,7 @@
 #include "server/base/log.h"
 #include "server/durability/checkpoint_reader.h"
 #include "server/durability/file_util.h"
+#include "server/durability/move_notes_file.h"
 
 namespace optstate {
 
@@ -108,6 +109,7 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::OpenAndRestore(
         restored->restored_id);
     Log(LogLevel::kError, checkpointer->writes_refused_);
   }
+  checkpointer->RestoreMoveNotes();
   if (options.interval > absl::ZeroDuration()) {
     Checkpointer* raw = checkpointer.get();
     checkpointer->timer_ = std::thread([raw] { raw->RunTimer(); });
@@ -115,7 +117,49 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::OpenAndRestore(
   return checkpointer;
 }
 
-Checkpointer::~Checkpointer() { Stop(); }
+void Checkpointer::RestoreMoveNotes() {
+  absl::StatusOr<std::vector<StateStore::MoveNote>> notes = ReadMoveNotes(options_.state_dir);
+  if (!notes.ok()) {
+    Log(LogLevel::kWarning, notes.status().message());
+  } else {
+    size_t sealed = 0;
+    for (StateStore::MoveNote& note : *notes) {
+      // A group restored from a checkpoint written before its move (or one
+      // sealed when the daemon stopped) is a stale copy: sealed again, it
+      // steps no more, and the next Rebalance deletes it.
+      if (store_->Find(note.key).ok() && store_->Seal(note.key, note.moved_to).ok()) {
+        ++sealed;
+      } else {
+        store_->AddMoveNote(note.key, std::move(note.moved_to));
+      }
+    }
+    if (!notes->empty()) {
+      Log(LogLevel::kInfo, "read ", notes->size(), " notes of groups moved to other daemons from ",
+          options_.state_dir, "/", kMoveNotesFileName, " (", sealed,
+          " of them restored here: sealed again)");
+    }
+  }
+  store_->SetMoveNotesListener([this] { WriteMoveNotesNow(); });
+}
+
+void Checkpointer::WriteMoveNotesNow() {
+  absl::MutexLock lock(&moves_mu_);
+  // Of the store now, under this lock: two writers in a row write the same
+  // newest notes, never an older set last.
+  const std::vector<StateStore::MoveNote> notes = store_->MoveNotes();
+  absl::Status status = lock_.StillHeld();
+  if (status.ok()) status = WriteMoveNotes(options_.state_dir, notes);
+  if (!status.ok()) {
+    Log(LogLevel::kWarning, "the notes of groups moved to other daemons were not written (",
+        status.message(),
+        "): after a restart, a client still on the old member list is not told where they went");
+  }
+}
+
+Checkpointer::~Checkpointer() {
+  store_->SetMoveNotesListener(nullptr);
+  Stop();
+}
 
 void Checkpointer::Stop() {
   std::vector<CallThread> calls;

@@ -138,12 +138,18 @@ class Checkpointer {
   absl::Status WaitForStep(const std::vector<std::shared_ptr<Group>>& groups, uint64_t step,
                            const CheckpointCall& call);
   void Record(const absl::StatusOr<CheckpointOutcome>& outcome, absl::Duration took);
+  // After the restore: the notes of moves of <state_dir>/MOVES back into the
+  // store (a restored group among them sealed again), then every change of
+  // the store's notes written there (move_notes_file.h).
+  void RestoreMoveNotes();
+  void WriteMoveNotesNow() ABSL_LOCKS_EXCLUDED(moves_mu_);
 
   StateDirLock lock_;  // First: released after everything else is done.
   const CheckpointerOptions options_;
   StateStore* const store_;
   StepBackend* const backend_;
   ThreadPool* pool_ = nullptr;  // Set before the checkpointer is shared; may stay null.
+  absl::Mutex moves_mu_;        // Held while <state_dir>/MOVES is written.
   absl::Mutex write_mu_;        // Held while a checkpoint is written.
   CheckpointWriter writer_ ABSL_GUARDED_BY(write_mu_);
   uint64_t next_sequence_ ABSL_GUARDED_BY(write_mu_) = 1;

@@ -114,6 +114,16 @@ absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backe
             "it now (the new member list), to a checkpoint written since the move"));
       }
       if (!live.ok()) continue;  // Deleted since: made again.
+      if ((*live)->move().sealed()) {
+        // Sealed for a move (or a copy restored from before one, sealed again
+        // from the notes the daemon keeps): its home is elsewhere.
+        return absl::FailedPreconditionError(absl::StrCat(
+            "rewinding job '", request.prefix, "' to checkpoint ", manifest.id, ": group '",
+            source.key().name, "' is sealed for its move to daemon '", (*live)->move().moved_to(),
+            "'; nothing was rewound. Rewind the job through a client of the daemons that hold "
+            "it now (the new member list, after finishing the Rebalance), to a checkpoint "
+            "written since the move"));
+      }
       if (absl::Status s =
               CheckSameShape(**live, source.num_elements(), source.config().hyperparameters);
           !s.ok()) {

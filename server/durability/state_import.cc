@@ -180,6 +180,7 @@ absl::StatusOr<StateImport::Result> StateImport::Commit(const LeaseClaim& claim,
         !s.ok()) {
       return s;
     }
+    const bool was_sealed = (*existing)->move().sealed();
     auto replace = [&] {
       // Again, after any wait for a checkpoint: the lease may have moved.
       if (absl::Status s = (*existing)->lease().Check(claim, group.key().name, absl::Now());
@@ -193,6 +194,7 @@ absl::StatusOr<StateImport::Result> StateImport::Commit(const LeaseClaim& claim,
         !s.ok()) {
       return s;
     }
+    if (was_sealed) store_->MoveNotesChanged();  // Unsealed: its move is undone.
     (*existing)->last_step().Reset();  // The steps it recorded are not this state's.
     // The imported state is the group's now: the RegisterGroup stream that
     // created it no longer removes it when that stream fails, even with

@@ -284,15 +284,19 @@ absl::StatusOr<std::shared_ptr<Group>> StateStore::Publish(StagedGroup& staged) 
     placed = backend_->StateWritten(group, 0, group.num_elements());
     if (!placed.ok()) backend_->DetachGroup(group);
   }
-  absl::MutexLock lock(&mu_);
-  registering_.erase(key);
-  if (!placed.ok()) return placed;
-  groups_.emplace(key, staged.group_);
-  moved_.erase(key);
-  staged.reserved_ = 0;  // The store counts it now.
+  bool note_forgotten = false;
+  {
+    absl::MutexLock lock(&mu_);
+    registering_.erase(key);
+    if (!placed.ok()) return placed;
+    groups_.emplace(key, staged.group_);
+    note_forgotten = moved_.erase(key) > 0;
+    staged.reserved_ = 0;  // The store counts it now.
+  }
   Log(LogLevel::kInfo, "group '", key.name,
       "' installed with its whole state: ", group.num_elements(), " elements, ", group.num_pages(),
       " pages, steps ", group.MinStep(), "..", group.MaxStep());
+  if (note_forgotten) MoveNotesChanged();
   return std::move(staged.group_);
 }
 
@@ -322,21 +326,29 @@ void StateStore::SetNotFoundNote(std::string note) {
 absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key, const LeaseClaim& claim) {
   if (absl::Status s = ValidateGroupName(key.name); !s.ok()) return s;
   std::shared_ptr<Group> group;
+  bool note_forgotten = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = groups_.find(key);
     if (it == groups_.end()) {
-      if (auto moved = moved_.find(key); moved != moved_.end()) {
-        // The note of its move is what is deleted (RegisterGroup's advice).
-        Log(LogLevel::kInfo, "forgot that group '", key.name, "' moved to daemon '",
-            moved->second, "'");
-        moved_.erase(moved);
-        return 0;
+      auto moved = moved_.find(key);
+      if (moved == moved_.end()) {
+        return absl::NotFoundError(absl::StrCat("no group named '", key.name, "' to delete"));
       }
-      return absl::NotFoundError(absl::StrCat("no group named '", key.name, "' to delete"));
+      // The note of its move is what is deleted (RegisterGroup's advice).
+      Log(LogLevel::kInfo, "forgot that group '", key.name, "' moved to daemon '", moved->second,
+          "'");
+      moved_.erase(moved);
+      note_forgotten = true;
+    } else {
+      group = it->second;
     }
-    group = it->second;
   }
+  if (note_forgotten) {
+    MoveNotesChanged();
+    return 0;
+  }
+  bool noted = false;
   {
     // Page locks first (ascending, as steps take them), then the store's
     // lock, as Unregister does: once every page is held no chunk of this
@@ -365,11 +377,13 @@ absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key, const LeaseClai
           moved_.erase(moved_order_.front());
           moved_order_.pop_front();
         }
+        noted = true;
       }
     }
     group->mark_deleted();
     backend_->DetachGroup(*group);
   }
+  if (noted) MoveNotesChanged();
   Log(LogLevel::kInfo, "deleted group '", key.name, "' at step ", group->MaxStep(), ", freeing ",
       group->host_bytes(), " host bytes");
   const uint64_t freed = group->host_bytes();
@@ -390,16 +404,52 @@ absl::StatusOr<std::shared_ptr<Group>> StateStore::Seal(const GroupKey& key,
   }
   absl::StatusOr<std::shared_ptr<Group>> group = Find(key);
   if (!group.ok()) return group.status();
-  // Every page held: no chunk is in flight, and none applies after the seal.
-  PageRangeLock all_pages(**group);
-  if (absl::Status s = (*group)->lease().Check(claim, key.name, absl::Now()); !s.ok()) return s;
-  if ((*group)->deleted()) {
-    return absl::NotFoundError(absl::StrCat("no group named '", key.name, "' to move"));
+  {
+    // Every page held: no chunk is in flight, and none applies after the seal.
+    PageRangeLock all_pages(**group);
+    if (absl::Status s = (*group)->lease().Check(claim, key.name, absl::Now()); !s.ok()) return s;
+    if ((*group)->deleted()) {
+      return absl::NotFoundError(absl::StrCat("no group named '", key.name, "' to move"));
+    }
+    (*group)->move().Seal(moved_to);
   }
-  (*group)->move().Seal(moved_to);
   Log(LogLevel::kInfo, "group '", key.name, "' sealed at step ", (*group)->MaxStep(),
       " for its move to ", moved_to);
+  MoveNotesChanged();
   return group;
+}
+
+std::vector<StateStore::MoveNote> StateStore::MoveNotes() const {
+  std::vector<MoveNote> notes;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, moved_to] : moved_) notes.push_back(MoveNote{key, moved_to});
+    for (const auto& [key, group] : groups_) {
+      if (group->move().sealed()) notes.push_back(MoveNote{key, group->move().moved_to()});
+    }
+  }
+  std::sort(notes.begin(), notes.end(), [](const MoveNote& a, const MoveNote& b) {
+    return std::tie(a.key.tenant, a.key.name) < std::tie(b.key.tenant, b.key.name);
+  });
+  return notes;
+}
+
+void StateStore::AddMoveNote(const GroupKey& key, std::string moved_to) {
+  absl::MutexLock lock(&mu_);
+  if (groups_.contains(key)) return;
+  if (moved_.insert_or_assign(key, std::move(moved_to)).second) moved_order_.push_back(key);
+  while (moved_order_.size() > kMaxMoveNotes) {
+    moved_.erase(moved_order_.front());
+    moved_order_.pop_front();
+  }
+}
+
+void StateStore::SetMoveNotesListener(std::function<void()> listener) {
+  move_notes_listener_ = std::move(listener);
+}
+
+void StateStore::MoveNotesChanged() const {
+  if (move_notes_listener_) move_notes_listener_();
 }
 
 bool StateStore::Unregister(const std::shared_ptr<Group>& group) {

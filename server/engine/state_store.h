@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -124,6 +125,24 @@ class StateStore {
   // Notes of moves kept at most (the newest).
   static constexpr size_t kMaxMoveNotes = 1 << 16;
 
+  // The moves this daemon knows of, for a file that outlives a restart
+  // (durability/move_notes_file.h): every group sealed for a move (still
+  // here) and every note of one deleted after its move, sorted by key.
+  struct MoveNote {
+    GroupKey key;
+    std::string moved_to;
+  };
+  std::vector<MoveNote> MoveNotes() const ABSL_LOCKS_EXCLUDED(mu_);
+  // A note of a move of a group not here (one read back after a restart);
+  // ignored where a group of that key is here (Seal that one instead).
+  void AddMoveNote(const GroupKey& key, std::string moved_to) ABSL_LOCKS_EXCLUDED(mu_);
+  // Called, outside the store's lock, each time MoveNotes() may have changed
+  // (a seal, a delete after a move, a note forgotten, an import over a
+  // note); MoveNotesChanged() calls it for an unseal made outside the store
+  // (ReplaceGroupState). Set it once, before serving.
+  void SetMoveNotesListener(std::function<void()> listener);
+  void MoveNotesChanged() const;
+
   // Undoes the registration that created `group` (a RegisterGroup stream
   // that was refused or broke): removes it if it is still the group
   // registered under its key, no page of it has been stepped (another
@@ -218,6 +237,7 @@ class StateStore {
   // (the oldest is dropped past kMaxMoveNotes).
   absl::flat_hash_map<GroupKey, std::string> moved_ ABSL_GUARDED_BY(mu_);
   std::deque<GroupKey> moved_order_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> move_notes_listener_;  // Set before serving; empty: none.
 };
 
 // INVALID_ARGUMENT unless `name` is 1 to 512 printable ASCII characters

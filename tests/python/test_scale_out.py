@@ -6,6 +6,7 @@ RemoteAdamW over three daemons. The reference is always one daemon stepping the 
 inputs (on loopback)."""
 import copy
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -205,9 +206,9 @@ def test_a_cut_link_fails_its_daemons_groups_only_and_the_retry_steps_them_once(
 
 
 REBALANCE_CHILD = textwrap.dedent("""
-    import sys, optstate
-    old, new = sys.argv[1].split(","), sys.argv[2].split(",")
-    client = optstate.Client(old, data_plane="wire")
+    import json, sys, optstate
+    old, new = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+    client = optstate.Client(old, data_plane="wire", lease_holder=sys.argv[3])
     def announce(what):
         print(what, flush=True)
         sys.stdin.readline()  # The parent answers by killing this process.
@@ -215,10 +216,12 @@ REBALANCE_CHILD = textwrap.dedent("""
 """)
 
 
-def rebalance_killed_at(old, new, action, nth):
-    """Runs a rebalance from `old` to `new` in a child process and kills it (SIGKILL) as it
-    announces its nth action of kind `action` ("export", "import", "delete")."""
-    child = subprocess.Popen([sys.executable, "-c", REBALANCE_CHILD, ",".join(old), ",".join(new)],
+def rebalance_killed_at(old, new, action, nth, lease_holder=""):
+    """Runs a rebalance from `old` to `new` (member lists) in a child process, a client of
+    `lease_holder`, and kills it (SIGKILL) as it announces its nth action of kind `action`
+    ("export", "import", "checkpoint", "delete")."""
+    child = subprocess.Popen([sys.executable, "-c", REBALANCE_CHILD, json.dumps(old),
+                              json.dumps(new), lease_holder],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     seen = 0
     try:
@@ -637,6 +640,28 @@ def test_a_rewind_through_the_old_member_list_does_not_bring_moved_groups_back(
     assert "nothing was rewound" in str(e.value)
     assert sorted((g.name, g.member, g.max_step) for g in old_list.list_groups()) == before
     assert sum(g.member == "optstated-2" for g in client.list_groups()) == moved
+    # And after every daemon restarted: the notes were in memory alone, so the rewind
+    # through the old list made the moved groups again, at the checkpoint's step, beside
+    # the third daemon's copies (a later Rebalance kept the stale ones).
+    for i, d in enumerate(daemons):
+        d.process.kill()
+        d.process.wait(timeout=20)
+        named[i]["target"] = fresh_daemons(f"--state_dir={tmp_path / str(i)}",
+                                           "--checkpoint_interval=0").target
+    old_list = optstate.Client(named[:2], lease_holder="job", **WIRE)
+    # The old daemons restored their checkpoints of step 1, which hold the moved groups:
+    # those copies are sealed again (stale: they step nowhere).
+    stale = [g for g in old_list.list_groups() if g.moved_to]
+    assert len(stale) == moved and {g.moved_to for g in stale} == {"optstated-2"}
+    with pytest.raises(optstate.FailedPrecondition, match="move to daemon 'optstated-2'"):
+        old_list.rewind_job("r/", step=1)
+    # The next Rebalance deletes them and keeps the third daemon's, which its checkpoint
+    # at the move restored.
+    new_list = optstate.Client(named, lease_holder="job", **WIRE)
+    assert new_list.rebalance(named)["copies_deleted"] == moved
+    held = new_list.list_groups()
+    assert sorted(g.name for g in held) == sorted(groups)
+    assert {g.max_step for g in held if g.member == "optstated-2"} == {2}
 
 
 def test_groups_moved_to_a_daemon_that_crashes_after_the_rebalance_are_restored_there(
@@ -762,6 +787,36 @@ def test_a_job_restarted_with_a_daemon_added_but_no_rebalance_is_told_to_rebalan
     with pytest.raises(optstate.NotFound, match=f"daemon '{member}' \\("):
         resumed.client.delete("grown.nothing")
     resumed.close()
+
+
+def test_a_seal_outlives_a_restart_of_its_daemon(fresh_daemons, tmp_path):
+    # A Rebalance killed after its first export sealed a group, then the group's daemon
+    # restarted: the seal was in memory alone, so the stale copy was steppable again
+    # beside the one the next Rebalance made, and a client on the old member list was
+    # told its state was gone when that copy was deleted.
+    flags = ("--checkpoint_interval=0",)
+    daemons = [fresh_daemons(f"--state_dir={tmp_path / str(i)}", *flags) for i in range(3)]
+    named = [{"target": d.target, "identity": f"optstated-{i}"} for i, d in enumerate(daemons)]
+    client, groups = checkpointed_at_one_then_at_two(named[:2], "s/")
+    client.checkpoint(wait_for_step=2)
+    killed_at = rebalance_killed_at(named[:2], named, "import", 1, lease_holder="job")
+    moving = killed_at.split()[1]
+    source = client.member_of(moving)
+    index = int(source.split("-")[1])
+    daemons[index].process.kill()
+    daemons[index].process.wait(timeout=20)
+    named[index]["target"] = fresh_daemons(f"--state_dir={tmp_path / str(index)}", *flags).target
+    on_source = {g.name: g for g in optstate.Client(named[index]["target"], **WIRE).list_groups()}
+    assert on_source[moving].moved_to == "optstated-2"
+    with pytest.raises(optstate.FailedPrecondition, match="moved to daemon 'optstated-2'"):
+        step_all(optstate.Client(named[:2], lease_holder="job", **WIRE), {moving: groups[moving]},
+                 3)
+    finished = optstate.Client(named, lease_holder="job", **WIRE)
+    finished.rebalance(named)
+    # Deleted after the move: a client on the old list is told where it went.
+    with pytest.raises(optstate.FailedPrecondition, match="moved to daemon 'optstated-2'"):
+        optstate.Client(named[:2], lease_holder="job", **WIRE).describe(moving)
+    assert finished.describe(moving).max_step == 2
 
 
 @pytest.mark.parametrize("action", ["import", "delete"])

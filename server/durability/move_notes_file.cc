@@ -1,0 +1,98 @@
+#include "server/durability/move_notes_file.h"
+
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "server/durability/file_util.h"
+
+namespace optstate {
+namespace {
+
+constexpr char kHeader[] = "optstate-moves 1";
+
+// Printable ASCII without spaces (what tenants, names and destinations are).
+bool IsWord(absl::string_view text) {
+  for (char c : text) {
+    if (c <= ' ' || c > '~') return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status WriteMoveNotes(const std::string& state_dir,
+                            const std::vector<StateStore::MoveNote>& notes) {
+  const std::string path = absl::StrCat(state_dir, "/", kMoveNotesFileName);
+  if (notes.empty()) {
+    if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+      return absl::InternalError(absl::StrCat("cannot remove ", path, ": ", std::strerror(errno)));
+    }
+    return SyncDirectory(state_dir);
+  }
+  std::string text = absl::StrCat(kHeader, "\n");
+  for (const StateStore::MoveNote& note : notes) {
+    absl::StrAppend(&text, note.key.tenant, "\t", note.key.name, "\t", note.moved_to, "\n");
+  }
+  absl::StrAppend(&text, "end ", notes.size(), "\n");
+  const std::string temporary = path + ".new";
+  absl::StatusOr<ScopedFd> fd = CreateFile(temporary);
+  if (!fd.ok()) return fd.status();
+  if (absl::Status s = WriteAll(fd->get(), {iovec{text.data(), text.size()}}, temporary); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = SyncFile(fd->get(), temporary); !s.ok()) return s;
+  if (absl::Status s = Rename(temporary, path); !s.ok()) return s;
+  return SyncDirectory(state_dir);
+}
+
+absl::StatusOr<std::vector<StateStore::MoveNote>> ReadMoveNotes(const std::string& state_dir) {
+  const std::string path = absl::StrCat(state_dir, "/", kMoveNotesFileName);
+  std::vector<StateStore::MoveNote> notes;
+  struct stat file;
+  if (stat(path.c_str(), &file) != 0) {
+    if (errno == ENOENT) return notes;
+    return absl::InternalError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InternalError(absl::StrCat("cannot read ", path));
+  std::stringstream stream;
+  stream << in.rdbuf();
+  const std::string text = stream.str();  // What `lines` views.
+  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
+  auto refuse = [&](size_t line, absl::string_view why) {
+    return absl::DataLossError(
+        absl::StrCat(path, " line ", line, ": ", why, "; its notes of moves are not used"));
+  };
+  if (lines.empty() || lines[0] != kHeader) return refuse(1, "not a file of moves");
+  // The last line is empty (the file ends in a newline); the one before it
+  // counts the notes.
+  if (lines.size() < 3 || !lines.back().empty()) return refuse(lines.size(), "cut short");
+  absl::string_view end = lines[lines.size() - 2];
+  uint64_t count = 0;
+  if (!absl::ConsumePrefix(&end, "end ") || !absl::SimpleAtoi(end, &count) ||
+      count != lines.size() - 3) {
+    return refuse(lines.size() - 1, "cut short (its count of notes is missing or wrong)");
+  }
+  for (size_t i = 1; i + 2 < lines.size(); ++i) {
+    std::vector<absl::string_view> fields = absl::StrSplit(lines[i], '\t');
+    if (fields.size() != 3 || !IsWord(fields[0]) || fields[1].empty() || !IsWord(fields[1]) ||
+        fields[2].empty() || !IsWord(fields[2])) {
+      return refuse(i + 1, "not TENANT<tab>NAME<tab>MOVED_TO");
+    }
+    notes.push_back(StateStore::MoveNote{GroupKey{std::string(fields[0]), std::string(fields[1])},
+                                         std::string(fields[2])});
+  }
+  return notes;
+}
+
+}  // namespace optstate
