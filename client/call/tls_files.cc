@@ -82,8 +82,11 @@ absl::StatusOr<TlsPem> ReadTlsFiles(const ClientOptions& options) {
                      key_option));
   }
   auto key_bio = BioOf(*key_text);
+  // No password: OpenSSL's default callback would prompt on the terminal (or
+  // block reading stdin), and gRPC takes no encrypted key either.
+  pem_password_cb* no_password = [](char*, int, int, void*) { return 0; };
   std::unique_ptr<EVP_PKEY, KeyFree> key(
-      key_bio ? PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr) : nullptr);
+      key_bio ? PEM_read_bio_PrivateKey(key_bio.get(), nullptr, no_password, nullptr) : nullptr);
   if (!key) {
     return absl::InvalidArgumentError(
         absl::StrCat(key_option, " '", options.tls_key_file,
