@@ -33,24 +33,28 @@ absl::Status CheckPortFree(const std::string& flag, const std::string& listen) {
       0) {
     return absl::OkStatus();  // The server's own resolution reports it.
   }
-  absl::Status status;
-  for (addrinfo* a = found; a != nullptr && status.ok(); a = a->ai_next) {
+  // gRPC serves when any of the addresses binds (localhost's ::1 may be
+  // missing where IPv6 is off): refused only when none does, for a reason
+  // that is sure (taken, or not this host's).
+  bool bound = false;
+  int refusal = 0;
+  for (addrinfo* a = found; a != nullptr && !bound; a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) continue;
     const int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // As gRPC binds.
     const int error = bind(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
-    if (error == EADDRINUSE || error == EADDRNOTAVAIL) {
-      status = absl::UnavailableError(absl::StrCat(
-          "cannot listen on ", listen, " (", flag, "): ",
-          error == EADDRINUSE ? "the port is in use by another process"
-                              : "the address is not one of this host's",
-          " (checked before the restore, so a crash loop does not restore each time)"));
-    }
     close(fd);
+    if (error == 0) bound = true;
+    if (error == EADDRINUSE || (error == EADDRNOTAVAIL && refusal == 0)) refusal = error;
   }
   freeaddrinfo(found);
-  return status;
+  if (bound || refusal == 0) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("cannot listen on ", listen, " (", flag, "): ",
+                   refusal == EADDRINUSE ? "the port is in use by another process"
+                                         : "the address is not one of this host's",
+                   " (checked before the restore, so a crash loop does not restore each time)"));
 }
 
 }  // namespace optstate

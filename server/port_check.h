@@ -9,11 +9,12 @@
 
 namespace optstate {
 
-// Binds a socket to each address `listen` (HOST:PORT, as --listen and
+// Binds a socket to the addresses `listen` (HOST:PORT, as --listen and
 // --metrics_listen take it) resolves to, as the server will, and closes it.
-// UNAVAILABLE naming `flag` when a port is in use or an address is not this
-// host's; OK for unix: paths, port 0 and anything this cannot tell (the
-// server's own bind decides those).
+// UNAVAILABLE naming `flag` when none binds because its port is in use or
+// it is not this host's (the server serves when any binds); OK for unix:
+// paths, port 0 and anything this cannot tell (the server's own bind
+// decides those).
 absl::Status CheckPortFree(const std::string& flag, const std::string& listen);
 
 }  // namespace optstate
