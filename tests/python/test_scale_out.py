@@ -722,7 +722,9 @@ def test_a_rebalance_whose_owner_cannot_checkpoint_deletes_no_copy(fresh_daemons
     named[2]["target"] = fresh_daemons(f"--state_dir={tmp_path / '2'}",
                                        "--checkpoint_interval=0").target
     finished = optstate.Client(named, lease_holder="job", **WIRE)
-    assert finished.rebalance(named)["copies_deleted"] + len(held) >= len(groups)
+    # Its imports went with its restart (no checkpoint held them): moved again.
+    to_third = [n for n in groups if finished.member_of(n) == "optstated-2"]
+    assert to_third and finished.rebalance(named)["moved"] == len(to_third)
     for name, state in expected.items():
         now = finished.export_state(name)
         for field in ("params", "exp_avg", "exp_avg_sq", "page_steps"):

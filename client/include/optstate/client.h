@@ -239,8 +239,8 @@ class Client {
   // owner; then each owner with a --state_dir writes a checkpoint, and only
   // then are the old copies deleted (DeleteGroup). A crash of any daemon at
   // any point, the owners included once the Rebalance returned, leaves every
-  // group whole on at least one member (restored from its checkpoint), and
-  // the next
+  // group whole on at least one member (restored from its checkpoint; an
+  // owner without --state_dir keeps nothing over a crash), and the next
   // Rebalance finishes the move (or, given the old list back, undoes it):
   // it finds the copies by listing every old and new member, keeps the one
   // with the highest (max_step, min_step), preferring on a tie one not
@@ -335,7 +335,9 @@ class Client {
   absl::StatusOr<std::vector<GroupInfo>> ListGroups();
   // The daemon's counters for the caller's groups (Stats).
   absl::StatusOr<Stats> GetStats();
-  // NOT_FOUND for a group the daemon does not hold. Made once, never
+  // NOT_FOUND for a group the daemon does not hold; OK (nothing freed) for a
+  // name of which it holds only a note of its move to another daemon, which
+  // it forgets (proto: ExportStateRequest.moved_to). Made once, never
   // retried: after a lost reply a retry could not tell "deleted now" from
   // NOT_FOUND. Call it again to be sure.
   absl::Status DeleteGroup(const std::string& name);

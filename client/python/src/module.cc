@@ -356,8 +356,9 @@ NB_MODULE(_optstate, m) {
           },
           "targets"_a, nb::kw_only(), "before_each"_a = nb::none(),
           "Moves every group whose daemon changes with the new member list `targets` (as for\n"
-          "Client(target=[...])), one group at a time: export from its current copy (sealed\n"
-          "there), import into its new daemon, delete the old copy. Call it between steps. After\n"
+          "Client(target=[...])): export from its current copy (sealed there) and import into\n"
+          "its new daemon, group by group; then a checkpoint of each new daemon that keeps\n"
+          "them (--state_dir); then delete the old copies. Call it between steps. After\n"
           "a crash, call it again: it finishes the moves (docs/scale-out.md). `before_each(what)`\n"
           "is called before each action. Groups another job leases are left where they are\n"
           "(for its own rebalance), or, on a daemon that leaves, refuse it before anything\n"
