@@ -500,6 +500,21 @@ def test_new_parameters_beside_trained_ones_are_refused_unless_added(fresh_daemo
     opt.add_param_group({"params": list(grown.head.named_parameters(prefix="head"))})
     assert client.describe(prefix + "head.weight").max_step == 0
     opt.close()
+    # resume="state_dict" takes new parameters beside trained ones (one daemon of several
+    # may have lost its groups), but not renamed ones: the old names' trained groups
+    # would stay on the daemon, named by no parameter.
+    job = prefix + "again/"
+    trained = MLP()
+    train(trained, RemoteAdamW(trained.named_parameters(), 1e-2, target=d.target,
+                               name_prefix=job), batches(2))
+    time.sleep(1.2)
+    renamed = [("renamed." + n, p) for n, p in MLP(seed=5).named_parameters()]
+    for resume in ("state_dict", "daemon"):
+        with pytest.raises(optstate.FailedPrecondition, match="renamed parameters") as refused:
+            RemoteAdamW(renamed, 1e-2, target=d.target, name_prefix=job, resume=resume,
+                        takeover=True)
+        assert "no parameter of this model" in str(refused.value)
+        assert all(not g.name.startswith(job + "renamed.") for g in client.list_groups())
 
 
 def test_a_daemon_killed_and_restarted_is_ridden_out_with_state_dir(fresh_daemons, prefix,

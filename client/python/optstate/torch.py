@@ -859,6 +859,8 @@ class RemoteAdamW(torch.optim.Optimizer):
             breaking = takeover_for(leases, self._lease_holder, self._takeover)
             self._check_placement([info for _, _, info in found if info.created])
             check_resume(self._name_prefix, self._resume, attached, self._finish_torn_step)
+            if self._resume != "never" and any(a.created for a in attached):
+                self._refuse_renamed_parameters(attached)
         except errors.Error as e:
             refused = e
         if sharded:
@@ -955,6 +957,28 @@ class RemoteAdamW(torch.optim.Optimizer):
             # their owners, or the first forward pass runs on the fresh initial values.
             self._broadcast()
         return high
+
+    def _refuse_renamed_parameters(self, attached: list) -> None:
+        """Attaching (resume="daemon" or "state_dict") with parameters that have no group
+        yet: renamed parameters leave the job's trained groups of the old names there,
+        named by no parameter of the model (their state would stay on the daemon, the new
+        names starting from step 0, or from load_state_dict() with the old groups still
+        counted in the job's steps and rewinds). Refuses (FailedPrecondition) when such
+        groups exist. resume="state_dict" otherwise takes new groups beside trained ones
+        (a daemon of the job that lost its state)."""
+        known = {name for _, name, _ in self._names()}
+        orphans = sorted(g.name for g in self._client.list_groups()
+                         if g.name.startswith(self._name_prefix) and g.name not in known
+                         and g.max_step > 0)
+        if orphans:
+            new = [a.name for a in attached if a.created]
+            raise errors.FailedPrecondition(
+                f"job '{self._name_prefix}' has trained groups no parameter of this model "
+                f"names (e.g. '{orphans[0]}', {len(orphans)} in all) and {len(new)} of the "
+                f"model's parameters have none (e.g. '{new[0]}'): renamed parameters. "
+                "torch.compile's '_orig_mod.' and DDP/FSDP's 'module.' are stripped already; "
+                "rename them back, or delete the old groups (optstate.Client.delete) to "
+                "load_state_dict() into the new names")
 
     def _allocate_shared(self, params: list[torch.Tensor]) -> Optional[tuple]:
         """A new shared buffer with a 64-byte aligned slice for the values and one for the
