@@ -24,7 +24,7 @@ namespace optstate {
 struct ServerOptions {
   std::string listen = "127.0.0.1:50051";         // Port 0 picks a free port.
   int threads = 0;                                // 0: one per hardware thread.
-  uint64_t max_host_bytes = 0;                    // 0: 80% of physical memory.
+  uint64_t max_host_bytes = 0;  // 0: 80% of memory, or of the cgroup's limit where lower.
   int max_message_bytes = 64 << 20;               // Largest request or reply.
   uint64_t page_elements = kDefaultPageElements;  // Exactly-once granularity.
   // A Step or RegisterGroup stream with nothing read, applied or written for
