@@ -18,6 +18,12 @@ std::atomic<uint64_t> left_out{0};      // Lines dropped since then.
 
 void ToTheDaemonLog(gpr_log_func_args* args) {
   const bool assertion = absl::StartsWith(args->message, "assertion failed");
+  // gRPC's info and debug lines come only when asked for (GRPC_VERBOSITY,
+  // GRPC_TRACE): all of them, at debug. Its errors are limited.
+  if (args->severity != GPR_LOG_SEVERITY_ERROR) {
+    Log(LogLevel::kDebug, "gRPC (", args->file, ":", args->line, "): ", args->message);
+    return;
+  }
   const int64_t now = absl::ToUnixSeconds(absl::Now());
   int64_t last = logged_second.load(std::memory_order_relaxed);
   if (!assertion && (last == now || !logged_second.compare_exchange_strong(last, now))) {
@@ -25,9 +31,7 @@ void ToTheDaemonLog(gpr_log_func_args* args) {
     return;
   }
   const uint64_t dropped = left_out.exchange(0, std::memory_order_relaxed);
-  const LogLevel ours = assertion                                  ? LogLevel::kError
-                        : args->severity == GPR_LOG_SEVERITY_ERROR ? LogLevel::kWarning
-                                                                   : LogLevel::kDebug;
+  const LogLevel ours = assertion ? LogLevel::kError : LogLevel::kWarning;
   Log(ours, "gRPC (", args->file, ":", args->line, "): ", args->message,
       dropped == 0
           ? ""

@@ -1,6 +1,6 @@
 // gRPC's own log lines (one per failed TLS handshake, written by the
 // transport: any peer that connects can cause them) into the daemon's log,
-// in its format and under --log_level, at most one a second.
+// in its format and under --log_level, its errors at most one a second.
 #ifndef OPTSTATE_SERVER_RPC_GRPC_LOG_H_
 #define OPTSTATE_SERVER_RPC_GRPC_LOG_H_
 
@@ -8,8 +8,9 @@ namespace optstate {
 
 // Installs the handler (process-wide; call once, before gRPC starts
 // serving). gRPC's errors are logged as warnings (they are most often a
-// peer's doing), its info and debug lines as debug, with how many lines were
-// left out since the last one; an assertion's line is never left out.
+// peer's doing), at most one a second, with how many were left out since
+// the last one (an assertion's line is never left out, and is an error);
+// its info and debug lines (GRPC_VERBOSITY, GRPC_TRACE) all as debug.
 void RouteGrpcLogToTheDaemonLog();
 
 }  // namespace optstate
