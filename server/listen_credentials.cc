@@ -28,8 +28,11 @@ bool IsLocalOnlyAddress(const std::string& listen) {
   if (host == "localhost" || host == "[::1]") return true;
   // A literal address only: a name such as 127.0.0.1.example.org may
   // resolve anywhere.
+  // inet_aton: the forms a literal address may take (127.1 too); it would
+  // take anything after a blank too, so a blank is none of them.
   in_addr ipv4{};
-  return inet_pton(AF_INET, host.c_str(), &ipv4) == 1 && (ntohl(ipv4.s_addr) >> 24) == 127;
+  return host.find_first_of(" \t\n\r\f\v") == std::string::npos &&
+         inet_aton(host.c_str(), &ipv4) != 0 && (ntohl(ipv4.s_addr) >> 24) == 127;
 }
 
 absl::Status CheckListenAddress(const std::string& listen) {

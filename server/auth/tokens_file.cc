@@ -24,8 +24,10 @@ absl::Status SetQuota(size_t line, absl::string_view name, absl::string_view val
     return LineError(line, absl::StrCat(name, "= must be followed by a decimal number of ",
                                         name == "max_groups" ? "groups" : "bytes"));
   }
-  if (!on_this_line->insert(name).second) {
-    return LineError(line, absl::StrCat(name, " is given twice on this line; give it once"));
+  if (!on_this_line->insert(name).second && slot->has_value() && **slot != n) {
+    return LineError(line, absl::StrCat(name,
+                                        " is given twice on this line, with two values; "
+                                        "give it once"));
   }
   if (slot->has_value() && **slot != n) {
     return LineError(line, absl::StrCat(name, " differs from an earlier line of the same tenant; "

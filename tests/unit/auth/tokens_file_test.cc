@@ -80,6 +80,7 @@ TEST(TokensFileTest, EachMalformedLineIsRefusedByNumberWithoutQuotingIt) {
       {"ok " + a, "earlier line"},
       {"t\x01 " + b, "tenant"},
       {"team " + b + " max_groups=1 max_groups=2", "max_groups is given twice on this line"},
+      {"team " + b + " max_groups=1 max_groups=1 max_groups=3", "given twice on this line"},
   };
   for (const auto& [line, why] : bad) {
     absl::StatusOr<TokensTable> table = ParseTokensFile(good + "\n" + line + "\n");
