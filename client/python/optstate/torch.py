@@ -1607,7 +1607,9 @@ class RemoteAdamW(torch.optim.Optimizer):
         when = datetime.datetime.fromtimestamp(started / 1e6,
                                                datetime.timezone.utc).isoformat(timespec="seconds")
         # (The error names the target first: "optstated at X: it restarted ...".)
-        daemon = f"optstated '{member}' at {target}" if member else "it"
+        daemon = ("it" if not member or (member == target and len(now) == 1)
+                  else f"optstated '{member}'" if member == target
+                  else f"optstated '{member}' at {target}")
         groups = [g for g in self._client.list_groups()
                   if g.name.startswith(self._name_prefix) and (not member or g.member == member)]
         if isinstance(refusal, errors.FailedPrecondition) and any(
