@@ -13,6 +13,14 @@ namespace optstate {
 
 absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(const BackendOptions& options,
                                                            ThreadPool* pool) {
+  // Checked whichever backend runs (the CUDA backend's own parse,
+  // paging_strategy.h, is not built without CUDA): a typo taken on a CPU
+  // host would refuse the start only on a GPU one.
+  const std::string& paging = options.cuda.paging;
+  if (paging != "none" && paging != "adaptive" && paging != "fully_paged") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--paging must be none, adaptive or fully_paged, got '", paging, "'"));
+  }
   if (options.kind == "cpu") return std::make_unique<CpuBackend>(pool);
 #ifdef OPTSTATE_HAVE_CUDA
   if (options.kind == "cuda") {
