@@ -40,6 +40,11 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::OpenAndRestore(
   if (options.interval < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--checkpoint_interval must not be negative");
   }
+  if (options.interval > absl::ZeroDuration() && options.interval < absl::Seconds(1)) {
+    Log(LogLevel::kWarning, "--checkpoint_interval=", absl::FormatDuration(options.interval),
+        ": a checkpoint writes and fsyncs every group's state, and one starts that often (as "
+        "soon as the last ends); minutes are usual");
+  }
   if (absl::Status s = MakeDirectories(options.state_dir); !s.ok()) return s;
   absl::StatusOr<StateDirLock> lock = StateDirLock::Acquire(options.state_dir);
   if (!lock.ok()) return lock.status();
