@@ -340,9 +340,19 @@ absl::Status CheckedTlsFiles::LookNow() {
     }
     verdict = CheckTlsFiles(paths_, *contents, /*refuse_outdated=*/true);
     if (verdict.ok() && identity_fd_ >= 0) {
+      // Named before Stage replaces staged_: what changed.
+      std::string changed;
+      if (contents->cert != staged_.cert) changed = absl::StrCat("--tls_cert=", paths_.cert_file);
+      if (contents->key != staged_.key) {
+        absl::StrAppend(&changed, changed.empty() ? "" : ", ", "--tls_key=", paths_.key_file);
+      }
+      if (contents->client_ca != staged_.client_ca) {
+        absl::StrAppend(&changed, changed.empty() ? "" : ", ",
+                        "--tls_client_ca=", paths_.client_ca_file);
+      }
       verdict = Stage(*contents);
       if (verdict.ok()) {
-        Log(LogLevel::kInfo, "TLS: --tls_cert=", paths_.cert_file,
+        Log(LogLevel::kInfo, "TLS: ", changed,
             " changed; new connections get the new files (open ones keep theirs)");
         refused_.clear();
         refused_logged_ = false;

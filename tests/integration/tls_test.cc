@@ -391,7 +391,10 @@ TEST_F(TlsTest, ABadReplacementLeavesThePreviousCertificateServedAndSaysWhy) {
     served = ServedCommonName();
   }
   EXPECT_EQ(served, "optstate-server-two");
-  EXPECT_THAT(ReadFile(log_), HasSubstr("changed; new connections get the new files"));
+  // The files that changed, named (a client CA change was logged as --tls_cert's).
+  EXPECT_THAT(ReadFile(log_), HasSubstr("TLS: --tls_cert=" + dir_ + "/cert.pem, --tls_key=" + dir_ +
+                                        "/key.pem changed; new connections get the new "
+                                        "files"));
 }
 
 // Client roots replaced with a file that does not parse leave the previous
