@@ -144,10 +144,10 @@ void Checkpointer::RestoreMoveNotes() {
           " of them restored here: sealed again)");
     }
   }
-  store_->SetMoveNotesListener([this] { WriteMoveNotesNow(); });
+  store_->SetMoveNotesListener([this] { return WriteMoveNotesNow(); });
 }
 
-void Checkpointer::WriteMoveNotesNow() {
+absl::Status Checkpointer::WriteMoveNotesNow() {
   absl::MutexLock lock(&moves_mu_);
   // Of the store now, under this lock: two writers in a row write the same
   // newest notes, never an older set last.
@@ -156,9 +156,14 @@ void Checkpointer::WriteMoveNotesNow() {
   if (status.ok()) status = WriteMoveNotes(options_.state_dir, notes);
   if (!status.ok()) {
     Log(LogLevel::kWarning, "the notes of groups moved to other daemons were not written (",
-        status.message(),
-        "): after a restart, a client still on the old member list is not told where they went");
+        status.message(), ")");
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this daemon cannot keep the note of a move in ", options_.state_dir, "/",
+        kMoveNotesFileName, " (", status.message(),
+        "), so after a restart its copy would step again: make --state_dir writable, or move "
+        "the group by hand"));
   }
+  return absl::OkStatus();
 }
 
 Checkpointer::~Checkpointer() {

@@ -142,7 +142,8 @@ class Checkpointer {
   // store (a restored group among them sealed again), then every change of
   // the store's notes written there (move_notes_file.h).
   void RestoreMoveNotes();
-  void WriteMoveNotesNow() ABSL_LOCKS_EXCLUDED(moves_mu_);
+  // FAILED_PRECONDITION saying why when the file cannot be written.
+  absl::Status WriteMoveNotesNow() ABSL_LOCKS_EXCLUDED(moves_mu_);
 
   StateDirLock lock_;  // First: released after everything else is done.
   const CheckpointerOptions options_;

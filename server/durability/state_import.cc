@@ -194,7 +194,7 @@ absl::StatusOr<StateImport::Result> StateImport::Commit(const LeaseClaim& claim,
         !s.ok()) {
       return s;
     }
-    if (was_sealed) store_->MoveNotesChanged();  // Unsealed: its move is undone.
+    if (was_sealed) (void)store_->MoveNotesChanged();  // Unsealed; a failure is logged.
     (*existing)->last_step().Reset();  // The steps it recorded are not this state's.
     // The imported state is the group's now: the RegisterGroup stream that
     // created it no longer removes it when that stream fails, even with

@@ -296,7 +296,7 @@ absl::StatusOr<std::shared_ptr<Group>> StateStore::Publish(StagedGroup& staged) 
   Log(LogLevel::kInfo, "group '", key.name,
       "' installed with its whole state: ", group.num_elements(), " elements, ", group.num_pages(),
       " pages, steps ", group.MinStep(), "..", group.MaxStep());
-  if (note_forgotten) MoveNotesChanged();
+  if (note_forgotten) (void)MoveNotesChanged();  // The checkpointer logs a failure.
   return std::move(staged.group_);
 }
 
@@ -345,7 +345,7 @@ absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key, const LeaseClai
     }
   }
   if (note_forgotten) {
-    MoveNotesChanged();
+    (void)MoveNotesChanged();  // The checkpointer logs a failure.
     return 0;
   }
   bool noted = false;
@@ -374,6 +374,9 @@ absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key, const LeaseClai
           moved_order_.push_back(key);
         }
         while (moved_order_.size() > kMaxMoveNotes) {
+          Log(LogLevel::kWarning, "forgot the oldest note of a move, of group '",
+              moved_order_.front().name, "' (", kMaxMoveNotes,
+              " are kept): a client on the old member list may register it here again");
           moved_.erase(moved_order_.front());
           moved_order_.pop_front();
         }
@@ -383,7 +386,9 @@ absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key, const LeaseClai
     group->mark_deleted();
     backend_->DetachGroup(*group);
   }
-  if (noted) MoveNotesChanged();
+  // A failure leaves the seal's own line in the file: a restart still
+  // knows the move (the checkpointer logs it).
+  if (noted) (void)MoveNotesChanged();
   Log(LogLevel::kInfo, "deleted group '", key.name, "' at step ", group->MaxStep(), ", freeing ",
       group->host_bytes(), " host bytes");
   const uint64_t freed = group->host_bytes();
@@ -404,6 +409,8 @@ absl::StatusOr<std::shared_ptr<Group>> StateStore::Seal(const GroupKey& key,
   }
   absl::StatusOr<std::shared_ptr<Group>> group = Find(key);
   if (!group.ok()) return group.status();
+  // What it was before (a second seal names a new destination), for undoing.
+  std::string sealed_before;
   {
     // Every page held: no chunk is in flight, and none applies after the seal.
     PageRangeLock all_pages(**group);
@@ -411,11 +418,25 @@ absl::StatusOr<std::shared_ptr<Group>> StateStore::Seal(const GroupKey& key,
     if ((*group)->deleted()) {
       return absl::NotFoundError(absl::StrCat("no group named '", key.name, "' to move"));
     }
+    if ((*group)->move().sealed()) sealed_before = (*group)->move().moved_to();
     (*group)->move().Seal(moved_to);
+  }
+  if (absl::Status kept = MoveNotesChanged(); !kept.ok()) {
+    {
+      PageRangeLock all_pages(**group);
+      if (sealed_before.empty()) {
+        (*group)->move().Unseal();
+      } else {
+        (*group)->move().Seal(sealed_before);
+      }
+    }
+    (void)MoveNotesChanged();  // Best effort: the seal is gone again.
+    return absl::Status(
+        kept.code(),
+        absl::StrCat("group '", key.name, "' was not sealed for its move: ", kept.message()));
   }
   Log(LogLevel::kInfo, "group '", key.name, "' sealed at step ", (*group)->MaxStep(),
       " for its move to ", moved_to);
-  MoveNotesChanged();
   return group;
 }
 
@@ -444,12 +465,12 @@ void StateStore::AddMoveNote(const GroupKey& key, std::string moved_to) {
   }
 }
 
-void StateStore::SetMoveNotesListener(std::function<void()> listener) {
+void StateStore::SetMoveNotesListener(std::function<absl::Status()> listener) {
   move_notes_listener_ = std::move(listener);
 }
 
-void StateStore::MoveNotesChanged() const {
-  if (move_notes_listener_) move_notes_listener_();
+absl::Status StateStore::MoveNotesChanged() const {
+  return move_notes_listener_ ? move_notes_listener_() : absl::OkStatus();
 }
 
 bool StateStore::Unregister(const std::shared_ptr<Group>& group) {

@@ -119,7 +119,8 @@ class StateStore {
   // it) until a group of that key is imported again or the note is deleted
   // (Delete). NOT_FOUND, INVALID_ARGUMENT and
   // FAILED_PRECONDITION (the lease) as Delete; INVALID_ARGUMENT for an empty
-  // `moved_to`.
+  // `moved_to`; the move notes listener's error (its seal undone) when the
+  // seal cannot be kept.
   absl::StatusOr<std::shared_ptr<Group>> Seal(const GroupKey& key, const std::string& moved_to,
                                               const LeaseClaim& claim = LeaseClaim());
   // Notes of moves kept at most (the newest).
@@ -139,9 +140,11 @@ class StateStore {
   // Called, outside the store's lock, each time MoveNotes() may have changed
   // (a seal, a delete after a move, a note forgotten, an import over a
   // note); MoveNotesChanged() calls it for an unseal made outside the store
-  // (ReplaceGroupState). Set it once, before serving.
-  void SetMoveNotesListener(std::function<void()> listener);
-  void MoveNotesChanged() const;
+  // (ReplaceGroupState) and returns what it returned. A seal it refuses is
+  // undone and refused (Seal): a seal the daemon cannot keep over a restart
+  // would let the stale copy step after one. Set it once, before serving.
+  void SetMoveNotesListener(std::function<absl::Status()> listener);
+  absl::Status MoveNotesChanged() const;
 
   // Undoes the registration that created `group` (a RegisterGroup stream
   // that was refused or broke): removes it if it is still the group
@@ -237,7 +240,7 @@ class StateStore {
   // (the oldest is dropped past kMaxMoveNotes).
   absl::flat_hash_map<GroupKey, std::string> moved_ ABSL_GUARDED_BY(mu_);
   std::deque<GroupKey> moved_order_ ABSL_GUARDED_BY(mu_);
-  std::function<void()> move_notes_listener_;  // Set before serving; empty: none.
+  std::function<absl::Status()> move_notes_listener_;  // Set before serving; empty: none.
 };
 
 // INVALID_ARGUMENT unless `name` is 1 to 512 printable ASCII characters

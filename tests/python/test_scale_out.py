@@ -821,6 +821,24 @@ def test_a_seal_outlives_a_restart_of_its_daemon(fresh_daemons, tmp_path):
     assert finished.describe(moving).max_step == 2
 
 
+def test_a_seal_the_daemon_cannot_keep_is_refused_and_moves_nothing(fresh_daemons, tmp_path):
+    # <state_dir>/MOVES could not be written (here: a directory in the way of its new
+    # version): the seal stood in memory alone, the Rebalance went on, and after a restart
+    # the old copies stepped again beside the moved ones.
+    flags = ("--checkpoint_interval=0",)
+    daemons = [fresh_daemons(f"--state_dir={tmp_path / str(i)}", *flags) for i in range(3)]
+    named = [{"target": d.target, "identity": f"optstated-{i}"} for i, d in enumerate(daemons)]
+    client, groups = checkpointed_at_one_then_at_two(named[:2], "u/")
+    for i in (0, 1):
+        os.mkdir(tmp_path / str(i) / "MOVES.new")
+    with pytest.raises(optstate.FailedPrecondition, match="cannot keep the note of a move"):
+        client.rebalance(named)
+    held = optstate.Client(named, **WIRE).list_groups()
+    assert sorted(g.name for g in held) == sorted(groups)
+    assert not [g for g in held if g.moved_to or g.member == "optstated-2"]
+    step_all(client, groups, 3)  # every group steps where it was
+
+
 @pytest.mark.parametrize("action", ["import", "delete"])
 def test_a_rebalance_killed_part_way_can_be_undone_by_a_rebalance_back(fresh_daemons, action):
     # Killed after the seal (before the import, or before the delete), then the operator
