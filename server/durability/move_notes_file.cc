@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -19,6 +20,9 @@ namespace optstate {
 namespace {
 
 constexpr char kHeader[] = "optstate-moves 1";
+// A tenant (128), a name and a destination (512 each), two tabs and a
+// newline, for each of the notes a store keeps, and the first and last line.
+constexpr uint64_t kMaxMoveNotesFileBytes = StateStore::kMaxMoveNotes * (128 + 512 + 512 + 3) + 64;
 
 // Printable ASCII without spaces (what tenants, names and destinations are).
 bool IsWord(absl::string_view text) {
@@ -59,9 +63,20 @@ absl::StatusOr<std::vector<StateStore::MoveNote>> ReadMoveNotes(const std::strin
   const std::string path = absl::StrCat(state_dir, "/", kMoveNotesFileName);
   std::vector<StateStore::MoveNote> notes;
   struct stat file;
-  if (stat(path.c_str(), &file) != 0) {
+  if (lstat(path.c_str(), &file) != 0) {
     if (errno == ENOENT) return notes;
     return absl::InternalError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
+  }
+  // Only what WriteMoveNotes writes: a regular file, at most the store's
+  // notes' worth (a link to /dev/zero or a FIFO would never end).
+  if (!S_ISREG(file.st_mode)) {
+    return absl::DataLossError(
+        absl::StrCat(path, " is not a regular file; its notes of moves are not used"));
+  }
+  if (static_cast<uint64_t>(file.st_size) > kMaxMoveNotesFileBytes) {
+    return absl::DataLossError(absl::StrCat(path, " holds ", file.st_size, " bytes, more than ",
+                                            kMaxMoveNotesFileBytes,
+                                            " notes of moves take; its notes are not used"));
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::InternalError(absl::StrCat("cannot read ", path));
@@ -83,14 +98,18 @@ absl::StatusOr<std::vector<StateStore::MoveNote>> ReadMoveNotes(const std::strin
       count != lines.size() - 3) {
     return refuse(lines.size() - 1, "cut short (its count of notes is missing or wrong)");
   }
+  absl::flat_hash_set<GroupKey> seen;
   for (size_t i = 1; i + 2 < lines.size(); ++i) {
     std::vector<absl::string_view> fields = absl::StrSplit(lines[i], '\t');
-    if (fields.size() != 3 || !IsWord(fields[0]) || fields[1].empty() || !IsWord(fields[1]) ||
-        fields[2].empty() || !IsWord(fields[2])) {
-      return refuse(i + 1, "not TENANT<tab>NAME<tab>MOVED_TO");
+    if (fields.size() != 3 || fields[0].size() > 128 || !IsWord(fields[0]) || fields[1].empty() ||
+        fields[1].size() > 512 || !IsWord(fields[1]) || fields[2].empty() ||
+        fields[2].size() > 512 || !IsWord(fields[2])) {
+      return refuse(i + 1,
+                    "not TENANT<tab>NAME<tab>MOVED_TO (128, 512 and 512 characters at most)");
     }
-    notes.push_back(StateStore::MoveNote{GroupKey{std::string(fields[0]), std::string(fields[1])},
-                                         std::string(fields[2])});
+    GroupKey key{std::string(fields[0]), std::string(fields[1])};
+    if (!seen.insert(key).second) return refuse(i + 1, "a group named a second time");
+    notes.push_back(StateStore::MoveNote{std::move(key), std::string(fields[2])});
   }
   return notes;
 }

@@ -3,6 +3,7 @@ to `tee` broken) stops nothing; a --state_dir it cannot write is named at start,
 reason. These tests start the daemon themselves, with the pipes and users they need."""
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -111,3 +112,27 @@ def test_a_taken_port_refuses_the_start_before_the_restore(shared_tmp):
             assert "in use" in text and "restoring checkpoint" not in text, text
     finally:
         taken.close()
+
+
+def test_a_moves_file_that_is_no_regular_file_is_refused_at_start(shared_tmp):
+    # <state_dir>/MOVES as a FIFO hung the start for good (as a link to /dev/zero, it
+    # read until memory ran out).
+    state_dir = os.path.join(shared_tmp, "state")
+    os.mkdir(state_dir)
+    os.mkfifo(os.path.join(state_dir, "MOVES"))
+    log = os.path.join(shared_tmp, "fifo.log")
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            [os.environ["OPTSTATED"], "--listen=127.0.0.1:0", f"--state_dir={state_dir}"],
+            stdout=subprocess.PIPE, stderr=out, text=True)
+    try:
+        ready, _, _ = select.select([process.stdout], [], [], 30)
+        assert ready, "optstated did not start within 30 s: " + open(log).read()
+        match = re.search(r"listening on port (\d+)", process.stdout.readline())
+        assert match, open(log).read()
+        target = f"127.0.0.1:{match.group(1)}"
+        assert "MOVES is not a regular file" in open(log).read()
+        assert optstate.Client(target, data_plane="wire").list_groups() == []
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
