@@ -191,7 +191,9 @@ def check_resume(prefix: str, resume: str, attached: list[Attached], finish_torn
             f"{len(new)} of the model's parameters have none (e.g. '{new[0].name}'): renamed "
             "parameters start from step 0 here. torch.compile's '_orig_mod.' and DDP/FSDP's "
             "'module.' are stripped already; rename them back, or construct the optimizer "
-            "without them and add them on purpose with add_param_group()")
+            "without them and add them on purpose with add_param_group(). If instead a "
+            "daemon of the job lost its state (restarted without --state_dir), resume from "
+            "your own checkpoint: resume='state_dict' and load_state_dict()")
     torn = [a for a in trained if a.min_step != a.max_step]
     if resume != "daemon" or not (len(steps) > 1 or torn):
         return
