@@ -628,7 +628,7 @@ absl::StatusOr<RebalanceResult> Client::Rebalance(const std::vector<MemberTarget
       // A daemon older than has_state_dir refusing for want of one keeps
       // nothing durable to wait for.
       if (facts[i]->started_unix_micros == 0 && absl::IsFailedPrecondition(written[i].status()) &&
-          absl::StrContains(written[i].status().message(), "state_dir")) {
+          absl::StrContains(written[i].status().message(), "this daemon keeps no checkpoints")) {
         continue;
       }
       return InMember(
