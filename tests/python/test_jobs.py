@@ -505,16 +505,24 @@ def test_new_parameters_beside_trained_ones_are_refused_unless_added(fresh_daemo
     # would stay on the daemon, named by no parameter.
     job = prefix + "again/"
     trained = MLP()
-    train(trained, RemoteAdamW(trained.named_parameters(), 1e-2, target=d.target,
-                               name_prefix=job), batches(2))
-    time.sleep(1.2)
+    trained_opt = RemoteAdamW(trained.named_parameters(), 1e-2, target=d.target, name_prefix=job)
+    train(trained, trained_opt, batches(2))
+    saved = trained_opt.state_dict()
+    time.sleep(1.2)  # its lease expires
     renamed = [("renamed." + n, p) for n, p in MLP(seed=5).named_parameters()]
-    for resume in ("state_dict", "daemon"):
-        with pytest.raises(optstate.FailedPrecondition, match="renamed parameters") as refused:
-            RemoteAdamW(renamed, 1e-2, target=d.target, name_prefix=job, resume=resume,
-                        takeover=True)
-        assert "no parameter of this model" in str(refused.value)
-        assert all(not g.name.startswith(job + "renamed.") for g in client.list_groups())
+    with pytest.raises(optstate.FailedPrecondition, match="renamed parameters") as refused:
+        RemoteAdamW(renamed, 1e-2, target=d.target, name_prefix=job, resume="daemon",
+                    takeover=True)
+    assert "no parameter of this model" in str(refused.value)
+    assert all(not g.name.startswith(job + "renamed.") for g in client.list_groups())
+    # resume="state_dict" asks at load_state_dict(), once groups added later are known
+    # too; nothing is imported.
+    opt = RemoteAdamW(renamed, 1e-2, target=d.target, name_prefix=job, resume="state_dict",
+                      takeover=True, delete_on_close=True)
+    with pytest.raises(optstate.FailedPrecondition, match="renamed parameters"):
+        opt.load_state_dict(saved)
+    assert {g.max_step for g in client.list_groups() if g.name.startswith(job + "renamed.")} == {0}
+    opt.close()
 
 
 def test_a_daemon_killed_and_restarted_is_ridden_out_with_state_dir(fresh_daemons, prefix,

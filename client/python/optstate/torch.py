@@ -859,8 +859,13 @@ class RemoteAdamW(torch.optim.Optimizer):
             breaking = takeover_for(leases, self._lease_holder, self._takeover)
             self._check_placement([info for _, _, info in found if info.created])
             check_resume(self._name_prefix, self._resume, attached, self._finish_torn_step)
-            if self._resume != "never" and any(a.created for a in attached):
+            if self._resume == "daemon" and attached and all(a.created for a in attached):
+                # Every parameter new: renamed ones, if the job's groups are there.
+                # (resume="state_dict" checks at load_state_dict(), when the groups
+                # added with add_param_group() since are known too.)
                 self._refuse_renamed_parameters(attached)
+            self._new_beside_trained = (self._resume == "state_dict"
+                                        and any(a.created for a in attached))
         except errors.Error as e:
             refused = e
         if sharded:
@@ -959,23 +964,24 @@ class RemoteAdamW(torch.optim.Optimizer):
         return high
 
     def _refuse_renamed_parameters(self, attached: list) -> None:
-        """Attaching (resume="daemon" or "state_dict") with parameters that have no group
-        yet: renamed parameters leave the job's trained groups of the old names there,
-        named by no parameter of the model (their state would stay on the daemon, the new
-        names starting from step 0, or from load_state_dict() with the old groups still
-        counted in the job's steps and rewinds). Refuses (FailedPrecondition) when such
-        groups exist. resume="state_dict" otherwise takes new groups beside trained ones
-        (a daemon of the job that lost its state)."""
+        """Parameters that had no group (`attached`: what registration found): renamed
+        parameters leave the job's trained groups of the old names there, named by no
+        parameter of this optimizer (their state would stay on the daemon, the new names
+        starting from step 0, or from load_state_dict() with the old groups still counted
+        in the job's steps and rewinds). Refuses (FailedPrecondition) when such groups
+        exist. resume="state_dict" otherwise takes new groups beside trained ones (a
+        daemon of the job that lost its state)."""
         known = {name for _, name, _ in self._names()}
-        orphans = sorted(g.name for g in self._client.list_groups()
-                         if g.name.startswith(self._name_prefix) and g.name not in known
-                         and g.max_step > 0)
+        listed = [g for g in self._client.list_groups() if g.name.startswith(self._name_prefix)]
+        orphans = sorted(g.name for g in listed if g.name not in known and g.max_step > 0)
         if orphans:
-            new = [a.name for a in attached if a.created]
+            trained = {g.name for g in listed if g.max_step > 0}
+            new = [a.name for a in attached if a.created and a.name not in trained]
             raise errors.FailedPrecondition(
                 f"job '{self._name_prefix}' has trained groups no parameter of this model "
                 f"names (e.g. '{orphans[0]}', {len(orphans)} in all) and {len(new)} of the "
-                f"model's parameters have none (e.g. '{new[0]}'): renamed parameters. "
+                f"model's parameters have none trained (e.g. '{new[0] if new else '-'}'): "
+                "renamed parameters. "
                 "torch.compile's '_orig_mod.' and DDP/FSDP's 'module.' are stripped already; "
                 "rename them back, or delete the old groups (optstate.Client.delete) to "
                 "load_state_dict() into the new names")
@@ -1802,6 +1808,12 @@ class RemoteAdamW(torch.optim.Optimizer):
                 raise ValueError("loaded state dict contains a parameter group that doesn't "
                                  "match the size of optimizer's group")
         saved_state = state_dict["state"]
+        if getattr(self, "_new_beside_trained", False):
+            # Attached with new groups beside trained ones: a daemon that lost its state,
+            # unless the trained groups of the old names are still there (renamed).
+            self._refuse_renamed_parameters(
+                [Attached(name, True, 0, 0) for _, name, _ in self._names()])
+            self._new_beside_trained = False
         rank, _ = self._rank_and_world()
         names = {id(p): name for p, name, _ in self._names()}
         # Every entry is checked before anything changes, on every rank (each then
