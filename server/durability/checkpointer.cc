@@ -125,7 +125,16 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::OpenAndRestore(
 void Checkpointer::RestoreMoveNotes() {
   absl::StatusOr<std::vector<StateStore::MoveNote>> notes = ReadMoveNotes(options_.state_dir);
   if (!notes.ok()) {
-    Log(LogLevel::kWarning, notes.status().message());
+    // Kept aside for the operator, not overwritten by the next seal: the
+    // copies it would have sealed are steppable until it is fixed.
+    const std::string path = absl::StrCat(options_.state_dir, "/", kMoveNotesFileName);
+    const std::string aside = absl::StrCat(path, ".refused");
+    const bool kept = Rename(path, aside).ok();
+    Log(LogLevel::kError, notes.status().message(),
+        kept ? absl::StrCat(" (kept as ", aside, ")") : std::string(),
+        ": groups this daemon moved away before it restarted are not sealed again; a client on "
+        "the old member list may step them here. Finish or undo the Rebalance from a client of "
+        "every member (docs/scale-out.md)");
   } else {
     size_t sealed = 0;
     for (StateStore::MoveNote& note : *notes) {
@@ -166,9 +175,11 @@ absl::Status Checkpointer::WriteMoveNotesNow() {
   return absl::OkStatus();
 }
 
+// The store outlives the checkpointer (Server::Parts); no call is served
+// by now, and Stop() has joined the call threads before the listener goes.
 Checkpointer::~Checkpointer() {
-  store_->SetMoveNotesListener(nullptr);
   Stop();
+  store_->SetMoveNotesListener(nullptr);
 }
 
 void Checkpointer::Stop() {

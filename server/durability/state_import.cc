@@ -180,21 +180,24 @@ absl::StatusOr<StateImport::Result> StateImport::Commit(const LeaseClaim& claim,
         !s.ok()) {
       return s;
     }
-    const bool was_sealed = (*existing)->move().sealed();
+    bool unsealed = false;
     auto replace = [&] {
       // Again, after any wait for a checkpoint: the lease may have moved.
       if (absl::Status s = (*existing)->lease().Check(claim, group.key().name, absl::Now());
           !s.ok()) {
         return s;
       }
-      return ReplaceGroupState(*backend_, group, **existing, /*unseal=*/true);
+      return ReplaceGroupState(*backend_, group, **existing, /*unseal=*/true, &unsealed);
     };
     if (absl::Status s =
             checkpointer != nullptr ? checkpointer->WhileNoCheckpointIsWritten(replace) : replace();
         !s.ok()) {
       return s;
     }
-    if (was_sealed) (void)store_->MoveNotesChanged();  // Unsealed; a failure is logged.
+    // Unsealed: its move is undone. A failure to write that is logged; the
+    // seal's line then stays in MOVES, and a restart seals it again (the next
+    // Rebalance, or an import, unseals it).
+    if (unsealed) (void)store_->MoveNotesChanged();
     (*existing)->last_step().Reset();  // The steps it recorded are not this state's.
     // The imported state is the group's now: the RegisterGroup stream that
     // created it no longer removes it when that stream fails, even with
@@ -217,7 +220,8 @@ absl::StatusOr<StateImport::Result> StateImport::Commit(const LeaseClaim& claim,
 }
 
 absl::Status ReplaceGroupState(StepBackend& backend, const Group& source, Group& target,
-                               bool unseal) {
+                               bool unseal, bool* unsealed) {
+  if (unsealed != nullptr) *unsealed = false;
   const uint64_t pages = target.num_pages();
   PageRangeLock all_pages(target);
   absl::Status status;
@@ -252,6 +256,7 @@ absl::Status ReplaceGroupState(StepBackend& backend, const Group& source, Group&
     Log(LogLevel::kInfo, "group '", target.key().name, "': unsealed by an import (its move to '",
         target.move().moved_to(), "' undone)");
     target.move().Unseal();
+    if (unsealed != nullptr) *unsealed = true;
   }
   return status;
 }

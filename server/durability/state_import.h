@@ -95,9 +95,10 @@ absl::Status CheckSameShape(const Group& existing, uint64_t num_elements,
 // backend's error when it cannot take the state (then nothing changed).
 // With `unseal`, a target sealed for a move (group_move.h) is unsealed under
 // the same locks: the import makes this daemon its home again (a Rebalance
-// back, or one finishing a move in place), so steps apply.
+// back, or one finishing a move in place), so steps apply; `*unsealed`
+// (when given) says whether it was.
 absl::Status ReplaceGroupState(StepBackend& backend, const Group& source, Group& target,
-                               bool unseal = false);
+                               bool unseal = false, bool* unsealed = nullptr);
 
 }  // namespace optstate
 

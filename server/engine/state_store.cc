@@ -208,7 +208,7 @@ absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& ke
     return placed;
   }
   groups_.emplace(key, *group);
-  moved_.erase(key);
+  ForgetNoteLocked(key);
   Log(LogLevel::kInfo, "registered group '", key.name, "': ", config.num_elements, " elements, ",
       (*group)->num_pages(), " pages, ", needed, " host bytes");
   return Registration{*group, true};
@@ -290,7 +290,7 @@ absl::StatusOr<std::shared_ptr<Group>> StateStore::Publish(StagedGroup& staged) 
     registering_.erase(key);
     if (!placed.ok()) return placed;
     groups_.emplace(key, staged.group_);
-    note_forgotten = moved_.erase(key) > 0;
+    note_forgotten = ForgetNoteLocked(key);
     staged.reserved_ = 0;  // The store counts it now.
   }
   Log(LogLevel::kInfo, "group '", key.name,
@@ -326,7 +326,7 @@ void StateStore::SetNotFoundNote(std::string note) {
 absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key, const LeaseClaim& claim) {
   if (absl::Status s = ValidateGroupName(key.name); !s.ok()) return s;
   std::shared_ptr<Group> group;
-  bool note_forgotten = false;
+  std::optional<std::string> forgotten;  // The note deleted, where the name had only one.
   {
     absl::MutexLock lock(&mu_);
     auto it = groups_.find(key);
@@ -336,16 +336,23 @@ absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key, const LeaseClai
         return absl::NotFoundError(absl::StrCat("no group named '", key.name, "' to delete"));
       }
       // The note of its move is what is deleted (RegisterGroup's advice).
-      Log(LogLevel::kInfo, "forgot that group '", key.name, "' moved to daemon '", moved->second,
-          "'");
-      moved_.erase(moved);
-      note_forgotten = true;
+      forgotten = moved->second;
+      ForgetNoteLocked(key);
     } else {
       group = it->second;
     }
   }
-  if (note_forgotten) {
-    (void)MoveNotesChanged();  // The checkpointer logs a failure.
+  if (forgotten.has_value()) {
+    if (absl::Status kept = MoveNotesChanged(); !kept.ok()) {
+      // Forgotten in memory alone, a restart would bring the note back: kept.
+      absl::MutexLock lock(&mu_);
+      if (!groups_.contains(key) && moved_.emplace(key, *forgotten).second) {
+        moved_order_.push_back(key);
+      }
+      return absl::Status(kept.code(), absl::StrCat("the note that group '", key.name,
+                                                    "' moved was not deleted: ", kept.message()));
+    }
+    Log(LogLevel::kInfo, "forgot that group '", key.name, "' moved to daemon '", *forgotten, "'");
     return 0;
   }
   bool noted = false;
@@ -463,6 +470,17 @@ void StateStore::AddMoveNote(const GroupKey& key, std::string moved_to) {
     moved_.erase(moved_order_.front());
     moved_order_.pop_front();
   }
+}
+
+bool StateStore::ForgetNoteLocked(const GroupKey& key) {
+  if (moved_.erase(key) == 0) return false;
+  // Its place in the order too: a key noted again later must not be dropped
+  // for its earlier note's age.
+  if (auto it = std::find(moved_order_.begin(), moved_order_.end(), key);
+      it != moved_order_.end()) {
+    moved_order_.erase(it);
+  }
+  return true;
 }
 
 void StateStore::SetMoveNotesListener(std::function<absl::Status()> listener) {

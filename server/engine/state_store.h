@@ -214,6 +214,9 @@ class StateStore {
   // Gives back what Stage counted for a copy of `key` never published, and
   // for a copy to replace a live group, ends its claim on the key.
   void ReleaseStaged(const GroupKey& key, uint64_t bytes, bool for_tenant) ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes `key`'s note of a move, and its place in moved_order_; whether
+  // it had one.
+  bool ForgetNoteLocked(const GroupKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives back what Reserve counted for one group of `tenant` (with
   // `for_tenant`; else its bytes against the daemon's budget only).
   void ReleaseLocked(const std::string& tenant, uint64_t bytes, bool for_tenant = true)

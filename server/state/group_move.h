@@ -1,9 +1,11 @@
 // A group sealed for a move to another daemon (a client's Rebalance): once
 // sealed, no step applies to it, so the state exported after the seal is the
 // group's last; the copy imported on the new daemon is then the current one.
-// Not kept in checkpoints: a restarted daemon holds the group unsealed, and
-// the next Rebalance tells the copies apart by their page steps. An import
-// into the sealed group replaces its state and unseals it.
+// Not kept in checkpoints: with --state_dir the daemon keeps its seals in
+// <state_dir>/MOVES (durability/move_notes_file.h) and seals a restored copy
+// again; without one a restarted daemon holds the group unsealed, and the
+// next Rebalance tells the copies apart by their page steps. An import into
+// the sealed group replaces its state and unseals it.
 #ifndef OPTSTATE_SERVER_STATE_GROUP_MOVE_H_
 #define OPTSTATE_SERVER_STATE_GROUP_MOVE_H_
 
