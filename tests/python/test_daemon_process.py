@@ -132,6 +132,8 @@ def test_a_moves_file_that_is_no_regular_file_is_refused_at_start(shared_tmp):
         assert match, open(log).read()
         target = f"127.0.0.1:{match.group(1)}"
         assert "MOVES is not a regular file" in open(log).read()
+        # Kept aside for the operator, not overwritten by the next seal.
+        assert os.path.exists(os.path.join(state_dir, "MOVES.refused"))
         assert optstate.Client(target, data_plane="wire").list_groups() == []
     finally:
         process.send_signal(signal.SIGTERM)

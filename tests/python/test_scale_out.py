@@ -640,9 +640,9 @@ def test_a_rewind_through_the_old_member_list_does_not_bring_moved_groups_back(
     assert "nothing was rewound" in str(e.value)
     assert sorted((g.name, g.member, g.max_step) for g in old_list.list_groups()) == before
     assert sum(g.member == "optstated-2" for g in client.list_groups()) == moved
-    # And after every daemon restarted: the notes were in memory alone, so the rewind
-    # through the old list made the moved groups again, at the checkpoint's step, beside
-    # the third daemon's copies (a later Rebalance kept the stale ones).
+    # And after every daemon restarted. (The notes were in memory alone once, and the
+    # rewind through the old list then made the moved groups again, at the checkpoint's
+    # step, beside the third daemon's copies; a later Rebalance kept the stale ones.)
     for i, d in enumerate(daemons):
         d.process.kill()
         d.process.wait(timeout=20)
