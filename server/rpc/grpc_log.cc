@@ -2,19 +2,18 @@
 
 #include <grpc/support/log.h>
 
-#include <atomic>
 #include <cstdint>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "server/base/log.h"
+#include "server/base/log_limiter.h"
 
 namespace optstate {
 namespace {
 
-std::atomic<int64_t> logged_second{0};  // Unix second of the last line written.
-std::atomic<uint64_t> left_out{0};      // Lines dropped since then.
+LogLimiter limiter;
 
 void ToTheDaemonLog(gpr_log_func_args* args) {
   const bool assertion = absl::StartsWith(args->message, "assertion failed");
@@ -24,13 +23,9 @@ void ToTheDaemonLog(gpr_log_func_args* args) {
     Log(LogLevel::kDebug, "gRPC (", args->file, ":", args->line, "): ", args->message);
     return;
   }
-  const int64_t now = absl::ToUnixSeconds(absl::Now());
-  int64_t last = logged_second.load(std::memory_order_relaxed);
-  if (!assertion && (last == now || !logged_second.compare_exchange_strong(last, now))) {
-    left_out.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
-  const uint64_t dropped = left_out.exchange(0, std::memory_order_relaxed);
+  const std::optional<uint64_t> taken = limiter.Take();
+  if (!assertion && !taken.has_value()) return;
+  const uint64_t dropped = taken.value_or(0);
   const LogLevel ours = assertion ? LogLevel::kError : LogLevel::kWarning;
   Log(ours, "gRPC (", args->file, ":", args->line, "): ", args->message,
       dropped == 0
