@@ -164,6 +164,10 @@ absl::Status Client::ImportState(const GroupState& state) {
   if (Client* owner = OwnerClient(state.name)) {
     return InOwner(state.name, owner->ImportState(state));
   }
+  return ImportStateForMove(state, /*take_lease=*/true);
+}
+
+absl::Status Client::ImportStateForMove(const GroupState& state, bool take_lease) {
   const size_t n = state.params.size();
   if (n == 0 || state.exp_avg.size() != n || state.exp_avg_sq.size() != n) {
     return absl::InvalidArgumentError(
@@ -183,9 +187,13 @@ absl::Status Client::ImportState(const GroupState& state) {
         "' has no page_steps; give one per daemon page, or exactly one for every page"));
   }
   impl_->Forget(state.name);
-  return impl_->Explain(WithRetries(impl_->options, impl_->channel.get(), [&](int) {
-    return ImportOnce(*impl_->stub, impl_->options, state);
-  }));
+  ClientOptions options = impl_->options;
+  if (!take_lease) {
+    options.lease_holder.clear();
+    options.lease_takeover.clear();
+  }
+  return impl_->Explain(WithRetries(impl_->options, impl_->channel.get(),
+                                    [&](int) { return ImportOnce(*impl_->stub, options, state); }));
 }
 
 absl::StatusOr<Client::CheckpointResult> Client::Checkpoint(

@@ -677,14 +677,19 @@ absl::StatusOr<RebalanceResult> Client::Rebalance(const std::vector<MemberTarget
                       [&](uint64_t s) { return s == state->page_steps.front(); })) {
         state->page_steps.resize(1);
       }
+      // A group no copy of which is leased (a restart ended its job's
+      // lease; leases are not checkpointed) moves unleased: it may be
+      // another job's, which takes it at its next step.
+      const bool leased = std::any_of(held.begin(), held.end(),
+                                      [](const auto& c) { return c.second.lease.has_value(); });
       act(absl::StrCat("import ", name, " into ", owner_id));
-      absl::Status imported = all[owner]->shared->ImportState(*state);
+      absl::Status imported = all[owner]->shared->ImportStateForMove(*state, leased);
       if (imported.code() == absl::StatusCode::kResourceExhausted && !deletes.empty()) {
         // The owner may be full of copies this call has yet to delete: the
         // moves so far made durable and their old copies deleted, once more.
         if (absl::Status s = flush(); !s.ok()) return s;
         act(absl::StrCat("import ", name, " into ", owner_id));
-        imported = all[owner]->shared->ImportState(*state);
+        imported = all[owner]->shared->ImportStateForMove(*state, leased);
       }
       if (!imported.ok()) return InMember(all[owner]->target, imported);
       ++result.moved;

@@ -578,6 +578,40 @@ def test_a_rebalance_leaves_another_jobs_leased_groups_and_both_jobs_step_on(fre
     assert set(steps.values()) == {(3, 3)} and len(steps) == len(groups)
 
 
+def test_after_a_restart_a_rebalance_moves_another_jobs_groups_unleased(fresh_daemons,
+                                                                        tmp_path):
+    # Leases are not checkpointed: after the daemons restarted no group was leased, job
+    # x's Rebalance moved job y's groups too, and each import leased them to x, so y's
+    # next step on a moved group was refused until x's lease expired.
+    flags = ("--checkpoint_interval=0", "--lease_seconds=600")
+    daemons = [fresh_daemons(f"--state_dir={tmp_path / str(i)}", *flags) for i in range(3)]
+    named = [{"target": d.target, "identity": f"optstated-{i}"} for i, d in enumerate(daemons)]
+    groups = {f"{job}/{name}": values for job in ("x", "y")
+              for name, values in model([1000] * 16).items()}
+    jobs = {job: {n: v for n, v in groups.items() if n.startswith(f"{job}/")}
+            for job in ("x", "y")}
+    for job, own in jobs.items():
+        client = optstate.Client(named[:2], lease_holder=f"{job}-holder", lease_job=job, **WIRE)
+        register(client, own)
+        step_all(client, own, 1)
+        client.checkpoint(wait_for_step=1)
+    for i, d in enumerate(daemons[:2]):
+        d.process.kill()
+        d.process.wait(timeout=20)
+        named[i]["target"] = fresh_daemons(f"--state_dir={tmp_path / str(i)}", *flags).target
+    x = optstate.Client(named[:2], lease_holder="x-holder", lease_job="x", **WIRE)
+    done = x.rebalance(named)
+    moved = {g.name for g in x.list_groups() if g.member == "optstated-2"}
+    assert done["moved"] == len(moved) and not done["left"], done
+    assert any(n.startswith("y/") for n in moved), moved
+    assert all(x.describe(n).lease is None for n in moved)
+    y = optstate.Client(named, lease_holder="y-holder", lease_job="y", **WIRE)
+    step_all(y, jobs["y"], 2)  # refused before: "job 'x' leases it"
+    step_all(x, jobs["x"], 2)
+    leases = {g.name: g.lease["job"] for g in y.list_groups()}
+    assert leases == {n: n.split("/")[0] for n in groups}, leases
+
+
 def test_one_daemon_listed_twice_is_refused_and_naming_the_daemons_moves_nothing(
         fresh_daemons):
     # Two daemons known by their addresses, then given names (what scale-out.md advises):

@@ -445,6 +445,10 @@ class Client {
   // ExportState with ExportStateRequest.moved_to (Rebalance).
   absl::StatusOr<GroupState> ExportStateForMove(const std::string& name,
                                                 const std::string& moved_to);
+  // ImportState into this daemon, with this client's lease (taking it on
+  // the group) only when `take_lease`: Rebalance moves a group no one leases
+  // (its job's lease ended with a restart) without leasing it to the caller.
+  absl::Status ImportStateForMove(const GroupState& state, bool take_lease);
   std::unique_ptr<Impl> impl_;
 };
 
