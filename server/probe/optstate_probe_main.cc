@@ -3,6 +3,7 @@
 // within --timeout; 2 for bad usage. For Docker HEALTHCHECK, compose and
 // Kubernetes exec probes (Kubernetes' built-in grpc: probe cannot present a
 // client certificate; this program will, when the daemon gets TLS).
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -101,20 +102,42 @@ int main(int argc, char** argv) {
   }
   auto channel = grpc::CreateCustomChannel(addr, credentials, args);
   auto stub = grpc::health::v1::Health::NewStub(channel);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  // Waits for the connection within the deadline instead of failing at the
-  // first refused attempt: a daemon that is just starting gets the whole
-  // timeout to answer.
-  context.set_wait_for_ready(true);
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(service);
   grpc::health::v1::HealthCheckResponse response;
-  const grpc::Status status = stub->Check(&context, request, &response);
+  const absl::Time start = absl::Now();
+  // The last quarter of the timeout (a second at most) is kept for a call
+  // that says why no connection came.
+  const absl::Duration reserve = std::min(absl::Seconds(1), timeout / 4);
+  auto check = [&](absl::Time deadline, bool wait_for_ready) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    context.set_wait_for_ready(wait_for_ready);
+    return stub->Check(&context, request, &response);
+  };
+  // Waits for the connection instead of failing at the first refused
+  // attempt: a daemon that is just starting gets most of the timeout to
+  // answer.
+  grpc::Status status = check(start + timeout - reserve, /*wait_for_ready=*/true);
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+      channel->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY) {
+    // Not connected: a call that does not wait fails with gRPC's reason (a
+    // refused connection, a failed TLS handshake), or still gets the answer.
+    const grpc::Status again = check(start + timeout, /*wait_for_ready=*/false);
+    if (again.ok() || again.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) status = again;
+  }
   const std::string what = service.empty() ? addr : addr + " " + service;
   if (!status.ok()) {
-    std::fprintf(stderr, "optstate-probe: %s: %s (code %d)\n", what.c_str(),
-                 status.error_message().c_str(), static_cast<int>(status.error_code()));
+    // A daemon with TLS closes a plaintext connection at its first bytes.
+    const bool plaintext_refused =
+        ca.empty() && cert.empty() && status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+        status.error_message().find("Socket closed") != std::string::npos;
+    std::fprintf(stderr, "optstate-probe: %s: no answer within %s: %s (code %d)%s\n", what.c_str(),
+                 absl::FormatDuration(timeout).c_str(), status.error_message().c_str(),
+                 static_cast<int>(status.error_code()),
+                 plaintext_refused ? "; a daemon with TLS closes plaintext connections: give "
+                                     "--tls_ca (and --tls_cert, --tls_key under mTLS)"
+                                   : "");
     return 1;
   }
   const std::string answer =

@@ -18,16 +18,32 @@ namespace optstate::testing {
 namespace {
 
 // Runs optstate-probe with `flags`; its exit code (128+signal if killed).
-int RunProbe(const std::vector<std::string>& flags) {
+// With `output`, what it printed (stdout and stderr) goes there.
+int RunProbe(const std::vector<std::string>& flags, std::string* output = nullptr) {
   std::vector<std::string> args = {OPTSTATE_PROBE_PATH};
   args.insert(args.end(), flags.begin(), flags.end());
+  int out[2] = {-1, -1};
+  if (output != nullptr && pipe(out) != 0) return -1;
   pid_t pid = fork();
   if (pid == 0) {
+    if (output != nullptr) {
+      dup2(out[1], 1);
+      dup2(out[1], 2);
+      close(out[0]);
+      close(out[1]);
+    }
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     execv(argv[0], argv.data());
     _exit(127);
+  }
+  if (output != nullptr) {
+    close(out[1]);
+    char buffer[4096];
+    ssize_t n;
+    while ((n = read(out[0], buffer, sizeof(buffer))) > 0) output->append(buffer, n);
+    close(out[0]);
   }
   int status = 0;
   waitpid(pid, &status, 0);
@@ -78,8 +94,13 @@ TEST_F(ProbeTest, StoppedDaemonExitsOne) {
 
 TEST(ProbeWithoutDaemonTest, NothingListeningExitsOneWithinItsTimeout) {
   const absl::Time start = absl::Now();
-  EXPECT_EQ(RunProbe({"--addr=127.0.0.1:" + std::to_string(UnusedPort()), "--timeout=1s"}), 1);
+  std::string output;
+  EXPECT_EQ(RunProbe({"--addr=127.0.0.1:" + std::to_string(UnusedPort()), "--timeout=1s"}, &output),
+            1);
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // gRPC's reason, not "Deadline Exceeded" (what it printed before).
+  EXPECT_NE(output.find("no answer within 1s"), std::string::npos) << output;
+  EXPECT_NE(output.find("Connection refused"), std::string::npos) << output;
 }
 
 TEST(ProbeWithoutDaemonTest, BadUsageExitsTwo) {

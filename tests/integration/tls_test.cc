@@ -13,6 +13,8 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -465,11 +467,17 @@ TEST_F(TlsTest, TheProbeChecksHealthOverTlsWithTheCa) {
       absl::StrCat(" --tls_cert=", certs_->client_cert, " --tls_key=", certs_->client_key);
   EXPECT_EQ(std::system((probe + mtls + " >/dev/null 2>&1").c_str()), 0);
   EXPECT_NE(std::system((probe + " >/dev/null 2>&1").c_str()), 0) << "no client certificate";
+  const std::string output = ::testing::TempDir() + "/plaintext_probe.txt";
   EXPECT_NE(std::system(absl::StrCat(OPTSTATE_PROBE_PATH, " --addr=", daemon_->target(),
-                                     " --timeout=2s >/dev/null 2>&1")
+                                     " --timeout=2s >", output, " 2>&1")
                             .c_str()),
             0)
       << "plaintext";
+  // What to do, not "Deadline Exceeded" (what it printed before).
+  std::ifstream printed(output);
+  const std::string text((std::istreambuf_iterator<char>(printed)),
+                         std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("give --tls_ca"), std::string::npos) << text;
 }
 
 }  // namespace
