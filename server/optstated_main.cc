@@ -334,7 +334,25 @@ int main(int argc, char** argv) {
   }
   optstate::Log(optstate::LogLevel::kInfo, "signal ", signal,
                 ": shutting down, finishing in-flight chunks");
+  // Signals during the shutdown are answered, not left pending in silence:
+  // the shutdown goes on (its final checkpoint is what a restart restores).
+  std::atomic<bool> stopping{true};
+  std::thread shutdown_signals([&] {
+    const struct timespec poll = {0, 100 * 1000 * 1000};
+    while (stopping.load()) {
+      const int taken = sigtimedwait(&signals, nullptr, &poll);
+      if (taken != SIGTERM && taken != SIGINT && taken != SIGHUP) continue;
+      optstate::Log(optstate::LogLevel::kWarning, "signal ", taken,
+                    " during the shutdown: the shutdown goes on (in-flight chunks, then the "
+                    "final checkpoint with --state_dir, at most --shutdown_grace=",
+                    absl::FormatDuration(absl::GetFlag(FLAGS_shutdown_grace)),
+                    " for the chunks); SIGKILL stops at once, and a restart then restores the "
+                    "last complete checkpoint");
+    }
+  });
   const absl::Status stopped = (*server)->Shutdown(absl::GetFlag(FLAGS_shutdown_grace));
+  stopping.store(false);
+  shutdown_signals.join();
   if (!stopped.ok()) {
     // Exit non-zero: what supervises the daemon (compose, Kubernetes, a
     // script) must be able to tell that the last state was not saved.

@@ -138,3 +138,38 @@ def test_a_moves_file_that_is_no_regular_file_is_refused_at_start(shared_tmp):
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=30)
+
+
+def test_a_second_signal_during_the_shutdown_is_answered_and_the_shutdown_goes_on(shared_tmp):
+    # A second SIGTERM (or Ctrl-C) while the final checkpoint was written stayed pending
+    # in silence: the operator could not tell whether it was heard, or what it would do.
+    state_dir = os.path.join(shared_tmp, "state")
+    process, target = start(f"--state_dir={state_dir}", "--log_level=info",
+                            "--checkpoint_interval=0")
+    assert target, "optstated did not start"
+    client = optstate.Client(target, data_plane="wire")
+    size = 1 << 24  # a final checkpoint of 192 MB: long enough to stop the daemon in it
+    client.register("large", np.ones(size, np.float32), lr=1e-2)
+    client.step("large", 1, np.full(size, 0.5, np.float32))
+    client.close()
+    process.send_signal(signal.SIGTERM)
+    log = []
+    while not any("shutting down" in line for line in log):
+        ready, _, _ = select.select([process.stderr], [], [], 30)
+        assert ready, "no shutdown line within 30 s: " + "".join(log)
+        log.append(process.stderr.readline())
+    # Stopped in the shutdown, the second signal cannot come after it.
+    process.send_signal(signal.SIGSTOP)
+    process.send_signal(signal.SIGTERM)
+    process.send_signal(signal.SIGCONT)
+    rest = process.communicate(timeout=60)[1]
+    assert process.returncode == 0, rest
+    assert re.search(r"signal 15 during the shutdown: the shutdown goes on", rest), rest
+    assert "SIGKILL stops at once" in rest, rest
+    restarted, target = start(f"--state_dir={state_dir}", stderr=subprocess.DEVNULL)
+    try:
+        assert [g.max_step for g in optstate.Client(target, data_plane="wire").list_groups()] \
+            == [1], "the final checkpoint was not written whole"
+    finally:
+        restarted.send_signal(signal.SIGTERM)
+        assert restarted.wait(timeout=30) == 0
