@@ -21,14 +21,20 @@ bool OfJob(const JobRewindRequest& request, const GroupKey& key) {
 
 // Why the job's state in `manifest` cannot be rewound to (request.step, or
 // any one step); "" when it can, with its step in `*step` (for a job's
-// frozen groups alone: request.step, or 0).
-std::string Unsuitable(const Manifest& manifest, const JobRewindRequest& request, uint64_t* step) {
+// frozen groups alone: request.step, or 0). A group at step 0 there is
+// frozen, the same at every step, only while its live copy in `store` is
+// at step 0 too (or gone); one stepped since holds the job at step 0.
+std::string Unsuitable(const Manifest& manifest, const JobRewindRequest& request,
+                       const StateStore& store, uint64_t* step) {
   bool any = false;
   std::optional<uint64_t> at;
   for (const ManifestGroup& g : manifest.groups) {
     if (!OfJob(request, g.key)) continue;
     any = true;
-    if (g.max_step == 0) continue;  // Never stepped (frozen): at any step.
+    if (g.max_step == 0) {
+      absl::StatusOr<std::shared_ptr<Group>> live = store.Find(g.key);
+      if (!live.ok() || (*live)->MaxStep() == 0) continue;  // Frozen: at any step.
+    }
     if (g.min_step != g.max_step || (at.has_value() && *at != g.max_step)) {
       return absl::StrCat("the job is part-way through a step there (group '", g.key.name,
                           "' at steps ", g.min_step, "..", g.max_step, ")");
@@ -89,7 +95,7 @@ absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backe
     if (!staged.ok()) {
       why = std::string(staged.status().message());
     } else {
-      why = Unsuitable(manifest, request, &step);
+      why = Unsuitable(manifest, request, *store, &step);
     }
     if (!why.empty()) {
       outcome.passed_over.push_back(absl::StrCat(dir, ": ", why));

@@ -730,6 +730,38 @@ def test_rewind_needs_a_state_dir(daemon, prefix):
         optstate.Client(daemon.target).rewind_job(prefix)
 
 
+def test_a_checkpoint_from_before_the_first_step_holds_the_job_at_step_zero(
+        fresh_daemons, prefix, tmp_path):
+    # A checkpoint written before the job's first step held its groups at step 0, which
+    # the rewind took for frozen groups (the same at every step): any step asked was
+    # answered OK with that step, and the job's trained steps were gone (at step 0).
+    d = fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0")
+    client = optstate.Client(d.target, lease_holder="job")
+    names = [prefix + "a", prefix + "b"]
+    for name in names:
+        client.register(name, torch.ones(64))
+    client.checkpoint()
+    before = {n: client.export_state(n) for n in names}
+    client.step([(names[0], torch.full((64,), 0.1))], 1)
+    client.step([(names[0], torch.full((64,), 0.1))], 2)
+    client.checkpoint()
+    trained = client.export_state(names[0])
+    for validate_only in (True, False):
+        with pytest.raises(optstate.NotFound, match="at step 99") as e:
+            client.rewind_job(prefix, step=99, validate_only=validate_only)
+        assert "it holds the job at step 0" in str(e.value)
+    assert [client.describe(n).max_step for n in names] == [2, 0]
+    assert (client.export_state(names[0]).params == trained.params).all()
+    # Asked for no step, the newest checkpoint that holds the job whole is taken: step 2's
+    # holds a at 2 and b (never stepped, live too) at any step.
+    assert client.rewind_job(prefix, validate_only=True)["step"] == 2
+    # Step 0 is what the first checkpoint holds: the job before its first step.
+    rewound = client.rewind_job(prefix, step=0)
+    assert rewound["step"] == 0 and sorted(rewound["groups"]) == names
+    assert [client.describe(n).max_step for n in names] == [0, 0]
+    assert (client.export_state(names[0]).params == before[names[0]].params).all()
+
+
 def test_a_ddp_job_shares_one_lease_and_resumes_unwrapped_after_its_ranks_died(
         fresh_daemons, prefix, tmp_path):
     """Two gloo ranks under real DistributedDataParallel step the same groups (module.*
