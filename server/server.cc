@@ -344,10 +344,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   if (absl::Status s = ApplyListenSocketMode(options); !s.ok()) return s;
   if (absl::Status s = parts->data_plane->StartSocket(options.listen, port); !s.ok()) return s;
-  // Health answers for the service by name too, as load balancers and
+  // Health answers for the services by name too, as load balancers and
   // probes that name it expect (gRPC sets it NOT_SERVING at shutdown).
   if (grpc::HealthCheckServiceInterface* health = parts->grpc_server->GetHealthCheckService()) {
     health->SetServingStatus(v1::OptimizerState::service_full_name(), true);
+    health->SetServingStatus(v1::DataPlane::service_full_name(), true);
   }
   // Only once nothing can fail: a refused start leaves the process's path as
   // it was. (A step that came in meanwhile took the other path: the same bits.)

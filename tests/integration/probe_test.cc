@@ -81,6 +81,10 @@ TEST_F(ProbeTest, ServingOptimizerStateServiceExitsZero) {
   EXPECT_EQ(RunProbe({"--addr=" + daemon_->target(), "--service=optstate.v1.OptimizerState"}), 0);
 }
 
+TEST_F(ProbeTest, ServingDataPlaneServiceExitsZero) {
+  EXPECT_EQ(RunProbe({"--addr=" + daemon_->target(), "--service=optstate.v1.DataPlane"}), 0);
+}
+
 TEST_F(ProbeTest, UnknownServiceExitsOne) {
   EXPECT_EQ(RunProbe({"--addr=" + daemon_->target(), "--service=no.such.Service"}), 1);
 }
