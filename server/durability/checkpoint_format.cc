@@ -201,12 +201,17 @@ std::string CheckpointDirName(uint64_t sequence) {
 }
 
 std::optional<uint64_t> ParseCheckpointDirName(absl::string_view name) {
-  if (!absl::ConsumePrefix(&name, "ckpt-") || name.size() != 16) return std::nullopt;
+  const absl::string_view whole = name;
+  if (!absl::ConsumePrefix(&name, "ckpt-") || name.size() < 16) return std::nullopt;
   for (char c : name) {
     if (c < '0' || c > '9') return std::nullopt;
   }
   uint64_t sequence = 0;
   if (!absl::SimpleAtoi(name, &sequence)) return std::nullopt;
+  // Past 16 digits the names grow (ckpt-10000000000000000), as the writer
+  // writes them; a name the writer would not write is no checkpoint, nor is
+  // the last number (no next one would follow it).
+  if (sequence == UINT64_MAX || CheckpointDirName(sequence) != whole) return std::nullopt;
   return sequence;
 }
 

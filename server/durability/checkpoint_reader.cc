@@ -159,6 +159,16 @@ absl::StatusOr<std::vector<StagedGroup>> LoadCheckpoint(StateStore* store, const
     return absl::Status(parsed.status().code(),
                         absl::StrCat(manifest_path, ": ", parsed.status().message()));
   }
+  // A checkpoint copied or renamed to another number (a backup put back, a
+  // link) would be restored in place of the one its name says is newest,
+  // which the next checkpoints would then prune.
+  const absl::string_view base = absl::string_view(dir).substr(dir.rfind('/') + 1);
+  if (parsed->id != base) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(manifest_path, ": holds checkpoint ", parsed->id, ", not ", base,
+                     " (a copy or a rename); put it back under its own name, or move it out of "
+                     "--state_dir"));
+  }
   if (parsed->page_elements != store->page_elements()) {
     return absl::FailedPreconditionError(absl::StrCat(
         manifest_path, ": written with pages of ", parsed->page_elements,

@@ -479,6 +479,33 @@ TEST_F(DamagedCheckpointTest, WhileANewerCheckpointNeedsAnotherDaemonNoneIsWritt
   EXPECT_TRUE(Exists("ckpt-0000000000000003"));
 }
 
+// A copy of ckpt 1 put back under a newer number (a backup restored by
+// hand, a link) was restored in place of ckpt 2, the newest acknowledged,
+// which the next checkpoints then pruned: step 5 lost without a word.
+TEST_F(DamagedCheckpointTest, ACheckpointUnderAnotherNumberIsRefusedAndTheNewestRestored) {
+  const std::string copy = "ckpt-0000000000000009";
+  std::filesystem::copy(dir_ + "/" + kFirst, dir_ + "/" + copy,
+                        std::filesystem::copy_options::recursive);
+  auto daemon = DaemonProcess::Start(CkptFlags(dir_, {"--checkpoints_to_keep=1"}));
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto client = ConnectTo(**daemon);
+  absl::StatusOr<Stats> stats = client->GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->restored_checkpoint_id, kSecond);
+  ASSERT_EQ(stats->restore_refusals.size(), 1u);
+  EXPECT_THAT(stats->restore_refusals[0],
+              HasSubstr(absl::StrCat("holds checkpoint ", kFirst, ", not ", copy)));
+  EXPECT_TRUE(SameState(ExportAll(*client), References().at(5)));
+  // Which of the two is wrong is the operator's to say: nothing is written
+  // (a new checkpoint would prune ckpt 2) until the copy is put right.
+  work_.Steps(*client, 6, 6);
+  absl::StatusOr<Client::CheckpointResult> refused = client->Checkpoint({});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_TRUE(Exists(kFirst));
+  EXPECT_TRUE(Exists(kSecond));
+  EXPECT_TRUE(Exists(copy));
+}
+
 TEST_F(DamagedCheckpointTest, AManifestThatDoesNotParseIsRefused) {
   { std::ofstream(File("MANIFEST")) << "{\"this\": \"is not a manifest\"}\n"; }
   ExpectFallback("MANIFEST", "not a checkpoint manifest");

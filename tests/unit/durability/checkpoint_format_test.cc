@@ -182,6 +182,13 @@ TEST(CheckpointFormatTest, DirectoryNamesRoundTripAndTemporaryOnesAreNotCheckpoi
   EXPECT_FALSE(ParseCheckpointDirName("ckpt-7"));
   EXPECT_FALSE(ParseCheckpointDirName("ckpt-000000000000000x"));
   EXPECT_FALSE(ParseCheckpointDirName("MANIFEST"));
+  // Past 16 digits the names grow as the writer writes them, and are read
+  // back (they were passed over: every checkpoint after the 10^16th lost).
+  EXPECT_EQ(CheckpointDirName(10'000'000'000'000'000u), "ckpt-10000000000000000");
+  EXPECT_EQ(ParseCheckpointDirName("ckpt-10000000000000000"), 10'000'000'000'000'000u);
+  EXPECT_FALSE(ParseCheckpointDirName("ckpt-00000000000000007")) << "a name never written";
+  EXPECT_FALSE(ParseCheckpointDirName("ckpt-18446744073709551615")) << "no number follows it";
+  EXPECT_FALSE(ParseCheckpointDirName("ckpt-18446744073709551616")) << "past uint64";
 }
 
 }  // namespace
