@@ -287,6 +287,7 @@ absl::StatusOr<WrittenCheckpoint> CheckpointWriter::Write(
   manifest.id = written.id;
   manifest.step = step;
   manifest.page_elements = page_elements_;
+  std::vector<const CheckpointTarget*> written_targets;  // Of manifest.groups, in order.
   for (size_t i = 0; i < targets.size(); ++i) {
     ManifestGroup entry;
     entry.file = absl::StrCat("group-", i, ".data");
@@ -311,6 +312,23 @@ absl::StatusOr<WrittenCheckpoint> CheckpointWriter::Write(
       entry.last_step = *last;
     }
     manifest.groups.push_back(std::move(entry));
+    written_targets.push_back(&targets[i]);
+  }
+  // A group deleted after its pages were captured, while the others were
+  // written: the delete was answered before this checkpoint, so it holds the
+  // state as if the delete came first (a delete after the manifest below is
+  // after the checkpoint, as a step then would be).
+  for (size_t j = manifest.groups.size(); j-- > 0;) {
+    if (!written_targets[j]->group->deleted()) continue;
+    if (written_targets[j]->named) {
+      return fail(absl::NotFoundError(
+          absl::StrCat("group '", manifest.groups[j].key.name,
+                       "' was deleted while it was checkpointed; nothing was written")));
+    }
+    (void)unlink(absl::StrCat(temporary, "/", manifest.groups[j].file).c_str());
+    written.bytes -= manifest.groups[j].bytes;
+    manifest.groups.erase(manifest.groups.begin() + j);
+    written_targets.erase(written_targets.begin() + j);
   }
   // Step 4.
   manifest.created_unix_micros = absl::ToUnixMicros(absl::Now());

@@ -251,6 +251,43 @@ TEST_F(DuringCheckpointTest, AGroupDeletedWhileCheckpointsWaitIsLeftOutOrNotFoun
   EXPECT_EQ((*groups)[0].name, "model.w");
 }
 
+// A group deleted after its pages were captured, while the rest of the
+// checkpoint was written: the delete was answered first, yet the checkpoint
+// held the group, and a restart brought it back. It is left out now (as if
+// the delete came first); named by the call, the checkpoint is NOT_FOUND.
+TEST_F(DuringCheckpointTest, AGroupDeletedAfterItsPagesWereWrittenIsLeftOutOrNotFound) {
+  StartPausingAt("data_synced:0");  // model.b, the first group, written whole.
+  std::thread whole([&] {
+    absl::StatusOr<Client::CheckpointResult> r = client_->Checkpoint({});
+    EXPECT_TRUE(r.ok()) << r.status();
+  });
+  ASSERT_TRUE(WaitForFile(paused_, absl::Seconds(20)));
+  ASSERT_TRUE(client_->DeleteGroup("model.b").ok());
+  std::filesystem::remove(paused_);
+  whole.join();
+  ASSERT_NO_FATAL_FAILURE(KillAndRestoreTheSecondCheckpoint());
+  absl::StatusOr<std::vector<GroupInfo>> groups = client_->ListGroups();
+  ASSERT_TRUE(groups.ok());
+  ASSERT_EQ(groups->size(), 1u);
+  EXPECT_EQ((*groups)[0].name, "model.w");
+}
+
+TEST_F(DuringCheckpointTest, ANamedGroupDeletedAfterItsPagesWereWrittenFailsTheCheckpoint) {
+  StartPausingAt("data_synced:0");
+  std::thread named([&] {
+    Client::CheckpointRequestOptions options;
+    options.groups = {"model.b"};
+    absl::StatusOr<Client::CheckpointResult> r = client_->Checkpoint(options);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr("'model.b' was deleted while it was checkpointed"));
+  });
+  ASSERT_TRUE(WaitForFile(paused_, absl::Seconds(20)));
+  ASSERT_TRUE(client_->DeleteGroup("model.b").ok());
+  std::filesystem::remove(paused_);
+  named.join();
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/" + kSecond)) << "nothing is written";
+}
+
 // ---- A signal while the daemon starts ----
 
 // SIGTERM while the restore runs (a large state takes minutes) waited for
