@@ -19,6 +19,9 @@ absl::Status Errno(absl::string_view what, const std::string& path) {
   std::string message = absl::StrCat(what, " ", path, ": ", std::strerror(e));
   if (e == ENOENT) return absl::NotFoundError(message);
   if (e == ENOSPC || e == EDQUOT) return absl::ResourceExhaustedError(message);
+  // The operator's to fix (permissions, a file system mounted read-only),
+  // as a removed state_dir is.
+  if (e == EACCES || e == EPERM || e == EROFS) return absl::FailedPreconditionError(message);
   return absl::InternalError(message);
 }
 

@@ -81,6 +81,9 @@ def test_a_state_dir_the_daemon_cannot_write_is_named_at_start(shared_tmp):
         assert [g.name for g in optstate.Client(target, data_plane="wire").list_groups()] == [
             "kept"]
         assert "cannot be written by this daemon (Permission denied)" in open(log).read()
+        # The operator's to fix, as the warning said (it was INTERNAL).
+        with pytest.raises(optstate.FailedPrecondition, match="Permission denied"):
+            optstate.Client(target, data_plane="wire").checkpoint()
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 3  # no final checkpoint, as the warning said
 
