@@ -6,12 +6,15 @@
 #include "server/durability/checkpoint_reader.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -41,11 +44,18 @@ struct ReadTimes {
 
 absl::Status ReadGroupFile(const std::string& path, const ManifestGroup& entry, Group& group,
                            ThreadPool* pool, ReadTimes* times) {
-  absl::StatusOr<uint64_t> size = FileSize(path);
-  if (absl::IsNotFound(size.status())) {
+  // Opened first: a FIFO, a directory or a device there is "not a regular
+  // file" (never opened in a way that blocks), not a size that is wrong.
+  absl::StatusOr<ScopedFd> fd = OpenForReading(path);
+  if (absl::IsNotFound(fd.status())) {
     return absl::DataLossError(absl::StrCat(path, " is missing (the manifest names it)"));
   }
-  if (!size.ok()) return size.status();
+  if (!fd.ok()) return fd.status();
+  struct stat file;
+  if (fstat(fd->get(), &file) != 0) {
+    return absl::InternalError(absl::StrCat("cannot stat ", path, ": ", std::strerror(errno)));
+  }
+  const uint64_t size = static_cast<uint64_t>(file.st_size);
   const uint64_t expected = DataFileBytes(entry.config.num_elements, group.page_elements(),
                                           entry.config.hyperparameters.amsgrad);
   if (entry.bytes != expected) {
@@ -53,13 +63,10 @@ absl::Status ReadGroupFile(const std::string& path, const ManifestGroup& entry, 
                                             " bytes, but a group of ", entry.config.num_elements,
                                             " elements takes ", expected));
   }
-  if (*size != entry.bytes) {
-    return absl::DataLossError(absl::StrCat(path, " is ", *size, " bytes, the manifest says ",
-                                            entry.bytes,
-                                            *size < entry.bytes ? " (truncated)" : ""));
+  if (size != entry.bytes) {
+    return absl::DataLossError(absl::StrCat(path, " is ", size, " bytes, the manifest says ",
+                                            entry.bytes, size < entry.bytes ? " (truncated)" : ""));
   }
-  absl::StatusOr<ScopedFd> fd = OpenForReading(path);
-  if (!fd.ok()) return fd.status();
   // Pieces of whole pages read and checked at once, straight into the
   // group's arrays; their CRCs are combined in order. Every page before the
   // last is full, so page p's record starts at p * (16 + 12 * page_elements)

@@ -441,6 +441,15 @@ TEST_F(DamagedCheckpointTest, AManifestThatIsAFifoIsRefusedWithoutBlockingTheSta
   ExpectFallback("MANIFEST", "is not a regular file");
 }
 
+// A data file that is a FIFO or a directory was refused as "0 bytes" or
+// "4096 bytes, the manifest says ..." (damage); it is what the manifest's
+// is: not a regular file (never opened in a way that blocks).
+TEST_F(DamagedCheckpointTest, ADataFileThatIsAFifoIsRefusedAsNoRegularFile) {
+  std::filesystem::remove(File("group-1.data"));
+  ASSERT_EQ(mkfifo(File("group-1.data").c_str(), 0600), 0);
+  ExpectFallback("group-1.data", "is not a regular file");
+}
+
 // A damaged checkpoint can never be restored: new checkpoints are written
 // beside it as if it were not there.
 TEST_F(DamagedCheckpointTest, ARefusedCheckpointNeitherCountsAmongTheKeptNorIsRemoved) {
