@@ -310,6 +310,7 @@ absl::StatusOr<Stats> Client::DaemonFacts(absl::Time deadline) {
 
 absl::Status Client::DeleteGroup(const std::string& name) {
   if (Client* owner = OwnerClient(name)) return InOwner(name, owner->DeleteGroup(name));
+  client_internal::AwaitConnection(impl_->options, impl_->channel.get());
   grpc::ClientContext context;
   PrepareContext(&context, impl_->options);
   v1::DeleteGroupRequest request;

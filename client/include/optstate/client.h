@@ -339,7 +339,8 @@ class Client {
   // name of which it holds only a note of its move to another daemon, which
   // it forgets (proto: ExportStateRequest.moved_to). Made once, never
   // retried: after a lost reply a retry could not tell "deleted now" from
-  // NOT_FOUND. Call it again to be sure.
+  // NOT_FOUND. Call it again to be sure. A daemon that is restarting is
+  // first waited for, up to reconnect_timeout.
   absl::Status DeleteGroup(const std::string& name);
 
   // ---- Durability (docs/durability.md) ----
@@ -385,7 +386,8 @@ class Client {
   // is at s and the checkpoint holding s is on disk: FAILED_PRECONDITION
   // (naming the step held) when a page is past s, DEADLINE_EXCEEDED when s is
   // not reached within ClientOptions::attempt_timeout, NOT_FOUND for an
-  // unknown group. Made once, never retried.
+  // unknown group. Made once, never retried (a daemon that is restarting is
+  // first waited for, up to reconnect_timeout).
   absl::StatusOr<CheckpointResult> Checkpoint(const CheckpointRequestOptions& options = {});
 
   struct RewindResult {
@@ -405,7 +407,8 @@ class Client {
   // (docs/jobs.md). Each group is leased to this client's lease_holder
   // afterwards. FAILED_PRECONDITION without --state_dir, for a live group of
   // the job that the checkpoint lacks, or another holder's lease; NOT_FOUND
-  // when no checkpoint holds the job so. Made once, never retried.
+  // when no checkpoint holds the job so. Made once, never retried (a daemon
+  // that is restarting is first waited for, up to reconnect_timeout).
   // `validate_only`: every check, and the result the rewind would have
   // (groups: those it would rewind), changing nothing.
   //

@@ -441,7 +441,8 @@ NB_MODULE(_optstate, m) {
           },
           "name"_a,
           "Deletes the group and frees its memory. Made once, never retried (after a lost\n"
-          "reply a retry could not tell 'deleted now' from NotFound); NotFound when absent.")
+          "reply a retry could not tell 'deleted now' from NotFound); NotFound when absent.\n"
+          "A daemon that is restarting is first waited for, up to reconnect_timeout.")
       .def(
           "wait_until_reachable",
           [](PyClient& self, double timeout) {
