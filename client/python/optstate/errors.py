@@ -51,9 +51,10 @@ class Unknown(Error):
     code = "UNKNOWN"
 
 
-class InvalidArgument(Error):
+class InvalidArgument(Error, ValueError):
     """The request was refused as given (a non-finite gradient, a wrong length, bad
-    hyperparameters); nothing was applied."""
+    hyperparameters); nothing was applied. Also a ``ValueError``: what Python code
+    catches for a value refused."""
 
     code_value = 3
     code = "INVALID_ARGUMENT"
