@@ -237,3 +237,45 @@ def test_a_checkpoint_wait_no_page_can_reach_and_a_rewind_of_no_possible_job_are
         with pytest.raises(optstate.InvalidArgument, match="prefix starts group names"):
             c.rewind_job(bad)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("ckpt-")]
+
+
+def test_a_keyword_neither_remote_adamw_nor_the_client_takes_is_a_type_error(daemon, client,
+                                                                               prefix):
+    # Passed on to optstate.Client, a misspelt keyword gave nanobind's "incompatible
+    # function arguments"; beside client= it was dropped in silence (amsgard=True trained
+    # without amsgrad).
+    with pytest.raises(TypeError, match="unexpected keyword argument 'amsgard'"):
+        RemoteAdamW([torch.nn.Parameter(torch.ones(8))], target=daemon.target,
+                    name_prefix=prefix, amsgard=True)
+    with pytest.raises(TypeError, match="takes no optstate.Client options \\(max_attempts\\)"):
+        RemoteAdamW([torch.nn.Parameter(torch.ones(8))], client=client, name_prefix=prefix,
+                    max_attempts=3)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'momentum'"):
+        RemoteAdamW([torch.nn.Parameter(torch.ones(8))], client=client, name_prefix=prefix,
+                    momentum=0.9)
+    assert [g.name for g in client.list_groups() if g.name.startswith(prefix)] == []
+
+
+def test_values_torch_takes_and_the_daemon_refuses_are_value_errors(daemon, prefix):
+    # optstate.InvalidArgument was no ValueError: `except ValueError` missed a refused lr.
+    for lr, weight_decay in ((float("inf"), 0.01), (1e40, 0.01), (1e-3, float("inf"))):
+        with pytest.raises(ValueError) as e:
+            RemoteAdamW([torch.nn.Parameter(torch.ones(8))], lr=lr, weight_decay=weight_decay,
+                        target=daemon.target, name_prefix=prefix)
+        assert isinstance(e.value, optstate.InvalidArgument), e.value
+    p = torch.nn.Parameter(torch.ones(8))
+    with RemoteAdamW([p], lr=1e-3, target=daemon.target, name_prefix=prefix,
+                     delete_on_close=True) as opt:
+        opt.param_groups[0]["lr"] = -1e-3  # torch takes it, and steps uphill
+        p.grad = torch.ones(8)
+        with pytest.raises(ValueError, match="lr"):
+            opt.step()
+
+
+def test_names_that_repeat_across_submodules_are_refused_saying_how_to_name_them(daemon,
+                                                                                prefix):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="model.named_parameters\\(\\) \\(full paths\\)"):
+        RemoteAdamW([{"params": model[0].named_parameters(), "lr": 1e-4},
+                     {"params": model[1].named_parameters(), "lr": 1e-3}],
+                    target=daemon.target, name_prefix=prefix)

@@ -605,6 +605,68 @@ def test_after_both_crash_resume_daemon_gets_the_lr_from_the_checkpoint(fresh_da
     opt.close()
 
 
+def test_close_after_an_outage_waits_for_the_daemon_and_deletes_the_groups(fresh_daemons,
+                                                                            prefix, tmp_path):
+    # close() with delete_on_close failed at once (UNAVAILABLE) on a daemon back from a
+    # restart, marked the optimizer closed, and left its groups on the daemon.
+    flags = (f"--state_dir={tmp_path}", "--checkpoint_interval=0")
+    d = fresh_daemons(*flags)
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
+                      delete_on_close=True, reconnect_timeout=30)
+    train(model, opt, batches(1))
+    checkpoint_trained(opt, model, prefix, 1)
+    d.process.kill()
+    d.process.wait()
+    again = fresh_daemons(f"--listen=127.0.0.1:{d.port}", *flags)
+    opt.close()
+    assert [g.name for g in optstate.Client(again.target).list_groups()] == []
+
+
+def test_a_with_block_that_raises_keeps_its_exception_when_close_fails(fresh_daemons, prefix):
+    # The daemon gone at the end of the block: close()'s Unavailable took the place of the
+    # block's own exception.
+    d = fresh_daemons()
+    with pytest.raises(KeyError, match="the block's own"):
+        with pytest.warns(UserWarning, match=r"close\(\) at the end of a with block"):
+            with RemoteAdamW(MLP().named_parameters(), 1e-2, target=d.target,
+                             name_prefix=prefix, delete_on_close=True,
+                             reconnect_timeout=0.5) as opt:
+                d.process.kill()
+                d.process.wait()
+                raise KeyError("the block's own")
+    # What close() could not delete, a later close() deletes (here: still gone).
+    with pytest.raises(optstate.Unavailable):
+        opt.close()
+
+
+def test_an_optimizer_of_this_process_holding_the_groups_is_named_as_such(daemon, prefix):
+    # Made again in one process (a notebook cell run twice), the second optimizer was told
+    # the first's process "is not known to be gone" (it is this one), and takeover=True
+    # was refused even once the first was closed.
+    first_model = MLP()
+    first = RemoteAdamW(first_model.named_parameters(), 1e-2, target=daemon.target,
+                        name_prefix=prefix)
+    train(first_model, first, batches(1))
+    model = MLP()
+    with pytest.raises(optstate.FailedPrecondition) as e:
+        RemoteAdamW(model.named_parameters(), 1e-2, target=daemon.target, name_prefix=prefix,
+                    resume="daemon")
+    assert "another optimizer of this process" in str(e.value)
+    assert f"lease_holder='{first.lease_holder}'" in str(e.value)
+    with pytest.raises(optstate.FailedPrecondition, match=r"still open. close\(\) it first"):
+        RemoteAdamW(model.named_parameters(), 1e-2, target=daemon.target, name_prefix=prefix,
+                    resume="daemon", takeover=True)
+    first.close()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=daemon.target, name_prefix=prefix,
+                      resume="daemon", takeover=True, delete_on_close=True)
+    assert opt.resumed_step == 1
+    train(model, opt, batches(2)[1:])
+    assert optstate.Client(daemon.target).describe(prefix + "fc1.weight").lease["holder"] == \
+        opt.lease_holder
+    opt.close()
+
+
 def test_a_daemon_restarted_without_state_dir_is_reported_clearly(fresh_daemons, prefix):
     d = fresh_daemons()
     model = MLP()

@@ -8,6 +8,7 @@ import socket
 import time
 import uuid
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -95,6 +96,31 @@ def new_holder_id(process_group=None) -> str:
     return holder
 
 
+# The optimizers of this process, by their lease holder id (note_holder): a lease whose
+# last call came from this process is another optimizer's of it, which may be gone
+# (collected, or closed) while the process runs on.
+_HOLDERS_HERE: dict[str, "weakref.WeakSet"] = {}
+
+
+def note_holder(holder: str, optimizer) -> None:
+    """`optimizer`, of this process, steps as lease holder `holder` (several may)."""
+    if holder:
+        _HOLDERS_HERE.setdefault(holder, weakref.WeakSet()).add(optimizer)
+
+
+def _holder_here(lease: dict) -> bool:
+    return lease["host"] == socket.gethostname() and int(lease["pid"] or 0) == os.getpid()
+
+
+def _holder_gone_here(lease: dict) -> bool:
+    """Whether the lease's last call came from this process, by an optimizer that is no
+    longer there to step (collected, or closed)."""
+    if not _holder_here(lease):
+        return False
+    optimizers = _HOLDERS_HERE.get(lease["holder"], ())
+    return all(getattr(optimizer, "_closed", False) for optimizer in list(optimizers))
+
+
 def _process_gone(pid: int) -> bool:
     if pid <= 0:
         return False
@@ -133,7 +159,16 @@ def takeover_for(leases: dict, holder: str, takeover: bool) -> str:
         raise errors.FailedPrecondition(
             f"the job's groups are leased by {len(holders)} other holders (e.g. '{name}' by "
             f"{describe_lease(lease)}); take them over one job at a time")
+    here = _holder_here(lease)
     if not takeover:
+        if here:
+            raise errors.FailedPrecondition(
+                f"group '{name}' (and {len(others) - 1} more of this job) is leased by "
+                f"{describe_lease(lease)}: another optimizer of this process (close() keeps "
+                "its lease until it expires). To go on with its groups, pass "
+                f"lease_holder='{lease['holder']}' (that optimizer's lease_holder), or "
+                "takeover=True once it is closed or gone; or give this optimizer its own "
+                "name_prefix")
         raise errors.FailedPrecondition(
             f"group '{name}' (and {len(others) - 1} more of this job) is leased by "
             f"{describe_lease(lease)}. Another job, or an earlier run of this one, is stepping "
@@ -142,8 +177,15 @@ def takeover_for(leases: dict, holder: str, takeover: bool) -> str:
             "is gone)")
     if lease["expired"]:
         return f"expired={lease['holder']}"
-    if lease["host"] == socket.gethostname() and _process_gone(int(lease["pid"])):
+    if _holder_gone_here(lease) or (lease["host"] == socket.gethostname() and not here
+                                    and _process_gone(int(lease["pid"]))):
         return f"dead={lease['holder']}"
+    if here:
+        raise errors.FailedPrecondition(
+            f"takeover=True, but group '{name}' is leased by {describe_lease(lease)}, whose "
+            "lease is live: an optimizer of this process that is still open. close() it "
+            "first (its lease is then taken over), or pass "
+            f"lease_holder='{lease['holder']}' to step as it does")
     raise errors.FailedPrecondition(
         f"takeover=True, but group '{name}' is leased by {describe_lease(lease)}, whose lease "
         "is live and whose process is not known to be gone (it runs on another host, or is "

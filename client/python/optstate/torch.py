@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -18,8 +19,9 @@ import torch.distributed as dist
 
 from . import errors
 from ._jobs import (RESUME_MODES, Attached, check_resume, group_name_of, job_name,
-                    new_holder_id, strip_wrappers, takeover_for)
-from ._optstate import Client, _prepare_param_step, _PreparedStep, _StepPlan
+                    new_holder_id, note_holder, strip_wrappers, takeover_for)
+from ._optstate import (Client, _default_client_options, _prepare_param_step, _PreparedStep,
+                        _StepPlan)
 from ._remote_state import RemoteState
 from ._staging import Staging
 from ._step_hooks import eager_only, hooked_step, without_grad
@@ -285,6 +287,24 @@ def _target_of(client: Client):
     return members
 
 
+def _check_client_options(client_options: dict, client: Optional[Client]) -> None:
+    """TypeError, as Python's for any function, for a keyword neither RemoteAdamW nor
+    optstate.Client takes (a misspelt ``amsgard=True`` would otherwise train without
+    amsgrad), and for Client options beside ``client=`` (that client has its own)."""
+    known = _default_client_options()
+    unknown = sorted(k for k in client_options if k not in known)
+    if unknown:
+        raise TypeError(
+            f"RemoteAdamW.__init__() got an unexpected keyword argument {unknown[0]!r}: it "
+            "takes torch.optim.AdamW's arguments, its own (target, client, name_prefix, "
+            "resume, ...) and optstate.Client's options (" + ", ".join(sorted(known)) + ")")
+    if client is not None and client_options:
+        raise TypeError(
+            "RemoteAdamW(client=...) takes no optstate.Client options ("
+            + ", ".join(sorted(client_options)) + "): the client given has its own; pass "
+            "them to optstate.Client(...) instead")
+
+
 class RemoteAdamW(torch.optim.Optimizer):
     r"""torch.optim.AdamW whose state (fp32 master weights, exp_avg, exp_avg_sq, step) is
     held and stepped by an optstated daemon.
@@ -412,6 +432,7 @@ class RemoteAdamW(torch.optim.Optimizer):
                  finish_torn_step: bool = False, takeover: bool = False,
                  reconnect_timeout: float = 60.0, connect_timeout: float = 10.0,
                  staging: str = "auto", **client_options):
+        _check_client_options(client_options, client)
         if isinstance(lr, str):  # torch would raise TypeError too, saying less
             raise TypeError(f"lr must be a float or a Tensor, not the str {lr!r}: lr is "
                             "RemoteAdamW's second positional argument, as torch's, and target "
@@ -469,11 +490,13 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._client_options = dict(client_options)
         self._client = client if client is not None else Client(target, **client_options)
         self._lease_holder = self._client_options.get("lease_holder", "")
+        note_holder(self._lease_holder, self)
         self._daemon_started = None
         self._wire = _WIRE_NAMES[wire_dtype]
         self._shard = shard
         self._process_group = process_group
         self._delete_on_close = delete_on_close
+        self._reconnect_timeout = reconnect_timeout
         self._init_bookkeeping(shared_buffers, staging)
         # The keys of torch.optim.AdamW's param groups, so state dicts move both ways.
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
@@ -526,6 +549,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._placed_names: dict[int, tuple] = {}
         self._constructed = False
         self._closed = False
+        self._deletes_left = False  # close() stopped by a failed delete (it may be called again)
 
     @property
     def client(self) -> Client:
@@ -585,29 +609,55 @@ class RemoteAdamW(torch.optim.Optimizer):
         """Ends this optimizer's use of the daemon (idempotent): with ``delete_on_close``,
         deletes the daemon groups of the parameters this rank registered (their state is
         gone); then closes the client if this optimizer made it (a ``client=`` passed in
-        stays open). step() raises ValueError afterwards."""
-        if self._closed:
+        stays open). step() raises ValueError afterwards. A delete that fails (the daemon
+        gone for longer than the client's reconnect_timeout) raises, and close() may be
+        called again to delete what is left."""
+        if self._closed and not self._deletes_left:
             return
         self._closed = True
         self._step_plan.clear()  # it holds the parameters' data and slots
         self._staging.close()  # the host slots, pinned or shared, are released here
-        try:
-            if self._delete_on_close:
-                for reg in list(self._registered.values()):
-                    try:
-                        self._client.delete(reg.name)
-                    except errors.NotFound:
-                        pass  # deleted already (by another rank of this job, or by hand)
-                self._registered.clear()
-        finally:
-            if self._owns_client:
-                self._client.close()
+        if self._delete_on_close:
+            self._deletes_left = True
+            for key, reg in list(self._registered.items()):
+                self._delete_riding_out_a_restart(reg.name)
+                del self._registered[key]
+            self._deletes_left = False
+        if self._owns_client:
+            self._client.close()
+
+    def _delete_riding_out_a_restart(self, name: str) -> None:
+        """Deletes group `name`. A delete is sent once (a retry could not tell "deleted
+        now" from NotFound), but here NotFound is as good (deleted already: by another
+        rank of this job, by hand, or by the attempt whose reply was lost), so one that
+        found the daemon gone (Unavailable: restarting, or a connection that broke) is
+        made again once it answers, up to reconnect_timeout."""
+        deadline = time.monotonic() + self._reconnect_timeout
+        while True:
+            try:
+                self._client.delete(name)
+                return
+            except errors.NotFound:
+                return
+            except errors.Unavailable:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                self._client.wait_until_reachable(left)
 
     def __enter__(self) -> "RemoteAdamW":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        # The block's own exception goes on; a failed close must not take its place.
+        try:
+            self.close()
+        except errors.Error as e:
+            warnings.warn(f"RemoteAdamW.close() at the end of a with block that raised "
+                          f"{exc_type.__name__} failed too: {e}", stacklevel=2)
 
     def __getstate__(self) -> dict:
         """torch's optimizer state for pickle, copy.deepcopy and torch.save: defaults and
@@ -659,6 +709,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._shard = False
         self._process_group = None
         self._delete_on_close = False  # the original may still step these groups
+        self._reconnect_timeout = float(self._client_options.get("reconnect_timeout", 60.0))
         self._resume, self._finish_torn_step, self._takeover = "state_dict", False, False
         self._finish_to = None
         self._awaiting_load = None
@@ -670,6 +721,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         # step the same groups, as the ranks of one job do.
         self._client = Client(config["target"], **self._client_options)
         self._lease_holder = self._client_options.get("lease_holder", "")
+        note_holder(self._lease_holder, self)
         self._daemon_started = _started_times(self._client.stats())
         params = [(p, group) for group in self.param_groups for p in group["params"]]
         for (p, group), name, h in zip(params, config["names"], config["registered"]):
@@ -723,7 +775,12 @@ class RemoteAdamW(torch.optim.Optimizer):
                         k += 1
                         name = self._name_prefix + f"param.{k}"
                 if name in seen:
-                    raise ValueError(f"two parameters are both named '{name}' on the daemon")
+                    raise ValueError(
+                        f"two parameters are both named '{name}' on the daemon (a group's "
+                        "name is name_prefix + the parameter's name): names from "
+                        "submodule.named_parameters() repeat across submodules. Give "
+                        "model.named_parameters() (full paths) split into param groups, "
+                        "or plain parameters")
                 seen.add(name)
                 seen_params.add(id(p))
                 out.append((p, name, group))
