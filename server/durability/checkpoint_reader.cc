@@ -17,6 +17,7 @@
 #include <cstring>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/base/log.h"
@@ -141,6 +142,35 @@ absl::Status ReadGroupFile(const std::string& path, const ManifestGroup& entry, 
   return absl::OkStatus();
 }
 
+// Whether a manifest of `size` bytes can be what its header says: at most
+// kManifestLineBytes for each of the groups its "groups N" line counts (a
+// line holds a name of at most 512 characters, a tenant and numbers), read
+// from its first bytes. A grown file (zeros a crash left, gigabytes) is
+// refused before it is read into memory.
+constexpr uint64_t kManifestLineBytes = 4096;
+constexpr uint64_t kManifestHeaderBytes = 4096;
+
+absl::Status CheckManifestSize(int fd, uint64_t size, const std::string& path) {
+  if (size <= 2 * kManifestHeaderBytes) return absl::OkStatus();
+  std::string head(kManifestHeaderBytes, '\0');
+  if (absl::Status s = ReadExactly(fd, head.data(), head.size(), path); !s.ok()) return s;
+  if (lseek(fd, 0, SEEK_SET) != 0) {
+    return absl::InternalError(absl::StrCat("cannot seek in ", path, ": ", std::strerror(errno)));
+  }
+  uint64_t groups = 0;
+  const size_t at = head.find("\ngroups ");
+  const size_t end = at == std::string::npos ? at : head.find('\n', at + 1);
+  if (end == std::string::npos ||
+      !absl::SimpleAtoi(absl::string_view(head).substr(at + 8, end - at - 8), &groups) ||
+      groups > (UINT64_MAX - kManifestHeaderBytes) / kManifestLineBytes ||
+      size > kManifestHeaderBytes + groups * kManifestLineBytes) {
+    return absl::DataLossError(absl::StrCat(
+        path, " is ", size, " bytes, more than a manifest of the groups its header counts takes",
+        " (grown, or not a manifest)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<StagedGroup>> LoadCheckpoint(StateStore* store, const std::string& dir,
@@ -152,10 +182,12 @@ absl::StatusOr<std::vector<StagedGroup>> LoadCheckpoint(StateStore* store, const
     return absl::DataLossError(absl::StrCat(manifest_path, " is missing"));
   }
   if (!size.ok()) return size.status();
-  std::string text(*size, '\0');
+  std::string text;
   {
     absl::StatusOr<ScopedFd> fd = OpenForReading(manifest_path);
     if (!fd.ok()) return fd.status();
+    if (absl::Status s = CheckManifestSize(fd->get(), *size, manifest_path); !s.ok()) return s;
+    text.resize(*size);
     if (absl::Status s = ReadExactly(fd->get(), text.data(), text.size(), manifest_path); !s.ok()) {
       return s;
     }

@@ -450,6 +450,14 @@ TEST_F(DamagedCheckpointTest, ADataFileThatIsAFifoIsRefusedAsNoRegularFile) {
   ExpectFallback("group-1.data", "is not a regular file");
 }
 
+// A MANIFEST grown to a gigabyte (zeros, as a crash can leave a file) was
+// read whole into memory before it was refused; one larger than memory
+// would have ended every start. Its header's group count bounds it now.
+TEST_F(DamagedCheckpointTest, AGrownManifestIsRefusedBeforeItIsRead) {
+  std::filesystem::resize_file(File("MANIFEST"), uint64_t{1} << 30);  // Sparse: no disk used.
+  ExpectFallback("MANIFEST", "more than a manifest of the groups its header counts takes");
+}
+
 // A damaged checkpoint can never be restored: new checkpoints are written
 // beside it as if it were not there.
 TEST_F(DamagedCheckpointTest, ARefusedCheckpointNeitherCountsAmongTheKeptNorIsRemoved) {
