@@ -269,7 +269,8 @@ def test_a_real_prometheus_scrapes_the_daemon_with_deploys_config(fresh_daemons,
     prometheus = "/usr/bin/prometheus"
     assert os.path.exists(prometheus), "Debian's prometheus is missing: make test installs it"
     deploy = os.path.join(REPO, "deploy/prometheus")
-    for check in (["check", "config", "prometheus.yml"], ["check", "rules", "alerts.yml"]):
+    for check in (["check", "config", "prometheus.yml"], ["check", "rules", "alerts.yml"],
+                  ["test", "rules", "alerts_test.yml"]):
         run = subprocess.run(["/usr/bin/promtool", *check], cwd=deploy, capture_output=True,
                              text=True, timeout=60)
         assert run.returncode == 0, run.stdout + run.stderr
