@@ -100,13 +100,23 @@ absl::Status StateStore::Reserve(const GroupKey& key, const GroupConfig& config,
     if (absl::Status s = CheckTenantQuota(key, config, needed); !s.ok()) return s;
   }
   if (needed == UINT64_MAX || host_bytes_ + needed > max_host_bytes_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    const std::string what = absl::StrCat(
         for_tenant ? absl::StrCat("group '", key.name, "' needs ")
                    : absl::StrCat("replacing the state of group '", key.name,
                                   "' needs room for the incoming copy until it is swapped in: "),
         HostBytesText(config), " bytes of host memory (", StateBytesPerElement(config),
-        " per element) but only ", max_host_bytes_ - host_bytes_, " of --max_host_bytes=",
-        max_host_bytes_, " are free; delete groups or raise --max_host_bytes"));
+        " per element)");
+    if (!key.tenant.empty()) {
+      // A tenant's caller is not told the daemon's totals: they count other
+      // tenants' groups (GetStats shows a tenant its own use only).
+      return absl::ResourceExhaustedError(
+          absl::StrCat(what,
+                       ", more than the daemon has free under its --max_host_bytes (other tenants' "
+                       "groups count there too); delete groups, or ask its operator for room"));
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, " but only ", max_host_bytes_ - host_bytes_, " of --max_host_bytes=", max_host_bytes_,
+        " are free; delete groups or raise --max_host_bytes"));
   }
   host_bytes_ += needed;
   if (!for_tenant) return absl::OkStatus();

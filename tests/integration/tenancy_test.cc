@@ -404,6 +404,23 @@ TEST_F(TenancyTest, MaxHostBytesIsHitExactlyAtItsBoundary) {
   EXPECT_TRUE(Connect(kBob)->RegisterGroup("big", 4 * kPage).ok());
 }
 
+// A tenant refused for the daemon's own limit was told the daemon's free
+// and total bytes, which count other tenants' groups (GetStats shows a
+// tenant its own use only).
+TEST_F(TenancyTest, ATenantRefusedForTheDaemonsLimitIsNotToldTheDaemonsTotals) {
+  const uint64_t limit = 4 * kPage * kBytesPerElement;
+  StartDaemon({absl::StrCat("--max_host_bytes=", limit)});
+  std::unique_ptr<Client> bob = Connect(kBob);
+  ASSERT_TRUE(bob->RegisterGroup("big", 3 * kPage).ok());
+  std::unique_ptr<Client> alice = Connect(kAlice2);
+  absl::StatusOr<GroupInfo> refused = alice->RegisterGroup("g", 2 * kPage);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  const std::string message(refused.status().message());
+  EXPECT_THAT(message, HasSubstr("other tenants' groups count there too"));
+  EXPECT_THAT(message, Not(HasSubstr(absl::StrCat(limit))));
+  EXPECT_THAT(message, Not(HasSubstr(absl::StrCat(kPage * kBytesPerElement))));  // free bytes
+}
+
 TEST_F(TenancyTest, ConcurrentStepStreamsAreLimitedPerTenant) {
   StartDaemon({"--tenant_max_streams=1"});
   auto stub = Stub();
