@@ -169,12 +169,24 @@ absl::StatusOr<Caller> Authenticator::Authenticate(
       return caller;
     }
   }
+  // What was sent that names no tenant, and the ways a caller is one.
+  const std::string sent = peer_uris.empty()
+                               ? std::string()
+                               : absl::StrCat("the client certificate's URI SAN '", peer_uris[0],
+                                              "' names no tenant of this daemon; ");
+  const std::string by_certificate = absl::StrCat("a client certificate whose URI SAN is spiffe://",
+                                                  options_.spiffe_trust_domain, "/tenant/NAME");
+  const std::string by_token =
+      "a token: send the metadata 'authorization: Bearer TOKEN' (optstate clients: the token "
+      "option, or OPTSTATE_TOKEN)";
+  if (options_.tokens_file.empty()) {
+    return absl::UnauthenticatedError(absl::StrCat(sent, "this daemon needs ", by_certificate));
+  }
+  if (options_.spiffe_trust_domain.empty()) {
+    return absl::UnauthenticatedError(absl::StrCat("this daemon needs ", by_token));
+  }
   return absl::UnauthenticatedError(
-      options_.tokens_file.empty()
-          ? absl::StrCat("this daemon needs a client certificate whose URI SAN is spiffe://",
-                         options_.spiffe_trust_domain, "/tenant/NAME")
-          : std::string("this daemon needs a token: send the metadata 'authorization: Bearer "
-                        "TOKEN' (optstate clients: the token option, or OPTSTATE_TOKEN)"));
+      absl::StrCat(sent, "this daemon needs ", by_token, ", or ", by_certificate));
 }
 
 absl::StatusOr<Caller> Authenticator::AuthenticateToken(absl::string_view token) const {

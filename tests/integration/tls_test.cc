@@ -276,6 +276,23 @@ TEST_F(TlsTest, AClientCertificatesSpiffeIdNamesItsTenant) {
   EXPECT_EQ((*groups)[0].name, "from-cert");
 }
 
+// A certificate of another trust domain was told "this daemon needs a
+// token", as if no certificate had come: it names what it sent, and both
+// ways in.
+TEST_F(TlsTest, ACertificateOfAnotherTrustDomainIsToldWhatItSentAndBothWaysIn) {
+  StartDaemon({"--tls_client_ca=" + certs_->ca, "--tls_trust_domain=other.example"});
+  ClientOptions by_cert = TlsOptions();
+  by_cert.token = "";
+  by_cert.tls_cert_file = certs_->client_cert;
+  by_cert.tls_key_file = certs_->client_key;
+  const absl::Status refused = ListWith(by_cert);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnauthenticated) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("URI SAN 'spiffe://test.example/tenant/"));
+  EXPECT_THAT(refused.message(), HasSubstr("names no tenant of this daemon"));
+  EXPECT_THAT(refused.message(), HasSubstr("authorization: Bearer"));
+  EXPECT_THAT(refused.message(), HasSubstr("spiffe://other.example/tenant/NAME"));
+}
+
 TEST_F(TlsTest, ACallerNamedByItsCertificateStepsOverTheWireAndSharedMemoryAsksForAToken) {
   StartDaemon({"--tls_client_ca=" + certs_->ca, "--tls_trust_domain=test.example"});
   ClientOptions by_cert = TlsOptions();
