@@ -216,6 +216,9 @@ absl::StatusOr<StateImport::Result> StateImport::Commit(const LeaseClaim& claim,
   if (!published.ok()) return published.status();
   result.group = std::move(*published);
   (void)result.group->lease().Admit(claim, group.key().name, absl::Now(), store_->lease_term());
+  Log(LogLevel::kInfo, "group '", group.key().name,
+      "' created by an import: ", result.group->num_elements(), " elements, steps ",
+      result.group->MinStep(), "..", result.group->MaxStep());
   return result;
 }
 

@@ -303,7 +303,9 @@ absl::StatusOr<std::shared_ptr<Group>> StateStore::Publish(StagedGroup& staged) 
     note_forgotten = ForgetNoteLocked(key);
     staged.reserved_ = 0;  // The store counts it now.
   }
-  Log(LogLevel::kInfo, "group '", key.name,
+  // DEBUG: a restore installs every group of the checkpoint (its own line
+  // counts them); an import says so itself.
+  Log(LogLevel::kDebug, "group '", key.name,
       "' installed with its whole state: ", group.num_elements(), " elements, ", group.num_pages(),
       " pages, steps ", group.MinStep(), "..", group.MaxStep());
   if (note_forgotten) (void)MoveNotesChanged();  // The checkpointer logs a failure.
