@@ -21,19 +21,26 @@ bool OfJob(const JobRewindRequest& request, const GroupKey& key) {
 
 // Why the job's state in `manifest` cannot be rewound to (request.step, or
 // any one step); "" when it can, with its step in `*step` (for a job's
-// frozen groups alone: request.step, or 0). A group at step 0 there is
-// frozen, the same at every step, only while its live copy in `store` is
-// at step 0 too (or gone); one stepped since holds the job at step 0.
+// frozen groups alone: request.step, or 0). A group at step 0 there was
+// frozen then (the same at every step; it may be stepped since, unfrozen).
+// When every group of the job is at step 0 there, the checkpoint holds
+// frozen groups alone only while their live copies in `store` are at step 0
+// too (or gone); one stepped since makes it the job before its first step:
+// step 0.
 std::string Unsuitable(const Manifest& manifest, const JobRewindRequest& request,
                        const StateStore& store, uint64_t* step) {
   bool any = false;
+  bool stepped_since = false;  // A group at step 0 there, stepped live.
   std::optional<uint64_t> at;
   for (const ManifestGroup& g : manifest.groups) {
     if (!OfJob(request, g.key)) continue;
     any = true;
     if (g.max_step == 0) {
-      absl::StatusOr<std::shared_ptr<Group>> live = store.Find(g.key);
-      if (!live.ok() || (*live)->MaxStep() == 0) continue;  // Frozen: at any step.
+      if (!stepped_since) {
+        absl::StatusOr<std::shared_ptr<Group>> live = store.Find(g.key);
+        stepped_since = live.ok() && (*live)->MaxStep() > 0;
+      }
+      continue;
     }
     if (g.min_step != g.max_step || (at.has_value() && *at != g.max_step)) {
       return absl::StrCat("the job is part-way through a step there (group '", g.key.name,
@@ -42,6 +49,7 @@ std::string Unsuitable(const Manifest& manifest, const JobRewindRequest& request
     at = g.max_step;
   }
   if (!any) return "it holds no group of the job";
+  if (!at.has_value() && stepped_since) at = 0;
   if (!at.has_value()) {
     // Frozen groups only (a daemon of a job spread over several may hold no
     // other): they are the same at every step, so any step asked is theirs.

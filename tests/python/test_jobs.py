@@ -824,6 +824,27 @@ def test_a_checkpoint_from_before_the_first_step_holds_the_job_at_step_zero(
     assert (client.export_state(names[0]).params == before[names[0]].params).all()
 
 
+def test_a_rewind_to_before_a_parameter_was_unfrozen_gives_it_back_its_frozen_state(
+        fresh_daemons, prefix, tmp_path):
+    # A checkpoint holding a at step 2 and b at 0 (frozen then), b stepped since (unfrozen):
+    # the checkpoint holds the job at step 2, b frozen at it.
+    d = fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0")
+    client = optstate.Client(d.target, lease_holder="job")
+    a, b = prefix + "a", prefix + "b"
+    client.register(a, torch.ones(64))
+    client.register(b, torch.ones(64))
+    for step in (1, 2):
+        client.step([(a, torch.full((64,), 0.1))], step)
+    client.checkpoint(groups=[a], wait_for_step=2)
+    frozen = client.export_state(b)
+    client.step([(a, torch.full((64,), 0.1))], 3)
+    client.step([(b, torch.full((64,), 0.1))], 1)  # b's first step (torch counts per parameter)
+    rewound = client.rewind_job(prefix, step=2)
+    assert rewound["step"] == 2 and sorted(rewound["groups"]) == [a, b]
+    assert [client.describe(n).max_step for n in (a, b)] == [2, 0]
+    assert (client.export_state(b).params == frozen.params).all()
+
+
 def test_a_ddp_job_shares_one_lease_and_resumes_unwrapped_after_its_ranks_died(
         fresh_daemons, prefix, tmp_path):
     """Two gloo ranks under real DistributedDataParallel step the same groups (module.*
