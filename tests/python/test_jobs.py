@@ -665,6 +665,19 @@ def test_an_optimizer_of_this_process_holding_the_groups_is_named_as_such(daemon
     assert optstate.Client(daemon.target).describe(prefix + "fc1.weight").lease["holder"] == \
         opt.lease_holder
     opt.close()
+    # A holder no optimizer here was made with (a Client given as client=, which steps
+    # as its own lease_holder) is never taken for gone: taken over, it was broken while
+    # its optimizer stepped on.
+    given = optstate.Client(daemon.target, lease_holder="given-client")
+    third_model = MLP()
+    third = RemoteAdamW(third_model.named_parameters(), 1e-2, client=given,
+                        name_prefix=prefix + "given/", delete_on_close=True)
+    train(third_model, third, batches(1))
+    with pytest.raises(optstate.FailedPrecondition, match="whose lease is live"):
+        RemoteAdamW(MLP().named_parameters(), 1e-2, target=daemon.target,
+                    name_prefix=prefix + "given/", resume="daemon", takeover=True)
+    train(third_model, third, batches(2)[1:])
+    third.close()
 
 
 def test_a_daemon_restarted_without_state_dir_is_reported_clearly(fresh_daemons, prefix):

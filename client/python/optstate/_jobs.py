@@ -109,16 +109,20 @@ def note_holder(holder: str, optimizer) -> None:
 
 
 def _holder_here(lease: dict) -> bool:
-    return lease["host"] == socket.gethostname() and int(lease["pid"] or 0) == os.getpid()
+    """Whether the lease is held by RemoteAdamWs of this process (its last call came
+    from here, and the holder is one an optimizer here was made with)."""
+    return (lease["host"] == socket.gethostname() and int(lease["pid"] or 0) == os.getpid()
+            and lease["holder"] in _HOLDERS_HERE)
 
 
 def _holder_gone_here(lease: dict) -> bool:
-    """Whether the lease's last call came from this process, by an optimizer that is no
-    longer there to step (collected, or closed)."""
+    """Whether the lease is held by RemoteAdamWs of this process that are no longer there
+    to step (collected, or closed). A holder no optimizer here was made with (a plain
+    Client's, or one given client=) is never known gone."""
     if not _holder_here(lease):
         return False
-    optimizers = _HOLDERS_HERE.get(lease["holder"], ())
-    return all(getattr(optimizer, "_closed", False) for optimizer in list(optimizers))
+    return all(getattr(optimizer, "_closed", False)
+               for optimizer in list(_HOLDERS_HERE[lease["holder"]]))
 
 
 def _process_gone(pid: int) -> bool:
@@ -177,7 +181,7 @@ def takeover_for(leases: dict, holder: str, takeover: bool) -> str:
             "is gone)")
     if lease["expired"]:
         return f"expired={lease['holder']}"
-    if _holder_gone_here(lease) or (lease["host"] == socket.gethostname() and not here
+    if _holder_gone_here(lease) or (lease["host"] == socket.gethostname()
                                     and _process_gone(int(lease["pid"]))):
         return f"dead={lease['holder']}"
     if here:

@@ -1,11 +1,14 @@
 """torch.optim.AdamW's argument checks, for RemoteAdamW: the same checks in the same order
 with the same exception types and messages as torch 2.x's Adam/AdamW constructor, and the
-refusal, by name, of the options whose True means something the daemon does not do."""
+refusal, by name, of the options whose True means something the daemon does not do; and
+the keywords RemoteAdamW passes on to optstate.Client."""
 from __future__ import annotations
 
 import torch
 
-__all__ = ["check_hyperparameters", "check_options", "to_scalar"]
+from ._optstate import _default_client_options
+
+__all__ = ["check_client_options", "check_hyperparameters", "check_options", "to_scalar"]
 
 
 def to_scalar(x):
@@ -73,3 +76,21 @@ def check_options(foreach, fused, capturable, differentiable) -> None:
         if value:
             raise RuntimeError(f"RemoteAdamW does not support {name}=True ({why[name]}); "
                                f"pass {name}={'None' if name in ('foreach', 'fused') else 'False'}")
+
+
+def check_client_options(client_options: dict, client) -> None:
+    """TypeError, as Python's for any function, for a keyword neither RemoteAdamW nor
+    optstate.Client takes (a misspelt ``amsgard=True`` would otherwise train without
+    amsgrad), and for Client options beside ``client=`` (that client has its own)."""
+    known = _default_client_options()
+    unknown = sorted(k for k in client_options if k not in known)
+    if unknown:
+        raise TypeError(
+            f"RemoteAdamW.__init__() got an unexpected keyword argument {unknown[0]!r}: it "
+            "takes torch.optim.AdamW's arguments, its own (target, client, name_prefix, "
+            "resume, ...) and optstate.Client's options (" + ", ".join(sorted(known)) + ")")
+    if client is not None and client_options:
+        raise TypeError(
+            "RemoteAdamW(client=...) takes no optstate.Client options ("
+            + ", ".join(sorted(client_options)) + "): the client given has its own; pass "
+            "them to optstate.Client(...) instead")

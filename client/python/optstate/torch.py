@@ -20,12 +20,11 @@ import torch.distributed as dist
 from . import errors
 from ._jobs import (RESUME_MODES, Attached, check_resume, group_name_of, job_name,
                     new_holder_id, note_holder, strip_wrappers, takeover_for)
-from ._optstate import (Client, _default_client_options, _prepare_param_step, _PreparedStep,
-                        _StepPlan)
+from ._optstate import Client, _prepare_param_step, _PreparedStep, _StepPlan
 from ._remote_state import RemoteState
 from ._staging import Staging
 from ._step_hooks import eager_only, hooked_step, without_grad
-from ._torch_args import check_hyperparameters, check_options
+from ._torch_args import check_client_options, check_hyperparameters, check_options
 
 __all__ = ["RemoteAdamW", "MASTER_PARAM"]
 
@@ -287,24 +286,6 @@ def _target_of(client: Client):
     return members
 
 
-def _check_client_options(client_options: dict, client: Optional[Client]) -> None:
-    """TypeError, as Python's for any function, for a keyword neither RemoteAdamW nor
-    optstate.Client takes (a misspelt ``amsgard=True`` would otherwise train without
-    amsgrad), and for Client options beside ``client=`` (that client has its own)."""
-    known = _default_client_options()
-    unknown = sorted(k for k in client_options if k not in known)
-    if unknown:
-        raise TypeError(
-            f"RemoteAdamW.__init__() got an unexpected keyword argument {unknown[0]!r}: it "
-            "takes torch.optim.AdamW's arguments, its own (target, client, name_prefix, "
-            "resume, ...) and optstate.Client's options (" + ", ".join(sorted(known)) + ")")
-    if client is not None and client_options:
-        raise TypeError(
-            "RemoteAdamW(client=...) takes no optstate.Client options ("
-            + ", ".join(sorted(client_options)) + "): the client given has its own; pass "
-            "them to optstate.Client(...) instead")
-
-
 class RemoteAdamW(torch.optim.Optimizer):
     r"""torch.optim.AdamW whose state (fp32 master weights, exp_avg, exp_avg_sq, step) is
     held and stepped by an optstated daemon.
@@ -432,7 +413,7 @@ class RemoteAdamW(torch.optim.Optimizer):
                  finish_torn_step: bool = False, takeover: bool = False,
                  reconnect_timeout: float = 60.0, connect_timeout: float = 10.0,
                  staging: str = "auto", **client_options):
-        _check_client_options(client_options, client)
+        check_client_options(client_options, client)
         if isinstance(lr, str):  # torch would raise TypeError too, saying less
             raise TypeError(f"lr must be a float or a Tensor, not the str {lr!r}: lr is "
                             "RemoteAdamW's second positional argument, as torch's, and target "
@@ -510,6 +491,7 @@ class RemoteAdamW(torch.optim.Optimizer):
             self._place_and_register(attaching=True)
             self._constructed = True
         except BaseException:
+            self._closed = True  # never steps: a lease it took is known gone (_jobs.py)
             if self._owns_client:
                 self._client.close()
             raise
@@ -610,8 +592,8 @@ class RemoteAdamW(torch.optim.Optimizer):
         deletes the daemon groups of the parameters this rank registered (their state is
         gone); then closes the client if this optimizer made it (a ``client=`` passed in
         stays open). step() raises ValueError afterwards. A delete that fails (the daemon
-        gone for longer than the client's reconnect_timeout) raises, and close() may be
-        called again to delete what is left."""
+        gone for longer than this optimizer's reconnect_timeout) raises, leaving a client it
+        made open, and close() may be called again to delete what is left."""
         if self._closed and not self._deletes_left:
             return
         self._closed = True
