@@ -308,9 +308,24 @@ absl::StatusOr<Stats> Client::DaemonFacts(absl::Time deadline) {
   return client_internal::StatsFromProto(response);
 }
 
+absl::Status Client::RideOutRestart() {
+  if (impl_->options.reconnect_timeout <= absl::ZeroDuration()) return absl::OkStatus();
+  v1::GetStatsRequest request;
+  request.set_page_size(1);
+  v1::GetStatsResponse response;
+  const absl::Status status =
+      UnaryWithRetries(impl_->options, impl_->channel.get(), [&](grpc::ClientContext* context) {
+        return impl_->stub->GetStats(context, request, &response);
+      });
+  // Any answer but a transient failure: the daemon is there (the call
+  // itself reports a refusal of its own).
+  if (status.ok() || !client_internal::IsRetryable(status)) return absl::OkStatus();
+  return impl_->Explain(status);
+}
+
 absl::Status Client::DeleteGroup(const std::string& name) {
   if (Client* owner = OwnerClient(name)) return InOwner(name, owner->DeleteGroup(name));
-  client_internal::AwaitConnection(impl_->options, impl_->channel.get());
+  if (absl::Status s = RideOutRestart(); !s.ok()) return s;
   grpc::ClientContext context;
   PrepareContext(&context, impl_->options);
   v1::DeleteGroupRequest request;

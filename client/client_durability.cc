@@ -199,7 +199,7 @@ absl::Status Client::ImportStateForMove(const GroupState& state, bool take_lease
 absl::StatusOr<Client::CheckpointResult> Client::Checkpoint(
     const CheckpointRequestOptions& options) {
   if (impl_->several) return CheckpointMembers(options);
-  client_internal::AwaitConnection(impl_->options, impl_->channel.get());
+  if (absl::Status s = RideOutRestart(); !s.ok()) return s;
   grpc::ClientContext context;
   PrepareContext(&context, impl_->options);
   v1::CheckpointRequest request;
@@ -215,7 +215,7 @@ absl::StatusOr<Client::RewindResult> Client::RewindJob(const std::string& prefix
                                                        std::optional<uint64_t> step,
                                                        bool validate_only) {
   if (impl_->several) return RewindMembers(prefix, step, validate_only);
-  client_internal::AwaitConnection(impl_->options, impl_->channel.get());
+  if (absl::Status s = RideOutRestart(); !s.ok()) return s;
   grpc::ClientContext context;
   PrepareContext(&context, impl_->options);
   v1::RewindJobRequest request;

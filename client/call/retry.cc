@@ -99,12 +99,6 @@ absl::Status WithRetries(const ClientOptions& options, grpc::Channel* channel,
                       absl::StrCat(what, " failed after ", n + 1, " attempts: ", last.message()));
 }
 
-void AwaitConnection(const ClientOptions& options, grpc::Channel* channel) {
-  if (channel == nullptr || options.reconnect_timeout <= absl::ZeroDuration()) return;
-  if (channel->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) return;
-  channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.reconnect_timeout));
-}
-
 absl::Status UnaryWithRetries(const ClientOptions& options, grpc::Channel* channel,
                               absl::FunctionRef<grpc::Status(grpc::ClientContext*)> call) {
   return WithRetries(options, channel, [&](int) {

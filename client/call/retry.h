@@ -50,12 +50,6 @@ absl::Status WithRetries(const ClientOptions& options, grpc::Channel* channel,
                          absl::FunctionRef<absl::Status(int attempt)> attempt,
                          absl::string_view what = {});
 
-// For a call made once, never retried (DeleteGroup, Checkpoint, RewindJob):
-// waits up to options.reconnect_timeout for `channel` (may be null), when
-// it is not connected, to connect, so a daemon that is restarting is waited
-// for as retried calls wait for it. The call is still sent once.
-void AwaitConnection(const ClientOptions& options, grpc::Channel* channel);
-
 // WithRetries for a unary call: each attempt gets a fresh context with the
 // attempt's deadline. Only for calls that are safe to repeat.
 absl::Status UnaryWithRetries(const ClientOptions& options, grpc::Channel* channel,

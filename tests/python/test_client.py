@@ -527,3 +527,24 @@ def test_a_vouched_large_group_is_checked_a_chunk_at_a_time_and_a_false_word_ref
     for field in ("params", "exp_avg", "exp_avg_sq"):
         assert np.array_equal(getattr(client.export_state(name), field),
                               getattr(client.export_state(f"{prefix}plain"), field)), field
+
+
+def test_calls_made_once_ride_out_a_restarted_daemon(fresh_daemons, tmp_path):
+    # delete() and checkpoint() are sent once (a retry could not tell "deleted now" from
+    # NotFound, nor write one checkpoint), so right after the daemon restarted they failed
+    # at once on the dead connection ("Broken pipe", "Socket closed"), although the client
+    # waits reconnect_timeout for a restarting daemon. One small call, retried, finds the
+    # daemon first now.
+    flags = (f"--state_dir={tmp_path}", "--checkpoint_interval=0")
+    d = fresh_daemons(*flags)
+    client = optstate.Client(d.target, data_plane="wire", reconnect_timeout=30)
+    for name in ("a", "b"):
+        client.register(name, np.ones(64, np.float32), lr=0.1)
+    client.checkpoint()
+    for call in (lambda: client.checkpoint(), lambda: client.rewind_job("b", validate_only=True),
+                 lambda: client.delete("a")):
+        d.process.kill()
+        d.process.wait()
+        d = fresh_daemons(f"--listen=127.0.0.1:{d.port}", *flags)
+        call()
+    assert [g.name for g in client.list_groups()] == ["b"]
