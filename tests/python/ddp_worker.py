@@ -85,6 +85,46 @@ def run_resumed(rank, world, init_file, target, prefix, out_path, first, last):
     end_rank()
 
 
+def run_torn(rank, world, init_file, target, prefix, out_path, finish, grads_path, last):
+    """A rank of a sharded job restarted after a torn step k (one rank's share at k, the
+    other's at k - 1): RemoteAdamW(shard=True, resume="daemon", finish_torn_step=finish).
+    Records the refusal, if any; else finishes step k with step k's gradients (saved at
+    grads_path, by parameter name), then steps k + 1..last with run()'s batches."""
+    start_rank()
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    model = MLP(seed=50 + rank)
+    with torch.no_grad():
+        for p, q in zip(model.parameters(), MLP(seed=0).parameters()):
+            if not p.requires_grad:
+                p.copy_(q)
+    ddp = DistributedDataParallel(model)
+    try:
+        opt = RemoteAdamW(model.named_parameters(), target=target, name_prefix=prefix,
+                          lr=1e-2, shard=True, resume="daemon", takeover=True,
+                          finish_torn_step=finish)
+    except Exception as e:  # every rank must refuse, or none
+        torch.save({"refused": str(e)}, out_path)
+        del ddp
+        end_rank()
+        return
+    torn = opt.resumed_step
+    grads = torch.load(grads_path)
+    for n, p in model.named_parameters():
+        p.grad = grads[n].clone() if n in grads else None
+    opt.step()  # finishes step `torn`: only the groups behind are stepped
+    for step in range(torn + 1, last + 1):
+        gen = torch.Generator().manual_seed(100 * step + rank)
+        x, y = torch.randn(64, 32, generator=gen), torch.randn(64, 10, generator=gen)
+        opt.zero_grad()
+        F.mse_loss(ddp(x), y).backward()
+        opt.step()
+    torch.save({"final": {n: p.detach().clone() for n, p in model.named_parameters()}},
+               out_path)
+    del ddp, opt
+    end_rank()
+
+
 def run_wrapped(rank, world, init_file, target, prefix, out_path, steps):
     """A rank of test_jobs.py's DDP job: the optimizer over the DDP module's names
     (module.*), without shard (both ranks step every group under the job's one lease)."""

@@ -103,3 +103,32 @@ def test_a_sharded_job_resumed_from_the_daemon_continues_bit_identical(fresh_dae
             assert bits_equal(resumed[rank]["resumed"][name], value), (rank, name)
         for name, value in alone[rank]["final"].items():
             assert bits_equal(resumed[rank]["final"][name], value), (rank, name)
+
+
+def test_a_torn_step_of_a_sharded_job_is_the_jobs_refused_or_finished_on_every_rank(
+        fresh_daemons, tmp_path):
+    # Step 4 reached rank 0's share of the groups and none of rank 1's. Each rank judged
+    # its own share: rank 0's all at step 4, rank 1's all at 3, so neither saw a torn
+    # step; rank 0 stepped on from 4 and rank 1 from 3, and the job was split for good.
+    daemon = fresh_daemons("--lease_seconds=1")
+    alone = ddp_worker.two_ranks(ddp_worker.run, daemon.target, tmp_path, "alone", "alone.", 7)
+    ddp_worker.two_ranks(ddp_worker.run, daemon.target, tmp_path, "first", "job.", 3)
+    time.sleep(1.2)  # the dead ranks' lease expires: the plain client below takes none
+    grads = alone[0]["grads"][3]  # step 4's (DDP-averaged: every rank's the same)
+    torch.save(grads, tmp_path / "step4-grads.pt")
+    client = optstate.Client(daemon.target, data_plane="wire")
+    share = [n for n in alone[0]["owned"] if n in grads]
+    client.step([("job." + n, grads[n]) for n in share], 4)
+    steps = {g.name: g.max_step for g in client.list_groups() if g.name.startswith("job.")}
+    assert {steps["job." + n] for n in share} == {4} and 3 in steps.values(), steps
+    refused = ddp_worker.two_ranks(ddp_worker.run_torn, daemon.target, tmp_path, "refused",
+                                   "job.", False, str(tmp_path / "step4-grads.pt"), 7)
+    for rank in (0, 1):
+        assert "stopped part-way through step 4" in refused[rank].get("refused", ""), rank
+    time.sleep(1.2)
+    finished = ddp_worker.two_ranks(ddp_worker.run_torn, daemon.target, tmp_path, "finished",
+                                    "job.", True, str(tmp_path / "step4-grads.pt"), 7)
+    for rank in (0, 1):
+        for name, value in alone[rank]["final"].items():
+            assert bits_equal(finished[rank]["final"][name], value), (rank, name)
+

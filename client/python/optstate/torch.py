@@ -885,6 +885,16 @@ class RemoteAdamW(torch.optim.Optimizer):
         attached = [Attached(info.name, info.created, info.min_step, info.max_step)
                     for _, _, info in found]
         sharded = self._rank_and_world()[1] > 1
+        # What check_resume judges: the whole job's groups. Each rank of a sharded job
+        # registers its own share, and a torn step may have reached all of one rank's
+        # share and none of another's: judged by share, one rank stepped on from step k
+        # while another finished it, and the job was split for good.
+        job = attached
+        if sharded:
+            mine = {a.name for a in attached}
+            job = attached + [Attached(g.name, False, g.min_step, g.max_step)
+                              for g in self._client.list_groups()
+                              if g.name.startswith(self._name_prefix) and g.name not in mine]
         refused: Optional[errors.Error] = None
         try:
             # resume="never" refuses trained groups whoever leases them (the naive
@@ -892,12 +902,12 @@ class RemoteAdamW(torch.optim.Optimizer):
             # first: a job another trainer is stepping is that trainer's, and its steps
             # part-way done are no torn step of this one's to finish.
             if self._resume == "never":
-                check_resume(self._name_prefix, self._resume, attached, self._finish_torn_step)
+                check_resume(self._name_prefix, self._resume, job, self._finish_torn_step)
             leases = {info.name: info.lease for _, _, info in found
                       if info.lease is not None and not info.created}
             breaking = takeover_for(leases, self._lease_holder, self._takeover)
             self._check_placement([info for _, _, info in found if info.created])
-            check_resume(self._name_prefix, self._resume, attached, self._finish_torn_step)
+            check_resume(self._name_prefix, self._resume, job, self._finish_torn_step)
             if self._resume == "daemon" and attached and all(a.created for a in attached):
                 # Every parameter new: renamed ones, if the job's groups are there.
                 # (resume="state_dict" checks at load_state_dict(), when the groups
@@ -993,8 +1003,10 @@ class RemoteAdamW(torch.optim.Optimizer):
                     f"{high}'s before the step() that finishes step {high}", stacklevel=4)
         self.resumed_step = high
         # A torn step (check_resume let it through: finish_torn_step): the first step()
-        # steps the groups behind only. Groups never stepped (frozen) are not behind.
-        if any(0 < info.max_step and info.min_step < high for _, _, info in found):
+        # steps the groups behind only. Groups never stepped (frozen) are not behind. The
+        # job's: every rank of a sharded job finishes it, those whose share is at step k
+        # sending nothing in that step().
+        if any(0 < a.max_step and a.min_step < high for a in job):
             self._finish_to = high
         if sharded:
             # Each rank took the daemon's values of its own share only: the rest from
