@@ -125,6 +125,40 @@ def run_torn(rank, world, init_file, target, prefix, out_path, finish, grads_pat
     end_rank()
 
 
+def run_nonfinite(rank, world, init_file, target, prefix, out_path, poisoned):
+    """A rank of a sharded job whose step 2 gradient of parameter `poisoned` (stepped by
+    one rank) is NaN on every rank: each rank records step()'s refusal, the steps every
+    group is at then, and goes on to step 2 with finite gradients and step 3."""
+    import optstate
+    start_rank()
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    model = MLP(seed=0)
+    ddp = DistributedDataParallel(model)
+    opt = RemoteAdamW(model.named_parameters(), target=target, name_prefix=prefix, lr=1e-2,
+                      shard=True)
+    record = {"owner": {n: opt._owner[id(p)] for n, p in model.named_parameters()}}
+    for step in (1, 2, 2, 3):
+        gen = torch.Generator().manual_seed(100 * step + rank)
+        x, y = torch.randn(64, 32, generator=gen), torch.randn(64, 10, generator=gen)
+        opt.zero_grad()
+        F.mse_loss(ddp(x), y).backward()
+        if step == 2 and "refused" not in record:
+            dict(model.named_parameters())[poisoned].grad[0, 0] = float("nan")
+            try:
+                opt.step()
+            except optstate.InvalidArgument as e:
+                record["refused"] = str(e)
+            record["steps"] = {g.name: (g.min_step, g.max_step)
+                               for g in opt.client.list_groups()}
+            continue
+        opt.step()
+    record["final"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    torch.save(record, out_path)
+    del ddp, opt
+    end_rank()
+
+
 def run_wrapped(rank, world, init_file, target, prefix, out_path, steps):
     """A rank of test_jobs.py's DDP job: the optimizer over the DDP module's names
     (module.*), without shard (both ranks step every group under the job's one lease)."""

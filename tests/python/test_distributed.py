@@ -132,3 +132,21 @@ def test_a_torn_step_of_a_sharded_job_is_the_jobs_refused_or_finished_on_every_r
         for name, value in alone[rank]["final"].items():
             assert bits_equal(finished[rank]["final"][name], value), (rank, name)
 
+
+def test_a_gradient_that_is_not_finite_refuses_the_sharded_step_on_every_rank(daemon, tmp_path):
+    # The rank owning the poisoned parameter was refused; the other had applied its share
+    # already (a torn step), then waited for the first at the broadcast: a hang.
+    alone = ddp_worker.two_ranks(ddp_worker.run, daemon.target, tmp_path, "alone",
+                                 "nan-alone.", 3)
+    poisoned = "fc2.weight"
+    out = ddp_worker.two_ranks(ddp_worker.run_nonfinite, daemon.target, tmp_path, "nan",
+                               "nan.", poisoned)
+    owner = out[0]["owner"][poisoned]
+    assert "'nan.fc2.weight' is not finite" in out[owner]["refused"]
+    assert "another rank's share" in out[1 - owner]["refused"]
+    for rank in (0, 1):
+        assert {s for n, s in out[rank]["steps"].items()
+                if n.startswith("nan.") and s[1] > 0} == {(1, 1)}, out[rank]["steps"]
+        for name, value in alone[rank]["final"].items():
+            assert bits_equal(out[rank]["final"][name], value), (rank, name)
+

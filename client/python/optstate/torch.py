@@ -1444,6 +1444,10 @@ class RemoteAdamW(torch.optim.Optimizer):
                 if key[1] is not None and all(g.dtype is torch.float32 for _, g, *_ in groups):
                     calls[key] = _scaled(groups, self._grad_scale)
                     scaled_here.add(key)
+        norm_finite = (grad_scale is not None and self._grad_norm_type > 0
+                       and 0.0 < grad_scale <= 1.0 and clip_unchanged)
+        checked_by_ranks = (self._rank_and_world()[1] > 1
+                            and self._agree_finite_across_ranks(calls, norm_finite))
         if len(calls) > 1:
             # One call checks its own gradients and hyperparameters before it applies
             # anything; with several, a later call's refusal would come after earlier
@@ -1452,13 +1456,12 @@ class RemoteAdamW(torch.optim.Optimizer):
             self._check_step_hyperparameters(calls, stepped)
         # Whether every gradient is known finite as sent, so the daemon may check each as
         # it applies it (one read of it, not two; Client.step's gradients_checked): checked
-        # just above (and a grad_scale of at most 1 in magnitude cannot make it overflow),
+        # just above, for several calls or the ranks' agreement (and a grad_scale of at most 1 in magnitude cannot make it overflow),
         # or clip_grad_norm_'s norm of these very gradients was finite (its coefficient
         # > 0: an infinite norm gives 0, NaN gives NaN), which every gradient then is,
         # unless a float32 one is narrowed to a 16-bit wire type on the way.
-        checked_here = len(calls) > 1 and (grad_scale is None or abs(grad_scale) <= 1.0)
-        norm_finite = (grad_scale is not None and self._grad_norm_type > 0
-                       and 0.0 < grad_scale <= 1.0 and clip_unchanged)
+        checked_here = ((len(calls) > 1 or checked_by_ranks)
+                        and (grad_scale is None or abs(grad_scale) <= 1.0))
         # 2. The calls; each writes the updated values into the parameters in place. The
         #    bookkeeping of a call is done before it, while this code's data is still in
         #    the caches (the call moves every byte of the model through them), and undone
@@ -1715,6 +1718,32 @@ class RemoteAdamW(torch.optim.Optimizer):
                 self._clipped[i] = (slot, -1, 0)  # written to since the clip: not unchanged
             self._clipped_at[id(slot)] = i
         return slot
+
+    def _agree_finite_across_ranks(self, calls: dict, known_finite: bool) -> bool:
+        """shard=True: each rank sends its own share of the step, so a rank whose share
+        holds a gradient that is not finite, refused alone, left the other ranks' shares
+        applied (a torn step) and the ranks apart at the broadcast that follows (a hang).
+        Every rank checks its share (unless known finite: checked already, or under
+        clip_grad_norm_'s finite norm) and they agree, in one all_reduce, before any
+        sends: all refuse (InvalidArgument), or none. Returns whether it checked this
+        rank's share."""
+        local = None
+        if not known_finite and calls:
+            try:
+                self._check_finite(calls)
+            except errors.InvalidArgument as e:
+                local = e
+        refused = torch.tensor([0 if local is None else 1])
+        dist.all_reduce(refused, op=dist.ReduceOp.MAX, group=self._process_group)
+        if local is not None:
+            raise errors.InvalidArgument(f"{local.message} by any rank (shard=True: every "
+                                         "rank refuses this step)")
+        if refused.item():
+            raise errors.InvalidArgument(
+                "a gradient of another rank's share of the parameters is not finite (that "
+                "rank's error names its group); the whole step was refused on every rank and "
+                "nothing was sent")
+        return not known_finite and bool(calls)
 
     @staticmethod
     def _check_finite(calls: dict) -> None:
