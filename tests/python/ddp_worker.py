@@ -159,6 +159,29 @@ def run_nonfinite(rank, world, init_file, target, prefix, out_path, poisoned):
     end_rank()
 
 
+def run_stage(rank, world, init_file, target, prefix, out_path, seed):
+    """A rank of a model-parallel job: its own stage (a Linear of `seed` + rank) under
+    prefix + "stage<rank>/", no DDP, no shard. Records the stage's values and the
+    daemon's after construction."""
+    import optstate
+    start_rank()
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    torch.manual_seed(seed + rank)
+    stage = torch.nn.Linear(16, 16)
+    opt = RemoteAdamW(stage.named_parameters(), target=target, lr=1e-2,
+                      name_prefix=f"{prefix}stage{rank}/")
+    client = optstate.Client(target, data_plane="wire")
+    record = {"values": {n: p.detach().clone() for n, p in stage.named_parameters()},
+              "daemon": {n: torch.from_numpy(client.export_state(f"{prefix}stage{rank}/{n}")
+                                             .params).reshape(p.shape)
+                         for n, p in stage.named_parameters()}}
+    torch.save(record, out_path)
+    opt.close()
+    del opt
+    end_rank()
+
+
 def run_wrapped(rank, world, init_file, target, prefix, out_path, steps):
     """A rank of test_jobs.py's DDP job: the optimizer over the DDP module's names
     (module.*), without shard (both ranks step every group under the job's one lease)."""

@@ -150,3 +150,16 @@ def test_a_gradient_that_is_not_finite_refuses_the_sharded_step_on_every_rank(da
         for name, value in alone[rank]["final"].items():
             assert bits_equal(out[rank]["final"][name], value), (rank, name)
 
+
+def test_model_parallel_stages_run_again_before_their_first_step_take_their_own_values(
+        daemon, tmp_path):
+    # Ranks without shard=True left the import of an untrained job's values to rank 0,
+    # taking them for data-parallel replicas: a pipeline's other stages stepped from the
+    # previous run's weights.
+    ddp_worker.two_ranks(ddp_worker.run_stage, daemon.target, tmp_path, "first", "pipe/", 1)
+    again = ddp_worker.two_ranks(ddp_worker.run_stage, daemon.target, tmp_path, "again",
+                                 "pipe/", 7)
+    for rank in (0, 1):
+        for name, value in again[rank]["values"].items():
+            assert bits_equal(again[rank]["daemon"][name], value), (rank, name)
+

@@ -838,17 +838,31 @@ class RemoteAdamW(torch.optim.Optimizer):
         yet. They hold the values of whoever registered them first: another rank of this
         job, or a run that stopped before its first step, with other weights. torch steps
         from p's, so p's values are imported where they differ (_adopt_values), now: by
-        every rank for its own groups with shard=True or in one process; by rank 0 alone
-        for data-parallel ranks that share the groups (their model is rank 0's, as DDP
-        broadcasts it), who then meet in a barrier at construction, so that no rank steps
-        the groups before rank 0 has made them its values."""
+        every rank for its own groups with shard=True or in one process. Ranks without
+        shard=True may share groups (data-parallel replicas, whose model is rank 0's, as
+        DDP broadcasts it) or not (model-parallel stages, each its own): at construction
+        they tell each other the names they registered, and a group is imported by the
+        lowest rank that holds it; then they meet in a barrier, so that no rank steps the
+        groups before their values are in. Later (add_param_group) rank 0 alone does it."""
         shared_by_ranks = (not self._shard and dist.is_available() and dist.is_initialized()
                            and dist.get_world_size() > 1)
-        if not shared_by_ranks or dist.get_rank() == 0:
+        if not shared_by_ranks:
             for p in existing:
                 self._adopt_values(p, self._registered[id(p)])
-        if shared_by_ranks and attaching:
-            dist.barrier()
+            return
+        if not attaching:
+            if dist.get_rank() == 0:
+                for p in existing:
+                    self._adopt_values(p, self._registered[id(p)])
+            return
+        names = sorted(reg.name for reg in self._registered.values())
+        held = [None] * dist.get_world_size()
+        dist.all_gather_object(held, names)
+        earlier = set().union(*map(set, held[:dist.get_rank()]))
+        for p in existing:
+            if self._registered[id(p)].name not in earlier:
+                self._adopt_values(p, self._registered[id(p)])
+        dist.barrier()
 
     def _check_placement(self, created: list) -> None:
         """FailedPrecondition when groups registration just created (`created`, GroupInfo
