@@ -89,6 +89,11 @@ def test_a_name_prefix_is_required(daemon, monkeypatch):
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     with pytest.raises(ValueError, match="name_prefix"):
         RemoteAdamW(MLP().named_parameters(), target=daemon.target)
+    # Plain torchrun (no --rdzv-id, no --standalone) sets the run id "none", which every
+    # such run shares: still required, saying how torchrun gives one.
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    with pytest.raises(ValueError, match="--rdzv-id=ID, or --standalone"):
+        RemoteAdamW(MLP().named_parameters(), target=daemon.target)
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-1234")
     with pytest.warns(UserWarning, match="run-1234/"):
         opt = RemoteAdamW(MLP().named_parameters(), target=daemon.target, delete_on_close=True)

@@ -45,11 +45,15 @@ def job_name(name_prefix: Optional[str]) -> str:
         warnings.warn(f"RemoteAdamW: name_prefix {prefix!r} from TORCHELASTIC_RUN_ID (this run's "
                       "id); pass name_prefix= to name the job yourself", stacklevel=3)
         return prefix
+    under_torchrun = run_id == "none"
     raise ValueError(
         "RemoteAdamW needs name_prefix=, the job's name on the daemon (for example "
         "'llama-7b-run3/'): every group is named name_prefix + parameter name, so two jobs "
         "(or a job and its restart) must not share one by accident. Under torchrun it is "
-        "taken from the run id (TORCHELASTIC_RUN_ID) when not given")
+        "taken from the run id (TORCHELASTIC_RUN_ID) when not given"
+        + ("; this torchrun has none (TORCHELASTIC_RUN_ID=none: torchrun gives a run id "
+           "with --rdzv-id=ID, or --standalone): pass name_prefix=, or one of those"
+           if under_torchrun else ""))
 
 
 def strip_wrappers(name: str) -> str:
