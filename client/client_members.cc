@@ -677,11 +677,12 @@ absl::StatusOr<RebalanceResult> Client::Rebalance(const std::vector<MemberTarget
                       [&](uint64_t s) { return s == state->page_steps.front(); })) {
         state->page_steps.resize(1);
       }
-      // A group no copy of which is leased (a restart ended its job's
-      // lease; leases are not checkpointed) moves unleased: it may be
+      // A group no copy of which this client leases (a restart ended its
+      // job's lease; leases are not checkpointed) moves unleased: it may be
       // another job's, which takes it at its next step.
-      const bool leased = std::any_of(held.begin(), held.end(),
-                                      [](const auto& c) { return c.second.lease.has_value(); });
+      const bool leased = std::any_of(held.begin(), held.end(), [&](const auto& c) {
+        return c.second.lease.has_value() && c.second.lease->holder == impl_->options.lease_holder;
+      });
       act(absl::StrCat("import ", name, " into ", owner_id));
       absl::Status imported = all[owner]->shared->ImportStateForMove(*state, leased);
       if (imported.code() == absl::StatusCode::kResourceExhausted && !deletes.empty()) {

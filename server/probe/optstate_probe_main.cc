@@ -125,8 +125,26 @@ int main(int argc, char** argv) {
     // refused connection, a failed TLS handshake), or still gets the answer.
     const grpc::Status again = check(start + timeout, /*wait_for_ready=*/false);
     if (again.ok() || again.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) status = again;
+    // Failed at once: the daemon may yet come up within what is left.
+    if (!status.ok() && absl::Now() < start + timeout) {
+      grpc::health::v1::HealthCheckResponse answer;
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(start + timeout));
+      context.set_wait_for_ready(true);
+      if (stub->Check(&context, request, &answer).ok()) {
+        status = grpc::Status::OK;
+        response = answer;
+      }
+    }
   }
   const std::string what = service.empty() ? addr : addr + " " + service;
+  const bool no_answer = status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                         status.error_code() == grpc::StatusCode::UNAVAILABLE;
+  if (!status.ok() && !no_answer) {
+    std::fprintf(stderr, "optstate-probe: %s: %s (code %d)\n", what.c_str(),
+                 status.error_message().c_str(), static_cast<int>(status.error_code()));
+    return 1;
+  }
   if (!status.ok()) {
     // A daemon with TLS closes a plaintext connection at its first bytes.
     const bool plaintext_refused =
