@@ -2,7 +2,7 @@
 // checkpoint whole or the previous one (LevelDB's way; docs/durability.md):
 //
 // 1. Everything is written into a temporary directory ckpt-<N>.tmp, which a
-//    restore never reads (it reads only names ckpt-<16 digits>). A stale
+//    restore never reads (it reads only names ckpt-<16 digits or more>). A stale
 //    temporary directory of an earlier crash is removed first.
 // 2. Each group's data file is written page by page: a run of pages is
 //    copied under their page mutexes, one page at a time (CapturePages), into
@@ -14,7 +14,8 @@
 //    page's record holds the step it was copied at, so the file is
 //    consistent per page.
 // 3. Each data file is fsynced before the manifest is written: the manifest
-//    never names bytes that are not yet on disk.
+//    never names bytes that are not yet on disk. Groups deleted meanwhile
+//    are then left out, and deletes wait from there until step 5's rename.
 // 4. The manifest (every file's name, size and CRC32C, the format version,
 //    the page size, its own CRC32C in its last line) is written to
 //    MANIFEST.tmp, fsynced, renamed to MANIFEST, and the temporary directory
@@ -39,8 +40,8 @@
 // makes the writer of checkpoint N stop for good at the named point (after
 // writing the point's name to OPTSTATE_TEST_CHECKPOINT_PAUSE_FILE), so tests
 // can kill the daemon there; with OPTSTATE_TEST_CHECKPOINT_RESUME set too, it
-// goes on once that file is removed, so tests can act in the middle of it. Points: dir_created, run:<group>:<k> (after the
-// k-th run of pages of a group is written), data_synced:<group>,
+// goes on once that file is removed, so tests can act in the middle of it. Points: dir_created,
+// run:<group>:<k> (after the k-th run of pages of a group is written), data_synced:<group>,
 // manifest_written, manifest_synced, manifest_renamed, dir_renamed,
 // dir_synced, and in Prune: pruned:<k> (after removing the k-th directory).
 #include "server/durability/checkpoint_writer.h"
@@ -93,13 +94,33 @@ bool IsTemporaryName(const std::string& name) {
 }  // namespace
 
 CheckpointWriter::CheckpointWriter(std::string state_dir, uint64_t page_elements,
-                                   StepBackend* backend, uint64_t buffer_bytes)
+                                   StepBackend* backend, uint64_t buffer_bytes,
+                                   absl::Mutex* commit_gate)
     : state_dir_(std::move(state_dir)),
       page_elements_(page_elements),
       backend_(backend),
-      buffer_bytes_(buffer_bytes) {}
+      buffer_bytes_(buffer_bytes),
+      commit_gate_(commit_gate) {}
 
 namespace {
+
+// `mu` (may be null) held exclusively until Release() or the end of scope.
+class GateHold {
+ public:
+  explicit GateHold(absl::Mutex* mu) : mu_(mu) {
+    if (mu_ != nullptr) mu_->Lock();
+  }
+  GateHold(const GateHold&) = delete;
+  GateHold& operator=(const GateHold&) = delete;
+  ~GateHold() { Release(); }
+  void Release() {
+    if (mu_ != nullptr) mu_->Unlock();
+    mu_ = nullptr;
+  }
+
+ private:
+  absl::Mutex* mu_;
+};
 
 // One run of captured pages and the iovecs that write its records.
 struct Run {
@@ -316,8 +337,10 @@ absl::StatusOr<WrittenCheckpoint> CheckpointWriter::Write(
   }
   // A group deleted after its pages were captured, while the others were
   // written: the delete was answered before this checkpoint, so it holds the
-  // state as if the delete came first (a delete after the manifest below is
-  // after the checkpoint, as a step then would be).
+  // state as if the delete came first. From here until the directory is
+  // renamed into place deletes wait (the gate), so one answered later comes
+  // after the checkpoint, as a step then would.
+  GateHold gate(commit_gate_);
   for (size_t j = manifest.groups.size(); j-- > 0;) {
     if (!written_targets[j]->group->deleted()) continue;
     if (written_targets[j]->named) {
@@ -355,6 +378,7 @@ absl::StatusOr<WrittenCheckpoint> CheckpointWriter::Write(
   written.bytes += text.size();
   // Step 5.
   if (absl::Status s = Rename(temporary, final_dir); !s.ok()) return fail(s);
+  gate.Release();
   TestPause(sequence, "dir_renamed");
   if (absl::Status s = SyncDirectory(state_dir_); !s.ok()) return s;
   TestPause(sequence, "dir_synced");

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/backends/step_backend.h"
 #include "server/durability/checkpoint_format.h"
@@ -50,14 +51,19 @@ class CheckpointWriter {
  public:
   // `backend` must outlive the writer. A checkpoint holds at most two runs
   // of copied pages at a time, each max(buffer_bytes, one page of params, m
-  // and v): one being captured, one being written.
+  // and v): one being captured, one being written. `commit_gate` (may be
+  // null; StateStore::commit_gate(), which its deletes hold shared) is held
+  // exclusively from the moment a checkpoint fixes its list of groups until
+  // its directory is renamed into place.
   CheckpointWriter(std::string state_dir, uint64_t page_elements, StepBackend* backend,
-                   uint64_t buffer_bytes);
+                   uint64_t buffer_bytes, absl::Mutex* commit_gate = nullptr);
 
   // Writes checkpoint `sequence` of `targets` and returns once it is
-  // durable. `step` is recorded as the checkpoint's step. On error
-  // (FAILED_PRECONDITION when a page with an exact_step was captured at
-  // another step, ABORTED when a group was deleted meanwhile, the file
+  // durable. `step` is recorded as the checkpoint's step. A target group
+  // deleted before the checkpoint fixes its list of groups is left out, as
+  // if deleted before it (NOT_FOUND, nothing written, when it is `named`);
+  // one deleted after comes after it. On error (FAILED_PRECONDITION when a
+  // page with an exact_step was captured at another step, the file
   // system's error otherwise) nothing of it is left that a restore would
   // read, and earlier checkpoints are untouched.
   absl::StatusOr<WrittenCheckpoint> Write(uint64_t sequence, uint64_t step,
@@ -86,6 +92,7 @@ class CheckpointWriter {
   const uint64_t page_elements_;
   StepBackend* const backend_;
   const uint64_t buffer_bytes_;
+  absl::Mutex* const commit_gate_;
 };
 
 }  // namespace optstate

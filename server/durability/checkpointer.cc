@@ -25,7 +25,8 @@ Checkpointer::Checkpointer(StateDirLock lock, const CheckpointerOptions& options
       options_(options),
       store_(store),
       backend_(backend),
-      writer_(options.state_dir, store->page_elements(), backend, options.buffer_bytes) {}
+      writer_(options.state_dir, store->page_elements(), backend, options.buffer_bytes,
+              &store->commit_gate()) {}
 
 absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::OpenAndRestore(
     const CheckpointerOptions& options, StateStore* store, StepBackend* backend, bool require_state,

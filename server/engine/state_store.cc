@@ -378,6 +378,9 @@ absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key, const LeaseClai
     // Under every page lock: no step of the holder is in flight, so the
     // lease it holds is the one checked.
     if (absl::Status s = group->lease().Check(claim, key.name, absl::Now()); !s.ok()) return s;
+    // Not while a checkpoint commits its list of groups (commit_gate): this
+    // delete comes wholly before that checkpoint, or wholly after it.
+    absl::ReaderMutexLock gate(&commit_gate_);
     {
       absl::MutexLock lock(&mu_);
       auto it = groups_.find(key);

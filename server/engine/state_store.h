@@ -189,6 +189,10 @@ class StateStore {
   absl::Duration lease_term() const {
     return absl::Microseconds(lease_term_us_.load(std::memory_order_relaxed));
   }
+  // Held shared by each Delete while it takes its group out; a checkpoint
+  // holds it exclusively while it fixes its list of groups and commits it
+  // (CheckpointWriter), so a delete comes wholly before or after it.
+  absl::Mutex& commit_gate() { return commit_gate_; }
   // Appended to Find's NOT_FOUND: what this daemon is (when it started,
   // whether it keeps checkpoints, what it restored), so a trainer that finds
   // its groups gone knows whether the daemon restarted and lost them.
@@ -226,6 +230,7 @@ class StateStore {
   HeapTrimmer* const trimmer_;
   const uint64_t max_host_bytes_;
   const uint64_t page_elements_;
+  absl::Mutex commit_gate_;  // Taken before mu_.
   mutable absl::Mutex mu_;
   absl::flat_hash_map<GroupKey, std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<GroupKey> registering_ ABSL_GUARDED_BY(mu_);

@@ -272,6 +272,32 @@ TEST_F(DuringCheckpointTest, AGroupDeletedAfterItsPagesWereWrittenIsLeftOutOrNot
   EXPECT_EQ((*groups)[0].name, "model.w");
 }
 
+// A delete answered while the manifest was written (its list of groups
+// fixed) was answered before the checkpoint, which still held the group. It
+// waits for the checkpoint's commit now, and comes after it.
+TEST_F(DuringCheckpointTest, ADeleteDuringTheCommitWaitsAndComesAfterTheCheckpoint) {
+  StartPausingAt("manifest_written");
+  std::thread whole([&] {
+    absl::StatusOr<Client::CheckpointResult> r = client_->Checkpoint({});
+    EXPECT_TRUE(r.ok()) << r.status();
+  });
+  ASSERT_TRUE(WaitForFile(paused_, absl::Seconds(20)));
+  std::atomic<bool> deleted{false};
+  std::thread remove([&] {
+    EXPECT_TRUE(client_->DeleteGroup("model.b").ok());
+    deleted = true;
+  });
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_FALSE(deleted.load()) << "the delete was answered while the checkpoint committed";
+  std::filesystem::remove(paused_);
+  whole.join();
+  remove.join();
+  ASSERT_NO_FATAL_FAILURE(KillAndRestoreTheSecondCheckpoint());
+  absl::StatusOr<std::vector<GroupInfo>> groups = client_->ListGroups();
+  ASSERT_TRUE(groups.ok());
+  EXPECT_EQ(groups->size(), 2u) << "the checkpoint, which came first, holds model.b";
+}
+
 TEST_F(DuringCheckpointTest, ANamedGroupDeletedAfterItsPagesWereWrittenFailsTheCheckpoint) {
   StartPausingAt("data_synced:0");
   std::thread named([&] {
