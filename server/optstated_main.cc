@@ -338,17 +338,21 @@ int main(int argc, char** argv) {
   // the shutdown goes on (its final checkpoint is what a restart restores).
   std::atomic<bool> stopping{true};
   std::thread shutdown_signals([&] {
-    const struct timespec poll = {0, 100 * 1000 * 1000};
-    while (stopping.load()) {
-      const int taken = sigtimedwait(&signals, nullptr, &poll);
-      if (taken != SIGTERM && taken != SIGINT && taken != SIGHUP) continue;
+    auto answer = [](int taken) {
+      if (taken != SIGTERM && taken != SIGINT && taken != SIGHUP) return;
       optstate::Log(optstate::LogLevel::kWarning, "signal ", taken,
                     " during the shutdown: the shutdown goes on (in-flight chunks, then the "
                     "final checkpoint with --state_dir, at most --shutdown_grace=",
                     absl::FormatDuration(absl::GetFlag(FLAGS_shutdown_grace)),
                     " for the chunks); SIGKILL stops at once, and a restart then restores the "
                     "last complete checkpoint");
-    }
+    };
+    const struct timespec poll = {0, 100 * 1000 * 1000};
+    while (stopping.load()) answer(sigtimedwait(&signals, nullptr, &poll));
+    // Those still pending came during the shutdown too (before this thread
+    // waited, or as it ended).
+    const struct timespec now = {0, 0};
+    for (int taken; (taken = sigtimedwait(&signals, nullptr, &now)) > 0;) answer(taken);
   });
   const absl::Status stopped = (*server)->Shutdown(absl::GetFlag(FLAGS_shutdown_grace));
   stopping.store(false);
