@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -46,6 +47,18 @@ absl::Status DataPlaneOptionsFromFlags(ServerOptions* options) {
   if (mode.empty() || *end != '\0' || bits > 0777) {
     return absl::InvalidArgumentError(
         absl::StrCat("--socket_mode must be octal permission bits such as 0660, got '", mode, "'"));
+  }
+  for (const auto& [flag, value] :
+       {std::pair<const char*, uint64_t>{"max_regions_per_client",
+                                         absl::GetFlag(FLAGS_max_regions_per_client)},
+        {"max_regions", absl::GetFlag(FLAGS_max_regions)},
+        {"max_region_bytes", absl::GetFlag(FLAGS_max_region_bytes)}}) {
+    if (value == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag,
+                       "=0 would refuse every shared-memory region; give at least 1 "
+                       "(--region_socket=none turns the shared-memory data plane off)"));
+    }
   }
   options->data_plane.region_socket = absl::GetFlag(FLAGS_region_socket);
   options->data_plane.socket_mode = static_cast<unsigned>(bits);

@@ -14,6 +14,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "optstate/message_limits.h"
@@ -161,18 +163,25 @@ ABSL_FLAG(uint64_t, staging_slot_bytes, Default().backend.cuda.staging_slot_byte
 ABSL_FLAG(int, cuda_device, Default().backend.cuda.device, "CUDA backend: device ordinal.");
 
 int main(int argc, char** argv) {
+  // --help lists the flags of this program's own files (absl's default
+  // takes only a file named after the binary, and none when it is renamed).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "server/optstated_main.") ||
+           absl::StrContains(file, "server/data_plane_flags.");
+  };
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
       "optstated keeps AdamW optimizer state for remote trainers and applies their steps.\n"
       "Usage: optstated [--listen=127.0.0.1:50051] [--backend=auto|cpu|cuda] [--threads=N] ...");
   const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) {
-    std::fprintf(stderr,
-                 "optstated: takes flags only (--name=value), got '%s'; see optstated --help\n",
-                 positional[1]);
+    optstate::Log(optstate::LogLevel::kError, "takes flags only (--name=value), got '",
+                  positional[1], "'; see optstated --help");
     return 2;
   }
   if (absl::GetFlag(FLAGS_shutdown_grace) < absl::ZeroDuration()) {
-    std::fprintf(stderr, "optstated: --shutdown_grace must not be negative\n");
+    optstate::Log(optstate::LogLevel::kError, "--shutdown_grace must not be negative");
     return 2;
   }
 
@@ -188,14 +197,14 @@ int main(int argc, char** argv) {
   // malloc_trim did not give back what gRPC's threads freed into their own
   // arenas (bench/rss-soak: +15% in 24 s with the default 8 per core).
   if (absl::GetFlag(FLAGS_malloc_arenas) < 1) {
-    std::fprintf(stderr, "optstated: --malloc_arenas must be at least 1\n");
+    optstate::Log(optstate::LogLevel::kError, "--malloc_arenas must be at least 1");
     return 2;
   }
   mallopt(M_ARENA_MAX, absl::GetFlag(FLAGS_malloc_arenas));
 
   optstate::LogLevel level;
   if (!optstate::ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
-    std::fprintf(stderr, "optstated: --log_level must be debug, info, warning or error\n");
+    optstate::Log(optstate::LogLevel::kError, "--log_level must be debug, info, warning or error");
     return 2;
   }
   optstate::SetLogLevel(level);
@@ -228,8 +237,8 @@ int main(int argc, char** argv) {
   options.auth.tenant_max_groups = absl::GetFlag(FLAGS_tenant_max_groups);
   options.tenant_max_streams = absl::GetFlag(FLAGS_tenant_max_streams);
   if (absl::GetFlag(FLAGS_lease_seconds) < 1) {
-    std::fprintf(stderr, "optstated: --lease_seconds must be at least 1, got %lld\n",
-                 static_cast<long long>(absl::GetFlag(FLAGS_lease_seconds)));
+    optstate::Log(optstate::LogLevel::kError, "--lease_seconds must be at least 1, got ",
+                  absl::GetFlag(FLAGS_lease_seconds));
     return 2;
   }
   options.lease_term = absl::Seconds(absl::GetFlag(FLAGS_lease_seconds));
@@ -255,7 +264,7 @@ int main(int argc, char** argv) {
   options.backend.cuda.staging_slot_bytes = absl::GetFlag(FLAGS_staging_slot_bytes);
   options.backend.cuda.device = absl::GetFlag(FLAGS_cuda_device);
   if (absl::Status s = optstate::DataPlaneOptionsFromFlags(&options); !s.ok()) {
-    std::fprintf(stderr, "optstated: %s\n", s.ToString().c_str());
+    optstate::Log(optstate::LogLevel::kError, s.ToString());
     return 2;
   }
 
@@ -299,7 +308,7 @@ int main(int argc, char** argv) {
   if (starting.load()) end_start_up();  // Start refused before serving.
   start_signals.join();
   if (!server.ok()) {
-    std::fprintf(stderr, "optstated: %s\n", server.status().ToString().c_str());
+    optstate::Log(optstate::LogLevel::kError, server.status().ToString());
     return 1;
   }
   // Tests and scripts read this line to learn the port.

@@ -15,6 +15,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/time/time.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -55,6 +57,13 @@ std::optional<std::string> ReadFlagFile(const char* flag, const std::string& pat
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --help lists this file's flags (absl's default takes a file named after
+  // the binary: optstate-probe's is optstate_probe_main.cc).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "optstate_probe_main.");
+  };
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
       "optstate-probe asks an optstated daemon's grpc.health.v1 service whether it serves; "
       "exit 0 only on SERVING.\n"

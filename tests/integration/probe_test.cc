@@ -107,6 +107,15 @@ TEST(ProbeWithoutDaemonTest, NothingListeningExitsOneWithinItsTimeout) {
   EXPECT_NE(output.find("Connection refused"), std::string::npos) << output;
 }
 
+// --help listed no flag (absl's default looks for a file named after the
+// binary, optstate-probe, and the file is optstate_probe_main.cc).
+TEST(ProbeWithoutDaemonTest, HelpListsItsFlags) {
+  std::string output;
+  RunProbe({"--help"}, &output);
+  EXPECT_NE(output.find("--addr"), std::string::npos) << output;
+  EXPECT_NE(output.find("--tls_ca"), std::string::npos) << output;
+}
+
 TEST(ProbeWithoutDaemonTest, BadUsageExitsTwo) {
   EXPECT_EQ(RunProbe({"--timeout=0s"}), 2);
   EXPECT_EQ(RunProbe({"--addr=127.0.0.1:1", "stray-argument"}), 2);

@@ -176,3 +176,32 @@ def test_a_second_signal_during_the_shutdown_is_answered_and_the_shutdown_goes_o
     finally:
         restarted.send_signal(signal.SIGTERM)
         assert restarted.wait(timeout=30) == 0
+
+
+def test_help_lists_every_flag_whatever_the_binary_is_called(shared_tmp):
+    # --help left out the shared-memory flags (another file's), and listed none at all for
+    # a binary renamed (optstated-1.2); optstate-probe's listed none ever.
+    renamed = os.path.join(shared_tmp, "optstated-1.2")
+    shutil.copy(os.environ["OPTSTATED"], renamed)
+    for binary in (os.environ["OPTSTATED"], renamed):
+        text = subprocess.run([binary, "--help"], capture_output=True, text=True,
+                              timeout=30).stdout
+        for flag in ("--listen", "--state_dir", "--max_regions_per_client", "--socket_mode"):
+            assert flag in text, (binary, flag, text)
+    probe = os.path.join(os.path.dirname(os.environ["OPTSTATED"]), "probe", "optstate-probe")
+    text = subprocess.run([probe, "--help"], capture_output=True, text=True, timeout=30).stdout
+    assert "--addr" in text and "--tls_ca" in text, text
+
+
+@pytest.mark.parametrize("flag", ["--max_regions_per_client=0", "--max_regions=0",
+                                  "--max_region_bytes=0"])
+def test_a_region_limit_of_zero_is_refused_at_start_in_the_logs_format(flag):
+    # Each was taken, and every shared-memory registration was then refused (clients on
+    # data_plane="auto" fell back to the wire without a word); a start refused so printed
+    # its reason without the log's level and time.
+    run = subprocess.run([os.environ["OPTSTATED"], "--listen=127.0.0.1:0", flag],
+                         capture_output=True, text=True, timeout=30)
+    assert run.returncode == 2, run.stderr
+    assert re.match(r"ERROR \S+ optstated: INVALID_ARGUMENT: " + re.escape(flag) +
+                    " would refuse every shared-memory region", run.stderr), run.stderr
+    assert "--region_socket=none" in run.stderr
