@@ -333,6 +333,11 @@ absl::Status CheckedTlsFiles::LookNow() {
   absl::Status verdict = contents.status();
   if (verdict.ok()) {
     if (*contents == staged_) {
+      if (refused_logged_) {
+        // The refusal logged at ERROR is over: the files are the served ones again.
+        Log(LogLevel::kInfo,
+            "TLS: the files are those served again; the refusal of the changed ones is over");
+      }
       refused_.clear();
       refused_logged_ = false;
       refusing_ = false;

@@ -416,6 +416,32 @@ TEST_F(TlsTest, ABadReplacementLeavesThePreviousCertificateServedAndSaysWhy) {
                                         "files"));
 }
 
+// The served files put back after a refused replacement: the ERROR stayed
+// the last TLS line (the metric went back to 0), as if still refused.
+TEST_F(TlsTest, TheServedFilesPutBackEndTheRefusalInTheLog) {
+  StartDaemon({"--log_level=info"});
+  const std::string cert = ReadFile(dir_ + "/cert.pem");
+  auto replace = [&](const std::string& text) {
+    WriteFile(dir_ + "/cert.pem.new", text);
+    std::filesystem::rename(dir_ + "/cert.pem.new", dir_ + "/cert.pem");
+  };
+  auto logged = [&](const std::string& line) {
+    for (int i = 0; i < 50; ++i) {
+      if (ReadFile(log_).find(line) != std::string::npos) return true;
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    return false;
+  };
+  replace("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n");
+  ASSERT_TRUE(logged("TLS: the files are not served")) << ReadFile(log_);
+  replace(cert);
+  EXPECT_TRUE(
+      logged("TLS: the files are those served again; the refusal of the changed ones "
+             "is over"))
+      << ReadFile(log_);
+  EXPECT_EQ(ServedCommonName(), "optstate-server-one");
+}
+
 // Client roots replaced with a file that does not parse leave the previous
 // roots verifying client certificates.
 TEST_F(TlsTest, ClientRootsThatDoNotParseLeaveThePreviousRootsInForce) {
