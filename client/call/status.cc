@@ -15,11 +15,12 @@ std::string TlsHint(const std::string& message) {
   if (absl::StrContains(message, "certificate verify failed")) {
     return " (TLS: the daemon's certificate is not signed by a CA of "
            "ClientOptions.tls_root_ca_file, or the system's roots when it is empty, or it has "
-           "expired or is not yet valid)";
+           "expired or is not yet valid; Python: tls_root_ca=)";
   }
   if (absl::StrContains(message, "is not in peer certificate")) {
     return " (TLS: the daemon's certificate does not carry the name connected to; connect by a "
-           "name it carries, or set ClientOptions.tls_server_name to one)";
+           "name it carries, or set ClientOptions.tls_server_name to one; Python: "
+           "tls_server_name=)";
   }
   if (absl::StrContains(message, "failed to connect to all addresses") &&
       absl::StrContains(message, "Socket closed")) {
@@ -28,14 +29,15 @@ std::string TlsHint(const std::string& message) {
     // without a certificate it accepts (the client sees no TLS error).
     return " (the daemon closed the connection while it was being set up: a daemon serving "
            "TLS does so to a plaintext client (set ClientOptions.tls_root_ca_file, or tls for "
-           "the system's roots), and one requiring client certificates to a client without one "
-           "it accepts (tls_cert_file and tls_key_file, signed by its --tls_client_ca and not "
-           "expired))";
+           "the system's roots; Python: tls_root_ca= or tls=True), and one requiring client "
+           "certificates to a client without one it accepts (tls_cert_file and tls_key_file, "
+           "signed by its --tls_client_ca and not expired; Python: tls_cert= and tls_key=))";
   }
   if (absl::StrContains(message, "Ssl handshake failed") ||
       absl::StrContains(message, "Handshake failed")) {
     return " (TLS handshake failed: check ClientOptions.tls_root_ca_file, and for a daemon that "
-           "requires client certificates tls_cert_file and tls_key_file)";
+           "requires client certificates tls_cert_file and tls_key_file; Python: tls_root_ca=, "
+           "tls_cert=, tls_key=)";
   }
   return "";
 }

@@ -131,8 +131,10 @@ absl::Status ReadGroupFile(const std::string& path, const ManifestGroup& entry, 
     if (headers[2 * p + 1] & kPageHasValues) group.mark_page_has_values(p);
   }
   if (crc != entry.crc32c) {
-    return absl::DataLossError(absl::StrCat(path, " fails its checksum (CRC32C ", crc,
-                                            ", the manifest says ", entry.crc32c, ")"));
+    // In hex, as the manifest writes them.
+    return absl::DataLossError(absl::StrCat(path, " fails its checksum (CRC32C ",
+                                            absl::Hex(crc, absl::kZeroPad8), ", the manifest says ",
+                                            absl::Hex(entry.crc32c, absl::kZeroPad8), ")"));
   }
   if (group.MinStep() != entry.min_step || group.MaxStep() != entry.max_step) {
     return absl::DataLossError(absl::StrCat(path, " holds steps ", group.MinStep(), "..",
