@@ -308,15 +308,28 @@ absl::StatusOr<Stats> Client::DaemonFacts(absl::Time deadline) {
   return client_internal::StatsFromProto(response);
 }
 
-absl::Status Client::RideOutRestart() {
+absl::Status Client::RideOutRestart(const std::string& group) {
   if (impl_->options.reconnect_timeout <= absl::ZeroDuration()) return absl::OkStatus();
-  v1::GetStatsRequest request;
-  request.set_page_size(1);
-  v1::GetStatsResponse response;
-  const absl::Status status =
-      UnaryWithRetries(impl_->options, impl_->channel.get(), [&](grpc::ClientContext* context) {
-        return impl_->stub->GetStats(context, request, &response);
-      });
+  absl::Status status;
+  if (!group.empty()) {
+    // DescribeGroup costs the daemon one lookup (GetStats sums over every
+    // group: a close() deleting thousands of groups would pay that each).
+    v1::DescribeGroupRequest request;
+    request.set_name(group);
+    v1::DescribeGroupResponse response;
+    status =
+        UnaryWithRetries(impl_->options, impl_->channel.get(), [&](grpc::ClientContext* context) {
+          return impl_->stub->DescribeGroup(context, request, &response);
+        });
+  } else {
+    v1::GetStatsRequest request;
+    request.set_page_size(1);
+    v1::GetStatsResponse response;
+    status =
+        UnaryWithRetries(impl_->options, impl_->channel.get(), [&](grpc::ClientContext* context) {
+          return impl_->stub->GetStats(context, request, &response);
+        });
+  }
   // Any answer but a transient failure: the daemon is there (the call
   // itself reports a refusal of its own).
   if (status.ok() || !client_internal::IsRetryable(status)) return absl::OkStatus();
@@ -325,7 +338,7 @@ absl::Status Client::RideOutRestart() {
 
 absl::Status Client::DeleteGroup(const std::string& name) {
   if (Client* owner = OwnerClient(name)) return InOwner(name, owner->DeleteGroup(name));
-  if (absl::Status s = RideOutRestart(); !s.ok()) return s;
+  if (absl::Status s = RideOutRestart(name); !s.ok()) return s;
   grpc::ClientContext context;
   PrepareContext(&context, impl_->options);
   v1::DeleteGroupRequest request;

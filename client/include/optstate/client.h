@@ -446,12 +446,13 @@ class Client {
   // ending by `deadline` at the latest (and by the attempt_timeout).
   absl::StatusOr<Stats> DaemonFacts(absl::Time deadline = absl::InfiniteFuture());
   // Before a call made once (DeleteGroup, Checkpoint, RewindJob): with
-  // reconnect_timeout set, one small call (GetStats of one group) retried as
-  // the read-only calls are, so that a daemon that is restarting, or a
-  // connection that broke unnoticed (the channel still says READY), is
-  // ridden out before the call that must not be sent twice. OK once the
-  // daemon answered anything but a transient failure.
-  absl::Status RideOutRestart();
+  // reconnect_timeout set, one small call retried as the read-only calls are
+  // (DescribeGroup of `group`; without one, GetStats of one group), so that
+  // a daemon that is restarting, or a connection that broke unnoticed (the
+  // channel still says READY), is ridden out before the call that must not
+  // be sent twice. OK once the daemon answered anything but a transient
+  // failure.
+  absl::Status RideOutRestart(const std::string& group = "");
   // ExportState with ExportStateRequest.moved_to (Rebalance).
   absl::StatusOr<GroupState> ExportStateForMove(const std::string& name,
                                                 const std::string& moved_to);
