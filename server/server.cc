@@ -383,10 +383,13 @@ absl::Status Server::Shutdown(absl::Duration grace) {
     return parts_->final_checkpoint;
   }
   // 1. Streams first: each ends (UNAVAILABLE, shutting down) once the
-  //    messages on the workers are answered; new streams are refused. Idle
-  //    ones end at once.
+  //    messages on the workers are answered; new streams and new unary
+  //    calls are refused. Idle streams end at once.
   // 2. Wait for them, up to `grace`; probes see NOT_SERVING meanwhile.
-  // 3. gRPC's Shutdown stops listening and waits for unary calls, and also
+  // 3. No step comes any more: a Checkpoint waiting for one ends
+  //    (UNAVAILABLE). Wait for the unary calls under way (a Checkpoint being
+  //    written, a RewindJob, a DeleteGroup) to be answered, within `grace`.
+  // 4. gRPC's Shutdown stops listening and waits for unary calls, and also
   //    for every client connection to go away (about 5 s with a connected
   //    client), so give it a short deadline: when it passes, gRPC cancels
   //    what is left and closes the connections.
@@ -394,12 +397,18 @@ absl::Status Server::Shutdown(absl::Duration grace) {
   if (grpc::HealthCheckServiceInterface* health = parts_->grpc_server->GetHealthCheckService()) {
     health->SetServingStatus(false);
   }
+  parts_->service->RefuseNewCalls();
   parts_->service->EndAllStreams();
   Log(LogLevel::kInfo, "shutdown: every stream told to end");
   if (!parts_->service->WaitForStreams(deadline)) {
     Log(LogLevel::kWarning, "shutdown: streams still open after the grace period; cutting them");
   } else {
     Log(LogLevel::kInfo, "shutdown: every stream has ended");
+  }
+  if (parts_->checkpointer != nullptr) parts_->checkpointer->EndWaitsForSteps();
+  if (!parts_->service->WaitForCalls(deadline)) {
+    Log(LogLevel::kWarning,
+        "shutdown: calls still under way after the grace period; cancelling them");
   }
   constexpr absl::Duration kUnaryGrace = absl::Milliseconds(250);
   parts_->grpc_server->Shutdown(absl::ToChronoTime(std::min(deadline, absl::Now() + kUnaryGrace)));

@@ -183,6 +183,11 @@ Checkpointer::~Checkpointer() {
   store_->SetMoveNotesListener(nullptr);
 }
 
+void Checkpointer::EndWaitsForSteps() {
+  absl::MutexLock lock(&mu_);
+  steps_ended_ = true;
+}
+
 void Checkpointer::Stop() {
   std::vector<CallThread> calls;
   {
@@ -303,6 +308,14 @@ absl::Status Checkpointer::WaitForStep(const std::vector<std::shared_ptr<Group>>
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return absl::CancelledError("the daemon is shutting down");
+      if (steps_ended_) {
+        return absl::UnavailableError(absl::StrCat(
+            "optstated is shutting down and applies no more steps: group '", behind->key().name,
+            "' page ", behind_page, " is at step ", behind->page_step(behind_page), ", not step ",
+            step,
+            "; nothing was written. Resend the steps and retry Checkpoint against the restarted "
+            "daemon"));
+      }
     }
     absl::SleepFor(absl::Milliseconds(1));
   }

@@ -95,6 +95,11 @@ class Checkpointer {
   void CheckpointAsync(CheckpointCall call,
                        std::function<void(absl::StatusOr<CheckpointOutcome>)> done);
 
+  // No more steps will be applied (the daemon is shutting down and its
+  // streams have ended): a call waiting for a step ends with UNAVAILABLE,
+  // writing nothing, instead of waiting for its deadline; so does any
+  // call's wait from now on. Checkpoints go on being written.
+  void EndWaitsForSteps();
   // Ends the timer and makes waiting calls return CANCELLED; waits for the
   // threads of CheckpointAsync. Idempotent. Checkpoint still works after it
   // (the final checkpoint at shutdown).
@@ -159,6 +164,7 @@ class Checkpointer {
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool steps_ended_ ABSL_GUARDED_BY(mu_) = false;  // EndWaitsForSteps.
   // Threads of CheckpointAsync; each sets its flag as the last thing it
   // does, and is joined by the next CheckpointAsync or by Stop.
   struct CallThread {

@@ -10,17 +10,15 @@
 
 namespace optstate {
 
-grpc::ServerUnaryReactor* StartCheckpointCall(Checkpointer* checkpointer,
-                                              grpc::CallbackServerContext* context,
-                                              const std::string& tenant, bool all_tenants,
-                                              const v1::CheckpointRequest& request,
-                                              grpc::ByteBuffer* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+void StartCheckpointCall(Checkpointer* checkpointer, grpc::CallbackServerContext* context,
+                         grpc::ServerUnaryReactor* reactor, const std::string& tenant,
+                         bool all_tenants, const v1::CheckpointRequest& request,
+                         grpc::ByteBuffer* response) {
   if (checkpointer == nullptr) {
     reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                                  "this daemon keeps no checkpoints; start optstated with "
                                  "--state_dir"));
-    return reactor;
+    return;
   }
   CheckpointCall call;
   for (const std::string& name : request.groups()) call.groups.push_back(GroupKey{tenant, name});
@@ -32,7 +30,7 @@ grpc::ServerUnaryReactor* StartCheckpointCall(Checkpointer* checkpointer,
       reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                    "wait_for_step must be at most 2^64-2, the last step a page "
                                    "can take"));
-      return reactor;
+      return;
     }
     call.wait_for_step = request.wait_for_step();
   }
@@ -60,7 +58,6 @@ grpc::ServerUnaryReactor* StartCheckpointCall(Checkpointer* checkpointer,
                                   }
                                   reactor->Finish(ToGrpcStatus(status));
                                 });
-  return reactor;
 }
 
 void CheckpointStatsToProto(const CheckpointStats& stats, v1::GetStatsResponse* proto) {

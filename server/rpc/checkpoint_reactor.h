@@ -11,16 +11,15 @@
 
 namespace optstate {
 
-// Starts the call and returns its reactor; `checkpointer` may be null (no
-// --state_dir: FAILED_PRECONDITION). The reactor never blocks a gRPC thread.
+// Starts the call, which `reactor` finishes; `checkpointer` may be null (no
+// --state_dir: FAILED_PRECONDITION). Never blocks a gRPC thread.
 // A request naming no groups waits for `tenant`'s, or with `all_tenants`
 // (an admin, or a daemon without tenants) for every group. `response` gets
 // the serialized CheckpointResponse.
-grpc::ServerUnaryReactor* StartCheckpointCall(Checkpointer* checkpointer,
-                                              grpc::CallbackServerContext* context,
-                                              const std::string& tenant, bool all_tenants,
-                                              const v1::CheckpointRequest& request,
-                                              grpc::ByteBuffer* response);
+void StartCheckpointCall(Checkpointer* checkpointer, grpc::CallbackServerContext* context,
+                         grpc::ServerUnaryReactor* reactor, const std::string& tenant,
+                         bool all_tenants, const v1::CheckpointRequest& request,
+                         grpc::ByteBuffer* response);
 
 // The durability fields of GetStats (20-25).
 void CheckpointStatsToProto(const CheckpointStats& stats, v1::GetStatsResponse* proto);

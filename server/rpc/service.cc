@@ -1,6 +1,7 @@
-// RPC handlers: streams get reactors; unary calls parse their request
-// (raw_message.h) and answer inline (they only read counters or take the
-// store's lock briefly), except DeleteGroup, which waits on a worker.
+// RPC handlers: streams get reactors; unary calls are counted (unary_calls.h),
+// parse their request (raw_message.h) and answer inline (they only read
+// counters or take the store's lock briefly), except DeleteGroup, which waits
+// on a worker, and Checkpoint and RewindJob, on the checkpointer's threads.
 #include "server/rpc/service.h"
 
 #include <sys/random.h>
@@ -20,6 +21,7 @@
 #include "server/rpc/raw_message.h"
 #include "server/rpc/register_reactor.h"
 #include "server/rpc/step_reactor.h"
+#include "server/rpc/unary_calls.h"
 
 namespace optstate {
 
@@ -105,8 +107,8 @@ grpc::ServerUnaryReactor* OptimizerStateService::GetStats(grpc::CallbackServerCo
   absl::StatusOr<Caller> caller = CallerOf(context);
   absl::Status status = caller.ok() ? ParseRawMessage(*request, &parsed) : caller.status();
   if (status.ok()) status = FillStats(*caller, parsed, &reply);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  Reply(reactor, std::move(status), reply, response);
+  grpc::ServerUnaryReactor* reactor;
+  if (unary_calls_.Begin(context, &reactor)) Reply(reactor, std::move(status), reply, response);
   return reactor;
 }
 
@@ -202,8 +204,8 @@ grpc::ServerUnaryReactor* OptimizerStateService::ListGroups(grpc::CallbackServer
   absl::StatusOr<Caller> caller = CallerOf(context);
   absl::Status status = caller.ok() ? ParseRawMessage(*request, &parsed) : caller.status();
   if (status.ok()) status = FillGroupList(*caller, parsed, &reply);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  Reply(reactor, std::move(status), reply, response);
+  grpc::ServerUnaryReactor* reactor;
+  if (unary_calls_.Begin(context, &reactor)) Reply(reactor, std::move(status), reply, response);
   return reactor;
 }
 
@@ -246,15 +248,16 @@ grpc::ServerUnaryReactor* OptimizerStateService::DescribeGroup(grpc::CallbackSer
     }
     status = group.status();
   }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  Reply(reactor, std::move(status), reply, response);
+  grpc::ServerUnaryReactor* reactor;
+  if (unary_calls_.Begin(context, &reactor)) Reply(reactor, std::move(status), reply, response);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* OptimizerStateService::DeleteGroup(grpc::CallbackServerContext* context,
                                                              const grpc::ByteBuffer* request,
                                                              grpc::ByteBuffer* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  grpc::ServerUnaryReactor* reactor;
+  if (!unary_calls_.Begin(context, &reactor)) return reactor;
   v1::DeleteGroupRequest parsed;
   absl::StatusOr<Caller> caller = CallerOf(context);
   absl::StatusOr<LeaseClaim> lease = caller.ok() ? LeaseClaimOf(context) : caller.status();
@@ -304,22 +307,25 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* OptimizerStateService::ImportState(
 grpc::ServerUnaryReactor* OptimizerStateService::Checkpoint(grpc::CallbackServerContext* context,
                                                             const grpc::ByteBuffer* request,
                                                             grpc::ByteBuffer* response) {
+  grpc::ServerUnaryReactor* reactor;
+  if (!unary_calls_.Begin(context, &reactor)) return reactor;
   absl::StatusOr<Caller> caller = CallerOf(context);
   v1::CheckpointRequest parsed;
   absl::Status status = caller.ok() ? ParseRawMessage(*request, &parsed) : caller.status();
   if (!status.ok()) {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(ToGrpcStatus(status));
     return reactor;
   }
-  return StartCheckpointCall(checkpointer_, context, caller->tenant, caller->admin || !tenancy(),
-                             parsed, response);
+  StartCheckpointCall(checkpointer_, context, reactor, caller->tenant, caller->admin || !tenancy(),
+                      parsed, response);
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* OptimizerStateService::RewindJob(grpc::CallbackServerContext* context,
                                                            const grpc::ByteBuffer* request,
                                                            grpc::ByteBuffer* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  grpc::ServerUnaryReactor* reactor;
+  if (!unary_calls_.Begin(context, &reactor)) return reactor;
   absl::StatusOr<Caller> caller = CallerOf(context);
   absl::StatusOr<LeaseClaim> lease = caller.ok() ? LeaseClaimOf(context) : caller.status();
   v1::RewindJobRequest parsed;

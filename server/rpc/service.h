@@ -15,6 +15,7 @@
 #include "server/rpc/step_stream_metrics.h"
 #include "server/rpc/stream_registry.h"
 #include "server/rpc/tenant_stream_limit.h"
+#include "server/rpc/unary_calls.h"
 
 namespace optstate {
 
@@ -76,6 +77,12 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   void EndAllStreams() { streams_.EndAll(); }
   // Waits until every stream has finished, or `deadline`; whether all have.
   bool WaitForStreams(absl::Time deadline) { return streams_.WaitUntilEmpty(deadline); }
+  // Refuses new unary calls (UNAVAILABLE: the daemon is shutting down) from
+  // now on; the ones under way go on.
+  void RefuseNewCalls() { unary_calls_.StopAccepting(); }
+  // Waits until every unary call under way is answered, or `deadline`;
+  // whether all are.
+  bool WaitForCalls(absl::Time deadline) { return unary_calls_.WaitUntilNone(deadline); }
 
   grpc::ServerReadReactor<grpc::ByteBuffer>* RegisterGroup(grpc::CallbackServerContext* context,
                                                            grpc::ByteBuffer* response) override;
@@ -136,6 +143,7 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   StepEngine* const engine_;
   const size_t max_reply_bytes_;
   StreamRegistry streams_;
+  UnaryCalls unary_calls_;
   Checkpointer* const checkpointer_;
   RegionRegistry* const regions_;
   HeapTrimmer* const trimmer_;

@@ -1,7 +1,9 @@
 // SIGTERM ends every open stream (Step, RegisterGroup, ImportState,
 // ExportState) at once with UNAVAILABLE saying the daemon is shutting down,
 // and the daemon exits promptly: idle streams do not hold it for the grace
-// period.
+// period. A unary call under way (a Checkpoint being written) is answered
+// with its outcome; one waiting for a step that cannot come any more, and
+// one made during the shutdown, get UNAVAILABLE.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -319,6 +321,110 @@ TEST(ShutdownTest, WorkUnderWayIsAnsweredThenTheStreamEnds) {
     EXPECT_NE(status.error_message().find("shutting down"), std::string::npos)
         << status.error_message();
   }
+}
+
+// Registers `name` with `n` elements of zeros.
+void RegisterZeros(v1::OptimizerState::Stub* stub, const std::string& name, uint64_t n) {
+  grpc::ClientContext context;
+  v1::RegisterGroupResponse response;
+  auto writer = stub->RegisterGroup(&context, &response);
+  v1::RegisterGroupRequest request;
+  request.mutable_spec()->set_name(name);
+  request.mutable_spec()->set_num_elements(n);
+  ASSERT_TRUE(writer->Write(request));
+  writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+}
+
+// A Checkpoint being written when SIGTERM comes is answered with its id (it
+// is durable: the restart restores a checkpoint at least that new), not
+// cancelled; a call made meanwhile is told the daemon is shutting down.
+TEST(ShutdownTest, ACheckpointBeingWrittenIsAnsweredAndNewCallsAreRefused) {
+  const std::string state_dir =
+      ::testing::TempDir() + "/shutdown-checkpoint-" + std::to_string(getpid());
+  std::filesystem::remove_all(state_dir);
+  auto daemon = DaemonProcess::Start({"--threads=2", "--state_dir=" + state_dir});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto stub = v1::OptimizerState::NewStub(OwnChannel((*daemon)->target()));
+  // 384 MB of state: its checkpoint takes 0.2 s to seconds (it fsyncs), past
+  // the 250 ms gRPC's own shutdown gives calls.
+  RegisterZeros(stub.get(), "big", 32ull << 20);
+  grpc::Status checkpointed;
+  v1::CheckpointResponse checkpoint;
+  std::atomic<bool> answered{false};
+  std::thread calling([&] {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    checkpointed = stub->Checkpoint(&context, v1::CheckpointRequest(), &checkpoint);
+    answered = true;
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_FALSE(answered) << "the checkpoint was written in under 50 ms: nothing to test";
+  absl::StatusOr<int> exit_code;
+  std::thread stopping([&] { exit_code = (*daemon)->Stop(/*timeout_seconds=*/60); });
+  absl::SleepFor(absl::Milliseconds(50));
+  grpc::ClientContext stats_context;
+  v1::GetStatsResponse stats;
+  grpc::Status during = stub->GetStats(&stats_context, v1::GetStatsRequest(), &stats);
+  const bool still_writing = !answered;
+  calling.join();
+  stopping.join();
+  ASSERT_TRUE(still_writing) << "the checkpoint ended before the call made during the shutdown";
+  EXPECT_EQ(during.error_code(), grpc::StatusCode::UNAVAILABLE) << during.error_message();
+  EXPECT_NE(during.error_message().find("shutting down"), std::string::npos)
+      << during.error_message();
+  ASSERT_TRUE(checkpointed.ok()) << checkpointed.error_code() << ": "
+                                 << checkpointed.error_message();
+  EXPECT_FALSE(checkpoint.id().empty());
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
+
+  auto restarted = DaemonProcess::Start({"--threads=2", "--state_dir=" + state_dir});
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  auto restarted_stub = v1::OptimizerState::NewStub(OwnChannel((*restarted)->target()));
+  grpc::ClientContext restored_context;
+  v1::GetStatsResponse restored;
+  ASSERT_TRUE(restarted_stub->GetStats(&restored_context, v1::GetStatsRequest(), &restored).ok());
+  EXPECT_GE(restored.restored_checkpoint_id(), checkpoint.id());  // Names of 16 digits.
+  EXPECT_EQ(restored.num_groups(), 1u);
+  absl::StatusOr<int> restarted_exit = (*restarted)->Stop();
+  ASSERT_TRUE(restarted_exit.ok()) << restarted_exit.status();
+  std::filesystem::remove_all(state_dir);
+}
+
+// A Checkpoint waiting for a step that no stream will bring any more is
+// answered UNAVAILABLE (resend the steps and retry against the restarted
+// daemon) at SIGTERM, and does not hold the exit until its deadline.
+TEST(ShutdownTest, ACheckpointWaitingForAStepIsToldToRetryAndDoesNotHoldTheExit) {
+  const std::string state_dir =
+      ::testing::TempDir() + "/shutdown-waiting-" + std::to_string(getpid());
+  std::filesystem::remove_all(state_dir);
+  auto daemon = DaemonProcess::Start({"--threads=2", "--state_dir=" + state_dir});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto stub = v1::OptimizerState::NewStub(OwnChannel((*daemon)->target()));
+  RegisterZeros(stub.get(), "g", 16);
+  grpc::Status waited;
+  std::thread calling([&] {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    v1::CheckpointRequest request;
+    request.set_wait_for_step(3);
+    v1::CheckpointResponse response;
+    waited = stub->Checkpoint(&context, request, &response);
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  const absl::Time signalled = absl::Now();
+  absl::StatusOr<int> exit_code = (*daemon)->Stop(/*timeout_seconds=*/20);
+  const absl::Duration took = absl::Now() - signalled;
+  calling.join();
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
+  EXPECT_LT(took, absl::Seconds(2));
+  EXPECT_EQ(waited.error_code(), grpc::StatusCode::UNAVAILABLE) << waited.error_message();
+  EXPECT_NE(waited.error_message().find("shutting down"), std::string::npos)
+      << waited.error_message();
+  std::filesystem::remove_all(state_dir);
 }
 
 }  // namespace
