@@ -29,11 +29,14 @@ absl::StatusOr<StateDirLock> StateDirLock::Acquire(const std::string& state_dir)
     }
   }
   if (fd.get() < 0) {
-    return absl::InternalError(absl::StrCat("cannot open ", path, ": ", std::strerror(open_error),
-                                            open_error == EACCES || open_error == EROFS
-                                                ? " (give the daemon's user write access to "
-                                                  "--state_dir, or another --state_dir)"
-                                                : ""));
+    // Permissions and a read-only mount are the operator's to fix, as for
+    // every other file of the state_dir (file_util.h).
+    const bool fixable = open_error == EACCES || open_error == EPERM || open_error == EROFS;
+    const std::string message = absl::StrCat(
+        "cannot open ", path, ": ", std::strerror(open_error),
+        fixable ? " (give the daemon's user write access to --state_dir, or another --state_dir)"
+                : "");
+    return fixable ? absl::FailedPreconditionError(message) : absl::InternalError(message);
   }
   return LockOrRefuse(std::move(fd), state_dir, path, writable);
 }

@@ -23,7 +23,9 @@ class StateDirLock {
   StateDirLock(StateDirLock&&) = default;
   // Takes the lock without waiting. FAILED_PRECONDITION naming the holder's
   // process id when another process (or another lock in this one) holds it;
-  // the system's error when LOCK cannot be created. The holder's pid is
+  // FAILED_PRECONDITION when LOCK cannot be created for want of permission
+  // or on a read-only file system, INTERNAL with the system's error
+  // otherwise. The holder's pid is
   // written into LOCK for that message only: the flock, not the file's text,
   // is the lock. A LOCK this process may only read (another user's, or a
   // read-only state_dir) is locked all the same, without the pid.

@@ -6,6 +6,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/backends/cpu/cpu_backend.h"
 #include "server/base/thread_pool.h"
+#include "server/durability/state_dir_lock.h"
 #include "server/engine/state_store.h"
 
 namespace optstate {
@@ -72,6 +74,40 @@ TEST_F(CheckpointerTest, ASecondCheckpointerOnTheStateDirIsRefusedUntilTheFirstG
   first->reset();
   auto third = Checkpointer::OpenAndRestore(options_, &other, &backend_, false, &pool_);
   EXPECT_TRUE(third.ok()) << third.status();
+}
+
+// A state_dir the daemon's user may not write, with no LOCK in it yet, is
+// the operator's to fix: FAILED_PRECONDITION saying so (as every other write
+// refused for permission), not INTERNAL. Run as another user when root.
+TEST_F(CheckpointerTest, AStateDirWithoutWriteAccessIsAFailedPrecondition) {
+  std::filesystem::permissions(
+      dir_, std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec |
+                std::filesystem::perms::others_read | std::filesystem::perms::others_exec);
+  int code = -1;
+  std::string message;
+  if (getuid() != 0) {
+    absl::StatusOr<StateDirLock> lock = StateDirLock::Acquire(dir_);
+    code = static_cast<int>(lock.status().code());
+    message = std::string(lock.status().message());
+  } else {
+    // The child reports the code through its exit status.
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      if (setgid(65534) != 0 || setuid(65534) != 0) _exit(100);
+      _exit(static_cast<int>(StateDirLock::Acquire(dir_).status().code()));
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status));
+    ASSERT_NE(WEXITSTATUS(status), 100) << "could not become user 65534";
+    code = WEXITSTATUS(status);
+  }
+  std::filesystem::permissions(dir_, std::filesystem::perms::owner_all);
+  EXPECT_EQ(code, static_cast<int>(absl::StatusCode::kFailedPrecondition)) << message;
+  if (!message.empty()) {
+    EXPECT_THAT(message, HasSubstr("write access"));
+  }
 }
 
 // The flock is on LOCK's file, not its name: once LOCK is removed, a second
