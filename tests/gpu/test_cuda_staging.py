@@ -94,6 +94,42 @@ def test_cuda_parameters_step_as_the_cpu_path_given_the_same_gradients(daemon, d
     assert all(r() is None for r in buffers)
 
 
+def test_grad_scaler_unscales_in_place_and_the_step_sees_it(daemon):
+    """fp16 autocast with torch.amp.GradScaler on CUDA: unscale_ (explicit, for clipping,
+    or inside scaler.step) divides .grad in place on the device with no version change,
+    after backward's early copies; step() sees the changed fingerprints, copies again, and
+    steps what a CPU copy stepped with the unscaled gradients steps, bit for bit."""
+    gpu_model = MLP(seed=21).to(CUDA)
+    cpu_model = MLP(seed=21)
+    staged = RemoteAdamW(gpu_model.named_parameters(), lr=1e-2, target=daemon,
+                         name_prefix="cuda-scaler/gpu/", delete_on_close=True)
+    plain = RemoteAdamW(cpu_model.named_parameters(), lr=1e-2, target=daemon,
+                        name_prefix="cuda-scaler/cpu/", delete_on_close=True)
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 16)
+    for step in range(1, 11):
+        staged.zero_grad()
+        x, y = _batch(step, 0, CUDA)
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = F.mse_loss(gpu_model(x).float(), y)
+        scaler.scale(loss).backward()
+        torch.cuda.synchronize()  # backward's copies done: unscale_ makes them stale
+        if step % 2:
+            scaler.unscale_(staged)
+            torch.nn.utils.clip_grad_value_(gpu_model.parameters(), 1e-3)
+        skipped_before = scaler.get_scale()
+        scaler.step(staged)  # unscales here on even steps
+        scaler.update()
+        for p, q in zip(gpu_model.parameters(), cpu_model.parameters()):
+            q.grad = None if p.grad is None else p.grad.cpu()  # unscaled by now
+        if scaler.get_scale() >= skipped_before:  # the scaler did not skip this step
+            plain.step()
+        for (n, p), q in zip(gpu_model.named_parameters(), cpu_model.parameters()):
+            assert bits_equal(p.detach().cpu(), q.detach()), f"{n} at step {step}"
+    assert staged.stats()["staging"]["gradients_changed_in_place"] > 0
+    staged.close()
+    plain.close()
+
+
 def test_the_next_forward_reads_the_new_values_without_a_host_synchronize(daemon):
     """step() returns with the values' copies queued on the side stream; a forward launched
     right after (stream-ordered by the event wait, default or wait_in_forward) sees the

@@ -168,6 +168,61 @@ def test_a_gradient_changed_after_backward_or_replaced_is_what_the_step_uses(dae
     plain.close()
 
 
+def test_in_place_changes_that_move_no_version_counter_are_stepped_as_they_are(
+        daemon, prefix):
+    """GradScaler's unscale_ (torch._amp_foreach_non_finite_check_and_unscale_), an edit
+    through p.grad.data and a copy into p.grad.data (what a collective such as
+    dist.all_reduce of p.grad does) change the gradient after backward copied it without
+    moving its version counter: step() sees the change by the gradient's fingerprint,
+    copies it again, and steps what torch.optim.AdamW steps."""
+    plain_model, staged_model = MLP(seed=15), MLP(seed=15)
+    plain = RemoteAdamW(plain_model.named_parameters(), lr=1e-2, target=daemon.target,
+                        name_prefix=prefix + "plain/")
+    staged = RemoteAdamW(staged_model.named_parameters(), lr=1e-2, target=daemon.target,
+                         name_prefix=prefix + "staged/", staging="always")
+    reference_model = MLP(seed=15)
+    reference = torch.optim.AdamW(reference_model.parameters(), lr=1e-2, foreach=False)
+    scalers = [torch.amp.GradScaler("cpu", init_scale=2.0 ** 16) for _ in range(3)]
+    trainable = len(_trainable(staged_model))
+    for step in range(1, 7):
+        for model, opt, scaler in zip((plain_model, staged_model, reference_model),
+                                      (plain, staged, reference), scalers):
+            opt.zero_grad()
+            x, y = _batch(step, 0)
+            scaler.scale(F.mse_loss(model(x), y)).backward()
+            if opt is staged:
+                # Backward's copies are done before the edits below (on a GPU they
+                # usually are: the edits queue behind backward): each edit comes after
+                # the copy it makes stale.
+                for p in staged_model.parameters():
+                    if p.grad is not None:
+                        staged._staging._slots[id(p)].grad_copied.synchronize()
+            if step % 3 == 1:
+                scaler.unscale_(opt)  # as before clipping
+                for p in model.parameters():
+                    if p.grad is not None:
+                        p.grad.data.clamp_(-1e-3, 1e-3)
+            elif step % 3 == 2:
+                scaler.unscale_(opt)
+                for p in model.parameters():
+                    if p.grad is not None:  # a collective's result written in place
+                        p.grad.data.copy_(p.grad * 0.5)
+            version = [p.grad._version for p in model.parameters() if p.grad is not None]
+            scaler.step(opt)  # step 3: unscales inside
+            scaler.update()
+        for (n, p), q, r in zip(plain_model.named_parameters(), staged_model.parameters(),
+                                reference_model.parameters()):
+            assert bits_equal(q.detach(), p.detach()), f"{n} at step {step}"
+            assert torch.allclose(q.detach(), r.detach(), rtol=1e-6, atol=1e-7), n
+    assert version == [p.grad._version for p in staged_model.parameters()
+                       if p.grad is not None], "the edits moved version counters: no test"
+    stats = staged.stats()["staging"]
+    assert stats["gradients_changed_in_place"] == 6 * trainable
+    assert stats["gradients_copied_at_step"] == 6 * trainable
+    staged.close()
+    plain.close()
+
+
 def test_a_16_bit_model_stages_its_own_bytes_and_the_daemon_keeps_fp32_masters(daemon, prefix):
     """bfloat16 parameters: slots of 2 bytes per element for gradient and values; the
     params and the daemon's fp32 master weights equal the plain path's bit for bit."""

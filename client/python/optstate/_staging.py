@@ -5,10 +5,14 @@ A gradient is copied device-to-host on a side stream as soon as it is final (a
 post-accumulate-grad hook, or DDP's comm hook after the bucket's all-reduce); step() hands
 the daemon the host slots and, once it returns, copies each parameter's new values back on
 the side stream; the next use waits for that copy by a stream wait (an event), never by a
-global synchronize. Which gradient a slot holds is known by the tensor it was copied from
-and its version counter, so a gradient changed after its copy (torch's clip_grad_norm_,
-another micro-batch, anything in place) is copied again at step(): the hooks only move the
-copy earlier, they never decide what is stepped.
+global synchronize. Which gradient a slot holds is known by the tensor it was copied from,
+its version counter and its fingerprint (a sum of its bits, taken on the copy's stream
+just before the copy: a change while the copy runs, which the side stream does not wait
+for, changes it too), so a gradient changed after its copy is copied again at step():
+torch's clip_grad_norm_, another micro-batch or anything in place moves the version
+counter; GradScaler's unscale_, a collective on p.grad (dist.all_reduce) or an edit through
+p.grad.data do not, and change the fingerprint. The hooks only move the copy earlier, they
+never decide what is stepped.
 
 The copy engines are the only device-specific part: CudaCopies (streams, events, pinned
 or cudaHostRegister-ed memory) and HostCopies, which stages CPU tensors through the same
@@ -37,6 +41,13 @@ _ALIGN = 64  # Each slot starts on a cache line (and the daemon's zero-copy path
 # How long HostCopies' worker waits before each copy: 0, except in tests, which widen the
 # window a missing wait would lose (the copy then lands after the reader has read).
 HOST_COPY_DELAY_S = 0.0
+
+
+def _fingerprint(t: torch.Tensor) -> torch.Tensor:
+    """The sum of t's elements' bits as integers (an int64 0-d tensor on t's device): an
+    in-place change of any element changes it, but for changes that cancel exactly."""
+    bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t.view(bits).sum(dtype=torch.int64)
 
 
 class _HostEvent:
@@ -77,13 +88,15 @@ class HostCopies:
     def unregister(self, buffer: torch.Tensor) -> None:
         pass
 
-    def _issue(self, target: torch.Tensor, source: torch.Tensor) -> _HostEvent:
+    def _issue(self, target: torch.Tensor, source: torch.Tensor,
+               fingerprint: Optional[torch.Tensor] = None) -> _HostEvent:
         if self._worker is None:
             self._worker = threading.Thread(target=self._run, name="optstate-staging",
                                             daemon=True)
             self._worker.start()
         event = _HostEvent()
-        self._queue.put((target, source, event))  # the tensors stay alive until copied
+        # The tensors stay alive until copied.
+        self._queue.put((target, source, fingerprint, event))
         return event
 
     def _run(self) -> None:
@@ -91,20 +104,30 @@ class HostCopies:
             item = self._queue.get()
             if item is None:
                 return
-            target, source, event = item
+            target, source, fingerprint, event = item
             try:
                 if HOST_COPY_DELAY_S:
                     time.sleep(HOST_COPY_DELAY_S)
+                if fingerprint is not None:
+                    fingerprint.copy_(_fingerprint(source))
                 target.copy_(source)
             except BaseException as e:  # raised to whoever waits for it
                 event.error = e
             event._done.set()
 
-    def to_host(self, source: torch.Tensor, slot: torch.Tensor) -> _HostEvent:
-        return self._issue(slot, source)
+    def to_host(self, source: torch.Tensor, slot: torch.Tensor):
+        """Copies source into slot: (its event, source's fingerprint taken just before the
+        copy, ready once the event is)."""
+        fingerprint = torch.zeros((), dtype=torch.int64)
+        return self._issue(slot, source, fingerprint), fingerprint
 
     def to_device(self, slot: torch.Tensor, target: torch.Tensor) -> _HostEvent:
         return self._issue(target, slot)
+
+    def changed(self, sources: list, fingerprints: list) -> list:
+        """Whether each source's fingerprint now differs from the one given (the copies
+        that took those are done: their events were waited for)."""
+        return [bool(_fingerprint(s) != f) for s, f in zip(sources, fingerprints)]
 
     def wait_on_stream(self, event: _HostEvent) -> None:
         event.synchronize()
@@ -148,13 +171,27 @@ class CudaCopies:
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
 
     def to_host(self, source: torch.Tensor, slot: torch.Tensor):
+        """Copies source into slot: (its event, source's fingerprint taken just before the
+        copy, a device tensor of the side stream, ready once the event is)."""
         self._after_current()
         with torch.cuda.stream(self.stream):
+            fingerprint = _fingerprint(source)
             slot.copy_(source, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self.stream)
         source.record_stream(self.stream)
-        return event
+        return event, fingerprint
+
+    def changed(self, sources: list, fingerprints: list) -> list:
+        """Whether each source's fingerprint now differs from the one given: computed on the
+        side stream after what the current stream has queued, read back in one copy."""
+        self._after_current()
+        with torch.cuda.stream(self.stream):
+            now = torch.stack([_fingerprint(s) for s in sources])
+            differs = torch.ne(now, torch.stack(fingerprints)).cpu()
+        for s in sources:
+            s.record_stream(self.stream)
+        return differs.tolist()
 
     def to_device(self, slot: torch.Tensor, target: torch.Tensor):
         self._after_current()
@@ -188,6 +225,8 @@ class _Slot:
     # the reference is None for a copy from a DDP bucket (then the pointer identifies it:
     # the bucket's memory lives as long as the DDP model).
     staged: Optional[tuple] = None
+    fingerprint: Any = None  # of the gradient just before the last copy read it
+    to_check: Any = None  # the gradient step() takes from an earlier copy: recopy_changed
     grad_copied: Any = None  # event of the last gradient copy
     values_copied: Any = None  # event of the last values copy (host slot -> device)
     waiting: bool = False  # values copied back and not yet waited for by a stream
@@ -198,6 +237,8 @@ class _Slot:
 class _Counters:
     gradients_copied_early: int = 0  # in backward (hook) or in DDP's comm hook
     gradients_copied_at_step: int = 0  # changed after the early copy, or no early copy
+    # Of those, copied again because their fingerprint changed with no version change.
+    gradients_changed_in_place: int = 0
     values_copied: int = 0
 
 
@@ -319,9 +360,11 @@ class Staging:
             self._copy_gradient(slot, p.grad, weakref.ref(p.grad), early=True)
 
     def _copy_gradient(self, slot: _Slot, source: torch.Tensor, reference, early: bool) -> None:
-        event = slot.copies.to_host(source.detach(), slot.grad)
+        event, fingerprint = slot.copies.to_host(source.detach(), slot.grad)
         with self._lock:
             slot.staged = (reference, source.data_ptr(), source._version)
+            slot.fingerprint = fingerprint
+            slot.to_check = None
             slot.grad_copied = event
             if early:
                 self._counters.gradients_copied_early += 1
@@ -344,9 +387,34 @@ class Staging:
         slot = self._slots[id(p)]
         with self._lock:
             current = self._holds_current(slot, grad)
+            if current:
+                slot.to_check = grad
         if not current:
             self._copy_gradient(slot, grad, weakref.ref(grad), early=False)
         return slot.grad
+
+    def recopy_changed(self, params) -> None:
+        """Copies again each of `params`' gradients that gradient() took from an earlier
+        copy and that changed in place since without moving its version counter
+        (GradScaler's unscale_, dist.all_reduce of p.grad, p.grad.data edits): its
+        fingerprint now differs from the copy's. Call after wait_for_gradients(params);
+        waits for the copies it makes."""
+        by_engine: dict[Any, list] = {}
+        with self._lock:
+            for p in params:
+                slot = self._slots[id(p)]
+                if slot.to_check is not None:
+                    by_engine.setdefault(slot.copies, []).append((slot, slot.to_check))
+                    slot.to_check = None
+        for copies, checked in by_engine.items():
+            changed = copies.changed([grad for _, grad in checked],
+                                     [slot.fingerprint for slot, _ in checked])
+            for (slot, grad), differs in zip(checked, changed):
+                if differs:
+                    self._copy_gradient(slot, grad, weakref.ref(grad), early=False)
+                    with self._lock:
+                        self._counters.gradients_changed_in_place += 1
+                    slot.grad_copied.synchronize()
 
     def wait_for_gradients(self, params) -> None:
         """Blocks until the gradient copies of `params` are in their host slots."""
@@ -361,7 +429,7 @@ class Staging:
             return float(value)
         copies = self._copies_for(value.device)
         host = torch.empty(1, dtype=value.dtype, pin_memory=True)
-        copies.to_host(value.reshape(1), host).synchronize()
+        copies.to_host(value.reshape(1), host)[0].synchronize()
         return float(host[0])
 
     # -- values --------------------------------------------------------------------------

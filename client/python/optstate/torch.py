@@ -1436,6 +1436,7 @@ class RemoteAdamW(torch.optim.Optimizer):
             self._adopt_values(p, reg)
         for params in staged.values():
             staging.wait_for_gradients(params)
+            staging.recopy_changed(params)
         # clip_grad_norm_'s scale, applied by the daemon to every gradient of this step.
         grad_scale = None
         if self._grad_scale is not None and calls:
