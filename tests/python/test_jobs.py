@@ -150,6 +150,73 @@ def test_resume_daemon_continues_bit_identical_with_the_lr(fresh_daemons, prefix
     opt.close()
 
 
+_RESUMED_SCHEDULES = {
+    "warmup then cosine": lambda o: torch.optim.lr_scheduler.SequentialLR(
+        o, [torch.optim.lr_scheduler.LinearLR(o, 0.1, 1.0, total_iters=3),
+            torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=9)], milestones=[3]),
+    "chained": lambda o: torch.optim.lr_scheduler.ChainedScheduler(
+        [torch.optim.lr_scheduler.ExponentialLR(o, 0.95),
+         torch.optim.lr_scheduler.StepLR(o, 4, 0.5)]),
+    "warm restarts": lambda o: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(
+        o, T_0=3, T_mult=2),
+}
+
+
+@pytest.mark.parametrize("schedule", sorted(_RESUMED_SCHEDULES))
+def test_resume_scheduler_rebuilds_composite_and_cycling_schedules(daemon, prefix, schedule):
+    """SequentialLR (its current scheduler at its own epoch), ChainedScheduler (each of
+    its schedulers) and CosineAnnealingWarmRestarts (its place in a cycle) resumed after 7
+    of 12 steps: every later lr and the final parameters equal an uninterrupted run's."""
+    make = _RESUMED_SCHEDULES[schedule]
+    data = batches(12)
+    expected_model = MLP()
+    expected_opt = RemoteAdamW(expected_model.named_parameters(), 1e-2, target=daemon.target,
+                               name_prefix=prefix + "alone/", delete_on_close=True)
+    expected_sched = make(expected_opt)
+    expected_lrs = []
+    for batch in data:
+        train(expected_model, expected_opt, [batch], expected_sched)
+        expected_lrs.append(expected_opt.param_groups[0]["lr"])
+    expected_opt.close()
+
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=daemon.target,
+                      name_prefix=prefix + "job/")
+    train(model, opt, data[:7], make(opt))
+    opt.close()
+    restarted = fresh_model(7)
+    opt = RemoteAdamW(restarted.named_parameters(), 1e-2, target=daemon.target,
+                      name_prefix=prefix + "job/", resume="daemon", takeover=True,
+                      delete_on_close=True)
+    sched = make(opt)
+    opt.resume_scheduler(sched)
+    lrs = [opt.param_groups[0]["lr"]]
+    for batch in data[7:]:
+        train(restarted, opt, [batch], sched)
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs == expected_lrs[6:]
+    assert same(params(restarted), params(expected_model))
+    opt.close()
+
+
+def test_resume_scheduler_refuses_what_it_cannot_rebuild(daemon, prefix):
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=daemon.target,
+                      name_prefix=prefix)
+    train(model, opt, batches(2))
+    opt.close()
+    opt = RemoteAdamW(fresh_model(7).named_parameters(), 1e-2, target=daemon.target,
+                      name_prefix=prefix, resume="daemon", takeover=True, delete_on_close=True)
+    with pytest.raises(ValueError, match="ReduceLROnPlateau.*state_dict"):
+        opt.resume_scheduler(torch.optim.lr_scheduler.ReduceLROnPlateau(opt))
+    stepped = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
+    with pytest.warns(UserWarning, match="before `optimizer.step"):
+        stepped.step()  # (torch warns: no step of this process came first)
+    with pytest.raises(ValueError, match="stepped 1 times since it was made"):
+        opt.resume_scheduler(stepped)
+    opt.close()
+
+
 def test_resume_takes_the_daemons_hyperparameters_over_the_constructors(fresh_daemons, prefix):
     # A restarted trainer constructed with other hyperparameters than the run it resumes:
     # registration answered ALREADY_EXISTS, "Delete it first", which would destroy the job.

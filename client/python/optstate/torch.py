@@ -7,6 +7,7 @@ torch.optim.AdamW's default CPU step, op for op (docs/exactness.md).
 """
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import time
@@ -284,6 +285,65 @@ def _target_of(client: Client):
     if len(members) == 1 and members[0]["identity"] == members[0]["target"]:
         return client.target
     return members
+
+
+def _held_schedulers(scheduler) -> list:
+    """The schedulers a SequentialLR or ChainedScheduler steps for it."""
+    from torch.optim import lr_scheduler
+
+    if isinstance(scheduler, (lr_scheduler.SequentialLR, lr_scheduler.ChainedScheduler)):
+        return list(scheduler._schedulers)
+    return []
+
+
+def _check_schedulers_fresh(scheduler) -> None:
+    """ValueError for a ReduceLROnPlateau anywhere in `scheduler`, or a scheduler stepped
+    since it was made (its own first step aside)."""
+    from torch.optim import lr_scheduler
+
+    if isinstance(scheduler, lr_scheduler.ReduceLROnPlateau):
+        raise ValueError("resume_scheduler() cannot rebuild ReduceLROnPlateau: its lr "
+                         "depends on the metrics it was given; save its state_dict() with "
+                         "your checkpoint and load it instead")
+    held = _held_schedulers(scheduler)
+    if not held and getattr(scheduler, "last_epoch", 0) > 0:
+        raise ValueError(f"the scheduler ({type(scheduler).__name__}) was stepped "
+                         f"{scheduler.last_epoch} times since it was made: make it anew, "
+                         "as at the job's start, and call resume_scheduler() before any "
+                         "step")
+    for inner in held:
+        _check_schedulers_fresh(inner)
+
+
+def _place_scheduler(scheduler, epoch: int) -> None:
+    """Puts `scheduler` where `opt.step(); sched.step()` left it after `epoch` loop steps
+    (its last_epoch, the step count torch keeps; a SequentialLR's current scheduler at its
+    own epoch since its milestone, each of a ChainedScheduler's; a
+    CosineAnnealingWarmRestarts' position in its cycle), so that one step() goes on as the
+    loop's next did."""
+    from torch.optim import lr_scheduler
+
+    if isinstance(scheduler, lr_scheduler.SequentialLR):
+        index = bisect.bisect_right(scheduler._milestones, epoch)
+        start = scheduler._milestones[index - 1] if index > 0 else 0
+        _place_scheduler(scheduler._schedulers[index], epoch - start)
+    elif isinstance(scheduler, lr_scheduler.ChainedScheduler):
+        for inner in scheduler._schedulers:
+            _place_scheduler(inner, epoch)
+    elif isinstance(scheduler, lr_scheduler.CosineAnnealingWarmRestarts):
+        # Its step(): T_cur + 1, wrapping to 0 (and T_i times T_mult) at T_i.
+        t_i, t_cur = scheduler.T_0, epoch
+        if scheduler.T_mult == 1:
+            t_cur %= t_i
+        else:
+            while t_cur >= t_i:
+                t_cur -= t_i
+                t_i *= scheduler.T_mult
+        scheduler.T_i, scheduler.T_cur = t_i, t_cur
+    if hasattr(scheduler, "last_epoch"):
+        scheduler.last_epoch = epoch
+    if hasattr(scheduler, "_step_count"):
+        scheduler._step_count = epoch + 1  # the first step() at construction counts
 
 
 class RemoteAdamW(torch.optim.Optimizer):
@@ -1639,21 +1699,26 @@ class RemoteAdamW(torch.optim.Optimizer):
         """Puts a torch LR scheduler made for this optimizer where the resumed job's was:
         after ``resumed_step`` optimizer steps and as many scheduler steps (the trainer's
         loop is ``opt.step(); sched.step()``). Make it as at the job's start, then call
-        this; it sets each param group's lr back to its last step's and steps the
-        scheduler once from ``last_epoch = resumed_step - 1``, as the loop did, so chainable
+        this; it sets each param group's lr back to its last step's, puts the scheduler
+        (and those a SequentialLR or ChainedScheduler holds, and a
+        CosineAnnealingWarmRestarts' cycle) where the loop left them after
+        ``resumed_step - 1`` steps and steps it once, as the loop did, so chainable
         schedules (ExponentialLR, ...) and closed-form ones (LambdaLR, ...) both go on
         with the lr of step ``resumed_step + 1``. ValueError unless this optimizer resumed
-        (``resume="daemon"`` with the daemon's record of the last step)."""
+        (``resume="daemon"`` with the daemon's record of the last step), for a scheduler
+        already stepped since it was made, and for ReduceLROnPlateau, whose lr depends on
+        the metrics it was given (restore it from its state_dict())."""
         if self.resumed_step == 0 or not self._resumed_lrs:
             raise ValueError("resume_scheduler() needs an optimizer made with resume='daemon' "
                              "that found the job at a step > 0, with the daemon's record of "
                              "the last step's lr")
-        if scheduler.optimizer is not self:
+        if getattr(scheduler, "optimizer", None) is not self:
             raise ValueError("the scheduler was made for another optimizer")
+        _check_schedulers_fresh(scheduler)
         for group in self.param_groups:
             if id(group) in self._resumed_lrs:
                 group["lr"] = self._resumed_lrs[id(group)]
-        scheduler.last_epoch = self.resumed_step - 1
+        _place_scheduler(scheduler, self.resumed_step - 1)
         with warnings.catch_warnings():
             # torch warns when a scheduler steps before the optimizer: here the optimizer
             # stepped, on the daemon, before this process existed.
