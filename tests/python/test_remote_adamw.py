@@ -800,6 +800,38 @@ def test_a_clip_coefficient_applies_only_to_the_gradients_it_measured(daemon, pr
 
 
 @pytest.mark.parametrize("shared_buffers", [False, True])
+def test_a_clip_stands_for_the_clipped_gradients_until_they_change(daemon, prefix,
+                                                                    shared_buffers):
+    # torch's clip scales .grad for good: stepping again on the same gradients steps the
+    # clipped ones again. After zero_grad(set_to_none=False) and a new backward the
+    # gradients are no longer those the clip measured: they step unscaled.
+    gen = torch.Generator().manual_seed(78)
+    params = [torch.nn.Parameter(torch.randn(n, generator=gen)) for n in (64, 33)]
+    chain = [[p.detach().clone(), torch.zeros_like(p), torch.zeros_like(p)] for p in params]
+    opt = RemoteAdamW(params, lr=1e-2, target=daemon.target, name_prefix=prefix,
+                      shared_buffers=shared_buffers)
+    grads = [torch.randn(p.shape, generator=gen) for p in params]
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    opt.clip_grad_norm_(0.5)
+    clipped = [g.clone() for g in grads]
+    assert _torch_clip_(clipped, 0.5).item() > 0.5, "the clip must scale for this test"
+    opt.step()
+    opt.step()  # the same gradients: torch steps its clipped .grad twice
+    _reference_step(chain, clipped, 1, 1e-2)
+    _reference_step(chain, clipped, 2, 1e-2)
+    _assert_matches(opt, params, chain, "two steps after one clip")
+    opt.zero_grad(set_to_none=False)
+    fresh = [torch.randn(p.shape, generator=gen) for p in params]
+    for p, g in zip(params, fresh):
+        p.grad.add_(g)  # a new backward into the zeroed gradients
+    opt.step()
+    _reference_step(chain, fresh, 3, 1e-2)
+    _assert_matches(opt, params, chain, "a new backward after the clipped steps")
+    opt.close()
+
+
+@pytest.mark.parametrize("shared_buffers", [False, True])
 def test_a_step_retried_after_a_failure_keeps_the_clip_coefficient(daemon, prefix,
                                                                     shared_buffers):
     # A step that failed on the way (here UNAVAILABLE before anything reached the daemon)

@@ -578,6 +578,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._staging = Staging(cpu_test_switch=staging == "always")
         self._grad_scale: Optional[torch.Tensor] = None
         self._grad_norm_type = 2.0  # clip_grad_norm_'s, with _grad_scale
+        self._clip_stepped = False  # a step applied _grad_scale since clip_grad_norm_
         # (gradient, its _version, _own_writes of it) as clip_grad_norm_ measured them.
         self._clipped: list = []
         self._clipped_at: dict[int, int] = {}  # id(gradient) -> its index in _clipped
@@ -1568,9 +1569,10 @@ class RemoteAdamW(torch.optim.Optimizer):
             for p, values in unstrided.get(key, ()):
                 p.data.copy_(values)  # p.data: no version counter moves (_adopt_values)
         self._finish_to = None
-        if calls:
-            self._grad_scale = None  # clip_grad_norm_'s scale is for one step
-            self._clipped, self._clipped_at = [], {}
+        if calls and self._grad_scale is not None:
+            # torch's clip scaled .grad for good: a gradient it measured that is stepped
+            # again unchanged is still the clipped one (_keep_clip_...).
+            self._clip_stepped = True
         if self._shard:
             self._broadcast()
 
@@ -1602,6 +1604,7 @@ class RemoteAdamW(torch.optim.Optimizer):
                                                    foreach)
         self._grad_scale = torch.clamp(float(max_norm) / (total_norm + 1e-6), max=1.0)
         self._grad_norm_type = float(norm_type)
+        self._clip_stepped = False
         self._clipped = [(g, g._version, self._own_writes(g)) for g in grads]
         self._clipped_at = {id(g): i for i, g in enumerate(grads)}
         return total_norm
@@ -1636,10 +1639,13 @@ class RemoteAdamW(torch.optim.Optimizer):
         gradient it measured that was changed in place since (torch's own clip after it,
         which measured the gradients unscaled; another backward adding into it) refuses the
         step, nothing sent: torch would have changed the clipped gradient, and no scale
-        applied now gives that. Returns whether the gradients are all those it measured
-        (the same tensors in .grad)."""
+        applied now gives that. After a step applied the coefficient, the gradients are
+        torch's clipped ones for good: one stepped again unchanged is scaled again, and
+        one changed in place since the step (zero_grad() and a new backward) is no longer
+        the clipped one and steps unscaled. Returns whether the gradients are all those it
+        measured (the same tensors in .grad, unchanged)."""
         at, clipped = self._clipped_at, self._clipped
-        measured, count = [], 0
+        measured, count, after_step = [], 0, self._clip_stepped
         for group in self.param_groups:
             for p in group["params"]:
                 g = p.grad
@@ -1648,6 +1654,8 @@ class RemoteAdamW(torch.optim.Optimizer):
                 count += 1
                 i = at.get(id(g))
                 if i is None or clipped[i][0] is not g:
+                    continue
+                if after_step and not self._unchanged(clipped[i]):
                     continue
                 if not self._unchanged(clipped[i]):
                     raise errors.InvalidArgument(
@@ -1664,6 +1672,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         scale = self._grad_scale
         self._grad_scale = None
         self._clipped, self._clipped_at = [], {}
+        self._clip_stepped = False
         for g in measured:
             g.mul_(scale.to(g.device))
         return False
