@@ -220,20 +220,22 @@ void Checkpointer::RunTimer() {
 
 void Checkpointer::CheckpointAsync(CheckpointCall call,
                                    std::function<void(absl::StatusOr<CheckpointOutcome>)> done) {
+  const std::string tenant = call.tenant.value_or("");
   OnCallThread([this, call = std::move(call), done] { done(Checkpoint(call)); },
-               [done](absl::Status refused) { done(refused); }, "Checkpoint");
+               [done](absl::Status refused) { done(refused); }, "Checkpoint", tenant);
 }
 
 void Checkpointer::RewindAsync(JobRewindRequest request, CheckpointCall after,
                                std::function<void(absl::StatusOr<JobRewindOutcome>)> done) {
+  const std::string tenant = request.tenant;
   OnCallThread([this, request = std::move(request), after = std::move(after),
                 done] { done(Rewind(request, after)); },
-               [done](absl::Status refused) { done(refused); }, "RewindJob");
+               [done](absl::Status refused) { done(refused); }, "RewindJob", tenant);
 }
 
 void Checkpointer::OnCallThread(std::function<void()> work,
                                 const std::function<void(absl::Status)>& refuse,
-                                absl::string_view what) {
+                                absl::string_view what, const std::string& tenant) {
   std::vector<CallThread> finished;
   absl::Status refused;
   {
@@ -246,7 +248,14 @@ void Checkpointer::OnCallThread(std::function<void()> work,
                                   [](const CallThread& c) { return !c.finished->load(); });
     std::move(running, calls_.end(), std::back_inserter(finished));
     calls_.erase(running, calls_.end());
-    if (calls_.size() >= kMaxCallsInFlight) {
+    const size_t of_tenant = std::count_if(calls_.begin(), calls_.end(),
+                                           [&](const CallThread& c) { return c.tenant == tenant; });
+    if (of_tenant >= kMaxCallsPerTenant) {
+      refused = absl::ResourceExhaustedError(
+          absl::StrCat(kMaxCallsPerTenant,
+                       " Checkpoint and RewindJob calls of this tenant are already waiting; "
+                       "wait for one to return (give calls that wait for a step a deadline)"));
+    } else if (calls_.size() >= kMaxCallsInFlight) {
       refused = absl::ResourceExhaustedError(
           absl::StrCat(kMaxCallsInFlight,
                        " Checkpoint and RewindJob calls are already waiting; wait for one "
@@ -258,7 +267,7 @@ void Checkpointer::OnCallThread(std::function<void()> work,
                                       work();
                                       flag->store(true);
                                     }),
-                                    flag});
+                                    flag, tenant});
       } catch (const std::system_error& e) {
         refused = absl::UnavailableError(
             absl::StrCat("no thread could be started for the ", what, " call: ", e.what()));

@@ -90,8 +90,13 @@ class Checkpointer {
   // restored: writes_refused()); the writer's errors.
   absl::StatusOr<CheckpointOutcome> Checkpoint(const CheckpointCall& call);
   // Checkpoint on a thread of its own; `done` runs on that thread, or at
-  // once with RESOURCE_EXHAUSTED when kMaxCallsInFlight calls are waiting.
-  static constexpr size_t kMaxCallsInFlight = 64;
+  // once with RESOURCE_EXHAUSTED when kMaxCallsPerTenant calls of the
+  // call's tenant (CheckpointCall::tenant; unset: "", as for every call of a
+  // daemon without tenants), or kMaxCallsInFlight in all, are waiting. One
+  // tenant's waiting calls (each may wait for a step until its deadline)
+  // then leave room for the others'.
+  static constexpr size_t kMaxCallsPerTenant = 64;
+  static constexpr size_t kMaxCallsInFlight = 512;
   void CheckpointAsync(CheckpointCall call,
                        std::function<void(absl::StatusOr<CheckpointOutcome>)> done);
 
@@ -136,10 +141,11 @@ class Checkpointer {
                StepBackend* backend);
   void RunTimer();
   // Runs `work` on a call thread (joined by Stop), or `refuse`s it with
-  // CANCELLED when stopping, RESOURCE_EXHAUSTED past kMaxCallsInFlight,
-  // UNAVAILABLE when no thread starts. `what` names the call.
+  // CANCELLED when stopping, RESOURCE_EXHAUSTED past kMaxCallsPerTenant
+  // calls of `tenant` or kMaxCallsInFlight in all, UNAVAILABLE when no
+  // thread starts. `what` names the call.
   void OnCallThread(std::function<void()> work, const std::function<void(absl::Status)>& refuse,
-                    absl::string_view what) ABSL_LOCKS_EXCLUDED(mu_);
+                    absl::string_view what, const std::string& tenant) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status WaitForStep(const std::vector<std::shared_ptr<Group>>& groups, uint64_t step,
                            const CheckpointCall& call);
   void Record(const absl::StatusOr<CheckpointOutcome>& outcome, absl::Duration took);
@@ -170,6 +176,7 @@ class Checkpointer {
   struct CallThread {
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> finished;
+    std::string tenant;
   };
   std::vector<CallThread> calls_ ABSL_GUARDED_BY(mu_);
   CheckpointStats stats_ ABSL_GUARDED_BY(mu_);

@@ -46,34 +46,48 @@ void StartCheckpointCall(Checkpointer* checkpointer, grpc::CallbackServerContext
     call.deadline = given - margin;
   }
   call.cancelled = [context] { return context->IsCancelled(); };
-  checkpointer->CheckpointAsync(std::move(call),
-                                [reactor, response](absl::StatusOr<CheckpointOutcome> outcome) {
-                                  absl::Status status = outcome.status();
-                                  if (outcome.ok()) {
-                                    v1::CheckpointResponse reply;
-                                    reply.set_id(outcome->id);
-                                    reply.set_step(outcome->step);
-                                    reply.set_bytes(outcome->bytes);
-                                    status = SerializeRawMessage(reply, response);
-                                  }
-                                  reactor->Finish(ToGrpcStatus(status));
-                                });
+  checkpointer->CheckpointAsync(std::move(call), [reactor, response, all_tenants, checkpointer](
+                                                     absl::StatusOr<CheckpointOutcome> outcome) {
+    absl::Status status = outcome.status();
+    if (outcome.ok()) {
+      v1::CheckpointResponse reply;
+      reply.set_id(outcome->id);
+      reply.set_step(outcome->step);
+      // The checkpoint holds every tenant's groups: its size is not a
+      // tenant's to know.
+      if (all_tenants) reply.set_bytes(outcome->bytes);
+      status = SerializeRawMessage(reply, response);
+    } else if (!all_tenants && !checkpointer->writes_refused().empty() &&
+               status.message() == checkpointer->writes_refused()) {
+      status = absl::FailedPreconditionError(kRefusalsForAdmins);
+    }
+    reactor->Finish(ToGrpcStatus(status));
+  });
 }
 
-void CheckpointStatsToProto(const CheckpointStats& stats, v1::GetStatsResponse* proto) {
+void CheckpointStatsToProto(const CheckpointStats& stats, bool whole_daemon,
+                            v1::GetStatsResponse* proto) {
   if (stats.last) {
     v1::CheckpointInfo* last = proto->mutable_last_checkpoint();
     last->set_id(stats.last->id);
-    last->set_step(stats.last->step);
-    last->set_bytes(stats.last->bytes);
+    if (whole_daemon) {
+      last->set_step(stats.last->step);
+      last->set_bytes(stats.last->bytes);
+    }
     last->set_duration_seconds(stats.last_duration_seconds);
     last->set_finished_unix_micros(stats.last_finished_unix_micros);
   }
   proto->set_checkpoints_written(stats.written);
   proto->set_checkpoint_failures(stats.failures);
-  proto->set_last_checkpoint_error(stats.last_error);
+  constexpr char kForAdmins[] =
+      "(the reason may name other tenants' groups: an admin's GetStats and the daemon's log "
+      "give it)";
+  proto->set_last_checkpoint_error(whole_daemon || stats.last_error.empty() ? stats.last_error
+                                                                            : kForAdmins);
   proto->set_restored_checkpoint_id(stats.restored_id);
-  for (const std::string& refusal : stats.restore_refusals) proto->add_restore_refusals(refusal);
+  for (const std::string& refusal : stats.restore_refusals) {
+    proto->add_restore_refusals(whole_daemon ? refusal : kForAdmins);
+  }
 }
 
 }  // namespace optstate

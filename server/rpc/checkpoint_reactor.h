@@ -21,8 +21,19 @@ void StartCheckpointCall(Checkpointer* checkpointer, grpc::CallbackServerContext
                          bool all_tenants, const v1::CheckpointRequest& request,
                          grpc::ByteBuffer* response);
 
-// The durability fields of GetStats (20-25).
-void CheckpointStatsToProto(const CheckpointStats& stats, v1::GetStatsResponse* proto);
+// The durability fields of GetStats (20-25). Without `whole_daemon` (a
+// tenant's call on a daemon with tenants) the last checkpoint's step and
+// bytes are left out and the texts of refusals and failures, which may name
+// other tenants' groups, are replaced by a pointer to an admin's GetStats.
+void CheckpointStatsToProto(const CheckpointStats& stats, bool whole_daemon,
+                            v1::GetStatsResponse* proto);
+
+// What a tenant's call is told instead of a refusal that may name other
+// tenants' groups (Checkpointer::writes_refused).
+inline constexpr char kRefusalsForAdmins[] =
+    "checkpoints found in the state_dir at start were refused, so none is written; an "
+    "admin's GetStats (restore_refusals) and the daemon's log say why (the reasons may name "
+    "other tenants' groups)";
 
 }  // namespace optstate
 

@@ -121,8 +121,9 @@ absl::Status OptimizerStateService::FillStats(const Caller& caller,
                                                         request.page_size(), request.page_token());
   if (!start.ok()) return start.status();
   // A tenant sees its own use and the most it may hold; the daemon-wide
-  // figures (other tenants' bytes, every region) only an admin, or anyone
-  // when there are no tenants.
+  // figures (other tenants' bytes, every region, the heap, the device's
+  // budget, the last checkpoint's size and step, refusals that may name other
+  // tenants' groups) only an admin, or anyone when there are no tenants.
   const bool whole_daemon = caller.admin || !tenancy();
   response->set_backend(std::string(engine_->backend()->name()));
   response->set_threads(engine_->pool()->size());
@@ -136,11 +137,17 @@ absl::Status OptimizerStateService::FillStats(const Caller& caller,
         std::min(store->max_host_bytes(), authenticator_->QuotaOf(caller.tenant).max_host_bytes));
   }
   BackendStatsToProto(engine_->backend()->Stats(), response->mutable_device());
-  const HeapReading heap = ReadHeap();
-  response->set_heap_in_use_bytes(heap.in_use_bytes);
-  response->set_heap_free_bytes(heap.free_bytes());
-  response->set_heap_resident_bytes(ReadHeapResidentBytes());
-  if (trimmer_ != nullptr) response->set_heap_trims(trimmer_->trims());
+  if (whole_daemon) {
+    const HeapReading heap = ReadHeap();
+    response->set_heap_in_use_bytes(heap.in_use_bytes);
+    response->set_heap_free_bytes(heap.free_bytes());
+    response->set_heap_resident_bytes(ReadHeapResidentBytes());
+    if (trimmer_ != nullptr) response->set_heap_trims(trimmer_->trims());
+  } else {
+    const std::string strategy = response->device().strategy();
+    response->mutable_device()->Clear();
+    response->mutable_device()->set_strategy(strategy);
+  }
   response->set_started_unix_micros(absl::ToUnixMicros(started_));
   response->set_instance_id(instance_id_);
   response->set_has_state_dir(checkpointer_ != nullptr);
@@ -151,7 +158,9 @@ absl::Status OptimizerStateService::FillStats(const Caller& caller,
   response->set_restored_groups(restored);
   response->set_lease_seconds(absl::ToInt64Seconds(store->lease_term()));
   // Totals over every group, on every page.
-  if (checkpointer_ != nullptr) CheckpointStatsToProto(checkpointer_->Stats(), response);
+  if (checkpointer_ != nullptr) {
+    CheckpointStatsToProto(checkpointer_->Stats(), whole_daemon, response);
+  }
   if (regions_ != nullptr && whole_daemon) {
     const RegionRegistryStats r = regions_->Stats();
     v1::RegionStats* proto = response->mutable_regions();
@@ -358,20 +367,24 @@ grpc::ServerUnaryReactor* OptimizerStateService::RewindJob(grpc::CallbackServerC
                                       std::max(absl::ZeroDuration(), given - absl::Now()) / 10);
   }
   after.cancelled = [context] { return context->IsCancelled(); };
-  checkpointer_->RewindAsync(std::move(rewind), std::move(after),
-                             [reactor, response](absl::StatusOr<JobRewindOutcome> outcome) {
-                               v1::RewindJobResponse reply;
-                               if (outcome.ok()) {
-                                 reply.set_checkpoint_id(outcome->checkpoint_id);
-                                 reply.set_step(outcome->step);
-                                 for (const std::string& g : outcome->groups) reply.add_groups(g);
-                                 for (const std::string& p : outcome->passed_over)
-                                   reply.add_passed_over(p);
-                                 reply.set_written_checkpoint_id(outcome->written_checkpoint_id);
-                                 reply.set_not_written(outcome->not_written);
-                               }
-                               Reply(reactor, outcome.status(), reply, response);
-                             });
+  const bool whole_daemon = caller->admin || !tenancy();
+  checkpointer_->RewindAsync(
+      std::move(rewind), std::move(after),
+      [this, reactor, response, whole_daemon](absl::StatusOr<JobRewindOutcome> outcome) {
+        v1::RewindJobResponse reply;
+        if (outcome.ok()) {
+          reply.set_checkpoint_id(outcome->checkpoint_id);
+          reply.set_step(outcome->step);
+          for (const std::string& g : outcome->groups) reply.add_groups(g);
+          for (const std::string& p : outcome->passed_over) reply.add_passed_over(p);
+          reply.set_written_checkpoint_id(outcome->written_checkpoint_id);
+          reply.set_not_written(!whole_daemon &&
+                                        outcome->not_written == checkpointer_->writes_refused()
+                                    ? kRefusalsForAdmins
+                                    : outcome->not_written);
+        }
+        Reply(reactor, outcome.status(), reply, response);
+      });
   return reactor;
 }
 

@@ -421,6 +421,84 @@ TEST_F(TenancyTest, ATenantRefusedForTheDaemonsLimitIsNotToldTheDaemonsTotals) {
   EXPECT_THAT(message, Not(HasSubstr(absl::StrCat(kPage * kBytesPerElement))));  // free bytes
 }
 
+// Daemon-wide figures and texts that may name another tenant's groups are
+// an admin's: a tenant's GetStats has no heap, device budget or last
+// checkpoint size and step, and refusals of a restore (which name the groups
+// they could not set up) reach it only as a pointer to an admin.
+TEST_F(TenancyTest, ATenantIsNotToldOtherTenantsCheckpointsOrRefusals) {
+  const std::string state_dir = dir_ + "/state";
+  StartDaemon({"--state_dir=" + state_dir});
+  std::vector<float> grad(3 * kPage, 0.5f), params(3 * kPage);
+  std::unique_ptr<Client> bob = Connect(kBob);
+  ASSERT_TRUE(bob->RegisterGroup("bobs-secret-model", 3 * kPage).ok());
+  for (uint64_t step = 1; step <= 3; ++step) {
+    ASSERT_TRUE(bob->Step("bobs-secret-model", step, grad, absl::MakeSpan(params)).ok());
+  }
+  ASSERT_TRUE(Connect(kAlice2)->RegisterGroup("a", 16).ok());
+  auto stats_of = [&](const std::string& token) {
+    grpc::ClientContext context;
+    Authorize(&context, token);
+    v1::GetStatsResponse stats;
+    grpc::Status status = Stub()->GetStats(&context, v1::GetStatsRequest(), &stats);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return stats;
+  };
+  auto checkpoint = [&](const std::string& token, v1::CheckpointResponse* response) {
+    grpc::ClientContext context;
+    Authorize(&context, token);
+    return Stub()->Checkpoint(&context, v1::CheckpointRequest(), response);
+  };
+  v1::CheckpointResponse alices;
+  ASSERT_TRUE(checkpoint(kAlice2, &alices).ok());
+  EXPECT_EQ(alices.bytes(), 0u) << "the checkpoint's size counts bob's groups";
+  v1::CheckpointResponse roots;
+  ASSERT_TRUE(checkpoint(kRoot, &roots).ok());
+  EXPECT_GT(roots.bytes(), 3 * kPage * kBytesPerElement);
+  Client::CheckpointRequestOptions bobs_step;
+  bobs_step.groups = {"bobs-secret-model"};
+  bobs_step.wait_for_step = 3;
+  absl::StatusOr<Client::CheckpointResult> bobs = bob->Checkpoint(bobs_step);
+  ASSERT_TRUE(bobs.ok()) << bobs.status();
+  const v1::GetStatsResponse alice_sees = stats_of(kAlice2);
+  EXPECT_EQ(alice_sees.last_checkpoint().id(), bobs->id);
+  EXPECT_EQ(alice_sees.last_checkpoint().step(), 0u) << "bob's step";
+  EXPECT_EQ(alice_sees.last_checkpoint().bytes(), 0u);
+  EXPECT_EQ(alice_sees.heap_resident_bytes(), 0u);
+  EXPECT_EQ(alice_sees.heap_in_use_bytes(), 0u);
+  const v1::GetStatsResponse root_sees = stats_of(kRoot);
+  EXPECT_EQ(root_sees.last_checkpoint().step(), 3u);
+  EXPECT_EQ(root_sees.last_checkpoint().bytes(), roots.bytes());
+  EXPECT_GT(root_sees.heap_resident_bytes(), 0u);
+
+  // Restarted with room for alice's group and not bob's: the restore is
+  // refused naming bob's group, and no checkpoint is written after it.
+  absl::StatusOr<int> exit = daemon_->Stop();
+  ASSERT_TRUE(exit.ok() && *exit == 0);
+  daemon_.reset();
+  StartDaemon({"--state_dir=" + state_dir,
+               absl::StrCat("--max_host_bytes=", 2 * kPage * kBytesPerElement)});
+  const v1::GetStatsResponse refused_root = stats_of(kRoot);
+  ASSERT_FALSE(refused_root.restore_refusals().empty());
+  EXPECT_THAT(refused_root.restore_refusals(0), HasSubstr("bobs-secret-model"));
+  const v1::GetStatsResponse refused_alice = stats_of(kAlice2);
+  ASSERT_EQ(refused_alice.restore_refusals_size(), refused_root.restore_refusals_size());
+  for (const std::string& refusal : refused_alice.restore_refusals()) {
+    EXPECT_THAT(refusal, Not(HasSubstr("bobs-secret-model")));
+    EXPECT_THAT(refusal, HasSubstr("admin"));
+  }
+  v1::CheckpointResponse none;
+  grpc::Status refused = checkpoint(kAlice2, &none);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(refused.error_message(), Not(HasSubstr("bobs-secret-model")));
+  EXPECT_THAT(refused.error_message(), HasSubstr("admin's GetStats"));
+  EXPECT_THAT(stats_of(kAlice2).last_checkpoint_error(), Not(HasSubstr("bobs-secret-model")));
+  EXPECT_THAT(checkpoint(kRoot, &none).error_message(), HasSubstr("bobs-secret-model"));
+  absl::StatusOr<int> refused_exit = daemon_->Stop();  // Its final checkpoint refused too.
+  ASSERT_TRUE(refused_exit.ok()) << refused_exit.status();
+  EXPECT_EQ(*refused_exit, 3);
+  daemon_.reset();
+}
+
 TEST_F(TenancyTest, ConcurrentStepStreamsAreLimitedPerTenant) {
   StartDaemon({"--tenant_max_streams=1"});
   auto stub = Stub();

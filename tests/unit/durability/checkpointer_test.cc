@@ -9,12 +9,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "server/backends/cpu/cpu_backend.h"
 #include "server/base/thread_pool.h"
 #include "server/durability/state_dir_lock.h"
@@ -160,6 +162,46 @@ TEST_F(CheckpointerTest, ACallWhoseCallerHasGoneWritesNothing) {
   EXPECT_EQ((*checkpointer)->Stats().failures, 0u);
   EXPECT_TRUE((*checkpointer)->Checkpoint({}).ok());
   EXPECT_EQ((*checkpointer)->Stats().written, 1u);
+}
+
+// One tenant's calls that wait (here for a step no page will reach) take at
+// most kMaxCallsPerTenant of the call threads: its next is refused, and
+// another tenant's call still runs.
+TEST_F(CheckpointerTest, OneTenantsWaitingCallsLeaveRoomForAnothers) {
+  auto checkpointer = Checkpointer::OpenAndRestore(options_, &store_, &backend_, false, &pool_);
+  ASSERT_TRUE(checkpointer.ok()) << checkpointer.status();
+  std::atomic<bool> stop{false};
+  std::atomic<int> answered{0};
+  auto waiting = [&] {
+    CheckpointCall call;
+    call.tenant = "";  // The tenant of group g.
+    call.wait_for_step = 1000;
+    call.cancelled = [&] { return stop.load(); };
+    return call;
+  };
+  for (size_t i = 0; i < Checkpointer::kMaxCallsPerTenant; ++i) {
+    (*checkpointer)->CheckpointAsync(waiting(),
+                                     [&](absl::StatusOr<CheckpointOutcome>) { ++answered; });
+  }
+  absl::Status refused;
+  (*checkpointer)->CheckpointAsync(
+      waiting(), [&](absl::StatusOr<CheckpointOutcome> outcome) { refused = outcome.status(); });
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("of this tenant"));
+  absl::Notification done;
+  absl::StatusOr<CheckpointOutcome> others = absl::UnknownError("not answered");
+  CheckpointCall another;
+  another.tenant = "a";
+  (*checkpointer)->CheckpointAsync(another, [&](absl::StatusOr<CheckpointOutcome> outcome) {
+    others = std::move(outcome);
+    done.Notify();
+  });
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_TRUE(others.ok()) << others.status();
+  EXPECT_EQ(answered.load(), 0);
+  stop = true;
+  (*checkpointer)->Stop();
+  EXPECT_EQ(answered.load(), static_cast<int>(Checkpointer::kMaxCallsPerTenant));
 }
 
 }  // namespace
