@@ -1,5 +1,7 @@
 #include "server/metrics/metrics_endpoint.h"
 
+#include <arpa/inet.h>
+
 #include <civetweb.h>
 
 #include <exception>
@@ -44,9 +46,12 @@ absl::Status CheckListenAddress(absl::string_view listen) {
           port, " (every interface) or 127.0.0.1:", port, " (this host alone)"));
     }
   } else {
-    for (char c : host) {
-      if (!absl::ascii_isdigit(c) && c != '.') return bad();
-    }
+    // Four parts of at most 255 each, as inet_pton reads them: civetweb
+    // itself would take 256.0.0.0 as 0.0.0.0 (every part modulo 256) and
+    // serve on every interface.
+    struct in_addr address;
+    const std::string text(host);
+    if (inet_pton(AF_INET, text.c_str(), &address) != 1) return bad();
   }
   return absl::OkStatus();
 }

@@ -334,9 +334,14 @@ def test_a_taken_metrics_port_stops_the_start_naming_it(fresh_daemons):
     assert run.returncode != 0
     assert f"127.0.0.1:{port}" in run.stderr and "metrics" in run.stderr, run.stderr
     assert "listening on port" not in run.stdout
-    run = subprocess.run([binary, "--listen=127.0.0.1:0", "--metrics_listen=localhost:9464"],
-                         capture_output=True, text=True, timeout=60)
-    assert run.returncode != 0 and "--metrics_listen must be IP:PORT" in run.stderr, run.stderr
+    # A name, and parts past 255: civetweb took 256.0.0.0 for 0.0.0.0 (each part modulo
+    # 256), so a typo served the metrics on every interface.
+    for listen in ("localhost:9464", "256.0.0.0:0", "383.0.0.1:0", "1.2.3:0", "1.2.3.4.5:0"):
+        run = subprocess.run([binary, "--listen=127.0.0.1:0", f"--metrics_listen={listen}"],
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode != 0 and "--metrics_listen must be IP:PORT" in run.stderr, \
+            (listen, run.stderr)
+        assert "listening on port" not in run.stdout, listen
     # Debian's civetweb has no IPv6: an IPv6 address failed as "the port is taken or the
     # address is not this host's", though ::1 was. A civetweb with IPv6 serves it.
     six = subprocess.Popen([binary, "--listen=127.0.0.1:0", "--metrics_listen=[::1]:0"],
