@@ -135,7 +135,7 @@ ABSL_FLAG(absl::Duration, heap_trim_interval, Default().heap_trim_interval,
           "messages) to the system when it grew by more than --heap_trim_slack or its use fell "
           "(not under steady load); always soon after a group is deleted, and once the daemon "
           "has had no stream open for half of it (what a load left goes back within one "
-          "interval of its end); 0 means only after deletes.");
+          "interval of its end); 0 means only after deletes; else at least 1s.");
 ABSL_FLAG(uint64_t, heap_trim_slack, Default().heap_trim_slack_bytes,
           "Bytes the heap may grow by, or its use fall by, before a periodic look trims it.");
 ABSL_FLAG(int, malloc_arenas, 1,

@@ -95,9 +95,8 @@ uint64_t DefaultMaxHostBytes() {
 // A unix: listen socket gets the permission bits asked for (gRPC creates it
 // with the umask's).
 absl::Status ApplyListenSocketMode(const ServerOptions& options) {
-  if (!absl::StartsWith(options.listen, "unix:") || options.listen_socket_mode == 0) {
-    return absl::OkStatus();
-  }
+  // Any mode, 0000 too (no one but root may connect), as the region socket's.
+  if (!absl::StartsWith(options.listen, "unix:")) return absl::OkStatus();
   std::string path = options.listen.substr(5);
   if (absl::StartsWith(path, "//")) path = path.substr(2);
   if (chmod(path.c_str(), options.listen_socket_mode) != 0) {
@@ -181,8 +180,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         absl::StrCat("--page_elements must be a positive multiple of 64, at most ",
                      kMaxPageElements, ", got ", options.page_elements));
   }
-  if (options.heap_trim_interval < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("--heap_trim_interval must not be negative");
+  if (options.heap_trim_interval < absl::ZeroDuration() ||
+      (options.heap_trim_interval > absl::ZeroDuration() &&
+       options.heap_trim_interval < absl::Seconds(1))) {
+    // Shorter, its thread would look at the heap in a loop (1ns: a whole core).
+    return absl::InvalidArgumentError(
+        absl::StrCat("--heap_trim_interval must be 0 (trim only after deletes) or at least 1s, "
+                     "got ",
+                     absl::FormatDuration(options.heap_trim_interval)));
   }
   if (options.stream_idle_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--stream_idle_timeout must not be negative");

@@ -210,3 +210,35 @@ def test_a_region_limit_of_zero_is_refused_at_start_in_the_logs_format(flag):
     assert re.match(r"ERROR \S+ optstated: INVALID_ARGUMENT: " + re.escape(flag) +
                     " would refuse every shared-memory region", run.stderr), run.stderr
     assert "--region_socket=none" in run.stderr
+
+
+def test_a_heap_trim_interval_under_a_second_is_refused_at_start():
+    # --heap_trim_interval=1ns was taken, and its thread then looked at the heap in a loop:
+    # a whole core of an idle daemon.
+    for interval in ("1ns", "500ms", "-1s"):
+        run = subprocess.run([os.environ["OPTSTATED"], "--listen=127.0.0.1:0",
+                              f"--heap_trim_interval={interval}"],
+                             capture_output=True, text=True, timeout=30)
+        assert run.returncode != 0, (interval, run.stderr)
+        assert "--heap_trim_interval must be 0 (trim only after deletes) or at least 1s" in \
+            run.stderr, run.stderr
+
+
+def test_socket_mode_0000_closes_the_unix_listen_socket_as_the_region_socket(shared_tmp):
+    # A mode of 0 was taken for "not set" for the gRPC socket alone: under umask 000 it
+    # stayed srwxrwxrwx (anyone could connect) while its region socket got 0000.
+    listen = os.path.join(shared_tmp, "d.sock")
+    old_umask = os.umask(0)
+    try:
+        process = subprocess.Popen([os.environ["OPTSTATED"], f"--listen=unix:{listen}",
+                                    "--threads=2", "--socket_mode=0000"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        os.umask(old_umask)
+    try:
+        assert "listening on port" in process.stdout.readline()
+        assert os.stat(listen).st_mode & 0o777 == 0
+        assert os.stat(listen + ".regions").st_mode & 0o777 == 0
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
