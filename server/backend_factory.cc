@@ -21,6 +21,7 @@ absl::StatusOr<std::unique_ptr<StepBackend>> CreateBackend(const BackendOptions&
     return absl::InvalidArgumentError(
         absl::StrCat("--paging must be none, adaptive or fully_paged, got '", paging, "'"));
   }
+  if (absl::Status s = CheckCudaOptions(options.cuda); !s.ok()) return s;
   if (options.kind == "cpu") return std::make_unique<CpuBackend>(pool);
 #ifdef OPTSTATE_HAVE_CUDA
   if (options.kind == "cuda") {

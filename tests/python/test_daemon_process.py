@@ -242,3 +242,14 @@ def test_socket_mode_0000_closes_the_unix_listen_socket_as_the_region_socket(sha
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.mark.parametrize("flag", ["--staging_slots=-1", "--staging_slot_bytes=0",
+                                  "--cuda_device=-1"])
+def test_cuda_flags_out_of_bounds_are_refused_on_a_host_without_a_gpu_too(flag):
+    # --backend=auto fell back to the CPU and took them: the same flags then refused the
+    # start on a GPU host only.
+    run = subprocess.run([os.environ["OPTSTATED"], "--listen=127.0.0.1:0", flag],
+                         capture_output=True, text=True, timeout=30)
+    assert run.returncode != 0, run.stderr
+    assert "INVALID_ARGUMENT: " + flag.split("=")[0] + " must be" in run.stderr, run.stderr

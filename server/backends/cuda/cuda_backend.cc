@@ -35,8 +35,6 @@ class CudaBackend::GroupState : public BackendGroupState {
 
 namespace {
 
-constexpr int kMaxSlots = 1024;
-
 PageGeometry GeometryOf(const Group& group) {
   return PageGeometry{group.page_elements(), group.num_elements()};
 }
@@ -90,15 +88,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaOptio
                                                                  ThreadPool* threads) {
   absl::StatusOr<PagingStrategy> strategy = ParsePagingStrategy(options.paging);
   if (!strategy.ok()) return strategy.status();
-  if (options.staging_slots < 2 || options.staging_slots > kMaxSlots) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--staging_slots must be between 2 and ", kMaxSlots,
-                     " (two or more let copies and updates overlap), got ", options.staging_slots));
-  }
-  if (options.staging_slot_bytes < 4096 || options.staging_slot_bytes > (uint64_t{1} << 40)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--staging_slot_bytes must be between 4096 and 2^40, got ", options.staging_slot_bytes));
-  }
+  if (absl::Status s = CheckCudaOptions(options); !s.ok()) return s;
   absl::StatusOr<CudaDeviceInfo> device = ProbeCudaDevice(options.device);
   if (!device.ok()) return device.status();
 

@@ -7,7 +7,12 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
 namespace optstate {
+
+inline constexpr int kMaxStagingSlots = 1024;
 
 struct CudaOptions {
   std::string paging = "adaptive";  // "none", "adaptive" or "fully_paged".
@@ -18,6 +23,25 @@ struct CudaOptions {
   uint64_t staging_slot_bytes = 64ull << 20;
   int device = 0;
 };
+
+// The bounds of the flags themselves, checked on every backend (a value
+// taken on a CPU host would refuse the start only on a GPU one).
+inline absl::Status CheckCudaOptions(const CudaOptions& options) {
+  if (options.staging_slots < 2 || options.staging_slots > kMaxStagingSlots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--staging_slots must be between 2 and ", kMaxStagingSlots,
+                     " (two or more let copies and updates overlap), got ", options.staging_slots));
+  }
+  if (options.staging_slot_bytes < 4096 || options.staging_slot_bytes > (uint64_t{1} << 40)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--staging_slot_bytes must be between 4096 and 2^40, got ", options.staging_slot_bytes));
+  }
+  if (options.device < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cuda_device must be a device ordinal (0, 1, ...), got ", options.device));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace optstate
 
