@@ -667,3 +667,48 @@ def test_eps_zero_is_refused_and_a_sparse_gradient_is_torchs_runtime_error(daemo
     with pytest.raises(RuntimeError, match="sparse gradients are not supported"):
         opt.step()
     opt.close()
+
+
+@pytest.mark.parametrize("shared_buffers", [False, True])
+def test_gradients_moved_between_parameters_step_as_torchs(daemon, prefix, shared_buffers):
+    # With shared_buffers each .grad is made a view of its parameter's slot; a trainer that
+    # then hands one parameter's gradient tensor to another (p1.grad = p0.grad, swapped
+    # gradients) had that slot overwritten by step()'s copy of the other gradient before
+    # it was read: p1 stepped with p0's new gradient.
+    gen = torch.Generator().manual_seed(31)
+    values = [torch.randn(300, generator=gen) for _ in range(3)]
+    ours = [torch.nn.Parameter(v.clone()) for v in values]
+    theirs = [torch.nn.Parameter(v.clone()) for v in values]
+    opt = RemoteAdamW(ours, lr=1e-2, target=daemon.target, name_prefix=prefix,
+                      shared_buffers=shared_buffers, delete_on_close=True)
+    reference = torch.optim.AdamW(theirs, lr=1e-2, foreach=False)
+
+    def check(label):
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            assert torch.equal(opt.state[a]["exp_avg"], reference.state[b]["exp_avg"]), \
+                f"{label}: exp_avg {i}"
+            assert torch.allclose(a.detach(), b.detach(), rtol=0, atol=1e-6), f"{label}: {i}"
+
+    for params in (ours, theirs):
+        for i, p in enumerate(params):
+            p.grad = torch.full((300,), 0.5 * (i + 1))
+    opt.step()
+    reference.step()
+    check("step 1")
+    # p1 takes p0's gradient tensor (its slot, with shared buffers); p0 gets a new one.
+    for params in (ours, theirs):
+        old = params[0].grad
+        old.fill_(0.25)
+        params[0].grad = torch.full((300,), -3.0)
+        params[1].grad = old
+    opt.step()
+    reference.step()
+    check("step 2, a gradient handed on")
+    # Every gradient moved one parameter on.
+    for params in (ours, theirs):
+        grads = [p.grad for p in params]
+        for i, p in enumerate(params):
+            p.grad = grads[i - 1]
+    opt.step()
+    reference.step()
+    check("step 3, gradients rotated")

@@ -1421,6 +1421,9 @@ class RemoteAdamW(torch.optim.Optimizer):
             if len(prepared):
                 key = (prepared.step, prepared.wire)
                 calls[key], stepped[key] = prepared, prepared.registrations
+        # Gradients in another parameter's slot, read before any slot is written.
+        elsewhere = (self._gradients_in_other_slots()
+                     if prepared is None and shared_grads else None)
         for index, group in enumerate(self.param_groups if prepared is None else ()):
             lr = _as_float(group["lr"])
             # By the id of a registration's hyperparameters tuple (_remember shares equal
@@ -1475,7 +1478,7 @@ class RemoteAdamW(torch.optim.Optimizer):
                     staged.setdefault(key, []).append(p)
                 else:
                     if shared_grads:
-                        grad = self._into_shared(p, grad)
+                        grad = self._into_shared(p, grad, elsewhere)
                     elif not grad.is_contiguous():
                         grad = grad.contiguous()  # the daemon reads elements in order
                     # p.data: the parameter's memory without autograd (cheaper than detach()).
@@ -1786,14 +1789,32 @@ class RemoteAdamW(torch.optim.Optimizer):
             + ", or load_state_dict() your own checkpoint "
             f"(daemon's refusal: {refusal.message})", target, refusal.code_value)) from refusal
 
-    def _into_shared(self, p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    def _gradients_in_other_slots(self) -> dict:
+        """id(p) -> a copy of p.grad, for each parameter whose .grad lies in one of this
+        optimizer's shared buffers but not in its own slot (another parameter's slot, as
+        after `p1.grad = p0.grad; p0.grad = new`): the copies into slots that step() makes
+        one parameter at a time would overwrite it before it is read."""
+        buffers = set(self._shared_buffer_of.values())
+        copies = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                grad, slot = p.grad, self._shared_grads.get(id(p))
+                if (grad is None or slot is None or grad.data_ptr() == slot.data_ptr()
+                        or grad.untyped_storage().data_ptr() not in buffers):
+                    continue
+                copies[id(p)] = grad.clone()
+        return copies
+
+    def _into_shared(self, p: torch.Tensor, grad: torch.Tensor,
+                     elsewhere: Optional[dict] = None) -> torch.Tensor:
         """p's gradient where the daemon reads it in place: its slice of a shared buffer,
         the gradient copied there first (and made p's .grad) when autograd put it
-        elsewhere; `grad` itself for a parameter without a slice."""
+        elsewhere (from `elsewhere`'s copy of it when it lies in another slot:
+        _gradients_in_other_slots); `grad` itself for a parameter without a slice."""
         slot = self._shared_grads.get(id(p))
         if slot is None or grad is slot or grad.data_ptr() == slot.data_ptr():
             return grad
-        slot.copy_(grad)
+        slot.copy_(elsewhere.get(id(p), grad) if elsewhere else grad)
         buffer = self._shared_buffer_of[id(p)]
         self._shared_writes[buffer] = self._shared_writes.get(buffer, 0) + 1
         p.grad = slot
