@@ -134,7 +134,15 @@ absl::Status Client::StepOneDaemon(absl::Span<const GroupStep> groups, uint64_t 
           }
           return messages.status();
         }
-        return impl_->Send(transport, *messages, input);
+        absl::Status sent = impl_->Send(transport, *messages, input);
+        // kAuto: a daemon that restarted without what shared memory needs
+        // (a region socket, room for this client's regions) gets the wire.
+        // Pages an earlier attempt applied are replayed there, not applied twice.
+        if (!sent.ok() && plane.refused_after_reconnect() &&
+            impl_->options.data_plane == DataPlane::kAuto) {
+          return std::nullopt;
+        }
+        return sent;
       });
   if (status.has_value()) return *status;
   client_internal::WireTransport transport(input, impl_->options);

@@ -548,3 +548,51 @@ def test_calls_made_once_ride_out_a_restarted_daemon(fresh_daemons, tmp_path):
         d = fresh_daemons(f"--listen=127.0.0.1:{d.port}", *flags)
         call()
     assert [g.name for g in client.list_groups()] == ["b"]
+
+
+@pytest.mark.parametrize("restarted_with", ["--region_socket=none", "--max_region_bytes=4096"])
+@pytest.mark.parametrize("shared_buffer", [False, True])
+def test_a_daemon_restarted_without_room_for_shared_memory_gets_the_wire_or_the_reason(
+        fresh_daemons, tmp_path, restarted_with, shared_buffer):
+    # The client registered its regions again over a new connection, and a refusal left the
+    # connection up with region ids of the daemon before: the next step named one and got
+    # NOT_FOUND "region 1 is not registered" (which RemoteAdamW took for lost state); and
+    # an auto client kept retrying shared memory on a daemon that offered none.
+    flags = (f"--state_dir={tmp_path}", "--checkpoint_interval=0")
+    d = fresh_daemons(*flags)
+    n = 50_000
+    expected = optstate.Client(d.target, data_plane="wire")
+    expected.register("wire", np.zeros(n, np.float32))
+    clients = {plane: optstate.Client(d.target, data_plane=plane, reconnect_timeout=10)
+               for plane in ("auto", "shared_memory")}
+    buffers = {}
+    for plane, client in clients.items():
+        client.register(plane, np.zeros(n, np.float32))
+        if shared_buffer:
+            memory = client.allocate_shared_buffer(8 * n).view(np.float32)
+            buffers[plane] = (memory[:n], memory[n:2 * n])
+        else:
+            buffers[plane] = (np.zeros(n, np.float32), np.zeros(n, np.float32))
+    want = np.zeros(n, np.float32)
+    for step in (1, 2):
+        gradient = np.linspace(-1, 1, n, dtype=np.float32) * step
+        expected.step("wire", step, gradient, want)
+        for plane, client in clients.items():
+            grad, out = buffers[plane]
+            grad[:] = gradient
+            if step == 1:
+                client.step(plane, step, grad, out)
+                continue
+            if plane == "auto":
+                client.step(plane, step, grad, out)  # over the wire now
+                np.testing.assert_array_equal(out, want)
+            else:
+                code = (optstate.FailedPrecondition if "none" in restarted_with
+                        else optstate.ResourceExhausted)
+                with pytest.raises(code, match="daemon restarted"):
+                    client.step(plane, step, grad, out)
+        if step == 1:
+            assert d.stop() == 0
+            d = fresh_daemons(f"--listen=127.0.0.1:{d.port}", *flags, restarted_with)
+    assert clients["auto"].describe("auto").max_step == 2
+    assert clients["shared_memory"].describe("shared_memory").max_step == 1

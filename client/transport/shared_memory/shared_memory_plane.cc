@@ -115,6 +115,7 @@ SharedMemoryPlane::~SharedMemoryPlane() {
 }
 
 bool SharedMemoryPlane::ConnectionLost() const {
+  if (socket_ < 0) return true;
   pollfd p{socket_, POLLIN, 0};
   // The daemon never writes unasked: anything readable is its end closing.
   return poll(&p, 1, 0) != 0;
@@ -138,27 +139,43 @@ absl::Status SharedMemoryPlane::RegisterRegion() {
 
 absl::Status SharedMemoryPlane::Reconnect(grpc::Channel* channel, const ClientOptions& options) {
   if (absl::Status s = Connect(channel, options); !s.ok()) return s;
-  if (memfd_ >= 0) {
-    if (absl::Status s = RegisterRegion(); !s.ok()) return s;
-  }
+  absl::Status registered = absl::OkStatus();
+  if (memfd_ >= 0) registered = RegisterRegion();
   for (SharedRegion& region : shared_) {
+    if (!registered.ok()) break;
     std::shared_ptr<SharedMapping> mapping = region.mapping.lock();
     if (mapping == nullptr) continue;  // ForgetDestroyed drops it.
     absl::StatusOr<uint64_t> id = RegisterFd(mapping->memfd);
-    if (!id.ok()) return id.status();
-    region.id = *id;
+    if (id.ok()) region.id = *id;
+    registered = id.status();
   }
-  return absl::OkStatus();
+  if (!registered.ok()) {
+    // Some region ids are the daemon's before: no step may name them.
+    close(socket_);
+    socket_ = -1;
+  }
+  return registered;
 }
 
 absl::Status SharedMemoryPlane::ReconnectIfLost(grpc::Channel* channel,
                                                 const ClientOptions& options) {
   if (!ConnectionLost()) return absl::OkStatus();
-  if (absl::Status s = Reconnect(channel, options); !s.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("the region socket connection was lost: ", s.message()));
+  absl::Status s = Reconnect(channel, options);
+  refused_after_reconnect_ = false;
+  if (s.ok()) return s;
+  switch (s.code()) {
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kPermissionDenied:
+      refused_after_reconnect_ = true;
+      return absl::Status(s.code(), absl::StrCat("the daemon restarted (or closed this client's "
+                                                 "region socket connection), and then: ",
+                                                 s.message()));
+    default:
+      return absl::UnavailableError(
+          absl::StrCat("the region socket connection was lost: ", s.message()));
   }
-  return absl::OkStatus();
 }
 
 void SharedMemoryPlane::BeginStep() {

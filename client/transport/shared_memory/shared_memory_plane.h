@@ -91,9 +91,18 @@ class SharedMemoryPlane {
   // (a plan of another session key never matches).
   StepPlanCache& step_plan() { return step_plan_; }
   // When the daemon closed the region socket (it restarted, or closed our
-  // session): connects again and registers the region and every live
-  // SharedBuffer anew. UNAVAILABLE when that fails.
+  // session), or the last try to connect again failed: connects again and
+  // registers the region and every live SharedBuffer anew, all or nothing
+  // (a registration refused leaves no connection, so no step names a region
+  // id of the daemon before). UNAVAILABLE when the daemon did not answer;
+  // the refusal, saying it came after the daemon restarted, when the daemon
+  // answered and no longer offers what this plane needs (no region socket,
+  // FAILED_PRECONDITION; a region past its limits, RESOURCE_EXHAUSTED; a
+  // token refused): refused_after_reconnect() is then true.
   absl::Status ReconnectIfLost(grpc::Channel* channel, const ClientOptions& options);
+  // Whether the last ReconnectIfLost failed with a refusal, not for want of
+  // an answer: a kAuto client then steps over the wire.
+  bool refused_after_reconnect() const { return refused_after_reconnect_; }
 
   // A SharedBuffer's mapping of `bytes` (rounded up to 4096), registered
   // with the daemon; its refusal (RESOURCE_EXHAUSTED) or UNAVAILABLE.
@@ -137,7 +146,8 @@ class SharedMemoryPlane {
   void ForgetDestroyed();
   // Whether the region socket connection has been closed by the daemon.
   bool ConnectionLost() const;
-  int socket_ = -1;
+  int socket_ = -1;  // -1 after a reconnection that failed part-way.
+  bool refused_after_reconnect_ = false;
   std::string session_key_;
   int memfd_ = -1;
   char* base_ = nullptr;
