@@ -596,3 +596,26 @@ def test_a_daemon_restarted_without_room_for_shared_memory_gets_the_wire_or_the_
             d = fresh_daemons(f"--listen=127.0.0.1:{d.port}", *flags, restarted_with)
     assert clients["auto"].describe("auto").max_step == 2
     assert clients["shared_memory"].describe("shared_memory").max_step == 1
+
+
+def test_a_call_mixing_float32_and_16_bit_buffers_needs_wire_dtype(client, prefix):
+    # One call carries one type: a float32 group beside a bfloat16 one was narrowed to
+    # bfloat16 without a word (its moments those of the rounded gradient).
+    n = 256
+    client.register(prefix + "f", np.zeros(n, np.float32))
+    client.register(prefix + "h", np.zeros(n, np.float32))
+    gradient = np.linspace(-1, 1, n, dtype=np.float32) + np.float32(1e-3)
+    half = torch.from_numpy(gradient).to(torch.bfloat16)
+    entries = [(prefix + "f", gradient, np.zeros(n, np.float32)),
+               (prefix + "h", half, torch.zeros(n, dtype=torch.bfloat16))]
+    with pytest.raises(ValueError, match="mix float32 and bfloat16.*wire_dtype=bfloat16"):
+        client.step(entries, 1)
+    assert client.describe(prefix + "f").max_step == 0  # nothing sent
+    client.step(entries[:1], 1)  # alone: float32 all the way
+    client.step(entries[1:], 1)
+    alone = client.export_state(prefix + "f").exp_avg
+    narrowed = 0.1 * half.float().numpy()
+    np.testing.assert_allclose(alone, 0.1 * gradient, rtol=1e-6)  # (1 - beta1) g at step 1
+    assert np.abs(alone - narrowed).max() > 1e-5  # which bfloat16 would have rounded
+    client.step(entries, 2, wire_dtype="bfloat16")  # narrowed, as asked
+    assert client.describe(prefix + "f").max_step == 2

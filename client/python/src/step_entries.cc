@@ -2,6 +2,8 @@
 
 #include <nanobind/stl/string.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace nb = nanobind;
@@ -74,6 +76,19 @@ WireType ResolveWire(const std::vector<const HostBuffer*>& buffers,
     sixteen = b->type;
   }
   if (!sixteen) return wire.value_or(WireType::kFloat32);
+  const bool has_float32 = std::any_of(buffers.begin(), buffers.end(), [](const HostBuffer* b) {
+    return b->type == WireType::kFloat32;
+  });
+  if (has_float32 && !wire) {
+    // Float32 buffers travel as float32 unless wire_dtype says otherwise: in
+    // this call they would be narrowed to the 16-bit type without a word.
+    throw nb::value_error(absl::StrCat("step: the ", what, " buffers mix float32 and ",
+                                       WireTypeName(*sixteen),
+                                       "; one call carries one type: step them in separate "
+                                       "calls, or pass wire_dtype=",
+                                       WireTypeName(*sixteen), " to narrow the float32 ones")
+                              .c_str());
+  }
   if (wire && *wire != *sixteen) {
     throw nb::value_error(absl::StrCat("step: ", what, " buffers of ", WireTypeName(*sixteen),
                                        " travel as they are; wire_dtype must be unset or ",
