@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/call/retry.h"
 #include "client/call/status.h"
@@ -69,16 +70,24 @@ absl::Status SharedMemoryPlane::Connect(grpc::Channel* channel, const ClientOpti
   if (response.region_socket().empty()) {
     return absl::FailedPreconditionError(
         "the daemon offers no region socket (it listens on a non-loopback address without "
-        "--region_socket, or runs with --region_socket=none); use DataPlane::kWire or kAuto");
+        "--region_socket, or runs with --region_socket=none); step over the wire "
+        "(DataPlane::kWire, or kAuto, which falls back to it; Python: data_plane=\"wire\" or "
+        "\"auto\", without shared_buffers)");
   }
   rp::Reply hello;
   absl::StatusOr<int> socket = rp::Connect(response.region_socket(), &hello);
   if (!socket.ok()) {
+    const bool denied = absl::StrContains(socket.status().message(), "ermission denied");
     return absl::FailedPreconditionError(absl::StrCat(
         "the daemon's region socket ", response.region_socket(), " cannot be reached from here (",
-        socket.status().message(),
-        "): the daemon runs on another host, or in a container whose socket volume this one "
-        "does not mount; use DataPlane::kWire or kAuto"));
+        socket.status().message(), "): ",
+        denied ? "this user may not connect to it (the daemon's --socket_mode, 0660 by default, "
+                 "lets its own user and group in: run as that user or in that group, or start "
+                 "the daemon with another --socket_mode); "
+               : "the daemon runs on another host, or in a container whose socket volume this "
+                 "one does not mount; ",
+        "step over the wire (DataPlane::kWire, or kAuto, which falls back to it; Python: "
+        "data_plane=\"wire\" or \"auto\", without shared_buffers)"));
   }
   if (std::string(reinterpret_cast<const char*>(hello.daemon_id), rp::kKeyBytes) !=
       response.daemon_id()) {
@@ -86,7 +95,8 @@ absl::Status SharedMemoryPlane::Connect(grpc::Channel* channel, const ClientOpti
     return absl::FailedPreconditionError(absl::StrCat(
         "the region socket ", response.region_socket(),
         " here belongs to another daemon than the one at the target (a daemon on another host "
-        "with the same path?); use DataPlane::kWire or kAuto"));
+        "with the same path?); step over the wire (DataPlane::kWire, or kAuto, which falls back to "
+        "it; Python: data_plane=\"wire\" or \"auto\", without shared_buffers)"));
   }
   if (!options.token.empty()) {
     // The region socket authenticates with the call's token (a daemon
