@@ -3,8 +3,10 @@
 (same exception types and messages as torch's own), opt.state[p], the four state-dict hooks,
 pickling and deepcopy, add_param_group refusals, close() and context managers."""
 import copy
+import os
 import pickle
 import re
+import time
 
 import numpy as np
 import pytest
@@ -712,3 +714,34 @@ def test_gradients_moved_between_parameters_step_as_torchs(daemon, prefix, share
     opt.step()
     reference.step()
     check("step 3, gradients rotated")
+
+
+def test_a_forked_child_cannot_step_the_parents_optimizer(daemon, prefix):
+    # The child's step() went through the parent's gRPC connection and stepped the parent's
+    # groups, and the parent's next step() then waited for attempt_timeout (300 s).
+    p = torch.nn.Parameter(torch.ones(16))
+    opt = RemoteAdamW([p], lr=1e-2, target=daemon.target, name_prefix=prefix,
+                      delete_on_close=True, attempt_timeout=30)
+    p.grad = torch.ones(16)
+    opt.step()
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            opt.step()
+            message = b"stepped"
+        except RuntimeError as e:
+            message = str(e).encode()
+        opt.close()  # a child's close() leaves the parent's groups alone
+        os.write(write, message)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        message = pipe.read().decode()
+    assert os.waitpid(child, 0)[1] == 0
+    assert "is a fork of it" in message and "Make the optimizer in the child" in message, message
+    started = time.monotonic()
+    opt.step()
+    assert time.monotonic() - started < 10
+    assert [g.max_step for g in opt.client.list_groups() if g.name.startswith(prefix)] == [2]
+    opt.close()

@@ -518,6 +518,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         # resume="state_dict" found the job's groups trained: why step() waits for
         # load_state_dict() (None once loaded, or when there was nothing to load over).
         self._awaiting_load: Optional[str] = None
+        self._pid = os.getpid()  # the process whose connection this is (_check_not_forked)
         self.resumed_step = 0
         self._resumed_lrs: dict[int, float] = {}  # by id(param group): its last step's lr
         # By id(param group): the hyperparameters of torn step k, where recorded (_attach).
@@ -656,6 +657,10 @@ class RemoteAdamW(torch.optim.Optimizer):
         gone for longer than this optimizer's reconnect_timeout) raises, leaving a client it
         made open, and close() may be called again to delete what is left."""
         if self._closed and not self._deletes_left:
+            return
+        if os.getpid() != getattr(self, "_pid", os.getpid()):
+            # A forked child's copy: the groups and the connection are the parent's.
+            self._closed = True
             return
         self._closed = True
         self._step_plan.clear()  # it holds the parameters' data and slots
@@ -1338,6 +1343,7 @@ class RemoteAdamW(torch.optim.Optimizer):
     def step(self, closure: Optional[Callable[[], Any]] = None):
         """Performs one optimization step (see the class docstring). Returns the closure's
         loss when given one."""
+        self._check_not_forked()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -1347,6 +1353,17 @@ class RemoteAdamW(torch.optim.Optimizer):
         else:
             self._finish_torn_step_now()
         return loss
+
+    def _check_not_forked(self) -> None:
+        """RuntimeError in a process forked from the one that made this optimizer: the
+        connection it inherited is its parent's (gRPC's does not survive a fork; the parent's
+        next call then waited for attempt_timeout), and so are the groups."""
+        if os.getpid() != self._pid:
+            raise RuntimeError(
+                f"this RemoteAdamW was made in process {self._pid}; process {os.getpid()} is a "
+                "fork of it, and a fork cannot use the parent's connection to the daemon, nor "
+                "step the parent's groups. Make the optimizer in the child (its own "
+                "name_prefix), or fork before making it")
 
     def _finish_torn_step_now(self) -> None:
         """The step() that finishes a torn step k: the parameters behind are stepped to k
