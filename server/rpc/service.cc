@@ -73,9 +73,9 @@ std::vector<std::shared_ptr<Group>> OptimizerStateService::VisibleGroups(
   return caller.admin ? engine_->store()->ListAll() : engine_->store()->List(caller.tenant);
 }
 
-GroupKey OptimizerStateService::KeyFor(const Caller& caller, const std::string& owner,
-                                       const std::string& name) {
-  if (owner.empty() || owner == caller.tenant) return GroupKey{caller.tenant, name};
+GroupKey OptimizerStateService::KeyFor(const Caller& caller, bool owner_named,
+                                       const std::string& owner, const std::string& name) {
+  if (!owner_named || owner == caller.tenant) return GroupKey{caller.tenant, name};
   return GroupKey{caller.admin ? owner : NoTenant(), name};
 }
 
@@ -249,8 +249,8 @@ grpc::ServerUnaryReactor* OptimizerStateService::DescribeGroup(grpc::CallbackSer
   absl::StatusOr<Caller> caller = CallerOf(context);
   absl::Status status = caller.ok() ? ParseRawMessage(*request, &parsed) : caller.status();
   if (status.ok()) {
-    absl::StatusOr<std::shared_ptr<Group>> group =
-        engine_->store()->Find(KeyFor(*caller, parsed.tenant(), parsed.name()));
+    absl::StatusOr<std::shared_ptr<Group>> group = engine_->store()->Find(
+        KeyFor(*caller, parsed.has_tenant(), parsed.tenant(), parsed.name()));
     if (group.ok()) {
       GroupStatsToProto(**group, reply.mutable_group());
       if (caller->admin) reply.mutable_group()->mutable_info()->set_tenant((*group)->key().tenant);
@@ -276,7 +276,7 @@ grpc::ServerUnaryReactor* OptimizerStateService::DeleteGroup(grpc::CallbackServe
     return reactor;
   }
   // Deleting waits for the group's in-flight chunks: do it on a worker.
-  GroupKey key = KeyFor(*caller, parsed.tenant(), parsed.name());
+  GroupKey key = KeyFor(*caller, parsed.has_tenant(), parsed.tenant(), parsed.name());
   engine_->pool()->Schedule(
       [this, reactor, key = std::move(key), lease = std::move(*lease), response] {
         absl::StatusOr<uint64_t> freed = engine_->store()->Delete(key, lease);

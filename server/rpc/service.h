@@ -134,11 +134,14 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   // The groups `caller` sees: its tenant's by name, or an admin's: every
   // tenant's by (tenant, name).
   std::vector<std::shared_ptr<Group>> VisibleGroups(const Caller& caller) const;
-  // The group a Describe or Delete names: `owner` empty or the caller's own
-  // tenant, or (admins only) any tenant. Another tenant's name for a caller
-  // that is no admin gives a key no group has, so the answer is the same
-  // NOT_FOUND as for a name that does not exist.
-  static GroupKey KeyFor(const Caller& caller, const std::string& owner, const std::string& name);
+  // The group a Describe or Delete names: the caller's own tenant's (no
+  // `owner_named`, or `owner` the caller's tenant), or (admins only) any
+  // tenant's, "" among them: the groups made before the daemon had tenants.
+  // Another tenant's name for a caller that is no admin gives a key no group
+  // has, so the answer is the same NOT_FOUND as for a name that does not
+  // exist.
+  static GroupKey KeyFor(const Caller& caller, bool owner_named, const std::string& owner,
+                         const std::string& name);
 
   StepEngine* const engine_;
   const size_t max_reply_bytes_;

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -353,6 +354,49 @@ TEST_F(TenancyTest, AnAdminSeesEveryGroupWithItsOwnerAndMayDeleteAny) {
   EXPECT_EQ(reply.freed_host_bytes(), 20 * kBytesPerElement);
   EXPECT_TRUE(Connect(kBob)->ListGroups()->empty());
   EXPECT_EQ(Connect(kAlice2)->ListGroups()->size(), 1u);
+}
+
+// Groups made before the daemon had a tokens file belong to no tenant (""):
+// an admin names them with the owner set to "" (an unset owner is its own),
+// so it can describe and delete them; a tenant cannot.
+TEST_F(TenancyTest, AnAdminReachesTheGroupsOfNoTenantByNamingTheOwnerEmpty) {
+  const std::string state_dir = dir_ + "/state";
+  {
+    absl::StatusOr<std::unique_ptr<DaemonProcess>> before =
+        DaemonProcess::Start({"--threads=2", "--page_elements=1024", "--state_dir=" + state_dir});
+    ASSERT_TRUE(before.ok()) << before.status();
+    ClientOptions options;
+    options.data_plane = DataPlane::kWire;
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect((*before)->target(), options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    ASSERT_TRUE((*client)->RegisterGroup("legacy", 1000).ok());
+    absl::StatusOr<int> exit = (*before)->Stop();
+    ASSERT_TRUE(exit.ok() && *exit == 0);
+  }
+  StartDaemon({"--state_dir=" + state_dir});
+  auto describe = [&](const std::string& token, const std::optional<std::string>& owner) {
+    grpc::ClientContext context;
+    Authorize(&context, token);
+    v1::DescribeGroupRequest request;
+    request.set_name("legacy");
+    if (owner) request.set_tenant(*owner);
+    v1::DescribeGroupResponse response;
+    return Stub()->DescribeGroup(&context, request, &response).error_code();
+  };
+  EXPECT_EQ(describe(kRoot, std::nullopt), grpc::StatusCode::NOT_FOUND);  // root's own
+  EXPECT_EQ(describe(kRoot, ""), grpc::StatusCode::OK);
+  EXPECT_EQ(describe(kAlice2, ""), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(describe(kAlice2, std::nullopt), grpc::StatusCode::NOT_FOUND);
+  grpc::ClientContext context;
+  Authorize(&context, kRoot);
+  v1::DeleteGroupRequest request;
+  request.set_name("legacy");
+  request.set_tenant("");
+  v1::DeleteGroupResponse deleted;
+  grpc::Status status = Stub()->DeleteGroup(&context, request, &deleted);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(deleted.freed_host_bytes(), 1000u * kBytesPerElement);
+  EXPECT_EQ(describe(kRoot, ""), grpc::StatusCode::NOT_FOUND);
 }
 
 TEST_F(TenancyTest, MaxGroupsIsHitExactlyAtItsBoundary) {
