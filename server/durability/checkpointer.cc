@@ -426,14 +426,16 @@ absl::StatusOr<CheckpointOutcome> Checkpointer::Checkpoint(const CheckpointCall&
     Log(LogLevel::kError, "checkpoint ", CheckpointDirName(sequence),
         " failed: ", written.status().ToString());
   }
-  Record(outcome, absl::Now() - started);
+  Record(outcome, absl::Now() - started, call.tenant);
   return outcome;
 }
 
-void Checkpointer::Record(const absl::StatusOr<CheckpointOutcome>& outcome, absl::Duration took) {
+void Checkpointer::Record(const absl::StatusOr<CheckpointOutcome>& outcome, absl::Duration took,
+                          const std::optional<std::string>& tenant) {
   absl::MutexLock lock(&mu_);
   if (outcome.ok()) {
     stats_.last = *outcome;
+    stats_.last_tenant = tenant;
     stats_.last_duration_seconds = absl::ToDoubleSeconds(took);
     stats_.last_finished_unix_micros = absl::ToUnixMicros(absl::Now());
     ++stats_.written;

@@ -50,6 +50,9 @@ struct CheckpointOutcome {
 
 struct CheckpointStats {
   std::optional<CheckpointOutcome> last;
+  // The tenant whose call wrote `last` (its step is that tenant's groups');
+  // unset for an admin's call, the timer's and a daemon without tenants.
+  std::optional<std::string> last_tenant;
   double last_duration_seconds = 0;
   int64_t last_finished_unix_micros = 0;
   uint64_t written = 0;
@@ -148,7 +151,8 @@ class Checkpointer {
                     absl::string_view what, const std::string& tenant) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status WaitForStep(const std::vector<std::shared_ptr<Group>>& groups, uint64_t step,
                            const CheckpointCall& call);
-  void Record(const absl::StatusOr<CheckpointOutcome>& outcome, absl::Duration took);
+  void Record(const absl::StatusOr<CheckpointOutcome>& outcome, absl::Duration took,
+              const std::optional<std::string>& tenant = std::nullopt);
   // After the restore: the notes of moves of <state_dir>/MOVES back into the
   // store (a restored group among them sealed again), then every change of
   // the store's notes written there (move_notes_file.h).

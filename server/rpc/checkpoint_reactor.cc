@@ -66,14 +66,12 @@ void StartCheckpointCall(Checkpointer* checkpointer, grpc::CallbackServerContext
 }
 
 void CheckpointStatsToProto(const CheckpointStats& stats, bool whole_daemon,
-                            v1::GetStatsResponse* proto) {
+                            const std::string& tenant, v1::GetStatsResponse* proto) {
   if (stats.last) {
     v1::CheckpointInfo* last = proto->mutable_last_checkpoint();
     last->set_id(stats.last->id);
-    if (whole_daemon) {
-      last->set_step(stats.last->step);
-      last->set_bytes(stats.last->bytes);
-    }
+    if (whole_daemon || stats.last_tenant == tenant) last->set_step(stats.last->step);
+    if (whole_daemon) last->set_bytes(stats.last->bytes);
     last->set_duration_seconds(stats.last_duration_seconds);
     last->set_finished_unix_micros(stats.last_finished_unix_micros);
   }

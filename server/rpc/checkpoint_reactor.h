@@ -21,12 +21,13 @@ void StartCheckpointCall(Checkpointer* checkpointer, grpc::CallbackServerContext
                          bool all_tenants, const v1::CheckpointRequest& request,
                          grpc::ByteBuffer* response);
 
-// The durability fields of GetStats (20-25). Without `whole_daemon` (a
-// tenant's call on a daemon with tenants) the last checkpoint's step and
-// bytes are left out and the texts of refusals and failures, which may name
-// other tenants' groups, are replaced by a pointer to an admin's GetStats.
+// The durability fields of GetStats (20-25). Without `whole_daemon` (a call
+// of `tenant` on a daemon with tenants) the last checkpoint's bytes are left
+// out, and its step unless that tenant's own call wrote it, and the texts of
+// refusals and failures, which may name other tenants' groups, are replaced
+// by a pointer to an admin's GetStats.
 void CheckpointStatsToProto(const CheckpointStats& stats, bool whole_daemon,
-                            v1::GetStatsResponse* proto);
+                            const std::string& tenant, v1::GetStatsResponse* proto);
 
 // What a tenant's call is told instead of a refusal that may name other
 // tenants' groups (Checkpointer::writes_refused).

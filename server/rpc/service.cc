@@ -159,7 +159,7 @@ absl::Status OptimizerStateService::FillStats(const Caller& caller,
   response->set_lease_seconds(absl::ToInt64Seconds(store->lease_term()));
   // Totals over every group, on every page.
   if (checkpointer_ != nullptr) {
-    CheckpointStatsToProto(checkpointer_->Stats(), whole_daemon, response);
+    CheckpointStatsToProto(checkpointer_->Stats(), whole_daemon, caller.tenant, response);
   }
   if (regions_ != nullptr && whole_daemon) {
     const RegionRegistryStats r = regions_->Stats();
