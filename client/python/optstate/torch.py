@@ -761,6 +761,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._resume, self._finish_torn_step, self._takeover = "state_dict", False, False
         self._finish_to = None
         self._awaiting_load = None
+        self._pid = os.getpid()
         self.resumed_step = 0
         self._resumed_lrs = {}
         self._torn_hyperparameters = {}
