@@ -745,3 +745,11 @@ def test_a_forked_child_cannot_step_the_parents_optimizer(daemon, prefix):
     assert time.monotonic() - started < 10
     assert [g.max_step for g in opt.client.list_groups() if g.name.startswith(prefix)] == [2]
     opt.close()
+
+
+def test_betas_of_other_than_two_values_are_refused_at_construction(daemon, prefix):
+    # torch takes them and fails at its first step; the daemon stepped with the first two.
+    p = torch.nn.Parameter(torch.ones(4))
+    with pytest.raises(ValueError, match=r"betas must be a pair \(beta1, beta2\), got 3"):
+        RemoteAdamW([p], lr=1e-2, betas=(0.9, 0.999, 0.5), target=daemon.target,
+                    name_prefix=prefix)
