@@ -252,6 +252,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   parts->backend_name = std::string(parts->backend->name());
   const uint64_t max_host_bytes =
       options.max_host_bytes != 0 ? options.max_host_bytes : DefaultMaxHostBytes();
+  if (max_host_bytes < kStateBytesPerElement) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_host_bytes=", max_host_bytes, " holds no group: each element takes ",
+                     kStateBytesPerElement, " bytes (0: 80% of the memory this process may use)"));
+  }
+  if (const uint64_t may_use = MemoryThisProcessMayUse();
+      may_use != 0 && max_host_bytes > may_use) {
+    Log(LogLevel::kWarning, "--max_host_bytes=", max_host_bytes, " is more than the ", may_use,
+        " bytes of memory this process may use: groups past that are not refused, and the "
+        "kernel's OOM killer ends the daemon instead");
+  }
   const uint64_t grpc_buffer_bytes =
       options.grpc_buffer_bytes != 0 ? options.grpc_buffer_bytes : DefaultGrpcBufferBytes();
   if (grpc_buffer_bytes < 2 * static_cast<uint64_t>(options.max_message_bytes)) {
@@ -273,6 +284,20 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   if (absl::Status s = CheckPortFree("--listen", options.listen); !s.ok()) return s;
   if (!options.metrics_listen.empty()) {
+    // Each is free alone; the metrics would take it first and gRPC's own bind
+    // would fail after the restore, saying only "in use or not valid".
+    const auto port_of = [](const std::string& listen) -> std::string {
+      const size_t colon = listen.rfind(':');
+      return absl::StartsWith(listen, "unix:") || colon == std::string::npos
+                 ? ""
+                 : listen.substr(colon + 1);
+    };
+    const std::string port = port_of(options.listen);
+    if (!port.empty() && port != "0" && port == port_of(options.metrics_listen)) {
+      return absl::InvalidArgumentError(absl::StrCat("--metrics_listen=", options.metrics_listen,
+                                                     " and --listen=", options.listen,
+                                                     " name the same port: give each its own"));
+    }
     if (absl::Status s = CheckPortFree("--metrics_listen", options.metrics_listen); !s.ok()) {
       return s;
     }

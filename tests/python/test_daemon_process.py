@@ -253,3 +253,14 @@ def test_cuda_flags_out_of_bounds_are_refused_on_a_host_without_a_gpu_too(flag):
                          capture_output=True, text=True, timeout=30)
     assert run.returncode != 0, run.stderr
     assert "INVALID_ARGUMENT: " + flag.split("=")[0] + " must be" in run.stderr, run.stderr
+
+
+def test_a_max_host_bytes_that_holds_no_element_or_a_port_named_twice_is_refused():
+    # --max_host_bytes=11 was taken (no group could ever register); --listen and
+    # --metrics_listen on one port failed after the restore, "address in use or not valid?".
+    for flags, message in ((["--max_host_bytes=11"], "--max_host_bytes=11 holds no group"),
+                           (["--listen=127.0.0.1:47123", "--metrics_listen=127.0.0.1:47123"],
+                            "name the same port: give each its own")):
+        run = subprocess.run([os.environ["OPTSTATED"], "--listen=127.0.0.1:0", *flags],
+                             capture_output=True, text=True, timeout=30)
+        assert run.returncode != 0 and message in run.stderr, (flags, run.stderr)
