@@ -26,6 +26,13 @@ std::string HostBytesText(const GroupConfig& config) {
   return absl::StrCat(HostBytesFor(config));
 }
 
+// "group 'w'", or "group 'w' of tenant 'alice'" where the daemon has
+// tenants: two tenants' lines about a group of the same name stay apart.
+std::string GroupText(const GroupKey& key) {
+  return key.tenant.empty() ? absl::StrCat("group '", key.name, "'")
+                            : absl::StrCat("group '", key.name, "' of tenant '", key.tenant, "'");
+}
+
 }  // namespace
 
 absl::Status ValidateGroupName(const std::string& name) {
@@ -219,7 +226,7 @@ absl::StatusOr<StateStore::Registration> StateStore::Register(const GroupKey& ke
   }
   groups_.emplace(key, *group);
   ForgetNoteLocked(key);
-  Log(LogLevel::kInfo, "registered group '", key.name, "': ", config.num_elements, " elements, ",
+  Log(LogLevel::kInfo, "registered ", GroupText(key), ": ", config.num_elements, " elements, ",
       (*group)->num_pages(), " pages, ", needed, " host bytes");
   return Registration{*group, true};
 }
@@ -411,7 +418,7 @@ absl::StatusOr<uint64_t> StateStore::Delete(const GroupKey& key, const LeaseClai
   // A failure leaves the seal's own line in the file: a restart still
   // knows the move (the checkpointer logs it).
   if (noted) (void)MoveNotesChanged();
-  Log(LogLevel::kInfo, "deleted group '", key.name, "' at step ", group->MaxStep(), ", freeing ",
+  Log(LogLevel::kInfo, "deleted ", GroupText(key), " at step ", group->MaxStep(), ", freeing ",
       group->host_bytes(), " host bytes");
   const uint64_t freed = group->host_bytes();
   group.reset();  // Frees the memory unless a chunk in flight still holds it.
@@ -457,8 +464,8 @@ absl::StatusOr<std::shared_ptr<Group>> StateStore::Seal(const GroupKey& key,
         kept.code(),
         absl::StrCat("group '", key.name, "' was not sealed for its move: ", kept.message()));
   }
-  Log(LogLevel::kInfo, "group '", key.name, "' sealed at step ", (*group)->MaxStep(),
-      " for its move to ", moved_to);
+  Log(LogLevel::kInfo, GroupText(key), " sealed at step ", (*group)->MaxStep(), " for its move to ",
+      moved_to);
   return group;
 }
 
@@ -531,8 +538,8 @@ bool StateStore::Unregister(const std::shared_ptr<Group>& group) {
     }
   }
   if (removed) {
-    Log(LogLevel::kInfo, "removed group '", group->key().name,
-        "': the RegisterGroup call that created it did not complete");
+    Log(LogLevel::kInfo, "removed ", GroupText(group->key()),
+        ": the RegisterGroup call that created it did not complete");
     if (trimmer_ != nullptr) trimmer_->RequestTrim();
   }
   return removed;
