@@ -147,6 +147,10 @@ absl::StatusOr<int> Connect(const std::string& path, Reply* hello) {
     close(fd);
     return absl::UnavailableError(status.message());
   }
+  if (absl::Status refused = StatusOf(*hello); !refused.ok()) {
+    close(fd);  // The daemon took no connection (its limit of them).
+    return refused;
+  }
   return fd;
 }
 

@@ -71,7 +71,9 @@ void SetStatus(const absl::Status& status, Reply* reply);
 absl::Status StatusOf(const Reply& reply);
 
 // A client's side: connects to the region socket at `path` and reads the
-// daemon's greeting into `hello`. UNAVAILABLE when nothing serves there.
+// daemon's greeting into `hello`. UNAVAILABLE when nothing serves there; the
+// greeting's refusal (RESOURCE_EXHAUSTED: the daemon holds as many
+// connections as it takes) when it carries one.
 absl::StatusOr<int> Connect(const std::string& path, Reply* hello);
 // Sends `request` (with `fd` attached when >= 0) and waits for the reply;
 // UNAVAILABLE when the connection fails, else the reply (its code may say

@@ -135,11 +135,28 @@ void RegionSocketServer::Serve() {
     connections.pop_back();
   };
   for (;;) {
+    // A connection that has not authenticated within kAuthenticateWithin
+    // (where the daemon has tenants) is ended: ones that never do would
+    // otherwise hold the connection slots of every tenant's trainers.
+    const absl::Time now = absl::Now();
+    absl::Time first_due = absl::InfiniteFuture();
+    for (size_t i = connections.size(); i-- > 0;) {
+      if (connections[i].authenticated) continue;
+      const absl::Time due = connections[i].opened + kAuthenticateWithin;
+      if (due <= now) {
+        end_connection(i);
+      } else {
+        first_due = std::min(first_due, due);
+      }
+    }
+    const int timeout_ms = first_due == absl::InfiniteFuture()
+                               ? -1
+                               : static_cast<int>(absl::ToInt64Milliseconds(first_due - now)) + 1;
     polled.clear();
     polled.push_back({wake_fd_, POLLIN, 0});
     polled.push_back({listen_fd_, POLLIN, 0});
     for (const Connection& c : connections) polled.push_back({c.fd, POLLIN, 0});
-    if (poll(polled.data(), polled.size(), -1) < 0) {
+    if (poll(polled.data(), polled.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       Log(LogLevel::kError, "region socket: poll: ", std::strerror(errno));
       break;
@@ -215,6 +232,17 @@ void RegionSocketServer::Serve() {
             "; refusing connections for 100 ms");
         absl::SleepFor(absl::Milliseconds(100));
       } else if (fd >= 0 && connections.size() >= MaxConnections()) {
+        // Said, not only closed: the client names the limit instead of
+        // guessing at an unreachable socket.
+        rp::Reply refusal;
+        refusal.op = static_cast<uint32_t>(rp::Op::kHello);
+        rp::SetStatus(absl::ResourceExhaustedError(absl::StrCat(
+                          "the daemon's region socket holds ", connections.size(),
+                          " connections, as many as it takes; step over the wire, or retry once "
+                          "other clients have gone")),
+                      &refusal);
+        registry_->CountRefusal(absl::StatusCode::kResourceExhausted);
+        (void)rp::Send(fd, &refusal, sizeof(refusal));
         close(fd);
       } else if (fd >= 0) {
         // Replies are small and clients wait for each; a client that stops
@@ -223,7 +251,7 @@ void RegionSocketServer::Serve() {
         fcntl(fd, F_SETFL, flags | O_NONBLOCK);
         // With tokens, the session belongs to no tenant until authenticated.
         Connection c{fd, registry_->OpenSession(check_token_ ? std::string(1, '\0') : ""),
-                     check_token_ == nullptr};
+                     check_token_ == nullptr, 0, absl::Now()};
         rp::Reply hello;
         hello.op = static_cast<uint32_t>(rp::Op::kHello);
         std::memcpy(hello.daemon_id, daemon_id_.data(),

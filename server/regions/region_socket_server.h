@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "server/regions/region_registry.h"
 
 namespace optstate {
@@ -45,7 +46,10 @@ class RegionSocketServer {
     std::string key;
     bool authenticated = false;  // Always true without check_token_.
     uint64_t token_bytes = 0;    // After kAuthenticate: the next record is the token.
+    absl::Time opened;           // A connection not authenticated in time is ended.
   };
+  // Where the daemon has tenants, a connection must authenticate this soon.
+  static constexpr absl::Duration kAuthenticateWithin = absl::Seconds(10);
   void Serve();
   // Reads the token record kAuthenticate announced, sets the session's
   // tenant when check_token_ takes it, and answers; false when the

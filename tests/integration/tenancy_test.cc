@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -634,6 +635,31 @@ absl::Status RegisterMemfd(int socket, int memfd) {
   request.op = static_cast<uint32_t>(rp::Op::kRegister);
   absl::StatusOr<rp::Reply> reply = rp::Call(socket, request, memfd);
   return reply.ok() ? rp::StatusOf(*reply) : reply.status();
+}
+
+// A region socket connection that never authenticates is ended after 10 s
+// (ones that never did held the connection slots of every tenant's
+// trainers); an authenticated one stays.
+TEST_F(TenancyTest, ARegionSocketConnectionThatNeverAuthenticatesIsEnded) {
+  StartDaemon();
+  const std::string path = RegionSocketOf(daemon_->target(), kAlice2);
+  ASSERT_FALSE(path.empty());
+  rp::Reply hello;
+  absl::StatusOr<int> anonymous = rp::Connect(path, &hello);
+  ASSERT_TRUE(anonymous.ok()) << anonymous.status();
+  absl::StatusOr<int> alices = rp::Connect(path, &hello);
+  ASSERT_TRUE(alices.ok()) << alices.status();
+  ASSERT_TRUE(rp::Authenticate(*alices, kAlice2).ok());
+  absl::SleepFor(absl::Seconds(11));
+  char byte;
+  EXPECT_EQ(recv(*anonymous, &byte, 1, MSG_DONTWAIT), 0) << "still open";
+  const uint64_t bytes = kPage * sizeof(float);
+  absl::StatusOr<int> memfd = rp::CreateSealedMemfd("tenancy", bytes);
+  ASSERT_TRUE(memfd.ok());
+  EXPECT_TRUE(RegisterMemfd(*alices, *memfd).ok());
+  close(*memfd);
+  close(*anonymous);
+  close(*alices);
 }
 
 TEST_F(TenancyTest, TheRegionSocketNeedsATokenAndARegionIsNamedOnlyByItsTenant) {

@@ -76,6 +76,9 @@ absl::Status SharedMemoryPlane::Connect(grpc::Channel* channel, const ClientOpti
   }
   rp::Reply hello;
   absl::StatusOr<int> socket = rp::Connect(response.region_socket(), &hello);
+  if (!socket.ok() && absl::IsResourceExhausted(socket.status())) {
+    return socket.status();  // The daemon's limit of connections, said by it.
+  }
   if (!socket.ok()) {
     const bool denied = absl::StrContains(socket.status().message(), "ermission denied");
     return absl::FailedPreconditionError(absl::StrCat(
