@@ -90,7 +90,8 @@ class Checkpointer {
   // waited for earlier checkpoints to be written; NOT_FOUND when a named group is deleted
   // while it waits; FAILED_PRECONDITION, writing nothing, while a checkpoint
   // found at start was refused (every one, or one newer than the one
-  // restored: writes_refused()); the writer's errors.
+  // restored: writes_refused()); UNAVAILABLE, writing nothing, when a wait
+  // for wait_for_step is ended by EndWaitsForSteps; the writer's errors.
   absl::StatusOr<CheckpointOutcome> Checkpoint(const CheckpointCall& call);
   // Checkpoint on a thread of its own; `done` runs on that thread, or at
   // once with RESOURCE_EXHAUSTED when kMaxCallsPerTenant calls of the
@@ -99,7 +100,7 @@ class Checkpointer {
   // tenant's waiting calls (each may wait for a step until its deadline)
   // then leave room for the others'.
   static constexpr size_t kMaxCallsPerTenant = 64;
-  static constexpr size_t kMaxCallsInFlight = 512;
+  static constexpr size_t kMaxCallsInFlight = 256;
   void CheckpointAsync(CheckpointCall call,
                        std::function<void(absl::StatusOr<CheckpointOutcome>)> done);
 

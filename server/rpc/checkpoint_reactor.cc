@@ -70,9 +70,14 @@ void CheckpointStatsToProto(const CheckpointStats& stats, bool whole_daemon,
   if (stats.last) {
     v1::CheckpointInfo* last = proto->mutable_last_checkpoint();
     last->set_id(stats.last->id);
-    if (whole_daemon || stats.last_tenant == tenant) last->set_step(stats.last->step);
+    const bool own = whole_daemon || stats.last_tenant == tenant;
+    if (own) {
+      last->set_step(stats.last->step);
+      // Its time grows with every tenant's bytes: told to the tenant whose
+      // call wrote it, and to admins.
+      last->set_duration_seconds(stats.last_duration_seconds);
+    }
     if (whole_daemon) last->set_bytes(stats.last->bytes);
-    last->set_duration_seconds(stats.last_duration_seconds);
     last->set_finished_unix_micros(stats.last_finished_unix_micros);
   }
   proto->set_checkpoints_written(stats.written);

@@ -23,7 +23,8 @@ void StartCheckpointCall(Checkpointer* checkpointer, grpc::CallbackServerContext
 
 // The durability fields of GetStats (20-25). Without `whole_daemon` (a call
 // of `tenant` on a daemon with tenants) the last checkpoint's bytes are left
-// out, and its step unless that tenant's own call wrote it, and the texts of
+// out, and its step and duration unless that tenant's own call wrote it (the
+// counts of checkpoints written and failed stay the daemon's), and the texts of
 // refusals and failures, which may name other tenants' groups, are replaced
 // by a pointer to an admin's GetStats.
 void CheckpointStatsToProto(const CheckpointStats& stats, bool whole_daemon,

@@ -378,7 +378,7 @@ grpc::ServerUnaryReactor* OptimizerStateService::RewindJob(grpc::CallbackServerC
           for (const std::string& g : outcome->groups) reply.add_groups(g);
           for (const std::string& p : outcome->passed_over) reply.add_passed_over(p);
           reply.set_written_checkpoint_id(outcome->written_checkpoint_id);
-          reply.set_not_written(!whole_daemon &&
+          reply.set_not_written(!whole_daemon && !outcome->not_written.empty() &&
                                         outcome->not_written == checkpointer_->writes_refused()
                                     ? kRefusalsForAdmins
                                     : outcome->not_written);

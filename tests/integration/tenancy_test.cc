@@ -515,6 +515,20 @@ TEST_F(TenancyTest, ATenantIsNotToldOtherTenantsCheckpointsOrRefusals) {
   EXPECT_EQ(root_sees.last_checkpoint().bytes(), roots.bytes());
   EXPECT_GT(root_sees.heap_resident_bytes(), 0u);
 
+  {
+    // A rewind that wrote its checkpoint says nothing was left unwritten.
+    grpc::ClientContext context;
+    Authorize(&context, kBob);
+    v1::RewindJobRequest rewind;
+    rewind.set_prefix("bobs-");
+    rewind.set_step(3);
+    v1::RewindJobResponse rewound;
+    grpc::Status status = Stub()->RewindJob(&context, rewind, &rewound);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_FALSE(rewound.written_checkpoint_id().empty());
+    EXPECT_EQ(rewound.not_written(), "");
+  }
+
   // Restarted with room for alice's group and not bob's: the restore is
   // refused naming bob's group, and no checkpoint is written after it.
   absl::StatusOr<int> exit = daemon_->Stop();
