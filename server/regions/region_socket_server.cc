@@ -27,7 +27,8 @@ namespace {
 
 namespace rp = region_protocol;
 
-// Connections beyond this are closed as they come: at most 4096, and at most
+// Connections beyond this are answered RESOURCE_EXHAUSTED and closed as they
+// come: at most 4096, and at most
 // a quarter of the process's descriptor limit, so region clients cannot take
 // the descriptors gRPC and checkpoints need.
 size_t MaxConnections() {
@@ -138,20 +139,23 @@ void RegionSocketServer::Serve() {
     // A connection that has not authenticated within kAuthenticateWithin
     // (where the daemon has tenants) is ended: ones that never do would
     // otherwise hold the connection slots of every tenant's trainers.
-    const absl::Time now = absl::Now();
-    absl::Time first_due = absl::InfiniteFuture();
+    const auto now = std::chrono::steady_clock::now();
+    auto first_due = std::chrono::steady_clock::time_point::max();
     for (size_t i = connections.size(); i-- > 0;) {
       if (connections[i].authenticated) continue;
-      const absl::Time due = connections[i].opened + kAuthenticateWithin;
+      const auto due = connections[i].opened + kAuthenticateWithin;
       if (due <= now) {
         end_connection(i);
       } else {
         first_due = std::min(first_due, due);
       }
     }
-    const int timeout_ms = first_due == absl::InfiniteFuture()
-                               ? -1
-                               : static_cast<int>(absl::ToInt64Milliseconds(first_due - now)) + 1;
+    const int timeout_ms =
+        first_due == std::chrono::steady_clock::time_point::max()
+            ? -1
+            : static_cast<int>(
+                  std::chrono::duration_cast<std::chrono::milliseconds>(first_due - now).count()) +
+                  1;
     polled.clear();
     polled.push_back({wake_fd_, POLLIN, 0});
     polled.push_back({listen_fd_, POLLIN, 0});
@@ -251,7 +255,7 @@ void RegionSocketServer::Serve() {
         fcntl(fd, F_SETFL, flags | O_NONBLOCK);
         // With tokens, the session belongs to no tenant until authenticated.
         Connection c{fd, registry_->OpenSession(check_token_ ? std::string(1, '\0') : ""),
-                     check_token_ == nullptr, 0, absl::Now()};
+                     check_token_ == nullptr, 0, std::chrono::steady_clock::now()};
         rp::Reply hello;
         hello.op = static_cast<uint32_t>(rp::Op::kHello);
         std::memcpy(hello.daemon_id, daemon_id_.data(),

@@ -4,13 +4,13 @@
 #ifndef OPTSTATE_SERVER_REGIONS_REGION_SOCKET_SERVER_H_
 #define OPTSTATE_SERVER_REGIONS_REGION_SOCKET_SERVER_H_
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
 #include "server/regions/region_registry.h"
 
 namespace optstate {
@@ -46,10 +46,12 @@ class RegionSocketServer {
     std::string key;
     bool authenticated = false;  // Always true without check_token_.
     uint64_t token_bytes = 0;    // After kAuthenticate: the next record is the token.
-    absl::Time opened;           // A connection not authenticated in time is ended.
+    // A connection not authenticated in time is ended (a steady clock: a
+    // step of the wall clock ends none early).
+    std::chrono::steady_clock::time_point opened;
   };
   // Where the daemon has tenants, a connection must authenticate this soon.
-  static constexpr absl::Duration kAuthenticateWithin = absl::Seconds(10);
+  static constexpr std::chrono::seconds kAuthenticateWithin{10};
   void Serve();
   // Reads the token record kAuthenticate announced, sets the session's
   // tenant when check_token_ takes it, and answers; false when the
