@@ -406,15 +406,18 @@ class Staging:
                 if slot.to_check is not None:
                     by_engine.setdefault(slot.copies, []).append((slot, slot.to_check))
                     slot.to_check = None
+        again = []
         for copies, checked in by_engine.items():
             changed = copies.changed([grad for _, grad in checked],
                                      [slot.fingerprint for slot, _ in checked])
             for (slot, grad), differs in zip(checked, changed):
                 if differs:
                     self._copy_gradient(slot, grad, weakref.ref(grad), early=False)
-                    with self._lock:
-                        self._counters.gradients_changed_in_place += 1
-                    slot.grad_copied.synchronize()
+                    again.append(slot)
+        with self._lock:
+            self._counters.gradients_changed_in_place += len(again)
+        for slot in again:  # all issued first, then waited for
+            slot.grad_copied.synchronize()
 
     def wait_for_gradients(self, params) -> None:
         """Blocks until the gradient copies of `params` are in their host slots."""

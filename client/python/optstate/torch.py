@@ -306,7 +306,7 @@ def _check_schedulers_fresh(scheduler) -> None:
                          "depends on the metrics it was given; save its state_dict() with "
                          "your checkpoint and load it instead")
     held = _held_schedulers(scheduler)
-    if not held and getattr(scheduler, "last_epoch", 0) > 0:
+    if getattr(scheduler, "last_epoch", 0) > 0:
         raise ValueError(f"the scheduler ({type(scheduler).__name__}) was stepped "
                          f"{scheduler.last_epoch} times since it was made: make it anew, "
                          "as at the job's start, and call resume_scheduler() before any "
@@ -611,6 +611,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         daemon. Refused (torch's exception, or the daemon's) with ``param_groups`` as it
         was: a group is appended only once every check passed and its parameters are
         registered."""
+        self._check_not_forked()
         before = len(self.param_groups)
         super().add_param_group(param_group)
         group = self.param_groups[-1]
@@ -1356,10 +1357,12 @@ class RemoteAdamW(torch.optim.Optimizer):
         return loss
 
     def _check_not_forked(self) -> None:
-        """RuntimeError in a process forked from the one that made this optimizer: the
+        """RuntimeError in a process forked from the one that made this optimizer (step,
+        state_dict, load_state_dict, add_param_group, resume_scheduler): the
         connection it inherited is its parent's (gRPC's does not survive a fork; the parent's
         next call then waited for attempt_timeout), and so are the groups."""
-        if os.getpid() != self._pid:
+        made_in = getattr(self, "_pid", None)  # None while torch's __init__ adds groups
+        if made_in is not None and os.getpid() != made_in:
             raise RuntimeError(
                 f"this RemoteAdamW was made in process {self._pid}; process {os.getpid()} is a "
                 "fork of it, and a fork cannot use the parent's connection to the daemon, nor "
@@ -1738,6 +1741,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         (``resume="daemon"`` with the daemon's record of the last step), for a scheduler
         already stepped since it was made, and for ReduceLROnPlateau, whose lr depends on
         the metrics it was given (restore it from its state_dict())."""
+        self._check_not_forked()
         if self.resumed_step == 0 or not self._resumed_lrs:
             raise ValueError("resume_scheduler() needs an optimizer made with resume='daemon' "
                              "that found the job at a step > 0, with the daemon's record of "
@@ -1948,6 +1952,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         ``"master_param"``: the daemon's float32 master weights, shaped like the parameter,
         which :meth:`load_state_dict` imports (torch.optim.AdamW keeps the entry, cast to
         the parameter's dtype, and never reads it)."""
+        self._check_not_forked()
         for pre_hook in self._optimizer_state_dict_pre_hooks.values():
             pre_hook(self)
         state, groups = {}, []
@@ -2003,6 +2008,7 @@ class RemoteAdamW(torch.optim.Optimizer):
         or one whose parameters have moved on since). A parameter without state starts
         afresh (step 0, zero moments). torch's load-state-dict pre hooks run first (one may
         return a replacement dict), its post hooks last."""
+        self._check_not_forked()
         state_dict = state_dict.copy()  # shallow, as torch's
         for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
             result = pre_hook(self, state_dict)
