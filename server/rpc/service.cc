@@ -102,13 +102,15 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* OptimizerStateServi
 grpc::ServerUnaryReactor* OptimizerStateService::GetStats(grpc::CallbackServerContext* context,
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
+  // A call refused during the shutdown does none of the work.
+  grpc::ServerUnaryReactor* reactor;
+  if (!unary_calls_.Begin(context, &reactor)) return reactor;
   v1::GetStatsRequest parsed;
   v1::GetStatsResponse reply;
   absl::StatusOr<Caller> caller = CallerOf(context);
   absl::Status status = caller.ok() ? ParseRawMessage(*request, &parsed) : caller.status();
   if (status.ok()) status = FillStats(*caller, parsed, &reply);
-  grpc::ServerUnaryReactor* reactor;
-  if (unary_calls_.Begin(context, &reactor)) Reply(reactor, std::move(status), reply, response);
+  Reply(reactor, std::move(status), reply, response);
   return reactor;
 }
 
@@ -208,13 +210,14 @@ absl::Status OptimizerStateService::FillStats(const Caller& caller,
 grpc::ServerUnaryReactor* OptimizerStateService::ListGroups(grpc::CallbackServerContext* context,
                                                             const grpc::ByteBuffer* request,
                                                             grpc::ByteBuffer* response) {
+  grpc::ServerUnaryReactor* reactor;
+  if (!unary_calls_.Begin(context, &reactor)) return reactor;
   v1::ListGroupsRequest parsed;
   v1::ListGroupsResponse reply;
   absl::StatusOr<Caller> caller = CallerOf(context);
   absl::Status status = caller.ok() ? ParseRawMessage(*request, &parsed) : caller.status();
   if (status.ok()) status = FillGroupList(*caller, parsed, &reply);
-  grpc::ServerUnaryReactor* reactor;
-  if (unary_calls_.Begin(context, &reactor)) Reply(reactor, std::move(status), reply, response);
+  Reply(reactor, std::move(status), reply, response);
   return reactor;
 }
 
@@ -244,6 +247,8 @@ absl::Status OptimizerStateService::FillGroupList(const Caller& caller,
 grpc::ServerUnaryReactor* OptimizerStateService::DescribeGroup(grpc::CallbackServerContext* context,
                                                                const grpc::ByteBuffer* request,
                                                                grpc::ByteBuffer* response) {
+  grpc::ServerUnaryReactor* reactor;
+  if (!unary_calls_.Begin(context, &reactor)) return reactor;
   v1::DescribeGroupRequest parsed;
   v1::DescribeGroupResponse reply;
   absl::StatusOr<Caller> caller = CallerOf(context);
@@ -257,8 +262,7 @@ grpc::ServerUnaryReactor* OptimizerStateService::DescribeGroup(grpc::CallbackSer
     }
     status = group.status();
   }
-  grpc::ServerUnaryReactor* reactor;
-  if (unary_calls_.Begin(context, &reactor)) Reply(reactor, std::move(status), reply, response);
+  Reply(reactor, std::move(status), reply, response);
   return reactor;
 }
 
