@@ -129,14 +129,17 @@ absl::Status StateImport::AddChunk(StateTensor tensor, uint64_t offset, absl::st
                                                             : group.max_exp_avg_sq()) +
                         offset;
   std::memcpy(target, data.data(), data.size());
+  // What a step can leave is taken, nothing else: a finite gradient's square
+  // can overflow float32, so the squares may be +inf (torch's AdamW holds the
+  // same inf, and ExportState gives it); params and exp_avg stay finite.
   const bool squares = tensor == StateTensor::kExpAvgSq || tensor == StateTensor::kMaxExpAvgSq;
   for (uint64_t i = 0; i < count; ++i) {
-    if (!std::isfinite(target[i]) || (squares && target[i] < 0)) {
-      const float bad = target[i];
+    const float value = target[i];
+    if (squares ? !(value >= 0) : !std::isfinite(value)) {  // NaN fails >= too.
       std::memset(target, 0, data.size());  // Nothing of a refused chunk stays.
       return absl::InvalidArgumentError(
-          absl::StrCat(name, " element ", offset + i, " is ", bad,
-                       squares ? absl::StrCat("; ", name, " must be finite and >= 0")
+          absl::StrCat(name, " element ", offset + i, " is ", value,
+                       squares ? absl::StrCat("; ", name, " must be >= 0 (+inf allowed), not nan")
                                : std::string("; values must be finite")));
     }
   }

@@ -910,3 +910,30 @@ def test_a_rebalance_killed_part_way_can_be_undone_by_a_rebalance_back(fresh_dae
     for step in (1, 2):
         step_all(reference, groups, step)
     assert_bit_identical(outs, step_all(reference, groups, 3))
+
+
+def test_a_group_whose_exp_avg_sq_overflowed_moves_and_steps_on(fresh_daemons):
+    # A finite gradient of 1e22 squares past float32's range: exp_avg_sq holds inf, in
+    # torch's AdamW as in the daemon. ImportState refused that inf, so Rebalance stopped at
+    # the import with the group sealed on its old daemon, where no step could reach it.
+    daemons = [fresh_daemons() for _ in range(3)]
+    moving = [{"target": d.target, "identity": f"optstated-{i}"}
+              for i, d in enumerate(daemons[:2])]
+    alone = optstate.Client(daemons[2].target, **WIRE)
+    client = optstate.Client(moving[:1], **WIRE)
+    groups = model([1000] * 16)
+    register(client, groups)
+    register(alone, groups)
+    for c in (client, alone):
+        batch = []
+        for name, values in groups.items():
+            grad = gradient(sum(map(ord, name)), values.size).copy()
+            grad[7] = 1e22
+            batch.append((name, grad, np.empty_like(grad)))
+        c.step(batch, 1)
+    done = client.rebalance(moving)
+    assert done["moved"] > 0, done
+    moved = [g.name for g in client.list_groups() if g.member == "optstated-1"]
+    assert moved, "no group moved to the second daemon"
+    after = step_all(optstate.Client(moving, **WIRE), groups, 2)
+    assert_bit_identical(after, step_all(alone, groups, 2))

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "server/backends/cpu/cpu_backend.h"
@@ -134,7 +135,8 @@ TEST_F(StateImportTest, AnAmsgradGroupNeedsItsMaxExpAvgSqAndOthersRefuseIt) {
   EXPECT_THAT(std::string(refused.status().message()),
               HasSubstr("max_exp_avg_sq covering elements [0, 0) of 100"));
   absl::Status negative = missing->AddChunk(StateTensor::kMaxExpAvgSq, 0, Floats(100, -1.0f));
-  EXPECT_THAT(std::string(negative.message()), HasSubstr("max_exp_avg_sq must be finite and >= 0"));
+  EXPECT_THAT(std::string(negative.message()),
+              HasSubstr("max_exp_avg_sq must be >= 0 (+inf allowed), not nan"));
   ASSERT_TRUE(missing->AddChunk(StateTensor::kMaxExpAvgSq, 0, Floats(100, 0.75f)).ok());
   ASSERT_TRUE(missing->Commit().ok());
   absl::StatusOr<std::shared_ptr<Group>> group = store_.Find({"", "a"});
@@ -152,6 +154,39 @@ TEST_F(StateImportTest, AnAmsgradGroupNeedsItsMaxExpAvgSqAndOthersRefuseIt) {
   absl::Status extra = plain->AddChunk(StateTensor::kMaxExpAvgSq, 0, Floats(100, 1.0f));
   EXPECT_EQ(extra.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(extra.message()), HasSubstr("amsgrad=false"));
+}
+
+// A step can leave +inf in the squares (a finite gradient of 1e22 squared);
+// an import takes it. NaN there, or any non-finite param or exp_avg, is
+// refused, and the refused chunk leaves nothing.
+TEST_F(StateImportTest, SquaresMayBeInfiniteButNothingElseThatIsNotFinite) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  absl::StatusOr<std::unique_ptr<StateImport>> import =
+      StateImport::Begin(&store_, &backend_, StateHeader{{"", "g"}, 100, {}});
+  ASSERT_TRUE(import.ok()) << import.status();
+  StateImport& chunks = **import;
+  ASSERT_TRUE(chunks.AddChunk(StateTensor::kPageSteps, 0, Steps({1})).ok());
+  for (StateTensor t : {StateTensor::kParams, StateTensor::kExpAvg}) {
+    for (float bad : {inf, -inf, nan}) {
+      absl::Status refused = chunks.AddChunk(t, 0, Floats(100, bad));
+      EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << bad;
+      EXPECT_THAT(std::string(refused.message()), HasSubstr("values must be finite"));
+    }
+  }
+  ASSERT_TRUE(chunks.AddChunk(StateTensor::kParams, 0, Floats(100, 1.0f)).ok());
+  ASSERT_TRUE(chunks.AddChunk(StateTensor::kExpAvg, 0, Floats(100, 0.5f)).ok());
+  for (float bad : {nan, -inf, -1.0f}) {
+    absl::Status refused = chunks.AddChunk(StateTensor::kExpAvgSq, 0, Floats(100, bad));
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(refused.message()), HasSubstr("exp_avg_sq must be >= 0"));
+  }
+  ASSERT_TRUE(chunks.AddChunk(StateTensor::kExpAvgSq, 0, Floats(100, inf)).ok());
+  ASSERT_TRUE(chunks.Commit().ok());
+  absl::StatusOr<std::shared_ptr<Group>> group = store_.Find({"", "g"});
+  ASSERT_TRUE(group.ok());
+  EXPECT_EQ((*group)->exp_avg_sq()[99], inf);
+  EXPECT_EQ((*group)->params()[0], 1.0f);
 }
 
 TEST_F(StateImportTest, ABackendThatCannotTakeTheStateLeavesNothingVisible) {
