@@ -350,13 +350,12 @@ class RequestScanner {
 absl::Status ReadStepRequest(grpc::ByteBuffer* buffer, size_t max_packed, StepMessage* message) {
   message->request.Clear();
   message->gradients.clear();
-  message->slices.clear();
+  message->slices.Clear();
   const size_t total = buffer->Length();
-  const grpc::Status dumped = buffer->Dump(&message->slices);
-  buffer->Clear();
+  const grpc::Status dumped = message->slices.TakeFrom(buffer);
   if (!dumped.ok()) return NotAStepRequest("its bytes cannot be read");
   if (total > static_cast<size_t>(INT_MAX)) return NotAStepRequest("larger than 2 GiB");
-  SlicesInputStream stream(message->slices);
+  SlicesInputStream stream(message->slices.slices());
   CodedInputStream input(&stream);
   input.SetTotalBytesLimit(INT_MAX);
   input.PushLimit(static_cast<int>(total));
@@ -364,7 +363,7 @@ absl::Status ReadStepRequest(grpc::ByteBuffer* buffer, size_t max_packed, StepMe
   if (!status.ok()) {
     message->request.Clear();
     message->gradients.clear();
-    message->slices.clear();
+    message->slices.Clear();
   }
   return status;
 }

@@ -11,9 +11,9 @@
 
 #include "absl/status/status.h"
 #include "grpcpp/support/byte_buffer.h"
-#include "grpcpp/support/slice.h"
 #include "optstate/v1/optstate.pb.h"
 #include "server/base/segmented_bytes.h"
+#include "server/rpc/received_slices.h"
 
 namespace optstate {
 
@@ -32,8 +32,8 @@ struct StepMessage {
   v1::StepRequest request;
   // Per chunk: [0] the request's own gradient, [i] that of request.more(i-1).
   std::vector<SegmentedBytes> gradients;
-  // The message's bytes, kept for the gradients.
-  std::vector<grpc::Slice> slices;
+  // The message's bytes, kept for the gradients (released from any thread).
+  ReceivedSlices slices;
   // The plan the message uses (StepRequest.plan, no group), once found by
   // the Step reactor: its chunks are the message's. Null otherwise.
   std::shared_ptr<const StepPlan> plan;

@@ -269,7 +269,7 @@ TEST(ReadStepRequest, BytesThatAreNotAStepRequestAreInvalidArgument) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   EXPECT_NE(status.message().find("StepRequest"), std::string::npos) << status;
   EXPECT_TRUE(message.gradients.empty());
-  EXPECT_TRUE(message.slices.empty());
+  EXPECT_TRUE(message.slices.slices().empty());
 }
 
 }  // namespace
