@@ -98,6 +98,13 @@ ABSL_FLAG(uint64_t, max_host_bytes, Default().max_host_bytes,
           "Host memory all groups may take together (12 bytes per element); registrations "
           "past it get RESOURCE_EXHAUSTED. 0 means 80% of the memory this process may use: the "
           "host's, or its cgroup's limit (a container's --memory) where lower.");
+ABSL_FLAG(uint64_t, grpc_buffer_bytes, Default().grpc_buffer_bytes,
+          "Most memory gRPC may hold for messages on their way in and out (a memory quota): "
+          "past it new streams get smaller windows, and when it is used up gRPC cancels "
+          "streams (RESOURCE_EXHAUSTED \"Buffers full\"), so clients sending many large "
+          "messages at once, or never finishing them, cannot take the daemon's memory. 0 means "
+          "a tenth of the memory this process may use, at least 1 GiB; at least two "
+          "--max_message_bytes.");
 ABSL_FLAG(int, max_message_bytes, Default().max_message_bytes,
           absl::StrCat("Largest request or reply message, in bytes (chunks of step and values); "
                        "at least one page of float32 plus ",
@@ -245,6 +252,7 @@ int main(int argc, char** argv) {
   options.threads = absl::GetFlag(FLAGS_threads);
   options.max_host_bytes = absl::GetFlag(FLAGS_max_host_bytes);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.grpc_buffer_bytes = absl::GetFlag(FLAGS_grpc_buffer_bytes);
   options.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
   options.page_elements = absl::GetFlag(FLAGS_page_elements);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);

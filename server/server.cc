@@ -92,6 +92,12 @@ uint64_t DefaultMaxHostBytes() {
   return may_use / 10 * 8;
 }
 
+// A tenth of what this process may use, at least 1 GiB: with the default
+// --max_host_bytes (80%), what gRPC holds in messages stays within the rest.
+uint64_t DefaultGrpcBufferBytes() {
+  return std::max<uint64_t>(MemoryThisProcessMayUse() / 10, 1ull << 30);
+}
+
 // A unix: listen socket gets the permission bits asked for (gRPC creates it
 // with the umask's).
 absl::Status ApplyListenSocketMode(const ServerOptions& options) {
@@ -257,6 +263,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         " bytes of memory this process may use: groups past that are not refused, and the "
         "kernel's OOM killer ends the daemon instead");
   }
+  const uint64_t grpc_buffer_bytes =
+      options.grpc_buffer_bytes != 0 ? options.grpc_buffer_bytes : DefaultGrpcBufferBytes();
+  if (grpc_buffer_bytes < 2 * static_cast<uint64_t>(options.max_message_bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--grpc_buffer_bytes=", grpc_buffer_bytes, " is less than two messages of ",
+                     "--max_message_bytes=", options.max_message_bytes,
+                     ": a step's request and its reply could not both be held"));
+  }
   parts->trimmer =
       std::make_unique<HeapTrimmer>(options.heap_trim_interval, options.heap_trim_slack_bytes);
   parts->store = std::make_unique<StateStore>(parts->backend.get(), max_host_bytes,
@@ -359,6 +373,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  // gRPC buffers a unary request whole before any handler (and so any token
+  // check) sees it: without a bound, one client's half-sent 60 MiB requests
+  // held 2.4 GB of the daemon's memory after 1.6 s (docs/decisions.md).
+  grpc::ResourceQuota quota("optstated");
+  quota.Resize(grpc_buffer_bytes);
+  builder.SetResourceQuota(quota);
   builder.RegisterService(parts->service.get());
   builder.RegisterService(parts->data_plane->service());
   RouteProtobufLogToTheDaemonLog();  // A request's bad UTF-8: a line a second at most.

@@ -26,6 +26,13 @@ struct ServerOptions {
   int threads = 0;                                // 0: one per hardware thread.
   uint64_t max_host_bytes = 0;  // 0: 80% of memory, or of the cgroup's limit where lower.
   int max_message_bytes = 64 << 20;               // Largest request or reply.
+  // Most memory gRPC may hold for messages on their way in and out (a
+  // grpc::ResourceQuota): past it new streams get smaller windows, and when
+  // it is used up gRPC cancels streams ("Buffers full"), so a client holding
+  // many half-sent messages (before any token is checked) cannot take the
+  // daemon's memory. 0: a tenth of the memory this process may use, at
+  // least 1 GiB.
+  uint64_t grpc_buffer_bytes = 0;
   uint64_t page_elements = kDefaultPageElements;  // Exactly-once granularity.
   // A Step or RegisterGroup stream with nothing read, applied or written for
   // this long is ended with UNAVAILABLE; zero or infinite: never.

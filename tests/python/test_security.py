@@ -10,6 +10,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import daemon_logs
+import raw_http2
 import optstate
 from models import MLP
 from optstate.torch import RemoteAdamW
@@ -319,3 +321,78 @@ def test_a_client_of_several_tls_daemons_with_a_token_steps_on_each(secure_daemo
     with pytest.raises(optstate.Unauthenticated, match="daemon 'localhost:"):
         optstate.Client(targets, tls_root_ca=ca, max_attempts=1).list_groups()
 
+
+def _rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_half_sent_requests_without_a_token_hold_at_most_the_grpc_buffer_bytes(fresh_daemons,
+                                                                              tmp_path):
+    # gRPC reads a unary request whole before any handler (and so the token check) sees it:
+    # one client with no token, 300 GetStats calls each claiming 60 MiB and sending 4 MiB of
+    # it, made the daemon hold 1.2 GB for as long as it kept the connection (2.4 GB with
+    # 600). --grpc_buffer_bytes bounds it: gRPC resets streams past it.
+    token = "a-token-of-this-test-0c1d"
+    daemon_logs.record_secrets(token)
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"t {hashlib.sha256(token.encode()).hexdigest()}\n")
+    limit = 256 << 20
+    d = fresh_daemons(f"--auth_tokens_file={tokens}", f"--grpc_buffer_bytes={limit}",
+                      "--region_socket=none")
+    before = _rss_bytes(d.process.pid)
+    attacker = raw_http2.PartialRequests(d.port)
+    try:
+        for _ in range(300):
+            attacker.open("/optstate.v1.OptimizerState/GetStats", 60 << 20)
+        attacker.feed(4 << 20)
+        held = _rss_bytes(d.process.pid) - before
+        assert attacker.reset, "no stream was reset: the bound was never reached"
+        assert held < limit + (192 << 20), f"{held >> 20} MiB held for half-sent requests"
+    finally:
+        attacker.close()
+    stats = optstate.Client(d.target, token=token).stats()  # still serving
+    assert stats["num_groups"] == 0
+
+
+def test_clients_stepping_under_a_small_grpc_buffer_bound_are_reset_not_crashed(fresh_daemons):
+    # Memory the quota counts (a step's request, kept for its gradients) was freed on a
+    # worker thread with no gRPC ExecCtx; under pressure gRPC 1.51 then registered its
+    # reclaimer through ExecCtx::Run and the daemon died of SIGSEGV (8 clients of 2 M
+    # elements under 20 MiB: one run in three). Now: some steps are reset, none crashes.
+    d = fresh_daemons("--grpc_buffer_bytes=20971520", "--max_message_bytes=2097152",
+                      "--region_socket=none")
+    size = 2 << 20
+    reset = []
+    failures = []
+
+    def steps(i, rounds):
+        try:
+            c = optstate.Client(d.target, data_plane="wire", max_attempts=1)
+            c.register(f"q{i}", size)
+            grad = np.full(size, 0.25, np.float32)
+            out = np.empty_like(grad)
+            for step in range(1, rounds + 1):
+                try:
+                    c.step([(f"q{i}", grad, out)], step)
+                except (optstate.ResourceExhausted, optstate.Unavailable):
+                    reset.append(i)  # A stream or connection reset past the bound.
+                    return
+        except Exception as e:  # noqa: BLE001 - reported below, by the main thread
+            failures.append(repr(e))
+
+    for _ in range(4):
+        workers = [threading.Thread(target=steps, args=(i, 40)) for i in range(8)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(timeout=120)
+        assert d.process.poll() is None, f"optstated died (exit {d.process.returncode})"
+        for i in range(8):
+            optstate.Client(d.target, data_plane="wire").delete(f"q{i}")
+    assert not failures, failures
+    assert reset, "no step was reset: the bound was never reached"
+    assert optstate.Client(d.target).stats()["num_groups"] == 0
