@@ -358,6 +358,42 @@ def test_a_torn_step_is_refused_then_finished_or_loaded(fresh_daemons, prefix):
     opt.close()
 
 
+def test_a_torn_first_step_is_refused_then_finished(fresh_daemons, prefix):
+    # Step 1 reached fc1.weight only: the groups behind were at step 0, where frozen
+    # parameters' groups stay too, and resume="daemon" attached at step 1 silently, taking
+    # them for frozen: their step-1 gradients were never applied.
+    d = fresh_daemons("--lease_seconds=1")
+    expected = uninterrupted(d.target, "alone/", 3)
+    data = batches(3)
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix)
+    grads = die_part_way(model, opt, data[0], 1, prefix, "fc1.weight")
+    del opt
+    time.sleep(1.2)
+
+    resumed = fresh_model(5)
+    with pytest.raises(optstate.FailedPrecondition) as torn:
+        RemoteAdamW(resumed.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
+                    resume="daemon", takeover=True)
+    assert "part-way through step 1" in str(torn.value), torn.value
+    assert "fc2.weight" in str(torn.value) and "fc1.bias" not in str(torn.value), torn.value
+    opt = RemoteAdamW(resumed.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
+                      resume="daemon", takeover=True, finish_torn_step=True)
+    assert opt.resumed_step == 1
+    for n, p in resumed.named_parameters():
+        if n in grads:
+            p.grad = grads[n].clone()
+    opt.step()
+    steps = {g.name[len(prefix):]: g.max_step for g in opt.client.list_groups()
+             if g.name.startswith(prefix)}
+    assert steps == {n: 1 if p.requires_grad else 0 for n, p in resumed.named_parameters()}
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
+    opt.resume_scheduler(sched)
+    train(resumed, opt, data[1:], sched)
+    assert same(params(resumed), expected)
+    opt.close()
+
+
 @pytest.mark.parametrize("scheduler_first", [False, True])
 def test_a_torn_step_finishes_with_its_own_lr_whichever_parameter_got_it(fresh_daemons, prefix,
                                                                          scheduler_first):

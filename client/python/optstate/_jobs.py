@@ -208,6 +208,28 @@ class Attached:
     created: bool
     min_step: int
     max_step: int
+    # Its parameter requires grad (known for this process's own parameters only).
+    trainable: bool = False
+
+
+def unreached_by_step_one(attached: list[Attached]) -> list[Attached]:
+    """Groups a torn first step may have left behind: the job's highest step is 1, and
+    these existed before (registered by the earlier run), are at step 0, and their
+    parameters require grad. A step k > 1 torn leaves groups at k - 1 > 0, which
+    check_resume sees by their steps; a step 1 torn leaves them at 0, where a frozen
+    parameter's group stays too, so the parameter's requires_grad tells them apart (a
+    trainable parameter that got no gradient in step 1 looks the same)."""
+    if max((a.max_step for a in attached), default=0) != 1:
+        return []
+    return [a for a in attached if a.max_step == 0 and not a.created and a.trainable]
+
+
+def torn_step_to_finish(attached: list[Attached], high: int) -> bool:
+    """Whether the job's groups (`attached`, highest step `high`) hold a torn step
+    that the first step() finishes: groups stepped but behind, or, at step 1, groups
+    a torn first step never reached (unreached_by_step_one)."""
+    return (any(0 < a.max_step and a.min_step < high for a in attached)
+            or bool(unreached_by_step_one(attached)))
 
 
 def check_resume(prefix: str, resume: str, attached: list[Attached], finish_torn_step: bool) -> None:
@@ -244,6 +266,11 @@ def check_resume(prefix: str, resume: str, attached: list[Attached], finish_torn
             "without them and add them on purpose with add_param_group(). If instead a "
             "daemon of the job lost its state (restarted without --state_dir), resume from "
             "your own checkpoint: resume='state_dict' and load_state_dict()")
+    if resume == "daemon":
+        unreached = unreached_by_step_one(attached)
+        if unreached:  # Behind at step 0: a torn first step (or no gradient in it).
+            trained += unreached
+            steps = sorted({0} | set(steps))
     torn = [a for a in trained if a.min_step != a.max_step]
     if resume != "daemon" or not (len(steps) > 1 or torn):
         return
@@ -260,9 +287,12 @@ def check_resume(prefix: str, resume: str, attached: list[Attached], finish_torn
             "Attach with resume='state_dict' and load_state_dict() your checkpoint, or rewind "
             "the job to one step on every daemon (Client.rewind_job) and attach again")
     if not finish_torn_step:
+        first = (" (a parameter that requires grad but got no gradient in step 1 looks the "
+                 "same: the step that finishes step 1 leaves a parameter it has no gradient "
+                 "for at step 0)") if low == 0 else ""
         raise errors.FailedPrecondition(
             f"job '{prefix}' stopped part-way through step {high}: its groups are at steps "
-            f"{low} to {high} (behind: {', '.join(lagging)}). Attach with "
+            f"{low} to {high} (behind: {', '.join(lagging)}){first}. Attach with "
             f"resume='daemon', finish_torn_step=True and give step() the gradients of step "
             f"{high} (only the groups behind are stepped, to step {high}); or resume='state_dict' "
             "and load_state_dict() your checkpoint")

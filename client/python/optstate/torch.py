@@ -20,7 +20,8 @@ import torch.distributed as dist
 
 from . import errors
 from ._jobs import (RESUME_MODES, Attached, check_resume, group_name_of, job_name,
-                    new_holder_id, note_holder, strip_wrappers, takeover_for)
+                    new_holder_id, note_holder, strip_wrappers, takeover_for,
+                    torn_step_to_finish)
 from ._optstate import Client, _prepare_param_step, _PreparedStep, _StepPlan
 from ._remote_state import RemoteState
 from ._staging import Staging
@@ -964,8 +965,9 @@ class RemoteAdamW(torch.optim.Optimizer):
         another job leases (unless ``takeover``), then, with ``resume="daemon"``, takes the
         daemon's state: parameter values, step counts and the last step's hyperparameters.
         Returns the job's highest step on the daemon (0: none of its groups was stepped)."""
-        attached = [Attached(info.name, info.created, info.min_step, info.max_step)
-                    for _, _, info in found]
+        attached = [Attached(info.name, info.created, info.min_step, info.max_step,
+                             p.requires_grad)
+                    for p, _, info in found]
         sharded = self._rank_and_world()[1] > 1
         # What check_resume judges: the whole job's groups. Each rank of a sharded job
         # registers its own share, and a torn step may have reached all of one rank's
@@ -1085,10 +1087,18 @@ class RemoteAdamW(torch.optim.Optimizer):
                     f"{high}'s before the step() that finishes step {high}", stacklevel=4)
         self.resumed_step = high
         # A torn step (check_resume let it through: finish_torn_step): the first step()
-        # steps the groups behind only. Groups never stepped (frozen) are not behind. The
-        # job's: every rank of a sharded job finishes it, those whose share is at step k
+        # steps the groups behind only. Groups never stepped (frozen) are not behind,
+        # but for those of parameters that require grad when the job is at step 1 (a
+        # torn first step: unreached_by_step_one). The job's: every rank of a sharded job finishes it, those whose share is at step k
         # sending nothing in that step().
-        if any(0 < a.max_step and a.min_step < high for a in job):
+        finish = torn_step_to_finish(job, high)
+        if sharded:
+            # Each rank knows requires_grad of its own share only: a first step torn in
+            # one rank's share is finished on every rank.
+            flag = torch.tensor([1 if finish else 0])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._process_group)
+            finish = bool(flag.item())
+        if finish:
             self._finish_to = high
         if sharded:
             # Each rank took the daemon's values of its own share only: the rest from
