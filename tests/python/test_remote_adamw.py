@@ -832,6 +832,37 @@ def test_a_clip_stands_for_the_clipped_gradients_until_they_change(daemon, prefi
 
 
 @pytest.mark.parametrize("shared_buffers", [False, True])
+def test_a_second_clip_measures_the_clipped_gradients_as_torchs_does(daemon, prefix,
+                                                                      shared_buffers):
+    # torch's clip scales .grad in place, so a second clip (a library's, then the user's)
+    # measures the clipped gradients, and so does a clip after a step that left them. Each
+    # opt.clip_grad_norm_ measured the gradients unscaled and replaced the coefficient: a
+    # clip to 0.1 then 1.0 stepped gradients of norm 1.0 (torch: 0.1) and returned 57.
+    gen = torch.Generator().manual_seed(79)
+    params = [torch.nn.Parameter(torch.randn(n, generator=gen)) for n in (64, 33)]
+    chain = [[p.detach().clone(), torch.zeros_like(p), torch.zeros_like(p)] for p in params]
+    opt = RemoteAdamW(params, lr=1e-2, target=daemon.target, name_prefix=prefix,
+                      shared_buffers=shared_buffers)
+    grads = [torch.randn(p.shape, generator=gen) * 10 for p in params]
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    clipped = [g.clone() for g in grads]
+    for max_norm in (0.1, 1.0, 0.05):
+        expected = _torch_clip_(clipped, max_norm)
+        assert torch.equal(opt.clip_grad_norm_(max_norm), expected), max_norm
+    opt.step()
+    _reference_step(chain, clipped, 1, 1e-2)
+    _assert_matches(opt, params, chain, "a step after three clips")
+    # After the step the gradients are torch's clipped ones: a clip measures those.
+    expected = _torch_clip_(clipped, 0.01)
+    assert torch.equal(opt.clip_grad_norm_(0.01), expected)
+    opt.step()
+    _reference_step(chain, clipped, 2, 1e-2)
+    _assert_matches(opt, params, chain, "a clip after a step, then a step")
+    opt.close()
+
+
+@pytest.mark.parametrize("shared_buffers", [False, True])
 def test_a_step_retried_after_a_failure_keeps_the_clip_coefficient(daemon, prefix,
                                                                     shared_buffers):
     # A step that failed on the way (here UNAVAILABLE before anything reached the daemon)

@@ -1625,9 +1625,11 @@ class RemoteAdamW(torch.optim.Optimizer):
         same bit for bit. ``.grad`` is left unscaled. The coefficient is for the gradients
         it measured: a ``.grad`` that is a new tensor by ``step()`` steps unscaled, as after
         torch's clip (see _keep_clip_for_the_gradients_it_measured); a refused or failed
-        step keeps it for its retry. Call it after the last backward of the step; returns
-        the total norm, as torch's. ``torch.nn.utils.clip_grad_norm_`` works
+        step keeps it for its retry. Called again, it measures the gradients as torch's
+        second clip would, clipped (_scale_as_an_earlier_clip_would_have). Call it after
+        the last backward of the step; returns the total norm, as torch's. ``torch.nn.utils.clip_grad_norm_`` works
         too: it changes the gradients in place, and ``step()`` then copies them again."""
+        self._scale_as_an_earlier_clip_would_have()
         grads = [p.grad for group in self.param_groups for p in group["params"]
                  if p.grad is not None]
         if not grads:
@@ -1642,6 +1644,40 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._clipped = [(g, g._version, self._own_writes(g)) for g in grads]
         self._clipped_at = {id(g): i for i, g in enumerate(grads)}
         return total_norm
+
+    def _scale_as_an_earlier_clip_would_have(self) -> None:
+        """Before clip_grad_norm_ measures again: torch's clip scaled the gradients it
+        measured in place, so a second clip (or one after a step that left the gradients
+        as they were) measures the clipped ones and scales them again. Where every
+        gradient an earlier call measured is unchanged (new tensors in .grad since are
+        not its), those are scaled now by its coefficient, with torch's own multiply (so
+        the new measurement and the step see torch's values, rounding included). Where
+        one was changed in place since, before any step, the new measurement stands
+        alone, unscaled: that is the documented way on after a refused step ("changed in
+        place after opt.clip_grad_norm_() measured it"), and torch's order (clip, then
+        the change) cannot be redone anyway. After a step, a changed gradient is a new
+        one (zero_grad() and a backward) and is left as it is. The coefficient goes."""
+        scale = self._grad_scale
+        if scale is None:
+            return
+        at, clipped, after_step = self._clipped_at, self._clipped, self._clip_stepped
+        measured, changed = [], False
+        for group in self.param_groups:
+            for p in group["params"]:
+                g = p.grad
+                i = at.get(id(g)) if g is not None else None
+                if i is None or clipped[i][0] is not g:
+                    continue
+                if self._unchanged(clipped[i]):
+                    measured.append(g)
+                elif not after_step:
+                    changed = True
+        self._grad_scale = None
+        self._clipped, self._clipped_at = [], {}
+        self._clip_stepped = False
+        if not changed:
+            for g in measured:
+                g.mul_(scale.to(g.device))
 
     def _own_writes(self, t: torch.Tensor) -> int:
         """The copies this optimizer made into the shared buffer `t` is a view of (0 for a
