@@ -69,3 +69,28 @@ def test_each_of_torchs_error_inputs_raises_what_torch_raises(daemon, prefix, er
         warnings.simplefilter("ignore")
         with pytest.raises(error_input.error_type, match=error_input.error_regex):
             RemoteAdamW(params, target=daemon.target, name_prefix=prefix, **kwargs)
+
+
+@pytest.mark.parametrize("key,value", [("lr", "0.1"), ("weight_decay", "0.5"),
+                                       ("eps", b"1e-8"), ("betas", ("0.9", 0.999))])
+def test_a_str_hyperparameter_set_between_steps_raises_type_error_as_torchs(daemon, prefix,
+                                                                           key, value):
+    # float() parses "0.1", so a str lr set in param_groups stepped with lr 0.1; torch's
+    # arithmetic raises TypeError on it.
+    params = _params(3)
+    opt = RemoteAdamW(params, target=daemon.target, name_prefix=prefix, delete_on_close=True)
+    reference = torch.optim.AdamW([torch.nn.Parameter(p.detach().clone()) for p in params])
+    for p, q in zip(params, reference.param_groups[0]["params"]):
+        p.grad = torch.ones_like(p)
+        q.grad = torch.ones_like(q)
+    reference.param_groups[0][key] = value
+    with pytest.raises(TypeError):
+        reference.step()
+    before = [p.detach().clone() for p in params]
+    opt.param_groups[0][key] = value
+    with pytest.raises(TypeError):
+        opt.step()
+    assert all(torch.equal(p, q) for p, q in zip(params, before))
+    assert all(opt.client.describe(prefix + f"param.{i}").max_step == 0
+               for i in range(len(params)))
+    opt.close()

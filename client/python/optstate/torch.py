@@ -148,7 +148,14 @@ def _scaled(groups, scale: torch.Tensor) -> list:
 
 
 def _as_float(value) -> float:
-    return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
+    """A hyperparameter as a float: a number or a one-element Tensor. TypeError for a str
+    (float() would parse it; torch's step refuses it, as its arithmetic does)."""
+    if isinstance(value, torch.Tensor):
+        return float(value.item())
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"a hyperparameter in param_groups must be a number or a Tensor, "
+                        f"got {type(value).__name__} {value!r}; nothing was sent")
+    return float(value)
 
 
 def _keeping_not_stepped(refusal: errors.Error, explained: errors.Error) -> errors.Error:
