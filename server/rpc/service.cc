@@ -345,6 +345,11 @@ grpc::ServerUnaryReactor* OptimizerStateService::RewindJob(grpc::CallbackServerC
   if (lease.ok()) {
     if (absl::Status s = ParseRawMessage(*request, &parsed); !s.ok()) lease = s;
   }
+  if (lease.ok() && parsed.prefix().empty()) {  // The request's own fault first.
+    lease = absl::InvalidArgumentError(
+        "name a job by its non-empty name prefix (RewindJobRequest.prefix): an empty one "
+        "would rewind every group of the tenant");
+  }
   if (lease.ok() && checkpointer_ == nullptr) {
     lease = absl::FailedPreconditionError(
         "this optstated runs without --state_dir: it keeps no checkpoints to rewind a job to");

@@ -911,6 +911,9 @@ def test_a_rewind_at_the_tenants_quota_replaces_its_groups(fresh_daemons, prefix
 def test_rewind_needs_a_state_dir(daemon, prefix):
     with pytest.raises(optstate.FailedPrecondition, match="without --state_dir"):
         optstate.Client(daemon.target).rewind_job(prefix)
+    # The request's own fault is named first, whatever the daemon keeps.
+    with pytest.raises(optstate.InvalidArgument, match="non-empty name prefix"):
+        optstate.Client(daemon.target).rewind_job("")
 
 
 def test_a_checkpoint_from_before_the_first_step_holds_the_job_at_step_zero(
