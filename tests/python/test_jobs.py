@@ -662,6 +662,41 @@ def test_a_daemon_killed_and_restarted_is_ridden_out_with_state_dir(fresh_daemon
     opt.close()
 
 
+def test_a_step_that_fails_says_what_it_left_and_the_same_step_again_goes_on(fresh_daemons,
+                                                                             prefix, tmp_path):
+    # A daemon lost during step() left the parameters of the groups it had applied at
+    # step k and the others as they were; the error (UNAVAILABLE) did not say so. It does,
+    # and the way on it gives, step() again with the same gradients once the daemon is
+    # back, continues bit-identical to a run never interrupted.
+    d = fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0")
+    expected = uninterrupted(d.target, "alone/", 4)
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
+                      reconnect_timeout=0.5)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
+    data = batches(4)
+    train(model, opt, data[:2], sched)
+    checkpoint_trained(opt, model, prefix, 2)
+    d.process.kill()
+    d.process.wait()
+    x, y = data[2]
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    before = params(model)
+    with pytest.raises(optstate.Unavailable) as failed:
+        opt.step()
+    assert "step() failed during step 3" in str(failed.value), failed.value
+    assert "same gradients" in str(failed.value)
+    assert same(params(model), before)
+    fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0",
+                  f"--listen=127.0.0.1:{d.port}")
+    opt.step()  # the same gradients, step 3 again
+    sched.step()
+    train(model, opt, data[3:], sched)
+    assert same(params(model), expected)
+    opt.close()
+
+
 def test_a_daemon_back_within_reconnect_timeout_is_found_in_time(fresh_daemons, prefix, tmp_path):
     # The daemon is away 3 s of an 8 s reconnect_timeout. The client's retries slept
     # between attempts while nothing polled the channel, so a connection attempt's outcome

@@ -147,6 +147,13 @@ def _scaled(groups, scale: torch.Tensor) -> list:
     return scaled
 
 
+# Failures of a step call after its chunks began to go out (a lost connection, a
+# deadline, a reset): the daemon may have applied some of them. Refusals (bad input,
+# a lease, a missing group) come before anything is applied.
+_PART_WAY_FAILURES = (errors.Unavailable, errors.DeadlineExceeded, errors.Cancelled,
+                      errors.Unknown, errors.Internal, errors.Aborted, errors.DataLoss)
+
+
 def _as_float(value) -> float:
     """A hyperparameter as a float: a number or a one-element Tensor. TypeError for a str
     (float() would parse it; torch's step refuses it, as its arithmetic does)."""
@@ -1604,6 +1611,15 @@ class RemoteAdamW(torch.optim.Optimizer):
                         reg.step = undone[0] - 1
                 if isinstance(e, (errors.FailedPrecondition, errors.NotFound)):
                     self._explain_restart(e, k - 1)
+                if isinstance(e, _PART_WAY_FAILURES):
+                    raise _keeping_not_stepped(e, type(e)(
+                        f"{e.message}. step() failed during step {k}: the parameters of "
+                        "any groups the daemon applied before the failure hold step "
+                        f"{k}'s values already, the others are unchanged. Call step() "
+                        "again with the same gradients once the daemon is back (what it "
+                        "applied is replayed, not applied twice), or resume as "
+                        "docs/jobs.md says (finish_torn_step=True)", e.target,
+                        e.code_value)) from e
                 raise
             if key in staged:
                 staging.copy_values_back(staged[key])
