@@ -14,12 +14,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "server/durability/crc32c.h"
 #include "server/durability/file_util.h"
 
 namespace optstate {
 namespace {
 
-constexpr char kHeader[] = "optstate-moves 1";
+constexpr char kHeader[] = "optstate-moves 2";
+constexpr char kHeaderWithoutCrc[] = "optstate-moves 1";  // Read, not written.
 // A tenant (128), a name and a destination (512 each), two tabs and a
 // newline, for each of the notes a store keeps, and the first and last line.
 constexpr uint64_t kMaxMoveNotesFileBytes = StateStore::kMaxMoveNotes * (128 + 512 + 512 + 3) + 64;
@@ -47,7 +49,8 @@ absl::Status WriteMoveNotes(const std::string& state_dir,
   for (const StateStore::MoveNote& note : notes) {
     absl::StrAppend(&text, note.key.tenant, "\t", note.key.name, "\t", note.moved_to, "\n");
   }
-  absl::StrAppend(&text, "end ", notes.size(), "\n");
+  const uint32_t crc = Crc32cExtend(0, text.data(), text.size());
+  absl::StrAppend(&text, "end ", notes.size(), " crc32c ", absl::Hex(crc, absl::kZeroPad8), "\n");
   const std::string temporary = path + ".new";
   absl::StatusOr<ScopedFd> fd = CreateFile(temporary);
   if (!fd.ok()) return fd.status();
@@ -88,15 +91,37 @@ absl::StatusOr<std::vector<StateStore::MoveNote>> ReadMoveNotes(const std::strin
     return absl::DataLossError(
         absl::StrCat(path, " line ", line, ": ", why, "; its notes of moves are not used"));
   };
-  if (lines.empty() || lines[0] != kHeader) return refuse(1, "not a file of moves");
+  const bool with_crc = !lines.empty() && lines[0] == kHeader;
+  if (!with_crc && (lines.empty() || lines[0] != kHeaderWithoutCrc)) {
+    return refuse(1, "not a file of moves");
+  }
   // The last line is empty (the file ends in a newline); the one before it
-  // counts the notes.
+  // counts the notes (and holds the CRC32C of every byte before it).
   if (lines.size() < 3 || !lines.back().empty()) return refuse(lines.size(), "cut short");
   absl::string_view end = lines[lines.size() - 2];
+  absl::string_view crc_text;
+  if (with_crc) {
+    std::vector<absl::string_view> parts = absl::StrSplit(end, absl::MaxSplits(" crc32c ", 1));
+    if (parts.size() != 2) {
+      return refuse(lines.size() - 1, "cut short (its count of notes and CRC32C are missing)");
+    }
+    end = parts[0];
+    crc_text = parts[1];
+  }
   uint64_t count = 0;
   if (!absl::ConsumePrefix(&end, "end ") || !absl::SimpleAtoi(end, &count) ||
       count != lines.size() - 3) {
     return refuse(lines.size() - 1, "cut short (its count of notes is missing or wrong)");
+  }
+  if (with_crc) {
+    const size_t covered = static_cast<size_t>(lines[lines.size() - 2].data() - text.data());
+    uint32_t crc = 0;
+    if (crc_text.size() != 8 || !absl::SimpleHexAtoi(crc_text, &crc) ||
+        crc != Crc32cExtend(0, text.data(), covered)) {
+      return refuse(lines.size() - 1,
+                    "its CRC32C does not match its notes (a damaged file, or one not written by "
+                    "optstated)");
+    }
   }
   absl::flat_hash_set<GroupKey> seen;
   for (size_t i = 1; i + 2 < lines.size(); ++i) {

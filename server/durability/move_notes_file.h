@@ -7,8 +7,10 @@
 // Text, written whole under a temporary name, fsynced and renamed over the
 // last (so it is always one whole version): a header line, one line per
 // note (TENANT<tab>NAME<tab>MOVED_TO; the tenant empty without tenants), and
-// a last line counting them. A file that does not read back so is refused
-// whole, never half-applied.
+// a last line counting them, with the CRC32C of every byte before it (a
+// flipped byte would otherwise seal or unseal another group). A file that
+// does not read back so is refused whole, never half-applied. Files of
+// version 1 (no CRC), written by earlier daemons, are still read.
 #ifndef OPTSTATE_SERVER_DURABILITY_MOVE_NOTES_FILE_H_
 #define OPTSTATE_SERVER_DURABILITY_MOVE_NOTES_FILE_H_
 

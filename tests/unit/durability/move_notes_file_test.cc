@@ -46,10 +46,12 @@ TEST_F(MoveNotesFileTest, WhatIsWrittenReadsBackAndNoneRemovesTheFile) {
   EXPECT_TRUE(read->empty());
 }
 
+// Version 1 (an earlier daemon's, no CRC) is read with the same checks.
 TEST_F(MoveNotesFileTest, AFileThatIsNotOneWholeVersionIsRefusedWhole) {
   const std::string header = "optstate-moves 1\n";
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"optstate-moves 2\n\ta\tb\nend 1\n", "line 1"},
+      {"optstate-moves 3\n\ta\tb\nend 1\n", "line 1"},
+      {"optstate-moves 2\n\ta\tb\nend 1\n", "CRC32C are missing"},
       {header + "\ta\tb\n", "cut short"},
       {header + "\ta\tb\nend 2\n", "count of notes"},
       {header + "\ta\tb\nend 1", "cut short"},
@@ -64,9 +66,35 @@ TEST_F(MoveNotesFileTest, AFileThatIsNotOneWholeVersionIsRefusedWhole) {
     EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << text;
     EXPECT_THAT(read.status().message(), HasSubstr(why)) << text;
   }
+  WriteRaw(header + "t\tjob/w\toptstated-2\nend 1\n");
+  absl::StatusOr<std::vector<StateStore::MoveNote>> earlier = ReadMoveNotes(dir_);
+  ASSERT_TRUE(earlier.ok()) << earlier.status();
+  EXPECT_EQ((*earlier)[0].moved_to, "optstated-2");
   std::filesystem::remove(dir_ + "/MOVES");
   std::filesystem::create_directory(dir_ + "/MOVES");
   EXPECT_THAT(ReadMoveNotes(dir_).status().message(), HasSubstr("not a regular file"));
+}
+
+// Any byte of a note changed (a group's name, the daemon it moved to, the
+// count) no longer matches the CRC32C: refused whole, not another group
+// sealed or unsealed.
+TEST_F(MoveNotesFileTest, AChangedByteIsRefusedByTheCrc) {
+  ASSERT_TRUE(WriteMoveNotes(dir_, {{GroupKey{"", "job/w"}, "optstated-2"},
+                                    {GroupKey{"", "job/b"}, "optstated-1"}})
+                  .ok());
+  std::ifstream in(dir_ + "/MOVES");
+  const std::string written((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(written, HasSubstr(" crc32c "));
+  for (size_t at : {written.find("job/w") + 4, written.find("optstated-1") + 10}) {
+    std::string changed = written;
+    changed[at] = changed[at] == 'w' ? 'x' : '2';
+    WriteRaw(changed);
+    absl::StatusOr<std::vector<StateStore::MoveNote>> read = ReadMoveNotes(dir_);
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << changed;
+    EXPECT_THAT(read.status().message(), HasSubstr("CRC32C does not match")) << changed;
+  }
+  WriteRaw(written);
+  EXPECT_TRUE(ReadMoveNotes(dir_).ok());
 }
 
 }  // namespace
