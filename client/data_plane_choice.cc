@@ -1,12 +1,23 @@
 // The first step (or SharedBuffer) that reaches the daemon decides; a
-// daemon that does not answer leaves the choice open.
+// daemon that does not answer, or whose region connections are all taken,
+// leaves the choice open.
 #include "client/data_plane_choice.h"
 
 namespace optstate::client_internal {
 
+namespace {
+
+// How long a kAuto client refused for the daemon's cap on region
+// connections steps over the wire before it asks again (each ask is a
+// GetDataPlane call and a connection the daemon refuses).
+constexpr absl::Duration kAskAgainAfterFull = absl::Seconds(10);
+
+}  // namespace
+
 std::optional<absl::Status> DataPlaneChoice::Decide(grpc::Channel* channel,
                                                     const ClientOptions& options) {
   if (decided_) return std::nullopt;
+  if (options.data_plane == DataPlane::kAuto && absl::Now() < ask_again_at_) return full_;
   absl::StatusOr<std::unique_ptr<SharedMemoryPlane>> plane =
       SharedMemoryPlane::Open(channel, options);
   if (plane.ok()) {
@@ -16,7 +27,11 @@ std::optional<absl::Status> DataPlaneChoice::Decide(grpc::Channel* channel,
     why_not_ = plane.status();
     decided_ = true;
   } else {
-    return plane.status();  // The daemon did not answer: decide next time.
+    if (plane.status().code() == absl::StatusCode::kResourceExhausted) {
+      full_ = plane.status();  // The daemon's cap on connections, said by it.
+      ask_again_at_ = absl::Now() + kAskAgainAfterFull;
+    }
+    return plane.status();  // No plane now: decide next time.
   }
   return std::nullopt;
 }

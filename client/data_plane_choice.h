@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "client/transport/shared_memory/shared_memory_plane.h"
 #include "grpcpp/grpcpp.h"
 #include "optstate/client.h"
@@ -47,6 +48,11 @@ class DataPlaneChoice {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Mutex mu_;
   bool decided_ ABSL_GUARDED_BY(mu_) = false;
+  // kAuto, after the daemon refused a region connection for its cap
+  // (RESOURCE_EXHAUSTED): steps take the wire without asking again until
+  // then (another client may have left by then).
+  absl::Time ask_again_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Status full_ ABSL_GUARDED_BY(mu_);
   absl::Status why_not_ ABSL_GUARDED_BY(mu_);  // When decided without a plane.
   std::unique_ptr<SharedMemoryPlane> plane_ ABSL_GUARDED_BY(mu_);
 };

@@ -6,6 +6,7 @@ asking only for what the daemon exports."""
 import json
 import os
 import re
+import resource
 import socket
 import subprocess
 import tempfile
@@ -371,3 +372,33 @@ def test_the_grafana_dashboard_asks_only_for_exported_metrics(fresh_daemons, tmp
         names = set(re.findall(r"\b((?:optstate|grpc_server|process)_[a-z_]+)\b", expr))
         assert names, expr
         assert names <= exported, (expr, names - exported)
+
+
+def test_an_auto_client_refused_a_region_connection_steps_over_the_wire_and_asks_later(
+        fresh_daemons):
+    # A kAuto client refused for the daemon's cap on region connections (a quarter of its
+    # descriptor limit) asked again at every step: a GetDataPlane call and a refused
+    # connection each time. It now steps over the wire and asks again after 10 s.
+    port = free_port()
+    daemon = fresh_daemons(f"--metrics_listen=127.0.0.1:{port}")
+    resource.prlimit(daemon.process.pid, resource.RLIMIT_NOFILE, (64, 64))  # a cap of 16
+    holders = []
+    for i in range(16):
+        c = optstate.Client(daemon.target, data_plane="shared_memory")
+        c.register(f"held{i}", 64)
+        c.step([(f"held{i}", np.ones(64, np.float32), np.empty(64, np.float32))], 1)
+        holders.append(c)
+    with pytest.raises(optstate.ResourceExhausted, match="as many as it takes"):
+        optstate.Client(daemon.target, data_plane="shared_memory").allocate_shared_buffer(4096)
+    before, _ = scrape(port)
+    auto = optstate.Client(daemon.target)  # kAuto
+    auto.register("late", 64)
+    out = np.empty(64, np.float32)
+    for step in range(1, 6):
+        auto.step([("late", np.full(64, 0.5, np.float32), out)], step)
+    samples, _ = scrape(port)
+    key = ("optstate_refusals_total", (("code", "RESOURCE_EXHAUSTED"),))
+    assert samples[key] - before.get(key, 0) == 1, "asked once, then over the wire"
+    assert auto.describe("late").max_step == 5
+    for c in holders:
+        c.close()
