@@ -139,7 +139,9 @@ absl::Status StateImport::AddChunk(StateTensor tensor, uint64_t offset, absl::st
       std::memset(target, 0, data.size());  // Nothing of a refused chunk stays.
       return absl::InvalidArgumentError(
           absl::StrCat(name, " element ", offset + i, " is ", value,
-                       squares ? absl::StrCat("; ", name, " must be >= 0 (+inf allowed), not nan")
+                       squares ? absl::StrCat("; ", name,
+                                              " must be finite and >= 0, or +inf (which a "
+                                              "step can leave)")
                                : std::string("; values must be finite")));
     }
   }

@@ -136,7 +136,7 @@ TEST_F(StateImportTest, AnAmsgradGroupNeedsItsMaxExpAvgSqAndOthersRefuseIt) {
               HasSubstr("max_exp_avg_sq covering elements [0, 0) of 100"));
   absl::Status negative = missing->AddChunk(StateTensor::kMaxExpAvgSq, 0, Floats(100, -1.0f));
   EXPECT_THAT(std::string(negative.message()),
-              HasSubstr("max_exp_avg_sq must be >= 0 (+inf allowed), not nan"));
+              HasSubstr("max_exp_avg_sq must be finite and >= 0, or +inf"));
   ASSERT_TRUE(missing->AddChunk(StateTensor::kMaxExpAvgSq, 0, Floats(100, 0.75f)).ok());
   ASSERT_TRUE(missing->Commit().ok());
   absl::StatusOr<std::shared_ptr<Group>> group = store_.Find({"", "a"});
@@ -179,7 +179,8 @@ TEST_F(StateImportTest, SquaresMayBeInfiniteButNothingElseThatIsNotFinite) {
   for (float bad : {nan, -inf, -1.0f}) {
     absl::Status refused = chunks.AddChunk(StateTensor::kExpAvgSq, 0, Floats(100, bad));
     EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_THAT(std::string(refused.message()), HasSubstr("exp_avg_sq must be >= 0"));
+    EXPECT_THAT(std::string(refused.message()),
+                HasSubstr("exp_avg_sq must be finite and >= 0, or +inf"));
   }
   ASSERT_TRUE(chunks.AddChunk(StateTensor::kExpAvgSq, 0, Floats(100, inf)).ok());
   ASSERT_TRUE(chunks.Commit().ok());
