@@ -159,6 +159,63 @@ def run_nonfinite(rank, world, init_file, target, prefix, out_path, poisoned):
     end_rank()
 
 
+def run_bad_lr(rank, world, init_file, target, prefix, out_path):
+    """A rank of a sharded job in two param groups (fc1's, which rank 0 steps, and the
+    rest, rank 1's), whose step 2 sets the second group's lr to -1e-3 on every rank: each
+    records step()'s refusal and the steps every group is at then, sets lr back and goes
+    on to step 2 and step 3."""
+    import optstate
+    start_rank()
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    model = MLP(seed=0)
+    ddp = DistributedDataParallel(model)
+    named = list(model.named_parameters())
+    groups = [{"params": [p for n, p in named if n.startswith("fc1.")]},
+              {"params": [p for n, p in named if not n.startswith("fc1.")]}]
+    opt = RemoteAdamW(groups, target=target, name_prefix=prefix, lr=1e-2, shard=True)
+    record = {"owner": {n: opt._owner[id(p)] for n, p in named}}
+    for step in (1, 2, 2, 3):
+        gen = torch.Generator().manual_seed(100 * step + rank)
+        x, y = torch.randn(64, 32, generator=gen), torch.randn(64, 10, generator=gen)
+        opt.zero_grad()
+        F.mse_loss(ddp(x), y).backward()
+        if step == 2 and "refused" not in record:
+            opt.param_groups[1]["lr"] = -1e-3
+            try:
+                opt.step()
+            except optstate.InvalidArgument as e:
+                record["refused"] = str(e)
+            opt.param_groups[1]["lr"] = 1e-2
+            record["steps"] = {g.name: (g.min_step, g.max_step)
+                               for g in opt.client.list_groups()}
+            continue
+        opt.step()
+    record["final"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    torch.save(record, out_path)
+    del ddp, opt
+    end_rank()
+
+
+def run_listed_apart(rank, world, init_file, target, prefix, out_path):
+    """A rank of a sharded job whose rank 1 lists the parameters in another order (as a
+    set() of them may): records the construction's error on each rank."""
+    start_rank()
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    model = MLP(seed=0)
+    named = list(model.named_parameters())
+    if rank == 1:
+        named = named[2:] + named[:2]
+    record = {}
+    try:
+        RemoteAdamW(named, target=target, name_prefix=prefix, lr=1e-2, shard=True)
+    except ValueError as e:
+        record["refused"] = str(e)
+    torch.save(record, out_path)
+    end_rank()
+
+
 def run_stage(rank, world, init_file, target, prefix, out_path, seed):
     """A rank of a model-parallel job: its own stage (a Linear of `seed` + rank) under
     prefix + "stage<rank>/", no DDP, no shard. Records the stage's values and the

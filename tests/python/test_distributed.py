@@ -163,3 +163,32 @@ def test_model_parallel_stages_run_again_before_their_first_step_take_their_own_
         for name, value in again[rank]["values"].items():
             assert bits_equal(again[rank]["daemon"][name], value), (rank, name)
 
+
+def test_hyperparameters_one_ranks_share_refuses_refuse_the_sharded_step_on_every_rank(
+        daemon, tmp_path):
+    # An lr of -1e-3 in the param group rank 1 steps: rank 1 was refused by the daemon,
+    # rank 0 had applied its share (a torn step) and waited at the broadcast (a hang).
+    alone = ddp_worker.two_ranks(ddp_worker.run, daemon.target, tmp_path, "alone",
+                                 "lr-alone.", 3)
+    out = ddp_worker.two_ranks(ddp_worker.run_bad_lr, daemon.target, tmp_path, "lr", "lr.")
+    assert out[0]["owner"]["fc1.weight"] == 0 and out[0]["owner"]["fc2.weight"] == 1
+    assert "lr must be finite and >= 0" in out[1]["refused"], out[1]["refused"]
+    assert "another rank's share" in out[0]["refused"], out[0]["refused"]
+    for rank in (0, 1):
+        assert {s for n, s in out[rank]["steps"].items()
+                if n.startswith("lr.") and s[1] > 0} == {(1, 1)}, out[rank]["steps"]
+        for name, value in alone[rank]["final"].items():
+            assert bits_equal(out[rank]["final"][name], value), (rank, name)
+
+
+def test_ranks_that_list_the_parameters_apart_are_refused_at_construction(daemon, tmp_path):
+    # Rank 1's parameters in another order: each rank placed them by its own order, some
+    # were stepped twice and others never, and the broadcast copied one parameter's values
+    # into another, silently.
+    out = ddp_worker.two_ranks(ddp_worker.run_listed_apart, daemon.target, tmp_path, "apart",
+                               "apart.")
+    for rank in (0, 1):
+        assert "the ranks list different parameters" in out[rank].get("refused", ""), rank
+    assert not [g for g in optstate.Client(daemon.target).list_groups()
+                if g.name.startswith("apart.")]
+

@@ -8,11 +8,13 @@ torch.optim.AdamW's default CPU step, op for op (docs/exactness.md).
 from __future__ import annotations
 
 import bisect
+import hashlib
 import math
 import os
 import time
 import warnings
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Callable, Optional
 
 import torch
@@ -866,6 +868,8 @@ class RemoteAdamW(torch.optim.Optimizer):
         for p, name, _ in entries:  # p held: its id stays its own
             self._placed_names[id(p)] = (p, name)
         rank, world = self._rank_and_world()
+        if world > 1:
+            self._check_ranks_list_the_same_parameters(entries)
         total = sum(p.numel() for p, _, _ in entries) or 1
         before = 0
         self._owner.clear()
@@ -915,6 +919,26 @@ class RemoteAdamW(torch.optim.Optimizer):
         self._take_values_of_an_untrained_job([p for p, _, info in found
                                                if not trained and not info.created
                                                and info.max_step == 0], attaching)
+
+    def _check_ranks_list_the_same_parameters(self, entries: list) -> None:
+        """shard=True: each rank places the parameters by their order in param_groups, and
+        the broadcast after each step pairs them by position, so every rank must list the
+        same parameters (names, shapes, dtypes), in the same order. Ranks that did not (a
+        set() of parameters, whose order follows id(); a frozen parameter left out on one
+        rank) stepped some parameters twice and others never, and broadcast one's values
+        into another, silently, or hung at the broadcast. The ranks compare a digest of
+        their lists in one all_reduce; ValueError on every rank when they differ."""
+        listed = "\n".join(f"{name} {tuple(p.shape)} {p.dtype}" for p, name, _ in entries)
+        digest = int.from_bytes(hashlib.sha256(listed.encode()).digest()[:7], "little")
+        extremes = torch.tensor([digest, -digest], dtype=torch.int64)
+        dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=self._process_group)
+        if extremes[0].item() != -extremes[1].item():
+            raise ValueError(
+                f"shard=True: the ranks list different parameters, or the same in another "
+                f"order ({len(entries)} here; names, shapes and dtypes compared): each rank "
+                "steps its share by position and the values are broadcast by position. Give "
+                "every rank the same params in the same order (model.named_parameters(), "
+                "not a set)")
 
     def _take_values_of_an_untrained_job(self, existing: list, attaching: bool) -> None:
         """`existing`: parameters whose groups existed, never stepped, in a job not trained
@@ -1415,7 +1439,44 @@ class RemoteAdamW(torch.optim.Optimizer):
                 self._resumed_lrs[id(group)] = _as_float(group["lr"])  # step k's, as set
 
     def _step_parameters(self) -> None:
-        """step() after its closure."""
+        """step() after its closure: the calls planned and checked, then made. With
+        shard=True every rank plans its own share, and any rank's refusal while planning
+        (a gradient that is not finite, hyperparameters the daemon would refuse, amsgrad
+        changed, a wrong type) refuses the step on every rank before any sends: refused
+        alone, it left the other ranks' shares applied (a torn step) and them waiting at
+        the broadcast that follows (a hang)."""
+        sharded = self._rank_and_world()[1] > 1
+        try:
+            plan = self._plan_step_calls(sharded)
+        except Exception as refusal:
+            if sharded:
+                self._agree_across_ranks(refusal)
+            raise
+        if sharded:
+            self._agree_across_ranks(None)
+        self._make_step_calls(plan)
+
+    def _agree_across_ranks(self, refusal: Optional[BaseException]) -> None:
+        """shard=True: every rank says, in one all_reduce, whether it refused its share of
+        the step (`refusal`, or None); raises on every rank when one did (this rank's own
+        refusal, noted, or InvalidArgument saying another rank refused)."""
+        refused = torch.tensor([0 if refusal is None else 1])
+        dist.all_reduce(refused, op=dist.ReduceOp.MAX, group=self._process_group)
+        if isinstance(refusal, errors.Error):
+            raise _keeping_not_stepped(refusal, type(refusal)(
+                f"{refusal.message} by any rank (shard=True: every rank refuses this step)",
+                refusal.target, refusal.code_value)) from refusal
+        if refusal is not None:
+            return  # The caller raises it as it is (a ValueError, a TypeError).
+        if refused.item():
+            raise errors.InvalidArgument(
+                "another rank's share of the parameters refused this step (a gradient that "
+                "is not finite, or hyperparameters the daemon would refuse: that rank's "
+                "error names its group); the whole step was refused on every rank and "
+                "nothing was sent")
+
+    def _plan_step_calls(self, sharded: bool) -> SimpleNamespace:
+        """Step 1 of _step_parameters: the calls and all they need, every check made."""
         # 1. Every parameter with a gradient checked before anything is sent; the calls
         #    grouped by what one Client.step call shares: the step number and the wire
         #    type (each group carries its own lr, and the other hyperparameters its param
@@ -1570,13 +1631,13 @@ class RemoteAdamW(torch.optim.Optimizer):
                     scaled_here.add(key)
         norm_finite = (grad_scale is not None and self._grad_norm_type > 0
                        and 0.0 < grad_scale <= 1.0 and clip_unchanged)
-        checked_by_ranks = (self._rank_and_world()[1] > 1
-                            and self._agree_finite_across_ranks(calls, norm_finite))
-        if len(calls) > 1:
-            # One call checks its own gradients and hyperparameters before it applies
-            # anything; with several, a later call's refusal would come after earlier
-            # ones were applied.
+        # One call checks its own gradients and hyperparameters before it applies
+        # anything; with several, a later call's refusal would come after earlier ones
+        # were applied, and with shard=True another rank's share (the caller agrees).
+        checked_by_ranks = sharded and not norm_finite and bool(calls)
+        if len(calls) > 1 or checked_by_ranks:
             self._check_finite(calls)
+        if len(calls) > 1 or sharded:
             self._check_step_hyperparameters(calls, stepped)
         # Whether every gradient is known finite as sent, so the daemon may check each as
         # it applies it (one read of it, not two; Client.step's gradients_checked): checked
@@ -1586,6 +1647,17 @@ class RemoteAdamW(torch.optim.Optimizer):
         # unless a float32 one is narrowed to a 16-bit wire type on the way.
         checked_here = ((len(calls) > 1 or checked_by_ranks)
                         and (grad_scale is None or abs(grad_scale) <= 1.0))
+        return SimpleNamespace(calls=calls, stepped=stepped, staged=staged,
+                               unstrided=unstrided, grad_scale=grad_scale,
+                               scaled_here=scaled_here, norm_finite=norm_finite,
+                               checked_here=checked_here)
+
+    def _make_step_calls(self, plan: SimpleNamespace) -> None:
+        """Step 2 of _step_parameters: the calls planned (_plan_step_calls)."""
+        calls, stepped, staged, unstrided = plan.calls, plan.stepped, plan.staged, plan.unstrided
+        grad_scale, scaled_here = plan.grad_scale, plan.scaled_here
+        norm_finite, checked_here = plan.norm_finite, plan.checked_here
+        staging = self._staging
         # 2. The calls; each writes the updated values into the parameters in place. The
         #    bookkeeping of a call is done before it, while this code's data is still in
         #    the caches (the call moves every byte of the model through them), and undone
@@ -1919,32 +1991,6 @@ class RemoteAdamW(torch.optim.Optimizer):
                 self._clipped[i] = (slot, -1, 0)  # written to since the clip: not unchanged
             self._clipped_at[id(slot)] = i
         return slot
-
-    def _agree_finite_across_ranks(self, calls: dict, known_finite: bool) -> bool:
-        """shard=True: each rank sends its own share of the step, so a rank whose share
-        holds a gradient that is not finite, refused alone, left the other ranks' shares
-        applied (a torn step) and the ranks apart at the broadcast that follows (a hang).
-        Every rank checks its share (unless known finite: checked already, or under
-        clip_grad_norm_'s finite norm) and they agree, in one all_reduce, before any
-        sends: all refuse (InvalidArgument), or none. Returns whether it checked this
-        rank's share."""
-        local = None
-        if not known_finite and calls:
-            try:
-                self._check_finite(calls)
-            except errors.InvalidArgument as e:
-                local = e
-        refused = torch.tensor([0 if local is None else 1])
-        dist.all_reduce(refused, op=dist.ReduceOp.MAX, group=self._process_group)
-        if local is not None:
-            raise errors.InvalidArgument(f"{local.message} by any rank (shard=True: every "
-                                         "rank refuses this step)")
-        if refused.item():
-            raise errors.InvalidArgument(
-                "a gradient of another rank's share of the parameters is not finite (that "
-                "rank's error names its group); the whole step was refused on every rank and "
-                "nothing was sent")
-        return not known_finite and bool(calls)
 
     @staticmethod
     def _check_finite(calls: dict) -> None:
