@@ -8,6 +8,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "client/call/process_guard.h"
 #include "client/call/tls_files.h"
 #include "optstate/message_limits.h"
 
@@ -95,8 +98,43 @@ absl::StatusOr<std::string> ResolveToken(const ClientOptions& options) {
   return token;
 }
 
+namespace {
+
+// INVALID_ARGUMENT for a host:port target whose port is 0 or past 65535:
+// gRPC's resolver takes the number modulo 65536, so 127.0.0.1:113661 reached
+// whatever listens on 48125. unix: and other schemes' paths are not looked at.
+absl::Status CheckTargetPort(absl::string_view target) {
+  for (absl::string_view scheme : {"dns:///", "dns:", "ipv4:", "ipv6:"}) {
+    if (absl::ConsumePrefix(&target, scheme)) break;
+  }
+  if (absl::StartsWith(target, "unix:") || absl::StartsWith(target, "unix-abstract:") ||
+      absl::StrContains(target, ",")) {
+    return absl::OkStatus();  // A path, or a list of addresses (ipv4:a:1,b:2).
+  }
+  const size_t colon = target.rfind(':');
+  if (colon == absl::string_view::npos) return absl::OkStatus();
+  if (target.front() == '[' && target.rfind(']') > colon) return absl::OkStatus();  // [v6]
+  const absl::string_view port = target.substr(colon + 1);
+  if (port.empty() || port.size() > 16 ||
+      !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return absl::OkStatus();  // A named port, or none: gRPC says what it makes of it.
+  }
+  uint64_t number = 0;
+  for (char c : port) number = number * 10 + static_cast<uint64_t>(c - '0');
+  if (number == 0 || number > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("target '", target, "': port ", port,
+                     " is not a TCP port (1 to 65535); give the daemon's address as host:port"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
                                                            const ClientOptions& options) {
+  if (absl::Status s = CheckTargetPort(target); !s.ok()) return s;
+  if (absl::Status s = CheckGrpcUsableInThisProcess(); !s.ok()) return s;
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);

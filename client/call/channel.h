@@ -22,7 +22,10 @@ absl::Status CheckClientOptions(const ClientOptions& options);
 // process do not queue behind each other on one socket), with the options'
 // message limits and TLS files. Does not wait for the server.
 // INVALID_ARGUMENT naming the option for a TLS file ReadTlsFiles refuses
-// (tls_files.h), or a certificate without its key.
+// (tls_files.h), or a certificate without its key; for a host:port target
+// whose port is 0 or past 65535 (gRPC would take it modulo 65536).
+// FAILED_PRECONDITION in a child forked while its parent had clients open
+// (process_guard.h).
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
                                                            const ClientOptions& options);
 
