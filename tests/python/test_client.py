@@ -1,5 +1,7 @@
 """optstate.Client: the C++ client's calls from Python, buffers in place, errors by code."""
+import os
 import re
+import signal
 import threading
 import time
 
@@ -619,3 +621,58 @@ def test_a_call_mixing_float32_and_16_bit_buffers_needs_wire_dtype(client, prefi
     assert np.abs(alone - narrowed).max() > 1e-5  # which bfloat16 would have rounded
     client.step(entries, 2, wire_dtype="bfloat16")  # narrowed, as asked
     assert client.describe(prefix + "f").max_step == 2
+
+
+def test_read_only_buffers_and_empty_arrays_are_refused_naming_what_is_wrong(client, prefix):
+    # A memoryview of bytes passed numpy's read-only check (it has no flags) and was
+    # written: the bytes object changed. An empty array was "not contiguous (dimension 0
+    # has stride 0, expected 1)".
+    client.register(prefix + "w", 4)
+    frozen = bytes(16)
+    with pytest.raises(ValueError, match="params_out: the buffer is read-only"):
+        client.step(prefix + "w", 1, np.ones(4, np.float32), memoryview(frozen).cast("f"))
+    assert frozen == bytes(16)
+    with pytest.raises(ValueError, match="gradient: the array has no elements"):
+        client.step(prefix + "w", 1, np.zeros(0, np.float32))
+    assert _unchanged(client, prefix + "w") == (0, 0)
+    out = bytearray(16)  # a writable buffer is taken
+    client.step(prefix + "w", 1, np.ones(4, np.float32), memoryview(out).cast("f"))
+    assert np.frombuffer(bytes(out), np.float32)[0] != 0
+
+
+@pytest.mark.parametrize("target", ["127.0.0.1:113661", "127.0.0.1:65536", "localhost:0",
+                                    "ipv4:127.0.0.1:70000", "[::1]:99999"])
+def test_a_port_past_65535_or_0_is_invalid_argument(target):
+    # gRPC takes the port modulo 65536: 127.0.0.1:113661 reached the daemon on 48125.
+    with pytest.raises(optstate.InvalidArgument, match="is not a TCP port"):
+        optstate.Client(target).list_groups()
+
+
+def test_a_client_made_in_a_child_forked_while_one_was_open_is_refused(client, daemon):
+    # gRPC's threads do not survive fork(): the child's new Client waited for them past
+    # every deadline (its timers run on them too).
+    client.list_groups()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            optstate.Client(daemon.target, attempt_timeout=2, max_attempts=1).list_groups()
+            said = b"answered"
+        except optstate.FailedPrecondition as e:
+            said = str(e).encode()
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            said = repr(e).encode()
+        os.write(write, said[:4000])
+        os._exit(0)
+    os.close(write)
+    deadline = time.monotonic() + 20
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's Client hung")
+        time.sleep(0.05)
+    said = os.read(read, 4000).decode()
+    os.close(read)
+    assert "is a fork of process" in said and "'spawn'" in said, said
+    client.list_groups()  # the parent's goes on

@@ -173,6 +173,9 @@ HostBuffer ViewHostBuffer(nb::handle object, absl::FunctionRef<std::string()> wh
                                        a.device_type(), "); move it with .cpu() first")
                               .c_str());
   }
+  if (a.size() == 0) {  // Its strides say nothing (numpy gives 0): no group is empty.
+    throw nb::value_error(absl::StrCat(what(), ": the array has no elements").c_str());
+  }
   // C-contiguous: strides (in elements) as a dense row-major array's, where
   // a dimension of length 1 may have any stride.
   int64_t expected = 1;
@@ -189,6 +192,16 @@ HostBuffer ViewHostBuffer(nb::handle object, absl::FunctionRef<std::string()> wh
       nb::hasattr(object.attr("flags"), "writeable") &&
       !nb::cast<bool>(object.attr("flags").attr("writeable"))) {
     throw nb::value_error(absl::StrCat(what(), ": the array is read-only").c_str());
+  }
+  // Any other buffer (a memoryview of bytes, say) is asked for a writable
+  // view: nanobind's read-only view of it would be written anyway.
+  if (writable && !is_tensor && PyObject_CheckBuffer(object.ptr())) {
+    Py_buffer probe;
+    if (PyObject_GetBuffer(object.ptr(), &probe, PyBUF_WRITABLE) != 0) {
+      PyErr_Clear();
+      throw nb::value_error(absl::StrCat(what(), ": the buffer is read-only").c_str());
+    }
+    PyBuffer_Release(&probe);
   }
   view.data = const_cast<void*>(a.data());
   view.size = a.size();
