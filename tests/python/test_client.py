@@ -676,3 +676,12 @@ def test_a_client_made_in_a_child_forked_while_one_was_open_is_refused(client, d
     os.close(read)
     assert "is a fork of process" in said and "'spawn'" in said, said
     client.list_groups()  # the parent's goes on
+
+
+@pytest.mark.parametrize("count", [-5, 2 ** 64])
+def test_an_element_count_out_of_range_is_value_error(client, prefix, count):
+    # It was RuntimeError: std::bad_cast.
+    with pytest.raises(ValueError, match="an element count must be a whole number from 1"):
+        client.register(prefix + "w", count)
+    with pytest.raises(optstate.NotFound):
+        client.describe(prefix + "w")

@@ -372,7 +372,14 @@ NB_MODULE(_optstate, m) {
                 MakeHyperparameters(lr, betas, eps, weight_decay, maximize, amsgrad);
             absl::StatusOr<GroupInfo> info;
             if (PyLong_Check(initial_values.ptr())) {
-              const uint64_t n = nb::cast<uint64_t>(initial_values);
+              uint64_t n = 0;
+              if (!nb::try_cast<uint64_t>(initial_values, n)) {  // Negative, or past 2^64.
+                throw nb::value_error(
+                    absl::StrCat("initial_values: an element count must be a whole number from "
+                                 "1 to 2^64 - 1, got ",
+                                 nb::cast<std::string>(nb::str(initial_values)))
+                        .c_str());
+              }
               const std::shared_ptr<Client> live = self.live();
               nb::gil_scoped_release release;
               info = live->RegisterGroup(name, n, h);
