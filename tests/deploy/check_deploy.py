@@ -10,7 +10,9 @@
    Dockerfiles' ENTRYPOINT and HEALTHCHECK, the Kubernetes containers'
    command and exec probes, and the flag file in their ConfigMap.
 3. The Kubernetes sizes follow from the flags (deploy/kubernetes/optstated.yaml
-   says how): memory requests = limits >= --max_host_bytes + 4 GiB; cpu
+   says how): memory requests = limits >= --max_host_bytes + 4 GiB, and >=
+   --max_host_bytes + --grpc_buffer_bytes (its default a tenth of the limit)
+   + 1 GiB; cpu
    requests = limits = --threads; the state volume >= (--checkpoints_to_keep
    + 1) x --max_host_bytes; terminationGracePeriodSeconds >= --shutdown_grace
    plus the final checkpoint at 0.25 GB/s.
@@ -29,6 +31,7 @@ import yaml
 
 K8S_VERSIONS = ["1.30.0", "1.37.0"]
 MEMORY_HEADROOM = 4 << 30
+GRPC_BESIDE = 1 << 30  # The checkpoint writer's buffers and the heap, beside gRPC's.
 CHECKPOINT_BYTES_PER_SECOND = 0.25e9
 QUANTITY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
             "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "": 1}
@@ -223,6 +226,14 @@ def check_sizes(where, sts, pod, container, flags, faults):
             faults.append(f"{where}: {resource} requests != limits (the pod is not Guaranteed)")
     if quantity(limits["memory"]) < state + MEMORY_HEADROOM:
         faults.append(f"{where}: memory {limits['memory']} < --max_host_bytes={state} + 4 GiB")
+    # gRPC's message buffers (--grpc_buffer_bytes; 0 or unset: a tenth of the limit, at
+    # least 1 GiB) must fit in the headroom beside the checkpoint writer and the heap.
+    grpc = int(flags.get("grpc_buffer_bytes", 0)) or max(quantity(limits["memory"]) / 10,
+                                                          1 << 30)
+    if state + grpc + GRPC_BESIDE > quantity(limits["memory"]):
+        faults.append(f"{where}: --max_host_bytes={state} + gRPC's buffers ({grpc:.0f}, "
+                      f"--grpc_buffer_bytes) + 1 GiB > memory {limits['memory']}: set "
+                      "--grpc_buffer_bytes")
     if quantity(limits["cpu"]) != int(flags["threads"]):
         faults.append(f"{where}: cpu {limits['cpu']} != --threads={flags['threads']}")
     claims = {c["metadata"]["name"]: c for c in sts["spec"].get("volumeClaimTemplates", [])}
