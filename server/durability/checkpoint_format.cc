@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "server/durability/crc32c.h"
+#include "server/state/group_config.h"
 
 namespace optstate {
 namespace {
@@ -172,6 +173,11 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view text) {
     g.config.has_initial_values = has_values != 0;
     h.maximize = maximize != 0;
     h.amsgrad = amsgrad != 0;
+    // A checksum that matches does not make values a register would refuse
+    // loadable (a manifest written by hand, or by a daemon with a bug).
+    if (absl::Status s = ValidateHyperparameters(h); !s.ok()) {
+      return Bad(absl::StrCat("group line ", i + 1, " (line ", 8 + i, "): ", s.message()));
+    }
     g.file = std::string(f[11]);
     if (fields == 23) {
       SteppedWith last;
@@ -187,7 +193,13 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view text) {
       }
       l.maximize = last_maximize != 0;
       l.amsgrad = h.amsgrad;
-      if (last.step != 0) g.last_step = last;
+      if (last.step != 0) {  // Step 0: no record, written as zeros.
+        if (absl::Status s = ValidateHyperparameters(l); !s.ok()) {
+          return Bad(absl::StrCat("group line ", i + 1, " (line ", 8 + i,
+                                  "), its last step: ", s.message()));
+        }
+        g.last_step = last;
+      }
     }
     m.groups.push_back(std::move(g));
   }

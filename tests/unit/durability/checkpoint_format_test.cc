@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -173,6 +174,36 @@ TEST(CheckpointFormatTest, TheLastStepRecordReadsBackAndAVersionTwoManifestHasNo
   EXPECT_EQ(back->version, 2);
   EXPECT_FALSE(back->groups[0].last_step.has_value());
   EXPECT_TRUE(back->groups[1].config.hyperparameters.maximize);
+}
+
+// A manifest whose checksum matches but whose hyperparameters a register
+// would refuse (written by hand, or by a daemon with a bug) is damage: it is
+// refused, naming the line and the value, and never loaded.
+TEST(CheckpointFormatTest, HyperparametersOutOfRangeAreRefusedThoughTheChecksumMatches) {
+  auto refusal = [](const Manifest& m) {
+    absl::StatusOr<Manifest> back = ParseManifest(EncodeManifest(m));
+    EXPECT_EQ(back.status().code(), absl::StatusCode::kDataLoss);
+    return std::string(back.status().message());
+  };
+  Manifest m = Example();
+  m.groups[1].config.hyperparameters.lr = -1;
+  EXPECT_THAT(refusal(m), HasSubstr("group line 2 (line 9): lr must be finite and >= 0"));
+  m = Example();
+  m.groups[0].config.hyperparameters.beta1 = 1;
+  EXPECT_THAT(refusal(m), HasSubstr("group line 1 (line 8): beta1 must be in [0, 1)"));
+  m = Example();
+  m.groups[0].config.hyperparameters.eps = std::nan("");
+  EXPECT_THAT(refusal(m), HasSubstr("eps must be finite and > 0"));
+  m = Example();
+  m.groups[0].config.hyperparameters.weight_decay = 1e300;
+  EXPECT_THAT(refusal(m), HasSubstr("weight_decay must be finite and >= 0"));
+  m = Example();
+  SteppedWith last;
+  last.step = 1234;
+  last.hyperparameters = {1e-3, 0.9, 1.5, 1e-8, 0.1};
+  m.groups[0].last_step = last;
+  EXPECT_THAT(refusal(m),
+              HasSubstr("group line 1 (line 8), its last step: beta2 must be in [0, 1)"));
 }
 
 TEST(CheckpointFormatTest, DirectoryNamesRoundTripAndTemporaryOnesAreNotCheckpoints) {
