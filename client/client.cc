@@ -93,7 +93,15 @@ absl::Status Client::WaitUntilReachable(absl::Duration timeout) {
     const client_internal::MemberList members = impl_->MembersNow();
     return Impl::CheckOneDaemonEach(members, Impl::InstanceIdsOf(members, deadline), false);
   }
-  if (impl_->channel->WaitForConnected(absl::ToChronoTime(deadline))) return absl::OkStatus();
+  switch (client_internal::WaitInterruptibly(impl_->options, impl_->channel.get(), deadline)) {
+    case client_internal::WaitEnd::kConnected:
+      return absl::OkStatus();
+    case client_internal::WaitEnd::kInterrupted:
+      return absl::CancelledError(
+          absl::StrCat("interrupted while waiting for ", impl_->target, " to be reachable"));
+    case client_internal::WaitEnd::kDeadline:
+      break;
+  }
   // The channel's state says nothing of why: one call (which fails at once
   // on a channel that cannot connect) gets gRPC's reason, and Explain adds
   // what a TLS failure means (a plaintext client of a TLS daemon, a wrong

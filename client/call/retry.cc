@@ -56,19 +56,35 @@ void PrepareContext(grpc::ClientContext* context, const ClientOptions& options) 
   context->set_deadline(absl::ToChronoTime(absl::Now() + options.attempt_timeout));
 }
 
+WaitEnd WaitInterruptibly(const ClientOptions& options, grpc::Channel* channel,
+                          absl::Time deadline) {
+  // Without options.interrupted, one wait; with it, slices of this long.
+  constexpr absl::Duration kSlice = absl::Milliseconds(100);
+  for (;;) {
+    if (options.interrupted && options.interrupted()) return WaitEnd::kInterrupted;
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return WaitEnd::kDeadline;
+    const absl::Time until = options.interrupted ? std::min(deadline, now + kSlice) : deadline;
+    if (channel == nullptr) {
+      absl::SleepFor(until - now);
+    } else if (channel->WaitForConnected(absl::ToChronoTime(until))) {
+      return WaitEnd::kConnected;
+    }
+  }
+}
+
 namespace {
 
-// The wait before retry `attempt` after `last` failed (see WithRetries).
-void WaitBeforeRetry(const ClientOptions& options, grpc::Channel* channel, int attempt,
+// The wait before retry `attempt` after `last` failed (see WithRetries):
+// false when options.interrupted ended it.
+bool WaitBeforeRetry(const ClientOptions& options, grpc::Channel* channel, int attempt,
                      const absl::Status& last) {
-  const absl::Duration wait = Backoff(options, attempt);
-  if (channel != nullptr && last.code() == absl::StatusCode::kUnavailable &&
-      channel->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY) {
-    // Polls the channel (and starts a connection attempt) while it waits.
-    channel->WaitForConnected(absl::ToChronoTime(absl::Now() + wait));
-    return;
-  }
-  absl::SleepFor(wait);
+  const absl::Time deadline = absl::Now() + Backoff(options, attempt);
+  // Polls the channel (and starts a connection attempt) while it waits.
+  const bool reconnect = channel != nullptr && last.code() == absl::StatusCode::kUnavailable &&
+                         channel->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY;
+  return WaitInterruptibly(options, reconnect ? channel : nullptr, deadline) !=
+         WaitEnd::kInterrupted;
 }
 
 }  // namespace
@@ -82,7 +98,11 @@ absl::Status WithRetries(const ClientOptions& options, grpc::Channel* channel,
   absl::Time reconnect_deadline = absl::InfinitePast();
   int n = 0;
   for (;; ++n) {
-    if (n > 0) WaitBeforeRetry(options, channel, n, last);
+    if (n > 0 && !WaitBeforeRetry(options, channel, n, last)) {
+      return absl::CancelledError(absl::StrCat(
+          "interrupted while waiting to retry", what.empty() ? "" : " ", what, " after ", n,
+          n == 1 ? " attempt" : " attempts", " (the last: ", last.message(), ")"));
+    }
     last = attempt(n);
     if (last.ok() || !IsRetryable(last)) return last;
     if (last.code() == absl::StatusCode::kUnavailable &&

@@ -33,13 +33,23 @@ void PrepareContext(grpc::ClientContext* context, const ClientOptions& options);
 // empty).
 std::string LeaseMetadata(const ClientOptions& options);
 
+// How a wait (WaitInterruptibly) ended.
+enum class WaitEnd { kDeadline, kConnected, kInterrupted };
+
+// Waits until `deadline`, or until `channel` connects when it is not null
+// (polling it, which starts a connection attempt), asking
+// options.interrupted (when set) before each slice of at most 100 ms.
+WaitEnd WaitInterruptibly(const ClientOptions& options, grpc::Channel* channel,
+                          absl::Time deadline);
+
 // Runs attempt(0), then attempt(1), ... (up to options.max_attempts in all,
 // waiting Backoff before each retry) while it fails transiently
 // (IsRetryable); while it fails UNAVAILABLE, also beyond max_attempts until
 // options.reconnect_timeout after the first UNAVAILABLE. Returns the first OK
 // or non-transient status. When every attempt failed transiently, the last
 // status: with `what` empty as it is, else with its message as "WHAT failed
-// after N attempts: MESSAGE".
+// after N attempts: MESSAGE". CANCELLED ("interrupted ...") when
+// options.interrupted says so during a wait between attempts.
 //
 // After an UNAVAILABLE while `channel` (may be null) is not connected, the
 // wait before the retry ends as soon as the channel connects again. A sleep

@@ -685,3 +685,49 @@ def test_an_element_count_out_of_range_is_value_error(client, prefix, count):
         client.register(prefix + "w", count)
     with pytest.raises(optstate.NotFound):
         client.describe(prefix + "w")
+
+
+_INTERRUPTED_CALL = r"""
+import sys, time
+import numpy as np
+import optstate
+c = optstate.Client("127.0.0.1:1", max_attempts=2, max_backoff=0.5, reconnect_timeout=60)
+call = {"list_groups": lambda: c.list_groups(),
+        "step": lambda: c.step("w", 1, np.ones(4, np.float32)),
+        "wait_until_reachable": lambda: c.wait_until_reachable(60)}[sys.argv[1]]
+print("calling", flush=True)
+try:
+    call()
+except KeyboardInterrupt:
+    print("KeyboardInterrupt", flush=True)
+    c.list_groups  # the client is still usable as an object
+    sys.exit(0)
+print("returned", flush=True)
+"""
+
+
+@pytest.mark.parametrize("call", ["list_groups", "step", "wait_until_reachable"])
+def test_ctrl_c_ends_a_call_that_waits_for_a_daemon(call, tmp_path):
+    # With reconnect_timeout=60 a call to a daemon that is not there waits up to a
+    # minute; Ctrl-C must end it at once (ClientOptions::interrupted, asked every
+    # 100 ms while the call waits), as KeyboardInterrupt, not as an optstate error.
+    import subprocess
+    import sys
+    script = tmp_path / "call.py"
+    script.write_text(_INTERRUPTED_CALL)
+    child = subprocess.Popen([sys.executable, str(script), call], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "calling"
+        time.sleep(1.0)  # well inside its waits between attempts
+        assert child.poll() is None, child.stderr.read()
+        sent = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=20)
+        took = time.monotonic() - sent
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0 and out.strip() == "KeyboardInterrupt", (out, err)
+    assert took < 2.0, f"Ctrl-C took {took:.2f} s to end the call"

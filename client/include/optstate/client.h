@@ -107,6 +107,13 @@ struct ClientOptions {
   // this long after the first failed one, beyond max_attempts.
   // Zero: max_attempts alone bounds them.
   absl::Duration reconnect_timeout = absl::ZeroDuration();
+  // Asked about every 100 ms while a call waits for a daemon: between its
+  // attempts (backoff, the wait for a connection while reconnect_timeout
+  // runs) and in WaitUntilReachable, on the thread that waits. True ends the
+  // call at once with CANCELLED ("interrupted ..."). An attempt under way is
+  // not asked: it ends by itself or at attempt_timeout. The Python Client
+  // sets it to see Ctrl-C. Empty: never asked.
+  std::function<bool()> interrupted;
 
   // Several daemons (docs/scale-out.md): with one target given, resolve it
   // (a DNS name of several addresses: a Kubernetes headless Service) at

@@ -15,7 +15,13 @@ namespace nb = nanobind;
 
 namespace optstate::python {
 
+bool SignalArrived() {
+  nb::gil_scoped_acquire acquire;
+  return PyErr_CheckSignals() != 0;
+}
+
 void RaiseStatus(const absl::Status& status, const std::string& target) {
+  if (PyErr_Occurred() != nullptr) throw nb::python_error();
   nb::object error = nb::module_::import_("optstate.errors")
                          .attr("from_status")(static_cast<int>(status.code()),
                                               std::string(status.message()), target);

@@ -263,6 +263,7 @@ NB_MODULE(_optstate, m) {
             options.reconnect_timeout = reconnect_timeout == 0
                                             ? absl::ZeroDuration()
                                             : Seconds(reconnect_timeout, "reconnect_timeout");
+            options.interrupted = SignalArrived;
             std::vector<MemberTarget> members = MemberTargetsOf(target_arg);
             const std::string target = TargetName(members);
             absl::StatusOr<std::unique_ptr<Client>> connected =

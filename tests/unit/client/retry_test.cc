@@ -51,6 +51,47 @@ TEST(WithRetriesTest, AfterTheLastAttemptSaysHowManyWhenNamed) {
   EXPECT_EQ(calls, 6);
 }
 
+// ClientOptions::interrupted is asked during the waits between attempts (in
+// slices of at most 100 ms): true ends the call with CANCELLED at once, well
+// before reconnect_timeout, naming the attempts made and the last failure.
+TEST(WithRetriesTest, AnInterruptionDuringAWaitEndsTheCallCancelled) {
+  ClientOptions options = Quick(2);
+  options.initial_backoff = options.max_backoff = absl::Seconds(1);
+  options.reconnect_timeout = absl::Minutes(1);
+  int asked = 0;
+  options.interrupted = [&] { return ++asked == 3; };
+  int calls = 0;
+  const absl::Time start = absl::Now();
+  absl::Status status = WithRetries(
+      options, nullptr,
+      [&](int) {
+        ++calls;
+        return absl::UnavailableError("connection refused");
+      },
+      "step 7");
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(900));
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(asked, 3);
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(status.message(),
+            "interrupted while waiting to retry step 7 after 1 attempt (the last: connection "
+            "refused)");
+}
+
+TEST(WaitInterruptiblyTest, WithoutAnInterruptionWaitsUntilTheDeadline) {
+  ClientOptions options;
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(WaitInterruptibly(options, nullptr, start + absl::Milliseconds(250)),
+            WaitEnd::kDeadline);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(250));
+  int asked = 0;
+  options.interrupted = [&] { return ++asked > 100; };
+  EXPECT_EQ(WaitInterruptibly(options, nullptr, absl::Now() + absl::Milliseconds(450)),
+            WaitEnd::kDeadline);
+  EXPECT_GE(asked, 3);  // Slices of at most 100 ms, asked before each.
+  EXPECT_LE(asked, 7);
+}
+
 TEST(WithRetriesTest, EveryTransientCodeIsRetriedAndNoOther) {
   for (absl::StatusCode code :
        {absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded,
