@@ -451,6 +451,46 @@ def _step_both(opt, params, ref, ref_params, step):
     assert all(torch.equal(p, q) for p, q in zip(params, ref_params)), f"step {step}"
 
 
+@pytest.mark.parametrize("how", ["assign", "clear", "del"])
+def test_dropping_opt_state_starts_it_afresh_as_torch_does(daemon, prefix, how):
+    # torch's ways to drop state: opt.state = defaultdict(dict), opt.state.clear(), del
+    # opt.state[p]. The daemon's state must go too (an assignment that left it would
+    # step on with the old moments and step count, silently).
+    import collections
+    params = _params(3)
+    opt = RemoteAdamW(params, target=daemon.target, name_prefix=prefix, weight_decay=0.1)
+    ref_params, ref = _torch_reference(params, weight_decay=0.1)
+    for step in range(1, 4):
+        _step_both(opt, params, ref, ref_params, step)
+    if how == "assign":
+        opt.state = collections.defaultdict(dict)
+        ref.state = collections.defaultdict(dict)
+    elif how == "clear":
+        opt.state.clear()
+        ref.state.clear()
+    else:
+        del opt.state[params[1]]
+        del ref.state[ref_params[1]]
+    assert len(opt.state) == len(ref.state)
+    for step in range(4, 7):
+        _step_both(opt, params, ref, ref_params, step)
+    steps = [float(opt.state[p]["step"]) for p in params]
+    assert steps == [float(ref.state[q]["step"]) for q in ref_params]
+    assert steps == ([6.0, 3.0, 6.0] if how == "del" else [3.0, 3.0, 3.0])
+    for p, q in zip(params, ref_params):
+        assert torch.equal(opt.state[p]["exp_avg"], ref.state[q]["exp_avg"])
+        assert torch.equal(opt.state[p]["exp_avg_sq"], ref.state[q]["exp_avg_sq"])
+    # What torch would not do either, refused and nothing dropped.
+    with pytest.raises(KeyError):
+        del opt.state[torch.nn.Parameter(torch.zeros(2))]
+    with pytest.raises(TypeError, match="only an empty mapping"):
+        opt.state = {params[0]: {}}
+    with pytest.raises(TypeError, match="only an empty mapping"):
+        opt.state = None
+    assert [float(opt.state[p]["step"]) for p in params] == steps
+    opt.close()
+
+
 class _ImportCountingClient(optstate.Client):
     imports = 0
 

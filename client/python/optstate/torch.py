@@ -8,6 +8,7 @@ torch.optim.AdamW's default CPU step, op for op (docs/exactness.md).
 from __future__ import annotations
 
 import bisect
+import collections.abc
 import hashlib
 import math
 import os
@@ -573,7 +574,7 @@ class RemoteAdamW(torch.optim.Optimizer):
             if self._owns_client:
                 self._client.close()
             raise
-        self.state = RemoteState(self._state_of, self._with_state)
+        self.state = RemoteState(self._state_of, self._with_state, self._reset_state)
 
     def _init_bookkeeping(self, shared_buffers: bool, staging: str) -> None:
         """The per-parameter records, empty (construction and unpickling)."""
@@ -799,7 +800,7 @@ class RemoteAdamW(torch.optim.Optimizer):
                                                                    config["registered"])
                            if h is not None and self._staging.wants(p)], self._client)
         self._constructed = True
-        self.state = RemoteState(self._state_of, self._with_state)
+        self.state = RemoteState(self._state_of, self._with_state, self._reset_state)
 
     # -- naming, placement, registration -------------------------------------------------
 
@@ -2088,6 +2089,36 @@ class RemoteAdamW(torch.optim.Optimizer):
             if result is not None:
                 state_dict = result
         return state_dict
+
+    def __setattr__(self, name: str, value) -> None:
+        # opt.state = defaultdict(dict), torch's way to drop every parameter's state: the
+        # daemon's state is dropped too (an assignment alone would leave it stepping on).
+        if (name == "state" and isinstance(self.__dict__.get("state"), RemoteState)
+                and not isinstance(value, RemoteState)):
+            if not isinstance(value, collections.abc.Mapping) or len(value) != 0:
+                raise TypeError(
+                    "opt.state = ... takes only an empty mapping (torch's "
+                    "defaultdict(dict)), which drops every parameter's state: RemoteAdamW's "
+                    "state lives on the optstated daemon; put state in with load_state_dict()")
+            self._reset_state(None)
+            return
+        super().__setattr__(name, value)
+
+    def _reset_state(self, only: Optional[list]) -> None:
+        """Drops the state of the parameters `only` (None: every one), as torch's
+        ``del opt.state[p]``, ``opt.state.clear()`` and ``opt.state = defaultdict(dict)`` do:
+        their next step starts afresh (step 0, zero moments) from their values, as after
+        load_state_dict() of a state dict without their entries. Each rank drops the
+        groups it owns (shard=True: its share); call it on every rank."""
+        self._check_not_forked()
+        rank, _ = self._rank_and_world()
+        for p, name, group in self._names():
+            if only is not None and not any(p is q for q in only):
+                continue
+            reg = self._registered.get(id(p))
+            if self._owner.get(id(p), rank) != rank or reg is None or reg.step == 0:
+                continue  # another rank's, or no state to drop
+            self._import(p, name, group, self._check_entry(p, name, group, None), None)
 
     def _state_of(self, p: torch.Tensor) -> Optional[dict]:
         """opt.state[p]: p's state read from the daemon now (copies), or None when p has
