@@ -5,6 +5,7 @@
 #include <cinttypes>
 #include <cstdio>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -194,6 +195,13 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view text) {
       l.maximize = last_maximize != 0;
       l.amsgrad = h.amsgrad;
       if (last.step != 0) {  // Step 0: no record, written as zeros.
+        // Written only when every page was captured at that very step.
+        if (last.step != g.max_step || g.min_step != g.max_step) {
+          return Bad(absl::StrCat("group line ", i + 1, " (line ", 8 + i,
+                                  ") records its last step as ", last.step,
+                                  ", but its pages are at steps ", g.min_step, "..", g.max_step,
+                                  " (a record is kept only of the pages' one step)"));
+        }
         if (absl::Status s = ValidateHyperparameters(l); !s.ok()) {
           return Bad(absl::StrCat("group line ", i + 1, " (line ", 8 + i,
                                   "), its last step: ", s.message()));
@@ -202,6 +210,15 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view text) {
       }
     }
     m.groups.push_back(std::move(g));
+  }
+  // One line per group: a second line of a name would be installed over the
+  // first (or refused as registered meanwhile, as if a cause to fix).
+  absl::flat_hash_set<std::pair<std::string, std::string>> keys;
+  for (size_t i = 0; i < m.groups.size(); ++i) {
+    if (!keys.emplace(m.groups[i].key.tenant, m.groups[i].key.name).second) {
+      return Bad(absl::StrCat("group line ", i + 1, " (line ", 8 + i, ") names group '",
+                              m.groups[i].key.name, "' again"));
+    }
   }
   return m;
 }

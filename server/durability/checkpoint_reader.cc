@@ -36,6 +36,17 @@ void TestPauseBeforeRestore() {
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
+// The first of `n` values that no step leaves (params and exp_avg finite;
+// the squares >= 0 or +inf, as ImportState takes them), or n.
+uint64_t FirstValueNoStepLeaves(const float* values, uint64_t n, bool squares) {
+  for (uint64_t i = 0; i < n; ++i) {
+    if (squares ? !(values[i] >= 0) : !std::isfinite(values[i])) return i;  // NaN fails >=.
+  }
+  return n;
+}
+
+constexpr const char* kTensorNames[] = {"params", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+
 // Where a restore's time went, summed over the threads that read.
 struct ReadTimes {
   absl::Mutex mu;
@@ -81,6 +92,9 @@ absl::Status ReadGroupFile(const std::string& path, const ManifestGroup& entry, 
   std::vector<uint32_t> crcs(pieces, 0);
   std::vector<uint64_t> lengths(pieces, 0);
   std::vector<absl::Status> errors(pieces);
+  // Values no step leaves, found while the piece is in cache; reported after
+  // the checksum (a flipped byte is damage first).
+  std::vector<absl::Status> bad_values(pieces);
   std::vector<uint64_t> headers(2 * pages);
   auto read_piece = [&](size_t i) {
     const uint64_t first = i * pages_per_piece;
@@ -95,9 +109,12 @@ absl::Status ReadGroupFile(const std::string& path, const ManifestGroup& entry, 
       crc = Crc32cExtend(crc, header, kPageRecordHeaderBytes);
       offset += kPageRecordHeaderBytes;
       const uint64_t begin = group.PageBegin(p);
-      const size_t n = (group.PageEnd(p) - begin) * sizeof(float);
-      for (float* target :
-           {group.params(), group.exp_avg(), group.exp_avg_sq(), group.max_exp_avg_sq()}) {
+      const uint64_t count = group.PageEnd(p) - begin;
+      const size_t n = count * sizeof(float);
+      float* const targets[] = {group.params(), group.exp_avg(), group.exp_avg_sq(),
+                                group.max_exp_avg_sq()};
+      for (int t = 0; t < 4; ++t) {
+        float* const target = targets[t];
         if (target == nullptr) break;  // Only amsgrad groups have the fourth.
         const absl::Time t0 = absl::Now();
         errors[i] = PreadExactly(fd->get(), target + begin, n, offset, path);
@@ -107,6 +124,14 @@ absl::Status ReadGroupFile(const std::string& path, const ManifestGroup& entry, 
         crc = Crc32cExtend(crc, target + begin, n);
         checksum_time += absl::Now() - t1;
         offset += n;
+        if (const uint64_t at = FirstValueNoStepLeaves(target + begin, count, t >= 2);
+            at < count && bad_values[i].ok()) {
+          bad_values[i] = absl::DataLossError(
+              absl::StrCat(path, " holds ", target[begin + at], " at element ", begin + at, " of ",
+                           kTensorNames[t],
+                           ", which no step leaves (params and exp_avg are finite, the "
+                           "squares >= 0 or +inf)"));
+        }
       }
     }
     absl::MutexLock lock(&times->mu);
@@ -125,16 +150,28 @@ absl::Status ReadGroupFile(const std::string& path, const ManifestGroup& entry, 
   }
   uint32_t crc = crcs[0];
   for (uint64_t i = 1; i < pieces; ++i) crc = Crc32cCombine(crc, crcs[i], lengths[i]);
-  for (uint64_t p = 0; p < pages; ++p) {
-    absl::MutexLock lock(&group.page_mutex(p));
-    group.set_page_step(p, headers[2 * p]);
-    if (headers[2 * p + 1] & kPageHasValues) group.mark_page_has_values(p);
-  }
   if (crc != entry.crc32c) {
     // In hex, as the manifest writes them.
     return absl::DataLossError(absl::StrCat(path, " fails its checksum (CRC32C ",
                                             absl::Hex(crc, absl::kZeroPad8), ", the manifest says ",
                                             absl::Hex(entry.crc32c, absl::kZeroPad8), ")"));
+  }
+  for (const absl::Status& e : bad_values) {
+    if (!e.ok()) return e;
+  }
+  for (uint64_t p = 0; p < pages; ++p) {
+    const uint64_t step = headers[2 * p];
+    const uint64_t flags = headers[2 * p + 1];
+    // A stepped page has values (a step needs them); no other flag exists.
+    if ((flags & ~kPageHasValues) != 0 || (step > 0 && (flags & kPageHasValues) == 0)) {
+      return absl::DataLossError(absl::StrCat(path, ": page ", p, " is at step ", step,
+                                              " with flags ", flags,
+                                              ", which no checkpoint writes (a stepped page has "
+                                              "values; the only flag is 1, values)"));
+    }
+    absl::MutexLock lock(&group.page_mutex(p));
+    group.set_page_step(p, step);
+    if (flags & kPageHasValues) group.mark_page_has_values(p);
   }
   if (group.MinStep() != entry.min_step || group.MaxStep() != entry.max_step) {
     return absl::DataLossError(absl::StrCat(path, " holds steps ", group.MinStep(), "..",
@@ -179,6 +216,11 @@ absl::StatusOr<std::vector<StagedGroup>> LoadCheckpoint(StateStore* store, const
                                                         Manifest* manifest, ThreadPool* pool,
                                                         const ManifestGroupFilter& wanted) {
   const std::string manifest_path = absl::StrCat(dir, "/", kManifestName);
+  // A file or a link to one under a checkpoint's name is damage, not a
+  // cause to fix (no flag or upgrade reads it).
+  if (struct stat d; stat(dir.c_str(), &d) == 0 && !S_ISDIR(d.st_mode)) {
+    return absl::DataLossError(absl::StrCat(dir, " is not a directory"));
+  }
   absl::StatusOr<uint64_t> size = FileSize(manifest_path);
   if (absl::IsNotFound(size.status())) {
     return absl::DataLossError(absl::StrCat(manifest_path, " is missing"));

@@ -3,9 +3,9 @@
 // after a restart the state equals one complete checkpoint, never a mix,
 // every damaged one is refused with its own message, the previous complete
 // checkpoint is used, and the next steps continue exactly.
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -14,6 +14,7 @@
 #include <atomic>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -409,6 +410,45 @@ class DamagedCheckpointTest : public ::testing::Test {
     std::ofstream(File("MANIFEST")) << text;
   }
 
+  static std::string Read(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+  // CRC32C (Castagnoli, reflected), bit by bit: the manifest's checksums.
+  static std::string Crc32cHex(const std::string& bytes) {
+    uint32_t crc = ~0u;
+    for (unsigned char c : bytes) {
+      crc ^= c;
+      for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
+    }
+    char hex[9];
+    std::snprintf(hex, sizeof(hex), "%08x", ~crc);
+    return hex;
+  }
+
+  // After `data_file` of ckpt 2 was edited: its CRC put into its manifest
+  // line, and the manifest's own recomputed, so every checksum matches.
+  void Reseal(const std::string& data_file) {
+    const std::string manifest = Read(File("MANIFEST"));
+    const size_t end_at = manifest.rfind("\nend ");
+    ASSERT_NE(end_at, std::string::npos);
+    std::string body = manifest.substr(0, end_at + 1);
+    ASSERT_EQ(manifest.substr(end_at + 5, 8), Crc32cHex(body));  // This CRC is the writer's.
+    const size_t at = body.find(" " + data_file + " ");
+    ASSERT_NE(at, std::string::npos);
+    const size_t crc_at = body.find(' ', at + data_file.size() + 2) + 1;  // After its bytes.
+    body.replace(crc_at, 8, Crc32cHex(Read(File(data_file))));
+    std::ofstream(File("MANIFEST"), std::ios::binary) << body << "end " << Crc32cHex(body) << "\n";
+  }
+
+  // Overwrites `bytes` at `offset` of ckpt 2's `data_file`.
+  void Overwrite(const std::string& data_file, std::streamoff offset, const void* bytes, size_t n) {
+    std::fstream f(File(data_file), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(offset);
+    f.write(static_cast<const char*>(bytes), static_cast<std::streamsize>(n));
+  }
+
   // Restarts on the damaged directory: ckpt 2 must be refused with
   // `message` (naming `file`), ckpt 1 restored, and the steps continue.
   void ExpectFallback(const std::string& file, const std::string& message,
@@ -442,6 +482,33 @@ TEST_F(DamagedCheckpointTest, AFlippedByteInADataFileFailsItsChecksum) {
     f.put(static_cast<char>(c ^ 0x10));
   }
   ExpectFallback("group-1.data", "fails its checksum");
+}
+
+// Damage that every checksum agrees with (a file written by hand, or by a
+// daemon with a bug) is refused by what it holds.
+TEST_F(DamagedCheckpointTest, AValueNoStepLeavesIsRefusedThoughEveryChecksumMatches) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Overwrite("group-1.data", 16 + 3 * sizeof(float), &nan, sizeof(nan));  // Page 0's params.
+  Reseal("group-1.data");
+  ExpectFallback("group-1.data", "holds nan at element 3 of params, which no step leaves");
+}
+
+TEST_F(DamagedCheckpointTest, ASteppedPageWithoutValuesIsRefusedThoughEveryChecksumMatches) {
+  const uint64_t no_flags = 0;
+  Overwrite("group-0.data", 8, &no_flags, sizeof(no_flags));  // Page 0's header: step, flags.
+  Reseal("group-0.data");
+  ExpectFallback("group-0.data", "page 0 is at step 5 with flags 0, which no checkpoint writes");
+}
+
+TEST_F(DamagedCheckpointTest, AFileUnderACheckpointsNameIsRefusedAsDamage) {
+  std::filesystem::remove_all(dir_ + "/" + kSecond);
+  std::ofstream(dir_ + "/" + kSecond) << "not a checkpoint\n";
+  // Damage, not a cause to fix: checkpoints are written past it.
+  ExpectFallback(kSecond, "is not a directory");
+  auto daemon = DaemonProcess::Start(CkptFlags(dir_));
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto written = ConnectTo(**daemon)->Checkpoint({});
+  EXPECT_TRUE(written.ok()) << written.status();
 }
 
 TEST_F(DamagedCheckpointTest, ATruncatedDataFileIsRefused) {

@@ -201,9 +201,38 @@ TEST(CheckpointFormatTest, HyperparametersOutOfRangeAreRefusedThoughTheChecksumM
   SteppedWith last;
   last.step = 1234;
   last.hyperparameters = {1e-3, 0.9, 1.5, 1e-8, 0.1};
+  m.groups[0].min_step = 1234;  // A record is kept of the pages' one step only.
   m.groups[0].last_step = last;
   EXPECT_THAT(refusal(m),
               HasSubstr("group line 1 (line 8), its last step: beta2 must be in [0, 1)"));
+}
+
+// What no writer writes, though the checksum matches: a last step's record
+// of another step than the pages' one step, and a group named twice.
+TEST(CheckpointFormatTest, ALastStepOffThePagesStepAndAGroupNamedTwiceAreRefused) {
+  auto refusal = [](const Manifest& m) {
+    absl::StatusOr<Manifest> back = ParseManifest(EncodeManifest(m));
+    EXPECT_EQ(back.status().code(), absl::StatusCode::kDataLoss);
+    return std::string(back.status().message());
+  };
+  Manifest m = Example();  // Group 0 at steps 1233..1234.
+  SteppedWith last;
+  last.step = 1234;
+  last.hyperparameters = {1e-3, 0.9, 0.999, 1e-8, 0.1};
+  m.groups[0].last_step = last;
+  EXPECT_THAT(refusal(m), HasSubstr("records its last step as 1234, but its pages are at steps "
+                                    "1233..1234"));
+  m.groups[0].min_step = 1234;
+  m.groups[0].last_step->step = 1233;
+  EXPECT_THAT(refusal(m), HasSubstr("records its last step as 1233"));
+  m.groups[0].last_step->step = 1234;
+  EXPECT_TRUE(ParseManifest(EncodeManifest(m)).ok());
+  m = Example();
+  m.groups[1].key = m.groups[0].key;
+  EXPECT_THAT(refusal(m), HasSubstr("group line 2 (line 9) names group "
+                                    "'model.layers.0.q_proj.weight' again"));
+  m.groups[1].key.tenant = "another";  // The same name in another tenant: another group.
+  EXPECT_TRUE(ParseManifest(EncodeManifest(m)).ok());
 }
 
 TEST(CheckpointFormatTest, DirectoryNamesRoundTripAndTemporaryOnesAreNotCheckpoints) {
