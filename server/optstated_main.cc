@@ -78,8 +78,8 @@ ABSL_FLAG(uint64_t, tenant_max_groups, Default().auth.tenant_max_groups,
           "Groups one tenant may hold, for tokens-file tenants without max_groups=; 0: no "
           "limit.");
 ABSL_FLAG(int, tenant_max_streams, Default().tenant_max_streams,
-          "Step streams one tenant may hold open at once; more get RESOURCE_EXHAUSTED; 0: no "
-          "limit.");
+          "Step streams one tenant may hold open at once, and ExportState streams apart from "
+          "them; more get RESOURCE_EXHAUSTED; 0: no limit.");
 ABSL_FLAG(int64_t, lease_seconds, absl::ToInt64Seconds(Default().lease_term),
           "A job's lease on the groups it steps lasts this long after its last call "
           "(docs/jobs.md); until then another job's Step, ImportState or DeleteGroup on them is "

@@ -19,8 +19,8 @@ constexpr uint64_t kChunkBytes = (1 << 20) - kMessageFieldRoomBytes;
 }  // namespace
 
 ExportReactor::ExportReactor(StepEngine* engine, const GroupKey& key, StreamRegistry* streams,
-                             const std::string& moved_to, const LeaseClaim& lease)
-    : engine_(engine), streams_(streams) {
+                             const std::string& moved_to, const LeaseClaim& lease, StreamSlot slot)
+    : engine_(engine), streams_(streams), slot_(std::move(slot)) {
   if (!streams_->Add(this)) {
     FinishOnce(StreamRegistry::ShuttingDownError());
     return;
@@ -140,6 +140,7 @@ void ExportReactor::FinishOnce(absl::Status status) {
   // message in flight was serialized when it was started).
   group_.reset();
   pages_ = CapturedPages();
+  slot_.GiveBack();  // Before the status: the client may start its next export at once.
   Finish(ToGrpcStatus(status));
 }
 

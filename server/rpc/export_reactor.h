@@ -14,6 +14,7 @@
 #include "server/durability/page_capture.h"
 #include "server/engine/step_engine.h"
 #include "server/rpc/stream_registry.h"
+#include "server/rpc/tenant_stream_limit.h"
 
 namespace optstate {
 
@@ -39,8 +40,11 @@ class ExportReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public 
   // sealed for its move there first (StateStore::Seal, under `lease`; it
   // waits for the group's chunks in flight), and a refused seal ends the
   // call with its status before anything is written.
+  // `slot`: the stream's place under --tenant_max_streams, held until the
+  // reactor is done.
   ExportReactor(StepEngine* engine, const GroupKey& key, StreamRegistry* streams,
-                const std::string& moved_to = "", const LeaseClaim& lease = LeaseClaim());
+                const std::string& moved_to = "", const LeaseClaim& lease = LeaseClaim(),
+                StreamSlot slot = StreamSlot());
 
   void OnWriteDone(bool ok) override;
   void OnDone() override;
@@ -61,6 +65,7 @@ class ExportReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public 
 
   StepEngine* const engine_;
   StreamRegistry* const streams_;
+  StreamSlot slot_;
   std::shared_ptr<Group> group_;
   uint64_t pages_per_run_ = 1;
   uint64_t next_page_ = 0;  // First page not yet captured.

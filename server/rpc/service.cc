@@ -299,11 +299,15 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* OptimizerStateService::ExportState(
   if (lease.ok()) {
     if (absl::Status s = ParseRawMessage(*request, &parsed); !s.ok()) lease = s;
   }
-  if (!lease.ok()) {
-    return new RefusedWriteReactor<grpc::ByteBuffer>(ToGrpcStatus(lease.status()));
+  // An export not read holds its next message (up to a few MiB) in the
+  // daemon: counted apart from Step streams, under the same limit.
+  absl::StatusOr<StreamSlot> slot =
+      lease.ok() ? export_stream_limit_.Acquire(caller->tenant) : lease.status();
+  if (!slot.ok()) {
+    return new RefusedWriteReactor<grpc::ByteBuffer>(ToGrpcStatus(slot.status()));
   }
   return new ExportReactor(engine_, GroupKey{caller->tenant, parsed.name()}, &streams_,
-                           parsed.moved_to(), *lease);
+                           parsed.moved_to(), *lease, std::move(*slot));
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* OptimizerStateService::ImportState(

@@ -67,7 +67,12 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
         trimmer_(trimmer),
         step_metrics_(step_metrics),
         authenticator_(authenticator),
-        stream_limit_(tenant_max_streams),
+        stream_limit_(tenant_max_streams, "Step",
+                      "end a stream (one Client steps many groups over one stream) or raise the "
+                      "limit"),
+        export_stream_limit_(tenant_max_streams, "ExportState",
+                             "read the exports under way to their end (or cancel them), or raise "
+                             "the limit"),
         instance_id_(RandomInstanceId()) {}
 
   // Refuses new streams and ends the open ones with UNAVAILABLE (the daemon
@@ -152,7 +157,8 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   HeapTrimmer* const trimmer_;
   StepStreamMetrics* const step_metrics_;
   const Authenticator* const authenticator_;
-  TenantStreamLimit stream_limit_;
+  TenantStreamLimit stream_limit_;          // Step streams.
+  TenantStreamLimit export_stream_limit_;   // ExportState streams.
   const absl::Time started_ = absl::Now();  // The daemon's start, near enough.
   const std::string instance_id_;            // GetStatsResponse.instance_id.
 

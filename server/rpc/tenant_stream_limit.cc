@@ -15,9 +15,10 @@ absl::StatusOr<StreamSlot> TenantStreamLimit::Acquire(const std::string& tenant)
   int& open = open_[tenant];
   if (max_ > 0 && open >= max_) {
     const int held = open;
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "tenant '", tenant, "' has ", held, " Step streams open, its limit --tenant_max_streams=",
-        max_, "; end a stream (one Client steps many groups over one stream) or raise the limit"));
+    return absl::ResourceExhaustedError(absl::StrCat("tenant '", tenant, "' has ", held, " ", kind_,
+                                                     " streams open, its limit "
+                                                     "--tenant_max_streams=",
+                                                     max_, "; ", advice_));
   }
   ++open;
   return StreamSlot(this, tenant);

@@ -1,9 +1,10 @@
-// Concurrent Step streams per tenant (--tenant_max_streams): a stream holds
-// a slot from its start to its end.
+// Concurrent streams of one kind (Step, ExportState) per tenant
+// (--tenant_max_streams): a stream holds a slot from its start to its end.
 #ifndef OPTSTATE_SERVER_RPC_TENANT_STREAM_LIMIT_H_
 #define OPTSTATE_SERVER_RPC_TENANT_STREAM_LIMIT_H_
 
 #include <string>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -39,7 +40,9 @@ class StreamSlot {
 class TenantStreamLimit {
  public:
   // `max_per_tenant`: streams one tenant may hold open at once; 0: no limit.
-  explicit TenantStreamLimit(int max_per_tenant) : max_(max_per_tenant) {}
+  // `kind` names them in the refusal ("Step"), `advice` ends it.
+  TenantStreamLimit(int max_per_tenant, std::string kind, std::string advice)
+      : max_(max_per_tenant), kind_(std::move(kind)), advice_(std::move(advice)) {}
 
   // A slot for a new stream of `tenant`; RESOURCE_EXHAUSTED naming the limit
   // and the tenant's open streams when it holds max_per_tenant already.
@@ -52,6 +55,8 @@ class TenantStreamLimit {
   void Release(const std::string& tenant) ABSL_LOCKS_EXCLUDED(mu_);
 
   const int max_;
+  const std::string kind_;
+  const std::string advice_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, int> open_ ABSL_GUARDED_BY(mu_);
 };

@@ -610,6 +610,58 @@ TEST_F(TenancyTest, ConcurrentStepStreamsAreLimitedPerTenant) {
   }
 }
 
+// An ExportState stream its client does not read holds its next message in
+// the daemon: such streams are limited per tenant as Step streams are (and
+// counted apart from them).
+TEST_F(TenancyTest, ConcurrentExportStreamsAreLimitedPerTenant) {
+  StartDaemon({"--tenant_max_streams=1"});
+  std::unique_ptr<Client> bob = Connect(kBob);
+  constexpr size_t kElements = 4 << 20;  // 64 MB exported: more than gRPC's windows.
+  ASSERT_TRUE(bob->RegisterGroup("w", Ramp(kElements)).ok());
+  auto stub = Stub();
+  grpc::ClientContext first_context;
+  Authorize(&first_context, kBob);
+  first_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::ExportStateRequest request;
+  request.set_name("w");
+  auto first = stub->ExportState(&first_context, request);  // Never read.
+  absl::SleepFor(absl::Milliseconds(300));
+  {
+    grpc::ClientContext context;
+    Authorize(&context, kBob);
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto second = stub->ExportState(&context, request);
+    v1::ExportStateResponse reply;
+    EXPECT_FALSE(second->Read(&reply));
+    grpc::Status status = second->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(status.error_message(), HasSubstr("--tenant_max_streams=1"));
+  }
+  // A Step stream of the same tenant, and another tenant's export, go on.
+  std::vector<float> grad(kElements, 0.5f), params(kElements);
+  EXPECT_TRUE(bob->Step("w", 1, grad, absl::MakeSpan(params)).ok());
+  std::unique_ptr<Client> alice = Connect(kAlice2);
+  ASSERT_TRUE(alice->RegisterGroup("a", Ramp(100)).ok());
+  EXPECT_TRUE(alice->ExportState("a").ok());
+  first_context.TryCancel();
+  first->Finish();
+  // The daemon sees the cancellation a moment later; until then the place is
+  // held.
+  absl::StatusOr<Client::GroupState> after_cancel = bob->ExportState("w");
+  for (int i = 0; i < 100 && !after_cancel.ok(); ++i) {
+    EXPECT_THAT(after_cancel.status().message(), HasSubstr("1 ExportState streams open"));
+    absl::SleepFor(absl::Milliseconds(50));
+    after_cancel = bob->ExportState("w");
+  }
+  ASSERT_TRUE(after_cancel.ok()) << after_cancel.status();
+  // Exports one after another: each finds the place the one before gave back
+  // with its status.
+  for (int i = 0; i < 50; ++i) {
+    absl::StatusOr<Client::GroupState> state = bob->ExportState("w");
+    ASSERT_TRUE(state.ok()) << "export " << i << ": " << state.status();
+  }
+}
+
 TEST_F(TenancyTest, SharedMemoryStepsWithATokenAndTheRegionSocketRefusesNone) {
   StartDaemon();
   ClientOptions options;
