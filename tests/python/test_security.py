@@ -371,6 +371,61 @@ def test_half_sent_requests_without_a_token_hold_at_most_the_grpc_buffer_bytes(f
     assert stats["num_groups"] == 0
 
 
+def test_a_compressed_message_is_refused_before_it_is_inflated(fresh_daemons):
+    # gRPC 1.51 inflates a compressed message whole before it checks its size or counts it
+    # in --grpc_buffer_bytes: 1 MB of gzip (a Step whose gradient is 512 MiB of zeros) took
+    # the daemon's RSS past 500 MB. Compression is turned off: the call ends UNIMPLEMENTED
+    # (grpc-status 12) and nothing is inflated.
+    import gzip
+    import struct
+    d = fresh_daemons("--grpc_buffer_bytes=268435456", "--max_message_bytes=4194304",
+                      "--region_socket=none")
+    inflated = 512 << 20
+    head = b"\x0a\x01w\x10\x01\x2a" + bytes([0x80 | (inflated & 0x7F)])
+    n = inflated >> 7
+    while n >= 0x80:
+        head += bytes([0x80 | (n & 0x7F)])
+        n >>= 7
+    head += bytes([n])
+    body = gzip.compress(head + bytes(inflated), compresslevel=1)
+    before = _rss_bytes(d.process.pid)
+    attacker = raw_http2.PartialRequests(d.port)
+    stream = attacker.next_stream
+    attacker.next_stream += 2
+    pairs = [(":method", "POST"), (":scheme", "http"),
+             (":path", "/optstate.v1.OptimizerState/Step"), (":authority", "localhost"),
+             ("content-type", "application/grpc"), ("te", "trailers"), ("grpc-encoding", "gzip")]
+    message = b"\x01" + struct.pack(">I", len(body)) + body
+    try:
+        attacker.sock.sendall(raw_http2._frame(raw_http2.HEADERS, raw_http2.END_HEADERS, stream,
+                                               raw_http2._headers(pairs)))
+        attacker.windows[stream] = attacker.initial_window
+        sent, peak = 0, before
+        deadline = time.monotonic() + 30
+        while (sent < len(message) and stream not in attacker.reset and not attacker.gone
+               and time.monotonic() < deadline):
+            k = min(16384, len(message) - sent, attacker.windows[stream],
+                    attacker.connection_window)
+            if k > 0:
+                end = raw_http2.END_STREAM if sent + k == len(message) else 0
+                attacker.sock.sendall(raw_http2._frame(raw_http2.DATA, end, stream,
+                                                       message[sent:sent + k]))
+                sent += k
+                attacker.windows[stream] -= k
+                attacker.connection_window -= k
+            attacker._read(0 if k > 0 else 0.1)
+            peak = max(peak, _rss_bytes(d.process.pid))
+        while stream not in attacker.reset and not attacker.gone and time.monotonic() < deadline:
+            attacker._read(0.1)
+            peak = max(peak, _rss_bytes(d.process.pid))
+        assert stream in attacker.reset, "the compressed call was never ended"
+        assert peak - before < 64 << 20, f"{(peak - before) >> 20} MiB held for 1 MB of gzip"
+    finally:
+        attacker.close()
+    with pytest.raises(optstate.NotFound):  # still serving; nothing was registered
+        optstate.Client(d.target).describe("w")
+
+
 def test_clients_stepping_under_a_small_grpc_buffer_bound_are_reset_not_crashed(fresh_daemons):
     # Memory the quota counts (a step's request, kept for its gradients) was freed on a
     # worker thread with no gRPC ExecCtx; under pressure gRPC 1.51 then registered its
