@@ -2,6 +2,9 @@
 // gracefully on SIGTERM or SIGINT (stop accepting, finish in-flight chunks,
 // exit 0).
 #include <malloc.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <csignal>
@@ -221,6 +224,17 @@ int main(int argc, char** argv) {
   // default SIGPIPE would kill the daemon before its final checkpoint.
   std::signal(SIGPIPE, SIG_IGN);
 
+  // Each connection takes a descriptor, and gRPC 1.51 stops accepting for
+  // good once the limit is reached: the soft limit goes up to the hard one.
+  if (struct rlimit fds; getrlimit(RLIMIT_NOFILE, &fds) == 0 && fds.rlim_cur < fds.rlim_max) {
+    const rlim_t was = fds.rlim_cur;
+    fds.rlim_cur = fds.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &fds) == 0) {
+      optstate::Log(optstate::LogLevel::kInfo, "open descriptors: the limit raised from ", was,
+                    " to ", fds.rlim_max, " (the hard limit)");
+    }
+  }
+
   // Signals are taken synchronously by one thread; block them everywhere first.
   sigset_t signals;
   sigemptyset(&signals);
@@ -312,6 +326,30 @@ int main(int argc, char** argv) {
     }
   };
   options.before_serving = end_start_up;
+  // gRPC 1.51 does not recover a listener whose accept failed with EMFILE.
+  // With --state_dir the daemon then stops as on SIGTERM (final checkpoint)
+  // and exits 4, for its supervisor to restart it, which restores that
+  // checkpoint; without one it keeps serving the connections it has (a
+  // restart would lose the state).
+  std::atomic<bool> listener_failed{false};
+  const bool restart_restores = !absl::GetFlag(FLAGS_state_dir).empty();
+  options.on_listener_failed = [&listener_failed, restart_restores](const std::string& reason) {
+    listener_failed.store(true);
+    if (restart_restores) {
+      optstate::Log(optstate::LogLevel::kError, "gRPC stopped accepting connections (", reason,
+                    "; the descriptor limit was reached, and gRPC does not accept again after "
+                    "that): shutting down with a final checkpoint, to exit with status 4 for a "
+                    "restart; raise the limit (ulimit -n) if trainers need that many "
+                    "connections");
+      kill(getpid(), SIGTERM);
+    } else {
+      optstate::Log(optstate::LogLevel::kError, "gRPC stopped accepting connections (", reason,
+                    "; the descriptor limit was reached, and gRPC does not accept again after "
+                    "that): only the connections already made are served. Without --state_dir a "
+                    "restart would lose the state: save it (ExportState) and restart, with a "
+                    "higher limit (ulimit -n)");
+    }
+  };
   absl::StatusOr<std::unique_ptr<optstate::Server>> server = optstate::Server::Start(options);
   if (starting.load()) end_start_up();  // Start refused before serving.
   start_signals.join();
@@ -382,6 +420,14 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     std::fflush(stderr);
     std::_Exit(3);
+  }
+  if (listener_failed.load() && restart_restores) {
+    optstate::Log(optstate::LogLevel::kError,
+                  "stopped because gRPC stopped accepting connections; exiting with status 4 "
+                  "(a restart restores the final checkpoint)");
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(4);
   }
   optstate::Log(optstate::LogLevel::kInfo, "stopped");
   // Every stream and call has ended and the worker pool has drained. Exit

@@ -390,6 +390,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.RegisterService(parts->data_plane->service());
   RouteProtobufLogToTheDaemonLog();  // A request's bad UTF-8: a line a second at most.
   RouteGrpcLogToTheDaemonLog();      // A failed handshake: the same.
+  if (options.on_listener_failed) OnGrpcListenerFailed(options.on_listener_failed);
   if (parts->call_metrics != nullptr) {
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
     creators.push_back(MakeCallMetricsInterceptorFactory(parts->call_metrics.get()));

@@ -77,6 +77,11 @@ struct ServerOptions {
   // Called once, right before the server starts to accept calls (after the
   // restore): the moment from which a shutdown has state to save.
   std::function<void()> before_serving;
+  // Called once, from a gRPC thread, if gRPC's listener stops accepting for
+  // good (gRPC 1.51 gives up on it when accept fails with EMFILE, the
+  // descriptor limit reached): from then on only the connections already
+  // made are served. `reason` is gRPC's message.
+  std::function<void(const std::string& reason)> on_listener_failed;
 };
 
 // Thread-safe.

@@ -2,8 +2,10 @@
 
 #include <grpc/support/log.h>
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -15,8 +17,19 @@ namespace {
 
 LogLimiter limiter;
 
+// OnGrpcListenerFailed's callback; set before gRPC serves, read after.
+std::function<void(const std::string&)>* listener_failed = nullptr;
+std::atomic<bool> listener_failed_told{false};
+
 void ToTheDaemonLog(gpr_log_func_args* args) {
   const bool assertion = absl::StartsWith(args->message, "assertion failed");
+  // tcp_server_posix logs this, then closes the listener's watch for good;
+  // a passing failure (EAGAIN, ECONNABORTED) is not logged.
+  if (args->severity == GPR_LOG_SEVERITY_ERROR && listener_failed != nullptr &&
+      absl::StrContains(args->file, "tcp_server_posix") &&
+      absl::StartsWith(args->message, "Failed accept4") && !listener_failed_told.exchange(true)) {
+    (*listener_failed)(args->message);
+  }
   // gRPC's info and debug lines come only when asked for (GRPC_VERBOSITY,
   // GRPC_TRACE): all of them, at debug. Its errors are limited.
   if (args->severity != GPR_LOG_SEVERITY_ERROR) {
@@ -36,5 +49,10 @@ void ToTheDaemonLog(gpr_log_func_args* args) {
 }  // namespace
 
 void RouteGrpcLogToTheDaemonLog() { gpr_set_log_function(&ToTheDaemonLog); }
+
+void OnGrpcListenerFailed(std::function<void(const std::string& reason)> failed) {
+  delete listener_failed;
+  listener_failed = new std::function<void(const std::string&)>(std::move(failed));
+}
 
 }  // namespace optstate

@@ -4,6 +4,9 @@
 #ifndef OPTSTATE_SERVER_RPC_GRPC_LOG_H_
 #define OPTSTATE_SERVER_RPC_GRPC_LOG_H_
 
+#include <functional>
+#include <string>
+
 namespace optstate {
 
 // Installs the handler (process-wide; call once, before gRPC starts
@@ -12,6 +15,13 @@ namespace optstate {
 // the last one (an assertion's line is never left out, and is an error);
 // its info and debug lines (GRPC_VERBOSITY, GRPC_TRACE) all as debug.
 void RouteGrpcLogToTheDaemonLog();
+
+// `failed` runs once (on the thread gRPC logs from) when gRPC logs that its
+// listener could not accept a connection for other than a passing reason:
+// gRPC 1.51 then stops accepting on that listener for good (its
+// tcp_server_posix gives up on EMFILE, the descriptor limit reached), and
+// the daemon serves only the connections it has. Set before serving.
+void OnGrpcListenerFailed(std::function<void(const std::string& reason)> failed);
 
 }  // namespace optstate
 

@@ -264,3 +264,72 @@ def test_a_max_host_bytes_that_holds_no_element_or_a_port_named_twice_is_refused
         run = subprocess.run([os.environ["OPTSTATED"], "--listen=127.0.0.1:0", *flags],
                              capture_output=True, text=True, timeout=30)
         assert run.returncode != 0 and message in run.stderr, (flags, run.stderr)
+
+
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def _fill_descriptors(port, limit_of, pid, count=200):
+    """Lowers the daemon's descriptor limit to 96 and opens `count` idle HTTP/2 connections
+    to it: past the limit gRPC 1.51's accept fails with EMFILE, after which that listener
+    never accepts again. Returns the sockets (the caller closes them)."""
+    import resource
+    import socket
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit_of, limit_of))
+    flood = []
+    for _ in range(count):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(_HTTP2_PREFACE)
+        flood.append(s)
+    return flood
+
+
+def test_a_listener_gone_at_the_descriptor_limit_stops_the_daemon_for_a_restart(shared_tmp):
+    # With --state_dir: a final checkpoint, exit 4 (a supervisor restarts it), and the
+    # restart serves the state of the last step.
+    state = os.path.join(shared_tmp, "state")
+    process, target = start(f"--state_dir={state}", "--region_socket=none")
+    assert target
+    c = optstate.Client(target)
+    c.register("w", np.ones(1000, np.float32))
+    c.step("w", 1, np.full(1000, 0.5, np.float32))
+    flood = _fill_descriptors(int(target.rsplit(":", 1)[1]), 96, process.pid)
+    try:
+        status = process.wait(timeout=60)
+    finally:
+        for s in flood:
+            s.close()
+    log = process.stderr.read()
+    assert status == 4, log
+    assert "gRPC stopped accepting connections" in log
+    assert "exiting with status 4" in log
+    again, target = start(f"--state_dir={state}", "--region_socket=none")
+    try:
+        info = optstate.Client(target).describe("w")
+        assert (info.min_step, info.max_step) == (1, 1)
+    finally:
+        again.terminate()
+        assert again.wait(timeout=20) == 0
+
+
+def test_a_listener_gone_at_the_descriptor_limit_without_state_dir_keeps_its_connections():
+    # Without --state_dir a restart would lose the state: the daemon stays, serving the
+    # connections it has, and says why no new one is accepted.
+    process, target = start("--region_socket=none")
+    assert target
+    c = optstate.Client(target)
+    c.register("w", np.ones(1000, np.float32))
+    flood = _fill_descriptors(int(target.rsplit(":", 1)[1]), 96, process.pid)
+    try:
+        params = np.empty(1000, np.float32)
+        for step in range(1, 4):  # over the connection made before
+            c.step([("w", np.full(1000, 0.5, np.float32), params)], step)
+        assert process.poll() is None
+    finally:
+        for s in flood:
+            s.close()
+    process.terminate()
+    assert process.wait(timeout=20) == 0
+    log = process.stderr.read()
+    assert "gRPC stopped accepting connections" in log
+    assert "only the connections already made are served" in log
