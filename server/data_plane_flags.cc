@@ -37,6 +37,13 @@ ABSL_FLAG(uint32_t, max_regions, Default().limits.max_regions,
 ABSL_FLAG(uint64_t, max_region_bytes, Default().limits.max_region_bytes,
           "Bytes of shared-memory regions the daemon maps, all clients together; a "
           "registration past it gets RESOURCE_EXHAUSTED.");
+ABSL_FLAG(uint32_t, tenant_max_regions, Default().limits.max_regions_per_tenant,
+          "Regions one tenant may have registered at once, over all its connections; more get "
+          "RESOURCE_EXHAUSTED; 0: no limit but --max_regions.");
+ABSL_FLAG(uint64_t, tenant_max_region_bytes, Default().limits.max_region_bytes_per_tenant,
+          "Bytes of regions one tenant may have registered at once, over all its connections "
+          "(pages the daemon writes first count as its memory); more get RESOURCE_EXHAUSTED; "
+          "0: no limit but --max_region_bytes.");
 
 namespace optstate {
 
@@ -66,6 +73,9 @@ absl::Status DataPlaneOptionsFromFlags(ServerOptions* options) {
   options->data_plane.limits.max_regions_per_client = absl::GetFlag(FLAGS_max_regions_per_client);
   options->data_plane.limits.max_region_bytes = absl::GetFlag(FLAGS_max_region_bytes);
   options->data_plane.limits.max_regions = absl::GetFlag(FLAGS_max_regions);
+  options->data_plane.limits.max_regions_per_tenant = absl::GetFlag(FLAGS_tenant_max_regions);
+  options->data_plane.limits.max_region_bytes_per_tenant =
+      absl::GetFlag(FLAGS_tenant_max_region_bytes);
   return absl::OkStatus();
 }
 

@@ -85,8 +85,7 @@ void RegionRegistry::CloseSession(const std::string& key) {
     auto it = sessions_.find(key);
     if (it == sessions_.end()) return;
     gone = std::move(it->second);
-    regions_ -= gone.regions.size();
-    for (const auto& [id, region] : gone.regions) registered_bytes_ -= region->bytes();
+    for (const auto& [id, region] : gone.regions) Forget(gone.tenant, *region);
     for (const KeptObject& k : gone.kept) kept_bytes_ -= k.bytes;
     sessions_.erase(it);
   }
@@ -137,6 +136,24 @@ absl::StatusOr<std::shared_ptr<const MappedRegion>> RegionRegistry::Register(con
         "a region of ", bytes, " bytes does not fit: ", mapped, " of --max_region_bytes=",
         limits_.max_region_bytes, " are mapped already; use a smaller region or the wire"));
   }
+  // A tenant's regions, over all its connections: pages of them the daemon
+  // touches first (the params it writes) count as the daemon's memory.
+  const TenantRegions held =
+      by_tenant_.contains(session.tenant) ? by_tenant_.at(session.tenant) : TenantRegions();
+  if (limits_.max_regions_per_tenant != 0 && held.regions >= limits_.max_regions_per_tenant) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tenant '", session.tenant, "' has ", held.regions,
+        " regions registered, the most --tenant_max_regions=", limits_.max_regions_per_tenant,
+        " allows; unregister one (or close a client)"));
+  }
+  if (limits_.max_region_bytes_per_tenant != 0 &&
+      (bytes > limits_.max_region_bytes_per_tenant ||
+       held.bytes > limits_.max_region_bytes_per_tenant - bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a region of ", bytes, " bytes does not fit tenant '", session.tenant, "': it has ",
+        held.bytes, " of --tenant_max_region_bytes=", limits_.max_region_bytes_per_tenant,
+        " registered; use a smaller region, close a client, or the wire"));
+  }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
     return absl::InvalidArgumentError(
@@ -151,7 +168,20 @@ absl::StatusOr<std::shared_ptr<const MappedRegion>> RegionRegistry::Register(con
   ++regions_;
   ++registrations_;
   registered_bytes_ += bytes;
+  TenantRegions& tenant = by_tenant_[session.tenant];
+  ++tenant.regions;
+  tenant.bytes += bytes;
   return region;
+}
+
+void RegionRegistry::Forget(const std::string& tenant, const MappedRegion& region) {
+  --regions_;
+  registered_bytes_ -= region.bytes();
+  auto it = by_tenant_.find(tenant);
+  if (it == by_tenant_.end()) return;
+  --it->second.regions;
+  it->second.bytes -= region.bytes();
+  if (it->second.regions == 0) by_tenant_.erase(it);
 }
 
 absl::Status RegionRegistry::Unregister(const std::string& key, uint64_t id) {
@@ -163,8 +193,7 @@ absl::Status RegionRegistry::Unregister(const std::string& key, uint64_t id) {
     if (region != it->second.regions.end()) {
       gone = std::move(region->second);
       it->second.regions.erase(region);
-      --regions_;
-      registered_bytes_ -= gone->bytes();
+      Forget(it->second.tenant, *gone);
       return absl::OkStatus();
     }
   }

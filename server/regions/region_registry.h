@@ -27,6 +27,10 @@ struct RegionLimits {
   // per-process limit on mappings (vm.max_map_count, 65530 by default) is
   // shared with the daemon's own allocations.
   uint32_t max_regions = 4096;
+  // One tenant's regions (all its connections) and their bytes, registered
+  // at once; 0: no limit but the daemon's.
+  uint32_t max_regions_per_tenant = 0;
+  uint64_t max_region_bytes_per_tenant = 0;
   // Bytes of the objects all sessions keep together (Keep: step plans);
   // past it the least recently used anywhere is forgotten.
   uint64_t max_kept_bytes = 256ull << 20;
@@ -105,8 +109,9 @@ class RegionRegistry {
   // Maps memfd `fd` (always closed, whatever the outcome) as a region of the
   // session `key`. INVALID_ARGUMENT when the fd is not a sealable memfd or
   // lacks F_SEAL_SHRINK, is empty, or cannot be mapped read-write (a write
-  // seal); RESOURCE_EXHAUSTED past --max_regions_per_client, --max_regions
-  // or --max_region_bytes; NOT_FOUND for an unknown session.
+  // seal); RESOURCE_EXHAUSTED past --max_regions_per_client, --max_regions,
+  // --max_region_bytes, --tenant_max_regions or --tenant_max_region_bytes;
+  // NOT_FOUND for an unknown session.
   absl::StatusOr<std::shared_ptr<const MappedRegion>> Register(const std::string& key, int fd)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Forgets region `id` of session `key`; NOT_FOUND when it has none such.
@@ -172,6 +177,16 @@ class RegionRegistry {
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   size_t regions_ ABSL_GUARDED_BY(mu_) = 0;  // Registered, all sessions.
   uint64_t registered_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Registered regions and their bytes per tenant (entries of tenants with
+  // none are removed).
+  struct TenantRegions {
+    uint64_t regions = 0;
+    uint64_t bytes = 0;
+  };
+  absl::flat_hash_map<std::string, TenantRegions> by_tenant_ ABSL_GUARDED_BY(mu_);
+  // Counts `region` of `tenant` out of registered_bytes_, regions_ and by_tenant_.
+  void Forget(const std::string& tenant, const MappedRegion& region)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t use_clock_ ABSL_GUARDED_BY(mu_) = 0;  // Orders kept objects' uses.
   uint64_t kept_found_ ABSL_GUARDED_BY(mu_) = 0;

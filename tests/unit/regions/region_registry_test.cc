@@ -237,6 +237,45 @@ TEST(RegionRegistry, LimitsRegionsOfAllClientsTogether) {
             absl::StatusCode::kResourceExhausted);
 }
 
+// A tenant's regions over all its connections (sessions): neither many
+// connections nor one large region takes more than its share, and another
+// tenant registers meanwhile.
+TEST(RegionRegistry, LimitsRegionsAndTheirBytesPerTenant) {
+  RegionLimits limits;
+  limits.max_regions_per_tenant = 3;
+  limits.max_region_bytes_per_tenant = 4 * 4096;
+  RegionRegistry registry(limits);
+  std::vector<std::string> a;
+  for (int i = 0; i < 4; ++i) a.push_back(registry.OpenSession("a"));
+  const std::string b = registry.OpenSession("b");
+  auto first = registry.Register(a[0], Memfd(4096, F_SEAL_SHRINK));
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(registry.Register(a[1], Memfd(4096, F_SEAL_SHRINK)).ok());
+  ASSERT_TRUE(registry.Register(a[2], Memfd(4096, F_SEAL_SHRINK)).ok());
+  absl::Status fourth = registry.Register(a[3], Memfd(4096, F_SEAL_SHRINK)).status();
+  EXPECT_EQ(fourth.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(fourth.message().find("tenant 'a' has 3 regions registered, the most "
+                                  "--tenant_max_regions=3 allows"),
+            std::string::npos)
+      << fourth;
+  ASSERT_TRUE(registry.Register(b, Memfd(4 * 4096, F_SEAL_SHRINK)).ok());  // Another tenant.
+  // Room again once one is unregistered; bytes counted over the sessions.
+  ASSERT_TRUE(registry.Unregister(a[0], (*first)->id()).ok());
+  absl::Status large = registry.Register(a[3], Memfd(3 * 4096, F_SEAL_SHRINK)).status();
+  EXPECT_EQ(large.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(large.message().find("does not fit tenant 'a': it has 8192 of "
+                                 "--tenant_max_region_bytes=16384"),
+            std::string::npos)
+      << large;
+  EXPECT_TRUE(registry.Register(a[3], Memfd(2 * 4096, F_SEAL_SHRINK)).ok());
+  // A closed session gives its tenant's room back.
+  registry.CloseSession(a[3]);
+  registry.CloseSession(a[1]);
+  EXPECT_TRUE(registry.Register(a[0], Memfd(3 * 4096, F_SEAL_SHRINK)).ok());
+  EXPECT_EQ(registry.Register(b, Memfd(4096, F_SEAL_SHRINK)).status().code(),
+            absl::StatusCode::kResourceExhausted);  // b holds its 4 pages.
+}
+
 TEST(RegionRegistry, AnUnregisteredRegionStaysMappedForTheStepUsingIt) {
   RegionRegistry registry(RegionLimits{});
   const std::string key = registry.OpenSession("");
