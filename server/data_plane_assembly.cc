@@ -3,10 +3,14 @@
 
 #include <sys/random.h>
 
+#include <cstring>
+#include <optional>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/region_protocol.h"
 #include "server/auth/authenticator.h"
+#include "server/auth/token_digest.h"
 #include "server/base/log.h"
 #include "server/regions/region_socket_server.h"
 #include "server/rpc/data_plane_service.h"
@@ -59,20 +63,38 @@ absl::Status DataPlaneAssembly::StartSocket(const std::string& listen, int port)
   const std::string path = SocketPathFor(options_.region_socket, listen, port);
   if (path.empty() || registry_ == nullptr) return absl::OkStatus();
   RegionSocketServer::TokenCheck check_token;
+  RegionSocketServer::CredentialCheck still_valid;
   if (authenticator_ != nullptr && authenticator_->required()) {
-    check_token = [auth = authenticator_](const std::string& token) -> absl::StatusOr<std::string> {
+    // The credential is the token's digest: the token itself is not kept.
+    check_token = [auth = authenticator_](
+                      const std::string& token) -> absl::StatusOr<RegionSocketServer::TokenHolder> {
       absl::StatusOr<Caller> caller = auth->AuthenticateToken(token);
       if (!caller.ok()) return caller.status();
-      return caller->tenant;
+      const TokenDigest digest = DigestOfToken(token);
+      return RegionSocketServer::TokenHolder{
+          caller->tenant, std::string(reinterpret_cast<const char*>(digest.data()), digest.size())};
+    };
+    still_valid = [auth = authenticator_](const std::string& credential,
+                                          const std::string& tenant) {
+      TokenDigest digest{};
+      if (credential.size() != digest.size()) return false;
+      std::memcpy(digest.data(), credential.data(), digest.size());
+      const std::optional<std::string> now = auth->TenantOfDigest(digest);
+      return now.has_value() && *now == tenant;
     };
   }
-  absl::StatusOr<std::unique_ptr<RegionSocketServer>> socket = RegionSocketServer::Start(
-      path, options_.socket_mode, registry_.get(), daemon_id_, std::move(check_token));
+  absl::StatusOr<std::unique_ptr<RegionSocketServer>> socket =
+      RegionSocketServer::Start(path, options_.socket_mode, registry_.get(), daemon_id_,
+                                std::move(check_token), std::move(still_valid));
   if (!socket.ok()) return socket.status();
   socket_ = std::move(*socket);
   service_->SetRegionSocket(path);
   Log(LogLevel::kInfo, "region socket ", path, " (same-host shared-memory data plane)");
   return absl::OkStatus();
+}
+
+void DataPlaneAssembly::RevalidateRegionConnections() {
+  if (socket_ != nullptr) socket_->Revalidate();
 }
 
 void DataPlaneAssembly::StopSocket() {

@@ -51,6 +51,9 @@ class DataPlaneAssembly {
   // Closes the region socket (every session ends, its regions unmapped once
   // unused). Idempotent.
   void StopSocket();
+  // Ends the region socket connections whose token was revoked (after the
+  // tokens file was reloaded).
+  void RevalidateRegionConnections();
 
   // The region socket path chosen for `listen` at `port`; empty for none.
   static std::string SocketPathFor(const std::string& option, const std::string& listen, int port);

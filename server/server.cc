@@ -429,7 +429,15 @@ Server::~Server() { (void)Shutdown(absl::Seconds(5)); }
 
 const StepEngine& Server::engine() const { return *parts_->engine; }
 
-absl::Status Server::ReloadTokens() { return parts_->authenticator->Reload(); }
+absl::Status Server::ReloadTokens() {
+  absl::Status reloaded = parts_->authenticator->Reload();
+  // A revoked token's region connections go too (its gRPC calls are refused
+  // from now on; its regions would hold their room and memory).
+  if (reloaded.ok() && parts_->data_plane != nullptr) {
+    parts_->data_plane->RevalidateRegionConnections();
+  }
+  return reloaded;
+}
 
 absl::Status Server::Shutdown(absl::Duration grace) {
   bool first;

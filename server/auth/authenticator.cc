@@ -200,6 +200,15 @@ absl::StatusOr<Caller> Authenticator::AuthenticateToken(absl::string_view token)
   return *caller;
 }
 
+std::optional<std::string> Authenticator::TenantOfDigest(const TokenDigest& digest) const {
+  const std::shared_ptr<const TokensTable> current = table();
+  std::optional<std::string> tenant;
+  for (const TokensTable::Entry& entry : current->entries) {
+    if (SameDigest(entry.digest, digest)) tenant = entry.tenant;
+  }
+  return tenant;
+}
+
 TenantQuota Authenticator::QuotaOf(const std::string& tenant) const {
   const std::shared_ptr<const TokensTable> current = table();
   TenantQuota quota;

@@ -61,6 +61,11 @@ class Authenticator : public TenantQuotas {
   // The caller holding `token` (the region socket's authentication):
   // UNAUTHENTICATED when the token is unknown and required().
   absl::StatusOr<Caller> AuthenticateToken(absl::string_view token) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The tenant of the token whose digest this is, while the tokens file
+  // holds it (a region socket connection's token, asked again after a
+  // reload); nullopt once revoked.
+  std::optional<std::string> TenantOfDigest(const TokenDigest& digest) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Reads the tokens file again (SIGHUP). A malformed or unreadable file
   // changes nothing and returns why; else the new tokens and quotas hold for

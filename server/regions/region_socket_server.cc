@@ -80,8 +80,8 @@ absl::Status ClearStale(const std::string& path, const sockaddr_un& address) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RegionSocketServer>> RegionSocketServer::Start(
-    const std::string& path, unsigned mode, RegionRegistry* registry,
-    const std::string& daemon_id, TokenCheck check_token) {
+    const std::string& path, unsigned mode, RegionRegistry* registry, const std::string& daemon_id,
+    TokenCheck check_token, CredentialCheck still_valid) {
   absl::StatusOr<sockaddr_un> address = AddressOf(path);
   if (!address.ok()) return address.status();
   if (absl::Status s = ClearStale(path, *address); !s.ok()) return s;
@@ -101,23 +101,31 @@ absl::StatusOr<std::unique_ptr<RegionSocketServer>> RegionSocketServer::Start(
     unlink(path.c_str());
     return absl::UnavailableError(absl::StrCat("eventfd: ", std::strerror(errno)));
   }
-  std::unique_ptr<RegionSocketServer> server(
-      new RegionSocketServer(path, fd, wake, registry, daemon_id, std::move(check_token)));
+  std::unique_ptr<RegionSocketServer> server(new RegionSocketServer(
+      path, fd, wake, registry, daemon_id, std::move(check_token), std::move(still_valid)));
   server->thread_ = std::thread([s = server.get()] { s->Serve(); });
   return server;
 }
 
 RegionSocketServer::RegionSocketServer(std::string path, int listen_fd, int wake_fd,
                                        RegionRegistry* registry, std::string daemon_id,
-                                       TokenCheck check_token)
+                                       TokenCheck check_token, CredentialCheck still_valid)
     : path_(std::move(path)),
       listen_fd_(listen_fd),
       wake_fd_(wake_fd),
       registry_(registry),
       daemon_id_(std::move(daemon_id)),
-      check_token_(std::move(check_token)) {}
+      check_token_(std::move(check_token)),
+      still_valid_(std::move(still_valid)) {}
+
+void RegionSocketServer::Revalidate() {
+  revalidate_.store(true);
+  const uint64_t one = 1;
+  if (write(wake_fd_, &one, sizeof(one)) < 0) Log(LogLevel::kError, "region socket: wake failed");
+}
 
 RegionSocketServer::~RegionSocketServer() {
+  stopping_.store(true);
   const uint64_t one = 1;
   if (write(wake_fd_, &one, sizeof(one)) < 0) Log(LogLevel::kError, "region socket: wake failed");
   thread_.join();
@@ -165,7 +173,26 @@ void RegionSocketServer::Serve() {
       Log(LogLevel::kError, "region socket: poll: ", std::strerror(errno));
       break;
     }
-    if (polled[0].revents != 0) break;
+    if (polled[0].revents != 0) {
+      uint64_t woken = 0;
+      if (read(wake_fd_, &woken, sizeof(woken)) < 0 && errno != EAGAIN) {
+        Log(LogLevel::kError, "region socket: wake read: ", std::strerror(errno));
+      }
+      if (stopping_.load()) break;
+      if (revalidate_.exchange(false) && still_valid_ != nullptr) {
+        for (size_t i = connections.size(); i-- > 0;) {
+          const Connection& c = connections[i];
+          if (!c.authenticated || c.holder.credential.empty() ||
+              still_valid_(c.holder.credential, c.holder.tenant)) {
+            continue;
+          }
+          Log(LogLevel::kInfo, "region socket: a connection of tenant '", c.holder.tenant,
+              "' ended: its token was revoked (its regions go with it)");
+          end_connection(i);
+        }
+      }
+      continue;  // The polled indices no longer match the connections.
+    }
     // Connections first (their indices shift as ones end), newest last.
     for (size_t p = polled.size(); p-- > 2;) {
       if (polled[p].revents == 0) continue;
@@ -254,8 +281,12 @@ void RegionSocketServer::Serve() {
         const int flags = fcntl(fd, F_GETFL);
         fcntl(fd, F_SETFL, flags | O_NONBLOCK);
         // With tokens, the session belongs to no tenant until authenticated.
-        Connection c{fd, registry_->OpenSession(check_token_ ? std::string(1, '\0') : ""),
-                     check_token_ == nullptr, 0, std::chrono::steady_clock::now()};
+        Connection c{fd,
+                     registry_->OpenSession(check_token_ ? std::string(1, '\0') : ""),
+                     check_token_ == nullptr,
+                     0,
+                     std::chrono::steady_clock::now(),
+                     {}};
         rp::Reply hello;
         hello.op = static_cast<uint32_t>(rp::Op::kHello);
         std::memcpy(hello.daemon_id, daemon_id_.data(),
@@ -281,10 +312,13 @@ bool RegionSocketServer::Authenticate(Connection& connection) {
   if (fd >= 0) close(fd);
   if (!status.ok() && status.code() == absl::StatusCode::kUnavailable) return false;
   if (status.ok() && check_token_ != nullptr) {
-    absl::StatusOr<std::string> tenant = check_token_(token);
-    status = tenant.status();
-    if (tenant.ok()) status = registry_->SetSessionTenant(connection.key, *tenant);
-    if (status.ok()) connection.authenticated = true;
+    absl::StatusOr<TokenHolder> holder = check_token_(token);
+    status = holder.status();
+    if (holder.ok()) status = registry_->SetSessionTenant(connection.key, holder->tenant);
+    if (status.ok()) {
+      connection.authenticated = true;
+      connection.holder = *std::move(holder);
+    }
   }
   std::fill(token.begin(), token.end(), '\0');
   if (!status.ok()) registry_->CountRefusal(status.code());

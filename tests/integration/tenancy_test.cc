@@ -202,6 +202,47 @@ TEST_F(TenancyTest, ATokenRemovedAndReloadedBySighupIsRefusedOnItsNextCall) {
   EXPECT_THAT(ReadFile(log_), HasSubstr("cannot be read (it is a directory)"));
 }
 
+// A token revoked by SIGHUP also ends its region socket connections, and
+// their regions go (their room and the pages the daemon mapped), while the
+// tenant's other tokens step on over shared memory.
+TEST_F(TenancyTest, ATokenRevokedBySighupEndsItsRegionConnections) {
+  StartDaemon();
+  auto regions = [&]() -> int64_t {
+    grpc::ClientContext context;
+    Authorize(&context, kRoot);
+    v1::GetStatsRequest request;
+    v1::GetStatsResponse response;
+    grpc::Status status = Stub()->GetStats(&context, request, &response);
+    return status.ok() ? static_cast<int64_t>(response.regions().regions()) : -1;
+  };
+  ClientOptions options;
+  options.token = kAlice1;
+  options.max_attempts = 1;
+  options.data_plane = DataPlane::kSharedMemory;
+  absl::StatusOr<std::unique_ptr<Client>> revoked = Client::Connect(daemon_->target(), options);
+  ASSERT_TRUE(revoked.ok());
+  ASSERT_TRUE((*revoked)->RegisterGroup("w", Ramp(kPage)).ok());
+  std::vector<float> grad(kPage, 0.25f), params(kPage);
+  ASSERT_TRUE((*revoked)->Step("w", 1, grad, absl::MakeSpan(params)).ok());
+  ASSERT_GE(regions(), 1);
+  WriteFile(tokens_, TokensFile(/*with_alice1=*/false));
+  ASSERT_EQ(kill(daemon_->pid(), SIGHUP), 0);
+  int64_t left = regions();
+  for (int i = 0; i < 100 && left != 0; ++i) {  // The reload runs on the signal thread.
+    absl::SleepFor(absl::Milliseconds(50));
+    left = regions();
+  }
+  EXPECT_EQ(left, 0) << "the revoked token's regions are still registered";
+  EXPECT_THAT(ReadFile(log_), HasSubstr("ended: its token was revoked"));
+  EXPECT_EQ((*revoked)->Step("w", 2, grad, absl::MakeSpan(params)).code(),
+            absl::StatusCode::kUnauthenticated);
+  options.token = kAlice2;
+  absl::StatusOr<std::unique_ptr<Client>> kept = Client::Connect(daemon_->target(), options);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_TRUE((*kept)->Step("w", 2, grad, absl::MakeSpan(params)).ok());
+  EXPECT_GE(regions(), 1);
+}
+
 TEST_F(TenancyTest, AMalformedTokensFileRefusesTheStartNamingTheLine) {
   WriteFile(tokens_, "# ok\nalice " + DigestHex(kAlice1) + "\nbob " + kBob + "\n");
   absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon =
