@@ -104,6 +104,12 @@ absl::StatusOr<std::shared_ptr<const MappedRegion>> RegionRegistry::Register(con
         "the fd is not a memfd that allows sealing; create the region with "
         "memfd_create(MFD_ALLOW_SEALING) and seal it with F_SEAL_SHRINK");
   }
+  if ((seals & (F_SEAL_SHRINK | F_SEAL_SEAL)) == F_SEAL_SEAL) {
+    // Sealed against sealing: a memfd made without MFD_ALLOW_SEALING.
+    return absl::InvalidArgumentError(
+        "the memfd does not allow sealing (made without MFD_ALLOW_SEALING), so it cannot carry "
+        "F_SEAL_SHRINK; create the region with memfd_create(MFD_ALLOW_SEALING) and seal it");
+  }
   if ((seals & F_SEAL_SHRINK) == 0) {
     return absl::InvalidArgumentError(
         "the memfd lacks F_SEAL_SHRINK; seal it (fcntl F_ADD_SEALS) before registering it, so "
@@ -156,8 +162,14 @@ absl::StatusOr<std::shared_ptr<const MappedRegion>> RegionRegistry::Register(con
   }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
+    const int error = errno;
+    if (error == ENOMEM) {  // A hugetlb memfd without huge pages to back it, say.
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the memfd cannot be mapped (", std::strerror(error), "): no memory for a mapping of ",
+          bytes, " bytes (a hugetlb memfd needs free huge pages); use a plain memfd or the wire"));
+    }
     return absl::InvalidArgumentError(
-        absl::StrCat("the memfd cannot be mapped read-write (", std::strerror(errno),
+        absl::StrCat("the memfd cannot be mapped read-write (", std::strerror(error),
                      "); a region may not carry F_SEAL_WRITE or F_SEAL_FUTURE_WRITE"));
   }
   mapped_bytes_->fetch_add(bytes);

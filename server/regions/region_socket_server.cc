@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -259,8 +260,13 @@ void RegionSocketServer::Serve() {
       if (fd < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         // Out of descriptors (EMFILE, ENFILE) or memory: the listening socket
         // stays readable, so without a pause this loop would spin.
-        Log(LogLevel::kWarning, "region socket: accept failed: ", std::strerror(errno),
-            "; refusing connections for 100 ms");
+        // Logged at most once a second, with how many were left out.
+        const int error = errno;
+        if (const std::optional<uint64_t> left_out = accept_failures_logged_.Take()) {
+          Log(LogLevel::kWarning, "region socket: accept failed: ", std::strerror(error),
+              "; refusing connections for 100 ms",
+              *left_out == 0 ? "" : absl::StrCat(" (", *left_out, " more such since the last)"));
+        }
         absl::SleepFor(absl::Milliseconds(100));
       } else if (fd >= 0 && connections.size() >= MaxConnections()) {
         // Said, not only closed: the client names the limit instead of

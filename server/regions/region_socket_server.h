@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "server/base/log_limiter.h"
 #include "server/regions/region_registry.h"
 
 namespace optstate {
@@ -89,6 +90,7 @@ class RegionSocketServer {
   // Set by the destructor (stop) and Revalidate, then wake_fd_ written.
   std::atomic<bool> stopping_{false};
   std::atomic<bool> revalidate_{false};
+  LogLimiter accept_failures_logged_;  // Out of descriptors: a line a second.
   std::thread thread_;
 };
 

@@ -76,6 +76,14 @@ TEST(RegionRegistry, RefusesAFileThatCanShrink) {
   const int plain_fd = dup(fileno(plain));
   fclose(plain);
   EXPECT_EQ(registry.Register(key, plain_fd).status().code(), absl::StatusCode::kInvalidArgument);
+  // A memfd made without MFD_ALLOW_SEALING can never carry the seal: said so.
+  const int unsealable = memfd_create("optstate-test", MFD_CLOEXEC);
+  ASSERT_GE(unsealable, 0);
+  ASSERT_EQ(ftruncate(unsealable, 4096), 0);
+  absl::Status refused = registry.Register(key, unsealable).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("made without MFD_ALLOW_SEALING"), std::string::npos)
+      << refused;
   // Write-sealed: the daemon could not write params into it.
   const int sealed = Memfd(4096, F_SEAL_SHRINK | F_SEAL_WRITE);
   EXPECT_EQ(registry.Register(key, sealed).status().code(), absl::StatusCode::kInvalidArgument);
