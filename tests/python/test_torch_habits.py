@@ -491,6 +491,39 @@ def test_dropping_opt_state_starts_it_afresh_as_torch_does(daemon, prefix, how):
     opt.close()
 
 
+def test_a_model_cast_before_the_first_step_steps_as_one_cast_before_the_optimizer(
+        daemon, prefix):
+    # torch's AdamW takes model.to(dtype) between its construction and its first step (it
+    # holds no state yet). RemoteAdamW registers the groups anew from the cast values:
+    # the run equals one whose model was cast before the optimizer was made, bit for bit.
+    torch.manual_seed(3)
+    late = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 2))
+    early = copy.deepcopy(late).to(torch.bfloat16)
+    opt_late = RemoteAdamW(late.parameters(), lr=0.01, target=daemon.target,
+                           name_prefix=prefix + "late/")
+    late.to(torch.bfloat16)
+    opt_early = RemoteAdamW(early.parameters(), lr=0.01, target=daemon.target,
+                            name_prefix=prefix + "early/")
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    for _ in range(3):
+        for model, opt in ((late, opt_late), (early, opt_early)):
+            opt.zero_grad()
+            model(x).float().pow(2).sum().backward()
+            opt.step()
+    for a, b in zip(late.parameters(), early.parameters()):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b)
+    assert float(opt_late.state[next(late.parameters())]["step"]) == 3.0
+    # After steps the state is the daemon's fp32 masters: a cast then is refused, as
+    # torch's own step then fails on its bfloat16 state.
+    late.to(torch.float32)
+    opt_late.zero_grad()
+    late(x.float()).pow(2).sum().backward()
+    with pytest.raises(TypeError, match="cast the model before making the optimizer"):
+        opt_late.step()
+    opt_late.close()
+    opt_early.close()
+
+
 class _ImportCountingClient(optstate.Client):
     imports = 0
 

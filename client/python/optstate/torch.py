@@ -1352,6 +1352,14 @@ class RemoteAdamW(torch.optim.Optimizer):
         reg.version, reg.pointer, reg.strides = p._version, p.data_ptr(), p.stride()
         reg.contiguous = p.is_contiguous()
 
+    def _casts_regroup(self) -> bool:
+        """Whether a parameter cast before the first step may have its group registered
+        anew: by its only stepper (one process, or shard=True's owner). Data-parallel ranks
+        without shard share each group, and one rank's new registration could delete a
+        group another rank has stepped meanwhile."""
+        return self._shard or not (dist.is_available() and dist.is_initialized()
+                                   and dist.get_world_size() > 1)
+
     @staticmethod
     def _check_step(p: torch.Tensor, grad: torch.Tensor, reg: _Registration,
                     staged_on: Optional[torch.device] = None) -> None:
@@ -1362,7 +1370,9 @@ class RemoteAdamW(torch.optim.Optimizer):
                 f"{tuple(reg.shape)}; a resized parameter needs a new optimizer (or name)")
         if p.dtype != reg.dtype:
             raise TypeError(f"parameter '{reg.name}' is {p.dtype} but was registered as "
-                            f"{reg.dtype}; a parameter of another dtype needs a new optimizer")
+                            f"{reg.dtype}; a parameter of another dtype needs a new optimizer "
+                            "(cast the model before making the optimizer, or before its "
+                            "first step)")
         if staged_on is not None and p.device != staged_on:
             raise ValueError(
                 f"parameter '{reg.name}' was registered on device '{staged_on}' and is now on "
@@ -1562,6 +1572,15 @@ class RemoteAdamW(torch.optim.Optimizer):
                         staged_on = staging.device_of(p)
                 else:
                     staged_on = None
+                if (p.dtype is not reg.dtype and reg.step == 0 and staged_on is None
+                        and on_cpu and self._casts_regroup()):
+                    # A model cast (model.to(torch.bfloat16)) after the optimizer was made
+                    # and before its first step: torch's AdamW holds no state yet and takes
+                    # it; the group, never stepped, is registered anew from the cast values.
+                    self._check_registrable(p, reg.name)
+                    self._import(p, reg.name, group,
+                                 self._check_entry(p, reg.name, group, None), None)
+                    reg = registered[id(p)]
                 # All _check_step checks in one expression; it names what is wrong.
                 if not ((p.device == staged_on and grad.device == staged_on
                          if staged_on is not None else (on_cpu and grad.is_cpu))
