@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "server/base/log.h"
 #include "server/durability/checkpoint_reader.h"
@@ -81,6 +82,11 @@ absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backe
   }
   absl::StatusOr<std::vector<std::string>> dirs = CompleteCheckpointsNewestFirst(state_dir);
   if (!dirs.ok()) return dirs.status();
+  // The caller (any tenant) is told checkpoints by name, not where the
+  // daemon keeps them.
+  auto shown = [prefix = state_dir + "/"](absl::string_view text) {
+    return absl::StrReplaceAll(text, {{prefix, ""}});
+  };
   JobRewindOutcome outcome;
   absl::Status no_room;  // The first checkpoint refused for room, if any.
   for (const std::string& dir : *dirs) {
@@ -91,14 +97,15 @@ absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backe
         store, dir, &manifest, pool, [&](const ManifestGroup& g) { return OfJob(request, g.key); });
     if (!staged.ok() && absl::IsAborted(staged.status())) {
       return absl::AbortedError(
-          absl::StrCat("rewinding job '", request.prefix, "': ", staged.status().message()));
+          absl::StrCat("rewinding job '", request.prefix, "': ", shown(staged.status().message())));
     }
     if (!staged.ok() && absl::IsResourceExhausted(staged.status()) && no_room.ok()) {
       // No room for this checkpoint's copies (the daemon's budget, or the
       // quota for groups deleted since): an older one may fit, or hold the
       // step asked; if none is taken, this is the answer, not NOT_FOUND.
-      no_room = absl::ResourceExhaustedError(absl::StrCat(
-          "rewinding job '", request.prefix, "' to ", dir, ": ", staged.status().message()));
+      no_room = absl::ResourceExhaustedError(absl::StrCat("rewinding job '", request.prefix,
+                                                          "' to ", shown(dir), ": ",
+                                                          shown(staged.status().message())));
     }
     if (!staged.ok()) {
       why = std::string(staged.status().message());
@@ -106,7 +113,7 @@ absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backe
       why = Unsuitable(manifest, request, *store, &step);
     }
     if (!why.empty()) {
-      outcome.passed_over.push_back(absl::StrCat(dir, ": ", why));
+      outcome.passed_over.push_back(absl::StrCat(shown(dir), ": ", shown(why)));
       continue;
     }
     // Every check before anything changes: the job's live groups are all in

@@ -571,6 +571,20 @@ TEST_F(TenancyTest, ATenantIsNotToldOtherTenantsCheckpointsOrRefusals) {
     EXPECT_FALSE(rewound.written_checkpoint_id().empty());
     EXPECT_EQ(rewound.not_written(), "");
   }
+  {
+    // A rewind that finds nothing names the checkpoints it passed over, not
+    // where the daemon keeps them.
+    grpc::ClientContext context;
+    Authorize(&context, kBob);
+    v1::RewindJobRequest rewind;
+    rewind.set_prefix("bobs-");
+    rewind.set_step(77);
+    v1::RewindJobResponse rewound;
+    grpc::Status status = Stub()->RewindJob(&context, rewind, &rewound);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_THAT(status.error_message(), HasSubstr("ckpt-"));
+    EXPECT_THAT(status.error_message(), Not(HasSubstr(state_dir)));
+  }
 
   // Restarted with room for alice's group and not bob's: the restore is
   // refused naming bob's group, and no checkpoint is written after it.
