@@ -1572,21 +1572,22 @@ class RemoteAdamW(torch.optim.Optimizer):
                         staged_on = staging.device_of(p)
                 else:
                     staged_on = None
-                if (p.dtype is not reg.dtype and reg.step == 0 and staged_on is None
-                        and on_cpu and self._casts_regroup()):
-                    # A model cast (model.to(torch.bfloat16)) after the optimizer was made
-                    # and before its first step: torch's AdamW holds no state yet and takes
-                    # it; the group, never stepped, is registered anew from the cast values.
-                    self._check_registrable(p, reg.name)
-                    self._import(p, reg.name, group,
-                                 self._check_entry(p, reg.name, group, None), None)
-                    reg = registered[id(p)]
                 # All _check_step checks in one expression; it names what is wrong.
                 if not ((p.device == staged_on and grad.device == staged_on
                          if staged_on is not None else (on_cpu and grad.is_cpu))
                         and grad.layout is strided
                         and p.dtype is reg.dtype and grad.dtype is reg.dtype
                         and p.shape == reg.shape and grad.shape == reg.shape):
+                    if (p.dtype is not reg.dtype and reg.step == 0 and staged_on is None
+                            and on_cpu and self._casts_regroup()):
+                        # A model cast (model.to(torch.bfloat16)) after the optimizer was
+                        # made and before its first step: torch's AdamW holds no state yet
+                        # and takes it; the group, never stepped, is registered anew from
+                        # the cast values.
+                        self._check_registrable(p, reg.name)
+                        self._import(p, reg.name, group,
+                                     self._check_entry(p, reg.name, group, None), None)
+                        reg = registered[id(p)]
                     self._check_step(p, grad, reg, staged_on)
                 h = id(reg.hyperparameters)
                 if h in overrides_by_registration:

@@ -48,7 +48,8 @@ class CheckpointWriterTest : public ::testing::Test {
     for (uint64_t i = 0; i < kElements; ++i) {
       group_->params()[i] = value(rng);
       group_->exp_avg()[i] = value(rng);
-      group_->exp_avg_sq()[i] = value(rng) * value(rng);
+      const float gradient = value(rng);
+      group_->exp_avg_sq()[i] = gradient * gradient;  // A square, as a step leaves it.
     }
     for (uint64_t p = 0; p < group_->num_pages(); ++p) {
       group_->set_page_step(p, 9);
