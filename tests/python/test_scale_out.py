@@ -825,6 +825,30 @@ def test_a_job_restarted_with_a_daemon_added_but_no_rebalance_is_told_to_rebalan
     resumed.close()
 
 
+def test_a_job_restarted_without_a_daemon_it_had_is_told_of_an_unfinished_rebalance(
+        fresh_daemons):
+    # Trained on two daemons, restarted with one of them left out of its list (a Rebalance
+    # to that list not run, or not finished): the groups left on the missing daemon are
+    # new where the list places them, which reads as renamed parameters; the refusal must
+    # also name the way on of several daemons, the Rebalance run again.
+    daemons = [fresh_daemons(), fresh_daemons()]
+    named = [{"target": d.target, "identity": f"optstated-{i}"} for i, d in enumerate(daemons)]
+    net = MLP()
+    opt = RemoteAdamW(net.named_parameters(), target=named, name_prefix="shrunk.", **WIRE)
+    train(opt, net, steps=2)
+    holder = opt.lease_holder
+    opt.close()
+    assert {g.member for g in optstate.Client(named, **WIRE).list_groups()} == {
+        "optstated-0", "optstated-1"}
+    with pytest.raises(optstate.FailedPrecondition, match="renamed") as e:
+        RemoteAdamW(MLP(seed=3).named_parameters(), target=named[:1], name_prefix="shrunk.",
+                    resume="daemon", lease_holder=holder, **WIRE)
+    assert "a Rebalance to this list that did not finish" in str(e.value)
+    assert "Client.rebalance() again" in str(e.value)
+    # The refused attach left no step-0 copies on the daemon kept.
+    assert {g.max_step for g in optstate.Client(named[:1], **WIRE).list_groups()} == {2}
+
+
 def test_a_seal_outlives_a_restart_of_its_daemon(fresh_daemons, tmp_path):
     # A Rebalance killed after its first export sealed a group, then the group's daemon
     # restarted: the seal was in memory alone, so the stale copy was steppable again

@@ -265,7 +265,9 @@ def check_resume(prefix: str, resume: str, attached: list[Attached], finish_torn
             "'module.' are stripped already; rename them back, or construct the optimizer "
             "without them and add them on purpose with add_param_group(). If instead a "
             "daemon of the job lost its state (restarted without --state_dir), resume from "
-            "your own checkpoint: resume='state_dict' and load_state_dict()")
+            "your own checkpoint: resume='state_dict' and load_state_dict(). With several "
+            "daemons, a Rebalance to this list that did not finish leaves groups on their "
+            "old daemon: run the same Client.rebalance() again, then attach")
     if resume == "daemon":
         unreached = unreached_by_step_one(attached)
         if unreached:  # Behind at step 0: a torn first step (or no gradient in it).
