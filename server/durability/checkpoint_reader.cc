@@ -36,11 +36,15 @@ void TestPauseBeforeRestore() {
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
-// The first of `n` values that no step leaves (params and exp_avg finite;
-// the squares >= 0 or +inf, as ImportState takes them), or n.
-uint64_t FirstValueNoStepLeaves(const float* values, uint64_t n, bool squares) {
+// The first of `n` squares (exp_avg_sq, max_exp_avg_sq) that no step
+// leaves, or n: one below zero (a step adds squares to a non-negative
+// value). Nothing else is refused: at float32's edges a step does leave
+// params and exp_avg infinite (weight_decay * lr near the largest float) and
+// then NaN, and a square NaN (beta2 = 0 times an infinite one), which a
+// restore must take as the step left it.
+uint64_t FirstSquareBelowZero(const float* values, uint64_t n) {
   for (uint64_t i = 0; i < n; ++i) {
-    if (squares ? !(values[i] >= 0) : !std::isfinite(values[i])) return i;  // NaN fails >=.
+    if (values[i] < 0) return i;
   }
   return n;
 }
@@ -92,7 +96,7 @@ absl::Status ReadGroupFile(const std::string& path, const ManifestGroup& entry, 
   std::vector<uint32_t> crcs(pieces, 0);
   std::vector<uint64_t> lengths(pieces, 0);
   std::vector<absl::Status> errors(pieces);
-  // Values no step leaves, found while the piece is in cache; reported after
+  // Squares no step leaves, found while the piece is in cache; reported after
   // the checksum (a flipped byte is damage first).
   std::vector<absl::Status> bad_values(pieces);
   std::vector<uint64_t> headers(2 * pages);
@@ -124,13 +128,11 @@ absl::Status ReadGroupFile(const std::string& path, const ManifestGroup& entry, 
         crc = Crc32cExtend(crc, target + begin, n);
         checksum_time += absl::Now() - t1;
         offset += n;
-        if (const uint64_t at = FirstValueNoStepLeaves(target + begin, count, t >= 2);
-            at < count && bad_values[i].ok()) {
+        if (t < 2 || !bad_values[i].ok()) continue;
+        if (const uint64_t at = FirstSquareBelowZero(target + begin, count); at < count) {
           bad_values[i] = absl::DataLossError(
               absl::StrCat(path, " holds ", target[begin + at], " at element ", begin + at, " of ",
-                           kTensorNames[t],
-                           ", which no step leaves (params and exp_avg are finite, the "
-                           "squares >= 0 or +inf)"));
+                           kTensorNames[t], ", which no step leaves (a square is never below 0)"));
         }
       }
     }

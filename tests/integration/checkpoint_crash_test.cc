@@ -486,11 +486,14 @@ TEST_F(DamagedCheckpointTest, AFlippedByteInADataFileFailsItsChecksum) {
 
 // Damage that every checksum agrees with (a file written by hand, or by a
 // daemon with a bug) is refused by what it holds.
-TEST_F(DamagedCheckpointTest, AValueNoStepLeavesIsRefusedThoughEveryChecksumMatches) {
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  Overwrite("group-1.data", 16 + 3 * sizeof(float), &nan, sizeof(nan));  // Page 0's params.
+TEST_F(DamagedCheckpointTest, ASquareBelowZeroIsRefusedThoughEveryChecksumMatches) {
+  // Page 0 of group 1: its header, then its params, exp_avg and exp_avg_sq.
+  const float negative = -0.5f;
+  Overwrite("group-1.data", 16 + (2 * kCkptPage + 3) * sizeof(float), &negative, sizeof(negative));
   Reseal("group-1.data");
-  ExpectFallback("group-1.data", "holds nan at element 3 of params, which no step leaves");
+  ExpectFallback("group-1.data",
+                 "holds -0.5 at element 3 of exp_avg_sq, which no step leaves (a square is "
+                 "never below 0)");
 }
 
 TEST_F(DamagedCheckpointTest, ASteppedPageWithoutValuesIsRefusedThoughEveryChecksumMatches) {

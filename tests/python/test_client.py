@@ -731,3 +731,56 @@ def test_ctrl_c_ends_a_call_that_waits_for_a_daemon(call, tmp_path):
             child.wait()
     assert child.returncode == 0 and out.strip() == "KeyboardInterrupt", (out, err)
     assert took < 2.0, f"Ctrl-C took {took:.2f} s to end the call"
+
+
+def test_a_checkpoint_of_values_a_step_made_infinite_restores_whole(fresh_daemons, prefix,
+                                                                     tmp_path):
+    # At float32's edges a step leaves params infinite (lr * weight_decay near the largest
+    # float: torch's AdamW does the same). A restore that took such values for damage
+    # refused the whole checkpoint, and the daemon came back with no group of any tenant.
+    d = fresh_daemons(f"--state_dir={tmp_path}")
+    c = optstate.Client(d.target, data_plane="wire")
+    c.register(prefix + "good", np.ones(1000, np.float32))
+    c.register(prefix + "edge", np.ones(1000, np.float32), lr=1.0, weight_decay=3e38)
+    grad = np.ones(1000, np.float32)
+    for step in (1, 2, 3):
+        c.step([(prefix + "good", grad, np.empty(1000, np.float32)),
+                (prefix + "edge", grad, np.empty(1000, np.float32))], step)
+    edge, good = c.export_state(prefix + "edge"), c.export_state(prefix + "good")
+    assert not np.isfinite(edge.params).any()
+    c.checkpoint(wait_for_step=3)
+    assert d.stop() == 0
+    again = fresh_daemons(f"--state_dir={tmp_path}")
+    c = optstate.Client(again.target, data_plane="wire")
+    assert c.stats()["restore_refusals"] == []
+    for name, before in ((prefix + "edge", edge), (prefix + "good", good)):
+        after = c.export_state(name)
+        for field in ("params", "exp_avg", "exp_avg_sq"):
+            assert np.array_equal(getattr(after, field).view(np.uint32),
+                                  getattr(before, field).view(np.uint32)), (name, field)
+
+
+_EXIT_WHILE_A_THREAD_WAITS = r"""
+import threading, time
+import optstate
+c = optstate.Client("127.0.0.1:1", max_backoff=0.2, reconnect_timeout=60)
+threading.Thread(target=lambda: c.wait_until_reachable(60), daemon=True).start()
+time.sleep(0.5)
+print("exiting", flush=True)
+"""
+
+
+def test_the_interpreter_exits_cleanly_while_a_thread_waits_for_a_daemon(tmp_path):
+    # The wait asks ClientOptions::interrupted every 100 ms; had it taken the GIL on this
+    # thread while the interpreter finalized, CPython would end the thread by unwinding
+    # through C++ frames: "terminate called without an active exception" (SIGABRT) in 7
+    # of 12 exits. Only the main thread looks for signals, without the GIL elsewhere.
+    import subprocess
+    import sys
+    script = tmp_path / "exit.py"
+    script.write_text(_EXIT_WHILE_A_THREAD_WAITS)
+    for _ in range(8):
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0 and done.stdout.strip() == "exiting", (
+            done.returncode, done.stderr[-500:])
