@@ -522,6 +522,18 @@ def test_a_model_cast_before_the_first_step_steps_as_one_cast_before_the_optimiz
         opt_late.step()
     opt_late.close()
     opt_early.close()
+    # With shared_buffers=True the gradient slots are of the old dtype: refused, saying
+    # what to do, nothing sent (and the optimizer still steps once cast back).
+    shared_model = torch.nn.Linear(6, 2)
+    shared = RemoteAdamW(shared_model.parameters(), lr=0.01, target=daemon.target,
+                         name_prefix=prefix + "shared/", shared_buffers=True)
+    shared_model.to(torch.bfloat16)
+    shared_model(x).float().pow(2).sum().backward()
+    with pytest.raises(TypeError, match="cast the model before making the optimizer"):
+        shared.step()
+    assert all(g.max_step == 0 for g in shared.client.list_groups()
+               if g.name.startswith(prefix + "shared/"))
+    shared.close()
 
 
 class _ImportCountingClient(optstate.Client):

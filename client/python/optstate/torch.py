@@ -1354,9 +1354,12 @@ class RemoteAdamW(torch.optim.Optimizer):
 
     def _casts_regroup(self) -> bool:
         """Whether a parameter cast before the first step may have its group registered
-        anew: by its only stepper (one process, or shard=True's owner). Data-parallel ranks
-        without shard share each group, and one rank's new registration could delete a
-        group another rank has stepped meanwhile."""
+        anew: by its only stepper (one process, or shard=True's owner), and not with
+        shared_buffers=True (whose gradient slots were made in the old dtype).
+        Data-parallel ranks without shard share each group, and one rank's new
+        registration could delete a group another rank has stepped meanwhile."""
+        if self._shared_buffers:
+            return False
         return self._shard or not (dist.is_available() and dist.is_initialized()
                                    and dist.get_world_size() > 1)
 

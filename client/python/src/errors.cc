@@ -5,6 +5,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include <atomic>
 #include <optional>
 
 #include "absl/strings/cord.h"
@@ -15,7 +16,17 @@ namespace nb = nanobind;
 
 namespace optstate::python {
 
+namespace {
+std::atomic<unsigned long> main_thread{0};  // PyThread_get_thread_ident() of Python's main one.
+}  // namespace
+
+void RememberMainThread() {
+  main_thread.store(nb::cast<unsigned long>(
+      nb::module_::import_("threading").attr("main_thread")().attr("ident")));
+}
+
 bool SignalArrived() {
+  if (PyThread_get_thread_ident() != main_thread.load()) return false;
   nb::gil_scoped_acquire acquire;
   return PyErr_CheckSignals() != 0;
 }

@@ -14,11 +14,17 @@ namespace optstate::python {
 // raised instead. Call with the GIL held.
 [[noreturn]] void RaiseStatus(const absl::Status& status, const std::string& target);
 
-// ClientOptions::interrupted of the Python Client: takes the GIL and runs
-// Python's signal handlers (PyErr_CheckSignals); true when one raised (Ctrl-C's
-// KeyboardInterrupt), whose exception stays set for RaiseStatus. On any
-// thread but the main one Python runs no handlers: false.
+// ClientOptions::interrupted of the Python Client: on Python's main thread,
+// takes the GIL and runs Python's signal handlers (PyErr_CheckSignals); true
+// when one raised (Ctrl-C's KeyboardInterrupt), whose exception stays set for
+// RaiseStatus. On any other thread (Python runs no handlers there) false at
+// once, without the GIL: a thread that takes the GIL while the interpreter
+// finalizes is ended by CPython, an unwinding through C++ that aborts.
 bool SignalArrived();
+
+// Notes which thread is Python's main one (threading.main_thread()), for
+// SignalArrived. Call once, with the GIL, at the module's import.
+void RememberMainThread();
 
 // RaiseStatus when `status` is not OK.
 inline void ThrowIfError(const absl::Status& status, const std::string& target) {

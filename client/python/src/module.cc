@@ -187,6 +187,7 @@ NB_MODULE(_optstate, m) {
   using namespace optstate;
   using namespace optstate::python;
   m.doc() = "Bindings of the optstate C++ client; use the optstate package, not this module.";
+  RememberMainThread();  // Ctrl-C is seen on Python's main thread only (SignalArrived).
 
   nb::enum_<WireType> wire_type(m, "WireType",
                                 "An element type as it travels (optstate/dtype.h): a buffer's "
