@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -320,14 +321,15 @@ def test_a_listener_gone_at_the_descriptor_limit_without_state_dir_keeps_its_con
     c = optstate.Client(target)
     c.register("w", np.ones(1000, np.float32))
     flood = _fill_descriptors(int(target.rsplit(":", 1)[1]), 96, process.pid)
-    try:
-        params = np.empty(1000, np.float32)
-        for step in range(1, 4):  # over the connection made before
-            c.step([("w", np.full(1000, 0.5, np.float32), params)], step)
-        assert process.poll() is None
-    finally:
-        for s in flood:
-            s.close()
+    time.sleep(1)  # gRPC's accept has failed (EMFILE) by now
+    for s in flood:
+        s.close()
+    params = np.empty(1000, np.float32)
+    for step in range(1, 4):  # over the connection made before
+        c.step([("w", np.full(1000, 0.5, np.float32), params)], step)
+    assert process.poll() is None
+    with pytest.raises((optstate.Unavailable, optstate.DeadlineExceeded)):
+        optstate.Client(target, max_attempts=1, connect_timeout=1).list_groups()
     process.terminate()
     assert process.wait(timeout=20) == 0
     log = process.stderr.read()

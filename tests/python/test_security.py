@@ -343,7 +343,9 @@ def test_half_sent_requests_without_a_token_hold_at_most_the_grpc_buffer_bytes(f
     # it, made the daemon hold 1.2 GB for as long as it kept the connection (2.4 GB with
     # 600). --grpc_buffer_bytes bounds it: gRPC resets streams past it.
     # Under ASan (make sanitize) the daemon's RSS also holds ASan's quarantine of freed
-    # memory (turned off for this daemon) and its shadow, an eighth of what is held.
+    # memory (turned off for this daemon), its shadow (an eighth of what is held) and its
+    # allocator's size classes and redzones around each of gRPC's slices (499 and 538 MiB
+    # measured in two runs): a quarter more there. The plain build keeps the bound.
     asan = _built_with_asan(os.environ["OPTSTATED"])
     if asan:
         monkeypatch.setenv("ASAN_OPTIONS",
@@ -363,7 +365,7 @@ def test_half_sent_requests_without_a_token_hold_at_most_the_grpc_buffer_bytes(f
         attacker.feed(4 << 20)
         held = _rss_bytes(d.process.pid) - before
         assert attacker.reset, "no stream was reset: the bound was never reached"
-        bound = (limit + (192 << 20)) * (9 / 8 if asan else 1)
+        bound = (limit + (192 << 20)) * (5 / 4 if asan else 1)
         assert held < bound, f"{held >> 20} MiB held for half-sent requests"
     finally:
         attacker.close()
