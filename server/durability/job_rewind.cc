@@ -107,7 +107,14 @@ absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backe
                                                           "' to ", shown(dir), ": ",
                                                           shown(staged.status().message())));
     }
-    if (!staged.ok()) {
+    if (!staged.ok() && !request.caller_sees_every_tenant && absl::IsDataLoss(staged.status())) {
+      // Damage found in the manifest may name other tenants' groups.
+      Log(LogLevel::kWarning, "rewinding job '", request.prefix, "' of tenant '", request.tenant,
+          "': passed over ", dir, ": ", staged.status().message());
+      why =
+          "it could not be read (the reason may name other tenants' groups: the daemon's log "
+          "and an admin's RewindJob say it)";
+    } else if (!staged.ok()) {
       why = std::string(staged.status().message());
     } else {
       why = Unsuitable(manifest, request, *store, &step);

@@ -25,6 +25,10 @@ struct JobRewindRequest {
   // Every check, then the outcome the rewind would have (groups: those it
   // would rewind), changing nothing.
   bool validate_only = false;
+  // False for a tenant of a daemon with tenants (not an admin): why a
+  // checkpoint could not be read (its manifest, which names every tenant's
+  // groups) is logged, not told.
+  bool caller_sees_every_tenant = true;
 };
 
 struct JobRewindOutcome {

@@ -367,6 +367,7 @@ grpc::ServerUnaryReactor* OptimizerStateService::RewindJob(grpc::CallbackServerC
   rewind.prefix = parsed.prefix();
   if (parsed.has_step()) rewind.step = parsed.step();
   rewind.validate_only = parsed.validate_only();
+  rewind.caller_sees_every_tenant = caller->admin || !tenancy();
   rewind.lease = *std::move(lease);
   // Reading the checkpoint's files, and writing one after, take a while: on
   // a call thread of the checkpointer's, not a step worker. The checkpoint

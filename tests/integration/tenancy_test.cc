@@ -9,12 +9,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <optional>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/region_protocol.h"
@@ -584,6 +586,42 @@ TEST_F(TenancyTest, ATenantIsNotToldOtherTenantsCheckpointsOrRefusals) {
     EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
     EXPECT_THAT(status.error_message(), HasSubstr("ckpt-"));
     EXPECT_THAT(status.error_message(), Not(HasSubstr(state_dir)));
+  }
+  {
+    // A checkpoint whose manifest (every tenant's groups) is damaged: a
+    // tenant's rewind is told it could not be read, an admin's why.
+    std::vector<std::string> checkpoints;
+    for (const auto& entry : std::filesystem::directory_iterator(state_dir)) {
+      if (absl::StartsWith(entry.path().filename().string(), "ckpt-")) {
+        checkpoints.push_back(entry.path().string());
+      }
+    }
+    ASSERT_FALSE(checkpoints.empty());
+    std::sort(checkpoints.begin(), checkpoints.end());
+    const std::string manifest = checkpoints.back() + "/MANIFEST";
+    const std::string intact = ReadFile(manifest);
+    std::string damaged = intact;
+    const size_t at = damaged.find("bobs-secret-model");
+    ASSERT_NE(at, std::string::npos);
+    damaged[at] = 'B';
+    WriteFile(manifest, damaged);
+    auto rewind_message = [&](const std::string& token) {
+      grpc::ClientContext context;
+      Authorize(&context, token);
+      v1::RewindJobRequest rewind;
+      rewind.set_prefix("a");
+      rewind.set_validate_only(true);
+      v1::RewindJobResponse rewound;
+      grpc::Status status = Stub()->RewindJob(&context, rewind, &rewound);
+      std::string told = status.error_message();
+      for (const std::string& p : rewound.passed_over()) absl::StrAppend(&told, "\n", p);
+      return told;
+    };
+    const std::string alice_told = rewind_message(kAlice2);
+    EXPECT_THAT(alice_told, HasSubstr("could not be read (the reason may name other tenants'"));
+    EXPECT_THAT(alice_told, Not(HasSubstr("checksum")));
+    EXPECT_THAT(rewind_message(kRoot), HasSubstr("manifest checksum mismatch"));
+    WriteFile(manifest, intact);
   }
 
   // Restarted with room for alice's group and not bob's: the restore is

@@ -279,8 +279,11 @@ def _fill_descriptors(port, limit_of, pid, count=200):
     resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit_of, limit_of))
     flood = []
     for _ in range(count):
-        s = socket.create_connection(("127.0.0.1", port), timeout=5)
-        s.sendall(_HTTP2_PREFACE)
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(_HTTP2_PREFACE)
+        except OSError:  # the daemon stopped (exit 4) under the flood
+            break
         flood.append(s)
     return flood
 
