@@ -1591,6 +1591,8 @@ class RemoteAdamW(torch.optim.Optimizer):
                         self._import(p, reg.name, group,
                                      self._check_entry(p, reg.name, group, None), None)
                         reg = registered[id(p)]
+                        if edited and edited[-1][0] is p:
+                            edited.pop()  # the new registration holds the cast values
                     self._check_step(p, grad, reg, staged_on)
                 h = id(reg.hyperparameters)
                 if h in overrides_by_registration:
