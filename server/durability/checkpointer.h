@@ -115,6 +115,8 @@ class Checkpointer {
   void Stop();
 
   CheckpointStats Stats() const;
+  // The --state_dir it writes in.
+  const std::string& state_dir() const { return options_.state_dir; }
 
   // Runs `change` while no checkpoint is written or pruned. A change of a
   // group's whole state (an ImportState over an existing group) then lands

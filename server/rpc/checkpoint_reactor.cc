@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "server/rpc/proto_convert.h"
 #include "server/rpc/raw_message.h"
@@ -60,6 +61,13 @@ void StartCheckpointCall(Checkpointer* checkpointer, grpc::CallbackServerContext
     } else if (!all_tenants && !checkpointer->writes_refused().empty() &&
                status.message() == checkpointer->writes_refused()) {
       status = absl::FailedPreconditionError(kRefusalsForAdmins);
+    } else if (!all_tenants) {
+      // A failed write names its files; a tenant is told checkpoints by name,
+      // not where the daemon keeps them.
+      status = absl::Status(
+          status.code(),
+          absl::StrReplaceAll(status.message(), {{checkpointer->state_dir() + "/", ""},
+                                                 {checkpointer->state_dir(), "--state_dir"}}));
     }
     reactor->Finish(ToGrpcStatus(status));
   });

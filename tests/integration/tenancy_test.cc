@@ -513,6 +513,35 @@ TEST_F(TenancyTest, ATenantRefusedForTheDaemonsLimitIsNotToldTheDaemonsTotals) {
 // an admin's: a tenant's GetStats has no heap, device budget or last
 // checkpoint size and step, and refusals of a restore (which name the groups
 // they could not set up) reach it only as a pointer to an admin.
+// A checkpoint that fails to write names its files: a tenant is told them by
+// checkpoint, not by the daemon's --state_dir path; an admin sees the path.
+TEST_F(TenancyTest, AFailedCheckpointNamesNoStateDirPathToATenant) {
+  const std::string state_dir = dir_ + "/state";
+  StartDaemon({"--state_dir=" + state_dir, "--checkpoint_interval=0"});
+  ASSERT_TRUE(Connect(kAlice2)->RegisterGroup("a", 16).ok());
+  auto checkpoint = [&](const std::string& token) {
+    grpc::ClientContext context;
+    Authorize(&context, token);
+    v1::CheckpointResponse response;
+    return Stub()->Checkpoint(&context, v1::CheckpointRequest(), &response);
+  };
+  ASSERT_TRUE(checkpoint(kRoot).ok());
+  // A directory, not empty, where the next checkpoints go: their renames fail.
+  for (const char* next : {"ckpt-0000000000000002", "ckpt-0000000000000003"}) {
+    std::filesystem::create_directories(state_dir + "/" + next + "/in-the-way");
+  }
+  grpc::Status alices = checkpoint(kAlice2);
+  EXPECT_FALSE(alices.ok());
+  EXPECT_THAT(alices.error_message(), HasSubstr("ckpt-000000000000000"));
+  EXPECT_THAT(alices.error_message(), Not(HasSubstr(state_dir)));
+  grpc::Status roots = checkpoint(kRoot);
+  EXPECT_FALSE(roots.ok());
+  EXPECT_THAT(roots.error_message(), HasSubstr(state_dir));
+  for (const char* next : {"ckpt-0000000000000002", "ckpt-0000000000000003"}) {
+    std::filesystem::remove_all(state_dir + "/" + next);
+  }
+}
+
 TEST_F(TenancyTest, ATenantIsNotToldOtherTenantsCheckpointsOrRefusals) {
   const std::string state_dir = dir_ + "/state";
   StartDaemon({"--state_dir=" + state_dir});
