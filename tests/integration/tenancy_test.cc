@@ -589,15 +589,21 @@ TEST_F(TenancyTest, ATenantIsNotToldOtherTenantsCheckpointsOrRefusals) {
   EXPECT_GT(root_sees.heap_resident_bytes(), 0u);
 #endif
 
+  auto rewind_as = [&](const std::string& token, const std::string& prefix,
+                       std::optional<uint64_t> step, bool validate_only,
+                       v1::RewindJobResponse* rewound) {
+    grpc::ClientContext context;
+    Authorize(&context, token);
+    v1::RewindJobRequest rewind;
+    rewind.set_prefix(prefix);
+    if (step.has_value()) rewind.set_step(*step);
+    rewind.set_validate_only(validate_only);
+    return Stub()->RewindJob(&context, rewind, rewound);
+  };
   {
     // A rewind that wrote its checkpoint says nothing was left unwritten.
-    grpc::ClientContext context;
-    Authorize(&context, kBob);
-    v1::RewindJobRequest rewind;
-    rewind.set_prefix("bobs-");
-    rewind.set_step(3);
     v1::RewindJobResponse rewound;
-    grpc::Status status = Stub()->RewindJob(&context, rewind, &rewound);
+    grpc::Status status = rewind_as(kBob, "bobs-", 3, false, &rewound);
     ASSERT_TRUE(status.ok()) << status.error_message();
     EXPECT_FALSE(rewound.written_checkpoint_id().empty());
     EXPECT_EQ(rewound.not_written(), "");
@@ -605,13 +611,8 @@ TEST_F(TenancyTest, ATenantIsNotToldOtherTenantsCheckpointsOrRefusals) {
   {
     // A rewind that finds nothing names the checkpoints it passed over, not
     // where the daemon keeps them.
-    grpc::ClientContext context;
-    Authorize(&context, kBob);
-    v1::RewindJobRequest rewind;
-    rewind.set_prefix("bobs-");
-    rewind.set_step(77);
     v1::RewindJobResponse rewound;
-    grpc::Status status = Stub()->RewindJob(&context, rewind, &rewound);
+    grpc::Status status = rewind_as(kBob, "bobs-", 77, false, &rewound);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
     EXPECT_THAT(status.error_message(), HasSubstr("ckpt-"));
     EXPECT_THAT(status.error_message(), Not(HasSubstr(state_dir)));
@@ -635,13 +636,8 @@ TEST_F(TenancyTest, ATenantIsNotToldOtherTenantsCheckpointsOrRefusals) {
     damaged[at] = 'B';
     WriteFile(manifest, damaged);
     auto rewind_message = [&](const std::string& token) {
-      grpc::ClientContext context;
-      Authorize(&context, token);
-      v1::RewindJobRequest rewind;
-      rewind.set_prefix("a");
-      rewind.set_validate_only(true);
       v1::RewindJobResponse rewound;
-      grpc::Status status = Stub()->RewindJob(&context, rewind, &rewound);
+      grpc::Status status = rewind_as(token, "a", std::nullopt, true, &rewound);
       std::string told = status.error_message();
       for (const std::string& p : rewound.passed_over()) absl::StrAppend(&told, "\n", p);
       return told;
