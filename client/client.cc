@@ -82,7 +82,9 @@ absl::Status Client::WaitUntilReachable(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   if (impl_->several) {
     for (const auto& m : impl_->MembersNow()) {
-      if (absl::Status s = m->shared->WaitUntilReachable(timeout); !s.ok()) {
+      // Within what is left of `timeout`, not `timeout` a member.
+      const absl::Duration left = std::max(absl::ZeroDuration(), deadline - absl::Now());
+      if (absl::Status s = m->shared->WaitUntilReachable(left); !s.ok()) {
         return absl::Status(s.code(), absl::StrCat("daemon '", m->target.identity, "' (",
                                                    m->target.target, "): ", s.message()));
       }

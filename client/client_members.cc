@@ -3,6 +3,8 @@
 // splits its groups by member and runs the members' steps in parallel;
 // Rebalance moves groups between members (docs/scale-out.md).
 #include <algorithm>
+#include <atomic>
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -10,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "client/client_impl.h"
 #include "client/placement/dns_members.h"
 #include "client/placement/rendezvous.h"
@@ -89,16 +92,63 @@ const ClientMember& OwnerIn(const MemberList& members, const std::string& group)
   return *members[OwnerOf(PlacementOf(TargetsOf(members)), "", group)];
 }
 
-// Runs fn(i) for i in [0, n) on threads of their own, and waits.
+// The interruption of the call a member's thread works for
+// (ForEachInParallel), or null on any other thread. Member clients ask it
+// in place of the caller's ClientOptions::interrupted, which may answer only
+// on the caller's thread (the Python Client's looks for signals on Python's
+// main thread alone).
+thread_local const std::atomic<bool>* member_call_interrupted = nullptr;
+
+// ClientOptions::interrupted for the member clients of a Client whose own
+// is `interrupted`: on a thread of ForEachInParallel, whether the caller's
+// thread has seen it say so; on any other thread, `interrupted` itself.
+std::function<bool()> MemberInterruption(std::function<bool()> interrupted) {
+  if (!interrupted) return interrupted;
+  return [interrupted = std::move(interrupted)] {
+    if (member_call_interrupted != nullptr) {
+      return member_call_interrupted->load(std::memory_order_relaxed);
+    }
+    return interrupted();
+  };
+}
+
+// Runs fn(i) for i in [0, n) on threads of their own, and waits. While it
+// waits, the calling thread asks `interrupted` (when set) every 100 ms;
+// once it says so, the members' waits between attempts end with CANCELLED
+// (MemberInterruption), and this returns when every fn has.
 template <typename Fn>
-void ForEachInParallel(size_t n, Fn fn) {
+void ForEachInParallel(const std::function<bool()>& interrupted, size_t n, Fn fn) {
   if (n == 1) {
     fn(0);
     return;
   }
+  std::atomic<bool> stop{false};
+  absl::Mutex mu;
+  size_t done = 0;
   std::vector<std::thread> threads;
   threads.reserve(n);
-  for (size_t i = 0; i < n; ++i) threads.emplace_back([&fn, i] { fn(i); });
+  for (size_t i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      member_call_interrupted = &stop;
+      fn(i);
+      member_call_interrupted = nullptr;
+      absl::MutexLock lock(&mu);
+      ++done;
+    });
+  }
+  if (interrupted) {
+    auto all_done = [&] { return done == n; };
+    while (true) {
+      {
+        absl::MutexLock lock(&mu);
+        if (mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Milliseconds(100))) break;
+      }
+      // Asked without the lock: it may take the GIL.
+      if (!stop.load(std::memory_order_relaxed) && interrupted()) {
+        stop.store(true, std::memory_order_relaxed);
+      }
+    }
+  }
   for (std::thread& t : threads) t.join();
 }
 
@@ -113,7 +163,8 @@ absl::Status InMember(const MemberTarget& m, const absl::Status& status) {
 std::vector<absl::StatusOr<std::string>> Client::Impl::InstanceIdsOf(const MemberList& members,
                                                                      absl::Time deadline) {
   std::vector<absl::StatusOr<std::string>> ids(members.size());
-  ForEachInParallel(members.size(), [&](size_t i) {
+  // Not interruptible: each member answers within `deadline` or is passed over.
+  ForEachInParallel({}, members.size(), [&](size_t i) {
     absl::StatusOr<Stats> facts = members[i]->shared->DaemonFacts(deadline);
     ids[i] = facts.ok() ? absl::StatusOr<std::string>(facts->instance_id) : facts.status();
   });
@@ -172,6 +223,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::vector<Member
   if (absl::Status s = CheckMemberTargets(members); !s.ok()) return s;
   ClientOptions each = options;
   each.members_from_dns = false;
+  each.interrupted = MemberInterruption(options.interrupted);
   absl::StatusOr<MemberList> connected = ConnectAll(members, each, {});
   if (!connected.ok()) return connected.status();
   auto impl = std::make_unique<Impl>();
@@ -221,7 +273,7 @@ absl::Status Client::StepMembers(absl::Span<const GroupStep> groups, uint64_t st
     if (!parts[i].empty()) busy.push_back(i);
   }
   std::vector<absl::Status> statuses(busy.size());
-  ForEachInParallel(busy.size(), [&](size_t k) {
+  ForEachInParallel(impl_->options.interrupted, busy.size(), [&](size_t k) {
     statuses[k] = members[busy[k]]->shared->Step(parts[busy[k]], step, options);
     // A daemon that stopped answering mid-step (its link is down) runs out
     // the attempts' deadlines: to the caller it is unavailable, as one that
@@ -270,7 +322,8 @@ absl::Status Client::StepMembers(absl::Span<const GroupStep> groups, uint64_t st
 absl::StatusOr<std::vector<GroupInfo>> Client::ListMembers() {
   const MemberList members = impl_->MembersNow();
   std::vector<absl::StatusOr<std::vector<GroupInfo>>> lists(members.size());
-  ForEachInParallel(members.size(), [&](size_t i) { lists[i] = members[i]->shared->ListGroups(); });
+  ForEachInParallel(impl_->options.interrupted, members.size(),
+                    [&](size_t i) { lists[i] = members[i]->shared->ListGroups(); });
   std::vector<GroupInfo> out;
   for (size_t i = 0; i < members.size(); ++i) {
     if (!lists[i].ok()) return InMember(members[i]->target, lists[i].status());
@@ -287,7 +340,8 @@ absl::StatusOr<std::vector<GroupInfo>> Client::ListMembers() {
 absl::StatusOr<Stats> Client::StatsOfMembers() {
   const MemberList members = impl_->MembersNow();
   std::vector<absl::StatusOr<Stats>> each(members.size());
-  ForEachInParallel(members.size(), [&](size_t i) { each[i] = members[i]->shared->GetStats(); });
+  ForEachInParallel(impl_->options.interrupted, members.size(),
+                    [&](size_t i) { each[i] = members[i]->shared->GetStats(); });
   Stats out;
   for (size_t i = 0; i < members.size(); ++i) {
     if (!each[i].ok()) return InMember(members[i]->target, each[i].status());
@@ -333,7 +387,7 @@ absl::StatusOr<Client::CheckpointResult> Client::CheckpointMembers(
   // rewind of the job on every member may need, out of their
   // --checkpoints_to_keep.
   std::vector<absl::StatusOr<Stats>> facts(members.size());
-  ForEachInParallel(members.size(), [&](size_t i) {
+  ForEachInParallel(impl_->options.interrupted, members.size(), [&](size_t i) {
     if (asked(i)) facts[i] = members[i]->shared->DaemonFacts();
   });
   for (size_t i = 0; i < members.size(); ++i) {
@@ -352,7 +406,7 @@ absl::StatusOr<Client::CheckpointResult> Client::CheckpointMembers(
     }
   }
   std::vector<absl::StatusOr<CheckpointResult>> each(members.size());
-  ForEachInParallel(members.size(), [&](size_t i) {
+  ForEachInParallel(impl_->options.interrupted, members.size(), [&](size_t i) {
     if (!asked(i)) {
       each[i] = CheckpointResult{};
       return;
@@ -398,7 +452,7 @@ absl::StatusOr<Client::RewindResult> Client::RewindMembers(const std::string& pr
   std::vector<bool> idle(members.size(), false);
   // `validate` on every member not idle at once; the first refusal, named.
   auto on_all = [&](std::optional<uint64_t> at, bool validate) -> absl::Status {
-    ForEachInParallel(members.size(), [&](size_t i) {
+    ForEachInParallel(impl_->options.interrupted, members.size(), [&](size_t i) {
       if (!idle[i]) each[i] = members[i]->shared->RewindJob(prefix, at, validate);
     });
     for (size_t i = 0; i < members.size(); ++i) {
@@ -542,7 +596,8 @@ absl::StatusOr<RebalanceResult> Client::Rebalance(const std::vector<MemberTarget
     if (!renamed) all.push_back(m);
   }
   std::vector<absl::StatusOr<std::vector<GroupInfo>>> lists(all.size());
-  ForEachInParallel(all.size(), [&](size_t i) { lists[i] = all[i]->shared->ListGroups(); });
+  ForEachInParallel(impl_->options.interrupted, all.size(),
+                    [&](size_t i) { lists[i] = all[i]->shared->ListGroups(); });
   std::map<std::string, std::vector<std::pair<size_t, GroupInfo>>> copies;
   for (size_t i = 0; i < all.size(); ++i) {
     if (!lists[i].ok()) {
@@ -609,7 +664,7 @@ absl::StatusOr<RebalanceResult> Client::Rebalance(const std::vector<MemberTarget
     // The owners' checkpoints at once: each takes its own disk's time.
     const std::vector<size_t> owners(keeping.begin(), keeping.end());
     std::vector<absl::StatusOr<Stats>> facts(owners.size());
-    ForEachInParallel(owners.size(),
+    ForEachInParallel(impl_->options.interrupted, owners.size(),
                       [&](size_t i) { facts[i] = all[owners[i]]->shared->DaemonFacts(); });
     std::vector<size_t> durable;
     for (size_t i = 0; i < owners.size(); ++i) {
@@ -620,7 +675,7 @@ absl::StatusOr<RebalanceResult> Client::Rebalance(const std::vector<MemberTarget
       durable.push_back(i);
     }
     std::vector<absl::StatusOr<CheckpointResult>> written(owners.size());
-    ForEachInParallel(durable.size(), [&](size_t j) {
+    ForEachInParallel(impl_->options.interrupted, durable.size(), [&](size_t j) {
       written[durable[j]] = all[owners[durable[j]]]->shared->Checkpoint();
     });
     for (size_t i : durable) {

@@ -691,9 +691,13 @@ _INTERRUPTED_CALL = r"""
 import sys, time
 import numpy as np
 import optstate
-c = optstate.Client("127.0.0.1:1", max_attempts=2, max_backoff=0.5, reconnect_timeout=60)
+# One daemon, or two whose calls run on threads of their own (neither is there).
+target = "127.0.0.1:1" if sys.argv[2] == "one" else ["127.0.0.1:1", "127.0.0.1:2"]
+c = optstate.Client(target, max_attempts=2, max_backoff=0.5, reconnect_timeout=60)
+# Enough groups that both daemons of two own some.
+groups = [(f"w{i}", np.ones(4, np.float32), np.empty(4, np.float32)) for i in range(16)]
 call = {"list_groups": lambda: c.list_groups(),
-        "step": lambda: c.step("w", 1, np.ones(4, np.float32)),
+        "step": lambda: c.step(groups, 1),
         "wait_until_reachable": lambda: c.wait_until_reachable(60)}[sys.argv[1]]
 print("calling", flush=True)
 try:
@@ -706,17 +710,20 @@ print("returned", flush=True)
 """
 
 
+@pytest.mark.parametrize("daemons", ["one", "two"])
 @pytest.mark.parametrize("call", ["list_groups", "step", "wait_until_reachable"])
-def test_ctrl_c_ends_a_call_that_waits_for_a_daemon(call, tmp_path):
+def test_ctrl_c_ends_a_call_that_waits_for_a_daemon(call, daemons, tmp_path):
     # With reconnect_timeout=60 a call to a daemon that is not there waits up to a
     # minute; Ctrl-C must end it at once (ClientOptions::interrupted, asked every
     # 100 ms while the call waits), as KeyboardInterrupt, not as an optstate error.
+    # With two daemons the members' calls wait on threads of their own, where Python
+    # looks for no signal: the calling thread asks for them.
     import subprocess
     import sys
     script = tmp_path / "call.py"
     script.write_text(_INTERRUPTED_CALL)
-    child = subprocess.Popen([sys.executable, str(script), call], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, str(script), call, daemons],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "calling"
         time.sleep(1.0)  # well inside its waits between attempts

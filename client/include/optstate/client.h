@@ -109,10 +109,12 @@ struct ClientOptions {
   absl::Duration reconnect_timeout = absl::ZeroDuration();
   // Asked about every 100 ms while a call waits for a daemon: between its
   // attempts (backoff, the wait for a connection while reconnect_timeout
-  // runs) and in WaitUntilReachable, on the thread that waits. True ends the
-  // call at once with CANCELLED ("interrupted ..."). An attempt under way is
-  // not asked: it ends by itself or at attempt_timeout. The Python Client
-  // sets it to see Ctrl-C. Empty: never asked.
+  // runs) and in WaitUntilReachable, on the thread that called. With several
+  // daemons, the calling thread asks it while the members' calls run on
+  // threads of their own, and their waits end once it has said so. True ends
+  // the call at once with CANCELLED ("interrupted ..."). An attempt under
+  // way is not asked: it ends by itself or at attempt_timeout. The Python
+  // Client sets it to see Ctrl-C. Empty: never asked.
   std::function<bool()> interrupted;
 
   // Several daemons (docs/scale-out.md): with one target given, resolve it
@@ -263,8 +265,8 @@ class Client {
   // more call of up to 2 s (a connection refused, a TLS handshake that
   // failed, with what that means) (a trainer's first check that its target
   // is right, before it registers anything). With several
-  // daemons, then asks each (within what is left of `timeout`) which daemon
-  // it is: INVALID_ARGUMENT naming two members that are one daemon.
+  // daemons, each within what is left of `timeout`, then asks each (within what is left of
+  // `timeout`) which daemon it is: INVALID_ARGUMENT naming two members that are one daemon.
   absl::Status WaitUntilReachable(absl::Duration timeout);
   ~Client();
 
