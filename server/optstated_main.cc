@@ -105,7 +105,10 @@ ABSL_FLAG(uint64_t, grpc_buffer_bytes, Default().grpc_buffer_bytes,
           "Most memory gRPC may hold for messages on their way in and out (a memory quota): "
           "past it new streams get smaller windows, and when it is used up gRPC cancels "
           "streams (RESOURCE_EXHAUSTED \"Buffers full\"), so clients sending many large "
-          "messages at once, or never finishing them, cannot take the daemon's memory. 0 means "
+          "messages at once, or never finishing them, cannot take the daemon's memory. Step "
+          "streams also read no further message while they hold this much between them in "
+          "requests read and replies not yet sent (each one message each way beyond it), so "
+          "clients that never read their replies cannot either. 0 means "
           "a tenth of the memory this process may use, at least 1 GiB; at least two "
           "--max_message_bytes.");
 ABSL_FLAG(int, max_message_bytes, Default().max_message_bytes,

@@ -349,7 +349,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       parts->engine.get(), static_cast<size_t>(options.max_message_bytes),
       options.stream_idle_timeout, parts->checkpointer.get(), parts->data_plane->registry(),
       parts->trimmer.get(), parts->step_metrics.get(), parts->authenticator.get(),
-      options.tenant_max_streams);
+      options.tenant_max_streams, grpc_buffer_bytes);
   parts->service->SetRestoredGroups(restored_groups);
 
   // Referencing the compiled health.proto keeps it linked in, which puts its

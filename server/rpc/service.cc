@@ -96,7 +96,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* OptimizerStateServi
     return new RefusedBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>(ToGrpcStatus(slot.status()));
   }
   return new StepReactor(engine_, caller->tenant, max_reply_bytes_, &streams_, regions_,
-                         step_metrics_, std::move(*slot), std::move(*lease));
+                         step_metrics_, std::move(*slot), std::move(*lease), &step_stream_bytes_);
 }
 
 grpc::ServerUnaryReactor* OptimizerStateService::GetStats(grpc::CallbackServerContext* context,

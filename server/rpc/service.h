@@ -13,6 +13,7 @@
 #include "server/regions/region_registry.h"
 #include "server/rpc/call_auth.h"
 #include "server/rpc/step_stream_metrics.h"
+#include "server/rpc/stream_bytes.h"
 #include "server/rpc/stream_registry.h"
 #include "server/rpc/tenant_stream_limit.h"
 #include "server/rpc/unary_calls.h"
@@ -54,14 +55,19 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   // every method checks it once per call or stream (UNAUTHENTICATED) and
   // sees only the caller's tenant's groups. `tenant_max_streams`: Step
   // streams one tenant may hold open at once (0: no limit).
+  // `step_stream_bytes`: the bytes of requests read and replies not yet sent
+  // that Step streams may hold between them before they read more, each
+  // beyond its first message (StreamBytes; 0: no such limit).
   OptimizerStateService(StepEngine* engine, size_t max_reply_bytes,
                         absl::Duration stream_idle_timeout = absl::InfiniteDuration(),
                         Checkpointer* checkpointer = nullptr, RegionRegistry* regions = nullptr,
                         HeapTrimmer* trimmer = nullptr, StepStreamMetrics* step_metrics = nullptr,
-                        const Authenticator* authenticator = nullptr, int tenant_max_streams = 0)
+                        const Authenticator* authenticator = nullptr, int tenant_max_streams = 0,
+                        uint64_t step_stream_bytes = 0)
       : engine_(engine),
         max_reply_bytes_(max_reply_bytes),
         streams_(stream_idle_timeout, trimmer),
+        step_stream_bytes_(step_stream_bytes),
         checkpointer_(checkpointer),
         regions_(regions),
         trimmer_(trimmer),
@@ -151,6 +157,7 @@ class OptimizerStateService : public OptimizerStateCallbackBase {
   StepEngine* const engine_;
   const size_t max_reply_bytes_;
   StreamRegistry streams_;
+  StreamBytes step_stream_bytes_;
   UnaryCalls unary_calls_;
   Checkpointer* const checkpointer_;
   RegionRegistry* const regions_;

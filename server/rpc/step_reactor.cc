@@ -13,7 +13,8 @@ namespace optstate {
 
 StepReactor::StepReactor(StepEngine* engine, std::string tenant, size_t max_reply_bytes,
                          StreamRegistry* streams, RegionRegistry* regions,
-                         StepStreamMetrics* metrics, StreamSlot slot, LeaseClaim lease)
+                         StepStreamMetrics* metrics, StreamSlot slot, LeaseClaim lease,
+                         StreamBytes* stream_bytes)
     : engine_(engine),
       tenant_(std::move(tenant)),
       lease_(std::move(lease)),
@@ -22,6 +23,7 @@ StepReactor::StepReactor(StepEngine* engine, std::string tenant, size_t max_repl
       max_in_flight_(std::max(1, engine->pool()->size())),
       streams_(streams),
       metrics_(metrics),
+      stream_bytes_(stream_bytes),
       slot_(std::move(slot)) {
   {
     absl::MutexLock lock(&mu_);
@@ -71,6 +73,14 @@ void StepReactor::EndHeld(absl::Status status) {
   Advance(1);
 }
 
+uint64_t StepReactor::HeldBytesLocked() const {
+  uint64_t bytes = in_flight_bytes_;
+  for (const QueuedChunk& chunk : queued_) bytes += chunk.bytes;
+  for (const auto& [seq, reply] : completed_) bytes += reply.Length();
+  for (const grpc::ByteBuffer& reply : to_write_) bytes += reply.Length();
+  return bytes;
+}
+
 void StepReactor::Advance(int tokens_released) {
   for (;;) {
     bool start_read = false, start_write = false, finish = false;
@@ -81,8 +91,14 @@ void StepReactor::Advance(int tokens_released) {
       absl::MutexLock lock(&mu_);
       starting_ -= tokens_released;
       if (finish_called_) return;
+      const uint64_t held = HeldBytesLocked();
+      if (stream_bytes_ != nullptr) {
+        if (held > held_bytes_) stream_bytes_->Add(held - held_bytes_);
+        if (held < held_bytes_) stream_bytes_->Subtract(held_bytes_ - held);
+      }
+      held_bytes_ = held;
       const bool failed = !error_.ok();
-      if (!failed && !reads_done_ && !read_in_flight_ && PinnedLocked() < kMaxPinnedChunks) {
+      if (!failed && !reads_done_ && !read_in_flight_ && MayReadLocked()) {
         read_in_flight_ = start_read = true;
       }
       // In stream order: the head waits while a chunk of one of its groups is applied.
@@ -97,6 +113,7 @@ void StepReactor::Advance(int tokens_released) {
         for (const v1::StepRequest& packed : chunks.more())
           groups_in_flight_.insert(packed.group());
         ++in_flight_;
+        in_flight_bytes_ += task->chunk.bytes;
         dispatch.push_back(std::move(task));
       }
       if (!write_in_flight_ && !to_write_.empty()) {
@@ -141,7 +158,8 @@ void StepReactor::OnReadDone(bool ok) {
     // read_in_flight_ is cleared.
     // (The message takes the buffer's slices: its length is read first.)
     const absl::Time started = metrics_ != nullptr ? absl::Now() : absl::InfinitePast();
-    const size_t bytes = metrics_ != nullptr ? incoming_.Length() : 0;
+    const size_t bytes = incoming_.Length();
+    chunk.bytes = bytes;
     chunk.parse_status = ReadStepRequest(&incoming_, kMaxPackedChunks, &chunk.message);
     if (chunk.parse_status.ok() && UsesStepPlan(chunk.message.request)) {
       // Found now: dispatch must know the plan's groups.
@@ -189,6 +207,7 @@ void StepReactor::ApplyOnWorker(const std::shared_ptr<ChunkTask>& task) {
   {
     absl::MutexLock lock(&mu_);
     --in_flight_;
+    in_flight_bytes_ -= task->chunk.bytes;
     last_activity_ = absl::Now();  // Applied: a slow apply is no idle time.
     groups_in_flight_.erase(chunks.group());
     for (const v1::StepRequest& packed : chunks.more()) groups_in_flight_.erase(packed.group());
@@ -263,6 +282,10 @@ void StepReactor::OnCancel() {
 }
 
 void StepReactor::OnDone() {
+  if (stream_bytes_ != nullptr) {
+    absl::MutexLock lock(&mu_);
+    stream_bytes_->Subtract(held_bytes_);
+  }
   if (registered_) streams_->Remove(this);
   delete this;
 }

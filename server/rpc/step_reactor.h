@@ -22,6 +22,7 @@
 #include "server/regions/region_registry.h"
 #include "server/rpc/step_request_reader.h"
 #include "server/rpc/step_stream_metrics.h"
+#include "server/rpc/stream_bytes.h"
 #include "server/rpc/stream_registry.h"
 #include "server/rpc/tenant_stream_limit.h"
 
@@ -67,10 +68,12 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   // RegionSlice refer to (null: none). `metrics`: where each message's
   // phases and bytes are recorded (null: not measured).
   // `lease`: the call's lease claim (call_lease.h), held to every chunk.
+  // `stream_bytes`: the bytes every Step stream holds, counted and limited
+  // together (null: this stream's own limits only); must outlive the reactor.
   StepReactor(StepEngine* engine, std::string tenant, size_t max_reply_bytes,
               StreamRegistry* streams, RegionRegistry* regions = nullptr,
               StepStreamMetrics* metrics = nullptr, StreamSlot slot = StreamSlot(),
-              LeaseClaim lease = LeaseClaim());
+              LeaseClaim lease = LeaseClaim(), StreamBytes* stream_bytes = nullptr);
 
   void OnReadDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_);
   void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_);
@@ -89,13 +92,20 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
  private:
   // Messages a stream holds at once (each one chunk, or several packed):
   // read ahead, being applied, or replies waiting to be written. Bounds the
-  // memory one stream can pin (with the message size limit), and stops a
-  // client that does not read its replies.
+  // memory one stream can pin (with kMaxHeldBytes), and stops a client that
+  // does not read its replies.
   static constexpr size_t kMaxPinnedChunks = 16;
+  // Bytes of those messages (requests as read, replies as built) past which
+  // the stream reads no more, unless it holds none: a client that does not
+  // read its replies leaves at most this much, plus a message each way, held
+  // for it (sixteen messages of 48 MiB were 768 MiB). optstate::Client's
+  // window (8 messages of 1 MiB) is far below it.
+  static constexpr uint64_t kMaxHeldBytes = 64 << 20;
   // A request as read: parsed, or the reason it did not parse.
   struct QueuedChunk {
     StepMessage message;
     absl::Status parse_status;
+    uint64_t bytes = 0;  // As read.
   };
   struct ChunkTask {
     uint64_t seq;
@@ -126,6 +136,15 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   size_t PinnedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return queued_.size() + in_flight_ + completed_.size() + to_write_.size();
   }
+  // Their bytes now (kMaxHeldBytes).
+  uint64_t HeldBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a further message may be read: none held, or fewer than the
+  // stream's and every stream's limits of bytes.
+  bool MayReadLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (PinnedLocked() == 0) return true;
+    return PinnedLocked() < kMaxPinnedChunks && held_bytes_ < kMaxHeldBytes &&
+           (stream_bytes_ == nullptr || !stream_bytes_->Full());
+  }
 
   StepEngine* const engine_;
   const std::string tenant_;
@@ -135,6 +154,7 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   const int max_in_flight_;  // Messages applied at once: the pool's size.
   StreamRegistry* const streams_;
   StepStreamMetrics* const metrics_;
+  StreamBytes* const stream_bytes_;
   // The tenant's stream count: held until Finish (until the reactor goes when
   // a reply it abandoned is still in flight).
   StreamSlot slot_ ABSL_GUARDED_BY(mu_);
@@ -146,6 +166,10 @@ class StepReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteB
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;        // Of the next message dispatched.
   uint64_t next_write_seq_ ABSL_GUARDED_BY(mu_) = 0;  // Of the next reply to queue.
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t in_flight_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // Of the requests on workers.
+  // HeldBytesLocked() as last counted in stream_bytes_ (Advance); taken back
+  // out of it in OnDone.
+  uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // The groups of the messages on workers: views of their names in those
   // messages (or their plans), which their tasks keep until the names are
   // erased; no group is in two such messages (dispatch waits).
