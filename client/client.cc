@@ -239,15 +239,17 @@ absl::StatusOr<GroupInfo> Client::RegisterGroup(const std::string& name, uint64_
   return impl_->Register(MakeSpec(name, num_elements, h, false), {});
 }
 
-absl::StatusOr<GroupInfo> Client::DescribeGroup(const std::string& name) {
+absl::StatusOr<GroupInfo> Client::DescribeGroup(const std::string& name,
+                                                const std::optional<std::string>& tenant) {
   if (Client* owner = OwnerClient(name)) {
-    absl::StatusOr<GroupInfo> info = owner->DescribeGroup(name);
+    absl::StatusOr<GroupInfo> info = owner->DescribeGroup(name, tenant);
     if (!info.ok()) return InOwner(name, info.status());
     info->member = MemberOf(name);
     return info;
   }
   v1::DescribeGroupRequest request;
   request.set_name(name);
+  if (tenant.has_value()) request.set_tenant(*tenant);
   v1::DescribeGroupResponse response;
   absl::Status status =
       UnaryWithRetries(impl_->options, impl_->channel.get(), [&](grpc::ClientContext* context) {
@@ -346,13 +348,15 @@ absl::Status Client::RideOutRestart(const std::string& group) {
   return impl_->Explain(status);
 }
 
-absl::Status Client::DeleteGroup(const std::string& name) {
-  if (Client* owner = OwnerClient(name)) return InOwner(name, owner->DeleteGroup(name));
+absl::Status Client::DeleteGroup(const std::string& name,
+                                 const std::optional<std::string>& tenant) {
+  if (Client* owner = OwnerClient(name)) return InOwner(name, owner->DeleteGroup(name, tenant));
   if (absl::Status s = RideOutRestart(name); !s.ok()) return s;
   grpc::ClientContext context;
   PrepareContext(&context, impl_->options);
   v1::DeleteGroupRequest request;
   request.set_name(name);
+  if (tenant.has_value()) request.set_tenant(*tenant);
   v1::DeleteGroupResponse response;
   impl_->Forget(name);
   absl::Status status = FromGrpcStatus(impl_->stub->DeleteGroup(&context, request, &response));

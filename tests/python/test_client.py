@@ -175,8 +175,15 @@ def test_unreachable_target_is_unavailable_naming_it():
 def test_bad_options_are_invalid_argument():
     with pytest.raises(optstate.InvalidArgument, match="max_attempts"):
         optstate.Client("127.0.0.1:1", max_attempts=0)
-    with pytest.raises(ValueError, match="attempt_timeout"):
-        optstate.Client("127.0.0.1:1", attempt_timeout=0)
+    # Every refused option is optstate.InvalidArgument (a ValueError too), so that
+    # `except optstate.Error` sees each; none reached a daemon, so none names one.
+    for kwargs, what in (({"attempt_timeout": 0}, "attempt_timeout"),
+                         ({"connect_timeout": -1}, "connect_timeout"),
+                         ({"initial_backoff": float("nan")}, "initial_backoff"),
+                         ({"data_plane": "bogus"}, "data_plane must be")):
+        with pytest.raises(optstate.InvalidArgument, match=what) as e:
+            optstate.Client("127.0.0.1:1", **kwargs)
+        assert isinstance(e.value, ValueError) and e.value.target is None, kwargs
 
 
 def test_client_keyword_defaults_are_the_cpp_client_options_defaults():

@@ -466,3 +466,35 @@ def test_clients_stepping_under_a_small_grpc_buffer_bound_are_reset_not_crashed(
     assert not failures, failures
     assert reset, "no step was reset: the bound was never reached"
     assert optstate.Client(d.target).stats()["num_groups"] == 0
+
+
+def test_an_admin_names_the_owner_to_describe_or_delete_a_tenants_group(fresh_daemons,
+                                                                         tmp_path):
+    # docs/security.md: an admin lists every tenant's groups with their owner
+    # (GroupInfo.tenant) and describes or deletes any by naming it; a tenant naming
+    # another tenant gets NotFound, as for a name that does not exist.
+    tokens = {"alice": "token-of-alice-3f1e", "bob": "token-of-bob-77a0",
+              "ops": "token-of-ops-c2d9"}
+    for token in tokens.values():
+        daemon_logs.record_secrets(token)
+    lines = [f"{name} {hashlib.sha256(token.encode()).hexdigest()}"
+             + (" admin" if name == "ops" else "") for name, token in tokens.items()]
+    (tmp_path / "tokens").write_text("\n".join(lines) + "\n")
+    d = fresh_daemons(f"--auth_tokens_file={tmp_path / 'tokens'}")
+    alice, bob, ops = (optstate.Client(d.target, token=tokens[name], data_plane="wire")
+                       for name in ("alice", "bob", "ops"))
+    alice.register("w", np.ones(8, np.float32))
+    bob.register("w", np.ones(16, np.float32))
+    owners = sorted((g.tenant, g.name, g.num_elements) for g in ops.list_groups())
+    assert owners == [("alice", "w", 8), ("bob", "w", 16)]
+    assert [g.tenant for g in alice.list_groups()] == [""]  # a tenant's own: no owner shown
+    assert ops.describe("w", tenant="bob").num_elements == 16
+    with pytest.raises(optstate.NotFound):
+        ops.describe("w")  # the admin's own tenant has none
+    with pytest.raises(optstate.NotFound):
+        alice.describe("w", tenant="bob")
+    with pytest.raises(optstate.NotFound):
+        alice.delete("w", tenant="bob")
+    ops.delete("w", tenant="alice")
+    assert [(g.tenant, g.num_elements) for g in ops.list_groups()] == [("bob", 16)]
+    assert bob.describe("w").num_elements == 16

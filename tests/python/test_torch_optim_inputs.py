@@ -94,3 +94,19 @@ def test_a_str_hyperparameter_set_between_steps_raises_type_error_as_torchs(daem
     assert all(opt.client.describe(prefix + f"param.{i}").max_step == 0
                for i in range(len(params)))
     opt.close()
+
+
+@pytest.mark.parametrize("kwargs", [{"betas": (0.9,)}, {"betas": ()}, {"lr": "0.1"},
+                                    {"eps": "1e-8"}, {"weight_decay": "0.01"},
+                                    {"betas": ("0.9", 0.999)}],
+                         ids=["one_beta", "no_betas", "str_lr", "str_eps", "str_weight_decay",
+                              "str_beta"])
+def test_malformed_constructor_arguments_raise_what_torch_raises(daemon, prefix, kwargs):
+    # Beyond torch's own error inputs: what its constructor raises for these, type and
+    # message (a beta missing is torch's IndexError, a str its comparison's TypeError).
+    with pytest.raises(Exception) as torchs:
+        torch.optim.AdamW(_params(4), **kwargs)
+    with pytest.raises(type(torchs.value)) as ours:
+        RemoteAdamW(_params(4), target=daemon.target, name_prefix=prefix, **kwargs)
+    assert type(ours.value) is type(torchs.value)
+    assert str(ours.value) == str(torchs.value)

@@ -338,8 +338,12 @@ class Client {
   absl::StatusOr<std::unique_ptr<SharedBuffer>> AllocateSharedBuffer(uint64_t bytes);
 
   // Read-only calls, retried like the others.
-  // NOT_FOUND for a group the daemon does not hold.
-  absl::StatusOr<GroupInfo> DescribeGroup(const std::string& name);
+  // NOT_FOUND for a group the daemon does not hold. `tenant`, for an admin
+  // tenant's client (docs/security.md): the owner of the group ("" for a
+  // group of no tenant); unset, the caller's own. Any other caller naming a
+  // tenant not its own gets NOT_FOUND.
+  absl::StatusOr<GroupInfo> DescribeGroup(const std::string& name,
+                                          const std::optional<std::string>& tenant = {});
   // Every group, by name, read page by page (ListGroupsRequest.page_token).
   absl::StatusOr<std::vector<GroupInfo>> ListGroups();
   // The daemon's counters for the caller's groups (Stats).
@@ -349,8 +353,8 @@ class Client {
   // it forgets (proto: ExportStateRequest.moved_to). Made once, never
   // retried: after a lost reply a retry could not tell "deleted now" from
   // NOT_FOUND. Call it again to be sure. A daemon that is restarting is
-  // first waited for, up to reconnect_timeout.
-  absl::Status DeleteGroup(const std::string& name);
+  // first waited for, up to reconnect_timeout. `tenant` as DescribeGroup's.
+  absl::Status DeleteGroup(const std::string& name, const std::optional<std::string>& tenant = {});
 
   // ---- Durability (docs/durability.md) ----
 

@@ -9,5 +9,11 @@ from ._optstate import Client, GroupInfo, GroupState, WireType
 from .errors import *  # noqa: F401,F403  (the exception classes)
 from .errors import Error
 
-__all__ = ["Client", "GroupInfo", "GroupState", "WireType", "Error", "errors"] + errors.__all__[2:]
+# Spelled out, not computed, so type checkers see the re-exports.
+__all__ = [
+    "Client", "GroupInfo", "GroupState", "WireType", "Error", "errors", "Cancelled", "Unknown",
+    "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists", "PermissionDenied",
+    "ResourceExhausted", "FailedPrecondition", "Aborted", "OutOfRange", "Unimplemented",
+    "Internal", "Unavailable", "DataLoss", "Unauthenticated",
+]
 __version__ = "0.1.0"

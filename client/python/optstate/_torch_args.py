@@ -37,9 +37,10 @@ def check_hyperparameters(lr, betas, eps, weight_decay, foreach, capturable) -> 
         # torch takes it; its first step then divides 0 by 0 wherever a gradient is 0.
         raise ValueError(f"Invalid epsilon value: {eps} (optstated needs eps > 0: with eps=0 "
                          "an element whose gradients have all been 0 divides 0 by 0)")
-    if len(betas) != 2:
-        # torch takes any length here and fails at its first step ("too many values to
-        # unpack"); the daemon would step with the first two and say nothing.
+    if len(betas) > 2:
+        # torch takes a longer one here and fails at its first step ("too many values to
+        # unpack"); the daemon would step with the first two and say nothing. A shorter
+        # one raises torch's IndexError below, as torch's checks index it.
         raise ValueError(f"betas must be a pair (beta1, beta2), got {len(betas)} values: "
                          f"{tuple(betas)}")
     if not 0.0 <= betas[0] < 1.0:

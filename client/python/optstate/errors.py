@@ -166,4 +166,10 @@ def from_status(code_value: int, message: str, target: str | None = None) -> Err
     return cls(message, target)
 
 
-__all__ = ["Error", "from_status"] + [cls.__name__ for cls in _BY_CODE.values()]
+# Spelled out, not computed, so type checkers see what `from .errors import *` brings.
+__all__ = [
+    "Error", "from_status", "Cancelled", "Unknown", "InvalidArgument", "DeadlineExceeded",
+    "NotFound", "AlreadyExists", "PermissionDenied", "ResourceExhausted", "FailedPrecondition",
+    "Aborted", "OutOfRange", "Unimplemented", "Internal", "Unavailable", "DataLoss",
+    "Unauthenticated",
+]

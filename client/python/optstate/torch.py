@@ -409,9 +409,11 @@ class RemoteAdamW(torch.optim.Optimizer):
             weight_decay and maximize set to those of the last step the daemon applied;
             :attr:`resumed_step` is that step (make the scheduler as at the start, then
             :meth:`resume_scheduler`); ``"state_dict"`` attaches for
-            :meth:`load_state_dict`. In every mode a model with parameters the job has
-            no groups for, beside groups at a step > 0, is refused (add new parameters
-            with :meth:`add_param_group`).
+            :meth:`load_state_dict`. Under ``"never"`` and ``"daemon"`` a model with
+            parameters the job has no groups for, beside groups at a step > 0, is refused
+            (add new parameters with :meth:`add_param_group`); ``"state_dict"`` takes it,
+            as :meth:`load_state_dict` then gives every group its state
+            (docs/jobs.md).
         finish_torn_step: with ``resume="daemon"``, attach to a job whose groups stopped at
             different steps (a trainer killed part-way through step k): the first
             ``step()`` steps only the groups behind, to step k, with the gradients given.
@@ -492,7 +494,9 @@ class RemoteAdamW(torch.optim.Optimizer):
                  reconnect_timeout: float = 60.0, connect_timeout: float = 10.0,
                  staging: str = "auto", **client_options):
         check_client_options(client_options, client)
-        if isinstance(lr, str):  # torch would raise TypeError too, saying less
+        if isinstance(lr, str) and ":" in lr:
+            # An address where lr goes: torch would raise TypeError too, saying less. Any
+            # other str raises torch's own TypeError and message, below.
             raise TypeError(f"lr must be a float or a Tensor, not the str {lr!r}: lr is "
                             "RemoteAdamW's second positional argument, as torch's, and target "
                             "is keyword-only (target='host:port')")

@@ -33,9 +33,10 @@ bool SignalArrived() {
 
 void RaiseStatus(const absl::Status& status, const std::string& target) {
   if (PyErr_Occurred() != nullptr) throw nb::python_error();
-  nb::object error = nb::module_::import_("optstate.errors")
-                         .attr("from_status")(static_cast<int>(status.code()),
-                                              std::string(status.message()), target);
+  nb::object error =
+      nb::module_::import_("optstate.errors")
+          .attr("from_status")(static_cast<int>(status.code()), std::string(status.message()),
+                               target.empty() ? nb::none() : nb::object(nb::str(target.c_str())));
   // A step of several daemons that failed for some: the groups that did not step.
   if (absl::optional<absl::Cord> payload = status.GetPayload(Client::kNotSteppedPayload)) {
     nb::list names;

@@ -9,7 +9,9 @@
 
 namespace optstate::python {
 
-// Sets the Python error for `status` (not OK) and throws nanobind::python_error.
+// Sets the Python error for `status` (not OK) and throws nanobind::python_error;
+// its `target` is None when `target` is empty (refused before any daemon was
+// named).
 // A Python exception already set (SignalArrived's KeyboardInterrupt) is
 // raised instead. Call with the GIL held.
 [[noreturn]] void RaiseStatus(const absl::Status& status, const std::string& target);

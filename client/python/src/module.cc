@@ -31,9 +31,13 @@ using namespace nb::literals;
 namespace optstate::python {
 namespace {
 
+// Client options refused before any daemon is asked: optstate.InvalidArgument
+// (a ValueError), as the C++ client's own checks of its options raise.
 absl::Duration Seconds(double seconds, const char* what) {
   if (!(seconds > 0)) {
-    throw nb::value_error(absl::StrCat(what, " must be a positive number of seconds").c_str());
+    RaiseStatus(absl::InvalidArgumentError(
+                    absl::StrCat(what, " must be a positive number of seconds, got ", seconds)),
+                "");
   }
   if (std::isinf(seconds)) return absl::InfiniteDuration();
   return absl::Seconds(seconds);
@@ -61,9 +65,10 @@ DataPlane ParseDataPlane(const std::string& name) {
   }
   const std::string last = quoted.back();
   quoted.pop_back();
-  throw nb::value_error(absl::StrCat("data_plane must be ", absl::StrJoin(quoted, ", "), " or ",
-                                     last, ", got '", name, "'")
-                            .c_str());
+  RaiseStatus(
+      absl::InvalidArgumentError(absl::StrCat("data_plane must be ", absl::StrJoin(quoted, ", "),
+                                              " or ", last, ", got '", name, "'")),
+      "");
 }
 
 // `options` as Client()'s keyword arguments (durations in seconds, the data
@@ -216,6 +221,9 @@ NB_MODULE(_optstate, m) {
               "With several daemons: the identity of the one that holds the group; '' with one.")
       .def_ro("moved_to", &GroupInfo::moved_to,
               "Set while the group is sealed for a move to that daemon (a rebalance under way).")
+      .def_ro("tenant", &GroupInfo::tenant,
+              "The owning tenant, in answers to an admin tenant (docs/security.md); ''\n"
+              "otherwise (and for a group of no tenant).")
       .def("__repr__", &Repr);
 
   // Client()'s keyword defaults are a default ClientOptions' (client.h).
@@ -413,17 +421,21 @@ NB_MODULE(_optstate, m) {
           "AlreadyExists when a group of that name differs in size or hyperparameters.")
       .def(
           "describe",
-          [](PyClient& self, const std::string& name) {
+          [](PyClient& self, const std::string& name, std::optional<std::string> tenant) {
             absl::StatusOr<GroupInfo> info;
             {
               const std::shared_ptr<Client> live = self.live();
               nb::gil_scoped_release release;
-              info = live->DescribeGroup(name);
+              info = live->DescribeGroup(name, tenant);
             }
             ThrowIfError(info.status(), self.target);
             return *std::move(info);
           },
-          "name"_a, "The group's GroupInfo; NotFound when there is none.")
+          "name"_a, nb::kw_only(), "tenant"_a = nb::none(),
+          "The group's GroupInfo; NotFound when there is none. `tenant`, for an admin\n"
+          "tenant's client (docs/security.md): the group's owner ('' for a group of no\n"
+          "tenant); None, the caller's own. Another caller naming a tenant not its own gets\n"
+          "NotFound.")
       .def(
           "list_groups",
           [](PyClient& self) {
@@ -439,19 +451,20 @@ NB_MODULE(_optstate, m) {
           "Every group of this tenant, as GroupInfo.")
       .def(
           "delete",
-          [](PyClient& self, const std::string& name) {
+          [](PyClient& self, const std::string& name, std::optional<std::string> tenant) {
             absl::Status status;
             {
               const std::shared_ptr<Client> live = self.live();
               nb::gil_scoped_release release;
-              status = live->DeleteGroup(name);
+              status = live->DeleteGroup(name, tenant);
             }
             ThrowIfError(status, self.target);
           },
-          "name"_a,
+          "name"_a, nb::kw_only(), "tenant"_a = nb::none(),
           "Deletes the group and frees its memory. Made once, never retried (after a lost\n"
           "reply a retry could not tell 'deleted now' from NotFound); NotFound when absent.\n"
-          "A daemon that is restarting is first waited for, up to reconnect_timeout.")
+          "A daemon that is restarting is first waited for, up to reconnect_timeout.\n"
+          "`tenant` as describe()'s: an admin deletes another tenant's group by naming it.")
       .def(
           "wait_until_reachable",
           [](PyClient& self, double timeout) {
