@@ -282,7 +282,7 @@ absl::StatusOr<StepChunkResult> StepEngine::Apply(const StepChunk& chunk,
 }
 
 absl::Status StepEngine::WriteInitialValues(Group& group, uint64_t offset, WireType type,
-                                            absl::string_view data) {
+                                            absl::string_view data, const LeaseClaim* claim) {
   if (!group.config().has_initial_values) {
     return absl::InvalidArgumentError(
         absl::StrCat("group '", group.key().name,
@@ -298,6 +298,15 @@ absl::Status StepEngine::WriteInitialValues(Group& group, uint64_t offset, WireT
   }
   PageRangeLock locks(group, range->first_page, range->end_page);
   if (group.deleted()) return NotFoundAfterDelete(group);
+  if (claim != nullptr) {
+    for (uint64_t p = range->first_page; p < range->end_page; ++p) {
+      if (group.page_step(p) != 0) continue;
+      if (absl::Status s = group.lease().Check(*claim, group.key().name, absl::Now()); !s.ok()) {
+        return s;
+      }
+      break;  // One page to write is enough to ask.
+    }
+  }
   const size_t element_size = WireTypeSize(type);
   for (uint64_t p = range->first_page; p < range->end_page; ++p) {
     if (group.page_step(p) != 0) continue;  // Already trained: never rewind it.

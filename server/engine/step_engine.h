@@ -137,9 +137,12 @@ class StepEngine {
   // rules and codes as a step's (INVALID_ARGUMENT); values must be finite,
   // and the group must have been registered with has_initial_values.
   // NOT_FOUND once `group` has been deleted (even if another group of that
-  // name exists now).
+  // name exists now). With `claim`: FAILED_PRECONDITION (GroupLease::Check),
+  // nothing written, when a page at step 0 would be written while another
+  // holder than the claim's leases the group (a second job must not change
+  // the values a first step of the holder's, broken part-way, resumes on).
   absl::Status WriteInitialValues(Group& group, uint64_t offset, WireType type,
-                                  absl::string_view data);
+                                  absl::string_view data, const LeaseClaim* claim = nullptr);
 
   StateStore* store() const { return store_; }
   StepBackend* backend() const { return backend_; }

@@ -37,8 +37,12 @@ absl::StatusOr<StateStore::Registration> RegisterSpec(StateStore* store, const s
 }  // namespace
 
 RegisterReactor::RegisterReactor(StepEngine* engine, std::string tenant, grpc::ByteBuffer* response,
-                                 StreamRegistry* streams)
-    : engine_(engine), tenant_(std::move(tenant)), response_(response), streams_(streams) {
+                                 StreamRegistry* streams, LeaseClaim lease)
+    : engine_(engine),
+      tenant_(std::move(tenant)),
+      lease_(std::move(lease)),
+      response_(response),
+      streams_(streams) {
   {
     absl::MutexLock lock(&mu_);
     last_activity_ = absl::Now();
@@ -157,7 +161,7 @@ absl::Status RegisterReactor::HandleRequest(const v1::RegisterGroupRequest& requ
   if (!type.ok()) return type.status();
   std::shared_ptr<Group> group = group_.lock();
   if (group == nullptr) return GroupDeletedError();
-  return engine_->WriteInitialValues(*group, values.offset(), *type, values.data());
+  return engine_->WriteInitialValues(*group, values.offset(), *type, values.data(), &lease_);
 }
 
 void RegisterReactor::End(absl::Status status) {

@@ -32,9 +32,11 @@ namespace optstate {
 // as OK: a group it created is removed.
 class RegisterReactor : public grpc::ServerReadReactor<grpc::ByteBuffer>, public ManagedStream {
  public:
-  // `streams` must outlive the reactor.
+  // `streams` must outlive the reactor. `lease`: the call's lease claim
+  // (call_lease.h): values for pages at step 0 of a group another holder
+  // leases are refused (StepEngine::WriteInitialValues).
   RegisterReactor(StepEngine* engine, std::string tenant, grpc::ByteBuffer* response,
-                  StreamRegistry* streams);
+                  StreamRegistry* streams, LeaseClaim lease = LeaseClaim());
 
   void OnReadDone(bool ok) override;
   void OnCancel() override { cancelled_.store(true, std::memory_order_release); }
@@ -58,6 +60,7 @@ class RegisterReactor : public grpc::ServerReadReactor<grpc::ByteBuffer>, public
 
   StepEngine* const engine_;
   const std::string tenant_;
+  const LeaseClaim lease_;
   grpc::ByteBuffer* const response_;
   StreamRegistry* const streams_;
   bool in_registry_ = false;   // streams_->Add took it.

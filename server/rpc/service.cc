@@ -82,8 +82,9 @@ GroupKey OptimizerStateService::KeyFor(const Caller& caller, bool owner_named,
 grpc::ServerReadReactor<grpc::ByteBuffer>* OptimizerStateService::RegisterGroup(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   absl::StatusOr<Caller> caller = CallerOf(context);
-  if (!caller.ok()) return new RefusedReadReactor<grpc::ByteBuffer>(ToGrpcStatus(caller.status()));
-  return new RegisterReactor(engine_, caller->tenant, response, &streams_);
+  absl::StatusOr<LeaseClaim> lease = caller.ok() ? LeaseClaimOf(context) : caller.status();
+  if (!lease.ok()) return new RefusedReadReactor<grpc::ByteBuffer>(ToGrpcStatus(lease.status()));
+  return new RegisterReactor(engine_, caller->tenant, response, &streams_, std::move(*lease));
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* OptimizerStateService::Step(

@@ -162,6 +162,92 @@ TEST_F(LeaseTest, ATakeoverWithoutAHolderAndTwoLeaseValuesAreRefused) {
   EXPECT_TRUE(StepOnce(*a, 2).ok());
 }
 
+// A first step broken part-way leaves the holder's group with pages still
+// at step 0, which the holder's resend steps from their initial values.
+// Another job's RegisterGroup with values rewrote them (answered OK), and the
+// holder's resent step then ran on that job's values.
+TEST_F(LeaseTest, AnotherHoldersValuesForAPageAtStepZeroAreRefused) {
+  Start({"--threads=2"});
+  std::unique_ptr<Client> a = Connect(daemon_->target(), "a");
+  constexpr uint64_t kGroup = 1 << 20;  // Two pages or more.
+  ASSERT_TRUE(a->RegisterGroup("torn", std::vector<float>(kGroup, 1.0f), Hyperparameters{}).ok());
+  absl::StatusOr<GroupInfo> info = a->DescribeGroup("torn");
+  ASSERT_TRUE(info.ok()) << info.status();
+  const uint64_t page = info->page_elements;
+  ASSERT_LT(page, kGroup);
+  // Holder a's step 1 of the first page only: a step broken part-way.
+  auto stub = v1::OptimizerState::NewStub(
+      grpc::CreateChannel(daemon_->target(), grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("optstate-lease", "holder=a job=job-a/");
+    auto stream = stub->Step(&context);
+    v1::StepRequest request;
+    request.set_group("torn");
+    request.set_step(1);
+    request.set_offset(0);
+    request.set_gradient(std::string(page * sizeof(float), '\0'));
+    ASSERT_TRUE(stream->Write(request));
+    stream->WritesDone();
+    v1::StepResponse response;
+    EXPECT_TRUE(stream->Read(&response));
+    ASSERT_TRUE(stream->Finish().ok());
+  }
+  info = a->DescribeGroup("torn");
+  ASSERT_TRUE(info.ok());
+  ASSERT_EQ(info->min_step, 0u);
+  ASSERT_EQ(info->max_step, 1u);
+
+  // A RegisterGroup of the spec and values for every element, as another
+  // job's (or anyone's) raw call makes it (optstate::Client sends values only
+  // to pages awaiting them).
+  auto register_with = [&](const std::string& lease, float value) {
+    grpc::ClientContext context;
+    if (!lease.empty()) context.AddMetadata("optstate-lease", lease);
+    v1::RegisterGroupResponse response;
+    auto writer = stub->RegisterGroup(&context, &response);
+    v1::RegisterGroupRequest spec;
+    spec.mutable_spec()->set_name("torn");
+    spec.mutable_spec()->set_num_elements(kGroup);
+    spec.mutable_spec()->set_has_initial_values(true);
+    writer->Write(spec);
+    const std::vector<float> values(kGroup, value);
+    v1::RegisterGroupRequest chunk;
+    chunk.mutable_values()->set_offset(0);
+    chunk.mutable_values()->set_dtype(v1::DTYPE_FLOAT32);
+    chunk.mutable_values()->set_data(values.data(), kGroup * sizeof(float));
+    writer->Write(chunk);
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  for (const std::string lease : {"holder=b job=job-b/", ""}) {
+    const grpc::Status other = register_with(lease, 42.0f);
+    EXPECT_EQ(other.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << other.error_message();
+    EXPECT_NE(other.error_message().find("leased by job 'job-a/' (holder a"), std::string::npos)
+        << other.error_message();
+  }
+  // Its own values are the holder's to give again (the pages at step 0 take
+  // them; the stepped page keeps its step).
+  const grpc::Status own = register_with("holder=a job=job-a/", 1.0f);
+  EXPECT_TRUE(own.ok()) << own.error_message();
+
+  // The resend: the first page replays, the others step from 1.0, so every
+  // page ends as the first did (the same gradient, the same initial value).
+  std::vector<float> grad(kGroup, 0.0f), params(kGroup);
+  ASSERT_TRUE(a->Step("torn", 1, grad, absl::MakeSpan(params)).ok());
+  for (uint64_t i = page; i < kGroup; i += page) {
+    ASSERT_EQ(params[i], params[0]) << "element " << i;
+  }
+  EXPECT_EQ(params[0], 1.0f - 1e-3f * 1e-2f);  // Weight decay alone: a zero gradient.
+  // A group whose every page is stepped takes anyone's values as before: none
+  // is written.
+  const grpc::Status after = register_with("holder=b job=job-b/", 42.0f);
+  EXPECT_TRUE(after.ok()) << after.error_message();
+  std::vector<float> again(kGroup);
+  ASSERT_TRUE(a->Step("torn", 2, grad, absl::MakeSpan(again)).ok());
+  EXPECT_LT(again[page], 1.0f);  // Stepped on from its own values, not 42.
+}
+
 TEST(LeaseOptionsTest, BadLeaseOptionsAndTargetsAreRefusedAtConnect) {
   ClientOptions options;
   options.lease_holder = "has space";
