@@ -129,20 +129,20 @@ absl::Status StateImport::AddChunk(StateTensor tensor, uint64_t offset, absl::st
                                                             : group.max_exp_avg_sq()) +
                         offset;
   std::memcpy(target, data.data(), data.size());
-  // What a step can leave is taken, nothing else: a finite gradient's square
-  // can overflow float32, so the squares may be +inf (torch's AdamW holds the
-  // same inf, and ExportState gives it); params and exp_avg stay finite.
+  // What a step can leave is taken, as a restore takes it: finite gradients
+  // can overflow float32 (a square of 3.4e38 is +inf; the next step's
+  // -3.4e38 then makes exp_avg -inf and params NaN, with torch's defaults,
+  // in torch's AdamW as here), so params and exp_avg may hold any value and
+  // the squares +inf or NaN (0 x inf, with beta2 0). A square below 0 no
+  // step leaves: refused.
   const bool squares = tensor == StateTensor::kExpAvgSq || tensor == StateTensor::kMaxExpAvgSq;
-  for (uint64_t i = 0; i < count; ++i) {
+  for (uint64_t i = 0; squares && i < count; ++i) {
     const float value = target[i];
-    if (squares ? !(value >= 0) : !std::isfinite(value)) {  // NaN fails >= too.
+    if (value < 0) {
       std::memset(target, 0, data.size());  // Nothing of a refused chunk stays.
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, " element ", offset + i, " is ", value,
-                       squares ? absl::StrCat("; ", name,
-                                              " must be finite and >= 0, or +inf (which a "
-                                              "step can leave)")
-                               : std::string("; values must be finite")));
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " element ", offset + i, " is ", value, "; ", name,
+          " is never below 0 (a square; a step can leave +inf or NaN there, never less)"));
     }
   }
   received_[index] += count;

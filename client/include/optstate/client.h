@@ -380,9 +380,11 @@ class Client {
   // it differs). page_steps: one per daemon page, or exactly one (every page
   // at that step). The group becomes visible to Step only once every piece
   // arrived and passed the daemon's checks; INVALID_ARGUMENT (nothing
-  // changed) for tensors of different lengths, non-finite values, a negative
-  // exp_avg_sq, a step of 0 or 2^64-1, or a page_steps count that fits
-  // neither. Retried on transient failures (a repeat installs the same state).
+  // changed) for tensors of different lengths, an exp_avg_sq or
+  // max_exp_avg_sq below 0, a step of 0 or 2^64-1, or a page_steps count that
+  // fits neither. Any value a step can leave is taken: inf or NaN in params
+  // and exp_avg, +inf or NaN in the squares. Retried on transient failures (a repeat installs the
+  // same state).
   absl::Status ImportState(const GroupState& state);
 
   struct CheckpointRequestOptions {
