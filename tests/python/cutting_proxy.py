@@ -23,12 +23,21 @@ class CuttingProxy:
         self.forwarding.set()
         self.cuts = 0
         self.connections = 0
+        self.refusing = False
         threading.Thread(target=self._accept, daemon=True).start()
 
     def arm(self, nbytes, then=None):
         with self.lock:
             self.remaining = nbytes
             self.then = then
+
+    def refuse(self, on):
+        """On: every open connection is cut, and each new one closed at once (the daemon
+        looks down to the client); off: forwarded again."""
+        with self.lock:
+            self.refusing = on
+        if on:
+            self._cut_all()
 
     def retarget(self, upstream_port):
         """New connections go to `upstream_port` from now on."""
@@ -44,6 +53,10 @@ class CuttingProxy:
             self.forwarding.wait()
             with self.lock:
                 upstream_port = self.upstream_port
+                refusing = self.refusing
+            if refusing:
+                downstream.close()
+                continue
             try:
                 upstream = socket.create_connection(("127.0.0.1", upstream_port))
             except OSError:

@@ -159,6 +159,46 @@ def run_nonfinite(rank, world, init_file, target, prefix, out_path, poisoned):
     end_rank()
 
 
+def run_share_unreachable(rank, world, init_file, target, prefix, out_path, steps, failing):
+    """A rank of a sharded job (`run`'s model, data and steps) whose rank 1 reaches the
+    daemon through a proxy of its own, which refuses every connection during step
+    `failing`'s first try: rank 1's share fails there (Unavailable) while rank 0's is
+    applied. Each rank records step()'s error, then, once the proxy forwards again, calls
+    step() again with the same gradients, as that error says, and steps on."""
+    import optstate
+    from cutting_proxy import CuttingProxy
+    start_rank()
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    proxy = CuttingProxy(int(target.rsplit(":", 1)[1])) if rank == 1 else None
+    model = MLP(seed=0)
+    ddp = DistributedDataParallel(model)
+    opt = RemoteAdamW(model.named_parameters(), target=proxy.target if proxy else target,
+                      name_prefix=prefix, lr=1e-2, shard=True, max_attempts=2,
+                      reconnect_timeout=0.5)
+    record = {"owned": [n for n, p in model.named_parameters() if opt._owner[id(p)] == rank]}
+    for step in range(1, steps + 1):
+        gen = torch.Generator().manual_seed(100 * step + rank)
+        x, y = torch.randn(64, 32, generator=gen), torch.randn(64, 10, generator=gen)
+        opt.zero_grad()
+        F.mse_loss(ddp(x), y).backward()
+        if step == failing:
+            if proxy is not None:
+                proxy.refuse(True)
+            try:
+                opt.step()
+            except optstate.Error as e:
+                record["error"] = (type(e).__name__, str(e))
+            dist.barrier()  # both ranks answered: neither waits in a broadcast
+            if proxy is not None:
+                proxy.refuse(False)
+        opt.step()
+    record["final"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    torch.save(record, out_path)
+    del ddp, opt
+    end_rank()
+
+
 def run_bad_lr(rank, world, init_file, target, prefix, out_path):
     """A rank of a sharded job in two param groups (fc1's, which rank 0 steps, and the
     rest, rank 1's), whose step 2 sets the second group's lr to -1e-3 on every rank: each

@@ -151,6 +151,27 @@ def test_a_gradient_that_is_not_finite_refuses_the_sharded_step_on_every_rank(da
             assert bits_equal(out[rank]["final"][name], value), (rank, name)
 
 
+def test_one_ranks_share_failing_at_the_daemon_fails_the_sharded_step_on_every_rank(
+        daemon, tmp_path):
+    # Rank 1's share could not reach the daemon (Unavailable); rank 0's was applied, and
+    # rank 0 then waited in the broadcast for rank 1, whose step() again (as its error
+    # says) waited in the next step's agreement: both hung until gloo's timeout. Now every
+    # rank raises, and step() again on every rank replays rank 0's share and applies rank
+    # 1's: the run ends as one that never failed.
+    alone = ddp_worker.two_ranks(ddp_worker.run, daemon.target, tmp_path, "whole",
+                                 "unreached-alone.", 4)
+    out = ddp_worker.two_ranks(ddp_worker.run_share_unreachable, daemon.target, tmp_path,
+                               "unreached", "unreached.", 4, 3)
+    assert out[0]["owned"] and out[1]["owned"]
+    assert out[1]["error"][0] == "Unavailable", out[1]["error"]
+    assert out[0]["error"][0] == "Unavailable", out[0]["error"]
+    assert "another rank's share of this step failed" in out[0]["error"][1]
+    assert "Call step() again on every rank" in out[0]["error"][1]
+    for rank in (0, 1):
+        for name, value in alone[rank]["final"].items():
+            assert bits_equal(out[rank]["final"][name], value), (rank, name)
+
+
 def test_model_parallel_stages_run_again_before_their_first_step_take_their_own_values(
         daemon, tmp_path):
     # Ranks without shard=True left the import of an untrained job's values to rank 0,

@@ -1493,6 +1493,26 @@ class RemoteAdamW(torch.optim.Optimizer):
                 "error names its group); the whole step was refused on every rank and "
                 "nothing was sent")
 
+    def _agree_on_calls(self, failure: Optional[BaseException]) -> None:
+        """shard=True, after this rank's calls: every rank says, in one all_reduce, whether
+        a call of its share failed (`failure`, or None), before any rank broadcasts. A
+        rank whose own calls all succeeded raises the failed rank's error class, saying
+        so; a rank that failed returns and raises its own. Without it, the ranks that
+        succeeded waited in the broadcast for the one that failed, whose step() again (as
+        its error says) waited in the next step's agreement: both hung."""
+        code = 0 if failure is None else (
+            failure.code_value if isinstance(failure, errors.Error) else 2)  # 2: UNKNOWN
+        codes = torch.tensor([code])
+        dist.all_reduce(codes, op=dist.ReduceOp.MAX, group=self._process_group)
+        if failure is not None or codes.item() == 0:
+            return
+        raise errors.from_status(
+            int(codes.item()),
+            "another rank's share of this step failed at the daemon (that rank's error says "
+            "why); this rank's share was applied. Call step() again on every rank with the "
+            "same gradients once the daemon is back: what was applied is replayed, not "
+            "applied twice, and the rest is applied")
+
     def _plan_step_calls(self, sharded: bool) -> SimpleNamespace:
         """Step 1 of _step_parameters: the calls and all they need, every check made."""
         # 1. Every parameter with a gradient checked before anything is sent; the calls
@@ -1696,6 +1716,13 @@ class RemoteAdamW(torch.optim.Optimizer):
         #    what it applied), instead of stepping those answered to k + 1 with this
         #    step's gradients.
         made = []  # the keys of the calls made so far
+        sharded = self._rank_and_world()[1] > 1
+
+        def undo_made() -> None:
+            for undone in made:  # key == (reg.step + 1, ...): each was at step k - 1
+                for reg in stepped[undone]:
+                    reg.step = undone[0] - 1
+
         for key, groups in calls.items():
             k, wire = key
             regs = stepped[key]
@@ -1708,9 +1735,10 @@ class RemoteAdamW(torch.optim.Optimizer):
                                   grad_scale=None if key in scaled_here else grad_scale,
                                   gradients_checked=checked)
             except BaseException as e:
-                for undone in made:  # key == (reg.step + 1, ...): each was at step k - 1
-                    for reg in stepped[undone]:
-                        reg.step = undone[0] - 1
+                undo_made()
+                if sharded and not isinstance(e, (KeyboardInterrupt, SystemExit)):
+                    # The other ranks learn of it before their broadcast (_agree_on_calls).
+                    self._agree_on_calls(e)
                 if isinstance(e, (errors.FailedPrecondition, errors.NotFound)):
                     self._explain_restart(e, k - 1)
                 if isinstance(e, _PART_WAY_FAILURES):
@@ -1727,6 +1755,12 @@ class RemoteAdamW(torch.optim.Optimizer):
                 staging.copy_values_back(staged[key])
             for p, values in unstrided.get(key, ()):
                 p.data.copy_(values)  # p.data: no version counter moves (_adopt_values)
+        if sharded:
+            try:
+                self._agree_on_calls(None)
+            except errors.Error:
+                undo_made()  # this rank's share is replayed by the step() that repeats it
+                raise
         self._finish_to = None
         if calls and self._grad_scale is not None:
             # torch's clip scaled .grad for good: a gradient it measured that is stepped
