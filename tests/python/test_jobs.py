@@ -697,6 +697,33 @@ def test_a_step_that_fails_says_what_it_left_and_the_same_step_again_goes_on(fre
     opt.close()
 
 
+def test_a_daemon_restored_from_an_older_checkpoint_names_the_step_it_restored(
+        fresh_daemons, prefix, tmp_path):
+    # The model's frozen parameters (fc1.bias, norm.bias) have groups that stay at step 0;
+    # the error took the lowest step of every group and said "restored step 0 ... Rewind
+    # the trainer to step 0", where the checkpoint held step 2.
+    d = fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0")
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
+                      reconnect_timeout=30)
+    data = batches(4)
+    train(model, opt, data[:2])
+    checkpoint_trained(opt, model, prefix, 2)
+    train(model, opt, data[2:4])
+    d.process.kill()
+    d.process.wait()
+    fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0",
+                  f"--listen=127.0.0.1:{d.port}")
+    x, y = batches(5)[4]
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    with pytest.raises(optstate.FailedPrecondition) as refused:
+        opt.step()
+    message = str(refused.value)
+    assert "restored step 2 from its checkpoint; this job is at step 4" in message, message
+    assert "Rewind the trainer to step 2" in message, message
+
+
 def test_a_daemon_back_within_reconnect_timeout_is_found_in_time(fresh_daemons, prefix, tmp_path):
     # The daemon is away 3 s of an 8 s reconnect_timeout. The client's retries slept
     # between attempts while nothing polled the channel, so a connection attempt's outcome

@@ -2004,8 +2004,10 @@ class RemoteAdamW(torch.optim.Optimizer):
                 f": this job's state (at step {at}) is gone there. Resume from your own "
                 "checkpoint: a new RemoteAdamW(resume='state_dict') and load_state_dict()",
                 target, refusal.code_value)) from refusal
-        restored = [g.min_step for g in groups]
-        step = min(restored) if restored else "?"
+        # The trained groups' steps: a frozen parameter's group stays at step 0, which is
+        # no step the job restored (it named step 0 here, sending the user to rewind to it).
+        restored = [g.min_step for g in groups if g.max_step > 0]
+        step = min(restored) if restored else 0 if groups else "?"
         raise _keeping_not_stepped(refusal, type(refusal)(
             f"{daemon} restarted at {when} and restored step {step} from its "
             f"checkpoint; this job is at step {at}. Rewind the trainer to step {step} (its model, "
