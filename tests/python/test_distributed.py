@@ -3,6 +3,7 @@ steps its contiguous, balanced share of the parameters and broadcasts the result
 final params equal a single-process torch.optim.AdamW on the averaged gradients."""
 import time
 
+import pytest
 import torch
 
 import ddp_worker
@@ -86,6 +87,32 @@ def test_without_shard_every_rank_steps_every_group_and_the_later_ones_replay(da
     group = {g["info"]["name"]: g for g in client.stats()["groups"]}[prefix + "w"]
     assert (group["chunks_applied"], group["chunks_replayed"]) == (3, 3)
     assert group["bytes_received"] == 4 * 5000 * (1 + 2 * 3)  # initial values, 6 gradients
+
+
+def test_a_rank_that_stepped_a_parameter_fewer_times_hears_why(daemon, prefix):
+    """Two data-parallel ranks without shard=True (one process, as above) where rank 0's
+    parameter had no gradient at step 2 (None on that rank only): its step 3 named a step
+    the daemon's group had passed, in the daemon's words alone ("a replay must name the
+    page's current step"), at every later step. The error now says what put the ranks
+    apart and the ways on."""
+    gen = torch.Generator().manual_seed(5)
+    initial = torch.randn(300, generator=gen)
+    ranks = [torch.nn.Parameter(initial.clone()) for _ in range(2)]
+    opts = [RemoteAdamW([("w", p)], target=daemon.target, name_prefix=prefix,
+                        lease_holder=f"{prefix}holder".replace("/", "_")) for p in ranks]
+    for step in range(1, 4):
+        g = torch.randn(300, generator=gen)
+        for rank in (1, 0):  # rank 1 steps first
+            ranks[rank].grad = None if (step == 2 and rank == 0) else g.clone()
+            if step == 3 and rank == 0:
+                with pytest.raises(optstate.FailedPrecondition) as apart:
+                    opts[rank].step()
+                message = str(apart.value)
+                assert "is already at step 3, past step 2" in message, message
+                assert "stepped that group's parameter to step 1 only" in message, message
+                assert "None on some ranks only" in message and "shard=True" in message
+                continue
+            opts[rank].step()
 
 
 def test_a_sharded_job_resumed_from_the_daemon_continues_bit_identical(fresh_daemons, tmp_path):

@@ -1741,6 +1741,17 @@ class RemoteAdamW(torch.optim.Optimizer):
                     self._agree_on_calls(e)
                 if isinstance(e, (errors.FailedPrecondition, errors.NotFound)):
                     self._explain_restart(e, k - 1)
+                if isinstance(e, errors.FailedPrecondition) and "; a replay must name" in e.message:
+                    raise _keeping_not_stepped(e, errors.FailedPrecondition(
+                        f"{e.message}. This optimizer stepped that group's parameter to step "
+                        f"{k - 1} only, and another process stepped it further: without "
+                        "shard=True every data-parallel rank steps every parameter, so each "
+                        "must have a gradient for the same parameters at every step (a "
+                        "gradient that is None on some ranks only, or a rank that skipped a "
+                        "step(), puts them apart; all-reduce the gradients on every rank, as "
+                        "DDP does, or use shard=True); or another trainer steps this job. "
+                        "Attach again with resume='daemon' to go on from the daemon's state",
+                        e.target, e.code_value)) from e
                 if isinstance(e, _PART_WAY_FAILURES):
                     raise _keeping_not_stepped(e, type(e)(
                         f"{e.message}. step() failed during step {k}: the parameters of "
