@@ -798,3 +798,59 @@ def test_the_interpreter_exits_cleanly_while_a_thread_waits_for_a_daemon(tmp_pat
                               timeout=60)
         assert done.returncode == 0 and done.stdout.strip() == "exiting", (
             done.returncode, done.stderr[-500:])
+
+
+_INTERRUPTED_CHECKPOINT = r"""
+import sys, threading, time
+import numpy as np
+import optstate
+targets = sys.argv[1:3]
+c = optstate.Client(targets, data_plane="wire")
+names = [f"w{i}" for i in range(16)]  # on both daemons
+for n in names:
+    c.register(n, np.ones(4, np.float32))
+assert len({c.member_of(n) for n in names}) == 2
+stepper = optstate.Client(targets, data_plane="wire")
+
+def step_later():
+    time.sleep(3.0)  # after the Ctrl-C; the checkpoints wait for this step
+    stepper.step([(n, np.ones(4, np.float32), np.empty(4, np.float32)) for n in names], 1)
+
+threading.Thread(target=step_later, daemon=True).start()
+print("calling", flush=True)
+try:
+    c.checkpoint(wait_for_step=1)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt", flush=True)
+    sys.exit(0)
+except BaseException as e:
+    print(type(e).__name__, str(e)[:300], flush=True)
+    sys.exit(0)
+print("returned", flush=True)
+"""
+
+
+def test_ctrl_c_during_a_call_of_several_daemons_whose_calls_then_succeed_is_keyboard_interrupt(
+        fresh_daemons, tmp_path):
+    # The calling thread sees the signal while every member's call is under way (each
+    # Checkpoint waits for a step), not between attempts: the members' calls then all
+    # end OK. Returning OK with the KeyboardInterrupt pending was Python's SystemError
+    # ("returned a result with an exception set").
+    import subprocess
+    import sys
+    daemons = [fresh_daemons(f"--state_dir={tmp_path / name}") for name in ("a", "b")]
+    script = tmp_path / "checkpoint.py"
+    script.write_text(_INTERRUPTED_CHECKPOINT)
+    child = subprocess.Popen([sys.executable, str(script), *(d.target for d in daemons)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "calling", child.stderr.read()
+        time.sleep(1.0)
+        assert child.poll() is None, child.stderr.read()
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0 and out.strip() == "KeyboardInterrupt", (out, err[-2000:])

@@ -3,6 +3,8 @@
 #ifndef OPTSTATE_PYTHON_ERRORS_H_
 #define OPTSTATE_PYTHON_ERRORS_H_
 
+#include <nanobind/nanobind.h>
+
 #include <string>
 
 #include "absl/status/status.h"
@@ -28,9 +30,12 @@ bool SignalArrived();
 // SignalArrived. Call once, with the GIL, at the module's import.
 void RememberMainThread();
 
-// RaiseStatus when `status` is not OK.
+// RaiseStatus when `status` is not OK, or when a Python exception is pending
+// though it is (a Ctrl-C seen while a call of several daemons waited, after
+// which every member's call still ended OK: returning with it set would be
+// Python's SystemError). Call with the GIL held.
 inline void ThrowIfError(const absl::Status& status, const std::string& target) {
-  if (!status.ok()) RaiseStatus(status, target);
+  if (!status.ok() || PyErr_Occurred() != nullptr) RaiseStatus(status, target);
 }
 
 }  // namespace optstate::python
