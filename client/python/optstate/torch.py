@@ -1342,7 +1342,9 @@ class RemoteAdamW(torch.optim.Optimizer):
         same = as_held.view(bits) == current.view(bits)
         if not bool(same.all()):
             params = torch.where(same, held, current.to(torch.float32)).contiguous()
-            if not bool(torch.isfinite(params).all()):
+            # The edited elements only: the daemon's own values may hold a diverged run's
+            # nan or inf, which it took and steps on.
+            if not bool(torch.isfinite(current.to(torch.float32)[~same]).all()):
                 raise errors.InvalidArgument(
                     f"parameter '{reg.name}' was given values that are not finite (nan or "
                     "inf) since its last step; nothing was sent")
@@ -1734,6 +1736,12 @@ class RemoteAdamW(torch.optim.Optimizer):
                 self._client.step(groups, k, wire_dtype=wire,
                                   grad_scale=None if key in scaled_here else grad_scale,
                                   gradients_checked=checked)
+                # Inside: a failure to take the values back is this rank's failure too,
+                # agreed with the others (the next step() replays the call).
+                if key in staged:
+                    staging.copy_values_back(staged[key])
+                for p, values in unstrided.get(key, ()):
+                    p.data.copy_(values)  # p.data: no version counter moves (_adopt_values)
             except BaseException as e:
                 undo_made()
                 if sharded and not isinstance(e, (KeyboardInterrupt, SystemExit)):
@@ -1742,14 +1750,17 @@ class RemoteAdamW(torch.optim.Optimizer):
                 if isinstance(e, (errors.FailedPrecondition, errors.NotFound)):
                     self._explain_restart(e, k - 1)
                 if isinstance(e, errors.FailedPrecondition) and "; a replay must name" in e.message:
+                    why = ("another trainer steps this job, or a copy of this optimizer does"
+                           if self._shard else
+                           "without shard=True every data-parallel rank steps every "
+                           "parameter, so each must have a gradient for the same parameters "
+                           "at every step (a gradient that is None on some ranks only, or a "
+                           "rank that skipped a step(), puts them apart; all-reduce the "
+                           "gradients on every rank, as DDP does, or use shard=True); or "
+                           "another trainer steps this job")
                     raise _keeping_not_stepped(e, errors.FailedPrecondition(
                         f"{e.message}. This optimizer stepped that group's parameter to step "
-                        f"{k - 1} only, and another process stepped it further: without "
-                        "shard=True every data-parallel rank steps every parameter, so each "
-                        "must have a gradient for the same parameters at every step (a "
-                        "gradient that is None on some ranks only, or a rank that skipped a "
-                        "step(), puts them apart; all-reduce the gradients on every rank, as "
-                        "DDP does, or use shard=True); or another trainer steps this job. "
+                        f"{k - 1} only, and another process stepped it further: {why}. "
                         "Attach again with resume='daemon' to go on from the daemon's state",
                         e.target, e.code_value)) from e
                 if isinstance(e, _PART_WAY_FAILURES):
@@ -1762,14 +1773,10 @@ class RemoteAdamW(torch.optim.Optimizer):
                         "docs/jobs.md says (finish_torn_step=True)", e.target,
                         e.code_value)) from e
                 raise
-            if key in staged:
-                staging.copy_values_back(staged[key])
-            for p, values in unstrided.get(key, ()):
-                p.data.copy_(values)  # p.data: no version counter moves (_adopt_values)
         if sharded:
             try:
                 self._agree_on_calls(None)
-            except errors.Error:
+            except BaseException:
                 undo_made()  # this rank's share is replayed by the step() that repeats it
                 raise
         self._finish_to = None
@@ -2015,9 +2022,10 @@ class RemoteAdamW(torch.optim.Optimizer):
                 f": this job's state (at step {at}) is gone there. Resume from your own "
                 "checkpoint: a new RemoteAdamW(resume='state_dict') and load_state_dict()",
                 target, refusal.code_value)) from refusal
-        # The trained groups' steps: a frozen parameter's group stays at step 0, which is
-        # no step the job restored (it named step 0 here, sending the user to rewind to it).
-        restored = [g.min_step for g in groups if g.max_step > 0]
+        # The trained groups' steps: a frozen parameter's group stays at step 0 (as does
+        # one whose first step broke part-way), which is no step the job restored (it
+        # named step 0 here, sending the user to rewind to it).
+        restored = [g.min_step for g in groups if g.min_step > 0]
         step = min(restored) if restored else 0 if groups else "?"
         raise _keeping_not_stepped(refusal, type(refusal)(
             f"{daemon} restarted at {when} and restored step {step} from its "
@@ -2335,18 +2343,14 @@ class RemoteAdamW(torch.optim.Optimizer):
                              f"{entry['max_exp_avg_sq'].numel()} elements, the parameter "
                              f"{p.numel()}")
         # What the daemon refuses to import, found before anything is imported (a refusal
-        # at this parameter's turn left the ones before it loaded).
+        # at this parameter's turn left the ones before it loaded): a square below 0. It
+        # takes what a step can leave, as torch's load_state_dict does: a diverged run's
+        # nan or inf in the values and exp_avg, +inf or nan in the squares.
         for key in moments:
             values = entry[key].detach().float()  # as imported
-            if not bool(torch.isfinite(values).all()):
-                raise ValueError(f"parameter '{name}': the loaded {key} holds a value that is "
-                                 "not finite (nan or inf)")
             if key != "exp_avg" and bool((values < 0).any()):
                 raise ValueError(f"parameter '{name}': the loaded {key} holds a negative "
                                  "value (a mean of squares is 0 or more)")
-        if not bool(torch.isfinite(self._master_weights(p, entry)).all()):
-            raise ValueError(f"parameter '{name}': its values (or the loaded master_param) "
-                             "hold a value that is not finite (nan or inf)")
         return h
 
     def _import(self, p: torch.Tensor, name: str, group: dict, h: tuple,
