@@ -155,8 +155,9 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
       "`max_exp_avg_sq` too with amsgrad=True (None without); `page_steps`\n"
       "one step per daemon page, or exactly one for every page (torch's 'step'); steps are\n"
       "0 (never stepped) to 2^64-2. Nothing is visible to Step until all of it arrived and\n"
-      "passed the daemon's checks (InvalidArgument for non-finite values or a negative\n"
-      "exp_avg_sq).");
+      "passed the daemon's checks (InvalidArgument for an exp_avg_sq or max_exp_avg_sq below\n"
+      "0; whatever a step can leave is taken: nan or inf in params and exp_avg, +inf or nan\n"
+      "in the squares).");
 
   cls.def(
       "checkpoint",
