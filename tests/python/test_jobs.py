@@ -61,6 +61,25 @@ def checkpoint_trained(opt, model, prefix, step):
                                   if p.requires_grad], wait_for_step=step)
 
 
+def trained_then_restored(fresh_daemons, prefix, tmp_path, stepped):
+    """A job trained to step `stepped` whose daemon (--state_dir `tmp_path`) was killed
+    and restarted, on its port, from its checkpoint of step 2: the daemon, the model and
+    its optimizer, the batches (5)."""
+    d = fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0")
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
+                      reconnect_timeout=30)
+    data = batches(5)
+    train(model, opt, data[:2])
+    checkpoint_trained(opt, model, prefix, 2)
+    train(model, opt, data[2:stepped])
+    d.process.kill()
+    d.process.wait()
+    fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0",
+                  f"--listen=127.0.0.1:{d.port}")
+    return d, model, opt, data
+
+
 def fresh_model(seed):
     """The model a restarted trainer builds: its own initialisation, except for the frozen
     parameters (fc1.bias, norm.bias), which such a trainer loads from where they came from
@@ -460,18 +479,7 @@ def test_a_stale_trainer_after_a_restart_hears_of_the_new_holder(fresh_daemons, 
     # The daemon restarted from its checkpoint of step 2 and a new trainer resumed there
     # and stepped to 4. The old trainer's next step is refused for the new one's lease;
     # it was told the daemon "restored step 4" (the live step) and to rewind to it.
-    d = fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0")
-    model = MLP()
-    old = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
-                      reconnect_timeout=30)
-    data = batches(5)
-    train(model, old, data[:2])
-    checkpoint_trained(old, model, prefix, 2)
-    train(model, old, data[2:3])
-    d.process.kill()
-    d.process.wait()
-    fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0",
-                  f"--listen=127.0.0.1:{d.port}")
+    d, model, old, data = trained_then_restored(fresh_daemons, prefix, tmp_path, 3)
     new = RemoteAdamW(fresh_model(5).named_parameters(), 1e-2, target=d.target,
                       name_prefix=prefix, resume="daemon", delete_on_close=True)
     assert new.resumed_step == 2
@@ -702,19 +710,8 @@ def test_a_daemon_restored_from_an_older_checkpoint_names_the_step_it_restored(
     # The model's frozen parameters (fc1.bias, norm.bias) have groups that stay at step 0;
     # the error took the lowest step of every group and said "restored step 0 ... Rewind
     # the trainer to step 0", where the checkpoint held step 2.
-    d = fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0")
-    model = MLP()
-    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
-                      reconnect_timeout=30)
-    data = batches(4)
-    train(model, opt, data[:2])
-    checkpoint_trained(opt, model, prefix, 2)
-    train(model, opt, data[2:4])
-    d.process.kill()
-    d.process.wait()
-    fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0",
-                  f"--listen=127.0.0.1:{d.port}")
-    x, y = batches(5)[4]
+    _, model, opt, data = trained_then_restored(fresh_daemons, prefix, tmp_path, 4)
+    x, y = data[4]
     opt.zero_grad()
     torch.nn.functional.cross_entropy(model(x), y).backward()
     with pytest.raises(optstate.FailedPrecondition) as refused:
