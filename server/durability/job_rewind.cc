@@ -12,6 +12,7 @@
 #include "server/base/log.h"
 #include "server/durability/checkpoint_reader.h"
 #include "server/durability/state_import.h"
+#include "server/state/group_config.h"
 
 namespace optstate {
 namespace {
@@ -152,10 +153,18 @@ absl::StatusOr<JobRewindOutcome> RewindJob(StateStore* store, StepBackend* backe
             "it now (the new member list, after finishing the Rebalance), to a checkpoint "
             "written since the move"));
       }
-      if (absl::Status s =
-              CheckSameShape(**live, source.num_elements(), source.config().hyperparameters);
-          !s.ok()) {
-        return s;
+      if (!CheckSameShape(**live, source.num_elements(), source.config().hyperparameters).ok()) {
+        // Deleted and registered again since, with another size or other
+        // hyperparameters: the checkpoint's state is not this group's.
+        return absl::FailedPreconditionError(absl::StrCat(
+            "group '", source.key().name, "' of job '", request.prefix,
+            "' has num_elements=", (*live)->num_elements(), " ",
+            DescribeHyperparameters((*live)->config().hyperparameters), " here, but num_elements=",
+            source.num_elements(), " ", DescribeHyperparameters(source.config().hyperparameters),
+            " in checkpoint ", manifest.id, " (step ", step,
+            "): it was registered again since with another shape; nothing was rewound. Delete "
+            "it first (it is then made again from the checkpoint), or rewind to a newer "
+            "checkpoint"));
       }
       if (absl::Status s = (*live)->lease().Check(request.lease, source.key().name, now); !s.ok()) {
         return s;

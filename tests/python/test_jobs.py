@@ -975,6 +975,35 @@ def test_rewind_needs_a_state_dir(daemon, prefix):
         optstate.Client(daemon.target).rewind_job("")
 
 
+def test_a_group_registered_again_with_another_size_is_refused_by_the_rewind(
+        fresh_daemons, prefix, tmp_path):
+    # A job group deleted and registered again with another size since the checkpoint
+    # got ImportState's ALREADY_EXISTS, "the imported state ... import under another name".
+    d = fresh_daemons(f"--state_dir={tmp_path}", "--checkpoint_interval=0")
+    client = optstate.Client(d.target, lease_holder="job")
+    names = [prefix + "a", prefix + "b"]
+    for name in names:
+        client.register(name, torch.ones(128))
+    client.step([(name, torch.full((128,), 0.1)) for name in names], 1)
+    client.checkpoint(wait_for_step=1)
+    client.step([(name, torch.full((128,), 0.1)) for name in names], 2)
+    client.delete(names[1])
+    client.register(names[1], torch.ones(256))
+    kept = client.export_state(names[0])
+    for validate_only in (True, False):
+        with pytest.raises(optstate.FailedPrecondition,
+                           match="num_elements=256 .* here, but num_elements=128") as e:
+            client.rewind_job(prefix, validate_only=validate_only)
+        assert f"group '{names[1]}'" in str(e.value) and "Delete it first" in str(e.value)
+    assert [client.describe(n).max_step for n in names] == [2, 0]
+    assert (client.export_state(names[0]).params == kept.params).all()
+    # Deleted, it is made again from the checkpoint.
+    client.delete(names[1])
+    rewound = client.rewind_job(prefix)
+    assert rewound["step"] == 1 and sorted(rewound["groups"]) == names
+    assert client.describe(names[1]).num_elements == 128
+
+
 def test_a_checkpoint_from_before_the_first_step_holds_the_job_at_step_zero(
         fresh_daemons, prefix, tmp_path):
     # A checkpoint written before the job's first step held its groups at step 0, which
