@@ -243,13 +243,24 @@ absl::Status CheckpointWriter::WriteGroup(uint64_t sequence, size_t index,
     run.pieces.clear();
     for (uint64_t p = first; p < end; ++p) {
       const uint64_t step = pages.steps[p - first];
-      if (target.exact_step && step != *target.exact_step) {
+      if (target.exact_step && step > *target.exact_step) {
         (void)stop_writer();
         return absl::FailedPreconditionError(absl::StrCat(
             "group '", group.key().name, "' page ", p, " was at step ", step,
             " when the checkpoint copied it, not ", *target.exact_step, "; send step ",
             *target.exact_step + 1, " only after Checkpoint{wait_for_step: ", *target.exact_step,
             "} has returned. Nothing was written"));
+      }
+      if (target.exact_step && step < *target.exact_step) {
+        // It reached the step, then went back: its whole state was replaced.
+        (void)stop_writer();
+        return absl::FailedPreconditionError(absl::StrCat(
+            "group '", group.key().name, "' page ", p, " was at step ", step,
+            " when the checkpoint copied it, not ", *target.exact_step,
+            ": an ImportState or RewindJob replaced the group's state after it reached step ",
+            *target.exact_step,
+            ". Nothing was written; call Checkpoint again once the group "
+            "is at the step to keep"));
       }
       entry->min_step = std::min(entry->min_step, step);
       entry->max_step = std::max(entry->max_step, step);

@@ -1,7 +1,8 @@
 // CheckpointWriter's pipeline (run k captured and checksummed while run k-1
 // is written): a group of many runs reads back bit for bit through
 // LoadCheckpoint, and a refusal at a later run (a page at another step than
-// exact_step) stops the writer thread and leaves no directory behind.
+// exact_step) stops the writer thread and leaves no directory behind,
+// saying why the page is not at it.
 #include "server/durability/checkpoint_writer.h"
 
 #include <gmock/gmock.h>
@@ -144,6 +145,22 @@ TEST_F(CheckpointWriterTest, ARefusalAtALaterRunStopsTheWriterAndLeavesNothing) 
   absl::StatusOr<WrittenCheckpoint> written = writer.Write(1, 9, {{group_, 9}});
   EXPECT_EQ(written.status().code(), absl::StatusCode::kFailedPrecondition) << written.status();
   EXPECT_THAT(std::string(written.status().message()), ::testing::HasSubstr("page 30"));
+  EXPECT_THAT(std::string(written.status().message()), ::testing::HasSubstr("send step 10"));
+  EXPECT_TRUE(std::filesystem::is_empty(dir_));
+}
+
+TEST_F(CheckpointWriterTest, APageBehindTheStepWaitedForIsRefusedAsReplaced) {
+  // A page behind exact_step reached it before (the wait for it ended) and
+  // was replaced since: an ImportState or RewindJob between the wait and the
+  // capture. The refusal told the caller to step no further before the wait.
+  group_->set_page_step(30, 8);
+  CheckpointWriter writer(dir_, kPage, &backend_, kBufferBytes);
+  absl::StatusOr<WrittenCheckpoint> written = writer.Write(1, 9, {{group_, 9}});
+  EXPECT_EQ(written.status().code(), absl::StatusCode::kFailedPrecondition) << written.status();
+  const std::string message(written.status().message());
+  EXPECT_THAT(message, ::testing::HasSubstr("page 30 was at step 8"));
+  EXPECT_THAT(message, ::testing::HasSubstr("an ImportState or RewindJob replaced"));
+  EXPECT_THAT(message, ::testing::Not(::testing::HasSubstr("send step")));
   EXPECT_TRUE(std::filesystem::is_empty(dir_));
 }
 
