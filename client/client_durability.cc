@@ -110,6 +110,7 @@ absl::Status ImportOnce(v1::OptimizerState::Stub& stub, const ClientOptions& opt
   header->set_name(state.name);
   header->set_num_elements(state.params.size());
   client_internal::HyperparametersToProto(state.hyperparameters, header->mutable_hyperparameters());
+  header->set_accept_non_finite(state.accept_non_finite);
   bool ok = writer->Write(request);
   const uint64_t chunk_bytes = ChunkBytes(options);
   auto send = [&](v1::StateTensor tensor, const char* data, uint64_t count, size_t size) {

@@ -732,6 +732,8 @@ absl::StatusOr<RebalanceResult> Client::Rebalance(const std::vector<MemberTarget
                       [&](uint64_t s) { return s == state->page_steps.front(); })) {
         state->page_steps.resize(1);
       }
+      // Whatever a step left there moves, a diverged run's inf and NaN too.
+      state->accept_non_finite = true;
       // A group no copy of which this client leases (a restart ended its
       // job's lease; leases are not checkpointed) moves unleased: it may be
       // another job's, which takes it at its next step.

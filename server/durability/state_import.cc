@@ -61,7 +61,8 @@ absl::StatusOr<std::unique_ptr<StateImport>> StateImport::Begin(StateStore* stor
   config.has_initial_values = true;
   absl::StatusOr<StagedGroup> staged = store->Stage(header.key, config);
   if (!staged.ok()) return staged.status();
-  return std::unique_ptr<StateImport>(new StateImport(store, backend, std::move(*staged)));
+  return std::unique_ptr<StateImport>(
+      new StateImport(store, backend, std::move(*staged), header.accept_non_finite));
 }
 
 absl::Status StateImport::AddChunk(StateTensor tensor, uint64_t offset, absl::string_view data) {
@@ -129,20 +130,31 @@ absl::Status StateImport::AddChunk(StateTensor tensor, uint64_t offset, absl::st
                                                             : group.max_exp_avg_sq()) +
                         offset;
   std::memcpy(target, data.data(), data.size());
-  // What a step can leave is taken, as a restore takes it: finite gradients
-  // can overflow float32 (a square of 3.4e38 is +inf; the next step's
-  // -3.4e38 then makes exp_avg -inf and params NaN, with torch's defaults,
-  // in torch's AdamW as here), so params and exp_avg may hold any value and
-  // the squares +inf or NaN (0 x inf, with beta2 0). A square below 0 no
-  // step leaves: refused.
+  // A square below 0 no step leaves: refused. A finite gradient's square
+  // can overflow float32 to +inf (torch's AdamW holds the same inf), which
+  // is taken. The rest a step leaves only once a run has diverged (3.4e38
+  // then -3.4e38 with torch's defaults: exp_avg -inf, params NaN; 0 x inf
+  // in a square with beta2 0): taken with accept_non_finite alone, as a
+  // restore takes it, and refused otherwise (an import of a healthy run
+  // holds none, so one is most likely a bug of the sender's).
   const bool squares = tensor == StateTensor::kExpAvgSq || tensor == StateTensor::kMaxExpAvgSq;
-  for (uint64_t i = 0; squares && i < count; ++i) {
+  for (uint64_t i = 0; (squares || !accept_non_finite_) && i < count; ++i) {
     const float value = target[i];
-    if (value < 0) {
+    std::string why;
+    if (squares && value < 0) {
+      why = absl::StrCat(name,
+                         " is never below 0 (a square; a step can leave +inf there, or NaN "
+                         "once a run diverged, never less)");
+    } else if (!accept_non_finite_ && (squares ? std::isnan(value) : !std::isfinite(value))) {
+      why = absl::StrCat(
+          "values must be finite", squares ? " (the squares may be +inf)" : "",
+          ". A diverged run's state, which may hold inf and NaN, is taken only when the header "
+          "says so (GroupStateHeader.accept_non_finite)");
+    }
+    if (!why.empty()) {
       std::memset(target, 0, data.size());  // Nothing of a refused chunk stays.
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, " element ", offset + i, " is ", value, "; ", name,
-          " is never below 0 (a square; a step can leave +inf or NaN there, never less)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " element ", offset + i, " is ", value, "; ", why));
     }
   }
   received_[index] += count;

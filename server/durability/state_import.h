@@ -28,6 +28,10 @@ struct StateHeader {
   GroupKey key;
   uint64_t num_elements = 0;
   AdamWHyperparameters hyperparameters;
+  // Takes what a diverged run leaves: any value in params and exp_avg, NaN
+  // in the squares. Without it those are refused: a healthy run's state
+  // holds none (the squares' +inf, a finite gradient's overflow, excepted).
+  bool accept_non_finite = false;
 };
 
 // Not thread-safe: one stream feeds it. Destroying it uncommitted frees what
@@ -47,8 +51,9 @@ class StateImport {
   // Each tensor's runs must come in order, each starting where the last
   // ended. INVALID_ARGUMENT, naming what to fix and changing nothing, for a
   // run out of order or past the end, a length that is not whole elements, a
-  // non-finite value, a negative exp_avg_sq or max_exp_avg_sq, a step of 0 or
-  // 2^64-1, or max_exp_avg_sq for a group without amsgrad.
+  // negative exp_avg_sq or max_exp_avg_sq, a step of 2^64-1, max_exp_avg_sq
+  // for a group without amsgrad, and (without accept_non_finite) a param or
+  // exp_avg that is not finite or a square that is NaN.
   absl::Status AddChunk(StateTensor tensor, uint64_t offset, absl::string_view data);
 
   struct Result {
@@ -72,12 +77,16 @@ class StateImport {
                                 Checkpointer* checkpointer = nullptr);
 
  private:
-  StateImport(StateStore* store, StepBackend* backend, StagedGroup staged)
-      : store_(store), backend_(backend), staged_(std::move(staged)) {}
+  StateImport(StateStore* store, StepBackend* backend, StagedGroup staged, bool accept_non_finite)
+      : store_(store),
+        backend_(backend),
+        staged_(std::move(staged)),
+        accept_non_finite_(accept_non_finite) {}
 
   StateStore* const store_;
   StepBackend* const backend_;
   StagedGroup staged_;
+  const bool accept_non_finite_;  // StateHeader::accept_non_finite.
   // Elements received so far, by StateTensor (page steps: unused).
   uint64_t received_[5] = {0, 0, 0, 0, 0};
   std::vector<uint64_t> page_steps_;

@@ -148,7 +148,8 @@ void ImportReactor::HandleMessage() {
       if (!hyperparameters.ok()) {
         status = hyperparameters.status();
       } else {
-        StateHeader header{GroupKey{tenant_, h.name()}, h.num_elements(), *hyperparameters};
+        StateHeader header{GroupKey{tenant_, h.name()}, h.num_elements(), *hyperparameters,
+                           h.accept_non_finite()};
         absl::StatusOr<std::unique_ptr<StateImport>> begun =
             StateImport::Begin(engine_->store(), engine_->backend(), header);
         if (begun.ok()) {

@@ -512,12 +512,30 @@ TEST_F(RawImportTest, WrongSizesAreRefused) {
   ExpectRefused({Header("w", 0)}, "num_elements must be at least 1");
 }
 
-TEST_F(RawImportTest, NegativeSquaresAndBadStepsAreRefused) {
+TEST_F(RawImportTest, NonFiniteValuesNegativeSquaresAndBadStepsAreRefused) {
   std::vector<v1::ImportStateRequest> r = Whole("w", kElements);
-  std::string data = Floats(kElements, 0.25f);
+  std::string data = Floats(kElements, 0.5f);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(&data[4 * 5000], &nan, 4);
+  r[3] = Chunk(v1::STATE_TENSOR_EXP_AVG, 0, data);
+  ExpectRefused(r, "exp_avg element 5000 is nan; values must be finite");
+  r = Whole("w", kElements);
+  data = Floats(kElements, 0.5f);
+  const float inf = std::numeric_limits<float>::infinity();
+  std::memcpy(&data[4 * 7], &inf, 4);
+  r[2] = Chunk(v1::STATE_TENSOR_PARAMS, 0, data);
+  ExpectRefused(r, "params element 7 is inf; values must be finite");
+  r = Whole("w", kElements);
+  data = Floats(kElements, 0.25f);
+  std::memcpy(&data[4 * 9], &nan, 4);
+  r[4] = Chunk(v1::STATE_TENSOR_EXP_AVG_SQ, 0, data);
+  ExpectRefused(r, "exp_avg_sq element 9 is nan; values must be finite (the squares may be +inf)");
+  r = Whole("w", kElements);
+  data = Floats(kElements, 0.25f);
   const float below = -1e-30f;
   std::memcpy(&data[4 * 5000], &below, 4);
   r[4] = Chunk(v1::STATE_TENSOR_EXP_AVG_SQ, 0, data);
+  r[0].mutable_header()->set_accept_non_finite(true);  // Never below 0, accepted or not.
   ExpectRefused(r, "exp_avg_sq element 5000 is -1e-30; exp_avg_sq is never below 0");
   r = Whole("w", kElements);
   r[1] = Chunk(v1::STATE_TENSOR_PAGE_STEPS, 0, Steps({3, 3, 3, 3, 3, 3, 3, UINT64_MAX}));
@@ -526,9 +544,9 @@ TEST_F(RawImportTest, NegativeSquaresAndBadStepsAreRefused) {
 
 // Finite gradients at float32's edge, with torch's default hyperparameters:
 // 3.4e38 squares to +inf, and the next step's -3.4e38 leaves exp_avg -inf
-// and params NaN (torch's AdamW does the same). ImportState refused that
-// state ("values must be finite"), so such a group could not move
-// (Rebalance) or be restored from an export; it now takes it, bit for bit.
+// and params NaN (torch's AdamW does the same). ImportState refuses that
+// state ("values must be finite") unless the header accepts it, as a
+// Rebalance's move does; then it takes it, bit for bit.
 TEST_F(RawImportTest, TheStateOfADivergedRunIsImportedBitForBit) {
   ASSERT_TRUE(
       client_->RegisterGroup("diverged", std::vector<float>(kElements, 1.0f), Hyperparameters{})
@@ -547,6 +565,11 @@ TEST_F(RawImportTest, TheStateOfADivergedRunIsImportedBitForBit) {
   ASSERT_TRUE(std::isinf(exported->exp_avg_sq[0])) << exported->exp_avg_sq[0];
   Client::GroupState copy = *exported;
   copy.name = "diverged.copy";
+  absl::Status refused = client_->ImportState(copy);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("accept_non_finite"));
+  EXPECT_EQ(client_->DescribeGroup("diverged.copy").status().code(), absl::StatusCode::kNotFound);
+  copy.accept_non_finite = true;
   ASSERT_TRUE(client_->ImportState(copy).ok());
   absl::StatusOr<Client::GroupState> again = client_->ExportState("diverged.copy");
   ASSERT_TRUE(again.ok()) << again.status();

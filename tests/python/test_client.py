@@ -368,6 +368,39 @@ def test_checkpoint_refusals_raise_their_codes(fresh_daemons, prefix, tmp_path):
     assert client.describe(prefix + "g").min_step == 2
 
 
+def test_import_state_takes_a_diverged_runs_state_only_when_told(client, prefix):
+    # Finite gradients at float32's edge leave exp_avg -inf and params nan (torch's AdamW
+    # too). A plain import refuses them, as it refuses any value a healthy run never holds;
+    # accept_non_finite=True takes them bit for bit (what a Rebalance and load_state_dict do).
+    name = prefix + "diverged"
+    client.register(name, np.ones(1000, np.float32))
+    out = np.empty(1000, np.float32)
+    client.step(name, 1, np.full(1000, 3.4e38, np.float32), out)
+    client.step(name, 2, np.full(1000, -3.4e38, np.float32), out)
+    state = client.export_state(name)
+    assert np.isnan(state.params).all() and np.isinf(state.exp_avg).all()
+    with pytest.raises(optstate.InvalidArgument, match="params element 0 is nan; values must "
+                       "be finite.*accept_non_finite") as refused:
+        client.import_state(prefix + "copy", state.params, state.exp_avg, state.exp_avg_sq,
+                            list(state.page_steps))
+    assert refused.value.code == "INVALID_ARGUMENT"
+    with pytest.raises(optstate.NotFound):
+        client.describe(prefix + "copy")
+    client.import_state(prefix + "copy", state.params, state.exp_avg, state.exp_avg_sq,
+                        list(state.page_steps), accept_non_finite=True)
+    again = client.export_state(prefix + "copy")
+    for got, sent in ((again.params, state.params), (again.exp_avg, state.exp_avg),
+                      (again.exp_avg_sq, state.exp_avg_sq)):
+        assert got.tobytes() == sent.tobytes()
+    assert list(again.page_steps) == list(state.page_steps)
+    # A square below 0 no step leaves: refused either way.
+    with pytest.raises(optstate.InvalidArgument, match="never below 0"):
+        client.import_state(prefix + "copy", state.params, state.exp_avg,
+                            np.full(1000, -1.0, np.float32), list(state.page_steps),
+                            accept_non_finite=True)
+    assert client.export_state(prefix + "copy").exp_avg_sq.tobytes() == state.exp_avg_sq.tobytes()
+
+
 def test_a_shared_buffer_steps_in_place_bit_identically_to_the_wire(fresh_daemons, prefix):
     # Gradients and params of three groups in one buffer, as float32 views: the step copies
     # nothing (the client needs no region of its own: the buffer is its only one), gives the

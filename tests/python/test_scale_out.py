@@ -961,3 +961,38 @@ def test_a_group_whose_exp_avg_sq_overflowed_moves_and_steps_on(fresh_daemons):
     assert moved, "no group moved to the second daemon"
     after = step_all(optstate.Client(moving, **WIRE), groups, 2)
     assert_bit_identical(after, step_all(alone, groups, 2))
+
+
+def test_a_diverged_group_moves_as_it_is_and_steps_on(fresh_daemons):
+    # Finite gradients of 3.4e38 then -3.4e38 leave exp_avg -inf and params nan (torch's
+    # AdamW too). A plain ImportState refuses such values; a Rebalance's import says it
+    # takes whatever a step left, so the group moves bit for bit and steps on as before.
+    daemons = [fresh_daemons() for _ in range(3)]
+    moving = [{"target": d.target, "identity": f"optstated-{i}"}
+              for i, d in enumerate(daemons[:2])]
+    alone = optstate.Client(daemons[2].target, **WIRE)
+    client = optstate.Client(moving[:1], **WIRE)
+    groups = model([1000] * 16)
+    register(client, groups)
+    register(alone, groups)
+    for step, edge in ((1, 3.4e38), (2, -3.4e38)):
+        for c in (client, alone):
+            batch = []
+            for name, values in groups.items():
+                grad = gradient(sum(map(ord, name)), values.size).copy()
+                grad[7] = edge
+                batch.append((name, grad, np.empty_like(grad)))
+            c.step(batch, step)
+    state = alone.export_state(next(iter(groups)))
+    assert np.isnan(state.params[7]) and np.isinf(state.exp_avg[7])
+    done = client.rebalance(moving)
+    assert done["moved"] > 0, done
+    moved = [g.name for g in client.list_groups() if g.member == "optstated-1"]
+    assert moved, "no group moved to the second daemon"
+    for name in moved:
+        here = optstate.Client(moving[1]["target"], **WIRE).export_state(name)
+        there = alone.export_state(name)
+        assert here.params.tobytes() == there.params.tobytes()
+        assert here.exp_avg.tobytes() == there.exp_avg.tobytes()
+    after = step_all(optstate.Client(moving, **WIRE), groups, 3)
+    assert_bit_identical(after, step_all(alone, groups, 3))

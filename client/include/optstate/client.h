@@ -369,6 +369,9 @@ class Client {
     // hyperparameters.amsgrad, else empty.
     std::vector<float> max_exp_avg_sq;
     std::vector<uint64_t> page_steps;  // One per page of page_elements (the daemon's page size).
+    // ImportState: take a diverged run's inf and NaN (see ImportState).
+    // ExportState leaves it false.
+    bool accept_non_finite = false;
   };
   // Reads the group's whole state in page-aligned chunks (any size; the
   // message limit never bites). Each page is read with its step under its
@@ -381,10 +384,13 @@ class Client {
   // at that step). The group becomes visible to Step only once every piece
   // arrived and passed the daemon's checks; INVALID_ARGUMENT (nothing
   // changed) for tensors of different lengths, an exp_avg_sq or
-  // max_exp_avg_sq below 0, a step of 0 or 2^64-1, or a page_steps count that
-  // fits neither. Any value a step can leave is taken: inf or NaN in params
-  // and exp_avg, +inf or NaN in the squares. Retried on transient failures (a repeat installs the
-  // same state).
+  // max_exp_avg_sq below 0, a step of 2^64-1, a page_steps count that fits
+  // neither, or a value that is not finite: params and exp_avg must be, the
+  // squares may be +inf (a finite gradient's square can overflow float32).
+  // With state.accept_non_finite, whatever a diverged run leaves is taken
+  // (inf or NaN in params and exp_avg, NaN in the squares; a Rebalance moves
+  // groups so). Retried on transient failures (a repeat installs the same
+  // state).
   absl::Status ImportState(const GroupState& state);
 
   struct CheckpointRequestOptions {

@@ -1353,7 +1353,7 @@ class RemoteAdamW(torch.optim.Optimizer):
             self._client.import_state(reg.name, params, torch.from_numpy(state.exp_avg),
                                       torch.from_numpy(state.exp_avg_sq),
                                       [int(s) for s in state.page_steps],
-                                      max_exp_avg_sq=max_exp_avg_sq,
+                                      max_exp_avg_sq=max_exp_avg_sq, accept_non_finite=True,
                                       **_register_keywords(reg.hyperparameters))
         reg.version, reg.pointer, reg.strides = p._version, p.data_ptr(), p.stride()
         reg.contiguous = p.is_contiguous()
@@ -2380,8 +2380,10 @@ class RemoteAdamW(torch.optim.Optimizer):
             old = self._client.export_state(name)
             self._client.delete(name)
         try:
+            # A diverged run's nan and inf load as torch's load_state_dict loads them.
             self._client.import_state(name, params, exp_avg, exp_avg_sq, [step],
-                                      max_exp_avg_sq=max_exp_avg_sq, **_register_keywords(h))
+                                      max_exp_avg_sq=max_exp_avg_sq, accept_non_finite=True,
+                                      **_register_keywords(h))
         except BaseException:
             if old is not None:
                 self._client.import_state(
@@ -2389,6 +2391,6 @@ class RemoteAdamW(torch.optim.Optimizer):
                     torch.from_numpy(old.exp_avg_sq), [int(s) for s in old.page_steps],
                     max_exp_avg_sq=(torch.from_numpy(old.max_exp_avg_sq)
                                     if old.max_exp_avg_sq is not None else None),
-                    **_register_keywords(reg.hyperparameters))
+                    accept_non_finite=True, **_register_keywords(reg.hyperparameters))
             raise
         self._remember(p, name, h, step, created=reg.created if reg is not None else True)

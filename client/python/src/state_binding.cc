@@ -123,8 +123,9 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
       [](PyClient& self, const std::string& name, BufferArg params, BufferArg exp_avg,
          BufferArg exp_avg_sq, std::vector<uint64_t> page_steps, double lr,
          std::tuple<double, double> betas, double eps, double weight_decay, bool maximize,
-         bool amsgrad, BufferArg max_exp_avg_sq) {
+         bool amsgrad, BufferArg max_exp_avg_sq, bool accept_non_finite) {
         GroupState state;
+        state.accept_non_finite = accept_non_finite;
         state.name = name;
         state.hyperparameters =
             MakeHyperparameters(lr, betas, eps, weight_decay, maximize, amsgrad);
@@ -149,6 +150,7 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
       "weight_decay"_a = kDefaultHyperparameters.weight_decay,
       "maximize"_a = kDefaultHyperparameters.maximize,
       "amsgrad"_a = kDefaultHyperparameters.amsgrad, "max_exp_avg_sq"_a = nb::none(),
+      "accept_non_finite"_a = false,
       "Creates group `name` with this state, or replaces the whole state of an existing\n"
       "group of the same size and hyperparameters (AlreadyExists when it differs).\n"
       "`params`, `exp_avg`, `exp_avg_sq` are float32 arrays of one length, and\n"
@@ -156,8 +158,10 @@ void BindState(nb::module_& m, nb::class_<PyClient>& cls) {
       "one step per daemon page, or exactly one for every page (torch's 'step'); steps are\n"
       "0 (never stepped) to 2^64-2. Nothing is visible to Step until all of it arrived and\n"
       "passed the daemon's checks (InvalidArgument for an exp_avg_sq or max_exp_avg_sq below\n"
-      "0; whatever a step can leave is taken: nan or inf in params and exp_avg, +inf or nan\n"
-      "in the squares).");
+      "0, and for nan or inf in params or exp_avg and nan in the squares, which may be +inf).\n"
+      "accept_non_finite=True takes a diverged run's state as it is (nan or inf in params\n"
+      "and exp_avg, nan in the squares), as torch's load_state_dict does; a square below 0\n"
+      "is refused still.");
 
   cls.def(
       "checkpoint",

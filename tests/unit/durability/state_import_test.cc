@@ -156,15 +156,56 @@ TEST_F(StateImportTest, AnAmsgradGroupNeedsItsMaxExpAvgSqAndOthersRefuseIt) {
   EXPECT_THAT(std::string(extra.message()), HasSubstr("amsgrad=false"));
 }
 
-// Finite gradients can leave any value in params and exp_avg (3.4e38 then
-// -3.4e38: exp_avg -inf, params NaN) and +inf or NaN in the squares; an
-// import takes what a step can leave, as a restore does. A square below 0
-// is refused, and the refused chunk leaves nothing.
-TEST_F(StateImportTest, WhatAStepCanLeaveIsTakenButASquareBelowZero) {
+// A step can leave +inf in the squares (a finite gradient of 1e22 squared);
+// an import takes it. NaN there, or any non-finite param or exp_avg (what
+// only a diverged run leaves), is refused unless the header accepts it, and
+// the refused chunk leaves nothing.
+TEST_F(StateImportTest, SquaresMayBeInfiniteButNothingElseThatIsNotFinite) {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   absl::StatusOr<std::unique_ptr<StateImport>> import =
       StateImport::Begin(&store_, &backend_, StateHeader{{"", "g"}, 100, {}});
+  ASSERT_TRUE(import.ok()) << import.status();
+  StateImport& chunks = **import;
+  ASSERT_TRUE(chunks.AddChunk(StateTensor::kPageSteps, 0, Steps({1})).ok());
+  for (StateTensor t : {StateTensor::kParams, StateTensor::kExpAvg}) {
+    for (float bad : {inf, -inf, nan}) {
+      std::string values = Floats(100, 1.0f);
+      std::memcpy(&values[4 * 40], &bad, 4);
+      absl::Status refused = chunks.AddChunk(t, 0, values);
+      EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << bad;
+      EXPECT_THAT(std::string(refused.message()),
+                  HasSubstr(absl::StrCat(StateTensorName(t), " element 40 is ", bad,
+                                         "; values must be finite")));
+      EXPECT_THAT(std::string(refused.message()), HasSubstr("accept_non_finite"));
+    }
+  }
+  ASSERT_TRUE(chunks.AddChunk(StateTensor::kParams, 0, Floats(100, 1.0f)).ok());
+  ASSERT_TRUE(chunks.AddChunk(StateTensor::kExpAvg, 0, Floats(100, 0.5f)).ok());
+  for (float bad : {nan, -inf, -1.0f}) {
+    absl::Status refused = chunks.AddChunk(StateTensor::kExpAvgSq, 0, Floats(100, bad));
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(refused.message()), HasSubstr("exp_avg_sq element 0 is"));
+  }
+  ASSERT_TRUE(chunks.AddChunk(StateTensor::kExpAvgSq, 0, Floats(100, inf)).ok());
+  ASSERT_TRUE(chunks.Commit().ok());
+  absl::StatusOr<std::shared_ptr<Group>> group = store_.Find({"", "g"});
+  ASSERT_TRUE(group.ok());
+  EXPECT_EQ((*group)->exp_avg_sq()[99], inf);
+  EXPECT_EQ((*group)->params()[0], 1.0f);
+}
+
+// Finite gradients can leave any value in params and exp_avg (3.4e38 then
+// -3.4e38: exp_avg -inf, params NaN) and +inf or NaN in the squares; with
+// accept_non_finite an import takes it, as a restore does. A square below 0
+// is refused still, and the refused chunk leaves nothing.
+TEST_F(StateImportTest, ADivergedRunsStateIsTakenWhenAcceptedButASquareBelowZero) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  StateHeader header{{"", "g"}, 100, {}};
+  header.accept_non_finite = true;
+  absl::StatusOr<std::unique_ptr<StateImport>> import =
+      StateImport::Begin(&store_, &backend_, header);
   ASSERT_TRUE(import.ok()) << import.status();
   StateImport& chunks = **import;
   ASSERT_TRUE(chunks.AddChunk(StateTensor::kPageSteps, 0, Steps({1})).ok());
