@@ -4,10 +4,13 @@
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "client/call/process_guard.h"
@@ -52,13 +55,18 @@ absl::Status CheckClientOptions(const ClientOptions& options) {
         "ASCII characters without spaces");
   }
   if (!options.lease_takeover.empty()) {
-    const bool shaped = (absl::StartsWith(options.lease_takeover, "expired=") ||
-                         absl::StartsWith(options.lease_takeover, "dead=")) &&
-                        word(options.lease_takeover, 140) && options.lease_takeover.back() != '=';
+    const std::vector<absl::string_view> entries =
+        absl::StrSplit(options.lease_takeover, ' ', absl::SkipEmpty());
+    bool shaped = !entries.empty() && entries.size() <= 16;
+    for (absl::string_view entry : entries) {
+      shaped = shaped &&
+               (absl::StartsWith(entry, "expired=") || absl::StartsWith(entry, "dead=")) &&
+               word(std::string(entry), 140) && entry.back() != '=';
+    }
     if (!shaped) {
       return absl::InvalidArgumentError(
           "ClientOptions.lease_takeover must be 'expired=ID' or 'dead=ID' (ID: the holder "
-          "GroupInfo.lease names), or empty");
+          "GroupInfo.lease names), up to 16 of them separated by spaces, or empty");
     }
     if (options.lease_holder.empty()) {
       return absl::InvalidArgumentError(

@@ -12,6 +12,7 @@ namespace {
 
 constexpr size_t kMaxHolderBytes = 128;
 constexpr size_t kMaxFieldBytes = 256;
+constexpr size_t kMaxTakeovers = 16;  // Holders one call may take over.
 
 bool Printable(absl::string_view s) {
   for (char c : s) {
@@ -81,16 +82,27 @@ absl::StatusOr<LeaseClaim> ParseLeaseClaim(std::optional<absl::string_view> leas
     if (absl::Status s = ParseHolder(*lease, &claim.holder); !s.ok()) return s;
   }
   if (takeover.has_value()) {
-    const size_t eq = takeover->find('=');
-    const absl::string_view kind = takeover->substr(0, eq == absl::string_view::npos ? 0 : eq);
-    const absl::string_view id =
-        eq == absl::string_view::npos ? absl::string_view() : takeover->substr(eq + 1);
-    if ((kind != "expired" && kind != "dead") || id.empty() || id.size() > kMaxHolderBytes ||
-        !Printable(id)) {
+    // Space-separated: a holder id has no spaces.
+    for (absl::string_view entry : absl::StrSplit(*takeover, ' ', absl::SkipEmpty())) {
+      const size_t eq = entry.find('=');
+      const absl::string_view kind = entry.substr(0, eq == absl::string_view::npos ? 0 : eq);
+      const absl::string_view id =
+          eq == absl::string_view::npos ? absl::string_view() : entry.substr(eq + 1);
+      if ((kind != "expired" && kind != "dead") || id.empty() || id.size() > kMaxHolderBytes ||
+          !Printable(id) || claim.takeovers.size() == kMaxTakeovers) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "metadata 'optstate-lease-takeover' must be 'expired=ID' (break ID's lease once it "
+            "has expired) or 'dead=ID' (break it now: ID's process is gone), ID being the "
+            "holder that GroupInfo.lease names; up to ",
+            kMaxTakeovers, " of them, separated by spaces"));
+      }
+      claim.takeovers.push_back(
+          {kind == "dead" ? TakeoverKind::kDead : TakeoverKind::kExpired, std::string(id)});
+    }
+    if (claim.takeovers.empty()) {
       return absl::InvalidArgumentError(
-          "metadata 'optstate-lease-takeover' must be 'expired=ID' (break ID's lease once it "
-          "has expired) or 'dead=ID' (break it now: ID's process is gone), ID being the "
-          "holder that GroupInfo.lease names");
+          "metadata 'optstate-lease-takeover' is empty; send 'expired=ID' or 'dead=ID' (or "
+          "leave it out)");
     }
     if (claim.holder.id.empty()) {
       // A takeover moves the lease to the caller; without a holder of its own
@@ -99,8 +111,6 @@ absl::StatusOr<LeaseClaim> ParseLeaseClaim(std::optional<absl::string_view> leas
           "metadata 'optstate-lease-takeover' needs 'optstate-lease' naming the caller as "
           "the new holder (holder=ID job=NAME ...): a takeover moves the lease to it");
     }
-    claim.takeover = kind == "dead" ? TakeoverKind::kDead : TakeoverKind::kExpired;
-    claim.takeover_of = std::string(id);
   }
   return claim;
 }

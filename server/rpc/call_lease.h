@@ -1,6 +1,7 @@
 // A call's lease claim (proto Lease, docs/jobs.md), from its metadata:
 // 'optstate-lease: holder=ID job=NAME host=HOST pid=PID' and
-// 'optstate-lease-takeover: expired=ID' or 'dead=ID'.
+// 'optstate-lease-takeover: expired=ID' or 'dead=ID' (up to 16 of them,
+// space-separated: each holder named is taken over on its own terms).
 #ifndef OPTSTATE_SERVER_RPC_CALL_LEASE_H_
 #define OPTSTATE_SERVER_RPC_CALL_LEASE_H_
 
@@ -18,7 +19,7 @@ namespace optstate {
 // fix, for a field other than holder, job, host and pid, a field twice, a
 // holder missing or not 1 to 128 printable characters, a job or host over
 // 256, a pid that is not a decimal number, or a takeover that is not
-// expired=ID or dead=ID.
+// up to 16 space-separated expired=ID or dead=ID.
 absl::StatusOr<LeaseClaim> ParseLeaseClaim(std::optional<absl::string_view> lease,
                                            std::optional<absl::string_view> takeover);
 

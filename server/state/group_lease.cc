@@ -26,9 +26,10 @@ absl::Status GroupLease::Refusal(const LeaseClaim& claim, absl::string_view grou
   // A call naming no holder (an operator's tool) may touch a group whose
   // lease has lapsed; a job must take it over by name.
   if (claim.holder.id.empty() && expired) return absl::OkStatus();
-  if (claim.takeover_of == holder_->id) {
-    if (claim.takeover == TakeoverKind::kDead) return absl::OkStatus();
-    if (claim.takeover == TakeoverKind::kExpired && expired) return absl::OkStatus();
+  for (const LeaseTakeover& takeover : claim.takeovers) {
+    if (takeover.of != holder_->id) continue;
+    if (takeover.kind == TakeoverKind::kDead) return absl::OkStatus();
+    if (takeover.kind == TakeoverKind::kExpired && expired) return absl::OkStatus();
   }
   std::string when =
       expired ? absl::StrCat("its lease expired ", Seconds(now - expires_), " ago")

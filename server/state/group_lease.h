@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -32,10 +33,17 @@ enum class TakeoverKind {
   kDead,     // Break `holder`'s lease now: the caller knows its process is gone.
 };
 
+// One holder whose lease a call breaks.
+struct LeaseTakeover {
+  TakeoverKind kind = TakeoverKind::kExpired;
+  std::string of;  // The holder id it names.
+};
+
 struct LeaseClaim {
   LeaseHolder holder;
-  TakeoverKind takeover = TakeoverKind::kNone;
-  std::string takeover_of;  // The holder id the takeover names.
+  // The holders whose leases it may break, each on its own terms (a job
+  // whose groups two gone trainers hold names both).
+  std::vector<LeaseTakeover> takeovers;
 };
 
 // A lease as it is now.

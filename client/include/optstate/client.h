@@ -100,7 +100,9 @@ struct ClientOptions {
   std::string lease_holder;
   std::string lease_job;
   // Break another holder's lease: "expired=ID" once ID's lease expired,
-  // "dead=ID" at once (this caller knows ID's process is gone). Empty: none.
+  // "dead=ID" at once (this caller knows ID's process is gone); up to 16
+  // such, separated by spaces (a job whose groups two gone trainers hold).
+  // Empty: none.
   std::string lease_takeover;
   // How long a call waits for a daemon that is not there (restarting)
   // before it fails UNAVAILABLE: its attempts go on, with backoff, until

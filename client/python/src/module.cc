@@ -321,7 +321,8 @@ NB_MODULE(_optstate, m) {
           "imports and deletes take and renew the lease on their groups, and another holder's\n"
           "are refused (optstate.FailedPrecondition naming it); `lease_job` names the job.\n"
           "`lease_takeover` breaks another's lease: 'expired=ID' once it expired, 'dead=ID' at\n"
-          "once. `reconnect_timeout` (seconds): how long a call waits for a daemon that went\n"
+          "once (several, space-separated, break several). `reconnect_timeout` (seconds): how long "
+          "a call waits for a daemon that went\n"
           "away (restarting) before it fails Unavailable; 0: max_attempts alone.")
       .def_prop_ro(
           "target", [](const PyClient& c) { return c.target; },

@@ -10,7 +10,7 @@ TEST(ParseLeaseClaimTest, NoMetadataIsAClaimOfNoHolder) {
   absl::StatusOr<LeaseClaim> claim = ParseLeaseClaim(std::nullopt, std::nullopt);
   ASSERT_TRUE(claim.ok());
   EXPECT_TRUE(claim->holder.id.empty());
-  EXPECT_EQ(claim->takeover, TakeoverKind::kNone);
+  EXPECT_TRUE(claim->takeovers.empty());
 }
 
 TEST(ParseLeaseClaimTest, EveryFieldInAnyOrder) {
@@ -21,11 +21,13 @@ TEST(ParseLeaseClaimTest, EveryFieldInAnyOrder) {
   EXPECT_EQ(claim->holder.job, "llama/run3/");
   EXPECT_EQ(claim->holder.host, "node-7");
   EXPECT_EQ(claim->holder.pid, 123u);
-  EXPECT_EQ(claim->takeover, TakeoverKind::kDead);
-  EXPECT_EQ(claim->takeover_of, "old-id");
+  ASSERT_EQ(claim->takeovers.size(), 1u);
+  EXPECT_EQ(claim->takeovers[0].kind, TakeoverKind::kDead);
+  EXPECT_EQ(claim->takeovers[0].of, "old-id");
   claim = ParseLeaseClaim("holder=x", "expired=y");
   ASSERT_TRUE(claim.ok());
-  EXPECT_EQ(claim->takeover, TakeoverKind::kExpired);
+  ASSERT_EQ(claim->takeovers.size(), 1u);
+  EXPECT_EQ(claim->takeovers[0].kind, TakeoverKind::kExpired);
   EXPECT_EQ(claim->holder.pid, 0u);
 }
 
@@ -55,6 +57,26 @@ TEST(ParseLeaseClaimTest, MalformedMetadataIsInvalidArgumentSayingWhat) {
     EXPECT_EQ(claim.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(claim.status().message().find("'expired=ID'"), absl::string_view::npos);
   }
+}
+
+// A job whose groups two gone trainers hold is taken over in one call: each
+// holder named on its own terms.
+TEST(ParseLeaseClaimTest, ATakeoverMayNameSeveralHoldersSeparatedBySpaces) {
+  absl::StatusOr<LeaseClaim> claim = ParseLeaseClaim("holder=x", "expired=a  dead=b");
+  ASSERT_TRUE(claim.ok()) << claim.status();
+  ASSERT_EQ(claim->takeovers.size(), 2u);
+  EXPECT_EQ(claim->takeovers[0].kind, TakeoverKind::kExpired);
+  EXPECT_EQ(claim->takeovers[0].of, "a");
+  EXPECT_EQ(claim->takeovers[1].kind, TakeoverKind::kDead);
+  EXPECT_EQ(claim->takeovers[1].of, "b");
+  std::string sixteen, seventeen;
+  for (int i = 0; i < 16; ++i) sixteen += "dead=h" + std::to_string(i) + " ";
+  seventeen = sixteen + "dead=h16";
+  EXPECT_TRUE(ParseLeaseClaim("holder=x", sixteen).ok());
+  absl::StatusOr<LeaseClaim> many = ParseLeaseClaim("holder=x", seventeen);
+  EXPECT_EQ(many.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(many.status().message().find("up to 16 of them"), absl::string_view::npos)
+      << many.status().message();
 }
 
 // A takeover without a holder of its own stepped a group another holder

@@ -18,8 +18,7 @@ LeaseClaim Claim(const std::string& id, TakeoverKind takeover = TakeoverKind::kN
   claim.holder.job = id.empty() ? "" : "job-" + id;
   claim.holder.host = "host-a";
   claim.holder.pid = 42;
-  claim.takeover = takeover;
-  claim.takeover_of = of;
+  if (takeover != TakeoverKind::kNone) claim.takeovers.push_back({takeover, of});
   return claim;
 }
 
@@ -85,6 +84,22 @@ TEST(GroupLeaseTest, ALiveLeaseBreaksOnlyForADeadHolderNamedExactly) {
   EXPECT_EQ(lease.View(soon)->holder.id, "a");
   ASSERT_TRUE(lease.Admit(Claim("b", TakeoverKind::kDead, "a"), "g", soon, kTerm).ok());
   EXPECT_EQ(lease.View(soon)->holder.id, "b");
+}
+
+TEST(GroupLeaseTest, EachHolderAClaimNamesIsTakenOverOnItsOwnTerms) {
+  GroupLease by_a, by_b;
+  ASSERT_TRUE(by_a.Admit(Claim("a"), "g0", kStart, kTerm).ok());
+  ASSERT_TRUE(by_b.Admit(Claim("b"), "g1", kStart + kTerm, kTerm).ok());
+  const absl::Time later = kStart + kTerm + absl::Seconds(1);  // a's lease expired, b's not.
+  LeaseClaim claim = Claim("c", TakeoverKind::kExpired, "a");
+  claim.takeovers.push_back({TakeoverKind::kExpired, "b"});
+  EXPECT_FALSE(by_b.Admit(claim, "g1", later, kTerm).ok());  // b's is live.
+  EXPECT_EQ(by_b.View(later)->holder.id, "b");
+  claim.takeovers[1].kind = TakeoverKind::kDead;
+  ASSERT_TRUE(by_a.Admit(claim, "g0", later, kTerm).ok());
+  ASSERT_TRUE(by_b.Admit(claim, "g1", later, kTerm).ok());
+  EXPECT_EQ(by_a.View(later)->holder.id, "c");
+  EXPECT_EQ(by_b.View(later)->holder.id, "c");
 }
 
 TEST(GroupLeaseTest, CheckTakesNothing) {
