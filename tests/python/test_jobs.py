@@ -377,6 +377,50 @@ def test_a_torn_step_is_refused_then_finished_or_loaded(fresh_daemons, prefix):
     opt.close()
 
 
+def test_a_trainer_that_finished_a_torn_step_and_died_leaves_a_job_the_next_takes_over(
+        fresh_daemons, prefix):
+    # Trainer A died part-way through step 3; trainer B finished it (stepping only the
+    # groups behind, so only they took B's lease) and died before step 4. The job's
+    # groups were then leased by two gone holders, and every takeover was refused, "take
+    # them over one job at a time", even once both leases had expired.
+    d = fresh_daemons("--lease_seconds=1")
+    expected = uninterrupted(d.target, "alone/", 4)
+    data = batches(4)
+    model = MLP()
+    a = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix)
+    sched = torch.optim.lr_scheduler.ExponentialLR(a, 0.9)
+    train(model, a, data[:2], sched)
+    grads = die_part_way(model, a, data[2], 3, prefix, "fc1.weight")
+    del a, sched
+    time.sleep(1.2)
+
+    b_model = fresh_model(5)
+    b = RemoteAdamW(b_model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
+                    resume="daemon", takeover=True, finish_torn_step=True)
+    for n, p in b_model.named_parameters():
+        if n in grads:
+            p.grad = grads[n].clone()
+    b.param_groups[0]["lr"] = (1e-2 * 0.9) * 0.9
+    b.step()
+    holders = {g.lease["holder"] for g in b.client.list_groups()
+               if g.name.startswith(prefix) and g.max_step > 0}
+    assert len(holders) == 2 and b.lease_holder in holders
+    del b
+    time.sleep(1.2)
+
+    c_model = fresh_model(6)
+    c = RemoteAdamW(c_model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
+                    resume="daemon", takeover=True, delete_on_close=True)
+    assert c.resumed_step == 3
+    sched = torch.optim.lr_scheduler.ExponentialLR(c, 0.9)
+    c.resume_scheduler(sched)
+    train(c_model, c, data[3:], sched)
+    assert same(params(c_model), expected)
+    assert {g.lease["holder"] for g in c.client.list_groups()
+            if g.name.startswith(prefix) and g.lease is not None} == {c.lease_holder}
+    c.close()
+
+
 def test_a_torn_first_step_is_refused_then_finished(fresh_daemons, prefix):
     # Step 1 reached fc1.weight only: the groups behind were at step 0, where frozen
     # parameters' groups stay too, and resume="daemon" attached at step 1 silently, taking

@@ -155,30 +155,41 @@ def describe_lease(lease: dict) -> str:
 def takeover_for(leases: dict, holder: str, takeover: bool) -> str:
     """The 'optstate-lease-takeover' value that lets this job (lease holder `holder`) step
     groups other holders lease (`leases`: group name -> lease dict), or "" when none
-    does; FailedPrecondition when it may not: without `takeover`, or when the lease is live
+    does; FailedPrecondition when it may not: without `takeover`, or when a lease is live
     and its holder's process is not known to be gone (only a holder on this host is
-    checked), or when several other holders lease the job's groups."""
+    checked). Several other holders (a trainer killed after it finished part of a torn
+    step leaves the job's groups with two) are each taken over on their own terms, in one
+    value."""
     others = {name: lease for name, lease in leases.items() if lease["holder"] != holder}
     if not others:
         return ""
-    name, lease = next(iter(others.items()))
-    holders = {lease["holder"] for lease in others.values()}
-    if len(holders) > 1:
-        raise errors.FailedPrecondition(
-            f"the job's groups are leased by {len(holders)} other holders (e.g. '{name}' by "
-            f"{describe_lease(lease)}); take them over one job at a time")
+    by_holder: dict = {}
+    for name, lease in others.items():
+        by_holder.setdefault(lease["holder"], (name, lease, []))[2].append(name)
+    entries = []
+    for name, lease, names in by_holder.values():
+        entries.append(_takeover_of(name, lease, len(names), len(others), takeover))
+    return " ".join(entries)
+
+
+def _takeover_of(name: str, lease: dict, held: int, total: int, takeover: bool) -> str:
+    """One holder's 'expired=ID' or 'dead=ID' (it leases `held` of the `total` groups
+    others lease, `name` among them); FailedPrecondition when it may not be taken over."""
     here = _holder_here(lease)
+    more = (f"(and {held - 1} more of this job)" if held == total
+            else f"(and {held - 1} more of this job; {total - held} more are leased by "
+                 "other holders)")
     if not takeover:
         if here:
             raise errors.FailedPrecondition(
-                f"group '{name}' (and {len(others) - 1} more of this job) is leased by "
+                f"group '{name}' {more} is leased by "
                 f"{describe_lease(lease)}: another optimizer of this process (close() keeps "
                 "its lease until it expires). To go on with its groups, pass "
                 f"lease_holder='{lease['holder']}' (that optimizer's lease_holder), or "
                 "takeover=True once it is closed or gone; or give this optimizer its own "
                 "name_prefix")
         raise errors.FailedPrecondition(
-            f"group '{name}' (and {len(others) - 1} more of this job) is leased by "
+            f"group '{name}' {more} is leased by "
             f"{describe_lease(lease)}. Another job, or an earlier run of this one, is stepping "
             "it. If it is another job, give this one its own name_prefix; if it is gone, pass "
             "takeover=True (once its lease expired, or at once when its process on this host "
