@@ -321,16 +321,19 @@ void BindStepAndStats(nb::class_<PyClient>& cls) {
         ThrowIfError(stats.status(), self.target);
         return StrDict(ToDict(*stats));
       },
-      "The daemon's counters as a dict (optstate::Stats' fields): backend, num_groups,\n"
-      "total_elements, host_bytes, max_host_bytes, chunks_applied, chunks_replayed,\n"
-      "bytes_received, bytes_sent, paging, device, threads, cpu_kernel (the CPU kernel's\n"
-      "path: avx512, avx2 or scalar), groups: one dict per group\n"
-      "(info, steps_completed, chunks_applied, chunks_replayed, latencies, ...); durability:\n"
+      "The daemon's counters as a dict (optstate::Stats' fields), every key at its top level:\n"
+      "backend, num_groups, total_elements, host_bytes, max_host_bytes, chunks_applied,\n"
+      "chunks_replayed, bytes_received, bytes_sent, paging, device, threads, cpu_kernel (the\n"
+      "CPU kernel's path: avx512, avx2 or scalar), groups (a list, one dict per group: info,\n"
+      "steps_completed, chunks_applied, chunks_replayed, latencies, ...); for durability,\n"
       "last_checkpoint (a dict of id, step, bytes, duration_seconds, finished_unix_micros, or\n"
       "None), checkpoints_written, checkpoint_failures, last_checkpoint_error,\n"
-      "restored_checkpoint_id, restore_refusals; regions (the daemon's shared-memory\n"
-      "regions: sessions, regions, registered_bytes, mapped_bytes, registrations); and heap\n"
-      "(the daemon's malloc heap: in_use_bytes, free_bytes, resident_bytes, trims).");
+      "restored_checkpoint_id, restore_refusals, restored_groups, has_state_dir; the\n"
+      "daemon's started_unix_micros, instance_id and lease_seconds; regions (a dict of the\n"
+      "daemon's shared-memory regions: sessions, regions, registered_bytes, mapped_bytes,\n"
+      "registrations); heap (a dict of the daemon's malloc heap: in_use_bytes, free_bytes,\n"
+      "resident_bytes, trims); and members (a list, one dict per daemon of a client of\n"
+      "several; empty for one).");
 }
 
 }  // namespace optstate::python
