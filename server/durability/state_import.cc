@@ -138,24 +138,24 @@ absl::Status StateImport::AddChunk(StateTensor tensor, uint64_t offset, absl::st
   // restore takes it, and refused otherwise (an import of a healthy run
   // holds none, so one is most likely a bug of the sender's).
   const bool squares = tensor == StateTensor::kExpAvgSq || tensor == StateTensor::kMaxExpAvgSq;
-  for (uint64_t i = 0; (squares || !accept_non_finite_) && i < count; ++i) {
+  const bool refuse_non_finite = !accept_non_finite_;
+  for (uint64_t i = 0; (squares || refuse_non_finite) && i < count; ++i) {
     const float value = target[i];
-    std::string why;
-    if (squares && value < 0) {
-      why = absl::StrCat(name,
-                         " is never below 0 (a square; a step can leave +inf there, or NaN "
-                         "once a run diverged, never less)");
-    } else if (!accept_non_finite_ && (squares ? std::isnan(value) : !std::isfinite(value))) {
-      why = absl::StrCat(
-          "values must be finite", squares ? " (the squares may be +inf)" : "",
-          ". A diverged run's state, which may hold inf and NaN, is taken only when the header "
-          "says so (GroupStateHeader.accept_non_finite)");
-    }
-    if (!why.empty()) {
-      std::memset(target, 0, data.size());  // Nothing of a refused chunk stays.
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, " element ", offset + i, " is ", value, "; ", why));
-    }
+    const bool below_zero = squares && value < 0;
+    const bool non_finite =
+        refuse_non_finite && (squares ? std::isnan(value) : !std::isfinite(value));
+    if (!below_zero && !non_finite) continue;
+    std::memset(target, 0, data.size());  // Nothing of a refused chunk stays.
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " element ", offset + i, " is ", value, "; ",
+        below_zero
+            ? absl::StrCat(name,
+                           " is never below 0 (a square; a step can leave +inf there, or "
+                           "NaN once a run diverged, never less)")
+            : absl::StrCat("values must be finite", squares ? " (the squares may be +inf)" : "",
+                           ". A diverged run's state, which may hold inf and NaN, is taken "
+                           "only when the header says so "
+                           "(GroupStateHeader.accept_non_finite)")));
   }
   received_[index] += count;
   return absl::OkStatus();
