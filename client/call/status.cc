@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace optstate::client_internal {
 
@@ -49,6 +50,15 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   const auto code = static_cast<absl::StatusCode>(status.error_code());
   if (code == absl::StatusCode::kUnavailable) {
     return absl::Status(code, status.error_message() + TlsHint(status.error_message()));
+  }
+  if (code == absl::StatusCode::kInternal &&
+      absl::StartsWith(status.error_message(), "Received RST_STREAM with error code")) {
+    // gRPC's own words for a reset stream, not an answer of the daemon's
+    // (whose INTERNAL messages are its own): a transport failure.
+    return absl::UnavailableError(absl::StrCat(
+        "the daemon's gRPC reset the stream (", status.error_message(),
+        "), as it does when its buffers (--grpc_buffer_bytes) are full; nothing was answered on "
+        "it"));
   }
   return absl::Status(code, status.error_message());
 }

@@ -8,7 +8,11 @@
 
 namespace optstate::client_internal {
 
-// The same code and message.
+// The same code and message, but for a stream the daemon's gRPC transport
+// reset (an HTTP/2 RST_STREAM, which gRPC reports as INTERNAL, "Received
+// RST_STREAM with error code N"): UNAVAILABLE saying so. No answer of the
+// daemon's came on that stream; gRPC 1.51 resets streams so when its
+// memory quota (--grpc_buffer_bytes) is full.
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
 // Transient failures a retry may cure: UNAVAILABLE, DEADLINE_EXCEEDED,

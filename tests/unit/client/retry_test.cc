@@ -1,10 +1,12 @@
 // The client's one retry loop: which failures it retries, how often, and
-// what it says when every attempt failed.
+// what it says when every attempt failed; and how gRPC's statuses are read.
 #include "client/call/retry.h"
 
 #include <gtest/gtest.h>
 
 #include <vector>
+
+#include "client/call/status.h"
 
 namespace optstate::client_internal {
 namespace {
@@ -114,6 +116,22 @@ TEST(WithRetriesTest, EveryTransientCodeIsRetriedAndNoOther) {
     });
     EXPECT_EQ(calls, 1) << absl::StatusCodeToString(code);
   }
+}
+
+// gRPC reports a stream its peer reset (HTTP/2 RST_STREAM, as gRPC 1.51 does
+// under a full memory quota) as INTERNAL: no answer of the daemon's, so
+// UNAVAILABLE, retried. The daemon's own INTERNAL answers stay INTERNAL.
+TEST(FromGrpcStatusTest, AStreamTheTransportResetIsUnavailableAndTheDaemonsInternalStays) {
+  const absl::Status reset = FromGrpcStatus(
+      grpc::Status(grpc::StatusCode::INTERNAL, "Received RST_STREAM with error code 1"));
+  EXPECT_EQ(reset.code(), absl::StatusCode::kUnavailable) << reset;
+  EXPECT_NE(reset.message().find("reset the stream (Received RST_STREAM with error code 1)"),
+            absl::string_view::npos)
+      << reset;
+  EXPECT_TRUE(IsRetryable(reset));
+  const absl::Status daemons =
+      FromGrpcStatus(grpc::Status(grpc::StatusCode::INTERNAL, "group 'g' page 3 is broken"));
+  EXPECT_EQ(daemons, absl::InternalError("group 'g' page 3 is broken"));
 }
 
 TEST(BackoffTest, DoublesFromTheInitialUpToTheMaximum) {
