@@ -54,6 +54,23 @@ def die_part_way(model, opt, batch, step, prefix, reached):
     return grads
 
 
+def torn_at_step_three(fresh_daemons, prefix, reached):
+    """A job trained to step 2 whose trainer died part-way through step 3 (only
+    parameter `reached` got it), its lease expired since: the daemon, the uninterrupted
+    run's params (4 steps), the batches (4) and step 3's gradients by parameter name."""
+    d = fresh_daemons("--lease_seconds=1")
+    expected = uninterrupted(d.target, "alone/", 4)
+    data = batches(4)
+    model = MLP()
+    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
+    train(model, opt, data[:2], sched)
+    grads = die_part_way(model, opt, data[2], 3, prefix, reached)
+    del opt, sched
+    time.sleep(1.2)
+    return d, expected, data, grads
+
+
 def checkpoint_trained(opt, model, prefix, step):
     """A checkpoint of the groups `model` trains, once all are at `step` (the frozen ones
     stay at step 0: waiting for them would not end)."""
@@ -383,16 +400,7 @@ def test_a_trainer_that_finished_a_torn_step_and_died_leaves_a_job_the_next_take
     # groups behind, so only they took B's lease) and died before step 4. The job's
     # groups were then leased by two gone holders, and every takeover was refused, "take
     # them over one job at a time", even once both leases had expired.
-    d = fresh_daemons("--lease_seconds=1")
-    expected = uninterrupted(d.target, "alone/", 4)
-    data = batches(4)
-    model = MLP()
-    a = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix)
-    sched = torch.optim.lr_scheduler.ExponentialLR(a, 0.9)
-    train(model, a, data[:2], sched)
-    grads = die_part_way(model, a, data[2], 3, prefix, "fc1.weight")
-    del a, sched
-    time.sleep(1.2)
+    d, expected, data, grads = torn_at_step_three(fresh_daemons, prefix, "fc1.weight")
 
     b_model = fresh_model(5)
     b = RemoteAdamW(b_model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,
@@ -464,16 +472,7 @@ def test_a_torn_step_finishes_with_its_own_lr_whichever_parameter_got_it(fresh_d
     # the first parameter's record (step 2's), so the finishing step and every step after
     # it ran one lr behind. resume_scheduler() before the finishing step moved lr on to
     # step 4's, which finished step 3 with it.
-    d = fresh_daemons("--lease_seconds=1")
-    expected = uninterrupted(d.target, "alone/", 4)
-    data = batches(4)
-    model = MLP()
-    opt = RemoteAdamW(model.named_parameters(), 1e-2, target=d.target, name_prefix=prefix)
-    sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9)
-    train(model, opt, data[:2], sched)
-    grads = die_part_way(model, opt, data[2], 3, prefix, "fc2.bias")
-    del opt, sched
-    time.sleep(1.2)
+    d, expected, data, grads = torn_at_step_three(fresh_daemons, prefix, "fc2.bias")
 
     resumed = fresh_model(5)
     opt = RemoteAdamW(resumed.named_parameters(), 1e-2, target=d.target, name_prefix=prefix,

@@ -936,10 +936,10 @@ def test_a_rebalance_killed_part_way_can_be_undone_by_a_rebalance_back(fresh_dae
     assert_bit_identical(outs, step_all(reference, groups, 3))
 
 
-def test_a_group_whose_exp_avg_sq_overflowed_moves_and_steps_on(fresh_daemons):
-    # A finite gradient of 1e22 squares past float32's range: exp_avg_sq holds inf, in
-    # torch's AdamW as in the daemon. ImportState refused that inf, so Rebalance stopped at
-    # the import with the group sealed on its old daemon, where no step could reach it.
+def moving_and_alone(fresh_daemons):
+    """16 groups of 1000 elements registered on the first of two daemons (`moving`, the
+    member list a Rebalance moves them over, through `client`) and on a third daemon
+    alone (`alone`), to step the same groups as a reference."""
     daemons = [fresh_daemons() for _ in range(3)]
     moving = [{"target": d.target, "identity": f"optstated-{i}"}
               for i, d in enumerate(daemons[:2])]
@@ -948,6 +948,14 @@ def test_a_group_whose_exp_avg_sq_overflowed_moves_and_steps_on(fresh_daemons):
     groups = model([1000] * 16)
     register(client, groups)
     register(alone, groups)
+    return moving, alone, client, groups
+
+
+def test_a_group_whose_exp_avg_sq_overflowed_moves_and_steps_on(fresh_daemons):
+    # A finite gradient of 1e22 squares past float32's range: exp_avg_sq holds inf, in
+    # torch's AdamW as in the daemon. ImportState refused that inf, so Rebalance stopped at
+    # the import with the group sealed on its old daemon, where no step could reach it.
+    moving, alone, client, groups = moving_and_alone(fresh_daemons)
     for c in (client, alone):
         batch = []
         for name, values in groups.items():
@@ -967,14 +975,7 @@ def test_a_diverged_group_moves_as_it_is_and_steps_on(fresh_daemons):
     # Finite gradients of 3.4e38 then -3.4e38 leave exp_avg -inf and params nan (torch's
     # AdamW too). A plain ImportState refuses such values; a Rebalance's import says it
     # takes whatever a step left, so the group moves bit for bit and steps on as before.
-    daemons = [fresh_daemons() for _ in range(3)]
-    moving = [{"target": d.target, "identity": f"optstated-{i}"}
-              for i, d in enumerate(daemons[:2])]
-    alone = optstate.Client(daemons[2].target, **WIRE)
-    client = optstate.Client(moving[:1], **WIRE)
-    groups = model([1000] * 16)
-    register(client, groups)
-    register(alone, groups)
+    moving, alone, client, groups = moving_and_alone(fresh_daemons)
     for step, edge in ((1, 3.4e38), (2, -3.4e38)):
         for c in (client, alone):
             batch = []
